@@ -1,0 +1,1 @@
+"""Atlas: placement, DC selection, multiple TCP connections, temporal WAN sharing."""

@@ -1,0 +1,1 @@
+"""BubbleTea: inference prefill inside training bubbles."""

@@ -1,0 +1,214 @@
+"""The `testbed` command. Errors become one line on stderr with a fixed exit code."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from testbed import __version__
+from testbed.cli_options import (
+    job_flags,
+    job_options,
+    load_inputs,
+    policy_options,
+    topology_argument,
+)
+from testbed.errors import EXIT_INPUT, TestbedError
+from testbed.plan import load_plan_csv, plan_grid, plan_to_csv, validate_plan
+from testbed.plan.describe import describe_plan
+from testbed.policy import discover, parse_options, training_policy
+from testbed.policy.registry import BUBBLE_GROUP, TRAINING_GROUP, make_plan
+from testbed.units import human_duration, human_rate
+
+EPILOG = """\b
+Examples:
+  testbed validate topologies/paper-3dc.yaml
+  testbed plan topologies/two-dc.yaml -p 1f1b
+  testbed plugins
+"""
+
+
+@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="testbed")
+def cli() -> None:
+    """Geo-distributed LLM training on one machine.
+
+    Describe datacenters and the WAN between them in a topology file, pick a scheduling
+    policy, and see how training behaves: as a plan, over an emulated WAN with real
+    processes, or in a simulator at paper scale.
+    """
+
+
+@cli.command()
+@topology_argument
+@job_options
+def validate(topology: Path, **kwargs: Any) -> None:
+    """Check a topology file (and its job) and summarize it.
+
+    Exit code 0 when valid; 2 with one line naming the file, key and problem otherwise.
+    """
+    inputs = load_inputs(topology, **job_flags(kwargs))
+    topo, job = inputs.topology, inputs.job
+    click.echo(
+        f"{topo.source}: ok: topology {topo.name!r}, {len(topo.datacenters)} "
+        f"datacenters, {topo.total_gpus} GPUs, {len(topo.links)} WAN links"
+    )
+    for dc in topo.datacenters:
+        click.echo(
+            f"  {dc.name}: {dc.gpus} x {dc.gpu.name}, {human_rate(dc.bandwidth_bps)} "
+            f"host links, {human_duration(dc.latency_s)} inside"
+        )
+    for link in topo.links:
+        extra = ""
+        if link.jitter_s:
+            extra += f", jitter {human_duration(link.jitter_s)}"
+        if link.loss:
+            extra += f", loss {link.loss:.2%}"
+        click.echo(
+            f"  {link.a} <-> {link.b}: {human_duration(link.latency_s)} one way, "
+            f"{human_rate(link.bandwidth_bps)}{extra}"
+        )
+    m = job.model
+    click.echo(
+        f"  job: model {m.layers} layers x {m.hidden} hidden, seq {m.seq_len}, "
+        f"{m.params / 1e6:.1f}M parameters; microbatch {job.microbatch_size}, "
+        f"{job.iterations} iterations, seed {job.seed}"
+    )
+    if job.inference is not None:
+        inf = job.inference
+        load = "trace" if inf.trace else f"{inf.arrival_rate:g} requests/s"
+        click.echo(
+            f"  inference: {load}, prompts {inf.prompt.distribution} "
+            f"(mean {inf.prompt.mean:.0f} tokens)"
+        )
+
+
+@cli.command()
+@topology_argument
+@click.option(
+    "-p",
+    "--policy",
+    default="gpipe",
+    show_default=True,
+    help="Training policy (see `testbed plugins`).",
+)
+@policy_options
+@job_options
+@click.option(
+    "--comm/--no-comm",
+    default=False,
+    help="Show send/receive actions in the grid, not only compute.",
+)
+@click.option(
+    "--rows",
+    type=int,
+    default=60,
+    show_default=True,
+    help="At most this many grid rows (0 for all).",
+)
+@click.option(
+    "--csv",
+    "csv_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the plan as CSV to this file.",
+)
+@click.option(
+    "--load",
+    "csv_in",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Validate and show a plan CSV instead of asking the policy.",
+)
+def plan(
+    topology: Path,
+    policy: str,
+    policy_opts: tuple[str, ...],
+    comm: bool,
+    rows: int,
+    csv_out: Path | None,
+    csv_in: Path | None,
+    **kwargs: Any,
+) -> None:
+    """Show the plan a policy makes: placement, per-GPU actions and a summary.
+
+    The grid has one column per (replica r, stage s) and one row per step; `2F0` is
+    stage 2 forward of microbatch 0, `1B3` a backward, `ALLREDUCE` and `STEP` end an
+    iteration. Every plan is dry-run first: deadlocks and unmatched transfers are errors.
+    """
+    inputs = load_inputs(topology, **job_flags(kwargs))
+    if csv_in is not None:
+        the_plan = load_plan_csv(csv_in)
+    else:
+        chosen = training_policy(policy, dict(parse_options(policy_opts)))
+        the_plan = make_plan(chosen, inputs.topology, inputs.job)
+    validate_plan(the_plan, inputs.topology)
+    click.echo(plan_grid(the_plan, communication=comm, max_rows=rows or None))
+    click.echo()
+    for line in describe_plan(the_plan, inputs.topology, inputs.job):
+        click.echo(line)
+    if csv_out is not None:
+        csv_out.write_text(plan_to_csv(the_plan), encoding="utf-8")
+        click.echo(f"plan written to {csv_out}")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def plugins(as_json: bool) -> None:
+    """List installed policy plugins, where they come from, and their options.
+
+    Training policies register under the entry-point group `testbed.policies`, bubble
+    policies under `testbed.bubbles`. A plugin that fails to load is listed with its error.
+    """
+    rows: list[dict[str, Any]] = []
+    for group, kind in ((TRAINING_GROUP, "training"), (BUBBLE_GROUP, "bubble")):
+        for name, info in discover(group).items():
+            cls = info.cls
+            rows.append(
+                {
+                    "kind": kind,
+                    "name": name,
+                    "distribution": info.distribution,
+                    "target": info.target,
+                    "status": "ok" if info.ok else f"broken: {info.error}",
+                    "summary": getattr(cls, "summary", "") if cls else "",
+                    "options": {
+                        o.name: {"default": o.default, "help": o.help}
+                        for o in getattr(cls, "options", ())
+                    }
+                    if cls
+                    else {},
+                }
+            )
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    for row in rows:
+        click.echo(
+            f"{row['kind']:<9} {row['name']:<22} {row['distribution']:<16} "
+            f"{row['status'] if row['status'] != 'ok' else row['summary']}"
+        )
+        for opt, spec in row["options"].items():
+            click.echo(f"{'':<10}-o {opt}={spec['default']!s:<10} {spec['help']}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the CLI, turning known failures into one line and an exit code."""
+    try:
+        code = cli.main(args=argv, prog_name="testbed", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("testbed: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_INPUT if isinstance(exc, click.UsageError) else exc.exit_code)
+    except TestbedError as exc:
+        click.echo(f"testbed: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("testbed: interrupted", err=True)
+        sys.exit(130)
+    if isinstance(code, int) and code:
+        sys.exit(code)

@@ -1,0 +1,89 @@
+"""Click options shared by several commands, and the loading they imply."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from testbed.job import Job, load_job
+from testbed.topology import Topology, load_topology
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_JOB_FLAGS = ("iterations", "microbatches", "dp", "pp", "seed")
+
+
+def topology_argument(func: F) -> F:
+    return click.argument(
+        "topology", metavar="TOPOLOGY.yaml", type=click.Path(dir_okay=False, path_type=Path)
+    )(func)
+
+
+def job_options(func: F) -> F:
+    """--job FILE, --set KEY=VALUE and shortcuts for the values people change most."""
+    options = [
+        click.option(
+            "--job",
+            "job_file",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="Job file (YAML) replacing the topology's `job` section.",
+        ),
+        click.option(
+            "--set",
+            "sets",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Override one job value, e.g. --set model.layers=8 "
+            "--set microbatch_size=2. Repeatable.",
+        ),
+        click.option("--iterations", type=int, help="Training iterations to run."),
+        click.option("--microbatches", type=int, help="Microbatches per replica per iteration."),
+        click.option("--dp", type=int, help="Data-parallel degree (pipeline replicas)."),
+        click.option("--pp", type=int, help="Pipeline-parallel degree (stages)."),
+        click.option("--seed", type=int, help="Seed for data, weights and arrivals."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+@dataclass(frozen=True)
+class Inputs:
+    topology: Topology
+    job: Job
+
+
+def load_inputs(
+    topology_path: Path, job_file: Path | None = None, sets: tuple[str, ...] = (), **flags: Any
+) -> Inputs:
+    """Topology and job with every override applied, or a located InputError."""
+    topology = load_topology(topology_path)
+    overrides = list(sets)
+    for key in _JOB_FLAGS:
+        value = flags.get(key)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    job = load_job(topology.job, topology.source, job_file, overrides)
+    return Inputs(topology, job)
+
+
+def job_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Pop the job-related keyword arguments a command received from `job_options`."""
+    keys = ("job_file", "sets", *_JOB_FLAGS)
+    return {key: kwargs.pop(key) for key in keys if key in kwargs}
+
+
+def policy_options(func: F) -> F:
+    func = click.option(
+        "-o",
+        "--option",
+        "policy_opts",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Policy option (see `testbed plugins`). Repeatable.",
+    )(func)
+    return func

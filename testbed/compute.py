@@ -1,0 +1,86 @@
+"""How long a stage's forward and backward take, from FLOPs and a GPU's sustained rate.
+
+Per layer forward: 2 x tokens x parameters + 4 x batch x seq^2 x hidden (attention scores),
+which for a standard GPT layer is the familiar 24*b*s*h^2 + 4*b*s^2*h. Backward costs twice
+the forward. The last stage adds the LM head (2 x tokens x hidden x vocab).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.job import Job, ModelShape
+from testbed.topology.model import GpuType
+
+BACKWARD_FACTOR = 2.0
+
+
+def layer_forward_flops(model: ModelShape, batch: int) -> float:
+    tokens = batch * model.seq_len
+    return 2.0 * tokens * model.params_per_layer + 4.0 * batch * model.seq_len**2 * model.hidden
+
+
+def head_forward_flops(model: ModelShape, batch: int) -> float:
+    return 2.0 * batch * model.seq_len * model.hidden * model.vocab
+
+
+def stage_forward_flops(model: ModelShape, batch: int, layers: int, last: bool) -> float:
+    flops = layers * layer_forward_flops(model, batch)
+    return flops + (head_forward_flops(model, batch) if last else 0.0)
+
+
+def stage_params(model: ModelShape, layers: int, first: bool, last: bool) -> int:
+    params = layers * model.params_per_layer
+    if first:
+        params += model.vocab * model.hidden
+    if last:
+        params += model.vocab * model.hidden
+    return params
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Per-microbatch compute of one stage on one (tensor-parallel group of) GPU(s)."""
+
+    forward_s: float
+    backward_s: float
+    grad_bytes: int
+    """Gradient bytes each GPU of the stage all-reduces with its replicas."""
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+
+def stage_cost(
+    job: Job, layers: int, first: bool, last: bool, gpu: GpuType, tp: int = 1
+) -> StageCost:
+    forward = stage_forward_flops(job.model, job.microbatch_size, layers, last)
+    rate = gpu.sustained_flops * tp
+    params = stage_params(job.model, layers, first, last)
+    return StageCost(
+        forward_s=forward / rate,
+        backward_s=BACKWARD_FACTOR * forward / rate,
+        grad_bytes=params * job.dtype_bytes // tp,
+    )
+
+
+def prefill_flops(model: ModelShape, prompt_len: int) -> float:
+    """One prompt's prefill through the whole inference model."""
+    return model.layers * layer_forward_flops(
+        ModelShape(
+            model.layers,
+            model.hidden,
+            model.heads,
+            prompt_len,
+            model.vocab,
+            model.kv_heads,
+            model.ffn,
+        ),
+        1,
+    ) + head_forward_flops(ModelShape(model.layers, model.hidden, model.heads, 1, model.vocab), 1)
+
+
+def kv_cache_bytes(model: ModelShape, prompt_len: int, dtype_bytes: int = 2) -> int:
+    """2 (K and V) x layers x KV heads x head dim x bytes, per token."""
+    return 2 * model.layers * model.n_kv_heads * model.head_dim * dtype_bytes * prompt_len

@@ -1,0 +1,62 @@
+"""Errors the CLI turns into one line and a fixed exit code, never a traceback."""
+
+from __future__ import annotations
+
+EXIT_RUNTIME = 1
+EXIT_INPUT = 2
+
+
+class TestbedError(Exception):
+    """A failure the user can act on; `str()` is the whole message."""
+
+    exit_code = EXIT_RUNTIME
+
+
+class InputError(TestbedError):
+    """Bad input: names the file, the key path and the problem."""
+
+    exit_code = EXIT_INPUT
+
+    def __init__(self, problem: str, source: str | None = None, key: str | None = None) -> None:
+        self.problem = problem
+        self.source = source
+        self.key = key
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = ": ".join(part for part in (self.source, self.key) if part)
+        return f"{where}: {self.problem}" if where else self.problem
+
+    def at(self, source: str | None = None, key: str | None = None) -> InputError:
+        """The same problem, located in a file and under a key prefix."""
+        joined = join_key(key, self.key) if key else self.key
+        return InputError(self.problem, source or self.source, joined)
+
+
+class PluginError(TestbedError):
+    """A policy plugin that cannot be loaded or misbehaves."""
+
+
+class NetworkError(TestbedError):
+    """The emulated network cannot be built or measured."""
+
+
+class PlanError(TestbedError):
+    """A plan that cannot run: deadlock, unmatched transfer, bad placement."""
+
+    exit_code = EXIT_INPUT
+
+
+def join_key(*parts: str | int | None) -> str:
+    """Build a key path like `wan[1].latency` from its parts."""
+    out = ""
+    for part in parts:
+        if part is None or part == "":
+            continue
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif out and not part.startswith("["):
+            out += "." + part
+        else:
+            out += part
+    return out

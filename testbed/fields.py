@@ -1,0 +1,132 @@
+"""Reading nested YAML mappings with errors that name the file, the key path and the problem."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
+
+from testbed.errors import InputError, join_key
+
+T = TypeVar("T")
+_MISSING: Any = object()
+
+
+class Fields:
+    """A mapping being read: every read is checked, every unread key is an error."""
+
+    def __init__(self, data: object, source: str | None, path: str = "") -> None:
+        if not isinstance(data, Mapping):
+            raise InputError(f"expected a mapping, got {_kind(data)}", source, path or None)
+        for key in data:
+            if not isinstance(key, str):
+                raise InputError(f"keys must be text, got {key!r}", source, path or None)
+        self.data: Mapping[str, Any] = data
+        self.source = source
+        self.path = path
+        self._read: set[str] = set()
+
+    def key(self, name: str | int) -> str:
+        return join_key(self.path, name)
+
+    def error(self, name: str | int | None, problem: str) -> InputError:
+        return InputError(problem, self.source, self.key(name) if name is not None else self.path)
+
+    def has(self, name: str) -> bool:
+        return name in self.data
+
+    def raw(self, name: str, default: Any = _MISSING) -> Any:
+        self._read.add(name)
+        if name not in self.data or self.data[name] is None:
+            if default is _MISSING:
+                raise self.error(name, "missing value")
+            return default
+        return self.data[name]
+
+    def get(self, name: str, parse: Callable[[Any], T], default: Any = _MISSING) -> T:
+        """Parse `name` with `parse`; a ValueError becomes a located InputError."""
+        value = self.raw(name, _MISSING if default is _MISSING else None)
+        if value is None:
+            return default  # type: ignore[no-any-return]
+        try:
+            return parse(value)
+        except InputError as exc:
+            raise exc.at(self.source) from None
+        except (ValueError, TypeError) as exc:
+            raise self.error(name, str(exc)) from None
+
+    def section(self, name: str, required: bool = False) -> Fields | None:
+        value = self.raw(name, _MISSING if required else None)
+        if value is None:
+            return None
+        return Fields(value, self.source, self.key(name))
+
+    def items(self, name: str, required: bool = False) -> Iterator[tuple[str, Any]]:
+        """(key path, value) for each element of a list under `name`."""
+        value = self.raw(name, _MISSING if required else None)
+        if value is None:
+            return
+        if not isinstance(value, list):
+            raise self.error(name, f"expected a list, got {_kind(value)}")
+        for index, item in enumerate(value):
+            yield join_key(self.key(name), index), item
+
+    def done(self) -> None:
+        """Reject keys nobody read: a typo must not pass silently."""
+        unknown = [key for key in self.data if key not in self._read]
+        if unknown:
+            known = ", ".join(sorted(self._read)) or "none"
+            raise self.error(unknown[0], f"unknown key (known keys: {known})")
+
+
+def positive(parse: Callable[[Any], T], allow_zero: bool = False) -> Callable[[Any], T]:
+    """Wrap a parser so that negative (and by default zero) values are refused."""
+
+    def check(value: Any) -> T:
+        result = parse(value)
+        number = float(result)  # type: ignore[arg-type]
+        if number < 0 or (number == 0 and not allow_zero):
+            raise ValueError(
+                f"must be {'zero or more' if allow_zero else 'positive'}, got {value!r}"
+            )
+        return result
+
+    return check
+
+
+def integer(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ValueError(f"expected a whole number, got {value!r}")
+    return value
+
+
+def text(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"expected text, got {value!r}")
+    return value
+
+
+def boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
+
+
+def number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"expected a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return f"text {value!r}"
+    if value is None:
+        return "nothing"
+    return f"{type(value).__name__} {value!r}"

@@ -1,0 +1,71 @@
+"""A short human summary of a plan: where stages live, what crosses the WAN, ideal bubbles."""
+
+from __future__ import annotations
+
+from testbed.compute import stage_cost
+from testbed.job import Job
+from testbed.plan.model import Plan
+from testbed.topology.model import Topology
+from testbed.units import human_bytes, human_duration
+
+
+def wan_crossings(plan: Plan, topology: Topology) -> int:
+    """Stage boundaries that some replica's activations carry across the WAN."""
+    return sum(
+        1
+        for s in range(plan.pp - 1)
+        if any(
+            topology.dc_of(plan.lead_gpu(r, s)) != topology.dc_of(plan.lead_gpu(r, s + 1))
+            for r in range(plan.dp)
+        )
+    )
+
+
+def allreduce_spans_wan(plan: Plan, topology: Topology) -> bool:
+    return any(
+        len({topology.dc_of(plan.lead_gpu(r, s)) for r in range(plan.dp)}) > 1
+        for s in range(plan.pp)
+    )
+
+
+def ideal_bubble_fraction(plan: Plan) -> float:
+    """(p-1)/(m+p-1): idle share of a GPipe or 1F1B pipeline with free communication."""
+    return (plan.pp - 1) / (plan.microbatches + plan.pp - 1)
+
+
+def describe_plan(plan: Plan, topology: Topology, job: Job) -> list[str]:
+    lines = [
+        f"policy {plan.policy}: dp {plan.dp} x pp {plan.pp} x tp {plan.tp} = "
+        f"{plan.dp * plan.pp * plan.tp} of {topology.total_gpus} GPUs, "
+        f"{plan.microbatches} microbatches of {plan.microbatch_size} per replica",
+    ]
+    dcs = plan.stage_dcs(topology.dc_of)
+    for stage in range(plan.pp):
+        gpus = [g for r in range(plan.dp) for g in plan.gpus_of(r, stage)]
+        gpu_type = topology.gpu(gpus[0]).type
+        cost = stage_cost(
+            job, plan.layers[stage], stage == 0, stage == plan.pp - 1, gpu_type, plan.tp
+        )
+        lines.append(
+            f"  stage {stage}: {plan.layers[stage]} layers in {', '.join(sorted(dcs[stage]))} "
+            f"({len(gpus)} GPUs), forward {human_duration(cost.forward_s)}, backward "
+            f"{human_duration(cost.backward_s)} per microbatch (modeled on {gpu_type.name})"
+        )
+    wan = [f"{a}->{b} {s.value}" for (a, b), s in sorted(plan.sharing.items())]
+    reduce_note = "; gradient all-reduce crosses it" if allreduce_spans_wan(plan, topology) else ""
+    lines.append(
+        f"  WAN: {wan_crossings(plan, topology)} stage boundaries cross it{reduce_note}; "
+        f"links used: {', '.join(wan) or 'none'}"
+    )
+    counts = sorted({n for n in plan.connections.values()})
+    lines.append(
+        f"  TCP connections per peer pair: {', '.join(map(str, counts)) or 'none'}; "
+        f"activations {human_bytes(job.activation_bytes)} per microbatch"
+    )
+    lines.append(f"  ideal bubble fraction (p-1)/(m+p-1) = {ideal_bubble_fraction(plan):.1%}")
+    if plan.dp_cells:
+        cells = "; ".join(",".join(map(str, c)) for c in plan.dp_cells)
+        lines.append(f"  DP-cells (replicas taking turns on the WAN): {cells}")
+    for key, value in plan.notes.items():
+        lines.append(f"  {key}: {value}")
+    return lines

@@ -1,0 +1,203 @@
+"""Plans as CSV (to save, diff and load) and as a grid (to read)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from testbed.errors import InputError
+from testbed.plan.model import Action, Plan, Sharing, Worker
+
+_INT_META = ("dp", "pp", "tp", "microbatches", "microbatch_size")
+
+
+def plan_to_csv(plan: Plan) -> str:
+    """One row per fact; the first cell says what the row is."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["meta", "policy", plan.policy])
+    for key in _INT_META:
+        writer.writerow(["meta", key, getattr(plan, key)])
+    writer.writerow(["meta", "layers", " ".join(map(str, plan.layers))])
+    for (replica, stage), gpus in plan.workers():
+        writer.writerow(["place", replica, stage, *gpus])
+    for gpu in plan.used_gpus():
+        writer.writerow(["actions", gpu, *map(str, plan.actions[gpu])])
+    for (a, b), n in sorted(plan.connections.items()):
+        writer.writerow(["conn", a, b, n])
+    for (src, dst), sharing in sorted(plan.sharing.items()):
+        writer.writerow(["share", src, dst, sharing.value])
+    for cell in plan.dp_cells:
+        writer.writerow(["cell", *cell])
+    for key, value in plan.notes.items():
+        writer.writerow(["note", key, json.dumps(value, sort_keys=True)])
+    return out.getvalue()
+
+
+def load_plan_csv(path: str | Path) -> Plan:
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError("no such file", source) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read: {exc}", source) from None
+    return parse_plan_csv(text, source)
+
+
+def parse_plan_csv(text: str, source: str | None = None) -> Plan:
+    meta: dict[str, Any] = {}
+    placement: dict[Worker, tuple[str, ...]] = {}
+    actions: dict[str, tuple[Action, ...]] = {}
+    connections: dict[tuple[str, str], int] = {}
+    sharing: dict[tuple[str, str], Sharing] = {}
+    cells: list[tuple[int, ...]] = []
+    notes: dict[str, Any] = {}
+    try:
+        rows = list(csv.reader(io.StringIO(text)))
+    except csv.Error as exc:
+        raise InputError(f"not CSV: {exc}", source) from None
+    for number, row in enumerate(rows, start=1):
+        where = f"line {number}"
+        if not row or not "".join(row).strip():
+            continue
+
+        def cell(
+            index: int,
+            parse: Callable[[str], Any],
+            what: str,
+            row: list[str] = row,
+            where: str = where,
+        ) -> Any:
+            if index >= len(row):
+                raise InputError(f"missing {what}", source, where)
+            try:
+                return parse(row[index].strip())
+            except ValueError as exc:
+                raise InputError(f"bad {what}: {exc}", source, where) from None
+
+        kind = row[0].strip()
+        if kind == "meta":
+            key = cell(1, str, "key")
+            if key == "policy":
+                meta[key] = cell(2, str, "policy name")
+            elif key in _INT_META:
+                meta[key] = cell(2, _natural, key)
+            elif key == "layers":
+                meta[key] = cell(2, lambda v: tuple(_natural(x) for x in v.split()), "layers")
+            else:
+                raise InputError(f"unknown meta key {key!r}", source, where)
+        elif kind == "place":
+            worker = (cell(1, _whole, "replica"), cell(2, _whole, "stage"))
+            if worker in placement:
+                raise InputError(
+                    f"replica {worker[0]} stage {worker[1]} placed twice", source, where
+                )
+            gpus = tuple(g.strip() for g in row[3:] if g.strip())
+            if not gpus:
+                raise InputError("missing GPU", source, where)
+            placement[worker] = gpus
+        elif kind == "actions":
+            gpu = cell(1, _nonempty, "GPU")
+            if gpu in actions:
+                raise InputError(f"actions for {gpu} given twice", source, where)
+            actions[gpu] = tuple(
+                cell(i, Action.parse, "action") for i in range(2, len(row)) if row[i].strip()
+            )
+        elif kind == "conn":
+            a, b = cell(1, _nonempty, "GPU"), cell(2, _nonempty, "GPU")
+            connections[(a, b) if a <= b else (b, a)] = cell(3, _natural, "connection count")
+        elif kind == "share":
+            sharing[(cell(1, _nonempty, "DC"), cell(2, _nonempty, "DC"))] = cell(
+                3, Sharing, "sharing (fair or arbitrated)"
+            )
+        elif kind == "cell":
+            cells.append(tuple(cell(i, _whole, "replica") for i in range(1, len(row))))
+        elif kind == "note":
+            notes[cell(1, str, "key")] = cell(2, json.loads, "JSON value")
+        else:
+            raise InputError(
+                f"unknown row kind {kind!r} (meta, place, actions, conn, share, cell, note)",
+                source,
+                where,
+            )
+    for key in ("policy", *_INT_META, "layers"):
+        if key not in meta:
+            raise InputError(f"missing meta row for {key!r}", source)
+    return Plan(
+        policy=meta["policy"],
+        dp=meta["dp"],
+        pp=meta["pp"],
+        microbatches=meta["microbatches"],
+        microbatch_size=meta["microbatch_size"],
+        layers=meta["layers"],
+        placement=placement,
+        actions=actions,
+        connections=connections,
+        sharing=sharing,
+        tp=meta["tp"],
+        dp_cells=tuple(cells),
+        notes=notes,
+    )
+
+
+def _natural(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError(f"must be at least 1, got {number}")
+    return number
+
+
+def _whole(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError(f"must not be negative, got {number}")
+    return number
+
+
+def _nonempty(value: str) -> str:
+    if not value:
+        raise ValueError("empty")
+    return value
+
+
+def plan_grid(
+    plan: Plan, communication: bool = False, max_rows: int | None = None, max_columns: int = 16
+) -> str:
+    """One column per (replica, stage) worker, one row per step, like torch's pipeline order.
+
+    Wide plans show replica 0 only (every replica runs the same schedule).
+    """
+    workers = list(plan.workers())
+    note = ""
+    if len(workers) > max_columns:
+        workers = [w for w in workers if w[0][0] == 0][:max_columns]
+        note = f"(showing {len(workers)} of {len(plan.placement)} workers: replica 0)"
+    columns = []
+    for (replica, stage), gpus in workers:
+        steps = [
+            str(a)
+            for a in plan.actions[gpus[0]]
+            if communication or not (a.op.is_send or a.op.is_recv)
+        ]
+        label = gpus[0] if len(gpus) == 1 else f"{gpus[0]}+{len(gpus) - 1}"
+        columns.append((f"r{replica}s{stage}", label, steps))
+    height = max(len(c[2]) for c in columns)
+    shown = height if max_rows is None else min(height, max_rows)
+    widths = [max(len(c[0]), len(c[1]), *(len(s) for s in c[2])) for c in columns]
+
+    def line(prefix: str, cells: list[str]) -> str:
+        return (prefix + " ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))).rstrip()
+
+    lines = [line("step  ", [c[0] for c in columns]), line("      ", [c[1] for c in columns])]
+    for row in range(shown):
+        lines.append(line(f"{row:<5} ", [c[2][row] if row < len(c[2]) else "" for c in columns]))
+    if shown < height:
+        lines.append(f"... {height - shown} more steps")
+    if note:
+        lines.append(note)
+    return "\n".join(lines)

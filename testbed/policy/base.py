@@ -1,0 +1,131 @@
+"""What a policy plugin implements. Policies are pure: no sockets, no awaits, no namespaces.
+
+Both backends call the same hooks: `plan` once, `next_transfer` whenever an arbitrated WAN
+link direction falls free, `admit` whenever a GPU enters a predicted bubble.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from testbed.errors import InputError
+from testbed.job import Job
+from testbed.plan.model import Op, Plan
+from testbed.topology.model import Topology
+
+
+@dataclass(frozen=True)
+class Option:
+    """A policy setting a user can pass as `-o name=value`."""
+
+    name: str
+    default: Any
+    help: str
+    parse: Callable[[str], Any] = str
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One tensor waiting to cross a WAN link direction."""
+
+    id: int
+    src_gpu: str
+    dst_gpu: str
+    src_dc: str
+    dst_dc: str
+    kind: Op
+    """SEND_F (activations) or SEND_B (gradients)."""
+    replica: int
+    stage: int
+    """The sending stage."""
+    microbatch: int
+    nbytes: int
+    ready_at: float
+    """Seconds on the run's clock when the sender queued it."""
+    iteration: int = 0
+
+
+@dataclass(frozen=True)
+class Request:
+    """One inference prefill request."""
+
+    id: int
+    arrival: float
+    prompt_len: int
+
+
+@dataclass(frozen=True)
+class Bubble:
+    """A predicted idle window on one GPU, on the run's clock."""
+
+    gpu: str
+    start: float
+    end: float
+
+    @property
+    def length(self) -> float:
+        return self.end - self.start
+
+
+class _Configurable:
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    options: ClassVar[tuple[Option, ...]] = ()
+
+    def __init__(self, **values: str) -> None:
+        known = {option.name: option for option in self.options}
+        self.settings: dict[str, Any] = {o.name: o.default for o in self.options}
+        for key, raw in values.items():
+            if key not in known:
+                names = ", ".join(known) or "none"
+                raise InputError(
+                    f"unknown option {key!r} for {self.name} (options: {names})", "--option", key
+                )
+            try:
+                self.settings[key] = known[key].parse(raw)
+            except ValueError as exc:
+                raise InputError(
+                    f"bad value {raw!r} for {self.name}: {exc}", "--option", key
+                ) from None
+
+
+class TrainingPolicy(_Configurable, ABC):
+    """Decides placement, schedule, connections and WAN sharing for a training job."""
+
+    @abstractmethod
+    def plan(self, topology: Topology, job: Job) -> Plan:
+        """A Plan for this topology and job; raise InputError if the job cannot fit."""
+
+    def next_transfer(
+        self, plan: Plan, link: tuple[str, str], waiting: Sequence[Transfer]
+    ) -> Transfer:
+        """Which waiting transfer gets the arbitrated link direction next (first come first)."""
+        return min(waiting, key=lambda t: (t.ready_at, t.id))
+
+
+class BubblePolicy(_Configurable, ABC):
+    """Decides which inference prefill, if any, runs in a GPU's idle window."""
+
+    @abstractmethod
+    def admit(
+        self,
+        bubble: Bubble,
+        queue: Sequence[Request],
+        now: float,
+        prefill_time: Callable[[int], float],
+    ) -> Request | None:
+        """A queued request to start now on `bubble.gpu`, or None to leave the GPU idle."""
+
+
+def parse_options(pairs: Sequence[str]) -> Mapping[str, str]:
+    """`key=value` strings from the command line."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"expected KEY=VALUE, got {pair!r}", "--option")
+        out[key.strip()] = value.strip()
+    return out

@@ -1,0 +1,224 @@
+"""A topology is plain data: datacenters, their GPUs, the WAN links between them, TCP settings."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# A DC name becomes part of namespace names (`<prefix><dc>-<i>`), host names and interface
+# names (`w-<dc>`, at most 15 bytes), so it is short, lower case and hyphen-free.
+DC_NAME = re.compile(r"^[a-z][a-z0-9]{0,11}$")
+GPU_TYPE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
+TOPOLOGY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+CONGESTION_CONTROLS = ("bbr", "cubic", "reno")
+
+
+@dataclass(frozen=True)
+class GpuType:
+    name: str
+    peak_flops: float
+    memory_bytes: int
+    efficiency: float = 0.5
+    """Fraction of peak a training step sustains (model FLOPs utilization)."""
+
+    @property
+    def sustained_flops(self) -> float:
+        return self.peak_flops * self.efficiency
+
+
+BUILTIN_GPU_TYPES: Mapping[str, GpuType] = {
+    gpu.name: gpu
+    for gpu in (
+        GpuType("v100", 125e12, 32 * 1024**3),
+        GpuType("a100", 312e12, 80 * 1024**3),
+        GpuType("h100", 989e12, 80 * 1024**3),
+        GpuType("h200", 989e12, 141 * 1024**3),
+    )
+}
+
+
+@dataclass(frozen=True)
+class TcpSettings:
+    """Per-namespace TCP knobs that decide how one flow behaves on a long link."""
+
+    congestion: str = "cubic"
+    rmem: tuple[int, int, int] = (4096, 131072, 6 * 1024**2)
+    wmem: tuple[int, int, int] = (4096, 16384, 4 * 1024**2)
+    slow_start_after_idle: bool = True
+
+    @property
+    def window_bytes(self) -> int:
+        """Largest window one flow can keep in flight: the smaller buffer maximum."""
+        return min(self.rmem[2], self.wmem[2])
+
+    def sysctls(self) -> dict[str, str]:
+        return {
+            "net.ipv4.tcp_congestion_control": self.congestion,
+            "net.ipv4.tcp_rmem": " ".join(map(str, self.rmem)),
+            "net.ipv4.tcp_wmem": " ".join(map(str, self.wmem)),
+            "net.ipv4.tcp_slow_start_after_idle": "1" if self.slow_start_after_idle else "0",
+            "net.core.rmem_max": str(self.rmem[2]),
+            "net.core.wmem_max": str(self.wmem[2]),
+        }
+
+
+@dataclass(frozen=True)
+class Datacenter:
+    name: str
+    gpus: int
+    gpu: GpuType
+    bandwidth_bps: float
+    """Each host's link to its DC's router (both directions)."""
+    latency_s: float
+    """One-way host-to-host latency inside the DC (half on each host link)."""
+    tcp: TcpSettings | None = None
+    """Overrides the topology's TCP settings for this DC's hosts."""
+
+    def host_names(self) -> list[str]:
+        return [f"{self.name}-{i}" for i in range(self.gpus)]
+
+
+@dataclass(frozen=True)
+class WanLink:
+    a: str
+    b: str
+    latency_s: float
+    """One-way, router to router."""
+    bandwidth_bps: float
+    jitter_s: float = 0.0
+    loss: float = 0.0
+    queue_bytes: int | None = None
+    """Drop-tail queue per direction; None means one bandwidth-delay product."""
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        return (self.a, self.b)
+
+    @property
+    def rtt_s(self) -> float:
+        return 2.0 * self.latency_s
+
+    @property
+    def bdp_bytes(self) -> int:
+        return int(self.bandwidth_bps * self.rtt_s / 8)
+
+    @property
+    def effective_queue_bytes(self) -> int:
+        """The queue a shaper installs: configured, or one BDP, never under 64 KiB."""
+        return self.queue_bytes if self.queue_bytes is not None else max(self.bdp_bytes, 65536)
+
+    def joins(self, x: str, y: str) -> bool:
+        return {self.a, self.b} == {x, y}
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU; each sits in its own host namespace named like the GPU."""
+
+    name: str
+    dc: str
+    index: int
+    type: GpuType
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str
+    datacenters: tuple[Datacenter, ...]
+    links: tuple[WanLink, ...]
+    tcp: TcpSettings = TcpSettings()
+    job: Mapping[str, Any] | None = None
+    """The raw `job` section; `testbed.job` parses it."""
+    source: str | None = field(default=None, compare=False)
+
+    def dc(self, name: str) -> Datacenter:
+        for dc in self.datacenters:
+            if dc.name == name:
+                return dc
+        raise KeyError(name)
+
+    def gpus(self) -> list[Gpu]:
+        """All GPUs in file order: DCs as listed, GPUs by index."""
+        return [
+            Gpu(f"{dc.name}-{i}", dc.name, i, dc.gpu)
+            for dc in self.datacenters
+            for i in range(dc.gpus)
+        ]
+
+    def gpu(self, name: str) -> Gpu:
+        dc_name, _, index = name.rpartition("-")
+        dc = self.dc(dc_name)
+        i = int(index)
+        if not 0 <= i < dc.gpus:
+            raise KeyError(name)
+        return Gpu(name, dc.name, i, dc.gpu)
+
+    def dc_of(self, gpu_name: str) -> str:
+        return self.gpu(gpu_name).dc
+
+    def link(self, x: str, y: str) -> WanLink:
+        for link in self.links:
+            if link.joins(x, y):
+                return link
+        raise KeyError((x, y))
+
+    def has_link(self, x: str, y: str) -> bool:
+        return any(link.joins(x, y) for link in self.links)
+
+    def tcp_for(self, dc_name: str) -> TcpSettings:
+        return self.dc(dc_name).tcp or self.tcp
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(dc.gpus for dc in self.datacenters)
+
+    def path(self, src_dc: str, dst_dc: str) -> list[str]:
+        """DCs a packet crosses from `src_dc` to `dst_dc`, along the lowest-latency route."""
+        return shortest_path(self, src_dc, dst_dc)
+
+    def iter_dc_pairs(self) -> Iterator[tuple[str, str]]:
+        names = [dc.name for dc in self.datacenters]
+        for i, x in enumerate(names):
+            for y in names[i + 1 :]:
+                yield x, y
+
+    def one_way_latency(self, src_dc: str, dst_dc: str) -> float:
+        """Router-to-router propagation delay along the routed path."""
+        hops = self.path(src_dc, dst_dc)
+        return sum(self.link(a, b).latency_s for a, b in itertools.pairwise(hops))
+
+    def bottleneck_bps(self, src_dc: str, dst_dc: str) -> float:
+        hops = self.path(src_dc, dst_dc)
+        return min(
+            (self.link(a, b).bandwidth_bps for a, b in itertools.pairwise(hops)),
+            default=float("inf"),
+        )
+
+
+def shortest_path(topology: Topology, src: str, dst: str) -> list[str]:
+    """Dijkstra on latency; ties broken by DC order so routes are deterministic."""
+    if src == dst:
+        return [src]
+    order = {dc.name: i for i, dc in enumerate(topology.datacenters)}
+    best: dict[str, tuple[float, list[str]]] = {src: (0.0, [src])}
+    done: set[str] = set()
+    while True:
+        frontier = [
+            (cost, order[name], name) for name, (cost, _) in best.items() if name not in done
+        ]
+        if not frontier:
+            raise KeyError(f"no WAN path from {src} to {dst}")
+        cost, _, here = min(frontier)
+        if here == dst:
+            return best[here][1]
+        done.add(here)
+        for link in topology.links:
+            if here not in link.pair:
+                continue
+            there = link.b if link.a == here else link.a
+            new_cost = cost + link.latency_s
+            if there not in best or new_cost < best[there][0]:
+                best[there] = (new_cost, [*best[here][1], there])

@@ -1,0 +1,79 @@
+"""The CLI as a user meets it: help text, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from testbed.cli import main
+
+TOPOLOGIES = Path(__file__).resolve().parent.parent / "topologies"
+
+
+def call(args: list[str]) -> tuple[int, str, str]:
+    runner = CliRunner()
+    with runner.isolation() as (out, err, _):
+        try:
+            main(args)
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+    return code, out.getvalue().decode(), err.getvalue().decode()
+
+
+def test_help_lists_commands() -> None:
+    code, out, _ = call(["--help"])
+    assert code == 0
+    for command in ("validate", "plan", "plugins"):
+        assert command in out
+
+
+@pytest.mark.parametrize("name", ["two-dc", "paper-3dc", "gpt3-4dc"])
+def test_validate_shipped(name: str) -> None:
+    code, out, err = call(["validate", str(TOPOLOGIES / f"{name}.yaml")])
+    assert code == 0, err
+    assert "ok: topology" in out
+
+
+def test_validate_bad_file_is_one_line_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "datacenters:\n  - {name: east, gpus: 2}\n  - {name: west, gpus: 2}\n"
+        "wan:\n  - {between: [east, mars], latency: 20ms, bandwidth: 1Gbit}\n"
+    )
+    code, out, err = call(["validate", str(path)])
+    assert code == 2
+    assert err == f"testbed: error: {path}: wan[0].between: unknown datacenter 'mars'\n"
+    assert out == ""
+
+
+def test_validate_flag_override_error() -> None:
+    code, _, err = call(["validate", str(TOPOLOGIES / "two-dc.yaml"), "--set", "model.layers=x"])
+    assert code == 2
+    assert err.startswith("testbed: error: --set: model.layers: expected a whole number")
+
+
+def test_plan_prints_grid_and_summary(tmp_path: Path) -> None:
+    out_csv = tmp_path / "plan.csv"
+    code, out, err = call(
+        ["plan", str(TOPOLOGIES / "paper-3dc.yaml"), "-p", "1f1b", "--csv", str(out_csv)]
+    )
+    assert code == 0, err
+    assert "r0s0" in out and "policy 1f1b: dp 4 x pp 3" in out
+    code, out2, err = call(["plan", str(TOPOLOGIES / "paper-3dc.yaml"), "--load", str(out_csv)])
+    assert code == 0, err
+    assert out2.splitlines()[:5] == out.splitlines()[:5]
+
+
+def test_plan_infeasible_job_is_clear() -> None:
+    code, _, err = call(["plan", str(TOPOLOGIES / "two-dc.yaml"), "-p", "gpipe", "--dp", "3"])
+    assert code == 2
+    assert "needs 6 GPUs, the topology has 4" in err
+
+
+def test_missing_file() -> None:
+    code, _, err = call(["validate", "nope.yaml"])
+    assert code == 2
+    assert err == "testbed: error: nope.yaml: no such file\n"
