@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from testbed import __version__
+from testbed.cli_net import Terminated, down, net
 from testbed.cli_options import (
     job_flags,
     job_options,
@@ -29,6 +30,9 @@ Examples:
   testbed validate topologies/paper-3dc.yaml
   testbed plan topologies/two-dc.yaml -p 1f1b
   testbed plugins
+  testbed net up topologies/two-dc.yaml --detach
+  testbed net exec east-0 -- ping -c 3 west-1
+  testbed down
 """
 
 
@@ -194,6 +198,10 @@ def plugins(as_json: bool) -> None:
             click.echo(f"{'':<10}-o {opt}={spec['default']!s:<10} {spec['help']}")
 
 
+cli.add_command(net)
+cli.add_command(down)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning known failures into one line and an exit code."""
     try:
@@ -210,5 +218,8 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("testbed: interrupted", err=True)
         sys.exit(130)
+    except Terminated:
+        click.echo("testbed: terminated", err=True)
+        sys.exit(143)
     if isinstance(code, int) and code:
         sys.exit(code)

@@ -23,3 +23,28 @@ TOPOLOGIES = ROOT / "topologies"
 @pytest.fixture
 def topologies_dir() -> Path:
     return TOPOLOGIES
+
+
+def _our_processes() -> list[int]:
+    from testbed.net.cleanup import stray_processes
+
+    return stray_processes()
+
+
+@pytest.fixture
+def clean_host():
+    """Root tests: skip without root; afterwards no namespace or process of ours may remain."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for network namespaces (CI runs as root)")
+    from testbed.net.netns import list_namespaces
+
+    before = set(list_namespaces())
+    yield
+    left = set(list_namespaces()) - before
+    strays = _our_processes()
+    if left or strays:
+        from testbed.net.cleanup import down
+
+        down()
+    assert not left, f"namespaces left behind: {sorted(left)}"
+    assert not strays, f"processes left behind: {strays}"

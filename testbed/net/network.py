@@ -1,0 +1,418 @@
+"""Bringing an emulated WAN up and down: the one place the network plan meets the kernel.
+
+Everything a run will create is written to its state file before it is created, so that
+`testbed down` can remove what a killed run left. Teardown runs in reverse order and
+keeps going past errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testbed.errors import NetworkError
+from testbed.net import netns as kernel
+from testbed.net.layout import HOST_IF, MAX_SLOTS, Layout, build_layout
+from testbed.net.shaping import Shaper, ShapingPlan, plan_shaping
+from testbed.net.state import (
+    ProcessRecord,
+    RunState,
+    all_states,
+    new_run_id,
+    process_start_ticks,
+    state_lock,
+)
+from testbed.topology.model import Topology
+
+Progress = Callable[[str], None]
+TUN_TXQUEUELEN = 10000
+DELAYLINE_READY_S = 10.0
+ROUTER_SYSCTLS = {
+    "net.ipv4.ip_forward": "1",
+    "net.ipv4.conf.all.rp_filter": "0",
+    "net.ipv4.conf.default.rp_filter": "0",
+    "net.ipv6.conf.all.disable_ipv6": "1",
+    "net.ipv6.conf.default.disable_ipv6": "1",
+}
+HOST_SYSCTLS = {
+    "net.ipv6.conf.all.disable_ipv6": "1",
+    "net.ipv6.conf.default.disable_ipv6": "1",
+}
+ALLOWED_CC = "net.ipv4.tcp_allowed_congestion_control"
+
+
+def choose_shaper(requested: str) -> Shaper:
+    """`auto` takes netem where the kernel has it; `netem` on a kernel without it fails."""
+    if requested == Shaper.USERSPACE:
+        return Shaper.USERSPACE
+    available = kernel.netem_available()
+    if requested == Shaper.NETEM and not available:
+        raise NetworkError(
+            "--shaper netem: this kernel has no netem qdisc (sch_netem); "
+            "use --shaper userspace or auto"
+        )
+    return Shaper.NETEM if available else Shaper.USERSPACE
+
+
+@dataclass
+class Network:
+    """A running emulated WAN."""
+
+    topology: Topology
+    layout: Layout
+    shaper: Shaper
+    shaping: ShapingPlan
+    state: RunState
+    delay_lines: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
+    stats_dir: Path | None = None
+
+    def netns_of(self, node: str) -> str:
+        return self.layout.node(node).netns
+
+    def address_of(self, node: str) -> str:
+        return self.layout.node(node).address
+
+    def describe(self) -> dict[str, Any]:
+        """The `net ls --json` form: nodes, links, and what shapes them."""
+        links = []
+        for link in self.topology.links:
+            links.append(
+                {
+                    "between": [link.a, link.b],
+                    "latency_ms": link.latency_s * 1e3,
+                    "bandwidth_bps": link.bandwidth_bps,
+                    "jitter_ms": link.jitter_s * 1e3,
+                    "loss": link.loss,
+                    "queue_bytes": link.effective_queue_bytes,
+                    "shaper": self.shaper.value,
+                }
+            )
+        return {
+            "run_id": self.state.run_id,
+            "topology": self.topology.name,
+            "shaper": self.shaper.value,
+            "slot": self.layout.slot,
+            "nodes": [
+                {"name": n.name, "dc": n.dc, "address": n.address, "netns": n.netns}
+                for n in self.layout.nodes
+            ],
+            "routers": [
+                {"dc": r.dc, "address": r.address, "netns": r.netns, "subnet": r.subnet}
+                for r in self.layout.routers
+            ],
+            "links": links,
+            "tcp": {
+                dc.name: self.topology.tcp_for(dc.name).sysctls()
+                for dc in self.topology.datacenters
+            },
+            "notes": list(self.shaping.notes),
+        }
+
+    def delay_line_stats(self) -> dict[str, Any]:
+        """Counters and CPU time of each delay line (userspace shaper only)."""
+        out: dict[str, Any] = {}
+        if self.stats_dir is None:
+            return out
+        for proc in self.delay_lines.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(0.05)
+        for key in self.delay_lines:
+            path = self.stats_dir / f"delayline-{key}.json"
+            with contextlib.suppress(OSError, ValueError):
+                out[key] = json.loads(path.read_text())
+        return out
+
+
+def _free_slot(layout_for: Callable[[int], Layout]) -> int:
+    taken = {s.slot for s in all_states()}
+    existing = set(kernel.list_namespaces())
+    for slot in range(MAX_SLOTS):
+        if slot in taken:
+            continue
+        if existing & set(layout_for(slot).namespaces()):
+            continue  # names held by something that is not a run of ours
+        return slot
+    raise NetworkError(
+        f"all {MAX_SLOTS} run slots are in use; `testbed down` removes what killed runs left"
+    )
+
+
+def bring_up(
+    topology: Topology,
+    shaper: str = "auto",
+    progress: Progress | None = None,
+    detached: bool = False,
+    seed: int = 0,
+) -> Network:
+    """Create the whole network; on any failure remove what was made and re-raise."""
+    say = progress or (lambda _msg: None)
+    started = time.monotonic()
+    chosen = choose_shaper(shaper)
+    with state_lock():
+        slot = _free_slot(lambda s: build_layout(topology, s))
+        layout = build_layout(topology, slot)
+        shaping = plan_shaping(layout, chosen, seed)
+        namespaces = layout.namespaces()
+        state = RunState(
+            run_id=new_run_id(),
+            slot=slot,
+            prefix=layout.prefix,
+            topology=topology.name,
+            shaper=chosen.value,
+            namespaces=namespaces,
+            etc_dirs=[str(kernel.ETC_NETNS / ns) for ns in namespaces],
+            owner_pid=os.getpid(),
+            owner_ticks=process_start_ticks(os.getpid()) or 0,
+            detached=detached,
+        )
+        state.save()
+    network = Network(topology, layout, chosen, shaping, state)
+    try:
+        _build(network, say)
+    except BaseException:
+        tear_down(network)
+        raise
+    network.state.ready = True
+    network.state.info = network.describe()
+    network.state.save()
+    say(
+        f"network up in {time.monotonic() - started:.1f} s: {len(layout.nodes)} hosts, "
+        f"{len(layout.routers)} routers, shaper {chosen.value}"
+    )
+    return network
+
+
+def _build(network: Network, say: Progress) -> None:
+    layout, topology = network.layout, network.topology
+    say(f"creating {len(layout.namespaces())} namespaces (shaper {network.shaper.value})")
+    for ns in layout.namespaces():
+        kernel.create_namespace(ns)
+        kernel.write_hosts_file(ns, layout.hosts_file())
+    _allow_congestion_controls(network)
+    with kernel.Namespaces() as k:
+        for ns in layout.namespaces():
+            k.up(ns, "lo")
+        for router in layout.routers:
+            kernel.set_sysctls(router.netns, ROUTER_SYSCTLS)
+        for node in layout.nodes:
+            router = layout.router(node.dc)
+            k.veth(node.netns, HOST_IF, router.netns, node.router_if)
+            k.up(node.netns, HOST_IF)
+            k.up(router.netns, node.router_if)
+            k.address(node.netns, HOST_IF, node.address, 32)
+            k.route(node.netns, f"{node.router_address}/32", HOST_IF, link_scope=True)
+            k.route(node.netns, "0.0.0.0/0", HOST_IF, gateway=node.router_address)
+            k.address(router.netns, node.router_if, router.address, 32)
+            k.route(router.netns, f"{node.address}/32", node.router_if, link_scope=True)
+            tcp = topology.tcp_for(node.dc)
+            kernel.set_sysctls(node.netns, {**HOST_SYSCTLS, **_tcp_sysctls(tcp.sysctls())})
+        for port in layout.ports:
+            if port.dc < port.peer:
+                peer = layout.port(port.peer, port.dc)
+                k.veth(
+                    layout.router(port.dc).netns,
+                    port.ifname,
+                    layout.router(port.peer).netns,
+                    peer.ifname,
+                )
+        for port in layout.ports:
+            ns = layout.router(port.dc).netns
+            k.up(ns, port.ifname)
+            k.address(ns, port.ifname, port.address, 31)
+            if network.shaper is Shaper.USERSPACE:
+                k.ns(ns).link("add", ifname=port.tun, kind="tuntap", mode="tun")
+                k.up(ns, port.tun, txqueuelen=TUN_TXQUEUELEN)
+        _routes(network, k)
+        say("shaping links")
+        for qdisc in network.shaping.qdiscs:
+            k.qdisc(qdisc)
+    if network.shaping.delay_lines:
+        _start_delay_lines(network, say)
+    for note in network.shaping.notes:
+        say(f"note: {note}")
+
+
+def _tcp_sysctls(values: dict[str, str]) -> dict[str, str]:
+    """Per-namespace TCP settings; core.*mem_max are not writable inside a namespace and
+    TCP autotuning is bounded by tcp_rmem/tcp_wmem alone."""
+    return {k: v for k, v in values.items() if k.startswith("net.ipv4.")}
+
+
+def _routes(network: Network, k: kernel.Namespaces) -> None:
+    layout = network.layout
+    for router in layout.routers:
+        for dst_dc, hop in layout.routes[router.dc].items():
+            port = layout.port(router.dc, hop)
+            subnet = layout.router(dst_dc).subnet
+            if network.shaper is Shaper.USERSPACE:
+                k.route(router.netns, subnet, port.tun)
+            else:
+                k.route(router.netns, subnet, port.ifname, gateway=port.peer_address)
+        if network.shaper is Shaper.USERSPACE:
+            for port in layout.ports_of(router.dc):
+                # what the delay line writes back goes on to the peer router
+                k.route(
+                    router.netns,
+                    "0.0.0.0/0",
+                    port.ifname,
+                    gateway=port.peer_address,
+                    table=port.table,
+                )
+                k.rule_from_interface(router.netns, port.tun, port.table, priority=100)
+
+
+def _start_delay_lines(network: Network, say: Progress) -> None:
+    """One process per WAN direction: each gets its own core when one is free."""
+    stats_dir = Path(network.state.path.with_suffix(""))
+    stats_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    network.stats_dir = stats_dir
+    say(f"starting {len(network.shaping.delay_lines)} delay lines")
+    parent = 0 if network.state.detached else os.getpid()
+    for spec in network.shaping.delay_lines:
+        port = {
+            "name": spec.tun,
+            "delay_s": spec.delay_s,
+            "jitter_s": spec.jitter_s,
+            "loss": spec.loss,
+            "seed": spec.seed,
+        }
+        key = f"{spec.dc}>{spec.tun.removeprefix('d-')}"
+        args = [
+            "ip",
+            "netns",
+            "exec",
+            spec.netns,
+            sys.executable,
+            "-m",
+            "testbed.net.delayline",
+            "--parent-pid",
+            str(parent),
+            "--stats",
+            str(stats_dir / f"delayline-{key}.json"),
+            "--port",
+            json.dumps(port),
+        ]
+        proc = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+        network.delay_lines[key] = proc
+        network.state.processes.append(
+            ProcessRecord(proc.pid, process_start_ticks(proc.pid) or 0, f"delayline:{key}")
+        )
+        network.state.save()
+    for key, proc in network.delay_lines.items():
+        _await_ready(key, proc)
+
+
+def _await_ready(dc: str, proc: subprocess.Popen[str]) -> None:
+    assert proc.stdout is not None
+    import select
+
+    ready, _, _ = select.select([proc.stdout], [], [], DELAYLINE_READY_S)
+    line = proc.stdout.readline() if ready else ""
+    if '"ready": true' not in line:
+        proc.kill()
+        _, err = proc.communicate(timeout=5)
+        detail = (err or "").strip().splitlines()[-1:] or ["no output"]
+        raise NetworkError(f"delay line for {dc} did not start: {detail[0]}")
+
+
+def _allow_congestion_controls(network: Network) -> None:
+    """A namespace may only pick a congestion control the host allows; add ours."""
+    wanted = {network.topology.tcp_for(dc.name).congestion for dc in network.topology.datacenters}
+    allowed = kernel.read_sysctl(ALLOWED_CC).split()
+    missing = [cc for cc in sorted(wanted) if cc not in allowed]
+    if missing:
+        network.state.info["allowed_cc_before"] = " ".join(allowed)
+        network.state.save()
+        kernel.write_root_sysctl(ALLOWED_CC, " ".join(allowed + missing))
+
+
+def stop_processes(
+    records: list[ProcessRecord],
+    procs: dict[int, subprocess.Popen[str] | None] | None = None,
+    grace_s: float = 2.0,
+) -> None:
+    """SIGTERM all, wait, SIGKILL the rest; only pids that still name what we started."""
+    procs = procs or {}
+    live = [r for r in records if process_start_ticks(r.pid) == r.start_ticks]
+    for record in live:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(record.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while live and time.monotonic() < deadline:
+        for record in live:
+            proc = procs.get(record.pid)
+            if proc is not None:
+                proc.poll()
+        live = [r for r in live if process_start_ticks(r.pid) == r.start_ticks]
+        if live:
+            time.sleep(0.02)
+    for record in live:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(record.pid, signal.SIGKILL)
+    for proc in procs.values():
+        if proc is not None:
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=5)
+
+
+def tear_down(network: Network) -> list[str]:
+    """Remove everything in reverse order; returns problems instead of stopping at them."""
+    procs = {
+        rec.pid: network.delay_lines.get(rec.role.split(":", 1)[-1])
+        for rec in network.state.processes
+    }
+    problems = clean_state(network.state, procs)
+    return problems
+
+
+def clean_state(
+    state: RunState, procs: dict[int, subprocess.Popen[str] | None] | None = None
+) -> list[str]:
+    """Undo one run from its state record: processes, namespaces, /etc/netns, state file."""
+    problems: list[str] = []
+    try:
+        stop_processes(list(reversed(state.processes)), procs)
+    except Exception as exc:  # keep tearing down
+        problems.append(f"stopping processes: {exc}")
+    for ns in reversed(state.namespaces):
+        try:
+            kernel.remove_namespace(ns)
+        except Exception as exc:
+            problems.append(f"namespace {ns}: {exc}")
+    for directory in state.etc_dirs:
+        kernel.remove_etc_dir(directory)
+    before = state.info.get("allowed_cc_before")
+    if before and not any(s.run_id != state.run_id for s in all_states()):
+        with contextlib.suppress(OSError):
+            kernel.write_root_sysctl(ALLOWED_CC, before)
+    stats_dir = state.path.with_suffix("")
+    if stats_dir.is_dir():
+        for child in stats_dir.iterdir():
+            with contextlib.suppress(OSError):
+                child.unlink()
+        with contextlib.suppress(OSError):
+            stats_dir.rmdir()
+    leftover = [ns for ns in state.namespaces if (kernel.NETNS_DIR / ns).exists()]
+    if leftover:
+        problems.append(f"namespaces still present: {', '.join(leftover)}")
+    else:
+        state.remove()
+    return problems

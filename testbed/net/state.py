@@ -1,0 +1,139 @@
+"""What a run has created, on disk before it is created, so `testbed down` can undo a
+killed run. One JSON file per run under /run/testbed (tmpfs: gone with a reboot, as are
+namespaces). Files are written atomically with owner-only permissions."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATE_DIR = Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed"))
+SCHEMA = 1
+
+
+@dataclass
+class ProcessRecord:
+    pid: int
+    start_ticks: int
+    role: str
+
+
+@dataclass
+class RunState:
+    run_id: str
+    slot: int
+    prefix: str
+    topology: str
+    shaper: str
+    namespaces: list[str]
+    etc_dirs: list[str]
+    owner_pid: int
+    owner_ticks: int = 0
+    created: float = field(default_factory=time.time)
+    processes: list[ProcessRecord] = field(default_factory=list)
+    detached: bool = False
+    ready: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    """What `testbed net ls` shows: nodes, links, shaper, notes."""
+
+    @property
+    def path(self) -> Path:
+        return STATE_DIR / f"{self.run_id}.json"
+
+    def save(self) -> None:
+        data = asdict(self)
+        data["schema"] = SCHEMA
+        write_atomic(self.path, json.dumps(data, indent=1, sort_keys=True))
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    @classmethod
+    def load(cls, path: Path) -> RunState:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        data.pop("schema", None)
+        data["processes"] = [ProcessRecord(**p) for p in data.get("processes", [])]
+        return cls(**data)
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write to a private temporary file beside `path`, flush, then rename over it."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+@contextlib.contextmanager
+def state_lock() -> Iterator[None]:
+    """Serializes slot choice between concurrent runs on this machine."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(STATE_DIR / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def all_states() -> list[RunState]:
+    states: list[RunState] = []
+    if not STATE_DIR.is_dir():
+        return states
+    for path in sorted(STATE_DIR.glob("*.json")):
+        try:
+            states.append(RunState.load(path))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue  # a damaged file names nothing we can trust; `down` reports it
+    return states
+
+
+def damaged_state_files() -> list[Path]:
+    good = {s.path for s in all_states()}
+    return (
+        [p for p in sorted(STATE_DIR.glob("*.json")) if p not in good] if STATE_DIR.is_dir() else []
+    )
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """A live process's start time in clock ticks, to tell it from a later one with the same
+    pid; None once it has exited."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None  # exited; only waiting to be reaped
+    return int(fields[19])
+
+
+def alive(record: ProcessRecord) -> bool:
+    return process_start_ticks(record.pid) == record.start_ticks
+
+
+def owner_alive(state: RunState) -> bool:
+    """Whether the process that made this run is still the one running under its pid."""
+    return process_start_ticks(state.owner_pid) == state.owner_ticks
