@@ -18,6 +18,7 @@ from testbed.cli_options import (
     policy_options,
     topology_argument,
 )
+from testbed.cli_run import up
 from testbed.errors import EXIT_INPUT, TestbedError
 from testbed.plan import load_plan_csv, plan_grid, plan_to_csv, validate_plan
 from testbed.plan.describe import describe_plan
@@ -200,6 +201,7 @@ def plugins(as_json: bool) -> None:
 
 cli.add_command(net)
 cli.add_command(down)
+cli.add_command(up)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testbed.fsutil import write_atomic
+
 STATE_DIR = Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed"))
 SCHEMA = 1
 
@@ -63,23 +65,6 @@ class RunState:
         data.pop("schema", None)
         data["processes"] = [ProcessRecord(**p) for p in data.get("processes", [])]
         return cls(**data)
-
-
-def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
-    """Write to a private temporary file beside `path`, flush, then rename over it."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
 
 
 def new_run_id() -> str:

@@ -1,0 +1,147 @@
+"""From a trace (timed spans per GPU, from either backend) to the numbers a run reports.
+
+Spans are dicts: gpu, kind, start, end, iteration, and where they apply stage, microbatch,
+bytes, peer, link (`src>dst` for WAN transfers). Kinds: forward, backward, step, allreduce,
+send, recv, transfer, wait_grant, prefill, kv_transfer. Times are seconds on one clock.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Span = Mapping[str, Any]
+TRAINING_KINDS = ("forward", "backward", "step")
+BUSY_KINDS = (*TRAINING_KINDS, "prefill")
+
+
+def iteration_ends(spans: Iterable[Span], gpus: Sequence[str]) -> list[float]:
+    """When each iteration finished: the last optimizer step over all GPUs. Only iterations
+    every GPU completed count."""
+    ends: dict[int, dict[str, float]] = {}
+    for span in spans:
+        if span["kind"] == "step":
+            ends.setdefault(span["iteration"], {})[span["gpu"]] = span["end"]
+    out: list[float] = []
+    for iteration in sorted(ends):
+        if iteration != len(out) or set(ends[iteration]) != set(gpus):
+            break
+        out.append(max(ends[iteration].values()))
+    return out
+
+
+def iteration_times(start: float, ends: Sequence[float]) -> list[float]:
+    if not ends:
+        return []
+    previous = [start, *ends[:-1]]
+    return [end - before for before, end in zip(previous, ends, strict=True)]
+
+
+def measured(times: Sequence[float]) -> list[float]:
+    """Iterations that count: all but the first (connections warming up) when there are
+    more than one."""
+    return list(times[1:]) if len(times) > 1 else list(times)
+
+
+def window(start: float, ends: Sequence[float]) -> tuple[float, float]:
+    """The time span the utilization figures cover, matching `measured`."""
+    if len(ends) > 1:
+        return ends[0], ends[-1]
+    return start, ends[0] if ends else start
+
+
+def busy_time(spans: Iterable[Span], kinds: Sequence[str], lo: float, hi: float) -> float:
+    """Total time inside [lo, hi] covered by spans of these kinds (overlaps per GPU merged)."""
+    per_gpu: dict[str, list[tuple[float, float]]] = {}
+    for span in spans:
+        if span["kind"] in kinds:
+            a, b = max(span["start"], lo), min(span["end"], hi)
+            if b > a:
+                per_gpu.setdefault(span["gpu"], []).append((a, b))
+    return sum(_union(intervals) for intervals in per_gpu.values())
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, current_start, current_end = 0.0, None, None
+    for a, b in sorted(intervals):
+        if current_end is None or a > current_end:
+            if current_end is not None and current_start is not None:
+                total += current_end - current_start
+            current_start, current_end = a, b
+        else:
+            current_end = max(current_end, b)
+    if current_end is not None and current_start is not None:
+        total += current_end - current_start
+    return total
+
+
+def wan_bytes(spans: Iterable[Span], lo: float = float("-inf"), hi: float = float("inf")) -> int:
+    return sum(
+        int(s.get("bytes", 0))
+        for s in spans
+        if s["kind"] == "transfer" and s.get("link") and lo <= s["end"] <= hi
+    )
+
+
+@dataclass(frozen=True)
+class Summary:
+    iteration_times: list[float]
+    median_s: float | None
+    min_s: float | None
+    max_s: float | None
+    tokens_per_s: float | None
+    utilization_training: float | None
+    utilization_total: float | None
+    wan_bytes: int
+    wan_utilization: float | None
+
+    def as_results(self) -> dict[str, Any]:
+        return {
+            "iteration_time_s": {
+                "median": self.median_s,
+                "min": self.min_s,
+                "max": self.max_s,
+                "all": self.iteration_times,
+            },
+            "tokens_per_s": self.tokens_per_s,
+            "gpu_utilization": {
+                "training": self.utilization_training,
+                "total": self.utilization_total,
+            },
+            "wan": {"bytes": self.wan_bytes, "utilization": self.wan_utilization},
+        }
+
+
+def summarize(
+    spans: Sequence[Span],
+    gpus: Sequence[str],
+    start: float,
+    tokens_per_iteration: int,
+    wan_capacity_bps: float,
+) -> Summary:
+    ends = iteration_ends(spans, gpus)
+    times = iteration_times(start, ends)
+    counted = measured(times)
+    lo, hi = window(start, ends)
+    length = hi - lo
+    median = statistics.median(counted) if counted else None
+    training = total = wan_util = None
+    if length > 0 and gpus:
+        capacity = length * len(gpus)
+        training = busy_time(spans, TRAINING_KINDS, lo, hi) / capacity
+        total = busy_time(spans, BUSY_KINDS, lo, hi) / capacity
+        if wan_capacity_bps > 0:
+            wan_util = wan_bytes(spans, lo, hi) * 8 / (wan_capacity_bps * length)
+    return Summary(
+        iteration_times=times,
+        median_s=median,
+        min_s=min(counted) if counted else None,
+        max_s=max(counted) if counted else None,
+        tokens_per_s=tokens_per_iteration / median if median else None,
+        utilization_training=training,
+        utilization_total=total,
+        wan_bytes=wan_bytes(spans),
+        wan_utilization=wan_util,
+    )

@@ -1,0 +1,123 @@
+"""Every run's directory: results.json, trace.json, the plan, the inputs and the versions
+needed to run it again. Backend-neutral: `up` and `simulate` write the same files."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from testbed.fsutil import write_atomic
+from testbed.job import Job
+from testbed.metrics.summary import Summary
+from testbed.plan.model import Plan
+from testbed.plan.text import plan_to_csv
+from testbed.report.chrome import chrome_trace
+from testbed.topology import Topology, dump_topology
+from testbed.yamlio import to_yaml
+
+SCHEMA = 1
+RUNS_DIR = Path("runs")
+
+
+def new_run_dir(topology: str, policy: str, base: Path = RUNS_DIR) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = base / f"{stamp}-{topology}-{policy}"
+    suffix = 1
+    while path.exists():
+        suffix += 1
+        path = base / f"{stamp}-{topology}-{policy}-{suffix}"
+    return path
+
+
+def versions() -> dict[str, str]:
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return {
+        "testbed": of("testbed"),
+        "torch": of("torch"),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+    }
+
+
+@dataclass
+class RunRecord:
+    """What one run did, whichever backend ran it."""
+
+    backend: str
+    policy: str
+    bubble_policy: str | None
+    topology: Topology
+    job: Job
+    plan: Plan
+    shaper: str | None
+    compute: str
+    summary: Summary
+    spans: list[dict[str, Any]]
+    start: float
+    status: str = "ok"
+    error: str | None = None
+    losses: dict[int, float] | None = None
+    policy_options: dict[str, str] | None = None
+    wall_s: float | None = None
+    extra: dict[str, Any] | None = None
+
+    def results(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "schema": SCHEMA,
+            "backend": self.backend,
+            "policy": self.policy,
+            "bubble_policy": self.bubble_policy,
+            "topology": self.topology.name,
+            "shaper": self.shaper,
+            "compute": self.compute,
+            "iterations": len(self.summary.iteration_times),
+            "iterations_requested": self.job.iterations,
+            **self.summary.as_results(),
+            "training_slowdown": None,
+            "inference": {
+                "requests": 0,
+                "served": 0,
+                "rejected": 0,
+                "ttft_s": {"p50": None, "p99": None},
+            },
+            "plan": self.plan.summary(),
+            "seed": self.job.seed,
+            "status": self.status,
+            "error": self.error,
+            "loss": {str(k): v for k, v in sorted((self.losses or {}).items())},
+            "policy_options": self.policy_options or {},
+            "tcp": {
+                dc.name: self.topology.tcp_for(dc.name).sysctls()
+                for dc in self.topology.datacenters
+            },
+            "versions": versions(),
+            "wall_s": self.wall_s,
+        }
+        out.update(self.extra or {})
+        return out
+
+
+def write_run(directory: Path, record: RunRecord) -> Path:
+    """Write every file of a run; results.json last, so its presence means complete."""
+    directory.mkdir(parents=True, exist_ok=True)
+    write_atomic(directory / "topology.yaml", to_yaml(dump_topology(record.topology)), 0o644)
+    write_atomic(directory / "plan.csv", plan_to_csv(record.plan), 0o644)
+    trace = chrome_trace(record.spans, record.start, record.topology)
+    write_atomic(directory / "trace.json", json.dumps(trace), 0o644)
+    write_atomic(
+        directory / "spans.json", json.dumps({"start": record.start, "spans": record.spans}), 0o644
+    )
+    write_atomic(
+        directory / "results.json", json.dumps(record.results(), indent=1, default=str), 0o644
+    )
+    return directory / "results.json"

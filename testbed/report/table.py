@@ -1,0 +1,52 @@
+"""The one-screen summary of a run, from its results.json content."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from testbed.units import human_bytes
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f} s"
+
+
+def run_summary(results: dict[str, Any]) -> list[str]:
+    it = results["iteration_time_s"]
+    plan = results["plan"]
+    util = results["gpu_utilization"]
+    wan = results["wan"]
+    lines = [
+        f"{results['backend']} run of {results['policy']} on {results['topology']}: "
+        f"{results['status']}" + (f" ({results['error']})" if results.get("error") else ""),
+        f"  plan          dp {plan['dp']} x pp {plan['pp']}, {plan['microbatches']} "
+        f"microbatches; compute {results['compute']}; shaper {results['shaper']}",
+        f"  iterations    {results['iterations']} of {results['iterations_requested']} completed",
+        f"  iteration     median {_secs(it['median'])}, min {_secs(it['min'])}, "
+        f"max {_secs(it['max'])}" + (" (first excluded)" if len(it.get("all", [])) > 1 else ""),
+        f"  throughput    {results['tokens_per_s']:.0f} tokens/s"
+        if results.get("tokens_per_s")
+        else "  throughput    -",
+        f"  GPU util      training {_pct(util['training'])}, total {_pct(util['total'])}",
+        f"  WAN           {human_bytes(wan['bytes'])} moved, utilization "
+        f"{_pct(wan['utilization'])}",
+    ]
+    losses = results.get("loss") or {}
+    if losses:
+        values = list(losses.values())
+        lines.append(f"  loss          {values[0]:.4f} -> {values[-1]:.4f}")
+    inference = results.get("inference") or {}
+    if inference.get("requests"):
+        ttft = inference["ttft_s"]
+        lines.append(
+            f"  inference     {inference['served']} of {inference['requests']} served, "
+            f"{inference['rejected']} rejected, TTFT p50 {_secs(ttft['p50'])} p99 "
+            f"{_secs(ttft['p99'])}"
+        )
+    if results.get("training_slowdown") is not None:
+        lines.append(f"  slowdown      {results['training_slowdown']:+.2%} vs no filling")
+    return lines

@@ -1,0 +1,576 @@
+"""The coordinator owns a run: network up, one worker per GPU in its namespace, the plan
+handed out, telemetry and arbitration, and everything torn down in reverse order on
+success, error, Ctrl-C, SIGTERM or a dead worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from testbed.compute import stage_cost
+from testbed.errors import TestbedError
+from testbed.job import Job
+from testbed.metrics.summary import Summary, summarize
+from testbed.net.layout import check_limits
+from testbed.net.network import Network, bring_up, tear_down
+from testbed.net.state import ProcessRecord, process_start_ticks
+from testbed.plan.build import communicating_pairs
+from testbed.plan.model import Op, Plan, Sharing
+from testbed.policy.arbiter import Arbiter
+from testbed.policy.base import TrainingPolicy, Transfer
+from testbed.runtime.protocol import read_message, send_message
+from testbed.runtime.worker import TOKEN_ENV
+from testbed.topology.model import Topology
+
+Progress = Callable[[str], None]
+STARTUP_TIMEOUT_S = 120.0
+STOP_GRACE_S = 5.0
+
+
+class RunFailed(TestbedError):
+    """The run could not finish; what was measured is still written."""
+
+
+class Interrupted(TestbedError):
+    """Ctrl-C or SIGTERM during a run."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__("interrupted" if signum == signal.SIGINT else "terminated")
+
+
+@dataclass
+class WorkerHandle:
+    index: int
+    gpu: str
+    replica: int
+    stage: int
+    netns: str
+    process: asyncio.subprocess.Process | None = None
+    reader: asyncio.StreamReader | None = None
+    writer: asyncio.StreamWriter | None = None
+    port: int = 0
+    log: TextIO | None = None
+    log_path: Path | None = None
+    finished: bool = False
+
+    def describe(self) -> str:
+        return f"{self.gpu} (replica {self.replica}, stage {self.stage})"
+
+    def last_log_line(self) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln]
+        return lines[-1] if lines else ""
+
+
+@dataclass
+class RunOutcome:
+    network: Network | None
+    compute: str
+    spans: list[dict[str, Any]]
+    losses: dict[int, float]
+    start: float
+    summary: Summary
+    status: str = "ok"
+    error: str | None = None
+    wall_s: float = 0.0
+    shaper: str | None = None
+
+
+@dataclass
+class Coordinator:
+    topology: Topology
+    job: Job
+    plan: Plan
+    policy: TrainingPolicy
+    compute: str
+    log_dir: Path
+    shaper: str = "auto"
+    stall_timeout_s: float = 120.0
+    say: Progress = print
+    save_dir: Path | None = None
+    """Where workers write their stage's final parameters (real compute)."""
+    network: Network | None = None
+    workers: list[WorkerHandle] = field(default_factory=list)
+    spans: list[dict[str, Any]] = field(default_factory=list)
+    losses: dict[int, float] = field(default_factory=dict)
+    iterations_seen: dict[int, set[str]] = field(default_factory=dict)
+    start: float = 0.0
+    token: str = field(default_factory=lambda: secrets.token_hex(32))
+    _hello: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(
+        default_factory=asyncio.Queue
+    )
+    _failure: asyncio.Future[str] | None = None
+    _last_progress: float = 0.0
+    _arbiter: Arbiter | None = None
+    _pending: dict[str, Transfer] = field(default_factory=dict)
+    _granted_to: dict[str, WorkerHandle] = field(default_factory=dict)
+    _transfer_ids: int = 0
+    outcome: RunOutcome | None = None
+    _watchers: list[asyncio.Task[None]] = field(default_factory=list)
+
+    # --- the run ---------------------------------------------------------------------
+
+    async def run(self) -> RunOutcome:
+        started = time.monotonic()
+        self._failure = asyncio.get_running_loop().create_future()
+        status, error = "ok", None
+        try:
+            await self._setup()
+            await self._train()
+        except asyncio.CancelledError:
+            status, error = "interrupted", "interrupted"
+            raise
+        except (TestbedError, OSError) as exc:
+            status, error = "failed", str(exc)
+            raise RunFailed(str(exc)) from None
+        finally:
+            outcome = self._outcome(status, error, time.monotonic() - started)
+            await self._teardown()
+            self.outcome = outcome
+        return outcome
+
+    def _outcome(self, status: str, error: str | None, wall: float) -> RunOutcome:
+        gpus = self.plan.used_gpus()
+        tokens = (
+            self.plan.dp
+            * self.plan.microbatches
+            * self.plan.microbatch_size
+            * self.job.model.seq_len
+        )
+        capacity = sum(self.topology.bottleneck_bps(a, b) for a, b in self.plan.sharing)
+        summary = summarize(self.spans, gpus, self.start, tokens, capacity)
+        return RunOutcome(
+            self.network,
+            self.compute,
+            self.spans,
+            self.losses,
+            self.start,
+            summary,
+            status,
+            error,
+            wall,
+            self.network.shaper.value if self.network else None,
+        )
+
+    async def _setup(self) -> None:
+        if self.plan.tp != 1:
+            raise TestbedError(
+                f"the emulator runs one worker per GPU without tensor "
+                f"parallelism (plan has tp {self.plan.tp}); use `testbed "
+                "simulate` for tensor-parallel jobs"
+            )
+        check_limits(self.topology)
+        self.network = await asyncio.to_thread(
+            bring_up, self.topology, self.shaper, self.say, False, self.job.seed
+        )
+        control_dir = self.network.state.path.with_suffix("")
+        control_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        socket_path = control_dir / "control.sock"
+        server = await asyncio.start_unix_server(self._on_connect, path=str(socket_path))
+        os.chmod(socket_path, 0o600)
+        self._server = server
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for index, ((replica, stage), gpus) in enumerate(self.plan.workers()):
+            gpu = gpus[0]
+            self.workers.append(
+                WorkerHandle(index, gpu, replica, stage, self.network.netns_of(gpu))
+            )
+        self.say(f"starting {len(self.workers)} workers ({self.compute} compute)")
+        for worker in self.workers:
+            await self._spawn(worker, socket_path)
+        await asyncio.wait_for(self._handshake(), STARTUP_TIMEOUT_S)
+
+    async def _spawn(self, worker: WorkerHandle, socket_path: Path) -> None:
+        assert self.network is not None
+        worker.log_path = self.log_dir / f"{worker.gpu}.log"
+        worker.log = worker.log_path.open("w")
+        env = {**os.environ, TOKEN_ENV: self.token, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        worker.process = await asyncio.create_subprocess_exec(
+            "ip",
+            "netns",
+            "exec",
+            worker.netns,
+            sys.executable,
+            "-m",
+            "testbed.runtime.worker",
+            "--control",
+            str(socket_path),
+            "--gpu",
+            worker.gpu,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=worker.log,
+            stderr=worker.log,
+        )
+        pid = worker.process.pid
+        self.network.state.processes.append(
+            ProcessRecord(pid, process_start_ticks(pid) or 0, f"worker:{worker.gpu}")
+        )
+        self.network.state.save()
+        self._watchers.append(asyncio.create_task(self._watch(worker)))
+
+    async def _watch(self, worker: WorkerHandle) -> None:
+        assert worker.process is not None
+        code = await worker.process.wait()
+        if not worker.finished:
+            detail = worker.last_log_line()
+            self._fail(
+                f"worker {worker.describe()} exited with code {code}"
+                + (f": {detail}" if detail else "")
+            )
+
+    def _fail(self, message: str) -> None:
+        if self._failure is not None and not self._failure.done():
+            self._failure.set_result(message)
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._hello.put((reader, writer))
+
+    async def _handshake(self) -> None:
+        by_gpu = {w.gpu: w for w in self.workers}
+        waiting = set(by_gpu)
+        while waiting:
+            reader, writer = await self._race(self._hello.get())
+            try:
+                msg = await asyncio.wait_for(read_message(reader), 10)
+            except (TimeoutError, asyncio.IncompleteReadError, ValueError):
+                writer.close()
+                continue
+            worker = by_gpu.get(msg.get("gpu", ""))
+            if (
+                msg.get("op") != "hello"
+                or worker is None
+                or worker.gpu not in waiting
+                or not secrets.compare_digest(str(msg.get("token", "")), self.token)
+            ):
+                writer.close()  # not one of this run's workers
+                continue
+            worker.reader, worker.writer = reader, writer
+            waiting.discard(worker.gpu)
+            await send_message(writer, self._config_for(worker))
+        for worker in self.workers:
+            msg = await self._race(self._read(worker))
+            worker.port = int(msg["port"])
+        for worker in self.workers:
+            assert worker.writer is not None
+            await send_message(worker.writer, self._connections_for(worker))
+        for worker in self.workers:
+            msg = await self._race(self._read(worker))
+            if msg.get("op") != "ready":
+                raise RunFailed(f"worker {worker.describe()} failed to connect: {msg}")
+
+    async def _read(self, worker: WorkerHandle) -> dict[str, Any]:
+        assert worker.reader is not None
+        try:
+            msg = await read_message(worker.reader)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            await asyncio.sleep(0.5)  # give the process watcher the chance to name the exit
+            if self._failure is not None and self._failure.done():
+                raise RunFailed(self._failure.result()) from None
+            raise RunFailed(
+                f"worker {worker.describe()} closed its control connection: "
+                f"{worker.last_log_line() or 'no output'}"
+            ) from None
+        if msg.get("op") == "error":
+            raise RunFailed(f"worker {worker.describe()}: {msg.get('message')}")
+        return msg
+
+    async def _race(self, awaitable: Any) -> Any:
+        """Await something, unless a worker dies first."""
+        assert self._failure is not None
+        task = asyncio.ensure_future(awaitable)
+        done, _ = await asyncio.wait({task, self._failure}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        raise RunFailed(self._failure.result())
+
+    def _config_for(self, worker: WorkerHandle) -> dict[str, Any]:
+        assert self.network is not None
+        plan, job = self.plan, self.job
+        index_of = {w.gpu: w.index for w in self.workers}
+        dc = self.topology.dc_of(worker.gpu)
+
+        def peer(gpu: str) -> dict[str, Any]:
+            return {"index": index_of[gpu], "gpu": gpu, "dc": self.topology.dc_of(gpu)}
+
+        stage = worker.stage
+        first, last = stage == 0, stage == plan.pp - 1
+        cost = stage_cost(job, plan.layers[stage], first, last, self.topology.gpu(worker.gpu).type)
+        return {
+            "op": "config",
+            "index": worker.index,
+            "gpu": worker.gpu,
+            "dc": dc,
+            "address": self.network.address_of(worker.gpu),
+            "replica": worker.replica,
+            "stage": stage,
+            "actions": [str(a) for a in plan.actions[worker.gpu]],
+            "prev": None if first else peer(plan.lead_gpu(worker.replica, stage - 1)),
+            "next": None if last else peer(plan.lead_gpu(worker.replica, stage + 1)),
+            "ring": [peer(plan.lead_gpu(r, stage)) for r in range(plan.dp)],
+            "arbitrated": [
+                f"{a}>{b}" for (a, b), s in plan.sharing.items() if s is Sharing.ARBITRATED
+            ],
+            "iterations": job.iterations,
+            "compute": self.compute,
+            "model": dict(job.model.__dict__),
+            "layers": list(plan.layers),
+            "seed": job.seed,
+            "dp": plan.dp,
+            "microbatches": plan.microbatches,
+            "microbatch_size": plan.microbatch_size,
+            "activation_bytes": job.activation_bytes,
+            "grad_bytes": cost.grad_bytes,
+            "emulated": {"forward_s": cost.forward_s, "backward_s": cost.backward_s, "step_s": 0.0},
+            "local_rank": worker.index,
+            "save_dir": str(self.save_dir) if self.save_dir else None,
+        }
+
+    def _connections_for(self, worker: WorkerHandle) -> dict[str, Any]:
+        """Who dials whom: the lower-indexed worker of each pair opens the connections."""
+        assert self.network is not None
+        by_gpu = {w.gpu: w for w in self.workers}
+        outbound: dict[str, Any] = {}
+        inbound: dict[str, int] = {}
+        for a, b, _kind in communicating_pairs(self.plan.placement, self.plan.dp, self.plan.pp, 1):
+            n = self.plan.connections_between(a, b)
+            wa, wb = by_gpu[a], by_gpu[b]
+            low, high = (wa, wb) if wa.index < wb.index else (wb, wa)
+            if worker is low:
+                outbound[str(high.index)] = {
+                    "address": self.network.address_of(high.gpu),
+                    "port": high.port,
+                    "connections": n,
+                }
+            elif worker is high:
+                inbound[str(low.index)] = n
+        return {"op": "connect", "outbound": outbound, "inbound": inbound}
+
+    async def _train(self) -> None:
+        self._arbiter = Arbiter(self.policy, self.plan)
+        self.start = time.monotonic()
+        self._last_progress = self.start
+        for worker in self.workers:
+            assert worker.writer is not None
+            await send_message(worker.writer, {"op": "start", "t0": self.start})
+        self.say(
+            f"training: {self.job.iterations} iterations, dp {self.plan.dp} x pp "
+            f"{self.plan.pp}, {self.plan.microbatches} microbatches"
+        )
+        readers = [asyncio.create_task(self._serve(w)) for w in self.workers]
+        stall = asyncio.create_task(self._stall_watch())
+        gathered = asyncio.gather(*readers)
+        try:
+            await self._race(gathered)
+        finally:
+            stall.cancel()
+            gathered.cancel()
+            with contextlib.suppress(BaseException):
+                await gathered
+
+    async def _serve(self, worker: WorkerHandle) -> None:
+        """One worker's messages until it is done."""
+        assert worker.reader is not None
+        while True:
+            try:
+                msg = await read_message(worker.reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                await asyncio.sleep(0.5)  # let the process watcher name the exit code
+                self._fail(f"worker {worker.describe()} closed its control connection")
+                return
+            op = msg.get("op")
+            if op == "iteration":
+                self._on_iteration(worker, msg)
+            elif op == "request":
+                await self._on_request(worker, msg)
+            elif op == "received":
+                await self._on_received(msg)
+            elif op == "error":
+                self.spans.extend(msg.get("spans", []))
+                # a peer's death shows up here first; let the watcher name the dead one
+                await asyncio.sleep(0.5 if "PeerLost" in str(msg.get("message")) else 0)
+                self._fail(
+                    f"worker {worker.describe()} failed in iteration "
+                    f"{msg.get('iteration')}: {msg.get('message')}"
+                )
+                return
+            elif op == "done":
+                worker.finished = True
+                return
+
+    def _on_iteration(self, worker: WorkerHandle, msg: dict[str, Any]) -> None:
+        iteration = int(msg["iteration"])
+        self.spans.extend(msg["spans"])
+        if msg.get("loss") is not None:
+            self.losses.setdefault(iteration, 0.0)
+            self.losses[iteration] += float(msg["loss"]) / self.plan.dp
+        seen = self.iterations_seen.setdefault(iteration, set())
+        seen.add(worker.gpu)
+        self._last_progress = time.monotonic()
+        if len(seen) == len(self.workers):
+            ends = [
+                s["end"] for s in self.spans if s["kind"] == "step" and s["iteration"] == iteration
+            ]
+            previous = [
+                s["end"]
+                for s in self.spans
+                if s["kind"] == "step" and s["iteration"] == iteration - 1
+            ]
+            began = max(previous) if previous else self.start
+            loss = self.losses.get(iteration)
+            self.say(
+                f"iteration {iteration + 1}/{self.job.iterations}: "
+                f"{max(ends) - began:.3f} s" + (f", loss {loss:.4f}" if loss else "")
+            )
+
+    async def _on_request(self, worker: WorkerHandle, msg: dict[str, Any]) -> None:
+        assert self._arbiter is not None
+        src_dc, dst_dc = msg["link"].split(">")
+        self._transfer_ids += 1
+        transfer = Transfer(
+            id=self._transfer_ids,
+            src_gpu=msg["src"],
+            dst_gpu=msg["dst"],
+            src_dc=src_dc,
+            dst_dc=dst_dc,
+            kind=Op(msg["kind"]) if msg["kind"] in Op.__members__ else Op.SEND_F,
+            replica=int(msg["replica"]),
+            stage=int(msg["stage"]),
+            microbatch=int(msg["microbatch"]),
+            nbytes=int(msg["bytes"]),
+            ready_at=float(msg["ready_at"]) - self.start,
+            iteration=int(msg["iteration"]),
+        )
+        self._pending[msg["tag"]] = transfer
+        self._granted_to[msg["tag"]] = worker
+        granted = self._arbiter.request(transfer)
+        if granted is not None:
+            await self._grant(granted)
+
+    async def _grant(self, transfer: Transfer) -> None:
+        tag = next(t for t, tr in self._pending.items() if tr is transfer)
+        worker = self._granted_to[tag]
+        assert worker.writer is not None
+        await send_message(worker.writer, {"op": "grant", "tag": tag})
+
+    async def _on_received(self, msg: dict[str, Any]) -> None:
+        assert self._arbiter is not None
+        transfer = self._pending.pop(msg["tag"], None)
+        self._granted_to.pop(msg["tag"], None)
+        if transfer is None:
+            return
+        granted = self._arbiter.release((transfer.src_dc, transfer.dst_dc))
+        if granted is not None:
+            await self._grant(granted)
+
+    async def _stall_watch(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            if time.monotonic() - self._last_progress > self.stall_timeout_s:
+                done = (
+                    set.intersection(*self.iterations_seen.values())
+                    if self.iterations_seen
+                    else set()
+                )
+                behind = [
+                    w.describe() for w in self.workers if w.gpu not in done and not w.finished
+                ]
+                self._fail(
+                    f"no progress for {self.stall_timeout_s:g} s; stuck: "
+                    f"{', '.join(behind[:4])}{' ...' if len(behind) > 4 else ''}"
+                )
+                return
+
+    async def _teardown(self) -> None:
+        for worker in self.workers:
+            if worker.writer is not None:
+                with contextlib.suppress(Exception):
+                    await send_message(worker.writer, {"op": "stop"})
+        deadline = time.monotonic() + STOP_GRACE_S
+        for signum in (None, signal.SIGTERM, signal.SIGKILL):
+            for worker in self.workers:
+                proc = worker.process
+                if proc is not None and proc.returncode is None and signum is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(signum)
+            pending = [
+                w.process.wait()
+                for w in self.workers
+                if w.process is not None and w.process.returncode is None
+            ]
+            if not pending:
+                break
+            timeout = max(0.1, deadline - time.monotonic()) if signum is None else 2.0
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*pending), timeout)
+        for worker in self.workers:
+            if worker.writer is not None:
+                worker.writer.close()
+            if worker.log is not None:
+                worker.log.close()
+        if getattr(self, "_server", None) is not None:
+            self._server.close()
+        if self.network is not None:
+            problems = await asyncio.to_thread(tear_down, self.network)
+            for problem in problems:
+                self.say(f"teardown: {problem}")
+
+
+def choose_compute(requested: str, workers: int) -> str:
+    """`auto`: real compute where there is a GPU per worker, emulated otherwise."""
+    if requested != "auto":
+        return requested
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        gpus = 0
+    return "real" if gpus >= workers else "emulated"
+
+
+async def run_with_signals(coordinator: Coordinator) -> RunOutcome:
+    """Run, turning SIGINT/SIGTERM into an orderly teardown and Interrupted."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    received: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        if not received:
+            received.append(signum)
+            coordinator.say("stopping: tearing down")
+            inner.cancel()
+
+    inner = asyncio.ensure_future(coordinator.run())
+    handled = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(RuntimeError, ValueError):  # not the main thread
+            loop.add_signal_handler(signum, on_signal, signum)
+            handled.append(signum)
+    try:
+        return await asyncio.shield(inner)
+    except asyncio.CancelledError:
+        with contextlib.suppress(asyncio.CancelledError, TestbedError):
+            await inner
+        if received:
+            raise Interrupted(received[0]) from None
+        raise
+    finally:
+        for signum in handled:
+            loop.remove_signal_handler(signum)

@@ -1,0 +1,88 @@
+"""What a worker computes: real torch forward/backward/step, or the same schedule with the
+GPU held busy for the time the compute model gives and tensors of the real size.
+
+Engines are synchronous and run in the worker's compute thread, so the event loop keeps
+moving data while a stage computes, as a GPU's copy engines would.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class Engine(Protocol):
+    def forward(self, iteration: int, microbatch: int, received: bytearray | None) -> bytes | None:
+        """Run the forward; return the activations to send on (None on the last stage)."""
+
+    def backward(self, iteration: int, microbatch: int, received: bytearray | None) -> bytes | None:
+        """Run the backward; return the input gradient to send back (None on stage 0)."""
+
+    def gradients(self) -> bytearray:
+        """This stage's gradients, flat, to all-reduce across replicas."""
+
+    def add_into(self, target: memoryview, incoming: bytes | bytearray) -> None:
+        """target += incoming, element-wise (the all-reduce's reduction)."""
+
+    def apply_reduced(self, reduced: bytearray, replicas: int) -> None:
+        """Take the all-reduced gradients (a sum over replicas) as this stage's gradients."""
+
+    def step(self) -> None:
+        """Optimizer step, then clear gradients for the next iteration."""
+
+    def take_loss(self) -> float | None:
+        """Mean training loss of the iteration just computed (last stage only)."""
+
+    def save(self, path: str) -> None:
+        """Write this stage's parameters (real compute only)."""
+
+
+@dataclass
+class EmulatedEngine:
+    """Holds the GPU busy for modeled times; sends zero-filled tensors of the real size."""
+
+    forward_s: float
+    backward_s: float
+    step_s: float
+    activation_bytes: int
+    grad_bytes: int
+    first: bool
+    last: bool
+
+    def __post_init__(self) -> None:
+        self._activation = bytes(self.activation_bytes)
+        self._grads = bytearray(self.grad_bytes)
+
+    def forward(self, iteration: int, microbatch: int, received: bytearray | None) -> bytes | None:
+        time.sleep(self.forward_s)
+        return None if self.last else self._activation
+
+    def backward(self, iteration: int, microbatch: int, received: bytearray | None) -> bytes | None:
+        time.sleep(self.backward_s)
+        return None if self.first else self._activation
+
+    def gradients(self) -> bytearray:
+        return self._grads
+
+    def add_into(self, target: memoryview, incoming: bytes | bytearray) -> None:
+        """Nothing to add: the bytes are placeholders; only their size and timing matter."""
+
+    def apply_reduced(self, reduced: bytearray, replicas: int) -> None:
+        self._grads = reduced
+
+    def step(self) -> None:
+        time.sleep(self.step_s)
+
+    def take_loss(self) -> float | None:
+        return None
+
+    def save(self, path: str) -> None:
+        """Emulated stages have no parameters to save."""
+
+
+def make_real_engine(config: dict[str, Any]) -> Engine:
+    """Imported lazily: emulated workers never load torch."""
+    from testbed.runtime.real_engine import RealEngine
+
+    return RealEngine.from_config(config)

@@ -1,0 +1,143 @@
+"""A small decoder-only transformer in torch, cut into pipeline stages, and the seeded
+synthetic corpus it learns from. The only training code that imports torch."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from testbed.job import ModelShape
+
+
+class Block(nn.Module):
+    """Pre-norm attention + MLP block, causal."""
+
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = shape.heads, shape.n_kv_heads, shape.head_dim
+        self.norm1 = nn.LayerNorm(shape.hidden)
+        self.q = nn.Linear(shape.hidden, shape.hidden)
+        self.kv = nn.Linear(shape.hidden, 2 * self.kv_heads * self.head_dim)
+        self.out = nn.Linear(shape.hidden, shape.hidden)
+        self.norm2 = nn.LayerNorm(shape.hidden)
+        self.up = nn.Linear(shape.hidden, shape.ffn_hidden)
+        self.down = nn.Linear(shape.ffn_hidden, shape.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, hidden = x.shape
+        h = self.norm1(x)
+        q = self.q(h).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(h).view(batch, seq, 2, self.kv_heads, self.head_dim).unbind(2)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        if self.kv_heads != self.heads:
+            repeat = self.heads // self.kv_heads
+            k, v = k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(attn.transpose(1, 2).reshape(batch, seq, hidden))
+        out: torch.Tensor = x + self.down(F.gelu(self.up(self.norm2(x))))
+        return out
+
+
+class Stage(nn.Module):
+    """Layers [first, last) of the model; the first stage embeds, the last one predicts."""
+
+    def __init__(
+        self,
+        shape: ModelShape,
+        blocks: list[Block],
+        embed: nn.Embedding | None,
+        position: nn.Embedding | None,
+        head: nn.Sequential | None,
+    ) -> None:
+        super().__init__()
+        self.embed, self.position, self.head = embed, position, head
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None and self.position is not None:
+            positions = torch.arange(x.shape[1], device=x.device)
+            x = self.embed(x) + self.position(positions)
+        for block in self.blocks:
+            x = block(x)
+        if self.head is not None:
+            x = self.head(x)
+        return x
+
+
+def build_stages(shape: ModelShape, layers: tuple[int, ...], seed: int) -> list[Stage]:
+    """Every stage of the model, initialized exactly as the whole model would be with
+    `seed`; each worker keeps its own stage, so the pipeline equals one process."""
+    torch.manual_seed(seed)
+    embed = nn.Embedding(shape.vocab, shape.hidden)
+    position = nn.Embedding(shape.seq_len, shape.hidden)
+    blocks = [Block(shape) for _ in range(shape.layers)]
+    head = nn.Sequential(nn.LayerNorm(shape.hidden), nn.Linear(shape.hidden, shape.vocab))
+    stages, first = [], 0
+    for index, count in enumerate(layers):
+        last = index == len(layers) - 1
+        stages.append(
+            Stage(
+                shape,
+                blocks[first : first + count],
+                embed if index == 0 else None,
+                position if index == 0 else None,
+                head if last else None,
+            )
+        )
+        first += count
+    return stages
+
+
+def build_model(shape: ModelShape, seed: int) -> Stage:
+    """The whole model in one piece (the single-process reference)."""
+    return build_stages(shape, (shape.layers,), seed)[0]
+
+
+def loss_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class Corpus:
+    """Seeded synthetic token sequences with learnable structure: mostly each token follows
+    from the previous one by a fixed permutation, sometimes a random token instead."""
+
+    def __init__(self, vocab: int, seq_len: int, seed: int, noise: float = 0.1) -> None:
+        self.vocab, self.seq_len, self.seed, self.noise = vocab, seq_len, seed, noise
+        generator = torch.Generator().manual_seed(seed)
+        self.successor = torch.randperm(vocab, generator=generator)
+
+    def sample(self, index: int) -> torch.Tensor:
+        """Sequence `index` (seq_len + 1 tokens: inputs and shifted targets)."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        tokens = torch.empty(self.seq_len + 1, dtype=torch.long)
+        tokens[0] = int(torch.randint(self.vocab, (1,), generator=generator))
+        noise = torch.rand(self.seq_len, generator=generator) < self.noise
+        random_tokens = torch.randint(self.vocab, (self.seq_len,), generator=generator)
+        for i in range(self.seq_len):
+            nxt = self.successor[tokens[i]]
+            tokens[i + 1] = random_tokens[i] if noise[i] else nxt
+        return tokens
+
+    def batch(self, first: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets of samples first .. first + size - 1."""
+        rows = torch.stack([self.sample(first + i) for i in range(size)])
+        return rows[:, :-1], rows[:, 1:]
+
+
+def sample_index(
+    iteration: int, replica: int, microbatch: int, dp: int, microbatches: int, microbatch_size: int
+) -> int:
+    """First global sample of a microbatch: iterations take consecutive global batches;
+    inside one, replica r's microbatch j takes slot r * m + j."""
+    per_iteration = dp * microbatches * microbatch_size
+    return iteration * per_iteration + (replica * microbatches + microbatch) * microbatch_size
+
+
+def entropy_floor(vocab: int, noise: float = 0.1) -> float:
+    """The loss a perfect model of the corpus reaches (nats per token)."""
+    p_main = 1 - noise + noise / vocab
+    p_other = noise / vocab
+    return -(p_main * math.log(p_main) + (vocab - 1) * p_other * math.log(p_other))

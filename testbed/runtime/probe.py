@@ -1,0 +1,67 @@
+"""Time one striped transfer between two namespaces with the worker transport.
+
+`serve` (in the receiver's namespace) waits for N connections and the messages; `send`
+(in the sender's namespace) stripes each message over its N connections and prints one JSON
+line per message: bytes and seconds from the first byte sent to the receiver having the
+whole message (the receiver reports when; one machine, one clock).
+Used by the transport tests and benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import struct
+import time
+
+from testbed.runtime.transport import Transport
+from testbed.runtime.worker import run_loop
+
+PROBE_TOKEN = b"testbed-transport-probe".ljust(32, b"\0")
+
+
+async def serve(address: str, port: int, connections: int, messages: int) -> None:
+    transport = Transport(1, PROBE_TOKEN)
+    await transport.listen(address, port)
+    await transport.connect({}, {0: connections})
+    for i in range(messages):
+        got = await transport.recv(f"m{i}")
+        await transport.send(0, f"ack{i}", struct.pack("!d", got.completed_at))
+    await asyncio.sleep(0.2)
+    await transport.close()
+
+
+async def send(address: str, port: int, connections: int, messages: int, size: int) -> None:
+    transport = Transport(0, PROBE_TOKEN)
+    await transport.connect({1: (address, port, connections)}, {})
+    payload = bytes(size)
+    for i in range(messages):
+        started = time.monotonic()
+        await transport.send(1, f"m{i}", payload)
+        ack = await transport.recv(f"ack{i}")
+        (completed,) = struct.unpack("!d", ack.data)
+        print(
+            json.dumps({"bytes": size, "seconds": completed - started, "connections": connections}),
+            flush=True,
+        )
+    await transport.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("role", choices=["serve", "send"])
+    parser.add_argument("address")
+    parser.add_argument("--port", type=int, default=29400)
+    parser.add_argument("--connections", type=int, default=1)
+    parser.add_argument("--messages", type=int, default=1)
+    parser.add_argument("--bytes", type=int, default=16 * 1024 * 1024)
+    args = parser.parse_args()
+    if args.role == "serve":
+        run_loop(serve(args.address, args.port, args.connections, args.messages))
+    else:
+        run_loop(send(args.address, args.port, args.connections, args.messages, args.bytes))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Framing on the wire: JSON control messages between coordinator and workers, and the
+small header in front of each chunk of a striped tensor between workers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+MAX_CONTROL_BYTES = 64 * 1024 * 1024
+_LENGTH = struct.Struct("!I")
+
+# magic, tag length, total bytes, offset, chunk bytes, sender's clock at send start
+CHUNK = struct.Struct("!4sHQQQd")
+CHUNK_MAGIC = b"TBC1"
+HELLO = struct.Struct("!4s32sHH")
+HELLO_MAGIC = b"TBH1"
+MAX_TAG = 512
+
+
+class ProtocolError(Exception):
+    """A peer sent something that is not our protocol."""
+
+
+async def send_message(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+    body = json.dumps(message, separators=(",", ":")).encode()
+    writer.write(_LENGTH.pack(len(body)) + body)
+    await writer.drain()
+
+
+async def read_message(reader: asyncio.StreamReader) -> dict[str, Any]:
+    (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+    if length > MAX_CONTROL_BYTES:
+        raise ProtocolError(f"control message of {length} bytes")
+    data = json.loads(await reader.readexactly(length))
+    if not isinstance(data, dict):
+        raise ProtocolError("control message is not an object")
+    return data
+
+
+@dataclass(frozen=True)
+class ChunkHeader:
+    tag: str
+    total: int
+    offset: int
+    length: int
+    sent_at: float
+
+    def pack(self) -> bytes:
+        tag = self.tag.encode()
+        if len(tag) > MAX_TAG:
+            raise ValueError(f"tag too long: {self.tag[:40]}...")
+        return (
+            CHUNK.pack(CHUNK_MAGIC, len(tag), self.total, self.offset, self.length, self.sent_at)
+            + tag
+        )
+
+
+async def read_chunk_header(reader: asyncio.StreamReader) -> ChunkHeader:
+    magic, tag_len, total, offset, length, sent_at = CHUNK.unpack(
+        await reader.readexactly(CHUNK.size)
+    )
+    if magic != CHUNK_MAGIC or tag_len > MAX_TAG or offset + length > total:
+        raise ProtocolError("bad chunk header")
+    tag = (await reader.readexactly(tag_len)).decode()
+    return ChunkHeader(tag, total, offset, length, sent_at)
+
+
+def pack_hello(token: bytes, peer_index: int, connection: int) -> bytes:
+    """First bytes on a data connection: the run's secret, who we are, which connection."""
+    return HELLO.pack(HELLO_MAGIC, token, peer_index, connection)
+
+
+def unpack_hello(data: bytes) -> tuple[bytes, int, int]:
+    magic, token, peer_index, connection = HELLO.unpack(data)
+    if magic != HELLO_MAGIC:
+        raise ProtocolError("not a testbed data connection")
+    return token, peer_index, connection
+
+
+MIN_CHUNK = 64 * 1024
+MAX_CHUNK = 1024 * 1024
+
+
+def chunks(total: int, connections: int) -> list[tuple[int, int]]:
+    """(offset, length) pieces of a `total`-byte message for `connections` connections to
+    share: about 1 MiB each, and at least one piece per connection when it is large enough
+    to split. An empty message is one empty piece."""
+    if total == 0:
+        return [(0, 0)]
+    size = max(MIN_CHUNK, min(MAX_CHUNK, -(-total // max(1, connections))))
+    return [(offset, min(size, total - offset)) for offset in range(0, total, size)]

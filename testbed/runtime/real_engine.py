@@ -1,0 +1,149 @@
+"""Real compute: one pipeline stage of the transformer in torch, on CUDA when present."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from testbed.job import ModelShape
+from testbed.runtime.model import Corpus, Stage, build_stages, loss_of, sample_index
+
+LEARNING_RATE = 3e-3
+
+
+def pick_device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+@dataclass
+class RealEngine:
+    stage: int
+    stages: int
+    replica: int
+    dp: int
+    microbatches: int
+    microbatch_size: int
+    shape: ModelShape
+    module: Stage
+    corpus: Corpus
+    device: torch.device
+    optimizer: torch.optim.Optimizer
+    _saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = field(default_factory=dict)
+    _losses: list[float] = field(default_factory=list)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> RealEngine:
+        shape = ModelShape(**config["model"])
+        torch.set_num_threads(max(1, int(config.get("threads", 1))))
+        stages = build_stages(shape, tuple(config["layers"]), config["seed"])
+        device = pick_device(config.get("local_rank", 0))
+        module = stages[config["stage"]].to(device)
+        optimizer = torch.optim.Adam(module.parameters(), lr=LEARNING_RATE)
+        corpus = Corpus(shape.vocab, shape.seq_len, config["seed"])
+        return cls(
+            config["stage"],
+            len(config["layers"]),
+            config["replica"],
+            config["dp"],
+            config["microbatches"],
+            config["microbatch_size"],
+            shape,
+            module,
+            corpus,
+            device,
+            optimizer,
+        )
+
+    @property
+    def first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage == self.stages - 1
+
+    def _tokens(self, iteration: int, microbatch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = sample_index(
+            iteration, self.replica, microbatch, self.dp, self.microbatches, self.microbatch_size
+        )
+        inputs, targets = self.corpus.batch(start, self.microbatch_size)
+        return inputs.to(self.device), targets.to(self.device)
+
+    def _activation(self, data: bytearray) -> torch.Tensor:
+        shape = (self.microbatch_size, self.shape.seq_len, self.shape.hidden)
+        return torch.frombuffer(data, dtype=torch.float32).view(shape).to(self.device)
+
+    def forward(self, iteration: int, microbatch: int, received: bytearray | None) -> bytes | None:
+        if self.first:
+            x, _ = self._tokens(iteration, microbatch)
+            inputs = None
+        else:
+            assert received is not None
+            x = self._activation(received).requires_grad_(True)
+            inputs = x
+        out = self.module(x)
+        if self.last:
+            _, targets = self._tokens(iteration, microbatch)
+            loss = loss_of(out, targets) / self.microbatches
+            self._losses.append(float(loss.detach()) * self.microbatches)
+            self._saved[microbatch] = (inputs, loss)
+            return None
+        self._saved[microbatch] = (inputs, out)
+        return _to_bytes(out.detach())
+
+    def backward(self, iteration: int, microbatch: int, received: bytearray | None) -> bytes | None:
+        inputs, out = self._saved.pop(microbatch)
+        if self.last:
+            out.backward()  # type: ignore[no-untyped-call]
+        else:
+            assert received is not None
+            out.backward(self._activation(received))  # type: ignore[no-untyped-call]
+        if self.first:
+            return None
+        assert inputs is not None and inputs.grad is not None
+        return _to_bytes(inputs.grad)
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def gradients(self) -> bytearray:
+        flat = torch.cat([_grad(p).reshape(-1) for p in self._params()])
+        return bytearray(_to_bytes(flat))
+
+    def add_into(self, target: memoryview, incoming: bytes | bytearray) -> None:
+        mine = torch.frombuffer(target, dtype=torch.float32)
+        mine += torch.frombuffer(bytearray(incoming), dtype=torch.float32)
+
+    def apply_reduced(self, reduced: bytearray, replicas: int) -> None:
+        flat = torch.frombuffer(reduced, dtype=torch.float32).to(self.device) / replicas
+        offset = 0
+        for p in self._params():
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def save(self, path: str) -> None:
+        torch.save({k: v.detach().cpu() for k, v in self.module.state_dict().items()}, path)
+
+    def take_loss(self) -> float | None:
+        if not self.last or not self._losses:
+            return None
+        loss = sum(self._losses) / len(self._losses)
+        self._losses.clear()
+        return loss
+
+
+def _grad(p: torch.nn.Parameter) -> torch.Tensor:
+    return p.grad if p.grad is not None else torch.zeros_like(p)
+
+
+def _to_bytes(tensor: torch.Tensor) -> bytes:
+    return tensor.to(torch.float32).contiguous().cpu().numpy().tobytes()

@@ -1,0 +1,453 @@
+"""One worker process per GPU, started inside its host namespace by the coordinator.
+
+It connects to the coordinator over a Unix socket (proving the run's secret), learns its
+part of the plan, opens its data connections, runs its action list every iteration, and
+reports what it did and when (on the machine-wide monotonic clock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from testbed.plan.model import Action, Op
+from testbed.runtime.allreduce import ring_allreduce
+from testbed.runtime.engines import EmulatedEngine, Engine, make_real_engine
+from testbed.runtime.protocol import read_message, send_message
+from testbed.runtime.transport import Transport
+
+TOKEN_ENV = "TESTBED_RUN_TOKEN"
+
+
+@dataclass
+class Peer:
+    index: int
+    gpu: str
+    dc: str
+
+
+@dataclass
+class WorkerConfig:
+    """What the coordinator tells a worker; mirrors the `config` control message."""
+
+    index: int
+    gpu: str
+    dc: str
+    replica: int
+    stage: int
+    actions: list[Action]
+    prev: Peer | None
+    next: Peer | None
+    ring: list[Peer]
+    """This stage's replicas in ring order (this worker included)."""
+    arbitrated: set[str]
+    """WAN link directions (`src>dst`) whose transfers need a grant."""
+    iterations: int
+    raw: dict[str, Any]
+
+    @classmethod
+    def from_message(cls, msg: dict[str, Any]) -> WorkerConfig:
+        def peer(data: dict[str, Any] | None) -> Peer | None:
+            return None if data is None else Peer(data["index"], data["gpu"], data["dc"])
+
+        return cls(
+            index=msg["index"],
+            gpu=msg["gpu"],
+            dc=msg["dc"],
+            replica=msg["replica"],
+            stage=msg["stage"],
+            actions=[Action.parse(a) for a in msg["actions"]],
+            prev=peer(msg.get("prev")),
+            next=peer(msg.get("next")),
+            ring=[Peer(p["index"], p["gpu"], p["dc"]) for p in msg["ring"]],
+            arbitrated=set(msg.get("arbitrated", [])),
+            iterations=msg["iterations"],
+            raw=msg,
+        )
+
+
+@dataclass
+class Worker:
+    config: WorkerConfig
+    engine: Engine
+    transport: Transport
+    control: asyncio.StreamWriter
+    spans: list[dict[str, Any]] = field(default_factory=list)
+    grants: dict[str, asyncio.Future[None]] = field(default_factory=dict)
+    pending_sends: list[asyncio.Task[None]] = field(default_factory=list)
+    executor: concurrent.futures.ThreadPoolExecutor = field(
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1, "compute")
+    )
+
+    def span(self, kind: str, start: float, end: float, iteration: int, **extra: Any) -> None:
+        self.spans.append(
+            {
+                "gpu": self.config.gpu,
+                "kind": kind,
+                "start": start,
+                "end": end,
+                "iteration": iteration,
+                "stage": self.config.stage,
+                **extra,
+            }
+        )
+
+    async def compute(self, kind: str, iteration: int, fn: Callable[[], Any], **extra: Any) -> Any:
+        start = time.monotonic()
+        result = await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+        self.span(kind, start, time.monotonic(), iteration, **extra)
+        return result
+
+    def link_key(self, peer: Peer) -> str | None:
+        if peer.dc == self.config.dc:
+            return None
+        return f"{self.config.dc}>{peer.dc}"
+
+    async def send(
+        self,
+        peer: Peer,
+        tag: str,
+        payload: bytes | bytearray | memoryview,
+        iteration: int,
+        microbatch: int | None,
+        kind: str,
+    ) -> None:
+        """Send, first asking the arbiter for the link when the plan arbitrates it."""
+        link = self.link_key(peer)
+        queued = time.monotonic()
+        pipeline = kind in ("SEND_F", "SEND_B")  # only pipeline traffic is arbitrated
+        if link is not None and pipeline and link in self.config.arbitrated:
+            grant = asyncio.get_running_loop().create_future()
+            self.grants[tag] = grant
+            await send_message(
+                self.control,
+                {
+                    "op": "request",
+                    "tag": tag,
+                    "link": link,
+                    "src": self.config.gpu,
+                    "dst": peer.gpu,
+                    "kind": kind,
+                    "replica": self.config.replica,
+                    "stage": self.config.stage,
+                    "microbatch": microbatch if microbatch is not None else -1,
+                    "bytes": len(payload),
+                    "iteration": iteration,
+                    "ready_at": queued,
+                },
+            )
+            await grant
+            self.span(
+                "wait_grant",
+                queued,
+                time.monotonic(),
+                iteration,
+                microbatch=microbatch,
+                link=link,
+                peer=peer.gpu,
+            )
+        start = time.monotonic()
+        await self.transport.send(peer.index, tag, payload)
+        self.span(
+            "send",
+            start,
+            time.monotonic(),
+            iteration,
+            microbatch=microbatch,
+            peer=peer.gpu,
+            bytes=len(payload),
+            link=link,
+            tag=tag,
+        )
+
+    def send_later(
+        self,
+        peer: Peer,
+        tag: str,
+        payload: bytes,
+        iteration: int,
+        microbatch: int | None,
+        kind: str,
+    ) -> None:
+        self.pending_sends.append(
+            asyncio.create_task(self.send(peer, tag, payload, iteration, microbatch, kind))
+        )
+
+    async def receive(
+        self, peer: Peer, tag: str, iteration: int, microbatch: int | None
+    ) -> bytearray:
+        start = time.monotonic()
+        got = await self.transport.recv(tag)
+        now = time.monotonic()
+        self.span("recv", start, now, iteration, microbatch=microbatch, peer=peer.gpu)
+        link = self.link_key(peer)
+        self.span(
+            "transfer",
+            got.sent_at,
+            got.completed_at,
+            iteration,
+            microbatch=microbatch,
+            peer=peer.gpu,
+            bytes=len(got.data),
+            link=None if link is None else f"{peer.dc}>{self.config.dc}",
+            tag=tag,
+            src=peer.gpu,
+            dst=self.config.gpu,
+        )
+        if link is not None and f"{peer.dc}>{self.config.dc}" in self.config.arbitrated:
+            await send_message(self.control, {"op": "received", "tag": tag, "at": got.completed_at})
+        return got.data
+
+    async def run_iteration(self, iteration: int) -> float | None:
+        cfg = self.config
+        inputs: dict[int, bytearray] = {}
+        grads: dict[int, bytearray] = {}
+        outputs: dict[int, bytes | None] = {}
+        input_grads: dict[int, bytes | None] = {}
+        for action in cfg.actions:
+            mb = action.microbatch
+            op = action.op
+            if op is Op.RECV_F:
+                assert cfg.prev is not None and mb is not None
+                inputs[mb] = await self.receive(
+                    cfg.prev, _tag("F", iteration, cfg.replica, cfg.stage, mb), iteration, mb
+                )
+            elif op is Op.F:
+                assert mb is not None
+                outputs[mb] = await self.compute(
+                    "forward",
+                    iteration,
+                    functools.partial(self.engine.forward, iteration, mb, inputs.pop(mb, None)),
+                    microbatch=mb,
+                )
+            elif op is Op.SEND_F:
+                assert cfg.next is not None and mb is not None
+                payload = outputs.pop(mb)
+                assert payload is not None
+                self.send_later(
+                    cfg.next,
+                    _tag("F", iteration, cfg.replica, cfg.stage + 1, mb),
+                    payload,
+                    iteration,
+                    mb,
+                    "SEND_F",
+                )
+            elif op is Op.RECV_B:
+                assert cfg.next is not None and mb is not None
+                grads[mb] = await self.receive(
+                    cfg.next, _tag("B", iteration, cfg.replica, cfg.stage, mb), iteration, mb
+                )
+            elif op is Op.B:
+                assert mb is not None
+                input_grads[mb] = await self.compute(
+                    "backward",
+                    iteration,
+                    functools.partial(self.engine.backward, iteration, mb, grads.pop(mb, None)),
+                    microbatch=mb,
+                )
+            elif op is Op.SEND_B:
+                assert cfg.prev is not None and mb is not None
+                payload = input_grads.pop(mb)
+                assert payload is not None
+                self.send_later(
+                    cfg.prev,
+                    _tag("B", iteration, cfg.replica, cfg.stage - 1, mb),
+                    payload,
+                    iteration,
+                    mb,
+                    "SEND_B",
+                )
+            elif op is Op.ALLREDUCE:
+                await self.allreduce(iteration)
+            elif op is Op.STEP:
+                await self.compute("step", iteration, self.engine.step)
+        await self.flush_sends()
+        return self.engine.take_loss()
+
+    async def allreduce(self, iteration: int) -> None:
+        cfg = self.config
+        start = time.monotonic()
+        data = await asyncio.get_running_loop().run_in_executor(
+            self.executor, self.engine.gradients
+        )
+        position = next(i for i, p in enumerate(cfg.ring) if p.index == cfg.index)
+        successor = cfg.ring[(position + 1) % len(cfg.ring)]
+
+        async def send(peer_index: int, tag: str, view: memoryview) -> None:
+            await self.send(successor, tag, view, iteration, None, "ALLREDUCE")
+
+        reduced = await ring_allreduce(
+            self.transport,
+            self.engine,
+            data,
+            position,
+            len(cfg.ring),
+            successor.index,
+            f"AR{cfg.stage}:{iteration}",
+            send,
+        )
+        await asyncio.get_running_loop().run_in_executor(
+            self.executor, lambda: self.engine.apply_reduced(reduced, len(cfg.ring))
+        )
+        self.span("allreduce", start, time.monotonic(), iteration, bytes=len(data))
+
+    async def flush_sends(self) -> None:
+        pending, self.pending_sends = self.pending_sends, []
+        if pending:
+            await asyncio.gather(*pending)
+
+
+def _tag(kind: str, iteration: int, replica: int, stage: int, microbatch: int) -> str:
+    """Names a message by what it is, for the stage that receives it."""
+    return f"{kind}:{iteration}:{replica}:{stage}:{microbatch}"
+
+
+def make_engine(raw: dict[str, Any]) -> Engine:
+    if raw["compute"] == "real":
+        return make_real_engine(raw)
+    timing = raw["emulated"]
+    return EmulatedEngine(
+        timing["forward_s"],
+        timing["backward_s"],
+        timing["step_s"],
+        raw["activation_bytes"],
+        raw["grad_bytes"],
+        raw["stage"] == 0,
+        raw["stage"] == len(raw["layers"]) - 1,
+    )
+
+
+async def control_loop(
+    reader: asyncio.StreamReader,
+    worker_future: asyncio.Future[Worker],
+    stop: asyncio.Event,
+    main_task: asyncio.Task[Any],
+) -> None:
+    """Grants and stop/abort orders from the coordinator, while the worker runs."""
+    try:
+        while True:
+            msg = await read_message(reader)
+            if msg["op"] == "grant":
+                worker = await worker_future
+                future = worker.grants.pop(msg["tag"], None)
+                if future is not None and not future.done():
+                    future.set_result(None)
+            elif msg["op"] == "stop":
+                stop.set()
+            elif msg["op"] == "abort":
+                main_task.cancel()
+                return
+    except (asyncio.IncompleteReadError, ConnectionError):
+        main_task.cancel()  # the coordinator is gone: so are we
+
+
+async def serve(control_path: str, gpu: str, token: str) -> int:
+    reader, writer = await asyncio.open_unix_connection(control_path)
+    await send_message(writer, {"op": "hello", "gpu": gpu, "token": token, "pid": os.getpid()})
+    msg = await read_message(reader)
+    if msg.get("op") != "config":
+        return 2
+    config = WorkerConfig.from_message(msg)
+    raw = msg
+    transport = Transport(config.index, bytes.fromhex(token))
+    port = await transport.listen(raw["address"], 0)
+    engine = await asyncio.get_running_loop().run_in_executor(None, make_engine, raw)
+    await send_message(writer, {"op": "listening", "port": port})
+    msg = await read_message(reader)  # where to connect
+    outbound = {
+        int(k): (v["address"], v["port"], v["connections"]) for k, v in msg["outbound"].items()
+    }
+    inbound = {int(k): n for k, n in msg["inbound"].items()}
+    await transport.connect(outbound, inbound)
+    await send_message(writer, {"op": "ready"})
+    msg = await read_message(reader)
+    if msg.get("op") != "start":
+        return 2
+    worker = Worker(config, engine, transport, writer)
+    worker_future: asyncio.Future[Worker] = asyncio.get_running_loop().create_future()
+    worker_future.set_result(worker)
+    stop = asyncio.Event()
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    controller = asyncio.create_task(control_loop(reader, worker_future, stop, main_task))
+    try:
+        for iteration in range(config.iterations):
+            started = time.monotonic()
+            try:
+                loss = await worker.run_iteration(iteration)
+            except Exception as exc:
+                await send_message(
+                    writer,
+                    {
+                        "op": "error",
+                        "iteration": iteration,
+                        "message": f"{type(exc).__name__}: {exc}",
+                        "spans": worker.spans,
+                    },
+                )
+                raise
+            spans, worker.spans = worker.spans, []
+            await send_message(
+                writer,
+                {
+                    "op": "iteration",
+                    "iteration": iteration,
+                    "started": started,
+                    "ended": time.monotonic(),
+                    "loss": loss,
+                    "spans": spans,
+                },
+            )
+        save_dir = raw.get("save_dir")
+        if save_dir:
+            path = os.path.join(save_dir, f"r{config.replica}-s{config.stage}.pt")
+            await asyncio.get_running_loop().run_in_executor(worker.executor, engine.save, path)
+        await send_message(writer, {"op": "done"})
+        await stop.wait()
+    finally:
+        controller.cancel()
+        with contextlib.suppress(BaseException):
+            await controller
+        await transport.close()
+        worker.executor.shutdown(wait=False, cancel_futures=True)
+    return 0
+
+
+def run_loop(coro: Any) -> Any:
+    """uvloop where installed: the worker's event loop moves every byte."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="testbed worker (started by the coordinator)")
+    parser.add_argument("--control", required=True, help="coordinator's Unix socket")
+    parser.add_argument("--gpu", required=True, help="the GPU (host) this worker runs as")
+    args = parser.parse_args(argv)
+    token = os.environ.pop(TOKEN_ENV, "")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        code = run_loop(serve(args.control, args.gpu, token))
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        code = 1
+    except Exception as exc:
+        print(f"worker {args.gpu}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        code = 1
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Metrics from spans, the arbiter's order, and the Chrome trace: pure, no network."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from testbed.errors import PluginError
+from testbed.job import parse_job
+from testbed.metrics.summary import busy_time, iteration_ends, summarize
+from testbed.plan.model import Op
+from testbed.policy import Transfer, training_policy
+from testbed.policy.arbiter import Arbiter
+from testbed.report.chrome import chrome_trace
+from testbed.topology import parse_topology
+
+TOPO = parse_topology(
+    {
+        "datacenters": [{"name": "east", "gpus": 2}, {"name": "west", "gpus": 2}],
+        "wan": [{"between": ["east", "west"], "latency": "20ms", "bandwidth": "1Gbit"}],
+    },
+    "t.yaml",
+)
+
+
+def span(
+    gpu: str, kind: str, start: float, end: float, iteration: int = 0, **extra: Any
+) -> dict[str, Any]:
+    return {"gpu": gpu, "kind": kind, "start": start, "end": end, "iteration": iteration, **extra}
+
+
+def test_iterations_end_at_the_last_step() -> None:
+    spans = [
+        span("a", "step", 0.9, 1.0, 0),
+        span("b", "step", 1.1, 1.2, 0),
+        span("a", "step", 2.0, 2.1, 1),
+        span("b", "step", 2.2, 2.3, 1),
+        span("a", "step", 3.0, 3.1, 2),
+    ]  # b never finished iteration 2
+    assert iteration_ends(spans, ["a", "b"]) == [1.2, 2.3]
+
+
+def test_summary_numbers() -> None:
+    spans = []
+    for it in range(3):
+        base = it * 1.0
+        for gpu in ("a", "b"):
+            spans.append(span(gpu, "forward", base, base + 0.25, it))
+            spans.append(span(gpu, "step", base + 0.9, base + 1.0, it))
+    spans.append(span("b", "transfer", 1.2, 1.4, 1, bytes=10**8, link="east>west"))
+    summary = summarize(
+        spans, ["a", "b"], start=0.0, tokens_per_iteration=1000, wan_capacity_bps=1e9
+    )
+    assert summary.iteration_times == pytest.approx([1.0, 1.0, 1.0])
+    assert summary.median_s == pytest.approx(1.0)
+    assert summary.tokens_per_s == pytest.approx(1000)
+    assert summary.utilization_training == pytest.approx(0.35)
+    assert summary.wan_bytes == 10**8
+    assert summary.wan_utilization == pytest.approx(0.4)
+
+
+@given(st.lists(st.tuples(st.floats(0, 10), st.floats(0, 2)), max_size=20))
+def test_busy_time_merges_overlaps(intervals: Sequence[tuple[float, float]]) -> None:
+    spans = [span("a", "forward", s, s + d) for s, d in intervals]
+    busy = busy_time(spans, ["forward"], 0.0, 20.0)
+    assert busy <= sum(d for _, d in intervals) + 1e-9
+    assert busy <= 20.0
+    if intervals:
+        assert busy >= max(d for _, d in intervals) - 1e-9
+
+
+def _transfer(
+    i: int, replica: int, ready: float, link: tuple[str, str] = ("east", "west")
+) -> Transfer:
+    return Transfer(
+        i,
+        f"{link[0]}-{replica}",
+        f"{link[1]}-{replica}",
+        link[0],
+        link[1],
+        Op.SEND_F,
+        replica,
+        0,
+        0,
+        1000,
+        ready,
+    )
+
+
+def test_arbiter_serves_one_at_a_time_in_policy_order() -> None:
+    job = parse_job({"model": "tiny"})
+    policy = training_policy("gpipe")
+    plan = policy.plan(TOPO, job)
+    arbiter = Arbiter(policy, plan)
+    assert arbiter.request(_transfer(1, 0, 0.0)) is not None  # link free: granted
+    assert arbiter.request(_transfer(2, 1, 0.2)) is None  # busy: waits
+    assert arbiter.request(_transfer(3, 0, 0.1)) is None
+    other = arbiter.request(_transfer(4, 0, 0.3, ("west", "east")))
+    assert other is not None  # the other direction is free
+    nxt = arbiter.release(("east", "west"))
+    assert nxt is not None and nxt.id == 3  # first come, first served
+    nxt = arbiter.release(("east", "west"))
+    assert nxt is not None and nxt.id == 2
+    assert arbiter.release(("east", "west")) is None
+
+
+def test_arbiter_reports_a_misbehaving_policy() -> None:
+    job = parse_job({"model": "tiny"})
+    policy = training_policy("gpipe")
+    plan = policy.plan(TOPO, job)
+
+    class Bad(type(policy)):  # type: ignore[misc]
+        def next_transfer(self, plan: Any, link: Any, waiting: Any) -> Transfer:
+            return _transfer(99, 0, 0.0)
+
+    arbiter = Arbiter(Bad(), plan)
+    with pytest.raises(PluginError, match="not waiting"):
+        arbiter.request(_transfer(1, 0, 0.0))
+
+
+def test_chrome_trace_has_tracks_and_flows() -> None:
+    spans = [
+        span("east-0", "forward", 1.0, 1.5, microbatch=0, stage=0),
+        span("west-0", "transfer", 1.5, 1.6, bytes=8, src="east-0", dst="west-0", link="east>west"),
+    ]
+    trace = chrome_trace(spans, 1.0, TOPO)
+    events = trace["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert {"east", "west", "east-0", "west-0"} <= names
+    complete = [e for e in events if e["ph"] == "X"]
+    assert complete[0]["name"] == "0F0" and complete[0]["dur"] == pytest.approx(500000)
+    assert [e["ph"] for e in events if e["ph"] in "sf"] == ["s", "f"]
+    json.dumps(trace)

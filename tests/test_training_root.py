@@ -1,0 +1,201 @@
+"""Real training over the emulated WAN: equal to one process, loss falls, failures end
+cleanly. Needs root (CI runs as root)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from testbed.cli_options import load_inputs
+from testbed.policy import training_policy
+from testbed.policy.registry import make_plan
+from testbed.runtime.coordinator import Coordinator, RunFailed, run_with_signals
+from testbed.runtime.reference import merge_stages, train_one_process
+
+pytestmark = [pytest.mark.root, pytest.mark.usefixtures("clean_host")]
+ROOT = Path(__file__).resolve().parent.parent
+TWO_DC = ROOT / "topologies" / "two-dc.yaml"
+
+
+def _coordinator(
+    tmp: Path, policy: str = "1f1b", compute: str = "real", topology: Path = TWO_DC, **sets: Any
+) -> Coordinator:
+    inputs = load_inputs(topology, sets=tuple(f"{k}={v}" for k, v in sets.items()))
+    chosen = training_policy(policy)
+    plan = make_plan(chosen, inputs.topology, inputs.job)
+    return Coordinator(
+        inputs.topology,
+        inputs.job,
+        plan,
+        chosen,
+        compute,
+        tmp / "logs",
+        say=lambda _m: None,
+        save_dir=tmp,
+        stall_timeout_s=60,
+    )
+
+
+@pytest.mark.parametrize("policy", ["1f1b", "gpipe"])
+def test_pipeline_and_data_parallel_equal_one_process(tmp_path: Path, policy: str) -> None:
+    coordinator = _coordinator(tmp_path, policy, iterations=4)
+    outcome = asyncio.run(run_with_signals(coordinator))
+    assert outcome.status == "ok"
+    plan, job = coordinator.plan, coordinator.job
+    assert (plan.dp, plan.pp) == (2, 2)
+    reference = train_one_process(job, plan.dp, plan.microbatches)
+    for replica in range(plan.dp):
+        stages = [torch.load(tmp_path / f"r{replica}-s{s}.pt") for s in range(plan.pp)]
+        trained = merge_stages(stages, plan.layers)
+        assert trained.keys() == reference.keys()
+        for name, value in reference.items():
+            torch.testing.assert_close(
+                trained[name], value, atol=2e-5, rtol=1e-4, msg=f"{name} of replica {replica}"
+            )
+    losses = [outcome.losses[i] for i in range(job.iterations)]
+    assert losses[-1] < losses[0]
+
+
+def test_loss_goes_down_on_a_tiny_model(tmp_path: Path) -> None:
+    coordinator = _coordinator(tmp_path, "1f1b", iterations=12)
+    outcome = asyncio.run(run_with_signals(coordinator))
+    losses = [outcome.losses[i] for i in range(12)]
+    assert losses[-1] < losses[0] - 0.5, losses
+    assert outcome.summary.median_s is not None and outcome.summary.median_s > 0.04  # 2 RTTs
+
+
+def test_up_writes_results_and_trace(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from testbed.cli import main; main()",
+            "up",
+            str(TWO_DC),
+            "-p",
+            "gpipe",
+            "--compute",
+            "emulated",
+            "--iterations",
+            "3",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    results = json.loads((out / "results.json").read_text())
+    for key in (
+        "schema",
+        "backend",
+        "policy",
+        "bubble_policy",
+        "topology",
+        "shaper",
+        "compute",
+        "iterations",
+        "iteration_time_s",
+        "tokens_per_s",
+        "gpu_utilization",
+        "training_slowdown",
+        "wan",
+        "inference",
+        "plan",
+        "seed",
+    ):
+        assert key in results
+    assert results["backend"] == "emulate" and results["compute"] == "emulated"
+    assert results["iterations"] == 3 and results["status"] == "ok"
+    assert results["shaper"] in ("userspace", "netem")
+    assert results["wan"]["bytes"] > 0
+    assert 0 < results["gpu_utilization"]["training"] < 1
+    assert results["tcp"]["east"]["net.ipv4.tcp_congestion_control"] == "cubic"
+    trace = json.loads((out / "trace.json").read_text())
+    tracks = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert {"east-0", "east-1", "west-0", "west-1"} <= tracks
+    assert any(e["ph"] == "s" for e in trace["traceEvents"])
+    assert (out / "plan.csv").exists() and (out / "logs" / "east-0.log").exists()
+    assert "iteration 3/3" in result.stderr
+    assert "tokens/s" in result.stdout
+
+
+def test_killed_worker_ends_the_run_and_names_it(tmp_path: Path) -> None:
+    coordinator = _coordinator(tmp_path, "1f1b", compute="emulated", iterations=1000)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(run_with_signals(coordinator))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(coordinator.iterations_seen) < 2:
+        time.sleep(0.1)
+    victim = next(w for w in coordinator.workers if w.gpu == "west-1")
+    assert victim.process is not None
+    killed_at = time.monotonic()
+    os.kill(victim.process.pid, signal.SIGKILL)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert time.monotonic() - killed_at < 15
+    assert errors and isinstance(errors[0], RunFailed)
+    assert "west-1 (replica 1, stage 1)" in str(errors[0])
+    outcome = coordinator.outcome
+    assert outcome is not None and outcome.status == "failed"
+    assert len(outcome.summary.iteration_times) >= 1  # what was measured is kept
+
+
+def _probe(network: Any, connections: int, megabytes: int) -> float:
+    """Goodput in bit/s of one striped message from east-0 to west-0."""
+    src, dst = network.layout.node("east-0"), network.layout.node("west-0")
+    server = subprocess.Popen(["ip", "netns", "exec", dst.netns, sys.executable, "-m",
+                               "testbed.runtime.probe", "serve", dst.address, "--connections",
+                               str(connections)], stderr=subprocess.PIPE, text=True)
+    try:
+        sent = subprocess.run(["ip", "netns", "exec", src.netns, sys.executable, "-m",
+                               "testbed.runtime.probe", "send", dst.address, "--connections",
+                               str(connections), "--bytes", str(megabytes * 2**20)],
+                              capture_output=True, text=True, timeout=120, check=True)
+    finally:
+        server.wait(timeout=30)
+    row = json.loads(sent.stdout.splitlines()[-1])
+    return float(row["bytes"] * 8 / row["seconds"])
+
+
+def test_striping_beats_one_connection_as_the_window_limit_predicts() -> None:
+    from testbed.net.network import bring_up, tear_down
+    from testbed.topology import parse_topology
+
+    topology = parse_topology({
+        "tcp": {"congestion": "cubic", "wmem": "4MiB"},
+        "datacenters": [{"name": "east", "gpus": 1}, {"name": "west", "gpus": 1}],
+        "wan": [{"between": ["east", "west"], "latency": "50ms", "bandwidth": "1Gbit"}],
+    }, "t.yaml")
+    network = bring_up(topology)
+    try:
+        one = _probe(network, 1, 96)
+        eight = _probe(network, 8, 96)
+    finally:
+        tear_down(network)
+    window_limit = 4 * 2**20 * 8 / 0.100  # 0.34 Gbit/s
+    assert one < 1.2 * window_limit, one
+    predicted = min(8 * window_limit, 1e9) / window_limit  # about 3
+    assert eight / one > 0.6 * predicted, (one, eight)

@@ -1,0 +1,180 @@
+"""The worker transport: bit-identical delivery over any number of connections."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from testbed.runtime.allreduce import chunk_bounds, ring_allreduce
+from testbed.runtime.protocol import chunks
+from testbed.runtime.transport import PeerLost, Transport
+
+TOKEN = b"t" * 32
+DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int8,
+    torch.bool,
+    torch.float64,
+]
+
+
+async def _pair(connections: int) -> tuple[Transport, Transport]:
+    a, b = Transport(0, TOKEN), Transport(1, TOKEN)
+    port = await b.listen("127.0.0.1", 0)
+    await asyncio.gather(
+        a.connect({1: ("127.0.0.1", port, connections)}, {}), b.connect({}, {0: connections})
+    )
+    return a, b
+
+
+@st.composite
+def tensors(draw: st.DrawFn) -> torch.Tensor:
+    dtype = draw(st.sampled_from(DTYPES))
+    shape = draw(st.lists(st.integers(0, 17), min_size=0, max_size=3))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    if dtype is torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    if dtype in (torch.int64, torch.int8):
+        return torch.randint(-100, 100, shape, generator=generator).to(dtype)
+    return torch.randn(shape, generator=generator).to(dtype)
+
+
+def _bytes(tensor: torch.Tensor) -> bytes:
+    flat = tensor.contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
+@settings(max_examples=40)
+@given(st.lists(tensors(), min_size=1, max_size=4), st.integers(1, 9))
+def test_any_tensor_arrives_bit_identical(items: list[torch.Tensor], connections: int) -> None:
+    async def scenario() -> list[bytes]:
+        a, b = await _pair(connections)
+        try:
+            sends = [a.send(1, f"t{i}", _bytes(t)) for i, t in enumerate(items)]
+            # receive in reverse order: tags, not order, match messages
+            received = [b.recv(f"t{i}") for i in reversed(range(len(items)))]
+            results = await asyncio.gather(*sends, *received)
+            return [bytes(r.data) for r in results[len(items) :]][::-1]
+        finally:
+            await a.close()
+            await b.close()
+
+    got = asyncio.run(scenario())
+    for tensor, data in zip(items, got, strict=True):
+        assert data == _bytes(tensor)
+        if tensor.numel():
+            again = torch.frombuffer(bytearray(data), dtype=tensor.dtype).view(tensor.shape)
+            assert torch.equal(again, tensor) or (again.isnan() == tensor.isnan()).all()
+
+
+def test_large_message_over_many_connections() -> None:
+    payload = torch.randn(3_000_000).numpy().tobytes()  # 12 MB, many chunks per connection
+
+    async def scenario() -> bytes:
+        a, b = await _pair(5)
+        try:
+            _, got = await asyncio.gather(a.send(1, "big", payload), b.recv("big"))
+            return bytes(got.data)
+        finally:
+            await a.close()
+            await b.close()
+
+    assert asyncio.run(scenario()) == payload
+
+
+def test_wrong_token_is_refused() -> None:
+    async def scenario() -> None:
+        b = Transport(1, TOKEN)
+        port = await b.listen("127.0.0.1", 0)
+        intruder = Transport(0, b"x" * 32)
+        try:
+            with pytest.raises((asyncio.TimeoutError, TimeoutError)):
+                await asyncio.wait_for(
+                    asyncio.gather(
+                        intruder.connect({1: ("127.0.0.1", port, 1)}, {}), b.connect({}, {0: 1})
+                    ),
+                    1.0,
+                )
+        finally:
+            await intruder.close()
+            await b.close()
+
+    asyncio.run(scenario())
+
+
+def test_lost_peer_fails_pending_receive() -> None:
+    async def scenario() -> None:
+        a, b = await _pair(2)
+        waiting = asyncio.ensure_future(b.recv("never"))
+        await asyncio.sleep(0.05)
+        await a.close()
+        with pytest.raises(PeerLost):
+            await asyncio.wait_for(waiting, 5)
+        await b.close()
+
+    asyncio.run(scenario())
+
+
+@given(st.integers(0, 10**7), st.integers(1, 16))
+def test_chunks_cover_the_message_exactly(total: int, connections: int) -> None:
+    pieces = chunks(total, connections)
+    assert pieces[0][0] == 0
+    for (o1, l1), (o2, _) in itertools.pairwise(pieces):
+        assert o1 + l1 == o2
+    assert sum(length for _, length in pieces) == total
+    if total >= connections * 64 * 1024:
+        assert len(pieces) >= connections
+
+
+@given(st.integers(4, 10**6), st.integers(1, 8))
+def test_allreduce_chunks_are_whole_elements(total: int, parts: int) -> None:
+    bounds = chunk_bounds(total - total % 4, parts)
+    assert bounds[0][0] == 0 and bounds[-1][1] == total - total % 4
+    assert all(start % 4 == 0 for start, _ in bounds)
+
+
+class _SumEngine:
+    def add_into(self, target: memoryview, incoming: Any) -> None:
+        mine = torch.frombuffer(target, dtype=torch.float32)
+        mine += torch.frombuffer(bytearray(incoming), dtype=torch.float32)
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_ring_allreduce_sums(size: int) -> None:
+    async def scenario() -> list[torch.Tensor]:
+        nodes = [Transport(i, TOKEN) for i in range(size)]
+        ports = [await n.listen("127.0.0.1", 0) for n in nodes]
+        await asyncio.gather(
+            *(
+                n.connect(
+                    {(i + 1) % size: ("127.0.0.1", ports[(i + 1) % size], 2)}
+                    if (i + 1) % size != i
+                    else {},
+                    {(i - 1) % size: 2} if (i - 1) % size != i else {},
+                )
+                for i, n in enumerate(nodes)
+            )
+        )
+        data = [bytearray(torch.full((1001,), float(i + 1)).numpy().tobytes()) for i in range(size)]
+        results = await asyncio.gather(
+            *(
+                ring_allreduce(n, _SumEngine(), data[i], i, size, (i + 1) % size, "ar")  # type: ignore[arg-type]
+                for i, n in enumerate(nodes)
+            )
+        )
+        for n in nodes:
+            await n.close()
+        return [torch.frombuffer(r, dtype=torch.float32) for r in results]
+
+    expected = sum(range(1, size + 1))
+    for result in asyncio.run(scenario()):
+        assert torch.all(result == expected)
