@@ -56,6 +56,15 @@ def echo_err(message: str) -> None:
     help="Results directory (default: a new one under runs/).",
 )
 @click.option(
+    "--allreduce",
+    type=click.Choice(["auto", "real"]),
+    default="auto",
+    show_default=True,
+    help="auto: with emulated compute, gradient all-reduces inside one DC are modeled at the "
+    "DC's bandwidth (this machine cannot push intra-DC rates through Python); all-reduces "
+    "across the WAN always move real bytes. real: always move real bytes.",
+)
+@click.option(
     "--stall-timeout",
     type=float,
     default=120.0,
@@ -69,6 +78,7 @@ def up(
     compute: str,
     shaper: str,
     out: Path | None,
+    allreduce: str,
     stall_timeout: float,
     **kwargs: Any,
 ) -> None:
@@ -106,6 +116,7 @@ def up(
         shaper,
         stall_timeout,
         echo_err,
+        allreduce=allreduce,
     )
     started = time.monotonic()
     error: Exception | None = None
@@ -133,6 +144,7 @@ def up(
         status=outcome.status,
         error=outcome.error,
         losses=outcome.losses,
+        extra={"allreduce": allreduce},
         policy_options=options,
         wall_s=time.monotonic() - started,
     )

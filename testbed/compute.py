@@ -84,3 +84,11 @@ def prefill_flops(model: ModelShape, prompt_len: int) -> float:
 def kv_cache_bytes(model: ModelShape, prompt_len: int, dtype_bytes: int = 2) -> int:
     """2 (K and V) x layers x KV heads x head dim x bytes, per token."""
     return 2 * model.layers * model.n_kv_heads * model.head_dim * dtype_bytes * prompt_len
+
+
+def ring_allreduce_s(nbytes: int, members: int, bandwidth_bps: float, latency_s: float) -> float:
+    """Ring all-reduce: 2(n-1) steps, each moving 1/n of the data over one link."""
+    if members <= 1:
+        return 0.0
+    steps = 2 * (members - 1)
+    return steps * (nbytes / members * 8 / bandwidth_bps + latency_s)

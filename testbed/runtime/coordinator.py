@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from testbed.compute import stage_cost
+from testbed.compute import ring_allreduce_s, stage_cost
 from testbed.errors import TestbedError
 from testbed.job import Job
 from testbed.metrics.summary import Summary, summarize
@@ -101,6 +101,8 @@ class Coordinator:
     say: Progress = print
     save_dir: Path | None = None
     """Where workers write their stage's final parameters (real compute)."""
+    allreduce: str = "auto"
+    """"real": send every gradient byte; "auto": model intra-DC rings in emulated compute."""
     network: Network | None = None
     workers: list[WorkerHandle] = field(default_factory=list)
     spans: list[dict[str, Any]] = field(default_factory=list)
@@ -339,7 +341,24 @@ class Coordinator:
             "emulated": {"forward_s": cost.forward_s, "backward_s": cost.backward_s, "step_s": 0.0},
             "local_rank": worker.index,
             "save_dir": str(self.save_dir) if self.save_dir else None,
+            "allreduce_modeled_s": self._modeled_allreduce(stage, cost.grad_bytes),
         }
+
+    def _modeled_allreduce(self, stage: int, grad_bytes: int) -> float | None:
+        """Seconds for an intra-DC all-reduce that is modeled instead of sent, or None.
+
+        With emulated compute a stage's gradients (GBs for large models) would have to
+        cross Python on this machine at intra-DC rates it cannot reach; inside one DC the
+        ring is modeled at the DC's bandwidth unless `allreduce` is "real". Rings that
+        cross the WAN always move real bytes.
+        """
+        if self.allreduce == "real" or self.compute == "real" or self.plan.dp < 2:
+            return None
+        dcs = {self.topology.dc_of(self.plan.lead_gpu(r, stage)) for r in range(self.plan.dp)}
+        if len(dcs) != 1:
+            return None
+        dc = self.topology.dc(dcs.pop())
+        return ring_allreduce_s(grad_bytes, self.plan.dp, dc.bandwidth_bps, dc.latency_s)
 
     def _connections_for(self, worker: WorkerHandle) -> dict[str, Any]:
         """Who dials whom: the lower-indexed worker of each pair opens the connections."""

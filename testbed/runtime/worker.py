@@ -277,6 +277,13 @@ class Worker:
     async def allreduce(self, iteration: int) -> None:
         cfg = self.config
         start = time.monotonic()
+        modeled = cfg.raw.get("allreduce_modeled_s")
+        if modeled is not None:
+            # inside one DC, in emulated compute: the ring's time at the DC's bandwidth
+            await asyncio.get_running_loop().run_in_executor(self.executor, time.sleep, modeled)
+            self.span("allreduce", start, time.monotonic(), iteration,
+                      bytes=cfg.raw["grad_bytes"], modeled=True)
+            return
         data = await asyncio.get_running_loop().run_in_executor(
             self.executor, self.engine.gradients
         )
