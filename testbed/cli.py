@@ -19,6 +19,7 @@ from testbed.cli_options import (
     topology_argument,
 )
 from testbed.cli_run import up
+from testbed.cli_sim import profile, simulate, sweep
 from testbed.errors import EXIT_INPUT, TestbedError
 from testbed.plan import load_plan_csv, plan_grid, plan_to_csv, validate_plan
 from testbed.plan.describe import describe_plan
@@ -202,6 +203,9 @@ def plugins(as_json: bool) -> None:
 cli.add_command(net)
 cli.add_command(down)
 cli.add_command(up)
+cli.add_command(simulate)
+cli.add_command(profile)
+cli.add_command(sweep)
 
 
 def main(argv: list[str] | None = None) -> None:

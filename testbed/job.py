@@ -302,7 +302,9 @@ def _parse_inference(fields: Fields | None, source: str | None) -> InferenceWork
     rate = fields.get("arrival_rate", _parse_per_second, 0.0)
     prompt = _parse_prompt(fields.section("prompt_length"))
     trace = None
-    if fields.has("trace"):
+    if fields.has("trace_rows"):
+        trace = _trace_rows(fields)
+    elif fields.has("trace"):
         trace_path = fields.get("trace", text)
         base = Path(source).parent if source and source != "--set" else Path(".")
         trace = _read_trace(base / trace_path, fields.key("trace"))
@@ -312,6 +314,23 @@ def _parse_inference(fields: Fields | None, source: str | None) -> InferenceWork
     deadline = fields.get("deadline", positive(parse_duration), 5.0)
     fields.done()
     return InferenceWorkload(model, rate, prompt, trace, decode_dc, deadline)
+
+
+def _trace_rows(fields: Fields) -> tuple[tuple[float, int], ...]:
+    rows = []
+    for key, row in fields.items("trace_rows"):
+        if not (isinstance(row, list) and len(row) == 2):
+            raise InputError("expected [arrival_s, prompt_len]", fields.source, key)
+        try:
+            arrival, length = number(row[0]), integer(row[1])
+        except ValueError as exc:
+            raise InputError(str(exc), fields.source, key) from None
+        if arrival < 0 or length <= 0:
+            raise InputError("arrival must be >= 0 and prompt_len > 0", fields.source, key)
+        rows.append((arrival, length))
+    if not rows:
+        raise fields.error("trace_rows", "holds no requests")
+    return tuple(sorted(rows))
 
 
 def _parse_per_second(value: Any) -> float:
@@ -382,3 +401,35 @@ def _is_number(value: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def dump_job(job: Job) -> dict[str, Any]:
+    """Plain data that `parse_job(data, prefix="")` reads back to an equal Job (a trace
+    workload is written inline as `trace_rows`)."""
+    out: dict[str, Any] = {"model": _dump_model(job.model),
+                           "microbatch_size": job.microbatch_size,
+                           "iterations": job.iterations, "seed": job.seed, "dtype": job.dtype,
+                           "tp": job.tp}
+    for key in ("microbatches", "global_batch", "dp", "pp"):
+        if getattr(job, key) is not None:
+            out[key] = getattr(job, key)
+    if job.inference is not None:
+        inf = job.inference
+        workload: dict[str, Any] = {"model": _dump_model(inf.model), "deadline": inf.deadline_s}
+        if inf.trace is not None:
+            workload["trace_rows"] = [list(row) for row in inf.trace]
+        else:
+            workload["arrival_rate"] = inf.arrival_rate
+        prompt = inf.prompt
+        if prompt.distribution == "fixed":
+            workload["prompt_length"] = {"distribution": "fixed", "value": prompt.low}
+        elif prompt.distribution == "uniform":
+            workload["prompt_length"] = {"distribution": "uniform", "min": prompt.low,
+                                         "max": prompt.high}
+        else:
+            workload["prompt_length"] = {"distribution": "lognormal", "median": prompt.median,
+                                         "sigma": prompt.sigma, "max": prompt.high}
+        if inf.decode_dc is not None:
+            workload["decode_dc"] = inf.decode_dc
+        out["inference"] = workload
+    return out

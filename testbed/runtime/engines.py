@@ -37,6 +37,14 @@ class Engine(Protocol):
     def save(self, path: str) -> None:
         """Write this stage's parameters (real compute only)."""
 
+    def quick(self) -> bool:
+        """True when a call is so short that handing it to the compute thread costs more
+        than running it on the event loop."""
+
+
+QUICK_S = 2e-4
+"""Below this, a modeled compute runs on the event loop (a thread handoff costs more)."""
+
 
 @dataclass
 class EmulatedEngine:
@@ -79,6 +87,9 @@ class EmulatedEngine:
 
     def save(self, path: str) -> None:
         """Emulated stages have no parameters to save."""
+
+    def quick(self) -> bool:
+        return max(self.forward_s, self.backward_s, self.step_s) < QUICK_S
 
 
 def make_real_engine(config: dict[str, Any]) -> Engine:

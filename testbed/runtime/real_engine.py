@@ -130,6 +130,9 @@ class RealEngine:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def quick(self) -> bool:
+        return False
+
     def save(self, path: str) -> None:
         torch.save({k: v.detach().cpu() for k, v in self.module.state_dict().items()}, path)
 

@@ -73,7 +73,6 @@ class _Link(asyncio.BufferedProtocol):
         self._payload_at = 0
         self._can_write = asyncio.Event()
         self._can_write.set()
-        self.lock = asyncio.Lock()
         self.closed = asyncio.get_running_loop().create_future()
 
     # receiving ---------------------------------------------------------------------
@@ -200,6 +199,7 @@ class Transport:
         self._expected_inbound: dict[int, int] | None = None
         self._inbound_ready = asyncio.Event()
         self._failure: BaseException | None = None
+        self._send_locks: dict[int, asyncio.Lock] = {}
 
     # --- setting up -------------------------------------------------------------------
 
@@ -271,17 +271,20 @@ class Transport:
             raise PeerLost(f"no connection to peer {peer}")
         view = memoryview(payload).cast("B")
         total = len(view)
-        sent_at = time.monotonic()
         pieces = collections.deque(chunks(total, len(links)))
+        sent_at = 0.0
 
         async def pump(link: _Link) -> None:
             while pieces:
                 offset, length = pieces.popleft()
                 header = ChunkHeader(tag, total, offset, length, sent_at).pack()
-                async with link.lock:
-                    await link.write(header, view[offset : offset + length])
+                await link.write(header, view[offset : offset + length])
 
-        await asyncio.gather(*(pump(link) for link in links))
+        # one message at a time per peer, in the order they were sent: the first
+        # microbatch arrives first instead of all queued ones arriving late together
+        async with self._send_locks.setdefault(peer, asyncio.Lock()):
+            sent_at = time.monotonic()
+            await asyncio.gather(*(pump(link) for link in links))
         return time.monotonic()
 
     def _entry(self, tag: str) -> _Incoming:

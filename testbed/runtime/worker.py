@@ -104,7 +104,10 @@ class Worker:
 
     async def compute(self, kind: str, iteration: int, fn: Callable[[], Any], **extra: Any) -> Any:
         start = time.monotonic()
-        result = await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+        if self.engine.quick():
+            result = fn()
+        else:
+            result = await asyncio.get_running_loop().run_in_executor(self.executor, fn)
         self.span(kind, start, time.monotonic(), iteration, **extra)
         return result
 
@@ -277,9 +280,15 @@ class Worker:
     async def allreduce(self, iteration: int) -> None:
         cfg = self.config
         start = time.monotonic()
+        position = next(i for i, p in enumerate(cfg.ring) if p.index == cfg.index)
+        successor = cfg.ring[(position + 1) % len(cfg.ring)]
         modeled = cfg.raw.get("allreduce_modeled_s")
         if modeled is not None:
-            # inside one DC, in emulated compute: the ring's time at the DC's bandwidth
+            # inside one DC, in emulated compute: a real ring over a token-sized buffer keeps
+            # the replicas in step as the collective does; the gradients' time is modeled
+            token = bytearray(4 * len(cfg.ring))
+            await ring_allreduce(self.transport, self.engine, token, position, len(cfg.ring),
+                                 successor.index, f"AR{cfg.stage}:{iteration}")
             await asyncio.get_running_loop().run_in_executor(self.executor, time.sleep, modeled)
             self.span("allreduce", start, time.monotonic(), iteration,
                       bytes=cfg.raw["grad_bytes"], modeled=True)
@@ -287,8 +296,6 @@ class Worker:
         data = await asyncio.get_running_loop().run_in_executor(
             self.executor, self.engine.gradients
         )
-        position = next(i for i, p in enumerate(cfg.ring) if p.index == cfg.index)
-        successor = cfg.ring[(position + 1) % len(cfg.ring)]
 
         async def send(peer_index: int, tag: str, view: memoryview) -> None:
             await self.send(successor, tag, view, iteration, None, "ALLREDUCE")

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""The simulator: how fast it runs at paper scale, and how close it is to the emulator.
+
+`.venv/bin/python scripts/bench_sim.py [--repeat 3] [--skip-emulator] [--json F]`
+(the emulator part needs root). Prints markdown tables:
+1. wall time to simulate one iteration of GPT-3 175B (tp 8, pp 16) on 128, 1,024 and
+   8,192 GPUs with 8, 32 and 128 microbatches;
+2. simulated vs emulated iteration time (emulated compute) for each shipped emulator
+   topology and baseline policy, with the FLOP model and with a profile measured by the
+   emulated run itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from testbed.cli_options import load_inputs
+from testbed.cli_sim import simulate_once
+from testbed.policy import training_policy
+from testbed.policy.registry import make_plan
+from testbed.sim.engine import Simulator
+from testbed.sim.profile import profile_from_spans
+from testbed.sim.sweep import vary
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def scale_table() -> list[dict[str, Any]]:
+    inputs = load_inputs(ROOT / "topologies" / "gpt3-4dc.yaml", sets=("iterations=1",))
+    rows = []
+    for gpus_per_dc, dp in ((32, 1), (256, 8), (2048, 64)):
+        from dataclasses import replace
+
+        topology = replace(inputs.topology, datacenters=tuple(
+            replace(dc, gpus=gpus_per_dc) for dc in inputs.topology.datacenters))
+        for microbatches in (8, 32, 128):
+            _, job = vary(topology, inputs.job, "dp", str(dp))
+            _, job = vary(topology, job, "microbatches", str(microbatches))
+            policy = training_policy("1f1b")
+            plan = make_plan(policy, topology, job)
+            started = time.perf_counter()
+            result = Simulator(topology, job, plan, policy).run()
+            rows.append({"gpus": 4 * gpus_per_dc, "dp": dp, "microbatches": microbatches,
+                         "wall_s": time.perf_counter() - started,
+                         "spans": len(result.spans)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def agreement_table(repeat: int) -> list[dict[str, Any]]:
+    from testbed.runtime.coordinator import Coordinator, run_with_signals
+
+    rows = []
+    for name, iterations in (("two-dc", 8), ("paper-3dc", 4)):
+        for policy_name in ("gpipe", "1f1b"):
+            inputs = load_inputs(ROOT / "topologies" / f"{name}.yaml",
+                                 sets=(f"iterations={iterations}",))
+            policy = training_policy(policy_name)
+            plan = make_plan(policy, inputs.topology, inputs.job)
+            emulated, spans = [], []
+            for _ in range(repeat):
+                with tempfile.TemporaryDirectory() as tmp:
+                    coordinator = Coordinator(inputs.topology, inputs.job, plan, policy,
+                                              "emulated", Path(tmp), say=lambda _m: None)
+                    outcome = asyncio.run(run_with_signals(coordinator))
+                emulated.append(outcome.summary.median_s)
+                spans += outcome.spans
+            modeled, _ = simulate_once(inputs.topology, inputs.job, plan, policy)
+            profiled, _ = simulate_once(inputs.topology, inputs.job, plan, policy,
+                                        profile_from_spans(spans))
+            emu = statistics.median(emulated)
+            rows.append({"topology": name, "policy": policy_name, "emulated_s": emu,
+                         "emulated_runs": emulated, "simulated_s": modeled.median_s,
+                         "error": modeled.median_s / emu - 1,
+                         "simulated_with_profile_s": profiled.median_s,
+                         "error_with_profile": profiled.median_s / emu - 1})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--repeat", type=int, default=3, help="emulator runs per case")
+    parser.add_argument("--skip-emulator", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results: dict[str, Any] = {"scale": scale_table()}
+    print("\n| GPUs | dp | microbatches | wall time (s) | spans |\n|---|---|---|---|---|")
+    for r in results["scale"]:
+        print(f"| {r['gpus']} | {r['dp']} | {r['microbatches']} | {r['wall_s']:.2f} | "
+              f"{r['spans']} |")
+    if not args.skip_emulator:
+        results["agreement"] = agreement_table(args.repeat)
+        print("\n| topology | policy | emulated (median of runs) | runs | simulated | error | "
+              "with profile | error |\n|---|---|---|---|---|---|---|---|")
+        for r in results["agreement"]:
+            runs = ", ".join(f"{x:.3f}" for x in r["emulated_runs"])
+            print(f"| {r['topology']} | {r['policy']} | {r['emulated_s']:.3f} s | {runs} | "
+                  f"{r['simulated_s']:.3f} s | {r['error']:+.1%} | "
+                  f"{r['simulated_with_profile_s']:.3f} s | {r['error_with_profile']:+.1%} |")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""`testbed simulate`, `testbed profile` and `testbed sweep`: the same plans at paper scale."""
+
+from __future__ import annotations
+
+import csv
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from testbed.cli_options import job_flags, job_options, load_inputs, policy_options
+from testbed.errors import TestbedError
+from testbed.job import Job
+from testbed.metrics.summary import Summary, summarize
+from testbed.plan.model import Plan
+from testbed.policy import TrainingPolicy, parse_options, training_policy
+from testbed.policy.registry import make_plan
+from testbed.report.results import RunRecord, new_run_dir, write_run
+from testbed.report.table import run_summary
+from testbed.sim.engine import Simulator
+from testbed.sim.profile import Profile, load_profile, write_profile
+from testbed.sim.sweep import grid, parse_vary, vary
+from testbed.topology import Topology
+
+
+def simulate_once(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,
+                  profile: Profile | None = None) -> tuple[Summary, list[dict[str, Any]]]:
+    """Simulate a plan; the summary and spans, computed exactly as for the emulator."""
+    try:
+        result = Simulator(topology, job, plan, policy, profile).run()
+    except RuntimeError as exc:
+        raise TestbedError(f"simulation failed: {exc}") from None
+    tokens = plan.dp * plan.microbatches * plan.microbatch_size * job.model.seq_len
+    capacity = sum(topology.bottleneck_bps(a, b) for a, b in plan.sharing)
+    return summarize(result.spans, plan.used_gpus(), result.start, tokens, capacity), \
+        result.spans
+
+
+profile_option = click.option(
+    "--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
+    help="Per-stage compute times measured by a run (`testbed profile RUN_DIR`) instead of "
+    "the FLOP model.")
+
+
+@click.command()
+@click.argument("topology", metavar="TOPOLOGY.yaml",
+                type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-p", "--policy", default="1f1b", show_default=True,
+              help="Training policy (see `testbed plugins`).")
+@policy_options
+@job_options
+@profile_option
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Results directory (default: a new one under runs/).")
+def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...],
+             profile_path: Path | None, out: Path | None, **kwargs: Any) -> None:
+    """Simulate the plan at any scale: modeled compute, flow-level network.
+
+    Compute times come from FLOPs and the GPU type's sustained rate (or --profile);
+    transfers share links max-min fairly (or one at a time where the plan arbitrates),
+    each TCP connection limited by its window and slow start. Writes the same
+    results.json and trace.json as `testbed up` (backend simulate, compute modeled).
+    """
+    inputs = load_inputs(topology, **job_flags(kwargs))
+    options = dict(parse_options(policy_opts))
+    chosen = training_policy(policy, options)
+    plan = make_plan(chosen, inputs.topology, inputs.job)
+    profile = load_profile(profile_path) if profile_path else None
+    started = time.monotonic()
+    summary, spans = simulate_once(inputs.topology, inputs.job, plan, chosen, profile)
+    record = RunRecord(
+        backend="simulate", policy=policy, bubble_policy=None, topology=inputs.topology,
+        job=inputs.job, plan=plan, shaper=None, compute="modeled", summary=summary,
+        spans=spans, start=0.0, policy_options=options, wall_s=time.monotonic() - started,
+        extra={"profile": str(profile_path) if profile_path else None})
+    directory = out or new_run_dir(inputs.topology.name, policy)
+    path = write_run(directory, record)
+    for line in run_summary(record.results()):
+        click.echo(line)
+    click.echo(f"simulated in {record.wall_s:.2f} s; results in {path.parent}")
+
+
+@click.command()
+@click.argument("run_dir", metavar="RUN_DIR", type=click.Path(file_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to write the profile (default: RUN_DIR/profile.json).")
+def profile(run_dir: Path, output: Path | None) -> None:
+    """Measure per-stage forward/backward times from a run, for `simulate --profile`."""
+    target = output or run_dir / "profile.json"
+    stages = write_profile(run_dir, target)
+    for stage, times in stages.items():
+        click.echo(f"stage {stage}: forward {times.get('forward_s', 0) * 1e3:.3f} ms, "
+                   f"backward {times.get('backward_s', 0) * 1e3:.3f} ms")
+    click.echo(f"profile written to {target}")
+
+
+@click.command()
+@click.argument("topology", metavar="TOPOLOGY.yaml",
+                type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-p", "--policy", "policies", multiple=True, default=("1f1b",),
+              show_default=True, help="Policies to compare. Repeatable.")
+@click.option("--vary", "varies", multiple=True, required=True, metavar="KEY=V1,V2,...",
+              help="What to change: wan.latency, wan.bandwidth, dcs (first N datacenters), "
+              "or any job key (microbatches, model.layers, ...). Repeatable: every "
+              "combination runs.")
+@job_options
+@profile_option
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Directory for sweep.csv and sweep.png (default: a new one under runs/).")
+def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
+          profile_path: Path | None, out: Path | None, **kwargs: Any) -> None:
+    """What-if sweep in the simulator: one CSV row per point and policy, and a plot.
+
+    Example: testbed sweep topologies/paper-3dc.yaml -p gpipe -p atlas
+    --vary wan.latency=10ms,20ms,40ms,80ms
+    """
+    inputs = load_inputs(topology, **job_flags(kwargs))
+    parsed = [parse_vary(v) for v in varies]
+    profile_data = load_profile(profile_path) if profile_path else None
+    points = grid(parsed)
+    rows: list[dict[str, Any]] = []
+    with click.progressbar(length=len(points) * len(policies), label="simulating",
+                           file=sys.stderr) as bar:
+        for point in points:
+            topo, job = inputs.topology, inputs.job
+            for key, value in point:
+                topo, job = vary(topo, job, key, value)
+            for name in policies:
+                chosen = training_policy(name)
+                row: dict[str, Any] = {"policy": name, **dict(point)}
+                try:
+                    plan = make_plan(chosen, topo, job)
+                    summary, _ = simulate_once(topo, job, plan, chosen, profile_data)
+                    row.update({"iteration_s": summary.median_s,
+                                "tokens_per_s": summary.tokens_per_s,
+                                "gpu_utilization": summary.utilization_training,
+                                "wan_utilization": summary.wan_utilization,
+                                "dp": plan.dp, "pp": plan.pp, "error": ""})
+                except TestbedError as exc:
+                    row.update({"iteration_s": None, "error": str(exc)})
+                rows.append(row)
+                bar.update(1)
+    directory = out or new_run_dir(inputs.topology.name, "sweep")
+    directory.mkdir(parents=True, exist_ok=True)
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    with (directory / "sweep.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    from testbed.report.plots import sweep_plot
+
+    sweep_plot(rows, [k for k, _ in parsed], directory / "sweep.png")
+    for row in rows:
+        label = ", ".join(f"{k}={row[k]}" for k, _ in parsed)
+        value = f"{row['iteration_s']:.3f} s" if row.get("iteration_s") else row["error"]
+        click.echo(f"{row['policy']:<14} {label:<40} {value}")
+    click.echo(f"wrote {directory / 'sweep.csv'} and {directory / 'sweep.png'}")

@@ -1,0 +1,262 @@
+"""Flow-level network model: weighted max-min fair sharing of link capacity, TCP windows in
+rounds of one RTT (slow start from ten segments; after idle, when the topology says so, the
+window halves per RTO idle as Linux does; capped by the socket buffers), and propagation
+delay. A transfer striped over N
+connections is one flow of weight N whose window is N connections' worth.
+
+Each round a flow may send one window of bytes at its fair share of the path; if it runs
+out before the round (RTT) is over it pauses, and its share goes to others. So a transfer
+smaller than a window leaves at line rate, one flow on a long link averages window/RTT,
+and many flows fill the link. Pure: time is passed in, nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+MSS = 1448
+INITIAL_WINDOW = 10 * MSS
+PAYLOAD_EFFICIENCY = MSS / 1500
+"""TCP payload per byte a link carries (the shapers count IP bytes)."""
+WINDOW_EFFICIENCY = 0.85
+"""Share of tcp_wmem's maximum one flow keeps in flight; measured on this kernel:
+0.287 Gbit/s for one flow at 100 ms RTT with a 4 MiB buffer (scripts/bench_net.py)."""
+RTO_MIN = 0.2
+
+Schedule = Callable[[float, Callable[[float], None]], None]
+
+
+@dataclass
+class Pair:
+    """The TCP connections between two endpoints, and their congestion window."""
+
+    connections: int
+    window: float
+    """Per connection, bytes."""
+    rtt: float
+    restart_after_idle: bool
+    cwnd: float = INITIAL_WINDOW
+    last_active: float = float("-inf")
+    active: int = 0
+
+    def begin(self, now: float) -> None:
+        """Linux's restart after idle: the window halves for every RTO the pair sat idle,
+        down to the initial window (tcp_cwnd_restart)."""
+        if self.active == 0 and self.restart_after_idle:
+            idle = now - self.last_active
+            rto = RTO_MIN + self.rtt
+            while idle > rto and self.cwnd > INITIAL_WINDOW:
+                self.cwnd = max(INITIAL_WINDOW, self.cwnd / 2)
+                idle -= rto
+        self.active += 1
+
+    def end(self, now: float) -> None:
+        self.active -= 1
+        self.last_active = now
+
+    def round_budget(self) -> float:
+        """Bytes one flow of this pair may send in a round."""
+        return self.connections * min(self.cwnd, self.window) / max(1, self.active)
+
+    def steady_cap(self) -> float:
+        """bit/s one flow of the pair reaches with a full window: window per RTT."""
+        return self.connections * self.window * 8 / self.rtt / max(1, self.active)
+
+    def acked(self, nbytes: float) -> None:
+        """Slow start: every byte acknowledged grows the window by a byte (so a window
+        used in full doubles per RTT), up to the socket buffers' limit."""
+        self.cwnd = min(self.window, self.cwnd + nbytes / self.connections)
+
+
+@dataclass
+class Flow:
+    id: int
+    resources: tuple[str, ...]
+    pair: Pair
+    latency: float
+    on_arrival: Callable[[float], None]
+    remaining: float
+    budget: float = 0.0
+    round_budget: float = 0.0
+    rate: float = 0.0
+    updated: float = 0.0
+    version: int = 0
+    paused: bool = False
+    round_id: int = 0
+    on_sent: Callable[[float], None] | None = None
+    steady: bool = False
+    """The window is at its limit: ACK-clocked at window/RTT, no more rounds to track."""
+
+    def progress(self, now: float) -> None:
+        sent = self.rate / 8 * (now - self.updated)
+        self.remaining = max(0.0, self.remaining - sent)
+        self.budget = max(0.0, self.budget - sent)
+        self.updated = now
+
+
+@dataclass
+class FluidNetwork:
+    capacity: dict[str, float]
+    """bit/s per resource: WAN link directions and host NICs."""
+    schedule: Schedule
+    flows: dict[int, Flow] = field(default_factory=dict)
+    users: dict[str, set[int]] = field(default_factory=dict)
+    _ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    def start(self, now: float, nbytes: float, resources: tuple[str, ...], pair: Pair,
+              latency: float, on_arrival: Callable[[float], None],
+              on_sent: Callable[[float], None] | None = None) -> None:
+        """Send `nbytes`; `on_sent(t)` runs when the last byte has left, `on_arrival(t)` when
+        it reaches the receiver."""
+        pair.begin(now)
+        if nbytes <= 0:
+            pair.end(now)
+            if on_sent is not None:
+                on_sent(now)
+            self.schedule(now + latency, on_arrival)
+            return
+        flow = Flow(next(self._ids), resources, pair, latency, on_arrival, float(nbytes),
+                    updated=now, on_sent=on_sent)
+        self.flows[flow.id] = flow
+        for resource in resources:
+            self.users.setdefault(resource, set()).add(flow.id)
+        self._new_round(now, flow)
+
+    def _new_round(self, now: float, flow: Flow) -> None:
+        """Slow start goes in rounds of one RTT; once the window reaches the socket
+        buffers' limit the flow is steady and simply capped at window/RTT."""
+        pair = flow.pair
+        flow.paused = False
+        if pair.cwnd >= pair.window:
+            flow.steady = True
+            flow.budget = flow.round_budget = float("inf")
+        else:
+            flow.round_id += 1
+            flow.budget = flow.round_budget = pair.round_budget()
+            self.schedule(now + pair.rtt, functools.partial(
+                self._round_over, flow=flow, round_id=flow.round_id))
+        self._reallocate(now, flow.resources)
+
+    def _round_over(self, now: float, flow: Flow, round_id: int) -> None:
+        if flow.id not in self.flows or flow.round_id != round_id:
+            return
+        flow.progress(now)
+        flow.pair.acked(flow.round_budget - flow.budget)
+        self._new_round(now, flow)
+
+    def _event(self, now: float, flow_id: int, version: int) -> None:
+        """A flow ran out of bytes or out of this round's window."""
+        flow = self.flows.get(flow_id)
+        if flow is None or flow.version != version:
+            return
+        flow.progress(now)
+        # the event was for whichever ran out first; float residue must not leave a flow
+        # paused with bytes to send and an unspent window
+        if flow.remaining <= 1e-3 or flow.budget > 1e-3:
+            if not flow.steady:
+                flow.pair.acked(flow.round_budget - flow.budget)
+            del self.flows[flow_id]
+            for resource in flow.resources:
+                self.users[resource].discard(flow_id)
+            flow.pair.end(now)
+            self._reallocate(now, flow.resources)
+            self.schedule(now + flow.latency, flow.on_arrival)
+            if flow.on_sent is not None:
+                flow.on_sent(now)
+        else:
+            flow.paused = True
+            self._reallocate(now, flow.resources)
+
+    def _component(self, resources: tuple[str, ...]) -> tuple[list[Flow], set[str]]:
+        """Flows and resources coupled to these resources through shared flows."""
+        flows: dict[int, Flow] = {}
+        seen: set[str] = set()
+        todo = list(resources)
+        while todo:
+            resource = todo.pop()
+            if resource in seen:
+                continue
+            seen.add(resource)
+            for fid in self.users.get(resource, ()):
+                if fid not in flows:
+                    flows[fid] = self.flows[fid]
+                    todo.extend(flows[fid].resources)
+        return list(flows.values()), seen
+
+    def _reallocate(self, now: float, resources: tuple[str, ...]) -> None:
+        flows, seen = self._component(resources)
+        for flow in flows:
+            flow.progress(now)
+        sending = [f for f in flows if not f.paused]
+        rates = max_min({f.id: (f.pair.connections / max(1, f.pair.active),
+                                f.pair.steady_cap() if f.steady else float("inf"), f.resources)
+                         for f in sending},
+                        {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in seen})
+        for flow in flows:
+            flow.rate = rates.get(flow.id, 0.0)
+            flow.version += 1
+            if flow.rate > 0:
+                left = min(flow.remaining, flow.budget)
+                done = now + left * 8 / flow.rate
+                self.schedule(done, functools.partial(self._event, flow_id=flow.id,
+                                                      version=flow.version))
+
+
+def max_min(flows: dict[int, tuple[float, float, tuple[str, ...]]],
+            capacity: dict[str, float]) -> dict[int, float]:
+    """Weighted max-min fair rates by progressive filling: flow -> (weight, cap, resources).
+    Each round raises every unfrozen flow's rate per unit weight until a resource fills up
+    or a flow reaches its cap; those flows freeze."""
+    rates: dict[int, float] = {}
+    left = dict(capacity)
+    active = dict(flows)
+    while active:
+        weights: dict[str, float] = {}
+        for weight, _, resources in active.values():
+            for resource in resources:
+                weights[resource] = weights.get(resource, 0.0) + weight
+        level, bottleneck = float("inf"), None
+        for resource, weight in weights.items():
+            if left[resource] / weight < level:
+                level, bottleneck = left[resource] / weight, resource
+        capped = [fid for fid, (w, cap, _) in active.items() if cap / w <= level]
+        if capped:
+            frozen = [(fid, active[fid][1]) for fid in capped]
+        elif bottleneck is not None:
+            frozen = [(fid, level * w) for fid, (w, _, res) in active.items()
+                      if bottleneck in res]
+        else:
+            break
+        for fid, rate in frozen:
+            rates[fid] = rate
+            for resource in active.pop(fid)[2]:
+                left[resource] = max(0.0, left[resource] - rate)
+    for fid in active:
+        rates[fid] = 0.0
+    return rates
+
+
+class EventQueue:
+    """Callbacks by time; ties run in the order they were scheduled."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[float], None]]] = []
+        self._seq = itertools.count()
+        self.now = 0.0
+
+    def at(self, time: float, callback: Callable[[float], None]) -> None:
+        heapq.heappush(self._heap, (max(time, self.now), next(self._seq), callback))
+
+    def run(self) -> int:
+        count = 0
+        heap = self._heap
+        while heap:
+            time, _, callback = heapq.heappop(heap)
+            self.now = time
+            callback(time)
+            count += 1
+        return count

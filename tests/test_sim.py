@@ -1,0 +1,241 @@
+"""The simulator against closed forms and properties; its CLI."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from testbed.errors import InputError
+from testbed.job import Job, ModelShape
+from testbed.metrics.summary import summarize
+from testbed.plan.model import Op
+from testbed.policy import training_policy
+from testbed.policy.registry import make_plan
+from testbed.sim.engine import Simulator
+from testbed.sim.network import (
+    INITIAL_WINDOW,
+    PAYLOAD_EFFICIENCY,
+    EventQueue,
+    FluidNetwork,
+    Pair,
+    max_min,
+)
+from testbed.sim.profile import profile_from_spans
+from testbed.topology import parse_topology
+
+from .strategies import job_fitting, topologies
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _chain(stages: int, bandwidth: str = "1000Tbit", latency: str = "1ns") -> Any:
+    names = [f"dc{i}" for i in range(stages)]
+    return parse_topology({
+        "datacenters": [{"name": n, "gpus": 1, "bandwidth": "1000Tbit", "latency": 0}
+                        for n in names],
+        "wan": [{"between": [a, b], "latency": latency, "bandwidth": bandwidth}
+                for a, b in itertools.pairwise(names)] or [],
+    }, "chain.yaml")
+
+
+def _run(topology: Any, job: Job, policy: str, profile: Any = None) -> Any:
+    chosen = training_policy(policy)
+    plan = make_plan(chosen, topology, job)
+    result = Simulator(topology, job, plan, chosen, profile).run()
+    tokens = plan.dp * plan.microbatches * plan.microbatch_size * job.model.seq_len
+    capacity = sum(topology.bottleneck_bps(a, b) for a, b in plan.sharing)
+    return plan, result, summarize(result.spans, plan.used_gpus(), 0.0, tokens, capacity)
+
+
+@settings(max_examples=30)
+@given(st.integers(2, 5), st.integers(1, 12), st.sampled_from(["gpipe", "1f1b"]))
+def test_free_communication_matches_the_pipeline_bubble(stages: int, microbatches: int,
+                                                        policy: str) -> None:
+    model = ModelShape(layers=stages, hidden=8, heads=2, seq_len=4, vocab=16)
+    job = Job(model, microbatches=microbatches, dp=1, pp=stages, iterations=3)
+    profile = {s: {"forward_s": 1.0, "backward_s": 2.0} for s in range(stages)}
+    _, _, summary = _run(_chain(stages), job, policy, profile)
+    expected = microbatches / (microbatches + stages - 1)
+    assert summary.utilization_training == pytest.approx(expected, rel=0.005)
+
+
+def test_equal_flows_share_a_link_equally_and_one_flow_is_window_limited() -> None:
+    queue = EventQueue()
+    capacity = {"link": 1e9, "a": 1e12, "b": 1e12}
+    network = FluidNetwork(capacity, queue.at)
+    arrivals: dict[str, float] = {}
+    for name in ("x", "y", "z", "w"):
+        pair = Pair(1, 1e9, 0.001, False, cwnd=1e9)  # huge window: not the limit
+        network.start(0.0, 125e6, ("a", "link", "b"), pair, 0.0,
+                      lambda t, n=name: arrivals.__setitem__(n, t))
+    queue.run()
+    # four flows of 1 Gbit each over a 1 Gbit/s link: each gets a quarter, all end at 4 s
+    assert len(arrivals) == 4
+    for end in arrivals.values():
+        assert end == pytest.approx(4 / PAYLOAD_EFFICIENCY)
+
+    window, rtt = 1e6, 0.1
+    pair = Pair(1, window, rtt, False, cwnd=window)
+    done: list[float] = []
+    network.start(queue.now, 100e6, ("a", "link", "b"), pair, 0.0, done.append)
+    start = queue.now
+    queue.run()
+    rate = 100e6 * 8 / (done[0] - start)
+    assert rate == pytest.approx(window * 8 / rtt, rel=0.01)
+
+
+def test_slow_start_sends_a_small_message_at_once_and_restarts_after_idle() -> None:
+    queue = EventQueue()
+    network = FluidNetwork({"link": 1e9}, queue.at)
+    pair = Pair(1, 4e6, 0.1, True)
+    done: list[float] = []
+    network.start(0.0, INITIAL_WINDOW / 2, ("link",), pair, 0.05, done.append)
+    queue.run()
+    assert done[0] == pytest.approx(0.05 + INITIAL_WINDOW / 2 * 8 / (1e9 * PAYLOAD_EFFICIENCY))
+    network.start(queue.now, 8e6, ("link",), pair, 0.05, done.append)
+    queue.run()
+    grown = pair.cwnd
+    assert grown > INITIAL_WINDOW
+    queue.at(queue.now + 10.0, lambda t: None)
+    queue.run()
+    pair.begin(queue.now)
+    assert pair.cwnd < grown  # halved per RTO of idle
+
+
+@given(st.dictionaries(st.integers(0, 20), st.tuples(
+    st.floats(0.5, 8), st.sampled_from([1e6, 1e8, float("inf")]),
+    st.lists(st.sampled_from(["r1", "r2", "r3"]), min_size=1, max_size=3, unique=True)),
+    min_size=1, max_size=8))
+def test_max_min_is_feasible_and_respects_caps(flows: dict[int, Any]) -> None:
+    capacity = {"r1": 1e8, "r2": 5e7, "r3": 2e8}
+    rates = max_min({k: (w, c, tuple(r)) for k, (w, c, r) in flows.items()}, capacity)
+    for resource, cap in capacity.items():
+        used = sum(rates[k] for k, (_, _, r) in flows.items() if resource in r)
+        assert used <= cap * (1 + 1e-9)
+    for k, (_, cap, _) in flows.items():
+        assert rates[k] <= cap * (1 + 1e-9)
+        assert rates[k] > 0
+
+
+def _end(topology: Any, job: Job, policy: str) -> float:
+    _, result, _ = _run(topology, job, policy)
+    return max(s["end"] for s in result.spans if s["kind"] == "step")
+
+
+@settings(max_examples=25)
+@given(data=st.data())
+def test_more_bandwidth_or_less_latency_is_never_slower(data: st.DataObject) -> None:
+    topology = data.draw(topologies(min_dcs=2, max_dcs=3, max_gpus=3, full_mesh=True))
+    job = data.draw(job_fitting(topology))
+    policy = data.draw(st.sampled_from(["gpipe", "1f1b", "dp-across-dc"]))
+    try:
+        base = _end(topology, job, policy)
+    except InputError:
+        assume(False)
+    from dataclasses import replace
+
+    faster = replace(topology, links=tuple(replace(link, bandwidth_bps=link.bandwidth_bps * 4)
+                                           for link in topology.links))
+    nearer = replace(topology, links=tuple(replace(link, latency_s=link.latency_s / 4)
+                                           for link in topology.links))
+    assert _end(faster, job, policy) <= base * (1 + 1e-9)
+    assert _end(nearer, job, policy) <= base * (1 + 1e-9)
+
+
+@settings(max_examples=25)
+@given(data=st.data())
+def test_trace_is_causal_and_gpus_do_one_thing_at_a_time(data: st.DataObject) -> None:
+    topology = data.draw(topologies(min_dcs=1, max_dcs=3, max_gpus=3))
+    job = data.draw(job_fitting(topology))
+    policy = data.draw(st.sampled_from(["gpipe", "1f1b", "dp-across-dc"]))
+    try:
+        plan, result, _ = _run(topology, job, policy)
+    except InputError:
+        assume(False)
+    compute: dict[str, list[tuple[float, float]]] = {}
+    for span in result.spans:
+        if span["kind"] in ("forward", "backward", "step"):
+            compute.setdefault(span["gpu"], []).append((span["start"], span["end"]))
+    for spans in compute.values():
+        spans.sort()
+        for (_, end), (start, _) in itertools.pairwise(spans):
+            assert start >= end - 1e-12
+    produced = {(s["gpu"], s["iteration"], s["microbatch"], s["kind"]): s["end"]
+                for s in result.spans if s["kind"] in ("forward", "backward")}
+    for span in result.spans:
+        if span["kind"] == "transfer" and span.get("microbatch") is not None:
+            src_stage = plan.worker_of(span["src"])[1]
+            dst_stage = plan.worker_of(span["dst"])[1]
+            kind = "forward" if dst_stage > src_stage else "backward"
+            made = produced[(span["src"], span["iteration"], span["microbatch"], kind)]
+            assert span["start"] >= made - 1e-12
+
+
+def test_profile_from_spans_uses_medians_after_warmup() -> None:
+    spans = [{"kind": "forward", "stage": 0, "iteration": i, "start": 0.0, "end": d}
+             for i, d in ((0, 9.0), (1, 1.0), (2, 2.0), (3, 3.0))]
+    assert profile_from_spans(spans) == {0: {"forward_s": 2.0}}
+
+
+def _cli(args: list[str]) -> tuple[int, str, str]:
+    from testbed.cli import main
+
+    runner = CliRunner()
+    with runner.isolation() as (out, err, _):
+        try:
+            main(args)
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+    return code, out.getvalue().decode(), err.getvalue().decode()
+
+
+def test_simulate_writes_the_same_files_as_up(tmp_path: Path) -> None:
+    code, _, err = _cli(["simulate", str(ROOT / "topologies" / "paper-3dc.yaml"), "-p",
+                           "gpipe", "--out", str(tmp_path)])
+    assert code == 0, err
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["backend"] == "simulate" and results["compute"] == "modeled"
+    assert results["shaper"] is None
+    assert results["iterations"] == 4 and results["iteration_time_s"]["median"] > 0
+    assert (tmp_path / "trace.json").exists() and (tmp_path / "spans.json").exists()
+    code, _, err = _cli(["profile", str(tmp_path)])
+    assert code == 0, err
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    assert set(profile["stages"]) == {"0", "1", "2"}
+    code, _out, err = _cli(["simulate", str(ROOT / "topologies" / "paper-3dc.yaml"), "-p",
+                           "gpipe", "--profile", str(tmp_path / "profile.json"), "--out",
+                           str(tmp_path / "again")])
+    assert code == 0, err
+
+
+def test_sweep_writes_rows_and_a_plot(tmp_path: Path) -> None:
+    code, _out, err = _cli(["sweep", str(ROOT / "topologies" / "paper-3dc.yaml"), "-p", "gpipe",
+                           "-p", "1f1b", "--vary", "wan.latency=10ms,40ms", "--vary",
+                           "microbatches=4,8", "--iterations", "2", "--out", str(tmp_path)])
+    assert code == 0, err
+    rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+    assert len(rows) == 8
+    assert {r["policy"] for r in rows} == {"gpipe", "1f1b"}
+    by_latency = {(r["policy"], r["wan.latency"], r["microbatches"]): float(r["iteration_s"])
+                  for r in rows}
+    assert by_latency[("gpipe", "10ms", "8")] < by_latency[("gpipe", "40ms", "8")]
+    assert (tmp_path / "sweep.png").stat().st_size > 1000
+
+
+def test_sweep_bad_vary_is_clear() -> None:
+    code, _, err = _cli(["sweep", str(ROOT / "topologies" / "two-dc.yaml"), "--vary",
+                         "wan.latency"])
+    assert code == 2 and "expected KEY=V1,V2" in err
+
+
+def test_microbatch_op_names_are_what_the_sim_reads() -> None:
+    assert {Op.SEND_F.value, Op.SEND_B.value} == {"SEND_F", "SEND_B"}
