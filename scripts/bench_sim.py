@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from testbed.cli_options import load_inputs
-from testbed.cli_sim import simulate_once
 from testbed.policy import training_policy
 from testbed.policy.registry import make_plan
+from testbed.runs import simulate_plan
 from testbed.sim.engine import Simulator
 from testbed.sim.profile import profile_from_spans
 from testbed.sim.sweep import vary
@@ -72,8 +72,8 @@ def agreement_table(repeat: int) -> list[dict[str, Any]]:
                     outcome = asyncio.run(run_with_signals(coordinator))
                 emulated.append(outcome.summary.median_s)
                 spans += outcome.spans
-            modeled, _ = simulate_once(inputs.topology, inputs.job, plan, policy)
-            profiled, _ = simulate_once(inputs.topology, inputs.job, plan, policy,
+            modeled, _ = simulate_plan(inputs.topology, inputs.job, plan, policy)
+            profiled, _ = simulate_plan(inputs.topology, inputs.job, plan, policy,
                                         profile_from_spans(spans))
             emu = statistics.median(emulated)
             rows.append({"topology": name, "policy": policy_name, "emulated_s": emu,

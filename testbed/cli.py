@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from testbed import __version__
+from testbed.cli_compare import compare, report
 from testbed.cli_net import Terminated, down, net
 from testbed.cli_options import (
     job_flags,
@@ -206,6 +207,8 @@ cli.add_command(up)
 cli.add_command(simulate)
 cli.add_command(profile)
 cli.add_command(sweep)
+cli.add_command(compare)
+cli.add_command(report)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +10,10 @@ import click
 
 from testbed.cli_net import SHAPERS, require_root
 from testbed.cli_options import job_flags, job_options, load_inputs, policy_options
-from testbed.policy import parse_options, training_policy
-from testbed.policy.registry import make_plan
-from testbed.report.results import RunRecord, new_run_dir, write_run
+from testbed.policy import parse_options
+from testbed.report.results import new_run_dir
 from testbed.report.table import run_summary
+from testbed.runs import RunSpec, run
 
 
 def echo_err(message: str) -> None:
@@ -89,69 +88,16 @@ def up(
     results.json, trace.json (open in ui.perfetto.dev), plan.csv, topology.yaml and
     worker logs into the results directory, also when the run fails or is interrupted.
     """
-    from testbed.runtime.coordinator import (
-        Coordinator,
-        Interrupted,
-        RunFailed,
-        choose_compute,
-        run_with_signals,
-    )
-    from testbed.runtime.worker import run_loop
-
     require_root()
     inputs = load_inputs(topology, **job_flags(kwargs))
-    options = dict(parse_options(policy_opts))
-    chosen = training_policy(policy, options)
-    plan = make_plan(chosen, inputs.topology, inputs.job)
-    workers = len(plan.used_gpus())
-    mode = choose_compute(compute, workers)
+    spec = RunSpec("emulate", inputs.topology, inputs.job, policy,
+                   dict(parse_options(policy_opts)), compute=compute, shaper=shaper,
+                   allreduce=allreduce, stall_timeout_s=stall_timeout)
     directory = out or new_run_dir(inputs.topology.name, policy)
-    coordinator = Coordinator(
-        inputs.topology,
-        inputs.job,
-        plan,
-        chosen,
-        mode,
-        directory / "logs",
-        shaper,
-        stall_timeout,
-        echo_err,
-        allreduce=allreduce,
-    )
-    started = time.monotonic()
-    error: Exception | None = None
-    try:
-        run_loop(run_with_signals(coordinator))
-    except (RunFailed, Interrupted) as exc:
-        error = exc
-    outcome = coordinator.outcome
-    if outcome is None:
-        if error is not None:
-            raise error
-        return
-    record = RunRecord(
-        backend="emulate",
-        policy=policy,
-        bubble_policy=None,
-        topology=inputs.topology,
-        job=inputs.job,
-        plan=plan,
-        shaper=outcome.shaper,
-        compute=mode,
-        summary=outcome.summary,
-        spans=outcome.spans,
-        start=outcome.start,
-        status=outcome.status,
-        error=outcome.error,
-        losses=outcome.losses,
-        extra={"allreduce": allreduce},
-        policy_options=options,
-        wall_s=time.monotonic() - started,
-    )
-    path = write_run(directory, record)
-    for line in run_summary(record.results()):
+    outcome = run(spec, directory, echo_err)
+    for line in run_summary(outcome.results):
         click.echo(line)
-    click.echo(f"results in {path.parent}")
-    if error is not None:
-        click.echo(f"testbed: error: {error}", err=True)
-        sys.exit(getattr(error, "exit_code", 1))
+    click.echo(f"results in {directory}")
+    if outcome.error is not None:
+        click.echo(f"testbed: error: {outcome.error}", err=True)
+        sys.exit(outcome.error.exit_code)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -12,31 +11,13 @@ import click
 
 from testbed.cli_options import job_flags, job_options, load_inputs, policy_options
 from testbed.errors import TestbedError
-from testbed.job import Job
-from testbed.metrics.summary import Summary, summarize
-from testbed.plan.model import Plan
-from testbed.policy import TrainingPolicy, parse_options, training_policy
+from testbed.policy import parse_options, training_policy
 from testbed.policy.registry import make_plan
-from testbed.report.results import RunRecord, new_run_dir, write_run
+from testbed.report.results import new_run_dir
 from testbed.report.table import run_summary
-from testbed.sim.engine import Simulator
-from testbed.sim.profile import Profile, load_profile, write_profile
+from testbed.runs import RunSpec, run, simulate_plan
+from testbed.sim.profile import load_profile, write_profile
 from testbed.sim.sweep import grid, parse_vary, vary
-from testbed.topology import Topology
-
-
-def simulate_once(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,
-                  profile: Profile | None = None) -> tuple[Summary, list[dict[str, Any]]]:
-    """Simulate a plan; the summary and spans, computed exactly as for the emulator."""
-    try:
-        result = Simulator(topology, job, plan, policy, profile).run()
-    except RuntimeError as exc:
-        raise TestbedError(f"simulation failed: {exc}") from None
-    tokens = plan.dp * plan.microbatches * plan.microbatch_size * job.model.seq_len
-    capacity = sum(topology.bottleneck_bps(a, b) for a, b in plan.sharing)
-    return summarize(result.spans, plan.used_gpus(), result.start, tokens, capacity), \
-        result.spans
-
 
 profile_option = click.option(
     "--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -64,22 +45,14 @@ def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...],
     results.json and trace.json as `testbed up` (backend simulate, compute modeled).
     """
     inputs = load_inputs(topology, **job_flags(kwargs))
-    options = dict(parse_options(policy_opts))
-    chosen = training_policy(policy, options)
-    plan = make_plan(chosen, inputs.topology, inputs.job)
-    profile = load_profile(profile_path) if profile_path else None
-    started = time.monotonic()
-    summary, spans = simulate_once(inputs.topology, inputs.job, plan, chosen, profile)
-    record = RunRecord(
-        backend="simulate", policy=policy, bubble_policy=None, topology=inputs.topology,
-        job=inputs.job, plan=plan, shaper=None, compute="modeled", summary=summary,
-        spans=spans, start=0.0, policy_options=options, wall_s=time.monotonic() - started,
-        extra={"profile": str(profile_path) if profile_path else None})
+    spec = RunSpec("simulate", inputs.topology, inputs.job, policy,
+                   dict(parse_options(policy_opts)),
+                   profile=load_profile(profile_path) if profile_path else None)
     directory = out or new_run_dir(inputs.topology.name, policy)
-    path = write_run(directory, record)
-    for line in run_summary(record.results()):
+    outcome = run(spec, directory)
+    for line in run_summary(outcome.results):
         click.echo(line)
-    click.echo(f"simulated in {record.wall_s:.2f} s; results in {path.parent}")
+    click.echo(f"simulated in {outcome.results['wall_s']:.2f} s; results in {directory}")
 
 
 @click.command()
@@ -132,7 +105,7 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
                 row: dict[str, Any] = {"policy": name, **dict(point)}
                 try:
                     plan = make_plan(chosen, topo, job)
-                    summary, _ = simulate_once(topo, job, plan, chosen, profile_data)
+                    summary, _ = simulate_plan(topo, job, plan, chosen, profile_data)
                     row.update({"iteration_s": summary.median_s,
                                 "tokens_per_s": summary.tokens_per_s,
                                 "gpu_utilization": summary.utilization_training,

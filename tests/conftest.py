@@ -25,6 +25,24 @@ def topologies_dir() -> Path:
     return TOPOLOGIES
 
 
+@pytest.fixture(scope="session")
+def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample plugin (tests/fixtures/sample_plugin, its own pyproject) installed into a
+    private folder, as `pip install` would for a user; put it on PYTHONPATH to use it."""
+    import subprocess
+    import sys
+
+    target = tmp_path_factory.mktemp("site")
+    build = tmp_path_factory.mktemp("build")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--target", str(target),
+         str(Path(__file__).parent / "fixtures" / "sample_plugin")],
+        check=True, cwd=build, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
+    return target
+
+
 def _our_processes() -> list[int]:
     from testbed.net.cleanup import stray_processes
 

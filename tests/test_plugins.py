@@ -8,38 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-FIXTURE = Path(__file__).parent / "fixtures" / "sample_plugin"
 TWO_DC = Path(__file__).parent.parent / "topologies" / "two-dc.yaml"
 
 
-@pytest.fixture(scope="module")
-def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    target = tmp_path_factory.mktemp("site")
-    build = tmp_path_factory.mktemp("build")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(target),
-            str(FIXTURE),
-        ],
-        check=True,
-        cwd=build,
-        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
-    )
-    return target
-
-
 def _testbed(args: list[str], extra_path: Path | None) -> subprocess.CompletedProcess[str]:
+    return run_testbed(args, extra_path)
+
+
+def run_testbed(args: list[str], extra_path: Path | None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     if extra_path is not None:
         env["PYTHONPATH"] = os.pathsep.join(

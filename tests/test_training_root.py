@@ -208,14 +208,14 @@ def test_simulator_agrees_with_the_emulator(tmp_path: Path, topology: str, polic
     one. The emulator's real TCP varies from run to run (loss, queueing, unfair sharing)
     by more than the target, so this bound only catches a broken model;
     scripts/bench_sim.py reports the error per case over repeated runs."""
-    from testbed.cli_sim import simulate_once
+    from testbed.runs import simulate_plan
 
     path = ROOT / "topologies" / f"{topology}.yaml"
     iterations = 6 if topology == "two-dc" else 4
     coordinator = _coordinator(tmp_path, policy, compute="emulated", topology=path,
                                iterations=iterations)
     emulated = asyncio.run(run_with_signals(coordinator)).summary.median_s
-    simulated, _ = simulate_once(coordinator.topology, coordinator.job, coordinator.plan,
+    simulated, _ = simulate_plan(coordinator.topology, coordinator.job, coordinator.plan,
                                  coordinator.policy)
     assert emulated is not None and simulated.median_s is not None
     error = simulated.median_s / emulated - 1

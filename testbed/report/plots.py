@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.patches import Rectangle
 
 MARKERS = ["o", "s", "^", "D", "v", "x", "*", "P"]
 LINES = ["-", "--", ":", "-."]
@@ -37,4 +38,121 @@ def sweep_plot(rows: Sequence[dict[str, Any]], keys: Sequence[str], path: Path) 
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+HATCH = {"forward": "", "backward": "", "step": "", "allreduce": "xx", "recv": "..",
+         "wait_grant": "//", "prefill": "oo", "kv_transfer": "--"}
+SHADE = {"forward": "0.15", "backward": "0.45", "step": "0.7", "allreduce": "white",
+         "recv": "white", "wait_grant": "white", "prefill": "0.85", "kv_transfer": "white"}
+GANTT_KINDS = tuple(HATCH)
+
+
+def iteration_plot(rows: Sequence[Any], path: Path) -> None:
+    """Median iteration time per policy combination, whiskers from min to max over repeats."""
+    ok = [r for r in rows if r.iteration_median is not None]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(ok) + 1), 3.8))
+    xs = list(range(len(ok)))
+    medians = [r.iteration_median for r in ok]
+    errors = [[r.iteration_median - r.iteration_low for r in ok],
+              [r.iteration_high - r.iteration_median for r in ok]]
+    hatches = ["", "//", "..", "xx", "\\\\", "--", "oo", "++"]
+    for x, median in zip(xs, medians, strict=True):
+        ax.bar(x, median, color="white", edgecolor="black", hatch=hatches[x % len(hatches)])
+    ax.errorbar(xs, medians, yerr=errors, fmt="none", ecolor="black", capsize=4)
+    ax.set_xticks(xs, [r.combo for r in ok], rotation=20, ha="right")
+    ax.set_ylabel("iteration time (s)")
+    ax.grid(True, axis="y", color="0.85")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def gantt_spans(spans: Sequence[dict[str, Any]], start: float, iteration: int
+                ) -> tuple[list[dict[str, Any]], float, float]:
+    """The spans one iteration's Gantt chart draws, and its time window: from the previous
+    iteration's last optimizer step to this one's."""
+    steps: dict[int, float] = {}
+    for span in spans:
+        if span["kind"] == "step":
+            steps[span["iteration"]] = max(steps.get(span["iteration"], start), span["end"])
+    lo = steps.get(iteration - 1, start)
+    hi = steps.get(iteration, max((s["end"] for s in spans), default=start))
+    shown = [s for s in spans if s["kind"] in GANTT_KINDS and s["end"] > lo and s["start"] < hi
+             and s["end"] > s["start"]]
+    return shown, lo, hi
+
+
+def gantt_plot(panels: Sequence[tuple[str, Sequence[dict[str, Any]], float, int]],
+               path: Path) -> None:
+    """Per-GPU timelines of one iteration for each policy, side by side; white is idle."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 0.35 * 16 + 1.5),
+                             squeeze=False)
+    for ax, (title, spans, start, iteration) in zip(axes[0], panels, strict=True):
+        shown, lo, hi = gantt_spans(spans, start, iteration)
+        gpus = sorted({s["gpu"] for s in spans}, key=_gpu_order)
+        for row, gpu in enumerate(gpus):
+            for span in (s for s in shown if s["gpu"] == gpu):
+                a, b = max(span["start"], lo), min(span["end"], hi)
+                ax.barh(row, b - a, left=a - lo, height=0.8, color=SHADE[span["kind"]],
+                        edgecolor="black", linewidth=0.3, hatch=HATCH[span["kind"]])
+        ax.set_yticks(range(len(gpus)), gpus, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlim(0, hi - lo)
+        ax.set_xlabel(f"seconds into iteration {iteration + 1}")
+        ax.set_title(title)
+    handles = [Rectangle((0, 0), 1, 1, facecolor=SHADE[k], edgecolor="black", hatch=HATCH[k])
+               for k in GANTT_KINDS]
+    fig.legend(handles, GANTT_KINDS, loc="lower center", ncol=len(GANTT_KINDS), fontsize=8)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _gpu_order(gpu: str) -> tuple[str, int]:
+    dc, _, index = gpu.rpartition("-")
+    return dc, int(index) if index.isdigit() else 0
+
+
+def wan_series(spans: Sequence[dict[str, Any]], start: float, capacity: dict[str, float],
+               bins: int = 200) -> tuple[list[float], dict[str, list[float]]]:
+    """Utilization of each WAN link direction over time: every transfer's bytes spread
+    evenly over its duration, in `bins` equal slices of the run."""
+    transfers = [s for s in spans if s["kind"] == "transfer" and s.get("link")]
+    end = max((s["end"] for s in transfers), default=start + 1.0)
+    width = (end - start) / bins
+    series = {link: [0.0] * bins for link in sorted({s["link"] for s in transfers})}
+    for span in transfers:
+        duration = max(span["end"] - span["start"], 1e-9)
+        rate = span.get("bytes", 0) * 8 / duration
+        first = int((span["start"] - start) / width)
+        last = min(bins - 1, int((span["end"] - start) / width))
+        for i in range(max(0, first), last + 1):
+            lo, hi = start + i * width, start + (i + 1) * width
+            overlap = min(hi, span["end"]) - max(lo, span["start"])
+            if overlap > 0:
+                series[span["link"]][i] += rate * overlap / width
+    for link, values in series.items():
+        cap = capacity.get(link, 0.0)
+        series[link] = [v / cap if cap else 0.0 for v in values]
+    return [start + (i + 0.5) * width - start for i in range(bins)], series
+
+
+def wan_plot(panels: Sequence[tuple[str, Sequence[dict[str, Any]], float, dict[str, float]]],
+             path: Path) -> None:
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.4 * len(panels)), squeeze=False)
+    for ax, (title, spans, start, capacity) in zip(axes[:, 0], panels, strict=True):
+        xs, series = wan_series(spans, start, capacity)
+        for i, (link, values) in enumerate(series.items()):
+            ax.plot(xs, values, color="black", linestyle=LINES[i % len(LINES)], linewidth=1,
+                    label=link)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("link utilization")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, color="0.85")
+        if series:
+            ax.legend(fontsize=7, ncol=3, loc="upper right")
+    axes[-1, 0].set_xlabel("seconds since the run started")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)

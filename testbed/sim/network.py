@@ -88,6 +88,7 @@ class Flow:
     paused: bool = False
     round_id: int = 0
     on_sent: Callable[[float], None] | None = None
+    scheduled: bool = False
     steady: bool = False
     """The window is at its limit: ACK-clocked at window/RTT, no more rounds to track."""
 
@@ -131,6 +132,7 @@ class FluidNetwork:
         buffers' limit the flow is steady and simply capped at window/RTT."""
         pair = flow.pair
         flow.paused = False
+        flow.scheduled = False  # the window changed: its next event must be recomputed
         if pair.cwnd >= pair.window:
             flow.steady = True
             flow.budget = flow.round_budget = float("inf")
@@ -153,6 +155,7 @@ class FluidNetwork:
         flow = self.flows.get(flow_id)
         if flow is None or flow.version != version:
             return
+        flow.scheduled = False
         flow.progress(now)
         # the event was for whichever ran out first; float residue must not leave a flow
         # paused with bytes to send and an unspent window
@@ -197,8 +200,12 @@ class FluidNetwork:
                          for f in sending},
                         {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in seen})
         for flow in flows:
-            flow.rate = rates.get(flow.id, 0.0)
+            rate = rates.get(flow.id, 0.0)
+            if rate == flow.rate and flow.rate > 0 and flow.scheduled:
+                continue  # its pending event is still right
+            flow.rate = rate
             flow.version += 1
+            flow.scheduled = flow.rate > 0
             if flow.rate > 0:
                 left = min(flow.remaining, flow.budget)
                 done = now + left * 8 / flow.rate
@@ -213,28 +220,32 @@ def max_min(flows: dict[int, tuple[float, float, tuple[str, ...]]],
     or a flow reaches its cap; those flows freeze."""
     rates: dict[int, float] = {}
     left = dict(capacity)
+    weights: dict[str, float] = {}
+    users: dict[str, list[int]] = {}
+    for fid, (weight, _, resources) in flows.items():
+        for resource in resources:
+            weights[resource] = weights.get(resource, 0.0) + weight
+            users.setdefault(resource, []).append(fid)
     active = dict(flows)
     while active:
-        weights: dict[str, float] = {}
-        for weight, _, resources in active.values():
-            for resource in resources:
-                weights[resource] = weights.get(resource, 0.0) + weight
         level, bottleneck = float("inf"), None
         for resource, weight in weights.items():
-            if left[resource] / weight < level:
+            if weight > 1e-12 and left[resource] / weight < level:
                 level, bottleneck = left[resource] / weight, resource
         capped = [fid for fid, (w, cap, _) in active.items() if cap / w <= level]
         if capped:
             frozen = [(fid, active[fid][1]) for fid in capped]
         elif bottleneck is not None:
-            frozen = [(fid, level * w) for fid, (w, _, res) in active.items()
-                      if bottleneck in res]
+            frozen = [(fid, level * active[fid][0]) for fid in users[bottleneck]
+                      if fid in active]
         else:
             break
         for fid, rate in frozen:
             rates[fid] = rate
-            for resource in active.pop(fid)[2]:
+            weight, _, resources = active.pop(fid)
+            for resource in resources:
                 left[resource] = max(0.0, left[resource] - rate)
+                weights[resource] -= weight
     for fid in active:
         rates[fid] = 0.0
     return rates

@@ -1,0 +1,175 @@
+"""`testbed compare` and `testbed report`: policies side by side, honest about noise."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from testbed.cli_options import job_flags, job_options, load_inputs
+from testbed.errors import InputError, TestbedError
+from testbed.fsutil import write_atomic
+from testbed.report.compare import RunEntry, csv_text, markdown_table, table_rows, table_text
+from testbed.report.results import new_run_dir
+from testbed.runs import RunSpec, run
+from testbed.topology import dump_topology, load_topology
+from testbed.topology.model import Topology
+from testbed.yamlio import to_yaml
+
+COMPARE_SCHEMA = 1
+
+
+def _options_for(name: str, pairs: tuple[str, ...]) -> dict[str, str]:
+    """`-o atlas.connections=8` goes to atlas only; `-o connections=8` to every policy."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise InputError(f"expected [POLICY.]KEY=VALUE, got {pair!r}", "--option")
+        owner, dot, option = key.partition(".")
+        if dot and owner == name:
+            out[option] = value
+        elif not dot:
+            out[key] = value
+    return out
+
+
+@click.command()
+@click.argument("topology", metavar="TOPOLOGY.yaml",
+                type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-p", "--policy", "policies", multiple=True, required=True,
+              help="Training policy; repeat to compare several. The first is the baseline "
+              "for speed-ups.")
+@click.option("-b", "--bubble", "bubbles", multiple=True,
+              help="Bubble policy; repeat for several. Every policy runs with each.")
+@click.option("-o", "--option", "policy_opts", multiple=True, metavar="[POLICY.]KEY=VALUE",
+              help="Policy option, for one policy (atlas.connections=8) or all.")
+@click.option("--backend", type=click.Choice(["emulate", "simulate"]), default="simulate",
+              show_default=True, help="emulate: real workers over the emulated WAN (root).")
+@click.option("--repeat", type=int, default=1, show_default=True,
+              help="Runs per combination; the table shows the median and the spread.")
+@click.option("--compute", type=click.Choice(["auto", "real", "emulated"]), default="auto",
+              show_default=True, help="Compute mode for the emulate backend.")
+@job_options
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Directory for the comparison (default: a new one under runs/).")
+def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
+            policy_opts: tuple[str, ...], backend: str, repeat: int, compute: str,
+            out: Path | None, **kwargs: Any) -> None:
+    """Run policies on the same topology, job and seed, one after another, and compare.
+
+    Prints a table (iteration time with its spread over repeats, speed-up against the
+    first policy, tokens/s, GPU and WAN utilization, TTFT when bubbles are filled) and
+    writes compare.json, compare.csv, every run's own directory, and plots
+    (iterations.png, gantt.png, wan.png). A run that fails is reported as failed; the
+    others still run. `testbed report DIR` redraws all of it from the files.
+    """
+    if repeat < 1:
+        raise InputError("must be at least 1", "--repeat")
+    if backend == "emulate":
+        from testbed.cli_net import require_root
+
+        require_root()
+    inputs = load_inputs(topology, **job_flags(kwargs))
+    directory = out or new_run_dir(inputs.topology.name, "compare")
+    directory.mkdir(parents=True, exist_ok=True)
+    write_atomic(directory / "topology.yaml", to_yaml(dump_topology(inputs.topology)), 0o644)
+    combos = [(p, b) for p in policies for b in (bubbles or (None,))]
+    entries: list[RunEntry] = []
+    total = len(combos) * repeat
+    with click.progressbar(length=total, label=f"{backend}: {total} runs", file=sys.stderr,
+                           item_show_func=lambda x: x) as bar:
+        for policy, bubble in combos:
+            for k in range(repeat):
+                name = f"{policy}{'+' + bubble if bubble else ''}-r{k + 1}"
+                bar.update(0, name)
+                spec = RunSpec(backend, inputs.topology, inputs.job, policy,
+                               _options_for(policy, policy_opts), bubble_policy=bubble,
+                               compute=compute)
+                entries.append(_run_one(spec, directory, name, k))
+                bar.update(1, name)
+    config = {"schema": COMPARE_SCHEMA, "topology": str(topology), "backend": backend,
+              "policies": list(policies), "bubbles": list(bubbles), "repeat": repeat,
+              "options": list(policy_opts), "job_overrides": _overrides(kwargs)}
+    write_compare(directory, config, entries)
+    show(directory, entries, inputs.topology)
+
+
+def _overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in kwargs.items()
+            if v not in (None, ())}
+
+
+def _run_one(spec: RunSpec, directory: Path, name: str, repeat: int) -> RunEntry:
+    run_dir = directory / "runs" / name
+    try:
+        outcome = run(spec, run_dir)
+    except TestbedError as exc:
+        return RunEntry(spec.policy, spec.bubble_policy, repeat, str(run_dir.relative_to(
+            directory)), "failed", str(exc), None)
+    results = outcome.results
+    return RunEntry(spec.policy, spec.bubble_policy, repeat,
+                    str(run_dir.relative_to(directory)), results["status"],
+                    results.get("error"), results)
+
+
+def write_compare(directory: Path, config: dict[str, Any], entries: list[RunEntry]) -> None:
+    write_atomic(directory / "compare.json", json.dumps(
+        {**config, "runs": [e.as_dict() for e in entries]}, indent=1, default=str), 0o644)
+    write_atomic(directory / "compare.csv", csv_text(entries), 0o644)
+
+
+def load_compare(directory: Path) -> tuple[dict[str, Any], list[RunEntry]]:
+    path = directory / "compare.json"
+    try:
+        data = json.loads(path.read_text())
+        entries = [RunEntry(**e) for e in data["runs"]]
+    except FileNotFoundError:
+        raise InputError("no compare.json: not a `testbed compare` directory",
+                         str(directory)) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"unreadable: {exc}", str(path)) from None
+    for entry in entries:  # results on disk are the record; re-read them
+        results = directory / entry.directory / "results.json"
+        if results.exists():
+            entry.results = json.loads(results.read_text())
+    return data, entries
+
+
+def show(directory: Path, entries: list[RunEntry], topology: Topology) -> None:
+    """Print the table and draw every plot from the runs' files."""
+    from testbed.report.plots import gantt_plot, iteration_plot, wan_plot
+
+    rows = table_rows(entries)
+    click.echo(table_text(rows))
+    (directory / "table.md").write_text(markdown_table(rows) + "\n")
+    iteration_plot(rows, directory / "iterations.png")
+    firsts: dict[str, RunEntry] = {}
+    for entry in entries:
+        if entry.status == "ok" and entry.results is not None:
+            firsts.setdefault(entry.combo, entry)
+    panels, wan = [], []
+    capacity: dict[str, float] = {}
+    for link in topology.links:
+        capacity[f"{link.a}>{link.b}"] = capacity[f"{link.b}>{link.a}"] = link.bandwidth_bps
+    for combo, entry in firsts.items():
+        data = json.loads((directory / entry.directory / "spans.json").read_text())
+        done = len(entry.results["iteration_time_s"]["all"]) if entry.results else 0
+        iteration = 1 if done > 1 else 0
+        panels.append((combo, data["spans"], data["start"], iteration))
+        wan.append((combo, data["spans"], data["start"], capacity))
+    if panels:
+        gantt_plot(panels, directory / "gantt.png")
+        wan_plot(wan, directory / "wan.png")
+    click.echo(f"wrote compare.json, compare.csv, table.md and plots in {directory}")
+
+
+@click.command()
+@click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
+def report(directory: Path) -> None:
+    """Rebuild a comparison's table and plots from its saved results, without rerunning."""
+    _, entries = load_compare(directory)
+    show(directory, entries, load_topology(directory / "topology.yaml"))

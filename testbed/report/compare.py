@@ -1,0 +1,169 @@
+"""Comparing runs: one table row per policy combination over repeats, and flat CSV rows."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class RunEntry:
+    """One run inside a comparison."""
+
+    policy: str
+    bubble_policy: str | None
+    repeat: int
+    directory: str
+    """Relative to the comparison's directory."""
+    status: str
+    error: str | None
+    results: dict[str, Any] | None
+
+    @property
+    def combo(self) -> str:
+        return self.policy if not self.bubble_policy else f"{self.policy}+{self.bubble_policy}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested results as one level of `a.b.c` keys; lists become JSON text."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{name}."))
+        elif isinstance(value, list):
+            out[name] = json.dumps(value)
+        else:
+            out[name] = value
+    return out
+
+
+def csv_text(entries: Sequence[RunEntry]) -> str:
+    rows = []
+    for entry in entries:
+        row = {"policy": entry.policy, "bubble_policy": entry.bubble_policy or "",
+               "repeat": entry.repeat, "directory": entry.directory, "status": entry.status,
+               "error": entry.error or ""}
+        if entry.results is not None:
+            flat = flatten(entry.results)
+            flat.pop("plan.placement", None)
+            row.update({k: v for k, v in flat.items() if k not in row})
+        rows.append(row)
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+@dataclass
+class Row:
+    combo: str
+    runs: int
+    failed: int
+    iteration_median: float | None
+    iteration_low: float | None
+    iteration_high: float | None
+    speedup: float | None
+    tokens_per_s: float | None
+    util_training: float | None
+    util_total: float | None
+    wan_util: float | None
+    ttft_p50: float | None
+    ttft_p99: float | None
+    error: str | None
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+def table_rows(entries: Sequence[RunEntry]) -> list[Row]:
+    """One row per policy combination, in first-seen order; spread is min..max over
+    repeats of each run's median iteration time."""
+    combos = list(dict.fromkeys(e.combo for e in entries))
+    rows: list[Row] = []
+    for combo in combos:
+        runs = [e for e in entries if e.combo == combo]
+        ok = [e.results for e in runs if e.status == "ok" and e.results is not None]
+        medians = [r["iteration_time_s"]["median"] for r in ok
+                   if r["iteration_time_s"]["median"] is not None]
+        failed = [e for e in runs if e.status != "ok"]
+        rows.append(Row(
+            combo=combo, runs=len(runs), failed=len(failed),
+            iteration_median=_median(medians),
+            iteration_low=min(medians) if medians else None,
+            iteration_high=max(medians) if medians else None,
+            speedup=None,
+            tokens_per_s=_median([r["tokens_per_s"] for r in ok]),
+            util_training=_median([r["gpu_utilization"]["training"] for r in ok]),
+            util_total=_median([r["gpu_utilization"]["total"] for r in ok]),
+            wan_util=_median([r["wan"]["utilization"] for r in ok]),
+            ttft_p50=_median([r["inference"]["ttft_s"]["p50"] for r in ok]),
+            ttft_p99=_median([r["inference"]["ttft_s"]["p99"] for r in ok]),
+            error=failed[0].error if failed and not ok else None,
+        ))
+    base = rows[0].iteration_median if rows else None
+    for row in rows:
+        if base and row.iteration_median:
+            row.speedup = base / row.iteration_median
+    return rows
+
+
+def _fmt(value: float | None, pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def table_text(rows: Sequence[Row]) -> str:
+    """A plain-text table a terminal, a log and a paper draft can all take."""
+    header = ["policy", "iteration (s)", "spread (s)", "speed-up", "tokens/s", "GPU train",
+              "GPU total", "WAN", "TTFT p50", "TTFT p99"]
+    lines = []
+    for row in rows:
+        if row.iteration_median is None:
+            lines.append([row.combo, "failed", "-", "-", "-", "-", "-", "-", "-", "-"])
+            continue
+        lines.append([
+            row.combo + (f" ({row.failed} failed)" if row.failed else ""),
+            _fmt(row.iteration_median, "{:.3f}"),
+            f"{row.iteration_low:.3f}-{row.iteration_high:.3f}",
+            _fmt(row.speedup, "{:.2f}x"),
+            _fmt(row.tokens_per_s, "{:.0f}"),
+            _fmt(row.util_training, "{:.1%}"),
+            _fmt(row.util_total, "{:.1%}"),
+            _fmt(row.wan_util, "{:.1%}"),
+            _fmt(row.ttft_p50, "{:.3f}s"),
+            _fmt(row.ttft_p99, "{:.3f}s"),
+        ])
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines, strict=True)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    out.append("  ".join("-" * w for w in widths))
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+            for line in lines]
+    out += [f"{row.combo} failed: {row.error}" for row in rows if row.error]
+    return "\n".join(out)
+
+
+def markdown_table(rows: Sequence[Row]) -> str:
+    lines = ["| policy | iteration (s) | spread | speed-up | tokens/s | GPU util (train) | "
+             "GPU util (total) | WAN util |", "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        if row.iteration_median is None:
+            lines.append(f"| {row.combo} | failed | | | | | | |")
+            continue
+        lines.append(
+            f"| {row.combo} | {row.iteration_median:.3f} | {row.iteration_low:.3f}-"
+            f"{row.iteration_high:.3f} | {_fmt(row.speedup, '{:.2f}x')} | "
+            f"{_fmt(row.tokens_per_s, '{:.0f}')} | {_fmt(row.util_training, '{:.1%}')} | "
+            f"{_fmt(row.util_total, '{:.1%}')} | {_fmt(row.wan_util, '{:.1%}')} |")
+    return "\n".join(lines)
