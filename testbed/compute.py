@@ -92,3 +92,26 @@ def ring_allreduce_s(nbytes: int, members: int, bandwidth_bps: float, latency_s:
         return 0.0
     steps = 2 * (members - 1)
     return steps * (nbytes / members * 8 / bandwidth_bps + latency_s)
+
+
+OPTIMIZER_BYTES_PER_PARAM = 16
+"""Mixed-precision Adam: bf16 weights and gradients, fp32 master weights and two moments."""
+
+
+def stage_memory_bytes(job: Job, layers: int, first: bool, last: bool, tp: int,
+                       in_flight: int) -> int:
+    """A stage's memory per GPU: parameters with optimizer state, plus the inputs of every
+    layer for each microbatch in flight (activation checkpointing, the common practice at
+    this scale; the layer internals are recomputed in the backward)."""
+    params = stage_params(job.model, layers, first, last)
+    stash = in_flight * layers * job.activation_bytes // tp
+    return params * OPTIMIZER_BYTES_PER_PARAM // tp + stash
+
+
+def in_flight(schedule: str, stage: int, stages: int, microbatches: int) -> int:
+    """Microbatches whose activations a stage holds at once: all of them under GPipe, at
+    most the stages still ahead under 1F1B (plus any extra warm-up, `1f1b+K`)."""
+    if schedule == "gpipe":
+        return microbatches
+    extra = int(schedule.partition("+")[2] or 0)
+    return min(microbatches, stages - stage + extra)

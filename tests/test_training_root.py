@@ -220,3 +220,21 @@ def test_simulator_agrees_with_the_emulator(tmp_path: Path, topology: str, polic
     assert emulated is not None and simulated.median_s is not None
     error = simulated.median_s / emulated - 1
     assert abs(error) < (0.3 if topology == "two-dc" else 0.5), (emulated, simulated.median_s)
+
+
+def test_atlas_over_the_emulator_serves_one_transfer_at_a_time(tmp_path: Path) -> None:
+    from testbed.plan.model import Sharing
+
+    coordinator = _coordinator(tmp_path, "atlas", compute="emulated", iterations=3, dp=2,
+                               pp=2, microbatches=6)
+    plan = coordinator.plan
+    assert plan.sharing[("east", "west")] is Sharing.ARBITRATED
+    assert plan.connections_between("east-0", "west-0") >= 1
+    outcome = asyncio.run(run_with_signals(coordinator))
+    assert outcome.status == "ok"
+    sends = sorted((s["start"], s["end"]) for s in outcome.spans
+                   if s["kind"] == "send" and s.get("link") == "east>west")
+    assert len(sends) == 2 * 6 * 3  # 2 replicas x 6 microbatches x 3 iterations
+    for (_, end), (start, _) in zip(sends, sends[1:], strict=False):
+        assert start >= end - 1e-3  # granted only after the previous one left
+    assert any(s["kind"] == "wait_grant" for s in outcome.spans)

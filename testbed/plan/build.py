@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from testbed.compute import in_flight, stage_memory_bytes
 from testbed.errors import InputError
 from testbed.job import Job
 from testbed.plan.model import Action, Plan, Sharing, Worker, pair_key, split_layers
@@ -56,6 +57,31 @@ def file_order_placement(
     return placement
 
 
+def check_memory(topology: Topology, job: Job, placement: Mapping[Worker, tuple[str, ...]],
+                 pp: int, microbatches: int, schedule: str) -> None:
+    """Refuse a plan whose stage does not fit in its GPUs' memory, naming where."""
+    layers = split_layers(job.model.layers, pp)
+    for (replica, stage), gpus in sorted(placement.items()):
+        gpu = topology.gpu(gpus[0]).type
+        need = stage_memory_bytes(job, layers[stage], stage == 0, stage == pp - 1, job.tp,
+                                  in_flight(schedule, stage, pp, microbatches))
+        if need > gpu.memory_bytes:
+            raise InputError(
+                f"stage {stage} ({layers[stage]} layers, tp {job.tp}) needs "
+                f"{need / 2**30:.1f} GiB per GPU, {gpus[0]} ({gpu.name}) has "
+                f"{gpu.memory_bytes / 2**30:.0f} GiB: use more stages or tensor parallelism",
+                topology.source, "job")
+
+
+def fits_memory(topology: Topology, job: Job, placement: Mapping[Worker, tuple[str, ...]],
+                pp: int, microbatches: int, schedule: str) -> bool:
+    try:
+        check_memory(topology, job, placement, pp, microbatches, schedule)
+    except InputError:
+        return False
+    return True
+
+
 def default_pp(topology: Topology, job: Job) -> int:
     """One stage per datacenter unless the job says otherwise (and never more than layers)."""
     return job.pp if job.pp is not None else min(len(topology.datacenters), job.model.layers)
@@ -76,6 +102,7 @@ def assemble(
 ) -> Plan:
     """A Plan from a placement: schedule actions, connection counts, link sharing."""
     microbatches = job.microbatches_for(dp)
+    check_memory(topology, job, placement, pp, microbatches, schedule)
     actions: dict[str, tuple[Action, ...]] = {}
     for (_, stage), gpus in placement.items():
         lst = tuple(stage_actions(schedule, stage, pp, microbatches, dp))

@@ -13,9 +13,12 @@ def gpipe_compute(stage: int, stages: int, microbatches: int) -> list[Action]:
     return forwards + backwards
 
 
-def one_f_one_b_compute(stage: int, stages: int, microbatches: int) -> list[Action]:
-    """1F1B: warm-up forwards, then alternate one forward and one backward, then drain."""
-    warmup = min(stages - 1 - stage, microbatches)
+def one_f_one_b_compute(stage: int, stages: int, microbatches: int,
+                        extra_warmup: int = 0) -> list[Action]:
+    """1F1B: warm-up forwards, then alternate one forward and one backward, then drain.
+    `extra_warmup` more forwards before the first backward keep more microbatches in
+    flight, to cover long round trips across a WAN (at the cost of activation memory)."""
+    warmup = min(stages - 1 - stage + extra_warmup, microbatches)
     out = [Action(stage, Op.F, mb) for mb in range(warmup)]
     forward, backward = warmup, 0
     while forward < microbatches:
@@ -55,11 +58,23 @@ def with_update(actions: list[Action], stage: int, replicas: int) -> list[Action
     return [*actions, *tail, Action(stage, Op.STEP)]
 
 
-SCHEDULES = {"gpipe": gpipe_compute, "1f1b": one_f_one_b_compute}
+def parse_schedule(schedule: str) -> tuple[str, int]:
+    """`gpipe`, `1f1b`, or `1f1b+K` (1F1B with K extra warm-up forwards)."""
+    name, _, extra = schedule.partition("+")
+    if name not in ("gpipe", "1f1b") or (extra and (name != "1f1b" or not extra.isdigit())):
+        raise ValueError(f"unknown schedule {schedule!r} (gpipe, 1f1b or 1f1b+K)")
+    return name, int(extra or 0)
+
+
+def schedule_compute(schedule: str, stage: int, stages: int, microbatches: int) -> list[Action]:
+    name, extra = parse_schedule(schedule)
+    if name == "gpipe":
+        return gpipe_compute(stage, stages, microbatches)
+    return one_f_one_b_compute(stage, stages, microbatches, extra)
 
 
 def stage_actions(
     schedule: str, stage: int, stages: int, microbatches: int, replicas: int
 ) -> list[Action]:
-    compute = SCHEDULES[schedule](stage, stages, microbatches)
+    compute = schedule_compute(schedule, stage, stages, microbatches)
     return with_update(with_communication(compute, stages), stage, replicas)

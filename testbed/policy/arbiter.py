@@ -11,32 +11,44 @@ from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy, Transfer
 
 Link = tuple[str, str]
+Lane = tuple[str, str, int]
+"""A link direction and a DP-cell: each cell's transfers take turns; cells run side by side."""
 
 
 @dataclass
 class Arbiter:
     policy: TrainingPolicy
     plan: Plan
-    waiting: dict[Link, list[Transfer]] = field(default_factory=dict)
-    holder: dict[Link, Transfer] = field(default_factory=dict)
+    waiting: dict[Lane, list[Transfer]] = field(default_factory=dict)
+    holder: dict[Lane, Transfer] = field(default_factory=dict)
+
+    def lane(self, transfer: Transfer) -> Lane:
+        cell = next((i for i, cell in enumerate(self.plan.dp_cells)
+                     if transfer.replica in cell), 0)
+        return (transfer.src_dc, transfer.dst_dc, cell)
 
     def request(self, transfer: Transfer) -> Transfer | None:
-        """Queue a transfer; the one granted now (if the link was free), else None."""
-        link = (transfer.src_dc, transfer.dst_dc)
-        self.waiting.setdefault(link, []).append(transfer)
-        if link in self.holder:
+        """Queue a transfer; the one granted now (if its lane was free), else None."""
+        lane = self.lane(transfer)
+        self.waiting.setdefault(lane, []).append(transfer)
+        if lane in self.holder:
             return None
-        return self._grant(link)
+        return self._grant(lane)
 
-    def release(self, link: Link) -> Transfer | None:
-        """The holder finished; the next one granted (or None if nobody waits)."""
-        self.holder.pop(link, None)
-        return self._grant(link)
+    def release(self, transfer: Transfer) -> Transfer | None:
+        """`transfer` finished; the next one on its lane granted (or None if none waits)."""
+        lane = self.lane(transfer)
+        if self.holder.get(lane) is transfer:
+            del self.holder[lane]
+        return self._grant(lane)
 
-    def _grant(self, link: Link) -> Transfer | None:
-        queue = self.waiting.get(link)
+    def _grant(self, lane: Lane) -> Transfer | None:
+        if lane in self.holder:
+            return None
+        queue = self.waiting.get(lane)
         if not queue:
             return None
+        link = (lane[0], lane[1])
         try:
             chosen = self.policy.next_transfer(self.plan, link, tuple(queue))
         except TestbedError:
@@ -51,5 +63,5 @@ class Arbiter:
                 f"waiting on {link[0]}>{link[1]}"
             )
         queue.remove(chosen)
-        self.holder[link] = chosen
+        self.holder[lane] = chosen
         return chosen

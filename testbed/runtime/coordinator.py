@@ -417,8 +417,8 @@ class Coordinator:
                 self._on_iteration(worker, msg)
             elif op == "request":
                 await self._on_request(worker, msg)
-            elif op == "received":
-                await self._on_received(msg)
+            elif op == "sent":
+                await self._on_sent(msg)
             elif op == "error":
                 self.spans.extend(msg.get("spans", []))
                 # a peer's death shows up here first; let the watcher name the dead one
@@ -487,13 +487,13 @@ class Coordinator:
         assert worker.writer is not None
         await send_message(worker.writer, {"op": "grant", "tag": tag})
 
-    async def _on_received(self, msg: dict[str, Any]) -> None:
+    async def _on_sent(self, msg: dict[str, Any]) -> None:
         assert self._arbiter is not None
         transfer = self._pending.pop(msg["tag"], None)
         self._granted_to.pop(msg["tag"], None)
         if transfer is None:
             return
-        granted = self._arbiter.release((transfer.src_dc, transfer.dst_dc))
+        granted = self._arbiter.release(transfer)
         if granted is not None:
             await self._grant(granted)
 

@@ -161,6 +161,9 @@ class Worker:
             )
         start = time.monotonic()
         await self.transport.send(peer.index, tag, payload)
+        if link is not None and pipeline and link in self.config.arbitrated:
+            # the last byte has left: the link is free for the next transfer
+            await send_message(self.control, {"op": "sent", "tag": tag})
         self.span(
             "send",
             start,
@@ -207,8 +210,6 @@ class Worker:
             src=peer.gpu,
             dst=self.config.gpu,
         )
-        if link is not None and f"{peer.dc}>{self.config.dc}" in self.config.arbitrated:
-            await send_message(self.control, {"op": "received", "tag": tag, "at": got.completed_at})
         return got.data
 
     async def run_iteration(self, iteration: int) -> float | None:

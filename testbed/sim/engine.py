@@ -135,10 +135,17 @@ class Simulator:
                                "stage": dst.stage, "peer": src.lead})
             on_arrival(t)
 
+        def sent(t1: float, t2: float) -> None:
+            self.spans.append({"gpu": src.lead, "kind": "send", "start": t1, "end": t2,
+                               "iteration": iteration, "microbatch": microbatch,
+                               "bytes": nbytes, "link": link, "peer": dst.lead,
+                               "stage": src.stage})
+            self._next_on_pair(pair, t2)
+
         def begin(t: float) -> None:
             self._fifo(t, pair, lambda t1: self.network.start(
                 t1, nbytes, resources, pair, latency, lambda t2: arrived(t2, t1),
-                lambda t2: self._next_on_pair(pair, t2)))
+                lambda t2: sent(t1, t2)))
 
         arbitrated = (link is not None and kind in ("SEND_F", "SEND_B")
                       and self.plan.sharing.get((src.dc, dst.dc)) is Sharing.ARBITRATED)
@@ -155,14 +162,14 @@ class Simulator:
                                "end": t, "iteration": iteration, "microbatch": microbatch,
                                "link": link, "peer": dst.lead, "stage": src.stage})
 
-            def done(t2: float, t1: float) -> None:
-                arrived(t2, t1)
-                nxt = self.arbiter.release((src.dc, dst.dc))
+            def left(t1: float, t2: float) -> None:
+                sent(t1, t2)  # the last byte is on the link: the lane is free
+                nxt = self.arbiter.release(transfer)
                 if nxt is not None:
                     self._grant(t2, nxt)
             self._fifo(t, pair, lambda t1: self.network.start(
-                t1, nbytes, resources, pair, latency, lambda t2: done(t2, t1),
-                lambda t2: self._next_on_pair(pair, t2)))
+                t1, nbytes, resources, pair, latency, lambda t2: arrived(t2, t1),
+                lambda t2: left(t1, t2)))
 
         self._starters[transfer.id] = granted
         chosen = self.arbiter.request(transfer)

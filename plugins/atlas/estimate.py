@@ -1,0 +1,116 @@
+"""Closed-form iteration-time estimates (to rank candidate DC sets quickly), the number of
+TCP connections that fill a link, and a lower bound on any schedule's iteration time."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from testbed.compute import StageCost, ring_allreduce_s, stage_cost
+from testbed.job import Job
+from testbed.plan.model import split_layers
+from testbed.sim.network import PAYLOAD_EFFICIENCY, WINDOW_EFFICIENCY
+from testbed.topology.model import Topology
+
+MAX_CONNECTIONS = 16
+FILL_MARGIN = 1.5
+"""Connections beyond the bare bandwidth-delay product: slow start and losses leave each
+flow short of its window much of the time."""
+
+
+def connections_to_fill(topology: Topology, src_dc: str, dst_dc: str,
+                        limit: int = MAX_CONNECTIONS) -> int:
+    """Enough connections that their windows cover the path's bandwidth-delay product."""
+    if src_dc == dst_dc:
+        return 1
+    rtt = 2 * topology.one_way_latency(src_dc, dst_dc)
+    bdp = topology.bottleneck_bps(src_dc, dst_dc) * rtt / 8
+    window = WINDOW_EFFICIENCY * min(topology.tcp_for(src_dc).wmem[2],
+                                     topology.tcp_for(dst_dc).rmem[2])
+    return max(1, min(limit, math.ceil(FILL_MARGIN * bdp / window)))
+
+
+def transfer_s(topology: Topology, src_dc: str, dst_dc: str, nbytes: int,
+               connections: int) -> float:
+    """One transfer alone on the path, windows open: serialization plus propagation."""
+    latency = topology.one_way_latency(src_dc, dst_dc)
+    if src_dc == dst_dc:
+        return nbytes * 8 / (topology.dc(src_dc).bandwidth_bps * PAYLOAD_EFFICIENCY)
+    rtt = 2 * latency
+    window = WINDOW_EFFICIENCY * min(topology.tcp_for(src_dc).wmem[2],
+                                     topology.tcp_for(dst_dc).rmem[2])
+    rate = min(topology.bottleneck_bps(src_dc, dst_dc) * PAYLOAD_EFFICIENCY,
+               connections * window * 8 / rtt)
+    return latency + nbytes * 8 / rate
+
+
+@dataclass(frozen=True)
+class Estimate:
+    iteration_s: float
+    period_s: float
+    """Steady-state time per microbatch: the slowest stage or the busiest WAN direction."""
+    fill_s: float
+    allreduce_s: float
+
+
+def costs(topology: Topology, job: Job, stage_dcs: list[str], tp: int) -> list[StageCost]:
+    pp = len(stage_dcs)
+    layers = split_layers(job.model.layers, pp)
+    return [stage_cost(job, layers[s], s == 0, s == pp - 1, topology.dc(stage_dcs[s]).gpu, tp)
+            for s in range(pp)]
+
+
+def estimate(topology: Topology, job: Job, stage_dcs: list[str], dp: int, tp: int,
+             connections: int | None, extra_warmup: int = 0) -> Estimate:
+    """Iteration time of a pipeline with stages in `stage_dcs`: (m - 1) microbatch periods
+    plus one pipeline fill, plus the intra-DC gradient all-reduce.
+
+    A WAN direction carries dp transfers per microbatch; shared in time each goes at the
+    rate its connections reach, and a period must fit all of them.
+    """
+    m = job.microbatches_for(dp)
+    stage_costs = costs(topology, job, stage_dcs, tp)
+    pp = len(stage_dcs)
+    period = max(c.total_s for c in stage_costs)
+    fill = sum(c.total_s for c in stage_costs)
+    hop = [0.0] * pp  # transfer time from stage s to s + 1 (either way)
+    for s in range(pp - 1):
+        a, b = stage_dcs[s], stage_dcs[s + 1]
+        if a == b:
+            continue
+        n = connections if connections is not None else connections_to_fill(topology, a, b)
+        one = transfer_s(topology, a, b, job.activation_bytes, n)
+        hop[s] = one
+        period = max(period, dp * (one - topology.one_way_latency(a, b)))
+        fill += 2 * one
+    for s in range(pp):
+        # 1F1B keeps at most pp - s (+ extra warm-up) microbatches in flight at stage s:
+        # each must go down the rest of the pipeline and come back before the next starts
+        loop = sum(c.total_s for c in stage_costs[s:]) + 2 * sum(hop[s:])
+        period = max(period, loop / min(m, pp - s + extra_warmup))
+    allreduce = max((ring_allreduce_s(c.grad_bytes, dp, topology.dc(stage_dcs[s]).bandwidth_bps
+                                      * tp, topology.dc(stage_dcs[s]).latency_s)
+                     for s, c in enumerate(stage_costs)), default=0.0)
+    return Estimate((m - 1) * period + fill + allreduce, period, fill, allreduce)
+
+
+def lower_bound(topology: Topology, job: Job, stage_dcs: list[str], dp: int, tp: int) -> float:
+    """No schedule beats this: every GPU's own compute plus the first microbatch's trip
+    through the pipeline and back (propagation both ways at each WAN boundary), or the
+    busiest WAN direction moving its dp x m activations at the link rate; plus the
+    intra-DC all-reduce."""
+    m = job.microbatches_for(dp)
+    stage_costs = costs(topology, job, stage_dcs, tp)
+    compute = (m - 1) * max(c.total_s for c in stage_costs) + sum(c.total_s for c in stage_costs)
+    link = 0.0
+    for s in range(len(stage_dcs) - 1):
+        a, b = stage_dcs[s], stage_dcs[s + 1]
+        if a != b:
+            compute += 2 * topology.one_way_latency(a, b)
+            rate = topology.bottleneck_bps(a, b) * PAYLOAD_EFFICIENCY
+            link = max(link, dp * m * job.activation_bytes * 8 / rate
+                       + 2 * topology.one_way_latency(a, b))
+    allreduce = max((ring_allreduce_s(c.grad_bytes, dp, topology.dc(stage_dcs[s]).bandwidth_bps
+                                      * tp, topology.dc(stage_dcs[s]).latency_s)
+                     for s, c in enumerate(stage_costs)), default=0.0)
+    return max(compute, link) + allreduce

@@ -1,0 +1,337 @@
+"""Atlas: placement with DP inside DCs, DC selection, multiple TCP connections, and
+temporal sharing of WAN links. Its ablations are registered as policies of their own."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+from testbed.errors import InputError, TestbedError
+from testbed.job import Job
+from testbed.plan.build import PIPELINE, assemble, fits_memory
+from testbed.plan.model import Action, Op, Plan, Sharing
+from testbed.policy.base import Option, TrainingPolicy, Transfer
+from testbed.topology.model import Topology
+
+from .estimate import connections_to_fill, estimate, lower_bound
+from .placement import Chain, capacity, fill, largest_first, place
+
+ORDERS = ("pipeline", "microbatch", "fifo")
+SHORTLIST = 8
+LARGE = 256
+"""GPUs above which candidates are simulated for one iteration only."""
+_SIMULATED: dict[tuple[str, ...], float | None] = {}
+"""Simulated iteration times by candidate: ablations re-run Atlas's own selection."""
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+def _order(text: str) -> str:
+    if text not in ORDERS:
+        raise ValueError(f"one of {', '.join(ORDERS)}")
+    return text
+
+
+def _on_off(text: str) -> bool:
+    if text.lower() in ("on", "true", "yes", "1"):
+        return True
+    if text.lower() in ("off", "false", "no", "0"):
+        return False
+    raise ValueError("on or off")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    dcs: tuple[str, ...]
+    dp: int
+    pp: int
+    chain: Chain
+    predicted_s: float
+    tokens: int
+    simulated_s: float | None = None
+    extra_warmup: int = 0
+    temporal: bool = True
+    multi: bool = True
+
+    @property
+    def schedule(self) -> str:
+        return f"1f1b+{self.extra_warmup}" if self.extra_warmup else "1f1b"
+
+    @property
+    def tokens_per_s(self) -> float:
+        seconds = self.simulated_s if self.simulated_s is not None else self.predicted_s
+        return self.tokens / seconds
+
+    def describe(self) -> dict[str, Any]:
+        return {"dcs": list(self.chain.dcs), "stages": list(self.chain.stages), "dp": self.dp,
+                "pp": self.pp, "schedule": self.schedule, "temporal": self.temporal,
+                "multi_connection": self.multi, "predicted_s": round(self.predicted_s, 4),
+                "simulated_s": None if self.simulated_s is None else round(self.simulated_s, 4),
+                "tokens_per_s": round(self.tokens_per_s, 1)}
+
+
+class AtlasPolicy(TrainingPolicy):
+    name = "atlas"
+    summary = ("Atlas: stages over DCs (DP inside DCs), DC selection, N TCP connections, "
+               "temporal WAN sharing")
+    options = (
+        Option("connections", 0, "TCP connections per cross-DC peer pair (0: enough to fill "
+               "the link from its bandwidth-delay product and the TCP window)", int),
+        Option("max_connections", 16, "upper bound when chosen automatically", _positive_int),
+        Option("temporal", True, "temporal WAN sharing: one transfer at a time per link "
+               "direction and DP-cell, in a workload-aware order (on/off)", _on_off),
+        Option("order", "microbatch", "who gets the link next: microbatch (the transfer its "
+               "receiver needs soonest), pipeline (lowest replica first), fifo", _order),
+        Option("selection", True, "choose DCs and the DP/PP split by predicted throughput "
+               "(off: every DC, largest first)", _on_off),
+    )
+    multi_connection: ClassVar[bool] = True
+
+
+    # --- the plan ----------------------------------------------------------------------
+
+    def plan(self, topology: Topology, job: Job) -> Plan:
+        chosen, considered, why = self.choose(topology, job)
+        plan = self._assemble(topology, job, chosen)
+        notes = dict(plan.notes)
+        notes["dc_selection"] = {"chosen": chosen.describe(), "why": why,
+                                 "candidates": [c.describe() for c in considered]}
+        notes["lower_bound_s"] = round(lower_bound(topology, job, chosen.chain.stage_dcs(),
+                                                   chosen.dp, job.tp), 4)
+        return replace(plan, notes=notes)
+
+    def choose(self, topology: Topology, job: Job) -> tuple[Candidate, list[Candidate], str]:
+        """The placement, warm-up depth and mechanisms to run, what else was considered,
+        and why this one won."""
+        candidates = self._candidates(topology, job)
+        if not candidates:
+            raise InputError(f"no placement fits: whole stages per DC, each fitting in its "
+                             f"GPUs' memory; the topology has "
+                             f"{', '.join(f'{dc.name} {dc.gpus}' for dc in topology.datacenters)}"
+                             " GPUs", topology.source, "job")
+        every_dc = len(topology.datacenters)
+        pool = candidates if self.settings["selection"] else \
+            [c for c in candidates if len(c.dcs) == every_dc]
+        if not pool:
+            raise InputError("selection off, and no placement uses every datacenter",
+                             topology.source, "job")
+        # the closed form's best placements, and the best one over every DC, simulated
+        best_per_placement: dict[tuple[Any, ...], Candidate] = {}
+        for candidate in pool:  # already best-first
+            best_per_placement.setdefault((candidate.chain, candidate.dp), candidate)
+        placements = list(best_per_placement.values())
+        shortlist = placements[:SHORTLIST]
+        # and the best over every DC, so selection never loses to using them all
+        shortlist += [c for c in placements if len(c.dcs) == every_dc
+                      and c not in shortlist][:SHORTLIST]
+        simulated = [c for c in (self._simulate(topology, job, c) for c in shortlist) if c]
+        if not simulated:
+            return pool[0], pool[:8], "closed-form estimate (the simulation failed)"
+        leaders = [max(simulated, key=lambda c: c.tokens_per_s)]
+        spread = [c for c in simulated if len(c.dcs) == every_dc]
+        if spread:
+            leaders.append(max(spread, key=lambda c: c.tokens_per_s))
+        # then the leaders' warm-up depths, and each mechanism on and off where allowed
+        variants: list[Candidate] = []
+        for leader in leaders:
+            variants += [c for c in pool if (c.chain, c.dp) == (leader.chain, leader.dp)
+                         and c.extra_warmup != leader.extra_warmup and c not in variants]
+            if self.settings["temporal"] and leader.dp > 1:
+                variants.append(replace(leader, temporal=False, simulated_s=None))
+            if self.multi_connection and not self.settings["connections"]:
+                variants.append(replace(leader, multi=False, simulated_s=None))
+        simulated += [c for c in (self._simulate(topology, job, v) for v in variants) if c]
+        simulated.sort(key=lambda c: -c.tokens_per_s)
+        why = ("highest simulated throughput among the closed form's best placements, then "
+               "their warm-up depths and mechanisms")
+        if not self.settings["selection"]:
+            why = "selection off: every DC, largest first; " + why
+        return simulated[0], simulated, why
+
+    def _connections(self, topology: Topology, a: str, b: str, multi: bool) -> int:
+        if topology.dc_of(a) == topology.dc_of(b) or not multi:
+            return 1
+        fixed = int(self.settings["connections"])
+        if fixed:
+            return fixed
+        return connections_to_fill(topology, topology.dc_of(a), topology.dc_of(b),
+                                   int(self.settings["max_connections"]))
+
+    def _assemble(self, topology: Topology, job: Job, candidate: Candidate) -> Plan:
+        placement = place(topology, candidate.chain, candidate.dp, job.tp)
+        sharing = Sharing.ARBITRATED if candidate.temporal else Sharing.FAIR
+        cells = (tuple(range(candidate.dp)),) if candidate.temporal else ()
+        return assemble(
+            self.name, candidate.schedule, topology, job, placement, candidate.dp, candidate.pp,
+            connections=lambda a, b, kind: self._connections(topology, a, b, candidate.multi)
+            if kind == PIPELINE else 1,
+            sharing=sharing, dp_cells=cells)
+
+    def _candidates(self, topology: Topology, job: Job) -> list[Candidate]:
+        """Every DC subset in its best chain order, every DP/PP split that fits, ranked by
+        closed-form throughput; with selection off, only all DCs largest first."""
+        names = [dc.name for dc in topology.datacenters]
+        subsets = [names] if not self.settings["selection"] else [
+            list(c) for k in range(1, len(names) + 1) for c in itertools.combinations(names, k)]
+        out: list[Candidate] = []
+        for subset in subsets:
+            for dp in self._dps(topology, job, subset):
+                try:
+                    m = job.microbatches_for(dp)
+                except InputError:
+                    continue
+                for pp in self._pps(topology, job, subset, dp):
+                    chain = self._best_chain(topology, job, subset, dp, pp)
+                    if chain is None:
+                        continue
+                    placement = place(topology, chain, dp, job.tp)
+                    conns = None if self.multi_connection else 1
+                    if self.settings["connections"]:
+                        conns = int(self.settings["connections"])
+                    tokens = dp * m * job.microbatch_size * job.model.seq_len
+                    for extra in sorted({0, 2, 4, 8, 16, m}):
+                        schedule = f"1f1b+{extra}" if extra else "1f1b"
+                        if extra > m or not fits_memory(topology, job, placement, pp, m,
+                                                         schedule):
+                            continue
+                        predicted = estimate(topology, job, chain.stage_dcs(), dp, job.tp,
+                                             conns, extra).iteration_s
+                        out.append(Candidate(
+                            tuple(chain.dcs), dp, pp, chain, predicted, tokens,
+                            extra_warmup=extra, temporal=bool(self.settings["temporal"]),
+                            multi=self.multi_connection))
+        out.sort(key=lambda c: -c.tokens_per_s)
+        return out
+
+    def _dps(self, topology: Topology, job: Job, subset: Sequence[str]) -> list[int]:
+        if job.dp is not None:
+            return [job.dp]
+        largest = max(topology.dc(n).gpus for n in subset) // job.tp
+        return list(range(1, largest + 1))
+
+    def _pps(self, topology: Topology, job: Job, subset: Sequence[str], dp: int) -> list[int]:
+        room = capacity(topology, subset, dp, job.tp)
+        if job.pp is not None:
+            return [job.pp] if job.pp <= room else []
+        # every DC of the subset must host a stage, and a stage needs a layer
+        return list(range(len(subset), min(room, job.model.layers) + 1))
+
+    def _best_chain(self, topology: Topology, job: Job, subset: Sequence[str], dp: int,
+                    pp: int) -> Chain | None:
+        """Largest DC first (Algorithm 1); among equally large DCs the order with the
+        lowest WAN latency along the chain. None if some DC would host no stage."""
+        best: tuple[float, Chain] | None = None
+        base = largest_first(topology, subset)
+        for order in _tie_orders(topology, base):
+            try:
+                chain = fill(topology, order, pp, dp, job.tp)
+            except InputError:
+                continue
+            if len(chain.dcs) != len(subset):
+                continue
+            latency = sum(topology.one_way_latency(a, b)
+                          for a, b in itertools.pairwise(chain.dcs))
+            if best is None or latency < best[0]:
+                best = (latency, chain)
+        return best[1] if best else None
+
+    def _simulate(self, topology: Topology, job: Job, candidate: Candidate) -> Candidate | None:
+        """The candidate with its simulated iteration time (the job's iterations, or one
+        on large topologies), or None if it cannot run."""
+        from testbed.runs import simulate_plan
+
+        probe = job if topology.total_gpus <= LARGE else replace(job, iterations=1)
+        key = (repr(topology), repr(probe), repr(replace(candidate, predicted_s=0.0)),
+               repr(sorted(self.settings.items())))
+        if key not in _SIMULATED:
+            plan = self._assemble(topology, probe, candidate)
+            try:
+                summary, _ = simulate_plan(topology, probe, plan, self)
+                _SIMULATED[key] = summary.median_s
+            except TestbedError:
+                _SIMULATED[key] = None
+        seconds = _SIMULATED[key]
+        return None if seconds is None else replace(candidate, simulated_s=seconds)
+
+    # --- temporal sharing ---------------------------------------------------------------
+
+    def next_transfer(self, plan: Plan, link: tuple[str, str],
+                      waiting: Sequence[Transfer]) -> Transfer:
+        """pipeline: the lowest replica first, so one pipeline's transfers go back to back
+        at full rate and the pipelines fall into a staggered rhythm where one computes
+        while another sends; microbatch: the transfer the receiver needs soonest (its
+        position in the receiver's action list); fifo: arrival order."""
+        order = self.settings["order"]
+        if order == "fifo":
+            return min(waiting, key=lambda t: (t.ready_at, t.id))
+        if order == "microbatch":
+            return min(waiting, key=lambda t: (t.iteration, _needed_at(plan, t), t.replica,
+                                               t.id))
+        return min(waiting, key=lambda t: (t.iteration, t.replica, _needed_at(plan, t), t.id))
+
+
+def _needed_at(plan: Plan, transfer: Transfer) -> int:
+    """Where the receiving stage waits for this transfer in its action list."""
+    forward = transfer.kind is Op.SEND_F
+    stage = transfer.stage + (1 if forward else -1)
+    gpu = plan.lead_gpu(transfer.replica, stage)
+    wanted = Action(stage, Op.RECV_F if forward else Op.RECV_B, transfer.microbatch)
+    actions = plan.actions[gpu]
+    return actions.index(wanted) if wanted in actions else len(actions)
+
+
+def _tie_orders(topology: Topology, base: list[str]) -> list[list[str]]:
+    """Orders that keep larger DCs before smaller ones but permute DCs of equal size."""
+    groups = [list(g) for _, g in itertools.groupby(base, key=lambda n: topology.dc(n).gpus)]
+    if math.prod(math.factorial(len(g)) for g in groups) > 720:
+        return [base]
+    orders: list[list[str]] = [[]]
+    for group in groups:
+        orders = [o + list(p) for o in orders for p in itertools.permutations(group)]
+    return orders
+
+
+class _Ablation(AtlasPolicy):
+    """Full Atlas's choice of placement, with one mechanism switched off: so the table
+    shows that mechanism's effect alone."""
+
+    def full_choice(self, topology: Topology, job: Job) -> Candidate:
+        full = AtlasPolicy()
+        full.settings.update({k: v for k, v in self.settings.items()})
+        chosen, _, _ = full.choose(topology, job)
+        return chosen
+
+
+class AtlasNoMultiConnection(_Ablation):
+    name = "atlas-no-multiconn"
+    summary = "Atlas's placement with one TCP connection per peer pair (ablation)"
+
+    def choose(self, topology: Topology, job: Job) -> tuple[Candidate, list[Candidate], str]:
+        chosen = replace(self.full_choice(topology, job), multi=False, simulated_s=None)
+        return chosen, [chosen], "atlas's placement, one connection per peer pair"
+
+
+class AtlasNoTemporal(_Ablation):
+    name = "atlas-no-temporal"
+    summary = "Atlas's placement with fair (TCP) WAN sharing instead of temporal (ablation)"
+
+    def choose(self, topology: Topology, job: Job) -> tuple[Candidate, list[Candidate], str]:
+        chosen = replace(self.full_choice(topology, job), temporal=False, simulated_s=None)
+        return chosen, [chosen], "atlas's placement, fair WAN sharing"
+
+
+class AtlasNoSelection(AtlasPolicy):
+    name = "atlas-no-selection"
+    summary = "Atlas using every DC, largest first, without DC selection (ablation)"
+
+    def __init__(self, **values: str) -> None:
+        super().__init__(**values)
+        self.settings["selection"] = False

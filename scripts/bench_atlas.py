@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""Atlas's effects, measured: multiple connections, temporal sharing, DC selection and
+scaling, against the baselines, in the simulator and (as root) over the emulated WAN.
+
+`.venv/bin/python scripts/bench_atlas.py [--parts transfer,scaling,bound,compare]
+ [--emulate] [--repeat K] [--json F]`. Prints markdown tables; `compare` runs
+`testbed compare` on paper-3dc (all policies, and temporal sharing alone at dp 4 x pp 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from testbed_plugins.atlas.estimate import connections_to_fill
+
+from testbed.cli_options import load_inputs
+from testbed.policy import training_policy
+from testbed.runs import simulate_plan
+from testbed.sim.network import WINDOW_EFFICIENCY, EventQueue, FluidNetwork, Pair
+from testbed.topology import parse_topology
+
+ROOT = Path(__file__).resolve().parent.parent
+ACTIVATION = 1 * 2048 * 5120 * 2  # paper-3dc's microbatch at a stage boundary (bf16)
+
+
+def pair_topology(one_way_ms: float) -> Any:
+    return parse_topology({
+        "tcp": {"congestion": "cubic"},
+        "datacenters": [{"name": "east", "gpus": 1}, {"name": "west", "gpus": 1}],
+        "wan": [{"between": ["east", "west"], "latency": f"{one_way_ms}ms",
+                 "bandwidth": "1Gbit"}]}, "bench")
+
+
+def simulated_transfer(one_way_ms: float, connections: int, warm: bool) -> float:
+    queue = EventQueue()
+    network = FluidNetwork({"link": 1e9}, queue.at)
+    pair = Pair(connections, WINDOW_EFFICIENCY * 4 * 2**20, 2 * one_way_ms / 1e3, True)
+    if warm:
+        pair.cwnd = pair.window
+    done: list[float] = []
+    network.start(0.0, ACTIVATION, ("link",), pair, one_way_ms / 1e3, done.append)
+    queue.run()
+    return done[0]
+
+
+def emulated_transfers(one_way_ms: float, connections: int, messages: int) -> list[float]:
+    from testbed.net.network import bring_up, tear_down
+
+    network = bring_up(pair_topology(one_way_ms))
+    try:
+        src, dst = network.layout.node("east-0"), network.layout.node("west-0")
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", dst.netns, sys.executable, "-m", "testbed.runtime.probe",
+             "serve", dst.address, "--connections", str(connections), "--messages",
+             str(messages)])
+        time.sleep(0.2)
+        sent = subprocess.run(
+            ["ip", "netns", "exec", src.netns, sys.executable, "-m", "testbed.runtime.probe",
+             "send", dst.address, "--connections", str(connections), "--messages",
+             str(messages), "--bytes", str(ACTIVATION)], capture_output=True, text=True,
+            timeout=300, check=True)
+        server.wait(timeout=60)
+    finally:
+        tear_down(network)
+    return [json.loads(line)["seconds"] for line in sent.stdout.splitlines()]
+
+
+def transfer_table(emulate: bool) -> list[dict[str, Any]]:
+    rows = []
+    for one_way in (20, 50, 100):
+        n = connections_to_fill(pair_topology(one_way), "east", "west")
+        row: dict[str, Any] = {"one_way_ms": one_way, "atlas_connections": n,
+                               "sim_1_cold_s": simulated_transfer(one_way, 1, False),
+                               "sim_n_cold_s": simulated_transfer(one_way, n, False),
+                               "sim_1_warm_s": simulated_transfer(one_way, 1, True),
+                               "sim_n_warm_s": simulated_transfer(one_way, n, True)}
+        if emulate:
+            one = emulated_transfers(one_way, 1, 4)
+            many = emulated_transfers(one_way, n, 4)
+            row.update({"emu_1_first_s": one[0], "emu_n_first_s": many[0],
+                        "emu_1_later_s": statistics.median(one[1:]),
+                        "emu_n_later_s": statistics.median(many[1:])})
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def scaling_table() -> list[dict[str, Any]]:
+    """Tokens/s as DCs of four A100s join a ring of 20-40 ms links, paper-3dc's job."""
+    names = ["east", "central", "west", "north", "south", "dc6"]
+    rows = []
+    base = load_inputs(ROOT / "topologies" / "paper-3dc.yaml")
+    for count in range(1, len(names) + 1):
+        used = names[:count]
+        links = [{"between": [a, b], "latency": f"{20 + 5 * (i % 4)}ms", "bandwidth": "1Gbit"}
+                 for i, (a, b) in enumerate(zip(used, used[1:], strict=False))]
+        if count > 2:
+            links.append({"between": [used[-1], used[0]], "latency": "40ms",
+                          "bandwidth": "1Gbit"})
+        topology = parse_topology({
+            "tcp": {"congestion": "cubic"},
+            "datacenters": [{"name": n, "gpus": 4, "gpu": "a100", "bandwidth": "100Gbit"}
+                            for n in used], "wan": links}, f"ring-{count}")
+        row: dict[str, Any] = {"dcs": count, "gpus": 4 * count}
+        for name in ("gpipe", "atlas"):
+            policy = training_policy(name)
+            try:
+                plan = policy.plan(topology, base.job)
+                summary, _ = simulate_plan(topology, base.job, plan, policy)
+                row[f"{name}_tokens_per_s"] = summary.tokens_per_s
+                row[f"{name}_plan"] = f"dp {plan.dp} x pp {plan.pp}"
+            except Exception as exc:  # a baseline that cannot place the job here
+                row[f"{name}_tokens_per_s"] = None
+                row[f"{name}_plan"] = str(exc).split(": ")[-1][:60]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def bound_table() -> list[dict[str, Any]]:
+    rows = []
+    for name in ("two-dc", "paper-3dc", "gpt3-4dc"):
+        inputs = load_inputs(ROOT / "topologies" / f"{name}.yaml")
+        policy = training_policy("atlas")
+        plan = policy.plan(inputs.topology, inputs.job)
+        summary, _ = simulate_plan(inputs.topology, inputs.job, plan, policy)
+        bound = plan.notes["lower_bound_s"]
+        rows.append({"topology": name, "atlas_s": summary.median_s, "lower_bound_s": bound,
+                     "ratio": summary.median_s / bound, "plan": f"dp {plan.dp} x pp {plan.pp}"})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def compare(backend: str, repeat: int, out: Path, extra: list[str]) -> str:
+    args = [sys.executable, "-c", "from testbed.cli import main; main()", "compare",
+            str(ROOT / "topologies" / "paper-3dc.yaml"), "--backend", backend, "--repeat",
+            str(repeat), "--out", str(out), *extra]
+    result = subprocess.run(args, capture_output=True, text=True, check=False)
+    print(result.stdout, result.stderr[-2000:], flush=True)
+    return result.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--parts", default="transfer,scaling,bound,compare")
+    parser.add_argument("--emulate", action="store_true", help="also over the emulator (root)")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("runs/bench-atlas"))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    parts = args.parts.split(",")
+    results: dict[str, Any] = {}
+    if "transfer" in parts:
+        results["transfer"] = transfer_table(args.emulate)
+    if "scaling" in parts:
+        results["scaling"] = scaling_table()
+    if "bound" in parts:
+        results["bound"] = bound_table()
+    if "compare" in parts:
+        policies = ["-p", "gpipe", "-p", "1f1b", "-p", "atlas", "-p", "atlas-no-multiconn",
+                    "-p", "atlas-no-temporal", "-p", "atlas-no-selection"]
+        backends = ["simulate"] + (["emulate"] if args.emulate else [])
+        for backend in backends:
+            everything = policies + (["-p", "dp-across-dc"] if backend == "simulate" else [])
+            results[f"compare_{backend}"] = compare(
+                backend, args.repeat if backend == "emulate" else 1,
+                args.out / f"all-{backend}", everything)
+            results[f"temporal_{backend}"] = compare(
+                backend, args.repeat if backend == "emulate" else 1,
+                args.out / f"temporal-{backend}",
+                ["-p", "atlas-no-temporal", "-p", "atlas", "--dp", "4", "--pp", "3"])
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Atlas: placement properties, arbitration never overlaps, never slower than baselines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from testbed_plugins.atlas.estimate import connections_to_fill
+from testbed_plugins.atlas.placement import capacity, fill, largest_first, place
+
+from testbed.cli_options import load_inputs
+from testbed.errors import InputError
+from testbed.plan import validate_plan
+from testbed.plan.describe import wan_crossings
+from testbed.plan.model import Sharing
+from testbed.policy import training_policy
+from testbed.runs import simulate_plan
+
+from .strategies import job_fitting, topologies
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@given(topologies(), st.integers(1, 4), st.integers(1, 12), st.sampled_from([1, 2]))
+def test_fill_is_feasible_exactly_when_the_stages_fit(topology: Any, dp: int, pp: int,
+                                                      tp: int) -> None:
+    order = largest_first(topology)
+    room = capacity(topology, order, dp, tp)
+    if pp > room:
+        with pytest.raises(InputError, match=r"stages \(\d+ GPUs\) are missing"):
+            fill(topology, order, pp, dp, tp)
+        return
+    chain = fill(topology, order, pp, dp, tp)
+    assert sum(chain.stages) == pp
+    sizes = [topology.dc(n).gpus for n in chain.dcs]
+    assert sizes == sorted(sizes, reverse=True)  # largest first
+    placement = place(topology, chain, dp, tp)
+    used = [g for gpus in placement.values() for g in gpus]
+    assert len(used) == len(set(used)) == dp * pp * tp
+    for stage in range(pp):  # every replica (and TP group) of a stage in one DC
+        dcs = {topology.dc_of(g) for r in range(dp) for g in placement[(r, stage)]}
+        assert len(dcs) == 1
+
+
+@settings(max_examples=20)
+@given(data=st.data())
+def test_atlas_plans_keep_dp_inside_dcs_and_cross_the_wan_once_per_dc(
+        data: st.DataObject) -> None:
+    topology = data.draw(topologies(min_dcs=1, max_dcs=3, max_gpus=4))
+    job = data.draw(job_fitting(topology))
+    selection = data.draw(st.sampled_from(["on", "off"]))
+    policy = training_policy("atlas", {"selection": selection})
+    try:
+        plan = policy.plan(topology, job)
+    except InputError:
+        assume(False)
+    validate_plan(plan, topology)
+    for stage in range(plan.pp):
+        assert len({topology.dc_of(plan.lead_gpu(r, stage)) for r in range(plan.dp)}) == 1
+    used = {topology.dc_of(g) for g in plan.used_gpus()}
+    assert wan_crossings(plan, topology) == len(used) - 1
+    for (a, b), n in plan.connections.items():
+        if topology.dc_of(a) != topology.dc_of(b):
+            assert n >= 1
+    assert plan.notes["dc_selection"]["chosen"]["dp"] == plan.dp
+
+
+def test_connections_cover_the_bandwidth_delay_product() -> None:
+    inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml")
+    topology = inputs.topology
+    # 1 Gbit/s x 90 ms RTT = 11 MB; a 4 MiB buffer keeps about 3.6 MB in flight
+    assert connections_to_fill(topology, "east", "west") >= 3
+    assert connections_to_fill(topology, "east", "east") == 1
+    assert connections_to_fill(topology, "east", "west", limit=2) == 2
+
+
+def _arbitrated_sends_never_overlap(spans: list[dict[str, Any]], plan: Any) -> int:
+    arbitrated = {f"{a}>{b}" for (a, b), s in plan.sharing.items() if s is Sharing.ARBITRATED}
+    by_lane: dict[str, list[tuple[float, float]]] = {}
+    for span in spans:
+        if span["kind"] == "send" and span.get("link") in arbitrated \
+                and span.get("microbatch") is not None:
+            by_lane.setdefault(span["link"], []).append((span["start"], span["end"]))
+    checked = 0
+    for intervals in by_lane.values():
+        intervals.sort()
+        for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
+            assert start >= end - 1e-9
+            checked += 1
+    return checked
+
+
+def test_arbiter_never_overlaps_transfers_in_the_simulator() -> None:
+    inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml", sets=("dp=4", "pp=3",
+                                                                       "iterations=2"))
+    policy = training_policy("atlas")
+    plan = policy.plan(inputs.topology, inputs.job)
+    assert any(s is Sharing.ARBITRATED for s in plan.sharing.values())
+    _, spans = simulate_plan(inputs.topology, inputs.job, plan, policy)
+    assert _arbitrated_sends_never_overlap(spans, plan) > 20
+
+
+@pytest.mark.parametrize("name", ["two-dc", "paper-3dc"])
+def test_atlas_never_slower_than_gpipe_and_no_ablation_beats_it(name: str) -> None:
+    inputs = load_inputs(ROOT / "topologies" / f"{name}.yaml")
+    times = {}
+    for policy_name in ("gpipe", "atlas", "atlas-no-multiconn", "atlas-no-temporal",
+                        "atlas-no-selection"):
+        policy = training_policy(policy_name)
+        plan = policy.plan(inputs.topology, inputs.job)
+        summary, _ = simulate_plan(inputs.topology, inputs.job, plan, policy)
+        times[policy_name] = summary.median_s
+    assert times["atlas"] <= times["gpipe"] * (1 + 1e-9), times
+    for ablation in ("atlas-no-multiconn", "atlas-no-temporal", "atlas-no-selection"):
+        assert times[ablation] >= times["atlas"] * (1 - 1e-9), times
+
+
+def test_infeasible_jobs_say_what_is_missing() -> None:
+    inputs = load_inputs(ROOT / "topologies" / "two-dc.yaml", sets=("dp=3", "pp=2"))
+    with pytest.raises(InputError, match="no placement fits"):
+        training_policy("atlas").plan(inputs.topology, inputs.job)
