@@ -10,6 +10,7 @@ scaling, against the baselines, in the simulator and (as root) over the emulated
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -100,7 +101,7 @@ def scaling_table() -> list[dict[str, Any]]:
     for count in range(1, len(names) + 1):
         used = names[:count]
         links = [{"between": [a, b], "latency": f"{20 + 5 * (i % 4)}ms", "bandwidth": "1Gbit"}
-                 for i, (a, b) in enumerate(zip(used, used[1:], strict=False))]
+                 for i, (a, b) in enumerate(itertools.pairwise(used))]
         if count > 2:
             links.append({"between": [used[-1], used[0]], "latency": "40ms",
                           "bandwidth": "1Gbit"})

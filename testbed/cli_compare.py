@@ -22,8 +22,9 @@ from testbed.yamlio import to_yaml
 COMPARE_SCHEMA = 1
 
 
-def _options_for(name: str, pairs: tuple[str, ...]) -> dict[str, str]:
-    """`-o atlas.connections=8` goes to atlas only; `-o connections=8` to every policy."""
+def _options_for(name: str, pairs: tuple[str, ...], unprefixed: bool = True) -> dict[str, str]:
+    """`-o atlas.connections=8` goes to atlas only; `-o connections=8` to every training
+    policy; bubble policies take only options prefixed with their name."""
     out: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -32,7 +33,7 @@ def _options_for(name: str, pairs: tuple[str, ...]) -> dict[str, str]:
         owner, dot, option = key.partition(".")
         if dot and owner == name:
             out[option] = value
-        elif not dot:
+        elif not dot and unprefixed:
             out[key] = value
     return out
 
@@ -88,7 +89,8 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
                 bar.update(0, name)
                 spec = RunSpec(backend, inputs.topology, inputs.job, policy,
                                _options_for(policy, policy_opts), bubble_policy=bubble,
-                               compute=compute)
+                               bubble_options=_options_for(bubble or "", policy_opts, False)
+                               if bubble else None, compute=compute)
                 entries.append(_run_one(spec, directory, name, k))
                 bar.update(1, name)
     config = {"schema": COMPARE_SCHEMA, "topology": str(topology), "backend": backend,

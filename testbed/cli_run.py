@@ -32,6 +32,10 @@ def echo_err(message: str) -> None:
     help="Training policy (see `testbed plugins`).",
 )
 @policy_options
+@click.option("-b", "--bubble", "bubble", help="Bubble policy filling training bubbles with "
+              "prefill requests from the job's inference workload (see `testbed plugins`).")
+@click.option("-B", "--bubble-option", "bubble_opts", multiple=True, metavar="KEY=VALUE",
+              help="Bubble policy option. Repeatable.")
 @job_options
 @click.option(
     "--compute",
@@ -79,6 +83,8 @@ def up(
     out: Path | None,
     allreduce: str,
     stall_timeout: float,
+    bubble: str | None,
+    bubble_opts: tuple[str, ...],
     **kwargs: Any,
 ) -> None:
     """Train over the emulated WAN: one worker process per GPU in its namespace.
@@ -91,8 +97,9 @@ def up(
     require_root()
     inputs = load_inputs(topology, **job_flags(kwargs))
     spec = RunSpec("emulate", inputs.topology, inputs.job, policy,
-                   dict(parse_options(policy_opts)), compute=compute, shaper=shaper,
-                   allreduce=allreduce, stall_timeout_s=stall_timeout)
+                   dict(parse_options(policy_opts)), bubble_policy=bubble,
+                   bubble_options=dict(parse_options(bubble_opts)), compute=compute,
+                   shaper=shaper, allreduce=allreduce, stall_timeout_s=stall_timeout)
     directory = out or new_run_dir(inputs.topology.name, policy)
     outcome = run(spec, directory, echo_err)
     for line in run_summary(outcome.results):

@@ -31,12 +31,17 @@ profile_option = click.option(
 @click.option("-p", "--policy", default="1f1b", show_default=True,
               help="Training policy (see `testbed plugins`).")
 @policy_options
+@click.option("-b", "--bubble", "bubble", help="Bubble policy filling training bubbles with "
+              "prefill requests from the job's inference workload (see `testbed plugins`).")
+@click.option("-B", "--bubble-option", "bubble_opts", multiple=True, metavar="KEY=VALUE",
+              help="Bubble policy option. Repeatable.")
 @job_options
 @profile_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Results directory (default: a new one under runs/).")
-def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...],
-             profile_path: Path | None, out: Path | None, **kwargs: Any) -> None:
+def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], bubble: str | None,
+             bubble_opts: tuple[str, ...], profile_path: Path | None, out: Path | None,
+             **kwargs: Any) -> None:
     """Simulate the plan at any scale: modeled compute, flow-level network.
 
     Compute times come from FLOPs and the GPU type's sustained rate (or --profile);
@@ -46,7 +51,8 @@ def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...],
     """
     inputs = load_inputs(topology, **job_flags(kwargs))
     spec = RunSpec("simulate", inputs.topology, inputs.job, policy,
-                   dict(parse_options(policy_opts)),
+                   dict(parse_options(policy_opts)), bubble_policy=bubble,
+                   bubble_options=dict(parse_options(bubble_opts)),
                    profile=load_profile(profile_path) if profile_path else None)
     directory = out or new_run_dir(inputs.topology.name, policy)
     outcome = run(spec, directory)

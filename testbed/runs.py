@@ -12,11 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.errors import TestbedError
+from testbed.bubbles import BubbleBroker, ttft_summary
+from testbed.errors import InputError, TestbedError
+from testbed.inference import PrefillModel, arrivals, dedicated_ttft, kv_bytes, modeled_prefill_s
 from testbed.job import Job, dump_job
 from testbed.metrics.summary import Summary, summarize
 from testbed.plan.model import Plan
 from testbed.policy import TrainingPolicy, parse_options, training_policy
+from testbed.policy import bubble_policy as bubble_policy_named
 from testbed.policy.registry import make_plan
 from testbed.report.results import RunRecord, write_run
 from testbed.sim.engine import Simulator
@@ -37,6 +40,7 @@ class RunSpec:
     policy: str
     policy_options: dict[str, str]
     bubble_policy: str | None = None
+    bubble_options: dict[str, str] | None = None
     compute: str = "auto"
     shaper: str = "auto"
     allreduce: str = "auto"
@@ -68,11 +72,44 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None) -> RunResult
     return RunResult(record.results(), directory, error)
 
 
+def make_broker(topology: Topology, job: Job, plan: Plan, bubble_policy: str | None,
+                options: dict[str, str] | None = None) -> BubbleBroker | None:
+    """The bubble bookkeeping for a run that fills bubbles, or None."""
+    if bubble_policy is None:
+        return None
+    if job.inference is None:
+        raise InputError("a bubble policy needs an inference workload (job.inference)",
+                         topology.source, "job.inference")
+    gpu = topology.gpu(plan.used_gpus()[0]).type
+    return BubbleBroker(bubble_policy_named(bubble_policy, options or {}),
+                        arrivals(job.inference, job.seed),
+                        PrefillModel.from_flops(job.inference, gpu), job.inference.deadline_s)
+
+
+def inference_results(topology: Topology, job: Job, plan: Plan, broker: BubbleBroker | None,
+                      until: float, dedicated_gpus: int = 1) -> dict[str, Any]:
+    """The `inference` block of results.json, with the dedicated-cluster TTFT reference."""
+    if broker is None or job.inference is None:
+        return {"requests": 0, "served": 0, "rejected": 0, "ttft_s": {"p50": None, "p99": None}}
+    out = broker.summary(until)
+    workload = job.inference
+    named = workload.decode_dc if workload.decode_dc not in (None, "local") else None
+    decode = named or topology.dc_of(plan.used_gpus()[0])
+    gpu = topology.gpu(plan.used_gpus()[0]).type
+    reference = dedicated_ttft(
+        [r for r in broker.requests if r.arrival <= until], dedicated_gpus,
+        lambda n: modeled_prefill_s(workload, gpu, n),
+        lambda n: kv_bytes(workload, n) * 8 / topology.dc(decode).bandwidth_bps)
+    out["dedicated"] = {"gpus": dedicated_gpus, "ttft_s": ttft_summary(reference)}
+    return out
+
+
 def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,
-                  profile: Profile | None = None) -> tuple[Summary, list[dict[str, Any]]]:
+                  profile: Profile | None = None,
+                  broker: BubbleBroker | None = None) -> tuple[Summary, list[dict[str, Any]]]:
     """Simulate a plan; the summary and spans, computed exactly as for the emulator."""
     try:
-        result = Simulator(topology, job, plan, policy, profile).run()
+        result = Simulator(topology, job, plan, policy, profile, bubbles=broker).run()
     except RuntimeError as exc:
         raise TestbedError(f"simulation failed: {exc}") from None
     tokens = plan.dp * plan.microbatches * plan.microbatch_size * job.model.seq_len
@@ -82,12 +119,17 @@ def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPoli
 
 
 def _simulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy) -> RunRecord:
-    summary, spans = simulate_plan(spec.topology, spec.job, plan, chosen, spec.profile)
+    broker = make_broker(spec.topology, spec.job, plan, spec.bubble_policy,
+                         spec.bubble_options)
+    summary, spans = simulate_plan(spec.topology, spec.job, plan, chosen, spec.profile,
+                                   broker)
+    end = max((s["end"] for s in spans), default=0.0)
     return RunRecord(
         backend="simulate", policy=spec.policy, bubble_policy=spec.bubble_policy,
         topology=spec.topology, job=spec.job, plan=plan, shaper=None, compute="modeled",
         summary=summary, spans=spans, start=0.0, policy_options=spec.policy_options,
-        extra={"profile": bool(spec.profile)})
+        extra={"profile": bool(spec.profile),
+               "inference": inference_results(spec.topology, spec.job, plan, broker, end)})
 
 
 def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path,
@@ -104,7 +146,8 @@ def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path,
     mode = choose_compute(spec.compute, len(plan.used_gpus()))
     coordinator = Coordinator(spec.topology, spec.job, plan, chosen, mode,
                               directory / "logs", spec.shaper, spec.stall_timeout_s, say,
-                              allreduce=spec.allreduce)
+                              allreduce=spec.allreduce, bubble_policy=spec.bubble_policy,
+                              bubble_options=spec.bubble_options)
     error: TestbedError | None = None
     try:
         run_loop(run_with_signals(coordinator))
@@ -118,7 +161,12 @@ def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path,
         topology=spec.topology, job=spec.job, plan=plan, shaper=outcome.shaper,
         compute=mode, summary=outcome.summary, spans=outcome.spans, start=outcome.start,
         status=outcome.status, error=outcome.error, losses=outcome.losses,
-        policy_options=spec.policy_options, extra={"allreduce": spec.allreduce})
+        policy_options=spec.policy_options,
+        extra={"allreduce": spec.allreduce,
+               "inference": inference_results(
+                   spec.topology, spec.job, plan, coordinator.broker,
+                   max((s["end"] for s in outcome.spans), default=outcome.start)
+                   - outcome.start)})
     return record, error
 
 

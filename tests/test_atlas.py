@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,7 @@ def _arbitrated_sends_never_overlap(spans: list[dict[str, Any]], plan: Any) -> i
     checked = 0
     for intervals in by_lane.values():
         intervals.sort()
-        for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
+        for (_, end), (start, _) in itertools.pairwise(intervals):
             assert start >= end - 1e-9
             checked += 1
     return checked

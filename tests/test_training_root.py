@@ -4,6 +4,7 @@ cleanly. Needs root (CI runs as root)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -235,6 +236,6 @@ def test_atlas_over_the_emulator_serves_one_transfer_at_a_time(tmp_path: Path) -
     sends = sorted((s["start"], s["end"]) for s in outcome.spans
                    if s["kind"] == "send" and s.get("link") == "east>west")
     assert len(sends) == 2 * 6 * 3  # 2 replicas x 6 microbatches x 3 iterations
-    for (_, end), (start, _) in zip(sends, sends[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(sends):
         assert start >= end - 1e-3  # granted only after the previous one left
     assert any(s["kind"] == "wait_grant" for s in outcome.spans)

@@ -157,7 +157,13 @@ def host_link_shape(rate_bps: float, latency_s: float) -> Shape:
     return Shape(rate_bps, delay_s=one_way, queue_bytes=max(bdp, MIN_QUEUE_BYTES))
 
 
-def build_layout(topology: Topology, slot: int = 0) -> Layout:
+DECODE_OFFSET = 250
+"""Decode servers sit at .250 of their DC's subnet."""
+
+
+def build_layout(topology: Topology, slot: int = 0, decode_dcs: tuple[str, ...] = ()) -> Layout:
+    """The network for `topology` in run slot `slot`, with a decode-server host in each of
+    `decode_dcs` (named `<dc>-decode`)."""
     check_limits(topology)
     if not 0 <= slot < MAX_SLOTS:
         raise ValueError(f"slot {slot} outside 0..{MAX_SLOTS - 1}")
@@ -183,6 +189,12 @@ def build_layout(topology: Topology, slot: int = 0) -> Layout:
                     router_if=f"h{i}",
                 )
             )
+        if dc.name in decode_dcs:
+            nodes.append(Node(
+                name=f"{dc.name}-decode", dc=dc.name, netns=f"{prefix}{dc.name}-decode",
+                address=str(subnet.network_address + DECODE_OFFSET),
+                router_address=router_address, uplink=shape, downlink=shape, router_if="hd",
+            ))
     ports: list[WanPort] = []
     for k, link in enumerate(topology.links):
         base = ipaddress.ip_address(f"10.{octet}.255.0") + 2 * k

@@ -154,14 +154,16 @@ def bring_up(
     progress: Progress | None = None,
     detached: bool = False,
     seed: int = 0,
+    decode_dcs: tuple[str, ...] = (),
 ) -> Network:
-    """Create the whole network; on any failure remove what was made and re-raise."""
+    """Create the whole network (with decode-server hosts in `decode_dcs`); on any failure
+    remove what was made and re-raise."""
     say = progress or (lambda _msg: None)
     started = time.monotonic()
     chosen = choose_shaper(shaper)
     with state_lock():
-        slot = _free_slot(lambda s: build_layout(topology, s))
-        layout = build_layout(topology, slot)
+        slot = _free_slot(lambda s: build_layout(topology, s, decode_dcs))
+        layout = build_layout(topology, slot, decode_dcs)
         shaping = plan_shaping(layout, chosen, seed)
         namespaces = layout.namespaces()
         state = RunState(

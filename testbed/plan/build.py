@@ -61,7 +61,7 @@ def check_memory(topology: Topology, job: Job, placement: Mapping[Worker, tuple[
                  pp: int, microbatches: int, schedule: str) -> None:
     """Refuse a plan whose stage does not fit in its GPUs' memory, naming where."""
     layers = split_layers(job.model.layers, pp)
-    for (replica, stage), gpus in sorted(placement.items()):
+    for (_replica, stage), gpus in sorted(placement.items()):
         gpu = topology.gpu(gpus[0]).type
         need = stage_memory_bytes(job, layers[stage], stage == 0, stage == pp - 1, job.tp,
                                   in_flight(schedule, stage, pp, microbatches))

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from testbed.bubbles import BubbleBroker
 from testbed.compute import ring_allreduce_s, stage_cost
 from testbed.errors import TestbedError
+from testbed.inference import kv_bytes, modeled_prefill_s
 from testbed.job import Job
 from testbed.metrics.summary import Summary, summarize
 from testbed.net.layout import check_limits
@@ -26,7 +28,8 @@ from testbed.net.state import ProcessRecord, process_start_ticks
 from testbed.plan.build import communicating_pairs
 from testbed.plan.model import Op, Plan, Sharing
 from testbed.policy.arbiter import Arbiter
-from testbed.policy.base import TrainingPolicy, Transfer
+from testbed.policy.base import Request, TrainingPolicy, Transfer
+from testbed.runtime.decode import DECODE_PORT
 from testbed.runtime.protocol import read_message, send_message
 from testbed.runtime.worker import TOKEN_ENV
 from testbed.topology.model import Topology
@@ -102,6 +105,11 @@ class Coordinator:
     save_dir: Path | None = None
     """Where workers write their stage's final parameters (real compute)."""
     allreduce: str = "auto"
+    bubble_policy: str | None = None
+    bubble_options: dict[str, str] | None = None
+    broker: BubbleBroker | None = None
+    decoders: list[WorkerHandle] = field(default_factory=list)
+    _admitted: dict[int, Request] = field(default_factory=dict)
     """"real": send every gradient byte; "auto": model intra-DC rings in emulated compute."""
     network: Network | None = None
     workers: list[WorkerHandle] = field(default_factory=list)
@@ -174,8 +182,13 @@ class Coordinator:
                 "simulate` for tensor-parallel jobs"
             )
         check_limits(self.topology)
+        from testbed.runs import make_broker
+
+        self.broker = make_broker(self.topology, self.job, self.plan, self.bubble_policy,
+                                  self.bubble_options)
+        decode_dcs = self._decode_dcs() if self.broker is not None else ()
         self.network = await asyncio.to_thread(
-            bring_up, self.topology, self.shaper, self.say, False, self.job.seed
+            bring_up, self.topology, self.shaper, self.say, False, self.job.seed, decode_dcs
         )
         control_dir = self.network.state.path.with_suffix("")
         control_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -189,16 +202,27 @@ class Coordinator:
             self.workers.append(
                 WorkerHandle(index, gpu, replica, stage, self.network.netns_of(gpu))
             )
-        self.say(f"starting {len(self.workers)} workers ({self.compute} compute)")
+        for dc in decode_dcs:
+            name = f"{dc}-decode"
+            self.decoders.append(WorkerHandle(-1, name, -1, -1, self.network.netns_of(name)))
+        self.say(f"starting {len(self.workers)} workers ({self.compute} compute)"
+                 + (f" and {len(self.decoders)} decode servers" if self.decoders else ""))
         for worker in self.workers:
             await self._spawn(worker, socket_path)
+        for decoder in self.decoders:
+            await self._spawn(decoder, socket_path, decode=True)
         await asyncio.wait_for(self._handshake(), STARTUP_TIMEOUT_S)
 
-    async def _spawn(self, worker: WorkerHandle, socket_path: Path) -> None:
+    async def _spawn(self, worker: WorkerHandle, socket_path: Path, decode: bool = False) -> None:
         assert self.network is not None
         worker.log_path = self.log_dir / f"{worker.gpu}.log"
         worker.log = worker.log_path.open("w")
         env = {**os.environ, TOKEN_ENV: self.token, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        if decode:
+            args = ["testbed.runtime.decode", "--control", str(socket_path), "--name",
+                    worker.gpu, "--address", self.network.address_of(worker.gpu)]
+        else:
+            args = ["testbed.runtime.worker", "--control", str(socket_path), "--gpu", worker.gpu]
         worker.process = await asyncio.create_subprocess_exec(
             "ip",
             "netns",
@@ -206,11 +230,7 @@ class Coordinator:
             worker.netns,
             sys.executable,
             "-m",
-            "testbed.runtime.worker",
-            "--control",
-            str(socket_path),
-            "--gpu",
-            worker.gpu,
+            *args,
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=worker.log,
@@ -241,7 +261,7 @@ class Coordinator:
         await self._hello.put((reader, writer))
 
     async def _handshake(self) -> None:
-        by_gpu = {w.gpu: w for w in self.workers}
+        by_gpu = {w.gpu: w for w in [*self.workers, *self.decoders]}
         waiting = set(by_gpu)
         while waiting:
             reader, writer = await self._race(self._hello.get())
@@ -261,7 +281,10 @@ class Coordinator:
                 continue
             worker.reader, worker.writer = reader, writer
             waiting.discard(worker.gpu)
-            await send_message(writer, self._config_for(worker))
+            if worker not in self.decoders:
+                await send_message(writer, self._config_for(worker))
+        for decoder in self.decoders:
+            await self._race(self._read(decoder))  # listening
         for worker in self.workers:
             msg = await self._race(self._read(worker))
             worker.port = int(msg["port"])
@@ -342,7 +365,24 @@ class Coordinator:
             "local_rank": worker.index,
             "save_dir": str(self.save_dir) if self.save_dir else None,
             "allreduce_modeled_s": self._modeled_allreduce(stage, cost.grad_bytes),
+            "bubbles": self.broker is not None,
+            "decode": self._decode_for(dc),
+            "inference_model": dict(self.job.inference.model.__dict__)
+            if self.job.inference else None,
         }
+
+    def _decode_dcs(self) -> tuple[str, ...]:
+        named = self.job.inference.decode_dc if self.job.inference else None
+        if named and named != "local":
+            return (named,)
+        return tuple(dict.fromkeys(self.topology.dc_of(g) for g in self.plan.used_gpus()))
+
+    def _decode_for(self, dc: str) -> dict[str, Any] | None:
+        if self.broker is None or self.network is None:
+            return None
+        named = self._decode_dcs()
+        target = dc if dc in named else named[0]
+        return {"address": self.network.address_of(f"{target}-decode"), "port": DECODE_PORT}
 
     def _modeled_allreduce(self, stage: int, grad_bytes: int) -> float | None:
         """Seconds for an intra-DC all-reduce that is modeled instead of sent, or None.
@@ -392,12 +432,15 @@ class Coordinator:
             f"{self.plan.pp}, {self.plan.microbatches} microbatches"
         )
         readers = [asyncio.create_task(self._serve(w)) for w in self.workers]
+        decoding = [asyncio.create_task(self._serve_decoder(d)) for d in self.decoders]
         stall = asyncio.create_task(self._stall_watch())
         gathered = asyncio.gather(*readers)
         try:
             await self._race(gathered)
         finally:
             stall.cancel()
+            for task in decoding:
+                task.cancel()
             gathered.cancel()
             with contextlib.suppress(BaseException):
                 await gathered
@@ -419,6 +462,8 @@ class Coordinator:
                 await self._on_request(worker, msg)
             elif op == "sent":
                 await self._on_sent(msg)
+            elif op == "bubble":
+                await self._on_bubble(worker, msg)
             elif op == "error":
                 self.spans.extend(msg.get("spans", []))
                 # a peer's death shows up here first; let the watcher name the dead one
@@ -432,9 +477,52 @@ class Coordinator:
                 worker.finished = True
                 return
 
+    async def _serve_decoder(self, decoder: WorkerHandle) -> None:
+        """KV caches arriving at a decode server: each one is a request's first token."""
+        assert decoder.reader is not None
+        while True:
+            try:
+                msg = await read_message(decoder.reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            if msg.get("op") == "kv" and self.broker is not None:
+                self.broker.delivered(int(msg["request"]), float(msg["at"]) - self.start)
+
+    async def _on_bubble(self, worker: WorkerHandle, msg: dict[str, Any]) -> None:
+        """A worker is about to wait: ask the bubble policy for a prefill to run."""
+        assert worker.writer is not None
+        request = None
+        if self.broker is not None and self.job.inference is not None:
+            now = time.monotonic() - self.start
+            request = self.broker.on_idle(worker.gpu, int(msg["action"]), now,
+                                          float(msg["since"]) - self.start)
+        if request is None:
+            await send_message(worker.writer, {"op": "idle"})
+            return
+        assert self.job.inference is not None
+        gpu = self.topology.gpu(worker.gpu).type
+        self._admitted[request.id] = request
+        await send_message(worker.writer, {
+            "op": "prefill", "request": request.id, "prompt_len": request.prompt_len,
+            "modeled_s": modeled_prefill_s(self.job.inference, gpu, request.prompt_len),
+            "kv_bytes": kv_bytes(self.job.inference, request.prompt_len)})
+
+    def _learn_bubbles(self, spans: list[dict[str, Any]]) -> None:
+        """Measured waits refresh the bubble predictions; measured prefills the time model."""
+        if self.broker is None:
+            return
+        for span in spans:
+            if span["kind"] == "recv" and span.get("action") is not None:
+                self.broker.record_wait(span["gpu"], int(span["action"]), int(span["iteration"]),
+                                        float(span.get("waited", span["end"] - span["start"])))
+            elif span["kind"] == "prefill" and span.get("request") in self._admitted:
+                self.broker.prefilled(self._admitted[span["request"]],
+                                      span["end"] - span["start"])
+
     def _on_iteration(self, worker: WorkerHandle, msg: dict[str, Any]) -> None:
         iteration = int(msg["iteration"])
         self.spans.extend(msg["spans"])
+        self._learn_bubbles(msg["spans"])
         if msg.get("loss") is not None:
             self.losses.setdefault(iteration, 0.0)
             self.losses[iteration] += float(msg["loss"]) / self.plan.dp
@@ -516,20 +604,22 @@ class Coordinator:
                 return
 
     async def _teardown(self) -> None:
-        for worker in self.workers:
+        for decoder in self.decoders:
+            decoder.finished = True  # their exit now is expected
+        for worker in [*self.workers, *self.decoders]:
             if worker.writer is not None:
                 with contextlib.suppress(Exception):
                     await send_message(worker.writer, {"op": "stop"})
         deadline = time.monotonic() + STOP_GRACE_S
         for signum in (None, signal.SIGTERM, signal.SIGKILL):
-            for worker in self.workers:
+            for worker in [*self.workers, *self.decoders]:
                 proc = worker.process
                 if proc is not None and proc.returncode is None and signum is not None:
                     with contextlib.suppress(ProcessLookupError):
                         proc.send_signal(signum)
             pending = [
                 w.process.wait()
-                for w in self.workers
+                for w in [*self.workers, *self.decoders]
                 if w.process is not None and w.process.returncode is None
             ]
             if not pending:
@@ -537,7 +627,7 @@ class Coordinator:
             timeout = max(0.1, deadline - time.monotonic()) if signum is None else 2.0
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*pending), timeout)
-        for worker in self.workers:
+        for worker in [*self.workers, *self.decoders]:
             if worker.writer is not None:
                 worker.writer.close()
             if worker.log is not None:

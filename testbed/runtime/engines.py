@@ -41,6 +41,9 @@ class Engine(Protocol):
         """True when a call is so short that handing it to the compute thread costs more
         than running it on the event loop."""
 
+    def prefill(self, request: int, prompt_len: int, modeled_s: float, kv_bytes: int) -> bytes:
+        """Run an inference prefill in a bubble; the KV cache (and first token) to ship."""
+
 
 QUICK_S = 2e-4
 """Below this, a modeled compute runs on the event loop (a thread handoff costs more)."""
@@ -60,7 +63,7 @@ class EmulatedEngine:
 
     def __post_init__(self) -> None:
         self._activation = bytes(self.activation_bytes)
-        self._grads = bytearray(self.grad_bytes)
+        self._grads: bytearray | None = None  # GBs for large stages: only when sent
 
     def forward(self, iteration: int, microbatch: int, received: bytearray | None) -> bytes | None:
         time.sleep(self.forward_s)
@@ -71,6 +74,8 @@ class EmulatedEngine:
         return None if self.first else self._activation
 
     def gradients(self) -> bytearray:
+        if self._grads is None:
+            self._grads = bytearray(self.grad_bytes)
         return self._grads
 
     def add_into(self, target: memoryview, incoming: bytes | bytearray) -> None:
@@ -90,6 +95,10 @@ class EmulatedEngine:
 
     def quick(self) -> bool:
         return max(self.forward_s, self.backward_s, self.step_s) < QUICK_S
+
+    def prefill(self, request: int, prompt_len: int, modeled_s: float, kv_bytes: int) -> bytes:
+        time.sleep(modeled_s)
+        return bytes(kv_bytes)
 
 
 def make_real_engine(config: dict[str, Any]) -> Engine:

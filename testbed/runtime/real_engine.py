@@ -32,8 +32,11 @@ class RealEngine:
     corpus: Corpus
     device: torch.device
     optimizer: torch.optim.Optimizer
+    seed: int = 0
+    inference_model: ModelShape | None = None
     _saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = field(default_factory=dict)
     _losses: list[float] = field(default_factory=list)
+    _prefiller: Any = None
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> RealEngine:
@@ -56,6 +59,8 @@ class RealEngine:
             corpus,
             device,
             optimizer,
+            config["seed"],
+            ModelShape(**config["inference_model"]) if config.get("inference_model") else None,
         )
 
     @property
@@ -132,6 +137,15 @@ class RealEngine:
 
     def quick(self) -> bool:
         return False
+
+    def prefill(self, request: int, prompt_len: int, modeled_s: float, kv_bytes: int) -> bytes:
+        if self._prefiller is None:
+            from testbed.runtime.prefill import Prefiller
+
+            assert self.inference_model is not None, "no inference model configured"
+            self._prefiller = Prefiller(self.inference_model, self.seed, self.device)
+        kv: bytes = self._prefiller.run(request, prompt_len)
+        return kv
 
     def save(self, path: str) -> None:
         torch.save({k: v.detach().cpu() for k, v in self.module.state_dict().items()}, path)

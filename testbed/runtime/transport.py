@@ -287,6 +287,11 @@ class Transport:
             await asyncio.gather(*(pump(link) for link in links))
         return time.monotonic()
 
+    def has(self, tag: str) -> bool:
+        """Whether the whole message with this tag is already here."""
+        entry = self._mail.get(tag)
+        return entry is not None and 0 <= entry.total <= entry.got
+
     def _entry(self, tag: str) -> _Incoming:
         return self._mail.setdefault(tag, _Incoming())
 

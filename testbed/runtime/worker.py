@@ -85,6 +85,11 @@ class Worker:
     spans: list[dict[str, Any]] = field(default_factory=list)
     grants: dict[str, asyncio.Future[None]] = field(default_factory=dict)
     pending_sends: list[asyncio.Task[None]] = field(default_factory=list)
+    bubble_reply: asyncio.Future[dict[str, Any]] | None = None
+    decode: asyncio.StreamWriter | None = None
+    decode_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    action: int = 0
+    """Position in the action list, so bubbles can be predicted per receive."""
     executor: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1, "compute")
     )
@@ -193,9 +198,13 @@ class Worker:
         self, peer: Peer, tag: str, iteration: int, microbatch: int | None
     ) -> bytearray:
         start = time.monotonic()
+        action = self.action
+        if self.config.raw.get("bubbles") and not self.transport.has(tag):
+            await self.fill_bubble(tag, action, iteration, start)
         got = await self.transport.recv(tag)
         now = time.monotonic()
-        self.span("recv", start, now, iteration, microbatch=microbatch, peer=peer.gpu)
+        self.span("recv", start, now, iteration, microbatch=microbatch, peer=peer.gpu,
+                  action=action, waited=max(0.0, got.completed_at - start))
         link = self.link_key(peer)
         self.span(
             "transfer",
@@ -212,13 +221,44 @@ class Worker:
         )
         return got.data
 
+    async def fill_bubble(self, tag: str, action: int, iteration: int, since: float) -> None:
+        """About to wait for `tag`: run the prefills the coordinator admits until the data
+        is here or none fits, shipping each KV cache to the decode server."""
+        while not self.transport.has(tag):
+            self.bubble_reply = asyncio.get_running_loop().create_future()
+            await send_message(self.control, {"op": "bubble", "action": action,
+                                              "iteration": iteration, "since": since})
+            reply = await self.bubble_reply
+            if reply.get("op") != "prefill":
+                return
+            request, length = int(reply["request"]), int(reply["prompt_len"])
+            kv = await self.compute(
+                "prefill", iteration,
+                functools.partial(self.engine.prefill, request, length,
+                                  float(reply["modeled_s"]), int(reply["kv_bytes"])),
+                request=request, prompt_len=length)
+            self.pending_sends.append(asyncio.create_task(self.ship_kv(request, kv, iteration)))
+
+    async def ship_kv(self, request: int, payload: bytes, iteration: int) -> None:
+        from testbed.runtime.decode import write_kv
+
+        start = time.monotonic()
+        async with self.decode_lock:  # one request's frame at a time on the connection
+            if self.decode is None:
+                where = self.config.raw["decode"]
+                _, self.decode = await asyncio.open_connection(where["address"], where["port"])
+            await write_kv(self.decode, request, payload)
+        self.span("kv_transfer", start, time.monotonic(), iteration, request=request,
+                  bytes=len(payload))
+
     async def run_iteration(self, iteration: int) -> float | None:
         cfg = self.config
         inputs: dict[int, bytearray] = {}
         grads: dict[int, bytearray] = {}
         outputs: dict[int, bytes | None] = {}
         input_grads: dict[int, bytes | None] = {}
-        for action in cfg.actions:
+        for index, action in enumerate(cfg.actions):
+            self.action = index
             mb = action.microbatch
             op = action.op
             if op is Op.RECV_F:
@@ -357,6 +397,10 @@ async def control_loop(
                 future = worker.grants.pop(msg["tag"], None)
                 if future is not None and not future.done():
                     future.set_result(None)
+            elif msg["op"] in ("prefill", "idle"):
+                worker = await worker_future
+                if worker.bubble_reply is not None and not worker.bubble_reply.done():
+                    worker.bubble_reply.set_result(msg)
             elif msg["op"] == "stop":
                 stop.set()
             elif msg["op"] == "abort":

@@ -10,11 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from testbed.bubbles import BubbleBroker
 from testbed.compute import StageCost, ring_allreduce_s, stage_cost
+from testbed.inference import kv_bytes, modeled_prefill_s
 from testbed.job import Job
 from testbed.plan.model import Op, Plan, Sharing
 from testbed.policy.arbiter import Arbiter
-from testbed.policy.base import TrainingPolicy, Transfer
+from testbed.policy.base import Request, TrainingPolicy, Transfer
 from testbed.sim.network import WINDOW_EFFICIENCY, EventQueue, FluidNetwork, Pair
 from testbed.topology.model import Topology
 
@@ -31,6 +33,9 @@ class _Worker:
     iteration: int = 0
     done: bool = False
     waiting_since: float = 0.0
+    prefill_started: float = 0.0
+    prefill_until: float = 0.0
+    resume_after_prefill: bool = False
 
     @property
     def lead(self) -> str:
@@ -72,8 +77,9 @@ def stage_costs(topology: Topology, job: Job, plan: Plan,
 class Simulator:
     def __init__(self, topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,
                  profile: Mapping[int, Mapping[str, float]] | None = None,
-                 step_s: float = 0.0) -> None:
+                 step_s: float = 0.0, bubbles: BubbleBroker | None = None) -> None:
         self.topology, self.job, self.plan, self.policy = topology, job, plan, policy
+        self.bubbles = bubbles
         self.costs = stage_costs(topology, job, plan, profile)
         self.step_s = step_s
         self.queue = EventQueue()
@@ -89,6 +95,7 @@ class Simulator:
         self.waiting: dict[tuple[str, int, int, int, int], _Worker] = {}
         self.rings: dict[tuple[int, int], _Ring] = {}
         self._starters: dict[int, Any] = {}
+        self._decode_pairs: dict[str, Pair] = {}
         self._pair_queue: dict[int, list[Any]] = {}
         self._transfer_ids = 0
 
@@ -103,7 +110,14 @@ class Simulator:
             nic = self.topology.dc(worker.dc).bandwidth_bps * len(worker.gpus)
             capacity[f"up:{worker.lead}"] = nic
             capacity[f"down:{worker.lead}"] = nic
+        for dc in self.topology.datacenters:
+            capacity[f"down:decode-{dc.name}"] = dc.bandwidth_bps
         return capacity
+
+    def _decode_dc(self, dc: str) -> str:
+        """Where a prefill's KV cache goes: the named DC, or the prefill's own DC."""
+        named = self.job.inference.decode_dc if self.job.inference else None
+        return named if named and named != "local" else dc
 
     def _path(self, src: _Worker, dst: _Worker) -> tuple[tuple[str, ...], float]:
         hops = self.topology.path(src.dc, dst.dc)
@@ -249,11 +263,12 @@ class Simulator:
                        worker.stage, mb if mb is not None else -1)
                 if tag in self.mailbox:
                     self.mailbox.discard(tag)
-                    self._span(worker, "recv", now, now, mb)
+                    self._span(worker, "recv", now, now, mb, action=worker.pc)
                     worker.pc += 1
                     continue
                 self.waiting[tag] = worker
                 worker.waiting_since = now
+                self._fill_bubble(worker, now)
                 return
             if op is Op.ALLREDUCE:
                 self._allreduce_arrive(worker, now)
@@ -265,9 +280,66 @@ class Simulator:
         if worker is None:
             self.mailbox.add(tag)
             return
-        self._span(worker, "recv", worker.waiting_since, now, tag[4])
+        self._span(worker, "recv", worker.waiting_since, now, tag[4], action=worker.pc)
+        if self.bubbles is not None:
+            self.bubbles.record_wait(worker.lead, worker.pc, worker.iteration,
+                                     now - worker.waiting_since)
         worker.pc += 1
+        if worker.prefill_until > now:  # the GPU is still busy with a prefill
+            worker.resume_after_prefill = True
+            return
         self._advance(worker, now)
+
+    # --- bubbles ---------------------------------------------------------------------
+
+    def _fill_bubble(self, worker: _Worker, now: float) -> None:
+        """The GPU is about to wait: let the bubble policy start a prefill."""
+        if self.bubbles is None or self.job.inference is None:
+            return
+        request = self.bubbles.on_idle(worker.lead, worker.pc, now, worker.waiting_since)
+        if request is None:
+            return
+        gpu = self.topology.gpu(worker.lead).type
+        duration = modeled_prefill_s(self.job.inference, gpu, request.prompt_len)
+        worker.prefill_started, worker.prefill_until = now, now + duration
+        self._span(worker, "prefill", now, now + duration, request=request.id,
+                   prompt_len=request.prompt_len)
+        self.queue.at(now + duration, functools.partial(self._prefilled, worker, request))
+
+    def _prefilled(self, worker: _Worker, request: Request, now: float) -> None:
+        assert self.bubbles is not None and self.job.inference is not None
+        self.bubbles.prefilled(request, now - worker.prefill_started)
+        worker.prefill_until = 0.0
+        self._ship_kv(worker, request, now)
+        if worker.resume_after_prefill:
+            worker.resume_after_prefill = False
+            self._advance(worker, now)
+        else:
+            self._fill_bubble(worker, now)  # still waiting: maybe another one fits
+
+    def _ship_kv(self, worker: _Worker, request: Request, now: float) -> None:
+        assert self.bubbles is not None and self.job.inference is not None
+        nbytes = kv_bytes(self.job.inference, request.prompt_len)
+        decode = self._decode_dc(worker.dc)
+        hops = self.topology.path(worker.dc, decode)
+        wan = tuple(f"wan:{a}>{b}" for a, b in itertools.pairwise(hops))
+        latency = self.topology.one_way_latency(worker.dc, decode) + \
+            self.topology.dc(decode).latency_s
+        pair = self._decode_pairs.setdefault(worker.lead, Pair(
+            1, WINDOW_EFFICIENCY * self.topology.tcp_for(worker.dc).wmem[2],
+            max(2 * latency, 1e-5), self.topology.tcp_for(worker.dc).slow_start_after_idle))
+        broker = self.bubbles
+
+        def delivered(t: float, started: float = now) -> None:
+            broker.delivered(request.id, t)
+            self.spans.append({"gpu": worker.lead, "kind": "kv_transfer", "start": started,
+                               "end": t, "iteration": worker.iteration, "bytes": nbytes,
+                               "request": request.id, "stage": worker.stage,
+                               "link": None if worker.dc == decode
+                               else f"{worker.dc}>{decode}"})
+
+        self.network.start(now, nbytes, (f"up:{worker.lead}", *wan, f"down:decode-{decode}"),
+                           pair, latency, delivered)
 
     # --- all-reduce ------------------------------------------------------------------
 

@@ -1,0 +1,83 @@
+"""A decode server: receives prefilled requests' KV caches (and first tokens) from the
+training GPUs over TCP, and tells the coordinator when each has fully arrived: that is the
+request's time to first token. Runs in its own namespace in a datacenter."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import struct
+import sys
+import time
+
+from testbed.runtime.protocol import read_message, send_message
+
+HEADER = struct.Struct("!QQd")  # request id, KV bytes, sender's clock
+DECODE_PORT = 7100
+
+
+async def write_kv(writer: asyncio.StreamWriter, request: int, payload: bytes) -> None:
+    """The sender's half: one request's KV cache, framed."""
+    writer.write(HEADER.pack(request, len(payload), time.monotonic()))
+    if payload:
+        writer.write(payload)
+    await writer.drain()
+
+
+async def serve(control_path: str, name: str, token: str, address: str, port: int) -> None:
+    control_reader, control = await asyncio.open_unix_connection(control_path)
+    await send_message(control, {"op": "hello", "role": "decode", "gpu": name,
+                                 "token": token, "pid": os.getpid()})
+    lock = asyncio.Lock()
+
+    async def on_sender(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                request, size, _sent = HEADER.unpack(await reader.readexactly(HEADER.size))
+                remaining = size
+                while remaining:
+                    chunk = await reader.read(min(remaining, 1 << 20))
+                    if not chunk:
+                        raise asyncio.IncompleteReadError(b"", remaining)
+                    remaining -= len(chunk)
+                async with lock:
+                    await send_message(control, {"op": "kv", "request": request,
+                                                 "bytes": size, "at": time.monotonic()})
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = await asyncio.start_server(on_sender, address, port)
+    await send_message(control, {"op": "listening", "port": port})
+    try:
+        await read_message(control_reader)  # "stop", or the coordinator going away
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        server.close()
+        with contextlib.suppress(Exception):
+            await server.wait_closed()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="testbed decode server (started by a run)")
+    parser.add_argument("--control", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--port", type=int, default=DECODE_PORT)
+    args = parser.parse_args()
+    token = os.environ.pop("TESTBED_RUN_TOKEN", "")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        asyncio.run(serve(args.control, args.name, token, args.address, args.port))
+    except Exception as exc:
+        print(f"decode {args.name}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    print(json.dumps({"stopped": args.name}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
