@@ -205,7 +205,12 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> list[str]:
             node = child
         node[parts[-1]] = value
         keys.append(key)
+    if "global_batch" not in keys and any(k in _BATCH_SHAPE for k in keys):
+        raw.pop("global_batch", None)  # the batch follows the microbatches given
     return keys
+
+
+_BATCH_SHAPE = ("microbatches", "microbatch_size", "dp")
 
 
 def parse_job(data: object, source: str | None = None, prefix: str = "job") -> Job:

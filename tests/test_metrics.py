@@ -97,16 +97,17 @@ def test_arbiter_serves_one_at_a_time_in_policy_order() -> None:
     policy = training_policy("gpipe")
     plan = policy.plan(TOPO, job)
     arbiter = Arbiter(policy, plan)
-    assert arbiter.request(_transfer(1, 0, 0.0)) is not None  # link free: granted
+    first = arbiter.request(_transfer(1, 0, 0.0))
+    assert first is not None  # link free: granted
     assert arbiter.request(_transfer(2, 1, 0.2)) is None  # busy: waits
     assert arbiter.request(_transfer(3, 0, 0.1)) is None
     other = arbiter.request(_transfer(4, 0, 0.3, ("west", "east")))
     assert other is not None  # the other direction is free
-    nxt = arbiter.release(("east", "west"))
+    nxt = arbiter.release(first)
     assert nxt is not None and nxt.id == 3  # first come, first served
-    nxt = arbiter.release(("east", "west"))
-    assert nxt is not None and nxt.id == 2
-    assert arbiter.release(("east", "west")) is None
+    last = arbiter.release(nxt)
+    assert last is not None and last.id == 2
+    assert arbiter.release(last) is None
 
 
 def test_arbiter_reports_a_misbehaving_policy() -> None:
