@@ -30,6 +30,8 @@ class BubbleBroker:
     rejected: set[int] = field(default_factory=set)
     ttft: dict[int, float] = field(default_factory=dict)
     waits: dict[tuple[str, int], list[tuple[int, float]]] = field(default_factory=dict)
+    kv_bytes: int = 0
+    """KV cache bytes the decode servers received."""
     _pending: Request | None = None
     _queue: list[Request] = field(default_factory=list)
     _arrival: dict[int, float] = field(default_factory=dict)
@@ -93,9 +95,10 @@ class BubbleBroker:
     def prefilled(self, request: Request, seconds: float) -> None:
         self.prefill.observe(request.prompt_len, seconds)
 
-    def delivered(self, request_id: int, at: float) -> None:
+    def delivered(self, request_id: int, at: float, nbytes: int = 0) -> None:
         """The decode server has the KV cache: the first token can go out."""
         self.ttft[request_id] = at - self._arrival[request_id]
+        self.kv_bytes += nbytes
 
     def summary(self, until: float) -> dict[str, Any]:
         self.queue(until)
@@ -106,6 +109,7 @@ class BubbleBroker:
             "served": len(self.ttft),
             "rejected": len(self.rejected),
             "pending": len(arrived) - len(self.ttft) - len(self.rejected),
+            "kv_bytes": self.kv_bytes,
             "ttft_s": {"p50": percentile(ttfts, 0.5), "p99": percentile(ttfts, 0.99),
                        "mean": sum(ttfts) / len(ttfts) if ttfts else None},
             "policy": self.policy.name,

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from testbed.cli_options import job_flags, job_options, load_inputs
+from testbed.cli_options import event_options, job_flags, job_options, load_inputs
 from testbed.errors import InputError, TestbedError
 from testbed.fsutil import write_atomic
 from testbed.report.compare import RunEntry, csv_text, markdown_table, table_rows, table_text
@@ -55,6 +55,7 @@ def _options_for(name: str, pairs: tuple[str, ...], unprefixed: bool = True) -> 
 @click.option("--compute", type=click.Choice(["auto", "real", "emulated"]), default="auto",
               show_default=True, help="Compute mode for the emulate backend.")
 @job_options
+@event_options
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the comparison (default: a new one under runs/).")
 def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
@@ -90,7 +91,8 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
                 spec = RunSpec(backend, inputs.topology, inputs.job, policy,
                                _options_for(policy, policy_opts), bubble_policy=bubble,
                                bubble_options=_options_for(bubble or "", policy_opts, False)
-                               if bubble else None, compute=compute)
+                               if bubble else None, compute=compute,
+                               events=inputs.events)
                 entries.append(_run_one(spec, directory, name, k))
                 bar.update(1, name)
     config = {"schema": COMPARE_SCHEMA, "topology": str(topology), "backend": backend,

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
+from testbed.events import NetEvent, parse_event_flag, parse_events
 from testbed.job import Job, load_job
 from testbed.topology import Topology, load_topology
 
@@ -55,10 +56,15 @@ def job_options(func: F) -> F:
 class Inputs:
     topology: Topology
     job: Job
+    events: tuple[NetEvent, ...] = ()
 
 
 def load_inputs(
-    topology_path: Path, job_file: Path | None = None, sets: tuple[str, ...] = (), **flags: Any
+    topology_path: Path,
+    job_file: Path | None = None,
+    sets: tuple[str, ...] = (),
+    events: tuple[str, ...] = (),
+    **flags: Any,
 ) -> Inputs:
     """Topology and job with every override applied, or a located InputError."""
     topology = load_topology(topology_path)
@@ -68,13 +74,28 @@ def load_inputs(
         if value is not None:
             overrides.append(f"{key}={value}")
     job = load_job(topology.job, topology.source, job_file, overrides)
-    return Inputs(topology, job)
+    parsed = parse_events(list(topology.events or ()), topology, topology.source)
+    parsed += tuple(parse_event_flag(text, topology) for text in events)
+    return Inputs(topology, job, parsed)
 
 
 def job_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Pop the job-related keyword arguments a command received from `job_options`."""
-    keys = ("job_file", "sets", *_JOB_FLAGS)
+    keys = ("job_file", "sets", "events", *_JOB_FLAGS)
     return {key: kwargs.pop(key) for key in keys if key in kwargs}
+
+
+def event_options(func: F) -> F:
+    """--event: a network event during the run, added to the topology's `events`."""
+    return click.option(
+        "--event",
+        "events",
+        multiple=True,
+        metavar="at=T,link=A-B,KIND=V[,for=D]",
+        help="Network event, e.g. at=30s,link=east-west,down=10s or "
+        "at=1m,link=east-west,latency=80ms,for=30s (KIND: down, latency, bandwidth, "
+        "loss). Repeatable.",
+    )(func)
 
 
 def policy_options(func: F) -> F:

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from testbed.cli_net import SHAPERS, require_root
-from testbed.cli_options import job_flags, job_options, load_inputs, policy_options
+from testbed.cli_options import event_options, job_flags, job_options, load_inputs, policy_options
 from testbed.policy import parse_options
 from testbed.report.results import new_run_dir
 from testbed.report.table import run_summary
@@ -37,6 +37,7 @@ def echo_err(message: str) -> None:
 @click.option("-B", "--bubble-option", "bubble_opts", multiple=True, metavar="KEY=VALUE",
               help="Bubble policy option. Repeatable.")
 @job_options
+@event_options
 @click.option(
     "--compute",
     type=click.Choice(["auto", "real", "emulated"]),
@@ -99,7 +100,8 @@ def up(
     spec = RunSpec("emulate", inputs.topology, inputs.job, policy,
                    dict(parse_options(policy_opts)), bubble_policy=bubble,
                    bubble_options=dict(parse_options(bubble_opts)), compute=compute,
-                   shaper=shaper, allreduce=allreduce, stall_timeout_s=stall_timeout)
+                   shaper=shaper, allreduce=allreduce, stall_timeout_s=stall_timeout,
+                   events=inputs.events)
     directory = out or new_run_dir(inputs.topology.name, policy)
     outcome = run(spec, directory, echo_err)
     for line in run_summary(outcome.results):

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from testbed.cli_options import job_flags, job_options, load_inputs, policy_options
+from testbed.cli_options import event_options, job_flags, job_options, load_inputs, policy_options
 from testbed.errors import TestbedError
 from testbed.policy import parse_options, training_policy
 from testbed.policy.registry import make_plan
@@ -36,6 +36,7 @@ profile_option = click.option(
 @click.option("-B", "--bubble-option", "bubble_opts", multiple=True, metavar="KEY=VALUE",
               help="Bubble policy option. Repeatable.")
 @job_options
+@event_options
 @profile_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Results directory (default: a new one under runs/).")
@@ -53,7 +54,8 @@ def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], bubble: 
     spec = RunSpec("simulate", inputs.topology, inputs.job, policy,
                    dict(parse_options(policy_opts)), bubble_policy=bubble,
                    bubble_options=dict(parse_options(bubble_opts)),
-                   profile=load_profile(profile_path) if profile_path else None)
+                   profile=load_profile(profile_path) if profile_path else None,
+                   events=inputs.events)
     directory = out or new_run_dir(inputs.topology.name, policy)
     outcome = run(spec, directory)
     for line in run_summary(outcome.results):

@@ -14,6 +14,7 @@ from typing import Any
 
 from testbed.bubbles import BubbleBroker, ttft_summary
 from testbed.errors import InputError, TestbedError
+from testbed.events import NetEvent
 from testbed.inference import PrefillModel, arrivals, dedicated_ttft, kv_bytes, modeled_prefill_s
 from testbed.job import Job, dump_job
 from testbed.metrics.summary import Summary, summarize
@@ -46,6 +47,7 @@ class RunSpec:
     allreduce: str = "auto"
     stall_timeout_s: float = 120.0
     profile: Profile | None = None
+    events: tuple[NetEvent, ...] = ()
 
 
 @dataclass
@@ -106,10 +108,12 @@ def inference_results(topology: Topology, job: Job, plan: Plan, broker: BubbleBr
 
 def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,
                   profile: Profile | None = None,
-                  broker: BubbleBroker | None = None) -> tuple[Summary, list[dict[str, Any]]]:
+                  broker: BubbleBroker | None = None, events: tuple[NetEvent, ...] = ()
+                  ) -> tuple[Summary, list[dict[str, Any]]]:
     """Simulate a plan; the summary and spans, computed exactly as for the emulator."""
     try:
-        result = Simulator(topology, job, plan, policy, profile, bubbles=broker).run()
+        result = Simulator(topology, job, plan, policy, profile, bubbles=broker,
+                           events=events).run()
     except RuntimeError as exc:
         raise TestbedError(f"simulation failed: {exc}") from None
     tokens = plan.dp * plan.microbatches * plan.microbatch_size * job.model.seq_len
@@ -122,13 +126,13 @@ def _simulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy) -> RunRecord:
     broker = make_broker(spec.topology, spec.job, plan, spec.bubble_policy,
                          spec.bubble_options)
     summary, spans = simulate_plan(spec.topology, spec.job, plan, chosen, spec.profile,
-                                   broker)
+                                   broker, spec.events)
     end = max((s["end"] for s in spans), default=0.0)
     return RunRecord(
         backend="simulate", policy=spec.policy, bubble_policy=spec.bubble_policy,
         topology=spec.topology, job=spec.job, plan=plan, shaper=None, compute="modeled",
         summary=summary, spans=spans, start=0.0, policy_options=spec.policy_options,
-        extra={"profile": bool(spec.profile),
+        extra={"profile": bool(spec.profile), "events": [e.as_raw() for e in spec.events],
                "inference": inference_results(spec.topology, spec.job, plan, broker, end)})
 
 
@@ -147,7 +151,7 @@ def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path,
     coordinator = Coordinator(spec.topology, spec.job, plan, chosen, mode,
                               directory / "logs", spec.shaper, spec.stall_timeout_s, say,
                               allreduce=spec.allreduce, bubble_policy=spec.bubble_policy,
-                              bubble_options=spec.bubble_options)
+                              bubble_options=spec.bubble_options, events=spec.events)
     error: TestbedError | None = None
     try:
         run_loop(run_with_signals(coordinator))
@@ -162,7 +166,7 @@ def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path,
         compute=mode, summary=outcome.summary, spans=outcome.spans, start=outcome.start,
         status=outcome.status, error=outcome.error, losses=outcome.losses,
         policy_options=spec.policy_options,
-        extra={"allreduce": spec.allreduce,
+        extra={"allreduce": spec.allreduce, "events": [e.as_raw() for e in spec.events],
                "inference": inference_results(
                    spec.topology, spec.job, plan, coordinator.broker,
                    max((s["end"] for s in outcome.spans), default=outcome.start)

@@ -239,3 +239,72 @@ def test_atlas_over_the_emulator_serves_one_transfer_at_a_time(tmp_path: Path) -
     for (_, end), (start, _) in itertools.pairwise(sends):
         assert start >= end - 1e-3  # granted only after the previous one left
     assert any(s["kind"] == "wait_grant" for s in outcome.spans)
+
+
+def test_bubbletea_over_the_emulator_serves_prefills_to_decode_servers(tmp_path: Path) -> None:
+    from testbed.runs import RunSpec, run
+
+    inputs = load_inputs(TWO_DC, sets=(
+        "iterations=5", "inference.model=tiny", "inference.arrival_rate=100",
+        "inference.prompt_length.distribution=fixed", "inference.prompt_length.value=16"))
+    spec = RunSpec("emulate", inputs.topology, inputs.job, "1f1b", {},
+                   bubble_policy="bubbletea", compute="emulated")
+    outcome = run(spec, tmp_path / "run")
+    results = outcome.results
+    assert results["status"] == "ok", results["error"]
+    inference = results["inference"]
+    assert inference["served"] > 10
+    assert inference["kv_bytes"] >= inference["served"] * 2 * 4 * 64 * 2 * 16
+    assert inference["ttft_s"]["p50"] is not None
+    util = results["gpu_utilization"]
+    assert util["total"] > util["training"]
+    assert (tmp_path / "run" / "logs" / "east-decode.log").exists()
+
+
+def _up(tmp: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", "from testbed.cli import main; main()", "up", str(TWO_DC),
+         "-p", "gpipe", "--compute", "emulated", "--out", str(tmp / "run"), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def test_training_rides_through_a_link_flap_and_the_trace_shows_it(tmp_path: Path) -> None:
+    proc = _up(tmp_path, "--iterations", "30", "--event", "at=1s,link=east-west,down=2s",
+               "--event", "at=4s,link=east-west,latency=60ms,for=1s")
+    _out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["status"] == "ok" and results["iterations"] == 30
+    times = results["iteration_time_s"]["all"]
+    assert max(times) >= 2.0  # one iteration waited out the outage
+    assert "network event starts: east<->west down at 1 s for 2 s" in err
+    assert len(results["events"]) == 2
+    trace = json.loads((tmp_path / "run" / "trace.json").read_text())
+    assert sum(e.get("name") == "net_event" for e in trace["traceEvents"]) >= 1
+
+
+def test_an_outage_longer_than_the_stall_timeout_fails_clearly(tmp_path: Path) -> None:
+    proc = _up(tmp_path, "--iterations", "1000", "--stall-timeout", "2",
+               "--event", "at=1s,link=east-west,down=60s")
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("testbed: error: no progress for 2 s; stuck:"), last
+    assert "network event: east<->west down" in last
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["status"] == "failed" and results["iterations"] >= 1
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signalled_run_tears_down_and_keeps_its_results(tmp_path: Path, signum: int,
+                                                          code: int) -> None:
+    proc = _up(tmp_path, "--iterations", "100000")
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("iteration 3/"):
+            break
+    proc.send_signal(signum)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["status"] == "interrupted" and results["iterations"] >= 2

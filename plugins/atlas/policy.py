@@ -22,6 +22,8 @@ from .placement import Chain, capacity, fill, largest_first, place
 ORDERS = ("pipeline", "microbatch", "fifo")
 SHORTLIST = 8
 LARGE = 256
+PROBE_ITERATIONS = 3
+"""Enough for the staggered rhythm of temporal sharing to settle after the first."""
 """GPUs above which candidates are simulated for one iteration only."""
 _SIMULATED: dict[tuple[str, ...], float | None] = {}
 """Simulated iteration times by candidate: ablations re-run Atlas's own selection."""
@@ -244,11 +246,12 @@ class AtlasPolicy(TrainingPolicy):
         return best[1] if best else None
 
     def _simulate(self, topology: Topology, job: Job, candidate: Candidate) -> Candidate | None:
-        """The candidate with its simulated iteration time (the job's iterations, or one
-        on large topologies), or None if it cannot run."""
+        """The candidate with its simulated iteration time (a warm-up and two measured
+        iterations, or one on large topologies), or None if it cannot run."""
         from testbed.runs import simulate_plan
 
-        probe = job if topology.total_gpus <= LARGE else replace(job, iterations=1)
+        probe = replace(job, iterations=min(job.iterations, PROBE_ITERATIONS)
+                        if topology.total_gpus <= LARGE else 1)
         key = (repr(topology), repr(probe), repr(replace(candidate, predicted_s=0.0)),
                repr(sorted(self.settings.items())))
         if key not in _SIMULATED:

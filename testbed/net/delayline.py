@@ -107,9 +107,13 @@ def open_tun(name: str, offloads: bool) -> int:
     return fd
 
 
-def run(ports: list[Port], parent_pid: int, stats_path: Path | None) -> None:
+def run(ports: list[Port], parent_pid: int, stats_path: Path | None,
+        control_path: Path | None = None) -> None:
     def request_stop(*_: object) -> None:
         raise _Stop()
+
+    def request_reload(*_: object) -> None:
+        raise _Reload()
 
     def dump(*_: object) -> None:
         if stats_path is not None:
@@ -118,9 +122,32 @@ def run(ports: list[Port], parent_pid: int, stats_path: Path | None) -> None:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGUSR1, dump)
+    signal.signal(signal.SIGHUP, request_reload)
     with contextlib.suppress(_Stop):
-        _loop(ports, parent_pid)
+        while True:
+            try:
+                _loop(ports, parent_pid)
+                break
+            except _Reload:
+                if control_path is not None:
+                    reload(ports, control_path)
     dump()
+
+
+class _Reload(Exception):
+    """SIGHUP: the link changed; read the new delay, jitter and loss."""
+
+
+def reload(ports: list[Port], path: Path) -> None:
+    """New settings for every port from a JSON file: delay_s, jitter_s, loss."""
+    try:
+        settings = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    for port in ports:
+        port.delay_s = float(settings.get("delay_s", port.delay_s))
+        port.jitter_s = float(settings.get("jitter_s", port.jitter_s))
+        port.loss = float(settings.get("loss", port.loss))
 
 
 class _Stop(Exception):
@@ -207,6 +234,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="exit when this process is no longer our parent (0: never)",
     )
     parser.add_argument("--stats", type=Path, help="JSON counters, written on SIGUSR1 and exit")
+    parser.add_argument("--control", type=Path,
+                        help="JSON delay_s, jitter_s, loss: read again on SIGHUP")
     parser.add_argument(
         "--priority",
         type=int,
@@ -228,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps({"ready": True, "pid": os.getpid(), "realtime": rt}), flush=True)
     with contextlib.suppress(OSError):
         sys.stdout.close()
-    run(ports, args.parent_pid, args.stats)
+    run(ports, args.parent_pid, args.stats, args.control)
 
 
 if __name__ == "__main__":

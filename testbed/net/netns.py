@@ -134,17 +134,19 @@ class Namespaces:
     def rule_from_interface(self, ns_name: str, ifname: str, table: int, priority: int) -> None:
         self.ns(ns_name).rule("add", iifname=ifname, table=table, priority=priority)
 
-    def qdisc(self, q: Qdisc) -> None:
+    def qdisc(self, q: Qdisc, command: str = "add") -> None:
+        """Add (or, with command="change", change) a qdisc or htb class."""
         handle = self.ns(q.netns)
         index = self.index(q.netns, q.ifname)
         params = dict(q.params)
         try:
             if q.kind == "htb-class":
-                handle.tc("add-class", "htb", index, q.handle, parent=q.parent, **params)
+                handle.tc(f"{command}-class", "htb", index, q.handle, parent=q.parent,
+                          **params)
             elif q.parent is None:
-                handle.tc("add", q.kind, index, q.handle, **params)
+                handle.tc(command, q.kind, index, q.handle, **params)
             else:
-                handle.tc("add", q.kind, index, q.handle, parent=q.parent, **params)
+                handle.tc(command, q.kind, index, q.handle, parent=q.parent, **params)
         except NetlinkError as exc:
             if q.kind == "netem" and exc.code == ENOENT:
                 raise NetworkError(

@@ -18,6 +18,7 @@ _SHOWN = (
     "prefill",
     "send",
     "kv_transfer",
+    "net_event",
 )
 
 
@@ -43,6 +44,9 @@ def chrome_trace(
         dc = gpu.rsplit("-", 1)[0]
         pid = dcs.get(dc, 0)
         if gpu not in gpu_ids:
+            if pid == 0 and all(g.rsplit("-", 1)[0] in dcs for g in gpu_ids):
+                events.append({"ph": "M", "name": "process_name", "pid": 0,
+                               "args": {"name": "network"}})
             gpu_ids[gpu] = len(gpu_ids) + 1
             events.append(
                 {

@@ -81,6 +81,8 @@ class Row:
     ttft_p50: float | None
     ttft_p99: float | None
     error: str | None
+    slowdown: float | None = None
+    """Training iteration time against the same policy with bubble policy `none`."""
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -114,9 +116,15 @@ def table_rows(entries: Sequence[RunEntry]) -> list[Row]:
             error=failed[0].error if failed and not ok else None,
         ))
     base = rows[0].iteration_median if rows else None
+    by_combo = {row.combo: row for row in rows}
     for row in rows:
         if base and row.iteration_median:
             row.speedup = base / row.iteration_median
+        policy, plus, bubble = row.combo.partition("+")
+        reference = by_combo.get(f"{policy}+none")
+        if plus and bubble != "none" and reference and reference.iteration_median \
+                and row.iteration_median:
+            row.slowdown = row.iteration_median / reference.iteration_median - 1
     return rows
 
 
@@ -127,11 +135,11 @@ def _fmt(value: float | None, pattern: str) -> str:
 def table_text(rows: Sequence[Row]) -> str:
     """A plain-text table a terminal, a log and a paper draft can all take."""
     header = ["policy", "iteration (s)", "spread (s)", "speed-up", "tokens/s", "GPU train",
-              "GPU total", "WAN", "TTFT p50", "TTFT p99"]
+              "GPU total", "WAN", "TTFT p50", "TTFT p99", "slowdown"]
     lines = []
     for row in rows:
         if row.iteration_median is None:
-            lines.append([row.combo, "failed", "-", "-", "-", "-", "-", "-", "-", "-"])
+            lines.append([row.combo, "failed", "-", "-", "-", "-", "-", "-", "-", "-", "-"])
             continue
         lines.append([
             row.combo + (f" ({row.failed} failed)" if row.failed else ""),
@@ -144,6 +152,7 @@ def table_text(rows: Sequence[Row]) -> str:
             _fmt(row.wan_util, "{:.1%}"),
             _fmt(row.ttft_p50, "{:.3f}s"),
             _fmt(row.ttft_p99, "{:.3f}s"),
+            _fmt(row.slowdown, "{:+.2%}"),
         ])
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines, strict=True)]
     out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
@@ -156,14 +165,17 @@ def table_text(rows: Sequence[Row]) -> str:
 
 def markdown_table(rows: Sequence[Row]) -> str:
     lines = ["| policy | iteration (s) | spread | speed-up | tokens/s | GPU util (train) | "
-             "GPU util (total) | WAN util |", "|---|---|---|---|---|---|---|---|"]
+             "GPU util (total) | WAN util | TTFT p50 | TTFT p99 | slowdown |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         if row.iteration_median is None:
-            lines.append(f"| {row.combo} | failed | | | | | | |")
+            lines.append(f"| {row.combo} | failed | | | | | | | | | |")
             continue
         lines.append(
             f"| {row.combo} | {row.iteration_median:.3f} | {row.iteration_low:.3f}-"
             f"{row.iteration_high:.3f} | {_fmt(row.speedup, '{:.2f}x')} | "
             f"{_fmt(row.tokens_per_s, '{:.0f}')} | {_fmt(row.util_training, '{:.1%}')} | "
-            f"{_fmt(row.util_total, '{:.1%}')} | {_fmt(row.wan_util, '{:.1%}')} |")
+            f"{_fmt(row.util_total, '{:.1%}')} | {_fmt(row.wan_util, '{:.1%}')} | "
+            f"{_fmt(row.ttft_p50, '{:.3f} s')} | {_fmt(row.ttft_p99, '{:.3f} s')} | "
+            f"{_fmt(row.slowdown, '{:+.2%}')} |")
     return "\n".join(lines)

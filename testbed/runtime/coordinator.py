@@ -19,11 +19,12 @@ from typing import Any, TextIO
 from testbed.bubbles import BubbleBroker
 from testbed.compute import ring_allreduce_s, stage_cost
 from testbed.errors import TestbedError
+from testbed.events import NetEvent, changes, event_spans
 from testbed.inference import kv_bytes, modeled_prefill_s
 from testbed.job import Job
 from testbed.metrics.summary import Summary, summarize
 from testbed.net.layout import check_limits
-from testbed.net.network import Network, bring_up, tear_down
+from testbed.net.network import Network, bring_up, change_link, tear_down
 from testbed.net.state import ProcessRecord, process_start_ticks
 from testbed.plan.build import communicating_pairs
 from testbed.plan.model import Op, Plan, Sharing
@@ -107,6 +108,8 @@ class Coordinator:
     allreduce: str = "auto"
     bubble_policy: str | None = None
     bubble_options: dict[str, str] | None = None
+    events: tuple[NetEvent, ...] = ()
+    """Network events applied during training, at times from its start."""
     broker: BubbleBroker | None = None
     decoders: list[WorkerHandle] = field(default_factory=list)
     _admitted: dict[int, Request] = field(default_factory=dict)
@@ -129,6 +132,7 @@ class Coordinator:
     _transfer_ids: int = 0
     outcome: RunOutcome | None = None
     _watchers: list[asyncio.Task[None]] = field(default_factory=list)
+    _down: NetEvent | None = None
 
     # --- the run ---------------------------------------------------------------------
 
@@ -161,10 +165,12 @@ class Coordinator:
         )
         capacity = sum(self.topology.bottleneck_bps(a, b) for a, b in self.plan.sharing)
         summary = summarize(self.spans, gpus, self.start, tokens, capacity)
+        end = max((s["end"] for s in self.spans), default=self.start) - self.start
+        spans = self.spans + event_spans(self.events, self.start, end) if self.start else self.spans
         return RunOutcome(
             self.network,
             self.compute,
-            self.spans,
+            spans,
             self.losses,
             self.start,
             summary,
@@ -434,16 +440,38 @@ class Coordinator:
         readers = [asyncio.create_task(self._serve(w)) for w in self.workers]
         decoding = [asyncio.create_task(self._serve_decoder(d)) for d in self.decoders]
         stall = asyncio.create_task(self._stall_watch())
+        events = asyncio.create_task(self._apply_events())
         gathered = asyncio.gather(*readers)
         try:
             await self._race(gathered)
         finally:
             stall.cancel()
+            events.cancel()
             for task in decoding:
                 task.cancel()
             gathered.cancel()
             with contextlib.suppress(BaseException):
                 await gathered
+
+    async def _apply_events(self) -> None:
+        """Change the links at the events' times; a failure to apply one ends the run."""
+        assert self.network is not None
+        for change in changes(self.events, self.topology):
+            delay = self.start + change.at_s - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if change.event is not None:
+                verb = "ends" if change.revert else "starts"
+                self.say(f"network event {verb}: {change.event.describe()}")
+            try:
+                await asyncio.to_thread(change_link, self.network, change.a, change.b,
+                                        change.latency_s, change.bandwidth_bps, change.loss)
+            except (TestbedError, OSError) as exc:
+                self._fail(f"network event {change.event.describe() if change.event else ''}"
+                           f" could not be applied: {exc}")
+                return
+            if change.event is not None and change.event.kind == "down":
+                self._down = None if change.revert else change.event
 
     async def _serve(self, worker: WorkerHandle) -> None:
         """One worker's messages until it is done."""
@@ -486,7 +514,8 @@ class Coordinator:
             except (asyncio.IncompleteReadError, ConnectionError):
                 return
             if msg.get("op") == "kv" and self.broker is not None:
-                self.broker.delivered(int(msg["request"]), float(msg["at"]) - self.start)
+                self.broker.delivered(int(msg["request"]), float(msg["at"]) - self.start,
+                                      int(msg.get("bytes", 0)))
 
     async def _on_bubble(self, worker: WorkerHandle, msg: dict[str, Any]) -> None:
         """A worker is about to wait: ask the bubble policy for a prefill to run."""
@@ -597,9 +626,10 @@ class Coordinator:
                 behind = [
                     w.describe() for w in self.workers if w.gpu not in done and not w.finished
                 ]
+                down = f" (network event: {self._down.describe()})" if self._down else ""
                 self._fail(
                     f"no progress for {self.stall_timeout_s:g} s; stuck: "
-                    f"{', '.join(behind[:4])}{' ...' if len(behind) > 4 else ''}"
+                    f"{', '.join(behind[:4])}{' ...' if len(behind) > 4 else ''}{down}"
                 )
                 return
 

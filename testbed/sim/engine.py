@@ -6,18 +6,26 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from testbed.bubbles import BubbleBroker
 from testbed.compute import StageCost, ring_allreduce_s, stage_cost
+from testbed.events import Change, NetEvent, changes, event_spans
 from testbed.inference import kv_bytes, modeled_prefill_s
 from testbed.job import Job
 from testbed.plan.model import Op, Plan, Sharing
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import Request, TrainingPolicy, Transfer
-from testbed.sim.network import WINDOW_EFFICIENCY, EventQueue, FluidNetwork, Pair
+from testbed.sim.network import (
+    RTO_MIN,
+    WINDOW_EFFICIENCY,
+    EventQueue,
+    FluidNetwork,
+    Pair,
+    resume_after_outage,
+)
 from testbed.topology.model import Topology
 
 
@@ -58,27 +66,42 @@ class SimResult:
     events: int
 
 
-def stage_costs(topology: Topology, job: Job, plan: Plan,
-                profile: Mapping[int, Mapping[str, float]] | None = None) -> list[StageCost]:
+def stage_costs(
+    topology: Topology,
+    job: Job,
+    plan: Plan,
+    profile: Mapping[int, Mapping[str, float]] | None = None,
+) -> list[StageCost]:
     """Per-stage compute: the FLOP model on the stage's GPU type, or a measured profile."""
     costs = []
     for stage in range(plan.pp):
         gpu = topology.gpu(plan.lead_gpu(0, stage)).type
-        cost = stage_cost(job, plan.layers[stage], stage == 0, stage == plan.pp - 1, gpu,
-                          plan.tp)
+        cost = stage_cost(job, plan.layers[stage], stage == 0, stage == plan.pp - 1, gpu, plan.tp)
         if profile is not None and stage in profile:
             measured = profile[stage]
-            cost = StageCost(measured.get("forward_s", cost.forward_s),
-                             measured.get("backward_s", cost.backward_s), cost.grad_bytes)
+            cost = StageCost(
+                measured.get("forward_s", cost.forward_s),
+                measured.get("backward_s", cost.backward_s),
+                cost.grad_bytes,
+            )
         costs.append(cost)
     return costs
 
 
 class Simulator:
-    def __init__(self, topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,
-                 profile: Mapping[int, Mapping[str, float]] | None = None,
-                 step_s: float = 0.0, bubbles: BubbleBroker | None = None) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        job: Job,
+        plan: Plan,
+        policy: TrainingPolicy,
+        profile: Mapping[int, Mapping[str, float]] | None = None,
+        step_s: float = 0.0,
+        bubbles: BubbleBroker | None = None,
+        events: Sequence[NetEvent] = (),
+    ) -> None:
         self.topology, self.job, self.plan, self.policy = topology, job, plan, policy
+        self.events = tuple(events)
         self.bubbles = bubbles
         self.costs = stage_costs(topology, job, plan, profile)
         self.step_s = step_s
@@ -88,7 +111,8 @@ class Simulator:
         self.workers: dict[tuple[int, int], _Worker] = {}
         for index, ((replica, stage), gpus) in enumerate(plan.workers()):
             self.workers[(replica, stage)] = _Worker(
-                index, replica, stage, gpus, topology.dc_of(gpus[0]), plan.actions[gpus[0]])
+                index, replica, stage, gpus, topology.dc_of(gpus[0]), plan.actions[gpus[0]]
+            )
         self.network = FluidNetwork(self._capacities(), self.queue.at)
         self.pairs: dict[tuple[str, str], Pair] = {}
         self.mailbox: set[tuple[str, int, int, int, int]] = set()
@@ -98,6 +122,11 @@ class Simulator:
         self._decode_pairs: dict[str, Pair] = {}
         self._pair_queue: dict[int, list[Any]] = {}
         self._transfer_ids = 0
+        self._latency = {_link_key(link.a, link.b): link.latency_s for link in topology.links}
+        self._bandwidth = {_link_key(link.a, link.b): link.bandwidth_bps for link in topology.links}
+        self._down_since: dict[tuple[str, str], float] = {}
+        for change in changes(self.events, topology):
+            self.queue.at(change.at_s, functools.partial(self._apply, change))
 
     # --- network ---------------------------------------------------------------------
 
@@ -114,6 +143,43 @@ class Simulator:
             capacity[f"down:decode-{dc.name}"] = dc.bandwidth_bps
         return capacity
 
+    def _one_way(self, src_dc: str, dst_dc: str) -> float:
+        """Propagation delay along the route set up at the start, with event changes."""
+        hops = self.topology.path(src_dc, dst_dc)
+        return sum(self._latency[_link_key(a, b)] for a, b in itertools.pairwise(hops))
+
+    def _apply(self, change: Change, now: float) -> None:
+        """A network event: latency for transfers that start from now on, bandwidth at
+        once, an outage stops the link and TCP resumes after its retransmission backoff.
+        Loss alone is not modeled (BBR, the default, keeps its rate under light loss)."""
+        key = _link_key(change.a, change.b)
+        resources = (f"wan:{change.a}>{change.b}", f"wan:{change.b}>{change.a}")
+        if change.latency_s is not None:
+            self._latency[key] = change.latency_s
+        if change.bandwidth_bps is not None:
+            self._bandwidth[key] = change.bandwidth_bps
+            if key not in self._down_since:
+                for resource in resources:
+                    self.network.set_capacity(now, resource, change.bandwidth_bps)
+        event = change.event
+        if event is None or event.kind != "down":
+            return
+        if not change.revert:
+            self._down_since[key] = now
+            for resource in resources:
+                self.network.set_capacity(now, resource, 0.0)
+            return
+        outage = now - self._down_since[key]
+        rto = RTO_MIN + 2 * self._latency[key]
+        back = self._down_since[key] + resume_after_outage(outage, rto)
+        self.queue.at(back, functools.partial(self._link_back, key, resources))
+
+    def _link_back(self, key: tuple[str, str], resources: tuple[str, ...], now: float) -> None:
+        self._down_since.pop(key, None)
+        for resource in resources:
+            self.network.set_capacity(now, resource, self._bandwidth[key])
+            self.network.restart_windows(now, resource)
+
     def _decode_dc(self, dc: str) -> str:
         """Where a prefill's KV cache goes: the named DC, or the prefill's own DC."""
         named = self.job.inference.decode_dc if self.job.inference else None
@@ -122,7 +188,7 @@ class Simulator:
     def _path(self, src: _Worker, dst: _Worker) -> tuple[tuple[str, ...], float]:
         hops = self.topology.path(src.dc, dst.dc)
         wan = [f"wan:{a}>{b}" for a, b in itertools.pairwise(hops)]
-        latency = self.topology.one_way_latency(src.dc, dst.dc)
+        latency = self._one_way(src.dc, dst.dc)
         latency += (self.topology.dc(src.dc).latency_s + self.topology.dc(dst.dc).latency_s) / 2
         return (f"up:{src.lead}", *wan, f"down:{dst.lead}"), latency
 
@@ -132,58 +198,137 @@ class Simulator:
             tcp_src, tcp_dst = self.topology.tcp_for(src.dc), self.topology.tcp_for(dst.dc)
             window = WINDOW_EFFICIENCY * min(tcp_src.wmem[2], tcp_dst.rmem[2])
             connections = self.plan.connections_between(src.lead, dst.lead) * len(src.gpus)
-            self.pairs[key] = Pair(connections, window, max(2 * latency, 1e-5),
-                                   tcp_src.slow_start_after_idle)
-        return self.pairs[key]
+            self.pairs[key] = Pair(
+                connections, window, max(2 * latency, 1e-5), tcp_src.slow_start_after_idle
+            )
+        pair = self.pairs[key]
+        pair.rtt = max(2 * latency, 1e-5)  # a latency event changes it for later rounds
+        return pair
 
-    def _send(self, now: float, src: _Worker, dst: _Worker, nbytes: int,
-              on_arrival: Any, kind: str, microbatch: int | None, iteration: int) -> None:
+    def _send(
+        self,
+        now: float,
+        src: _Worker,
+        dst: _Worker,
+        nbytes: int,
+        on_arrival: Any,
+        kind: str,
+        microbatch: int | None,
+        iteration: int,
+    ) -> None:
         resources, latency = self._path(src, dst)
         pair = self._pair(src, dst, latency)
         link = None if src.dc == dst.dc else f"{src.dc}>{dst.dc}"
 
         def arrived(t: float, started: float = now) -> None:
-            self.spans.append({"gpu": dst.lead, "kind": "transfer", "start": started, "end": t,
-                               "iteration": iteration, "microbatch": microbatch,
-                               "bytes": nbytes, "link": link, "src": src.lead, "dst": dst.lead,
-                               "stage": dst.stage, "peer": src.lead})
+            self.spans.append(
+                {
+                    "gpu": dst.lead,
+                    "kind": "transfer",
+                    "start": started,
+                    "end": t,
+                    "iteration": iteration,
+                    "microbatch": microbatch,
+                    "bytes": nbytes,
+                    "link": link,
+                    "src": src.lead,
+                    "dst": dst.lead,
+                    "stage": dst.stage,
+                    "peer": src.lead,
+                }
+            )
             on_arrival(t)
 
         def sent(t1: float, t2: float) -> None:
-            self.spans.append({"gpu": src.lead, "kind": "send", "start": t1, "end": t2,
-                               "iteration": iteration, "microbatch": microbatch,
-                               "bytes": nbytes, "link": link, "peer": dst.lead,
-                               "stage": src.stage})
+            self.spans.append(
+                {
+                    "gpu": src.lead,
+                    "kind": "send",
+                    "start": t1,
+                    "end": t2,
+                    "iteration": iteration,
+                    "microbatch": microbatch,
+                    "bytes": nbytes,
+                    "link": link,
+                    "peer": dst.lead,
+                    "stage": src.stage,
+                }
+            )
             self._next_on_pair(pair, t2)
 
         def begin(t: float) -> None:
-            self._fifo(t, pair, lambda t1: self.network.start(
-                t1, nbytes, resources, pair, latency, lambda t2: arrived(t2, t1),
-                lambda t2: sent(t1, t2)))
+            self._fifo(
+                t,
+                pair,
+                lambda t1: self.network.start(
+                    t1,
+                    nbytes,
+                    resources,
+                    pair,
+                    latency,
+                    lambda t2: arrived(t2, t1),
+                    lambda t2: sent(t1, t2),
+                ),
+            )
 
-        arbitrated = (link is not None and kind in ("SEND_F", "SEND_B")
-                      and self.plan.sharing.get((src.dc, dst.dc)) is Sharing.ARBITRATED)
+        arbitrated = (
+            link is not None
+            and kind in ("SEND_F", "SEND_B")
+            and self.plan.sharing.get((src.dc, dst.dc)) is Sharing.ARBITRATED
+        )
         if not arbitrated:
             begin(now)
             return
         self._transfer_ids += 1
-        transfer = Transfer(self._transfer_ids, src.lead, dst.lead, src.dc, dst.dc, Op(kind),
-                            src.replica, src.stage, microbatch if microbatch is not None else -1,
-                            nbytes, now, iteration)
+        transfer = Transfer(
+            self._transfer_ids,
+            src.lead,
+            dst.lead,
+            src.dc,
+            dst.dc,
+            Op(kind),
+            src.replica,
+            src.stage,
+            microbatch if microbatch is not None else -1,
+            nbytes,
+            now,
+            iteration,
+        )
 
         def granted(t: float, requested: float = now) -> None:
-            self.spans.append({"gpu": src.lead, "kind": "wait_grant", "start": requested,
-                               "end": t, "iteration": iteration, "microbatch": microbatch,
-                               "link": link, "peer": dst.lead, "stage": src.stage})
+            self.spans.append(
+                {
+                    "gpu": src.lead,
+                    "kind": "wait_grant",
+                    "start": requested,
+                    "end": t,
+                    "iteration": iteration,
+                    "microbatch": microbatch,
+                    "link": link,
+                    "peer": dst.lead,
+                    "stage": src.stage,
+                }
+            )
 
             def left(t1: float, t2: float) -> None:
                 sent(t1, t2)  # the last byte is on the link: the lane is free
                 nxt = self.arbiter.release(transfer)
                 if nxt is not None:
                     self._grant(t2, nxt)
-            self._fifo(t, pair, lambda t1: self.network.start(
-                t1, nbytes, resources, pair, latency, lambda t2: arrived(t2, t1),
-                lambda t2: left(t1, t2)))
+
+            self._fifo(
+                t,
+                pair,
+                lambda t1: self.network.start(
+                    t1,
+                    nbytes,
+                    resources,
+                    pair,
+                    latency,
+                    lambda t2: arrived(t2, t1),
+                    lambda t2: left(t1, t2),
+                ),
+            )
 
         self._starters[transfer.id] = granted
         chosen = self.arbiter.request(transfer)
@@ -215,14 +360,32 @@ class Simulator:
         stuck = [w.lead for w in self.workers.values() if not w.done]
         if stuck:
             raise RuntimeError(f"simulation stalled with {', '.join(stuck[:4])} unfinished")
+        end = max((s["end"] for s in self.spans), default=0.0)
+        self.spans.extend(event_spans(self.events, 0.0, end))
         return SimResult(self.spans, 0.0, 0)
 
-    def _span(self, worker: _Worker, kind: str, start: float, end: float,
-              microbatch: int | None = None, **extra: Any) -> None:
+    def _span(
+        self,
+        worker: _Worker,
+        kind: str,
+        start: float,
+        end: float,
+        microbatch: int | None = None,
+        **extra: Any,
+    ) -> None:
         for gpu in worker.gpus:
-            self.spans.append({"gpu": gpu, "kind": kind, "start": start, "end": end,
-                               "iteration": worker.iteration, "stage": worker.stage,
-                               "microbatch": microbatch, **extra})
+            self.spans.append(
+                {
+                    "gpu": gpu,
+                    "kind": kind,
+                    "start": start,
+                    "end": end,
+                    "iteration": worker.iteration,
+                    "stage": worker.stage,
+                    "microbatch": microbatch,
+                    **extra,
+                }
+            )
 
     def _advance(self, worker: _Worker, now: float) -> None:
         while True:
@@ -237,8 +400,7 @@ class Simulator:
             cost = self.costs[worker.stage]
             if op in (Op.F, Op.B):
                 duration = cost.forward_s if op is Op.F else cost.backward_s
-                self._span(worker, "forward" if op is Op.F else "backward", now, now + duration,
-                           mb)
+                self._span(worker, "forward" if op is Op.F else "backward", now, now + duration, mb)
                 worker.pc += 1
                 self.queue.at(now + duration, functools.partial(self._advance, worker))
                 return
@@ -252,15 +414,33 @@ class Simulator:
             if op in (Op.SEND_F, Op.SEND_B):
                 forward = op is Op.SEND_F
                 peer = self.workers[(worker.replica, worker.stage + (1 if forward else -1))]
-                tag = ("F" if forward else "B", worker.iteration, worker.replica, peer.stage,
-                       mb if mb is not None else -1)
-                self._send(now, worker, peer, self.job.activation_bytes,
-                           lambda t, k=tag: self._deliver(k, t), op.value, mb, worker.iteration)
+                tag = (
+                    "F" if forward else "B",
+                    worker.iteration,
+                    worker.replica,
+                    peer.stage,
+                    mb if mb is not None else -1,
+                )
+                self._send(
+                    now,
+                    worker,
+                    peer,
+                    self.job.activation_bytes,
+                    lambda t, k=tag: self._deliver(k, t),
+                    op.value,
+                    mb,
+                    worker.iteration,
+                )
                 worker.pc += 1
                 continue
             if op in (Op.RECV_F, Op.RECV_B):
-                tag = ("F" if op is Op.RECV_F else "B", worker.iteration, worker.replica,
-                       worker.stage, mb if mb is not None else -1)
+                tag = (
+                    "F" if op is Op.RECV_F else "B",
+                    worker.iteration,
+                    worker.replica,
+                    worker.stage,
+                    mb if mb is not None else -1,
+                )
                 if tag in self.mailbox:
                     self.mailbox.discard(tag)
                     self._span(worker, "recv", now, now, mb, action=worker.pc)
@@ -282,8 +462,9 @@ class Simulator:
             return
         self._span(worker, "recv", worker.waiting_since, now, tag[4], action=worker.pc)
         if self.bubbles is not None:
-            self.bubbles.record_wait(worker.lead, worker.pc, worker.iteration,
-                                     now - worker.waiting_since)
+            self.bubbles.record_wait(
+                worker.lead, worker.pc, worker.iteration, now - worker.waiting_since
+            )
         worker.pc += 1
         if worker.prefill_until > now:  # the GPU is still busy with a prefill
             worker.resume_after_prefill = True
@@ -302,8 +483,14 @@ class Simulator:
         gpu = self.topology.gpu(worker.lead).type
         duration = modeled_prefill_s(self.job.inference, gpu, request.prompt_len)
         worker.prefill_started, worker.prefill_until = now, now + duration
-        self._span(worker, "prefill", now, now + duration, request=request.id,
-                   prompt_len=request.prompt_len)
+        self._span(
+            worker,
+            "prefill",
+            now,
+            now + duration,
+            request=request.id,
+            prompt_len=request.prompt_len,
+        )
         self.queue.at(now + duration, functools.partial(self._prefilled, worker, request))
 
     def _prefilled(self, worker: _Worker, request: Request, now: float) -> None:
@@ -323,23 +510,42 @@ class Simulator:
         decode = self._decode_dc(worker.dc)
         hops = self.topology.path(worker.dc, decode)
         wan = tuple(f"wan:{a}>{b}" for a, b in itertools.pairwise(hops))
-        latency = self.topology.one_way_latency(worker.dc, decode) + \
-            self.topology.dc(decode).latency_s
-        pair = self._decode_pairs.setdefault(worker.lead, Pair(
-            1, WINDOW_EFFICIENCY * self.topology.tcp_for(worker.dc).wmem[2],
-            max(2 * latency, 1e-5), self.topology.tcp_for(worker.dc).slow_start_after_idle))
+        latency = self._one_way(worker.dc, decode) + self.topology.dc(decode).latency_s
+        pair = self._decode_pairs.setdefault(
+            worker.lead,
+            Pair(
+                1,
+                WINDOW_EFFICIENCY * self.topology.tcp_for(worker.dc).wmem[2],
+                max(2 * latency, 1e-5),
+                self.topology.tcp_for(worker.dc).slow_start_after_idle,
+            ),
+        )
         broker = self.bubbles
 
         def delivered(t: float, started: float = now) -> None:
-            broker.delivered(request.id, t)
-            self.spans.append({"gpu": worker.lead, "kind": "kv_transfer", "start": started,
-                               "end": t, "iteration": worker.iteration, "bytes": nbytes,
-                               "request": request.id, "stage": worker.stage,
-                               "link": None if worker.dc == decode
-                               else f"{worker.dc}>{decode}"})
+            broker.delivered(request.id, t, nbytes)
+            self.spans.append(
+                {
+                    "gpu": worker.lead,
+                    "kind": "kv_transfer",
+                    "start": started,
+                    "end": t,
+                    "iteration": worker.iteration,
+                    "bytes": nbytes,
+                    "request": request.id,
+                    "stage": worker.stage,
+                    "link": None if worker.dc == decode else f"{worker.dc}>{decode}",
+                }
+            )
 
-        self.network.start(now, nbytes, (f"up:{worker.lead}", *wan, f"down:decode-{decode}"),
-                           pair, latency, delivered)
+        self.network.start(
+            now,
+            nbytes,
+            (f"up:{worker.lead}", *wan, f"down:decode-{decode}"),
+            pair,
+            latency,
+            delivered,
+        )
 
     # --- all-reduce ------------------------------------------------------------------
 
@@ -354,8 +560,9 @@ class Simulator:
         grad = self.costs[worker.stage].grad_bytes
         if len(dcs) == 1:
             dc = self.topology.dc(worker.dc)
-            duration = ring_allreduce_s(grad, self.plan.dp, dc.bandwidth_bps * len(worker.gpus),
-                                        dc.latency_s)
+            duration = ring_allreduce_s(
+                grad, self.plan.dp, dc.bandwidth_bps * len(worker.gpus), dc.latency_s
+            )
             self.queue.at(now + duration, lambda t: self._allreduce_done(key, members, t))
         else:
             self._ring_step(key, members, now)
@@ -383,7 +590,16 @@ class Simulator:
     def _allreduce_done(self, key: tuple[int, int], members: list[_Worker], now: float) -> None:
         ring = self.rings.pop(key)
         for member in members:
-            self._span(member, "allreduce", ring.arrived[member.replica], now,
-                       bytes=self.costs[key[0]].grad_bytes)
+            self._span(
+                member,
+                "allreduce",
+                ring.arrived[member.replica],
+                now,
+                bytes=self.costs[key[0]].grad_bytes,
+            )
             member.pc += 1
             self.queue.at(now, functools.partial(self._advance, member))
+
+
+def _link_key(a: str, b: str) -> tuple[str, str]:
+    return (a, b) if a <= b else (b, a)

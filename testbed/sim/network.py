@@ -27,6 +27,18 @@ WINDOW_EFFICIENCY = 0.85
 0.287 Gbit/s for one flow at 100 ms RTT with a 4 MiB buffer (scripts/bench_net.py)."""
 RTO_MIN = 0.2
 
+
+def resume_after_outage(outage_s: float, rto_s: float) -> float:
+    """When TCP sends again after a link was down `outage_s`: retransmissions back off,
+    doubling from one RTO, so the first one after the link is back comes at the next
+    point of rto x (2^k - 1)."""
+    waited, step = 0.0, rto_s
+    while waited < outage_s:
+        waited += step
+        step *= 2
+    return waited
+
+
 Schedule = Callable[[float, Callable[[float], None]], None]
 
 
@@ -108,9 +120,16 @@ class FluidNetwork:
     users: dict[str, set[int]] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
-    def start(self, now: float, nbytes: float, resources: tuple[str, ...], pair: Pair,
-              latency: float, on_arrival: Callable[[float], None],
-              on_sent: Callable[[float], None] | None = None) -> None:
+    def start(
+        self,
+        now: float,
+        nbytes: float,
+        resources: tuple[str, ...],
+        pair: Pair,
+        latency: float,
+        on_arrival: Callable[[float], None],
+        on_sent: Callable[[float], None] | None = None,
+    ) -> None:
         """Send `nbytes`; `on_sent(t)` runs when the last byte has left, `on_arrival(t)` when
         it reaches the receiver."""
         pair.begin(now)
@@ -120,12 +139,35 @@ class FluidNetwork:
                 on_sent(now)
             self.schedule(now + latency, on_arrival)
             return
-        flow = Flow(next(self._ids), resources, pair, latency, on_arrival, float(nbytes),
-                    updated=now, on_sent=on_sent)
+        flow = Flow(
+            next(self._ids),
+            resources,
+            pair,
+            latency,
+            on_arrival,
+            float(nbytes),
+            updated=now,
+            on_sent=on_sent,
+        )
         self.flows[flow.id] = flow
         for resource in resources:
             self.users.setdefault(resource, set()).add(flow.id)
         self._new_round(now, flow)
+
+    def set_capacity(self, now: float, resource: str, bps: float) -> None:
+        """A link changed during the run (a network event): flows on it share anew."""
+        self.capacity[resource] = bps
+        self._reallocate(now, (resource,))
+
+    def restart_windows(self, now: float, resource: str) -> None:
+        """After an outage TCP has timed out: every flow on `resource` starts again from
+        the initial window."""
+        for fid in list(self.users.get(resource, ())):
+            flow = self.flows[fid]
+            flow.progress(now)
+            flow.pair.cwnd = INITIAL_WINDOW
+            flow.steady = False
+            self._new_round(now, flow)
 
     def _new_round(self, now: float, flow: Flow) -> None:
         """Slow start goes in rounds of one RTT; once the window reaches the socket
@@ -139,8 +181,10 @@ class FluidNetwork:
         else:
             flow.round_id += 1
             flow.budget = flow.round_budget = pair.round_budget()
-            self.schedule(now + pair.rtt, functools.partial(
-                self._round_over, flow=flow, round_id=flow.round_id))
+            self.schedule(
+                now + pair.rtt,
+                functools.partial(self._round_over, flow=flow, round_id=flow.round_id),
+            )
         self._reallocate(now, flow.resources)
 
     def _round_over(self, now: float, flow: Flow, round_id: int) -> None:
@@ -195,10 +239,17 @@ class FluidNetwork:
         for flow in flows:
             flow.progress(now)
         sending = [f for f in flows if not f.paused]
-        rates = max_min({f.id: (f.pair.connections / max(1, f.pair.active),
-                                f.pair.steady_cap() if f.steady else float("inf"), f.resources)
-                         for f in sending},
-                        {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in seen})
+        rates = max_min(
+            {
+                f.id: (
+                    f.pair.connections / max(1, f.pair.active),
+                    f.pair.steady_cap() if f.steady else float("inf"),
+                    f.resources,
+                )
+                for f in sending
+            },
+            {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in seen},
+        )
         for flow in flows:
             rate = rates.get(flow.id, 0.0)
             if rate == flow.rate and flow.rate > 0 and flow.scheduled:
@@ -209,12 +260,14 @@ class FluidNetwork:
             if flow.rate > 0:
                 left = min(flow.remaining, flow.budget)
                 done = now + left * 8 / flow.rate
-                self.schedule(done, functools.partial(self._event, flow_id=flow.id,
-                                                      version=flow.version))
+                self.schedule(
+                    done, functools.partial(self._event, flow_id=flow.id, version=flow.version)
+                )
 
 
-def max_min(flows: dict[int, tuple[float, float, tuple[str, ...]]],
-            capacity: dict[str, float]) -> dict[int, float]:
+def max_min(
+    flows: dict[int, tuple[float, float, tuple[str, ...]]], capacity: dict[str, float]
+) -> dict[int, float]:
     """Weighted max-min fair rates by progressive filling: flow -> (weight, cap, resources).
     Each round raises every unfrozen flow's rate per unit weight until a resource fills up
     or a flow reaches its cap; those flows freeze."""
@@ -236,8 +289,7 @@ def max_min(flows: dict[int, tuple[float, float, tuple[str, ...]]],
         if capped:
             frozen = [(fid, active[fid][1]) for fid in capped]
         elif bottleneck is not None:
-            frozen = [(fid, level * active[fid][0]) for fid in users[bottleneck]
-                      if fid in active]
+            frozen = [(fid, level * active[fid][0]) for fid in users[bottleneck] if fid in active]
         else:
             break
         for fid, rate in frozen:

@@ -54,9 +54,17 @@ def parse_topology(
     job = top.raw("job", None)
     if job is not None and not isinstance(job, dict):
         raise top.error("job", "expected a mapping")
+    events = top.raw("events", None)
+    if events is not None and not isinstance(events, list):
+        raise top.error("events", "expected a list")
     top.done()
-    topology = Topology(name, tuple(datacenters), tuple(links), tcp, job, source)
+    topology = Topology(name, tuple(datacenters), tuple(links), tcp, job,
+                        tuple(events) if events is not None else None, source)
     _check_connected(topology, top)
+    if events is not None:
+        from testbed.events import parse_events
+
+        parse_events(list(events), topology, source)  # refuse a bad event now
     return topology
 
 
@@ -238,6 +246,8 @@ def dump_topology(topology: Topology) -> dict[str, Any]:
     data["wan"] = [_dump_link(link) for link in topology.links]
     if topology.job is not None:
         data["job"] = dict(topology.job)
+    if topology.events is not None:
+        data["events"] = list(topology.events)
     return data
 
 

@@ -132,6 +132,8 @@ class Topology:
     tcp: TcpSettings = TcpSettings()
     job: Mapping[str, Any] | None = None
     """The raw `job` section; `testbed.job` parses it."""
+    events: tuple[Any, ...] | None = None
+    """The raw `events` section; `testbed.events` parses it against the links."""
     source: str | None = field(default=None, compare=False)
 
     def dc(self, name: str) -> Datacenter:

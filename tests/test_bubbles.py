@@ -1,0 +1,133 @@
+"""Bubble filling: admission, bookkeeping, and the simulator's no-slowdown property."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from testbed.bubbles import BubbleBroker
+from testbed.cli_options import load_inputs
+from testbed.inference import (
+    PrefillModel,
+    arrivals,
+    dedicated_ttft,
+    fit_quadratic,
+    percentile,
+    predicted_bubbles,
+)
+from testbed.job import parse_job
+from testbed.policy import Bubble, Request, bubble_policy, training_policy
+from testbed.runs import make_broker, simulate_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+
+requests = st.lists(st.builds(Request, st.integers(0, 10**6), st.floats(0, 10),
+                              st.integers(1, 4096)), max_size=20,
+                    unique_by=lambda r: r.id)
+
+
+@given(st.floats(0, 10), st.floats(0, 5), st.floats(0, 5), requests,
+       st.floats(1e-6, 1e-3), st.floats(0, 0.5), st.floats(0, 0.01))
+def test_bubbletea_never_admits_past_the_predicted_end(start: float, waited: float,
+                                                      length: float, queue: list[Request],
+                                                      per_token: float, guard: float,
+                                                      guard_s: float) -> None:
+    policy = bubble_policy("bubbletea", {"guard": str(guard), "guard_s": str(guard_s)})
+    now = start + waited
+    bubble = Bubble("east-0", start, start + length)
+
+    def prefill_time(n: int) -> float:
+        return 0.001 + per_token * n
+
+    chosen = policy.admit(bubble, queue, now, prefill_time)
+    if chosen is not None:
+        assert chosen in queue
+        assert now + prefill_time(chosen.prompt_len) <= bubble.end
+    elif queue:
+        room = (bubble.end - now) * (1 - guard) - guard_s
+        assert all(prefill_time(r.prompt_len) > room for r in queue)
+
+
+def test_greedy_and_none() -> None:
+    queue = [Request(2, 1.0, 100), Request(1, 0.5, 4000)]
+    bubble = Bubble("g", 0.0, 0.0)  # no predicted room at all
+    assert bubble_policy("greedy").admit(bubble, queue, 2.0, lambda n: 9.0) == queue[1]
+    assert bubble_policy("none").admit(bubble, queue, 2.0, lambda n: 0.0) is None
+
+
+def test_prefill_model_fits_a_quadratic_exactly() -> None:
+    a, b, c = fit_quadratic([(x, 0.5 + 0.01 * x + 1e-6 * x * x) for x in (10, 100, 1000, 50)])
+    assert (a, b, c) == pytest.approx((0.5, 0.01, 1e-6), rel=1e-6)
+    model = PrefillModel({"a": 1.0, "b": 0.0, "c": 0.0})
+    assert model(500) == 1.0
+    for n in (100, 200, 400):
+        model.observe(n, 0.002 * n)
+    assert model(300) == pytest.approx(0.6, rel=1e-6)
+
+
+def test_broker_predicts_the_shortest_recent_wait_and_rejects_late_requests() -> None:
+    stream = iter([Request(0, 0.0, 100), Request(1, 0.1, 100), Request(2, 5.0, 100)])
+    broker = BubbleBroker(bubble_policy("bubbletea", {"guard": "0", "guard_s": "0"}),
+                          stream, PrefillModel({"a": 0.1, "b": 0.0, "c": 0.0}), deadline_s=2.0)
+    assert broker.on_idle("g", 3, 0.2, 0.2) is None  # no measured bubble yet
+    for iteration, wait in enumerate((0.5, 0.3, 0.4, 0.9)):
+        broker.record_wait("g", 3, iteration, wait)
+    assert broker.predicted("g", 3) == 0.3  # the last three: 0.3, 0.4, 0.9
+    chosen = broker.on_idle("g", 3, 0.25, 0.2)  # room 0.25, prefill 0.1
+    assert chosen is not None and chosen.id == 0
+    broker.delivered(0, 0.5, 1000)
+    broker.queue(3.0)  # request 1 waited 2.9 s > 2 s: rejected
+    summary = broker.summary(6.0)
+    assert summary["served"] == 1 and summary["rejected"] == 1 and summary["pending"] == 1
+    assert summary["ttft_s"]["p50"] == pytest.approx(0.5)
+    assert summary["kv_bytes"] == 1000
+
+
+def test_arrivals_are_seeded_and_poisson() -> None:
+    job = parse_job({"model": "tiny", "inference": {"arrival_rate": "50/s", "prompt_length": {
+        "distribution": "uniform", "min": 10, "max": 20}}})
+    assert job.inference is not None
+    first = list(itertools.islice(arrivals(job.inference, 1), 5000))
+    again = list(itertools.islice(arrivals(job.inference, 1), 5000))
+    assert first == again
+    rate = len(first) / first[-1].arrival
+    assert 45 < rate < 55
+    assert all(10 <= r.prompt_len <= 20 for r in first)
+
+
+def test_dedicated_cluster_queues_first_come_first_served() -> None:
+    reqs = [Request(i, 0.0, 1) for i in range(3)]
+    ttft = dedicated_ttft(reqs, 1, lambda n: 1.0, lambda n: 0.5)
+    assert ttft == [1.5, 2.5, 3.5]
+    assert percentile(ttft, 0.5) == 2.5
+
+
+def test_predicted_bubbles_from_spans() -> None:
+    spans = [{"kind": "recv", "gpu": "g", "action": 4, "iteration": i, "start": 0.0,
+              "end": d} for i, d in enumerate((0.2, 0.3, 0.1, 0.5))]
+    assert predicted_bubbles(spans) == {("g", 4): 0.1}
+
+
+def _simulate(bubble: str | None, rate: str) -> tuple[Any, Any]:
+    inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml",
+                         sets=(f"inference.arrival_rate={rate}", "iterations=3"))
+    policy = training_policy("1f1b")
+    plan = policy.plan(inputs.topology, inputs.job)
+    broker = make_broker(inputs.topology, inputs.job, plan, bubble)
+    summary, _ = simulate_plan(inputs.topology, inputs.job, plan, policy, broker=broker)
+    return summary, broker
+
+
+def test_bubbletea_fills_bubbles_without_slowing_training_in_the_simulator() -> None:
+    none, _ = _simulate(None, "100")
+    tea, broker = _simulate("bubbletea", "100")
+    greedy, _ = _simulate("greedy", "100")
+    assert tea.iteration_times == pytest.approx(none.iteration_times, rel=1e-9)
+    assert tea.utilization_total > none.utilization_training + 0.1
+    assert broker is not None and len(broker.ttft) > 100
+    assert greedy.median_s > none.median_s  # no prediction: training waits for prefills

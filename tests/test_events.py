@@ -1,0 +1,113 @@
+"""Network events: parsing, the timed changes they imply, and the simulator applying them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed.cli_options import load_inputs
+from testbed.errors import InputError
+from testbed.events import changes, parse_event, parse_event_flag
+from testbed.runs import RunSpec, run
+from testbed.sim.network import resume_after_outage
+from testbed.topology import load_topology
+
+ROOT = Path(__file__).resolve().parent.parent
+THREE = ROOT / "topologies" / "paper-3dc.yaml"
+TOPO = load_topology(THREE)
+
+
+def test_flag_and_file_forms_agree() -> None:
+    flag = parse_event_flag("at=30s,link=east-central,down=10s", TOPO)
+    item = parse_event({"at": "30s", "link": ["east", "central"], "down": "10s"}, TOPO, "t.yaml",
+                       "events[0]")
+    assert flag == item
+    assert (flag.at_s, flag.kind, flag.for_s) == (30.0, "down", 10.0)
+
+
+@pytest.mark.parametrize("raw", [
+    "at=1s,link=east-central,latency=80ms,for=5s",
+    "at=0s,link=central-west,bandwidth=200Mbit",
+    "at=2.5s,link=east-west,loss=1%,for=1s",
+    "at=3s,link=east-west,down=4s",
+])
+def test_an_event_reads_back_from_what_results_record(raw: str) -> None:
+    event = parse_event_flag(raw, TOPO)
+    assert parse_event(event.as_raw(), TOPO, None, "events[0]") == event
+
+
+@pytest.mark.parametrize(("item", "problem"), [
+    ({"at": "1s", "link": ["east", "moon"], "down": "1s"}, "events[0].link: no WAN link"),
+    ({"at": "-1s", "link": "east-west", "down": "1s"}, "events[0].at: must not be negative"),
+    ({"at": "1s", "link": "east-west"}, "events[0]: give exactly one of"),
+    ({"at": "1s", "link": "east-west", "down": "1s", "loss": "1%"}, "give exactly one"),
+    ({"at": "1s", "link": "east-west", "bandwidth": "0Gbit"}, "must be positive"),
+    ({"at": "1s", "link": "east", "down": "1s"}, "expected two datacenters"),
+    ({"at": "1s", "link": "east-west", "down": "1s", "when": 3}, "when"),
+])
+def test_bad_events_are_located(item: dict[str, object], problem: str) -> None:
+    with pytest.raises(InputError) as info:
+        parse_event(item, TOPO, "t.yaml", "events[0]")
+    assert problem in str(info.value)
+    assert str(info.value).startswith("t.yaml: events[0]")
+
+
+def test_a_bad_event_in_a_topology_file_names_file_and_key(tmp_path: Path) -> None:
+    text = THREE.read_text() + "events:\n  - {at: 5s, link: [east, nowhere], down: 2s}\n"
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError, match=r"t\.yaml: events\[0\]\.link: no WAN link"):
+        load_topology(path)
+
+
+def test_changes_are_ordered_and_restore_the_link() -> None:
+    events = (parse_event_flag("at=5s,link=east-central,latency=80ms,for=10s", TOPO),
+              parse_event_flag("at=1s,link=east-west,down=2s", TOPO))
+    out = changes(events, TOPO)
+    assert [c.at_s for c in out] == [1.0, 3.0, 5.0, 15.0]
+    assert out[0].loss == 1.0 and out[1].loss == TOPO.link("east", "west").loss
+    assert out[2].latency_s == 0.08 and out[3].latency_s == TOPO.link("east", "central").latency_s
+    assert [c.revert for c in out] == [False, True, False, True]
+
+
+def test_tcp_comes_back_on_its_retransmission_schedule() -> None:
+    assert resume_after_outage(0.1, 0.25) == 0.25
+    assert resume_after_outage(1.0, 0.25) == 0.25 + 0.5 + 1.0  # 0.25, 0.75, then 1.75
+    assert resume_after_outage(0.0, 0.25) == 0.0
+
+
+def _simulate(tmp_path: Path, *events: str, iterations: int = 4) -> dict[str, object]:
+    inputs = load_inputs(THREE, events=events, iterations=iterations)
+    spec = RunSpec("simulate", inputs.topology, inputs.job, "atlas", {}, events=inputs.events)
+    return run(spec, tmp_path / "run").results
+
+
+def test_simulated_outage_stalls_one_iteration_then_training_recovers(tmp_path: Path) -> None:
+    calm = _simulate(tmp_path / "calm")["iteration_time_s"]
+    hit = _simulate(tmp_path / "hit", "at=20s,link=east-central,down=10s")["iteration_time_s"]
+    assert isinstance(calm, dict) and isinstance(hit, dict)
+    base = calm["median"]
+    slow = [t for t in hit["all"] if t > base * 1.01]
+    assert len(slow) == 1 and slow[0] >= base + 10.0  # at least the outage itself
+    assert hit["all"][-1] == pytest.approx(base, rel=1e-3)  # and then as before
+
+
+@pytest.mark.parametrize("event", ["at=0s,link=east-central,latency=100ms",
+                                   "at=0s,link=east-central,bandwidth=100Mbit"])
+def test_simulated_slower_link_makes_iterations_slower(tmp_path: Path, event: str) -> None:
+    calm = _simulate(tmp_path / "calm", iterations=2)["iteration_time_s"]
+    hit = _simulate(tmp_path / "hit", event, iterations=2)["iteration_time_s"]
+    assert isinstance(calm, dict) and isinstance(hit, dict)
+    assert hit["median"] > calm["median"] * 1.05
+
+
+def test_events_are_in_the_results_and_the_trace(tmp_path: Path) -> None:
+    import json
+
+    results = _simulate(tmp_path, "at=20s,link=east-central,down=10s")
+    assert results["events"] == [{"at": "20s", "link": ["east", "central"], "down": "10s"}]
+    trace = json.loads((tmp_path / "run" / "trace.json").read_text())
+    marks = [e for e in trace["traceEvents"] if e.get("name") == "net_event"]
+    assert len(marks) == 1 and marks[0]["dur"] == pytest.approx(10e6)
+    assert "down" in marks[0]["args"]["detail"]
