@@ -21,7 +21,7 @@ from testbed.cli_options import (
 )
 from testbed.cli_run import up
 from testbed.cli_sim import profile, simulate, sweep
-from testbed.errors import EXIT_INPUT, TestbedError
+from testbed.errors import EXIT_INPUT, InputError, PlanError, TestbedError, one_line
 from testbed.plan import load_plan_csv, plan_grid, plan_to_csv, validate_plan
 from testbed.plan.describe import describe_plan
 from testbed.policy import discover, parse_options, training_policy
@@ -148,10 +148,14 @@ def plan(
     inputs = load_inputs(topology, **job_flags(kwargs))
     if csv_in is not None:
         the_plan = load_plan_csv(csv_in)
+        try:
+            validate_plan(the_plan, inputs.topology)
+        except PlanError as exc:
+            raise InputError(str(exc), str(csv_in)) from None
     else:
         chosen = training_policy(policy, dict(parse_options(policy_opts)))
         the_plan = make_plan(chosen, inputs.topology, inputs.job)
-    validate_plan(the_plan, inputs.topology)
+        validate_plan(the_plan, inputs.topology)
     click.echo(plan_grid(the_plan, communication=comm, max_rows=rows or None))
     click.echo()
     for line in describe_plan(the_plan, inputs.topology, inputs.job):
@@ -222,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(EXIT_INPUT if isinstance(exc, click.UsageError) else exc.exit_code)
     except TestbedError as exc:
-        click.echo(f"testbed: error: {exc}", err=True)
+        click.echo(f"testbed: error: {one_line(str(exc))}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("testbed: interrupted", err=True)

@@ -14,6 +14,7 @@ from testbed.errors import InputError, TestbedError
 from testbed.fsutil import write_atomic
 from testbed.report.compare import RunEntry, csv_text, markdown_table, table_rows, table_text
 from testbed.report.results import new_run_dir
+from testbed.report.saved import load_compare, load_spans
 from testbed.runs import RunSpec, run
 from testbed.topology import dump_topology, load_topology
 from testbed.topology.model import Topology
@@ -126,45 +127,33 @@ def write_compare(directory: Path, config: dict[str, Any], entries: list[RunEntr
     write_atomic(directory / "compare.csv", csv_text(entries), 0o644)
 
 
-def load_compare(directory: Path) -> tuple[dict[str, Any], list[RunEntry]]:
-    path = directory / "compare.json"
-    try:
-        data = json.loads(path.read_text())
-        entries = [RunEntry(**e) for e in data["runs"]]
-    except FileNotFoundError:
-        raise InputError("no compare.json: not a `testbed compare` directory",
-                         str(directory)) from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"unreadable: {exc}", str(path)) from None
-    for entry in entries:  # results on disk are the record; re-read them
-        results = directory / entry.directory / "results.json"
-        if results.exists():
-            entry.results = json.loads(results.read_text())
-    return data, entries
-
-
-def show(directory: Path, entries: list[RunEntry], topology: Topology) -> None:
+def show(directory: Path, entries: list[RunEntry], topology: Topology,
+         plots: bool = True) -> None:
     """Print the table and draw every plot from the runs' files."""
     from testbed.report.plots import gantt_plot, iteration_plot, wan_plot
 
     rows = table_rows(entries)
-    click.echo(table_text(rows))
-    (directory / "table.md").write_text(markdown_table(rows) + "\n")
-    iteration_plot(rows, directory / "iterations.png")
     firsts: dict[str, RunEntry] = {}
     for entry in entries:
         if entry.status == "ok" and entry.results is not None:
             firsts.setdefault(entry.combo, entry)
+    spans = {combo: load_spans(directory, entry) for combo, entry in firsts.items()}
+    click.echo(table_text(rows))
+    write_atomic(directory / "table.md", markdown_table(rows) + "\n", 0o644)
+    if not plots:
+        click.echo(f"wrote table.md in {directory}")
+        return
+    iteration_plot(rows, directory / "iterations.png")
     panels, wan = [], []
     capacity: dict[str, float] = {}
     for link in topology.links:
         capacity[f"{link.a}>{link.b}"] = capacity[f"{link.b}>{link.a}"] = link.bandwidth_bps
     for combo, entry in firsts.items():
-        data = json.loads((directory / entry.directory / "spans.json").read_text())
+        start, run_spans = spans[combo]
         done = len(entry.results["iteration_time_s"]["all"]) if entry.results else 0
         iteration = 1 if done > 1 else 0
-        panels.append((combo, data["spans"], data["start"], iteration))
-        wan.append((combo, data["spans"], data["start"], capacity))
+        panels.append((combo, run_spans, start, iteration))
+        wan.append((combo, run_spans, start, capacity))
     if panels:
         gantt_plot(panels, directory / "gantt.png")
         wan_plot(wan, directory / "wan.png")
@@ -173,7 +162,10 @@ def show(directory: Path, entries: list[RunEntry], topology: Topology) -> None:
 
 @click.command()
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
-def report(directory: Path) -> None:
+@click.option("--plots/--no-plots", default=True, show_default=True,
+              help="Draw the plots again (the table alone is instant).")
+def report(directory: Path, plots: bool) -> None:
     """Rebuild a comparison's table and plots from its saved results, without rerunning."""
     _, entries = load_compare(directory)
-    show(directory, entries, load_topology(directory / "topology.yaml"))
+    topology = load_topology(directory / "topology.yaml")
+    show(directory, entries, topology, plots)

@@ -60,3 +60,9 @@ def join_key(*parts: str | int | None) -> str:
         else:
             out += part
     return out
+
+
+def one_line(text: str) -> str:
+    """A message as one printable line: newlines and control characters escaped, so a
+    key or value from a broken file cannot break the one-line error contract."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text.strip())

@@ -266,12 +266,18 @@ def _parse_model(fields: Fields, name: str) -> ModelShape:
     def pick(key: str, default: int | None) -> Any:
         return spec.get(key, positive(integer), default)
 
+    def required(key: str) -> Any:
+        """From the preset, or else the mapping must say it."""
+        if base is not None:
+            return pick(key, getattr(base, key))
+        return spec.get(key, positive(integer))
+
     shape = ModelShape(
-        layers=pick("layers", base.layers if base else None),
-        hidden=pick("hidden", base.hidden if base else None),
-        heads=pick("heads", base.heads if base else None),
-        seq_len=pick("seq_len", base.seq_len if base else None),
-        vocab=pick("vocab", base.vocab if base else None),
+        layers=required("layers"),
+        hidden=required("hidden"),
+        heads=required("heads"),
+        seq_len=required("seq_len"),
+        vocab=required("vocab"),
         kv_heads=pick("kv_heads", base.kv_heads if base else None),
         ffn=pick("ffn", base.ffn if base else None),
     )

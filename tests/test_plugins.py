@@ -72,7 +72,7 @@ def test_broken_plugin_breaks_nothing_else(plugin_path: Path) -> None:
 
 def test_unknown_policy_and_option() -> None:
     result = _testbed(["plan", str(TWO_DC), "-p", "nope"], None)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "unknown training policy 'nope'" in result.stderr
     result = _testbed(["plan", str(TWO_DC), "-p", "gpipe", "-o", "x=1"], None)
     assert result.returncode == 2

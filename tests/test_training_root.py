@@ -212,9 +212,9 @@ def test_simulator_agrees_with_the_emulator(tmp_path: Path, topology: str, polic
     from testbed.runs import simulate_plan
 
     path = ROOT / "topologies" / f"{topology}.yaml"
-    iterations = 6 if topology == "two-dc" else 4
-    coordinator = _coordinator(tmp_path, policy, compute="emulated", topology=path,
-                               iterations=iterations)
+    sets: dict[str, Any] = {"iterations": 6} if topology == "two-dc" else \
+        {"iterations": 3, "microbatches": 4}  # 12 microbatches take minutes per run
+    coordinator = _coordinator(tmp_path, policy, compute="emulated", topology=path, **sets)
     emulated = asyncio.run(run_with_signals(coordinator)).summary.median_s
     simulated, _ = simulate_plan(coordinator.topology, coordinator.job, coordinator.plan,
                                  coordinator.policy)
@@ -308,3 +308,32 @@ def test_a_signalled_run_tears_down_and_keeps_its_results(tmp_path: Path, signum
     assert proc.returncode == code, err
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["status"] == "interrupted" and results["iterations"] >= 2
+
+
+@pytest.mark.parametrize(("gpus", "compute", "problem"), [
+    (260, "emulated", "datacenters[0].gpus: 260 GPU hosts; the emulator holds at most 240"),
+    (200, "real", "need about"),
+])
+def test_a_run_too_big_for_this_machine_is_refused_before_anything_exists(
+        tmp_path: Path, gpus: int, compute: str, problem: str) -> None:
+    topology = tmp_path / "big.yaml"
+    topology.write_text(TWO_DC.read_text().replace("gpus: 2,", f"gpus: {gpus},"))
+    result = subprocess.run(
+        [sys.executable, "-c", "from testbed.cli import main; main()", "up", str(topology),
+         "--compute", compute, "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 2, result.stderr
+    assert problem in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_bad_topology_given_to_up_creates_nothing(tmp_path: Path) -> None:
+    topology = tmp_path / "bad.yaml"
+    topology.write_text(TWO_DC.read_text().replace("latency: 20ms", "latency: -20ms"))
+    result = subprocess.run(
+        [sys.executable, "-c", "from testbed.cli import main; main()", "up", str(topology),
+         "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"testbed: error: {topology}: wan[0].latency: must not be negative, got '-20ms'")
+    assert not (tmp_path / "run").exists()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import NetworkError
+from testbed.fsutil import write_atomic
 from testbed.net import netns as kernel
 from testbed.net.layout import HOST_IF, MAX_SLOTS, Layout, Shape, build_layout
 from testbed.net.shaping import Shaper, ShapingPlan, netem_link, plan_shaping, tbf_queue
@@ -455,7 +456,7 @@ def change_link(network: Network, a: str, b: str, latency_s: float | None = None
 def _signal_delay_line(network: Network, key: str, current: dict[str, float]) -> None:
     assert network.stats_dir is not None
     control = network.stats_dir / f"delayline-{key}.control"
-    control.write_text(json.dumps({k: current[k] for k in ("delay_s", "jitter_s", "loss")}))
+    write_atomic(control, json.dumps({k: current[k] for k in ("delay_s", "jitter_s", "loss")}))
     proc = network.delay_lines.get(key)
     if proc is not None and proc.poll() is None:
         os.kill(proc.pid, signal.SIGHUP)

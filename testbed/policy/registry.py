@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from testbed.errors import PluginError, TestbedError
+from testbed.errors import InputError, PluginError, TestbedError
 from testbed.job import Job
 from testbed.plan.model import Plan
 from testbed.plan.validate import validate_plan
@@ -89,7 +89,7 @@ def _pick(group: str, name: str, what: str) -> type[Any]:
     info = plugins.get(name)
     if info is None:
         usable = ", ".join(n for n, p in plugins.items() if p.ok) or "none"
-        raise PluginError(f"unknown {what} {name!r} (installed: {usable}; see `testbed plugins`)")
+        raise InputError(f"unknown {what} {name!r} (installed: {usable}; see `testbed plugins`)")
     if info.cls is None:
         raise PluginError(f"{what} {name!r} from {info.distribution} is broken: {info.error}")
     return info.cls

@@ -31,7 +31,7 @@ from testbed.plan.model import Op, Plan, Sharing
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import Request, TrainingPolicy, Transfer
 from testbed.runtime.decode import DECODE_PORT
-from testbed.runtime.protocol import read_message, send_message
+from testbed.runtime.protocol import ProtocolError, read_message, send_message
 from testbed.runtime.worker import TOKEN_ENV
 from testbed.topology.model import Topology
 
@@ -133,6 +133,7 @@ class Coordinator:
     outcome: RunOutcome | None = None
     _watchers: list[asyncio.Task[None]] = field(default_factory=list)
     _down: NetEvent | None = None
+    _started: bool = False
 
     # --- the run ---------------------------------------------------------------------
 
@@ -150,10 +151,9 @@ class Coordinator:
             status, error = "failed", str(exc)
             raise RunFailed(str(exc)) from None
         finally:
-            outcome = self._outcome(status, error, time.monotonic() - started)
-            await self._teardown()
-            self.outcome = outcome
-        return outcome
+            self.outcome = self._outcome(status, error, time.monotonic() - started)
+            await _to_the_end(self._teardown())
+        return self.outcome
 
     def _outcome(self, status: str, error: str | None, wall: float) -> RunOutcome:
         gpus = self.plan.used_gpus()
@@ -264,6 +264,9 @@ class Coordinator:
             self._failure.set_result(message)
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._started:
+            writer.close()  # every worker has joined: nobody else may
+            return
         await self._hello.put((reader, writer))
 
     async def _handshake(self) -> None:
@@ -273,8 +276,8 @@ class Coordinator:
             reader, writer = await self._race(self._hello.get())
             try:
                 msg = await asyncio.wait_for(read_message(reader), 10)
-            except (TimeoutError, asyncio.IncompleteReadError, ValueError):
-                writer.close()
+            except (TimeoutError, asyncio.IncompleteReadError, ValueError, ProtocolError):
+                writer.close()  # not our protocol: not one of ours
                 continue
             worker = by_gpu.get(msg.get("gpu", ""))
             if (
@@ -301,6 +304,7 @@ class Coordinator:
             msg = await self._race(self._read(worker))
             if msg.get("op") != "ready":
                 raise RunFailed(f"worker {worker.describe()} failed to connect: {msg}")
+        self._started = True
 
     async def _read(self, worker: WorkerHandle) -> dict[str, Any]:
         assert worker.reader is not None
@@ -668,6 +672,21 @@ class Coordinator:
             problems = await asyncio.to_thread(tear_down, self.network)
             for problem in problems:
                 self.say(f"teardown: {problem}")
+
+
+async def _to_the_end(work: Any) -> None:
+    """Await `work` even if this task is cancelled meanwhile (a second Ctrl-C, SIGTERM
+    during teardown): teardown must finish; the cancellation is passed on afterwards."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    task.result()
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 def choose_compute(requested: str, workers: int) -> str:

@@ -1,0 +1,117 @@
+"""Reading a saved comparison back (`testbed report`): every file is checked against the
+shape the table and plots use before anything is drawn, so a damaged or hand-edited file
+gives one located error and no half-written output."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from testbed.errors import InputError
+from testbed.report.compare import RunEntry
+
+NUMBER = "number"
+OPTIONAL_NUMBER = "number or null"
+TEXT = "text"
+OPTIONAL_TEXT = "text or null"
+INTEGER = "integer"
+
+ENTRY = {"policy": TEXT, "bubble_policy": OPTIONAL_TEXT, "repeat": INTEGER,
+         "directory": TEXT, "status": TEXT, "error": OPTIONAL_TEXT}
+RESULTS = {
+    "status": TEXT,
+    "iteration_time_s": {"median": OPTIONAL_NUMBER, "all": [NUMBER]},
+    "tokens_per_s": OPTIONAL_NUMBER,
+    "gpu_utilization": {"training": OPTIONAL_NUMBER, "total": OPTIONAL_NUMBER},
+    "wan": {"utilization": OPTIONAL_NUMBER},
+    "inference": {"ttft_s": {"p50": OPTIONAL_NUMBER, "p99": OPTIONAL_NUMBER}},
+}
+SPAN = {"gpu": TEXT, "kind": TEXT, "start": NUMBER, "end": NUMBER}
+TRANSFER = {"link": OPTIONAL_TEXT, "bytes": NUMBER}
+SPANS = {"start": NUMBER, "spans": [SPAN]}
+
+
+def check(value: Any, shape: Any, path: str, key: str = "") -> None:
+    """Raise a located InputError where `value` does not have `shape` (extra keys are
+    fine: results files grow)."""
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            raise InputError(f"expected a mapping, got {_kind(value)}", path, key or None)
+        for name, inner in shape.items():
+            if name not in value:
+                raise InputError("missing", path, _join(key, name))
+            check(value[name], inner, path, _join(key, name))
+    elif isinstance(shape, list):
+        if not isinstance(value, list):
+            raise InputError(f"expected a list, got {_kind(value)}", path, key or None)
+        for i, item in enumerate(value):
+            check(item, shape[0], path, f"{key}[{i}]")
+    elif not _fits(value, shape):
+        raise InputError(f"expected {shape}, got {_kind(value)}", path, key or None)
+
+
+def _fits(value: Any, shape: str) -> bool:
+    if value is None:
+        return shape in (OPTIONAL_NUMBER, OPTIONAL_TEXT)
+    if shape in (NUMBER, OPTIONAL_NUMBER):
+        return isinstance(value, int | float) and not isinstance(value, bool) \
+            and math.isfinite(value)
+    if shape == INTEGER:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, str)
+
+
+def _join(key: str, name: str) -> str:
+    return f"{key}.{name}" if key else name
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"),
+                          parse_constant=lambda c: float(c))
+    except FileNotFoundError:
+        raise InputError("missing file", str(path)) from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"unreadable: {exc}", str(path)) from None
+
+
+def load_compare(directory: Path) -> tuple[dict[str, Any], list[RunEntry]]:
+    """compare.json and each run's results.json, checked."""
+    path = directory / "compare.json"
+    if not path.exists():
+        raise InputError("no compare.json: not a `testbed compare` directory", str(directory))
+    data = read_json(path)
+    check(data, {"runs": [ENTRY]}, str(path))
+    entries = []
+    for i, raw in enumerate(data["runs"]):
+        relative = PurePosixPath(raw["directory"])
+        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+            raise InputError("must be a folder inside the comparison", str(path),
+                             f"runs[{i}].directory")
+        entry = RunEntry(**{k: raw[k] for k in ENTRY}, results=None)
+        results = directory / relative / "results.json"
+        if results.exists():  # results on disk are the record; re-read them
+            entry.results = read_json(results)
+            check(entry.results, RESULTS, str(results))
+        entries.append(entry)
+    return data, entries
+
+
+def load_spans(directory: Path, entry: RunEntry) -> tuple[float, list[dict[str, Any]]]:
+    """A run's spans.json, checked: its start time and spans."""
+    path = directory / entry.directory / "spans.json"
+    data = read_json(path)
+    check(data, SPANS, str(path))
+    for i, span in enumerate(data["spans"]):
+        if span["kind"] == "transfer":
+            check({"link": span.get("link"), "bytes": span.get("bytes", 0)}, TRANSFER,
+                  str(path), f"spans[{i}]")
+        if span["kind"] == "step":
+            check(span.get("iteration"), INTEGER, str(path), f"spans[{i}].iteration")
+    return float(data["start"]), data["spans"]
