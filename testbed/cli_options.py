@@ -93,7 +93,7 @@ def event_options(func: F) -> F:
         multiple=True,
         metavar="at=T,link=A-B,KIND=V[,for=D]",
         help="Network event, e.g. at=30s,link=east-west,down=10s or "
-        "at=1m,link=east-west,latency=80ms,for=30s (KIND: down, latency, bandwidth, "
+        "at=60s,link=east-west,latency=80ms,for=30s (KIND: down, latency, bandwidth, "
         "loss). Repeatable.",
     )(func)
 

@@ -135,38 +135,47 @@ def _positive(parse: Any) -> Any:
 
 
 def changes(events: Sequence[NetEvent], topology: Topology) -> list[Change]:
-    """Events as timed link settings, with the restore of every event that ends."""
-    out: list[Change] = []
+    """Events as timed link settings. Where events on one link overlap, the one that
+    started last is in force, and when it ends the one beneath it (or the topology's
+    value) comes back."""
+    fields = {"down": "loss", "loss": "loss", "latency": "latency_s",
+              "bandwidth": "bandwidth_bps"}
+    groups: dict[tuple[str, str, str], list[NetEvent]] = {}
     for event in events:
-        link = topology.link(event.a, event.b)
-        field = {
-            "down": "loss",
-            "loss": "loss",
-            "latency": "latency_s",
-            "bandwidth": "bandwidth_bps",
-        }[event.kind]
-        original = {
-            "loss": link.loss,
-            "latency_s": link.latency_s,
-            "bandwidth_bps": link.bandwidth_bps,
-        }[field]
-        out.append(_change(event.at_s, event, field, event.value, revert=False))
-        if event.for_s is not None:
-            out.append(_change(event.at_s + event.for_s, event, field, original, revert=True))
+        key = (*sorted((event.a, event.b)), fields[event.kind])
+        groups.setdefault((key[0], key[1], key[2]), []).append(event)
+    out: list[Change] = []
+    for (a, b, field), group in groups.items():
+        link = topology.link(a, b)
+        base = {"loss": link.loss, "latency_s": link.latency_s,
+                "bandwidth_bps": link.bandwidth_bps}[field]
+        ordered = sorted(group, key=lambda e: e.at_s)
+        points = sorted({e.at_s for e in ordered} | {_end(e) for e in ordered
+                                                     if e.for_s is not None})
+        current = base
+        for t in points:
+            active = [e for e in ordered if e.at_s <= t < _end(e)]
+            value = active[-1].value if active else base
+            starting = [e for e in ordered if e.at_s == t]
+            cause, revert = (starting[-1], False) if starting else \
+                (next(e for e in ordered if _end(e) == t), True)
+            if value == current:
+                continue
+            current = value
+            out.append(_change(t, cause, a, b, field, value, revert))
     return sorted(out, key=lambda c: c.at_s)
 
 
-def _change(at: float, event: NetEvent, field: str, value: float, revert: bool) -> Change:
-    return Change(
-        at,
-        event.a,
-        event.b,
-        latency_s=value if field == "latency_s" else None,
-        bandwidth_bps=value if field == "bandwidth_bps" else None,
-        loss=value if field == "loss" else None,
-        event=event,
-        revert=revert,
-    )
+def _end(event: NetEvent) -> float:
+    return event.at_s + event.for_s if event.for_s is not None else float("inf")
+
+
+def _change(at: float, event: NetEvent, a: str, b: str, field: str, value: float,
+            revert: bool) -> Change:
+    return Change(at, a, b,
+                  latency_s=value if field == "latency_s" else None,
+                  bandwidth_bps=value if field == "bandwidth_bps" else None,
+                  loss=value if field == "loss" else None, event=event, revert=revert)
 
 
 def event_spans(events: Sequence[NetEvent], start: float, end: float) -> list[dict[str, Any]]:

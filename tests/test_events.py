@@ -111,3 +111,11 @@ def test_events_are_in_the_results_and_the_trace(tmp_path: Path) -> None:
     marks = [e for e in trace["traceEvents"] if e.get("name") == "net_event"]
     assert len(marks) == 1 and marks[0]["dur"] == pytest.approx(10e6)
     assert "down" in marks[0]["args"]["detail"]
+
+
+def test_overlapping_events_restore_what_was_beneath() -> None:
+    events = (parse_event_flag("at=0s,link=east-west,loss=1%", TOPO),
+              parse_event_flag("at=10s,link=east-west,down=5s", TOPO),
+              parse_event_flag("at=12s,link=east-west,down=1s", TOPO))
+    out = [(c.at_s, c.loss) for c in changes(events, TOPO)]
+    assert out == [(0.0, 0.01), (10.0, 1.0), (15.0, 0.01)]  # still lossy after the outage

@@ -134,7 +134,7 @@ def test_fuzzed_results_files(data: st.DataObject) -> None:
                                        copy)
 
 
-@settings(max_examples=15)
+@settings(max_examples=max(10, settings.default.max_examples // 13))  # plotting is slow
 @given(st.data())
 def test_fuzzed_results_files_that_pass_the_checks_still_plot(data: st.DataObject) -> None:
     base = _compare_dir()

@@ -474,8 +474,8 @@ class Coordinator:
                 self._fail(f"network event {change.event.describe() if change.event else ''}"
                            f" could not be applied: {exc}")
                 return
-            if change.event is not None and change.event.kind == "down":
-                self._down = None if change.revert else change.event
+            if change.loss is not None:
+                self._down = change.event if change.loss >= 1.0 else None
 
     async def _serve(self, worker: WorkerHandle) -> None:
         """One worker's messages until it is done."""

@@ -125,6 +125,7 @@ class Simulator:
         self._latency = {_link_key(link.a, link.b): link.latency_s for link in topology.links}
         self._bandwidth = {_link_key(link.a, link.b): link.bandwidth_bps for link in topology.links}
         self._down_since: dict[tuple[str, str], float] = {}
+        self._loss = {_link_key(link.a, link.b): link.loss for link in topology.links}
         for change in changes(self.events, topology):
             self.queue.at(change.at_s, functools.partial(self._apply, change))
 
@@ -161,20 +162,22 @@ class Simulator:
             if key not in self._down_since:
                 for resource in resources:
                     self.network.set_capacity(now, resource, change.bandwidth_bps)
-        event = change.event
-        if event is None or event.kind != "down":
+        if change.loss is None:
             return
-        if not change.revert:
+        self._loss[key] = change.loss
+        if change.loss >= 1.0 and key not in self._down_since:  # the link goes down
             self._down_since[key] = now
             for resource in resources:
                 self.network.set_capacity(now, resource, 0.0)
-            return
-        outage = now - self._down_since[key]
-        rto = RTO_MIN + 2 * self._latency[key]
-        back = self._down_since[key] + resume_after_outage(outage, rto)
-        self.queue.at(back, functools.partial(self._link_back, key, resources))
+        elif change.loss < 1.0 and key in self._down_since:  # and comes back
+            outage = now - self._down_since[key]
+            rto = RTO_MIN + 2 * self._latency[key]
+            back = self._down_since[key] + resume_after_outage(outage, rto)
+            self.queue.at(back, functools.partial(self._link_back, key, resources))
 
     def _link_back(self, key: tuple[str, str], resources: tuple[str, ...], now: float) -> None:
+        if self._loss[key] >= 1.0:
+            return  # down again before TCP came back: the next restore brings it back
         self._down_since.pop(key, None)
         for resource in resources:
             self.network.set_capacity(now, resource, self._bandwidth[key])
