@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from testbed.compute import stage_cost
 from testbed.job import Job
 from testbed.plan.model import Plan
@@ -67,5 +69,30 @@ def describe_plan(plan: Plan, topology: Topology, job: Job) -> list[str]:
         cells = "; ".join(",".join(map(str, c)) for c in plan.dp_cells)
         lines.append(f"  DP-cells (replicas taking turns on the WAN): {cells}")
     for key, value in plan.notes.items():
-        lines.append(f"  {key}: {value}")
+        if key == "dc_selection" and isinstance(value, dict):
+            lines += _selection_lines(value)
+        else:
+            lines.append(f"  {key}: {value}")
     return lines
+
+
+def _selection_lines(selection: dict[str, Any], shown: int = 6) -> list[str]:
+    """A policy's candidate placements, best first, one line each."""
+    def line(c: dict[str, Any]) -> str:
+        stages = "/".join(str(n) for n in c.get("stages", []))
+        mechanisms = [m for m, on in (("temporal", c.get("temporal")),
+                                      ("multi-conn", c.get("multi_connection"))) if on]
+        simulated = c.get("simulated_s")
+        return (f"{', '.join(c.get('dcs', []))}: dp {c.get('dp')} x pp {c.get('pp')} "
+                f"(stages per DC {stages}), {c.get('schedule')}, {' '.join(mechanisms) or 'no mechanisms'}; "
+                + (f"simulated {simulated:.2f} s" if simulated is not None else
+                   f"estimated {c.get('predicted_s', 0):.2f} s"))
+
+    candidates = selection.get("candidates", [])
+    out = [f"  DC selection chose {line(selection.get('chosen', {}))}",
+           f"    why: {selection.get('why', '')}",
+           f"    candidates ({len(candidates)}, best first):"]
+    out += [f"      {line(c)}" for c in candidates[:shown]]
+    if len(candidates) > shown:
+        out.append(f"      ... {len(candidates) - shown} more in the plan's notes")
+    return out
