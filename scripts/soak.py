@@ -166,7 +166,8 @@ def main() -> None:
     parser.add_argument("--topology", type=Path, default=ROOT / "topologies" / "two-dc.yaml")
     parser.add_argument("--flap-topology", type=Path,
                         default=ROOT / "topologies" / "paper-3dc.yaml")
-    parser.add_argument("--policy", default="atlas")
+    parser.add_argument("--policy", default="gpipe",
+                        help="policy of the flapping run (its emulation must keep pace)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "soak")
     args = parser.parse_args()
     if os.geteuid() != 0:

@@ -210,7 +210,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> list[str]:
     return keys
 
 
-_BATCH_SHAPE = ("microbatches", "microbatch_size", "dp")
+_BATCH_SHAPE = ("microbatches",)
 
 
 def parse_job(data: object, source: str | None = None, prefix: str = "job") -> Job:
