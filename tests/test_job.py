@@ -25,6 +25,16 @@ def test_global_batch_resolves_microbatches() -> None:
         conflicting.microbatches_for(dp=2)
 
 
+def test_an_overridden_microbatch_count_replaces_the_global_batch() -> None:
+    section = {"model": "tiny", "global_batch": 48}
+    assert load_job(section, "t.yaml", overrides=["microbatches=4"]).microbatches_for(4) == 4
+    kept = load_job(section, "t.yaml", overrides=["dp=4"])
+    assert kept.global_batch == 48 and kept.microbatches_for(4) == 12
+    both = load_job(section, "t.yaml", overrides=["microbatches=4", "global_batch=48"])
+    with pytest.raises(InputError, match="global_batch 48 != dp 4"):
+        both.microbatches_for(4)
+
+
 def test_overrides_and_their_errors() -> None:
     job = load_job(
         {"model": "tiny", "microbatches": 4},
