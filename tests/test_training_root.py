@@ -337,3 +337,24 @@ def test_a_bad_topology_given_to_up_creates_nothing(tmp_path: Path) -> None:
     assert result.stderr.strip() == (
         f"testbed: error: {topology}: wan[0].latency: must not be negative, got '-20ms'")
     assert not (tmp_path / "run").exists()
+
+
+def test_sigterm_while_the_network_comes_up_leaves_nothing(tmp_path: Path) -> None:
+    """The signal lands while namespaces are being made (64 hosts take seconds): the
+    network is finished, then torn down, and the run exits 143."""
+    topology = tmp_path / "wide.yaml"
+    topology.write_text(TWO_DC.read_text().replace("gpus: 2,", "gpus: 32,"))
+    state = Path("/run/testbed")
+    before = set(state.glob("*.json")) if state.exists() else set()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from testbed.cli import main; main()", "up", str(topology),
+         "-p", "gpipe", "--compute", "emulated", "--out", str(tmp_path / "run")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (set(state.glob("*.json")) - before
+                                               if state.exists() else set()):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "iteration 1/" not in err

@@ -83,8 +83,9 @@ def _selection_lines(selection: dict[str, Any], shown: int = 6) -> list[str]:
         mechanisms = [m for m, on in (("temporal", c.get("temporal")),
                                       ("multi-conn", c.get("multi_connection"))) if on]
         simulated = c.get("simulated_s")
+        used = " ".join(mechanisms) or "no mechanisms"
         return (f"{', '.join(c.get('dcs', []))}: dp {c.get('dp')} x pp {c.get('pp')} "
-                f"(stages per DC {stages}), {c.get('schedule')}, {' '.join(mechanisms) or 'no mechanisms'}; "
+                f"(stages per DC {stages}), {c.get('schedule')}, {used}; "
                 + (f"simulated {simulated:.2f} s" if simulated is not None else
                    f"estimated {c.get('predicted_s', 0):.2f} s"))
 

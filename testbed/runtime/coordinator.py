@@ -11,10 +11,10 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from testbed.bubbles import BubbleBroker
 from testbed.compute import ring_allreduce_s, stage_cost
@@ -51,6 +51,9 @@ class Interrupted(TestbedError):
         self.signum = signum
         self.exit_code = 128 + signum
         super().__init__("interrupted" if signum == signal.SIGINT else "terminated")
+
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -193,9 +196,13 @@ class Coordinator:
         self.broker = make_broker(self.topology, self.job, self.plan, self.bubble_policy,
                                   self.bubble_options)
         decode_dcs = self._decode_dcs() if self.broker is not None else ()
-        self.network = await asyncio.to_thread(
+        def keep(network: Network) -> None:
+            self.network = network
+
+        await _to_the_end(asyncio.to_thread(
             bring_up, self.topology, self.shaper, self.say, False, self.job.seed, decode_dcs
-        )
+        ), keep)
+        assert self.network is not None
         control_dir = self.network.state.path.with_suffix("")
         control_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         socket_path = control_dir / "control.sock"
@@ -674,9 +681,10 @@ class Coordinator:
                 self.say(f"teardown: {problem}")
 
 
-async def _to_the_end(work: Any) -> None:
-    """Await `work` even if this task is cancelled meanwhile (a second Ctrl-C, SIGTERM
-    during teardown): teardown must finish; the cancellation is passed on afterwards."""
+async def _to_the_end(work: Awaitable[T], keep: Callable[[T], None] | None = None) -> T:
+    """Await `work` even if this task is cancelled meanwhile (Ctrl-C or SIGTERM while the
+    network comes up or goes down): it must finish, and `keep` see its result, so that
+    teardown knows what exists; the cancellation is passed on afterwards."""
     task = asyncio.ensure_future(work)
     cancelled = False
     while not task.done():
@@ -684,9 +692,12 @@ async def _to_the_end(work: Any) -> None:
             await asyncio.shield(task)
         except asyncio.CancelledError:
             cancelled = True
-    task.result()
+    result = task.result()
+    if keep is not None:
+        keep(result)
     if cancelled:
         raise asyncio.CancelledError
+    return result
 
 
 def choose_compute(requested: str, workers: int) -> str:
