@@ -134,7 +134,8 @@ def bound_table() -> list[dict[str, Any]]:
         summary, _ = simulate_plan(inputs.topology, inputs.job, plan, policy)
         bound = plan.notes["lower_bound_s"]
         rows.append({"topology": name, "atlas_s": summary.median_s, "lower_bound_s": bound,
-                     "ratio": summary.median_s / bound, "plan": f"dp {plan.dp} x pp {plan.pp}"})
+                     "ratio": summary.median_s / bound if bound else None,
+                     "plan": f"dp {plan.dp} x pp {plan.pp}"})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 

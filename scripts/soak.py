@@ -83,11 +83,18 @@ def kill_down(cycles: int, topology: Path) -> dict[str, Any]:
     return {"cycles": cycles, "with_leftovers": bad, "seconds_per_cycle": _stats(times)}
 
 
-def flapping_run(minutes: float, topology: Path, policy: str, out: Path) -> dict[str, Any]:
+def flapping_run(minutes: float, topology: Path, policy: str, out: Path,
+                 congestion: str) -> dict[str, Any]:
     """An emulated run of about `minutes`, a WAN link down for 5 s every minute (links in
-    turn) and 1% loss on every WAN link throughout."""
-    from testbed.topology import load_topology
+    turn) and 1% loss on every WAN link throughout, with `congestion` control (with cubic,
+    1% loss holds a flow on a 40-90 ms path to a few Mbit/s, and an iteration to hours)."""
+    from testbed.topology import dump_topology, load_topology
+    from testbed.yamlio import to_yaml
 
+    data = dump_topology(load_topology(topology))
+    data.setdefault("tcp", {})["congestion"] = congestion
+    topology = out / f"{data.get('name', 'topology')}-{congestion}.yaml"
+    topology.write_text(to_yaml(data))
     topo = load_topology(topology)
     sim = testbed("simulate", str(topology), "-p", policy, "--iterations", "3", "--out",
                   str(out / "estimate"))
@@ -101,7 +108,7 @@ def flapping_run(minutes: float, topology: Path, policy: str, out: Path) -> dict
     events += [f"at={60 * k - 30}s,link={links[k % len(links)]},down=5s"
                for k in range(1, int(minutes) + 1)]
     args = ["up", str(topology), "-p", policy, "--compute", "emulated", "--iterations",
-            str(iterations), "--stall-timeout", "60", "--out", str(out / "flap")]
+            str(iterations), "--stall-timeout", "120", "--out", str(out / "flap")]
     for event in events:
         args += ["--event", event]
     print(f"flapping run: {iterations} iterations of about {per_iteration:.1f} s, "
@@ -111,7 +118,8 @@ def flapping_run(minutes: float, topology: Path, policy: str, out: Path) -> dict
     wall = time.monotonic() - started
     results = json.loads((out / "flap" / "results.json").read_text())
     files = sorted(p.name for p in (out / "flap").iterdir())
-    return {"exit": result.returncode, "wall_s": round(wall, 1), "iterations": iterations,
+    return {"exit": result.returncode, "congestion": congestion, "wall_s": round(wall, 1),
+            "iterations": iterations,
             "completed": results["iterations"], "status": results["status"],
             "iteration_s": results["iteration_time_s"], "events": len(results["events"]),
             "files": files, "leftovers": leftovers(),
@@ -168,6 +176,8 @@ def main() -> None:
                         default=ROOT / "topologies" / "paper-3dc.yaml")
     parser.add_argument("--policy", default="gpipe",
                         help="policy of the flapping run (its emulation must keep pace)")
+    parser.add_argument("--congestion", default="bbr",
+                        help="TCP congestion control of the flapping run")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "soak")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -176,17 +186,19 @@ def main() -> None:
         args.cycles, args.kills, args.minutes, args.fuzz = 5, 2, 2.0, 200
     parts = args.only or ["updown", "kill", "flap", "fuzz"]
     args.out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"leftovers_before": leftovers()}
+    saved = args.out / "soak.json"  # parts run again replace their entries
+    report: dict[str, Any] = json.loads(saved.read_text()) if saved.exists() else {}
+    report["leftovers_before"] = leftovers()
     if "updown" in parts:
         report["up_down"] = up_down(args.cycles, args.topology)
     if "kill" in parts:
         report["sigkill_down"] = kill_down(args.kills, args.topology)
     if "flap" in parts:
         report["flapping_run"] = flapping_run(args.minutes, args.flap_topology, args.policy,
-                                              args.out)
+                                              args.out, args.congestion)
     if "fuzz" in parts:
         report["fuzz"] = fuzz(args.fuzz)
-    (args.out / "soak.json").write_text(json.dumps(report, indent=1))
+    saved.write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
 
 

@@ -73,7 +73,8 @@ def echo_err(message: str) -> None:
     type=float,
     default=120.0,
     show_default=True,
-    help="Seconds without progress before the run is declared hung.",
+    help="Seconds in which no worker finishes an iteration before the run is declared "
+    "hung (set it above an iteration's length).",
 )
 def up(
     topology: Path,

@@ -106,8 +106,8 @@ class AtlasPolicy(TrainingPolicy):
         notes = dict(plan.notes)
         notes["dc_selection"] = {"chosen": chosen.describe(), "why": why,
                                  "candidates": [c.describe() for c in considered]}
-        notes["lower_bound_s"] = round(lower_bound(topology, job, chosen.chain.stage_dcs(),
-                                                   chosen.dp, job.tp), 4)
+        bound = lower_bound(topology, job, chosen.chain.stage_dcs(), chosen.dp, job.tp)
+        notes["lower_bound_s"] = float(f"{bound:.4g}")  # four significant digits at any scale
         return replace(plan, notes=notes)
 
     def choose(self, topology: Topology, job: Job) -> tuple[Candidate, list[Candidate], str]:

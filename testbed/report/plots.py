@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,9 @@ def gantt_spans(spans: Sequence[dict[str, Any]], start: float, iteration: int
     return shown, lo, hi
 
 
+GANTT_ROWS = 48
+
+
 def gantt_plot(panels: Sequence[tuple[str, Sequence[dict[str, Any]], float, int]],
                path: Path) -> None:
     """Per-GPU timelines of one iteration for each policy, side by side; white is idle."""
@@ -90,9 +94,15 @@ def gantt_plot(panels: Sequence[tuple[str, Sequence[dict[str, Any]], float, int]
                              squeeze=False)
     for ax, (title, spans, start, iteration) in zip(axes[0], panels, strict=True):
         shown, lo, hi = gantt_spans(spans, start, iteration)
-        gpus = sorted({s["gpu"] for s in spans}, key=_gpu_order)
+        by_gpu: dict[str, list[dict[str, Any]]] = {}
+        for span in shown:
+            by_gpu.setdefault(span["gpu"], []).append(span)
+        gpus = sorted(by_gpu, key=_gpu_order)
+        if len(gpus) > GANTT_ROWS:  # paper scale: an even sample of the GPUs
+            title = f"{title} ({GANTT_ROWS} of {len(gpus)} GPUs)"
+            gpus = gpus[::math.ceil(len(gpus) / GANTT_ROWS)][:GANTT_ROWS]
         for row, gpu in enumerate(gpus):
-            for span in (s for s in shown if s["gpu"] == gpu):
+            for span in by_gpu[gpu]:
                 a, b = max(span["start"], lo), min(span["end"], hi)
                 ax.barh(row, b - a, left=a - lo, height=0.8, color=SHADE[span["kind"]],
                         edgecolor="black", linewidth=0.3, hatch=HATCH[span["kind"]])
