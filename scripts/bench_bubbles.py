@@ -93,6 +93,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--paper-scale", action="store_true",
                         help="also GPT-3 175B on gpt3-4dc (1,024 GPUs)")
+    parser.add_argument("--paper-rates", default="2000,8000",
+                        help="requests per second at paper scale")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
@@ -100,7 +102,8 @@ def main() -> None:
         "paper-3dc", "atlas", rates, (f"iterations={args.iterations}",))}
     print("\n" + table(results["paper-3dc"]))
     if args.paper_scale:
-        results["gpt3-4dc"] = sweep("gpt3-4dc", "atlas", [r * 20 for r in rates[-2:]],
+        results["gpt3-4dc"] = sweep("gpt3-4dc", "atlas",
+                                    [float(r) for r in args.paper_rates.split(",")],
                                     ("iterations=2", *PAPER_SCALE_INFERENCE))
         print("\n" + table(results["gpt3-4dc"]))
     if args.json:
