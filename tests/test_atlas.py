@@ -123,3 +123,20 @@ def test_infeasible_jobs_say_what_is_missing() -> None:
     inputs = load_inputs(ROOT / "topologies" / "two-dc.yaml", sets=("dp=3", "pp=2"))
     with pytest.raises(InputError, match="no placement fits"):
         training_policy("atlas").plan(inputs.topology, inputs.job)
+
+
+def test_selection_leaves_out_a_far_dc_that_would_slow_the_job() -> None:
+    from testbed.topology import dump_topology, load_topology, parse_topology
+
+    data = dump_topology(load_topology(ROOT / "topologies" / "paper-3dc.yaml"))
+    data["datacenters"].append({"name": "far", "gpus": 4, "gpu": "a100",
+                                "bandwidth": "100Gbit", "latency": "50us"})
+    data["wan"].append({"between": ["west", "far"], "latency": "150ms",
+                        "bandwidth": "100Mbit"})
+    topology = parse_topology(data, "far.yaml")
+    job = load_inputs(ROOT / "topologies" / "paper-3dc.yaml").job
+    plan = training_policy("atlas").plan(topology, job)
+    used = {topology.dc_of(g) for g in plan.used_gpus()}
+    assert "far" not in used and len(used) >= 2
+    chosen = plan.notes["dc_selection"]["chosen"]
+    assert "far" not in chosen["dcs"]
