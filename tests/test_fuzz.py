@@ -10,6 +10,7 @@ import functools
 import io
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,14 @@ EVENTS = [{"at": "5s", "link": ["east", "west"], "down": "2s"},
           {"at": "1s", "link": "east-west", "latency": "80ms", "for": "3s"}]
 
 
+def _try(name: str, content: Any, argv: Callable[[str], list[str]]) -> None:
+    """Write `content` as file `name` in a fresh folder and run the CLI on it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / name
+        write(path, content)
+        cli_rejects_cleanly_or_accepts(argv(str(path)), name, Path(tmp))
+
+
 def _base_topology(name: str) -> dict[str, Any]:
     data = read_yaml(TOPOLOGIES / f"{name}.yaml")
     assert isinstance(data, dict)
@@ -38,29 +47,19 @@ def _base_topology(name: str) -> dict[str, Any]:
 @given(st.sampled_from(["two-dc", "paper-3dc"]).flatmap(
     lambda n: mutated_data(_base_topology(n))))
 def test_fuzzed_topology_data(data: Any) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "topo.yaml"
-        write(path, data)
-        cli_rejects_cleanly_or_accepts(["validate", str(path)], "topo.yaml", Path(tmp))
+    _try("topo.yaml", data, lambda path: ["validate", path])
 
 
 @given(st.sampled_from(["two-dc.yaml", "paper-3dc.yaml", "gpt3-4dc.yaml"]).flatmap(
     lambda n: mutated_text((TOPOLOGIES / n).read_text())))
 def test_fuzzed_topology_text(text: str) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "topo.yaml"
-        write(path, text)
-        cli_rejects_cleanly_or_accepts(["validate", str(path)], "topo.yaml", Path(tmp))
+    _try("topo.yaml", text, lambda path: ["validate", path])
 
 
 @given(mutated_data({"job": _base_topology("paper-3dc")["job"]}))
 def test_fuzzed_job_file(data: Any) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "job.yaml"
-        write(path, data)
-        cli_rejects_cleanly_or_accepts(
-            ["validate", str(TOPOLOGIES / "paper-3dc.yaml"), "--job", str(path)], "job.yaml",
-            Path(tmp))
+    _try("job.yaml", data,
+         lambda path: ["validate", str(TOPOLOGIES / "paper-3dc.yaml"), "--job", path])
 
 
 @functools.cache
@@ -94,12 +93,8 @@ def test_fuzzed_plan_csv(mutated: Any) -> None:
         for row in mutated if isinstance(mutated, list) else [[mutated]]:
             writer.writerow(row if isinstance(row, list) else [row])
         mutated = out.getvalue()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "plan.csv"
-        write(path, mutated)
-        cli_rejects_cleanly_or_accepts(
-            ["plan", str(TOPOLOGIES / "two-dc.yaml"), "--load", str(path)], "plan.csv",
-            Path(tmp))
+    _try("plan.csv", mutated,
+         lambda path: ["plan", str(TOPOLOGIES / "two-dc.yaml"), "--load", path])
 
 
 @functools.cache
