@@ -58,7 +58,10 @@ def test_rtt_matches_configured_latency_from_1_to_150_ms() -> None:
             rtts = ping_rtts(src.netns, dst.address, count=30, interval_s=0.01)
             configured = 2 * one_way
             assert min(rtts) >= configured, (peer, min(rtts))
-            assert statistics.median(rtts) <= configured + 0.001 + 0.02 * configured, peer
+            # generous: on a busy 2-core machine the delay lines wake up to a millisecond or
+            # two late; scripts/bench_net.py measures the bias (0.5 ms median when idle)
+            slack = 0.0025 + 0.02 * configured
+            assert statistics.median(rtts) <= configured + slack, (peer, statistics.median(rtts))
     finally:
         assert tear_down(network) == []
 
