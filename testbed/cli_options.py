@@ -98,6 +98,15 @@ def event_options(func: F) -> F:
     )(func)
 
 
+def bubble_options(func: F) -> F:
+    """-b BUBBLE_POLICY and -B KEY=VALUE, for commands that run one combination."""
+    func = click.option("-B", "--bubble-option", "bubble_opts", multiple=True,
+                        metavar="KEY=VALUE", help="Bubble policy option. Repeatable.")(func)
+    return click.option("-b", "--bubble", "bubble", help="Bubble policy filling training "
+                        "bubbles with prefill requests from the job's inference workload "
+                        "(see `testbed plugins`).")(func)
+
+
 def policy_options(func: F) -> F:
     func = click.option(
         "-o",

@@ -9,7 +9,14 @@ from typing import Any
 import click
 
 from testbed.cli_net import SHAPERS, require_root
-from testbed.cli_options import event_options, job_flags, job_options, load_inputs, policy_options
+from testbed.cli_options import (
+    bubble_options,
+    event_options,
+    job_flags,
+    job_options,
+    load_inputs,
+    policy_options,
+)
 from testbed.policy import parse_options
 from testbed.report.results import new_run_dir
 from testbed.report.table import run_summary
@@ -32,10 +39,7 @@ def echo_err(message: str) -> None:
     help="Training policy (see `testbed plugins`).",
 )
 @policy_options
-@click.option("-b", "--bubble", "bubble", help="Bubble policy filling training bubbles with "
-              "prefill requests from the job's inference workload (see `testbed plugins`).")
-@click.option("-B", "--bubble-option", "bubble_opts", multiple=True, metavar="KEY=VALUE",
-              help="Bubble policy option. Repeatable.")
+@bubble_options
 @job_options
 @event_options
 @click.option(

@@ -9,7 +9,14 @@ from typing import Any
 
 import click
 
-from testbed.cli_options import event_options, job_flags, job_options, load_inputs, policy_options
+from testbed.cli_options import (
+    bubble_options,
+    event_options,
+    job_flags,
+    job_options,
+    load_inputs,
+    policy_options,
+)
 from testbed.errors import TestbedError
 from testbed.policy import parse_options, training_policy
 from testbed.policy.registry import make_plan
@@ -31,10 +38,7 @@ profile_option = click.option(
 @click.option("-p", "--policy", default="1f1b", show_default=True,
               help="Training policy (see `testbed plugins`).")
 @policy_options
-@click.option("-b", "--bubble", "bubble", help="Bubble policy filling training bubbles with "
-              "prefill requests from the job's inference workload (see `testbed plugins`).")
-@click.option("-B", "--bubble-option", "bubble_opts", multiple=True, metavar="KEY=VALUE",
-              help="Bubble policy option. Repeatable.")
+@bubble_options
 @job_options
 @event_options
 @profile_option

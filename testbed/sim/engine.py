@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -259,7 +259,8 @@ class Simulator:
             )
             self._next_on_pair(pair, t2)
 
-        def begin(t: float) -> None:
+        def begin(t: float, on_sent: Callable[[float, float], None] = sent) -> None:
+            """Queue the message on its pair; `on_sent(t1, t2)` when its last byte left."""
             self._fifo(
                 t,
                 pair,
@@ -270,7 +271,7 @@ class Simulator:
                     pair,
                     latency,
                     lambda t2: arrived(t2, t1),
-                    lambda t2: sent(t1, t2),
+                    lambda t2: on_sent(t1, t2),
                 ),
             )
 
@@ -319,19 +320,7 @@ class Simulator:
                 if nxt is not None:
                     self._grant(t2, nxt)
 
-            self._fifo(
-                t,
-                pair,
-                lambda t1: self.network.start(
-                    t1,
-                    nbytes,
-                    resources,
-                    pair,
-                    latency,
-                    lambda t2: arrived(t2, t1),
-                    lambda t2: left(t1, t2),
-                ),
-            )
+            begin(t, left)
 
         self._starters[transfer.id] = granted
         chosen = self.arbiter.request(transfer)
