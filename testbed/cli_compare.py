@@ -9,7 +9,13 @@ from typing import Any
 
 import click
 
-from testbed.cli_options import event_options, job_flags, job_options, load_inputs
+from testbed.cli_options import (
+    emulation_options,
+    event_options,
+    job_flags,
+    job_options,
+    load_inputs,
+)
 from testbed.errors import InputError, TestbedError
 from testbed.fsutil import write_atomic
 from testbed.report.compare import RunEntry, csv_text, markdown_table, table_rows, table_text
@@ -57,11 +63,12 @@ def _options_for(name: str, pairs: tuple[str, ...], unprefixed: bool = True) -> 
               show_default=True, help="Compute mode for the emulate backend.")
 @job_options
 @event_options
+@emulation_options
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the comparison (default: a new one under runs/).")
 def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
             policy_opts: tuple[str, ...], backend: str, repeat: int, compute: str,
-            out: Path | None, **kwargs: Any) -> None:
+            out: Path | None, pacing: str, activations: str, **kwargs: Any) -> None:
     """Run policies on the same topology, job and seed, one after another, and compare.
 
     Prints a table (iteration time with its spread over repeats, speed-up against the
@@ -93,7 +100,8 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
                                _options_for(policy, policy_opts), bubble_policy=bubble,
                                bubble_options=_options_for(bubble or "", policy_opts, False)
                                if bubble else None, compute=compute,
-                               events=inputs.events)
+                               events=inputs.events, pacing=pacing == "on",
+                               activations=activations)
                 entries.append(_run_one(spec, directory, name, k))
                 bar.update(1, name)
     config = {"schema": COMPARE_SCHEMA, "topology": str(topology), "backend": backend,

@@ -117,3 +117,19 @@ def policy_options(func: F) -> F:
         help="Policy option (see `testbed plugins`). Repeatable.",
     )(func)
     return func
+
+
+def emulation_options(func: F) -> F:
+    """How the emulator represents the network: pacing and intra-DC activations."""
+    func = click.option(
+        "--activations", type=click.Choice(["auto", "real"]), default="auto",
+        show_default=True,
+        help="auto: with emulated compute, activations between stages in one DC are "
+        "modeled at the DC's bandwidth, as the simulator moves them (this machine cannot "
+        "push intra-DC rates through Python); across DCs they always move real bytes. "
+        "real: always move real bytes.")(func)
+    return click.option(
+        "--pacing", type=click.Choice(["on", "off"]), default="on", show_default=True,
+        help="on: each cross-DC connection is paced at its share of the path's rate, as "
+        "the simulator assumes (see README, Pacing). off: unpaced bursts, to see what "
+        "they cost.")(func)

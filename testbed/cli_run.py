@@ -11,6 +11,7 @@ import click
 from testbed.cli_net import SHAPERS, require_root
 from testbed.cli_options import (
     bubble_options,
+    emulation_options,
     event_options,
     job_flags,
     job_options,
@@ -42,6 +43,7 @@ def echo_err(message: str) -> None:
 @bubble_options
 @job_options
 @event_options
+@emulation_options
 @click.option(
     "--compute",
     type=click.Choice(["auto", "real", "emulated"]),
@@ -91,6 +93,8 @@ def up(
     stall_timeout: float,
     bubble: str | None,
     bubble_opts: tuple[str, ...],
+    pacing: str,
+    activations: str,
     **kwargs: Any,
 ) -> None:
     """Train over the emulated WAN: one worker process per GPU in its namespace.
@@ -106,7 +110,7 @@ def up(
                    dict(parse_options(policy_opts)), bubble_policy=bubble,
                    bubble_options=dict(parse_options(bubble_opts)), compute=compute,
                    shaper=shaper, allreduce=allreduce, stall_timeout_s=stall_timeout,
-                   events=inputs.events)
+                   events=inputs.events, pacing=pacing == "on", activations=activations)
     directory = out or new_run_dir(inputs.topology.name, policy)
     outcome = run(spec, directory, echo_err)
     for line in run_summary(outcome.results):

@@ -49,6 +49,8 @@ class RunSpec:
     stall_timeout_s: float = 120.0
     profile: Profile | None = None
     events: tuple[NetEvent, ...] = ()
+    pacing: bool = True
+    activations: str = "auto"
 
 
 @dataclass
@@ -177,7 +179,8 @@ def _simulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy) -> RunRecord:
         backend="simulate", policy=spec.policy, bubble_policy=spec.bubble_policy,
         topology=spec.topology, job=spec.job, plan=plan, shaper=None, compute="modeled",
         summary=summary, spans=spans, start=0.0, policy_options=spec.policy_options,
-        extra={"profile": bool(spec.profile), "events": [e.as_raw() for e in spec.events],
+        extra={"profile": bool(spec.profile), "pacing": "assumed",
+               "events": [e.as_raw() for e in spec.events],
                "inference": inference_results(spec.topology, spec.job, plan, broker, end)})
 
 
@@ -195,7 +198,8 @@ def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path,
     mode = choose_compute(spec.compute, len(plan.used_gpus()))
     coordinator = Coordinator(spec.topology, spec.job, plan, chosen, mode,
                               directory / "logs", spec.shaper, spec.stall_timeout_s, say,
-                              allreduce=spec.allreduce, bubble_policy=spec.bubble_policy,
+                              allreduce=spec.allreduce, pacing=spec.pacing,
+                              activations=spec.activations, bubble_policy=spec.bubble_policy,
                               bubble_options=spec.bubble_options, events=spec.events)
     error: TestbedError | None = None
     try:
@@ -211,7 +215,8 @@ def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path,
         compute=mode, summary=outcome.summary, spans=outcome.spans, start=outcome.start,
         status=outcome.status, error=outcome.error, losses=outcome.losses,
         policy_options=spec.policy_options,
-        extra={"allreduce": spec.allreduce, "events": [e.as_raw() for e in spec.events],
+        extra={"allreduce": spec.allreduce, "pacing": spec.pacing,
+               "activations": spec.activations, "events": [e.as_raw() for e in spec.events],
                "inference": inference_results(
                    spec.topology, spec.job, plan, coordinator.broker,
                    max((s["end"] for s in outcome.spans), default=outcome.start)

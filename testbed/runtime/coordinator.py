@@ -26,6 +26,7 @@ from testbed.metrics.summary import Summary, summarize
 from testbed.net.layout import check_limits
 from testbed.net.network import Network, bring_up, change_link, tear_down
 from testbed.net.state import ProcessRecord, process_start_ticks
+from testbed.pacing import pair_pacing_bytes_per_s
 from testbed.plan.build import communicating_pairs
 from testbed.plan.model import Op, Plan, Sharing
 from testbed.policy.arbiter import Arbiter
@@ -109,6 +110,11 @@ class Coordinator:
     save_dir: Path | None = None
     """Where workers write their stage's final parameters (real compute)."""
     allreduce: str = "auto"
+    pacing: bool = True
+    """Cap each cross-DC connection at its share of the path's rate (testbed.pacing)."""
+    activations: str = "auto"
+    """"auto": with emulated compute, activations between stages in one DC are modeled at
+    the DC's bandwidth; "real": they cross the network as real bytes."""
     bubble_policy: str | None = None
     bubble_options: dict[str, str] | None = None
     events: tuple[NetEvent, ...] = ()
@@ -382,6 +388,8 @@ class Coordinator:
             "local_rank": worker.index,
             "save_dir": str(self.save_dir) if self.save_dir else None,
             "allreduce_modeled_s": self._modeled_allreduce(stage, cost.grad_bytes),
+            "intra_dc_bps": self.topology.dc(dc).bandwidth_bps
+            if self.activations == "auto" and self.compute == "emulated" else None,
             "bubbles": self.broker is not None,
             "decode": self._decode_for(dc),
             "inference_model": dict(self.job.inference.model.__dict__)
@@ -423,10 +431,14 @@ class Coordinator:
         by_gpu = {w.gpu: w for w in self.workers}
         outbound: dict[str, Any] = {}
         inbound: dict[str, int] = {}
+        pacing: dict[str, float] = {}
         for a, b, _kind in communicating_pairs(self.plan.placement, self.plan.dp, self.plan.pp, 1):
             n = self.plan.connections_between(a, b)
             wa, wb = by_gpu[a], by_gpu[b]
             low, high = (wa, wb) if wa.index < wb.index else (wb, wa)
+            rate = self._pacing_rate(a, b, n)
+            if rate and worker in (wa, wb):
+                pacing[str((wb if worker is wa else wa).index)] = rate
             if worker is low:
                 outbound[str(high.index)] = {
                     "address": self.network.address_of(high.gpu),
@@ -435,7 +447,15 @@ class Coordinator:
                 }
             elif worker is high:
                 inbound[str(low.index)] = n
-        return {"op": "connect", "outbound": outbound, "inbound": inbound}
+        return {"op": "connect", "outbound": outbound, "inbound": inbound, "pacing": pacing}
+
+    def _pacing_rate(self, a: str, b: str, connections: int) -> float | None:
+        """Bytes per second for each of a cross-DC pair's connections: together they leave
+        at the path's rate (see `pacing_share`), or None when unpaced or inside a DC."""
+        dc_a, dc_b = self.topology.dc_of(a), self.topology.dc_of(b)
+        if not self.pacing or dc_a == dc_b:
+            return None
+        return pair_pacing_bytes_per_s(self.topology.bottleneck_bps(dc_a, dc_b), connections)
 
     async def _train(self) -> None:
         self._arbiter = Arbiter(self.policy, self.plan)

@@ -21,8 +21,9 @@ from testbed.runtime.worker import run_loop
 PROBE_TOKEN = b"testbed-transport-probe".ljust(32, b"\0")
 
 
-async def serve(address: str, port: int, connections: int, messages: int) -> None:
-    transport = Transport(1, PROBE_TOKEN)
+async def serve(address: str, port: int, connections: int, messages: int,
+                pace_bps: float = 0.0) -> None:
+    transport = Transport(1, PROBE_TOKEN, _pacing(0, connections, pace_bps))
     await transport.listen(address, port)
     await transport.connect({}, {0: connections})
     for i in range(messages):
@@ -32,11 +33,19 @@ async def serve(address: str, port: int, connections: int, messages: int) -> Non
     await transport.close()
 
 
-async def send(address: str, port: int, connections: int, messages: int, size: int) -> None:
-    transport = Transport(0, PROBE_TOKEN)
+def _pacing(peer: int, connections: int, pace_bps: float) -> dict[int, float]:
+    """Each connection's share of the pair's rate, in bytes per second."""
+    return {peer: pace_bps / 8 / connections} if pace_bps > 0 else {}
+
+
+async def send(address: str, port: int, connections: int, messages: int, size: int,
+               pace_bps: float = 0.0, gap_s: float = 0.0) -> None:
+    transport = Transport(0, PROBE_TOKEN, _pacing(1, connections, pace_bps))
     await transport.connect({1: (address, port, connections)}, {})
     payload = bytes(size)
     for i in range(messages):
+        if i and gap_s:
+            await asyncio.sleep(gap_s)
         started = time.monotonic()
         await transport.send(1, f"m{i}", payload)
         ack = await transport.recv(f"ack{i}")
@@ -56,11 +65,15 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=1)
     parser.add_argument("--messages", type=int, default=1)
     parser.add_argument("--bytes", type=int, default=16 * 1024 * 1024)
+    parser.add_argument("--pace", type=float, default=0.0,
+                        help="the pair's rate in bit/s, shared by its connections (0: unpaced)")
+    parser.add_argument("--gap", type=float, default=0.0, help="seconds idle between messages")
     args = parser.parse_args()
     if args.role == "serve":
-        run_loop(serve(args.address, args.port, args.connections, args.messages))
+        run_loop(serve(args.address, args.port, args.connections, args.messages, args.pace))
     else:
-        run_loop(send(args.address, args.port, args.connections, args.messages, args.bytes))
+        run_loop(send(args.address, args.port, args.connections, args.messages, args.bytes,
+                      args.pace, args.gap))
 
 
 if __name__ == "__main__":

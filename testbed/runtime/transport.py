@@ -15,8 +15,10 @@ import asyncio
 import collections
 import contextlib
 import hmac
+import socket
+import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from testbed.runtime.protocol import (
@@ -32,6 +34,22 @@ from testbed.runtime.protocol import (
 )
 
 CONNECT_TIMEOUT_S = 30.0
+SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
+"""Linux's per-socket pacing cap (asm-generic/socket.h); TCP paces itself to it without
+the fq qdisc (internal pacing, since Linux 4.13)."""
+NOTSENT_LOWAT_S = 0.02
+"""Unsent data a paced connection may hold in the kernel, in seconds at its rate: chunks
+stay in the shared queue until a connection is about to need them, so all N connections
+finish a message together, and an event loop that wakes late still finds data queued."""
+MIN_NOTSENT_LOWAT = 128 * 1024
+
+
+def pace(sock: socket.socket, bytes_per_s: float) -> None:
+    """Cap one TCP socket's sending rate, so N striped connections together leave at the
+    path's rate instead of bursting whole windows into its bottleneck queue."""
+    sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, struct.pack("=Q", int(bytes_per_s)))
+    lowat = max(MIN_NOTSENT_LOWAT, int(bytes_per_s * NOTSENT_LOWAT_S))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, lowat)
 
 
 class PeerLost(Exception):
@@ -187,11 +205,14 @@ class _Link(asyncio.BufferedProtocol):
 class Transport:
     """This worker's data connections to its peers."""
 
-    def __init__(self, me: int, token: bytes) -> None:
+    def __init__(self, me: int, token: bytes, pacing: Mapping[int, float] | None = None) -> None:
+        """`pacing`: bytes per second per connection, for the peers whose connections are
+        paced (those across the WAN); the others send as fast as TCP lets them."""
         if len(token) != 32:
             raise ValueError("the run token must be 32 bytes")
         self.me = me
         self.token = token
+        self.pacing = dict(pacing or {})
         self.closing = False
         self._links: dict[int, list[_Link | None]] = {}
         self._mail: dict[str, _Incoming] = {}
@@ -242,7 +263,24 @@ class Transport:
         link.transport.write(pack_hello(self.token, self.me, index))
         self._attach(peer, index, link)
 
+    def set_pacing(self, pacing: Mapping[int, float]) -> None:
+        """Pace the connections to these peers, those already open included (a peer may
+        dial before we learn the rates)."""
+        self.pacing = dict(pacing)
+        for peer, links in self._links.items():
+            for link in links:
+                if link is not None:
+                    self._pace(peer, link)
+
+    def _pace(self, peer: int, link: _Link) -> None:
+        rate = self.pacing.get(peer)
+        if rate and link.transport is not None:
+            sock = link.transport.get_extra_info("socket")
+            if sock is not None:
+                pace(sock, rate)
+
     def _attach(self, peer: int, index: int, link: _Link) -> None:
+        self._pace(peer, link)
         slots = self._links.setdefault(peer, [])
         slots.extend([None] * (index + 1 - len(slots)))
         slots[index] = link

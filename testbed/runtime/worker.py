@@ -88,6 +88,7 @@ class Worker:
     bubble_reply: asyncio.Future[dict[str, Any]] | None = None
     decode: asyncio.StreamWriter | None = None
     decode_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    modeled_locks: dict[int, asyncio.Lock] = field(default_factory=dict)
     action: int = 0
     """Position in the action list, so bubbles can be predicted per receive."""
     executor: concurrent.futures.ThreadPoolExecutor = field(
@@ -165,7 +166,11 @@ class Worker:
                 peer=peer.gpu,
             )
         start = time.monotonic()
-        await self.transport.send(peer.index, tag, payload)
+        modeled_bps = self.config.raw.get("intra_dc_bps") if link is None and pipeline else None
+        if modeled_bps:
+            await self.send_modeled(peer, tag, len(payload), float(modeled_bps))
+        else:
+            await self.transport.send(peer.index, tag, payload)
         if link is not None and pipeline and link in self.config.arbitrated:
             # the last byte has left: the link is free for the next transfer
             await send_message(self.control, {"op": "sent", "tag": tag})
@@ -180,6 +185,15 @@ class Worker:
             link=link,
             tag=tag,
         )
+
+    async def send_modeled(self, peer: Peer, tag: str, nbytes: int, bps: float) -> None:
+        """Inside a DC with emulated compute: the bytes take their time at the DC's rate
+        (one message at a time per peer, as on its connections), then an empty message
+        tells the receiver they are there. Python on a small machine cannot move
+        activations at intra-DC rates; the simulator moves them at those rates."""
+        async with self.modeled_locks.setdefault(peer.index, asyncio.Lock()):
+            await asyncio.sleep(nbytes * 8 / bps)
+            await self.transport.send(peer.index, tag, b"")
 
     def send_later(
         self,
@@ -206,6 +220,7 @@ class Worker:
         self.span("recv", start, now, iteration, microbatch=microbatch, peer=peer.gpu,
                   action=action, waited=max(0.0, got.completed_at - start))
         link = self.link_key(peer)
+        modeled = link is None and bool(self.config.raw.get("intra_dc_bps"))
         self.span(
             "transfer",
             got.sent_at,
@@ -213,7 +228,8 @@ class Worker:
             iteration,
             microbatch=microbatch,
             peer=peer.gpu,
-            bytes=len(got.data),
+            bytes=int(self.config.raw["activation_bytes"]) if modeled else len(got.data),
+            modeled=modeled,
             link=None if link is None else f"{peer.dc}>{self.config.dc}",
             tag=tag,
             src=peer.gpu,
@@ -427,6 +443,7 @@ async def serve(control_path: str, gpu: str, token: str) -> int:
         int(k): (v["address"], v["port"], v["connections"]) for k, v in msg["outbound"].items()
     }
     inbound = {int(k): n for k, n in msg["inbound"].items()}
+    transport.set_pacing({int(k): float(v) for k, v in msg.get("pacing", {}).items()})
     await transport.connect(outbound, inbound)
     await send_message(writer, {"op": "ready"})
     msg = await read_message(reader)
