@@ -15,6 +15,7 @@ from testbed.cli_options import (
     job_flags,
     job_options,
     load_inputs,
+    parse_dilation,
 )
 from testbed.errors import InputError, TestbedError
 from testbed.fsutil import write_atomic
@@ -68,7 +69,8 @@ def _options_for(name: str, pairs: tuple[str, ...], unprefixed: bool = True) -> 
               help="Directory for the comparison (default: a new one under runs/).")
 def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
             policy_opts: tuple[str, ...], backend: str, repeat: int, compute: str,
-            out: Path | None, pacing: str, activations: str, **kwargs: Any) -> None:
+            out: Path | None, pacing: str, activations: str, dilation: str,
+            **kwargs: Any) -> None:
     """Run policies on the same topology, job and seed, one after another, and compare.
 
     Prints a table (iteration time with its spread over repeats, speed-up against the
@@ -83,6 +85,7 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
         from testbed.cli_net import require_root
 
         require_root()
+    k = parse_dilation(dilation)
     inputs = load_inputs(topology, **job_flags(kwargs))
     directory = out or new_run_dir(inputs.topology.name, "compare")
     directory.mkdir(parents=True, exist_ok=True)
@@ -101,7 +104,7 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
                                bubble_options=_options_for(bubble or "", policy_opts, False)
                                if bubble else None, compute=compute,
                                events=inputs.events, pacing=pacing == "on",
-                               activations=activations)
+                               activations=activations, dilation=k)
                 entries.append(_run_one(spec, directory, name, k))
                 bar.update(1, name)
     config = {"schema": COMPARE_SCHEMA, "topology": str(topology), "backend": backend,

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import click
 
+from testbed.dilation import MAX_DILATION
+from testbed.errors import InputError
 from testbed.events import NetEvent, parse_event_flag, parse_events
 from testbed.job import Job, load_job
 from testbed.topology import Topology, load_topology
@@ -119,8 +121,28 @@ def policy_options(func: F) -> F:
     return func
 
 
+def parse_dilation(text: str) -> int | Literal["auto"]:
+    """`--dilation`: a whole number from 1 to MAX_DILATION, or auto."""
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_DILATION:
+        raise InputError(f"must be a whole number from 1 to {MAX_DILATION}, or auto "
+                         f"(got {text!r})", "--dilation")
+    return value
+
+
 def emulation_options(func: F) -> F:
-    """How the emulator represents the network: pacing and intra-DC activations."""
+    """How the emulator represents the network: dilation, pacing, intra-DC activations."""
+    func = click.option(
+        "--dilation", default="1", show_default=True, metavar="K|auto",
+        help="Run the emulation K times slower than the time it represents (link rates / K; "
+        "latencies, compute, events and TCP's minimum RTO x K); every reported figure is "
+        "in represented time. auto: the smallest K at which the plan's peak rate fits what "
+        "this machine forwards (measured once, cached).")(func)
     func = click.option(
         "--activations", type=click.Choice(["auto", "real"]), default="auto",
         show_default=True,

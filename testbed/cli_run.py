@@ -16,6 +16,7 @@ from testbed.cli_options import (
     job_flags,
     job_options,
     load_inputs,
+    parse_dilation,
     policy_options,
 )
 from testbed.policy import parse_options
@@ -95,6 +96,7 @@ def up(
     bubble_opts: tuple[str, ...],
     pacing: str,
     activations: str,
+    dilation: str,
     **kwargs: Any,
 ) -> None:
     """Train over the emulated WAN: one worker process per GPU in its namespace.
@@ -110,7 +112,8 @@ def up(
                    dict(parse_options(policy_opts)), bubble_policy=bubble,
                    bubble_options=dict(parse_options(bubble_opts)), compute=compute,
                    shaper=shaper, allreduce=allreduce, stall_timeout_s=stall_timeout,
-                   events=inputs.events, pacing=pacing == "on", activations=activations)
+                   events=inputs.events, pacing=pacing == "on", activations=activations,
+                   dilation=parse_dilation(dilation))
     directory = out or new_run_dir(inputs.topology.name, policy)
     outcome = run(spec, directory, echo_err)
     for line in run_summary(outcome.results):

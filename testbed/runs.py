@@ -10,9 +10,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from testbed.bubbles import BubbleBroker, ttft_summary
+from testbed.dilation import (
+    choose_dilation,
+    dilate_events,
+    dilate_job,
+    dilate_topology,
+    peak_rate_bps,
+    represented_inference,
+    represented_spans,
+)
 from testbed.errors import InputError, TestbedError
 from testbed.events import NetEvent
 from testbed.fsutil import write_atomic
@@ -51,6 +60,8 @@ class RunSpec:
     events: tuple[NetEvent, ...] = ()
     pacing: bool = True
     activations: str = "auto"
+    dilation: int | Literal["auto"] = 1
+    """Emulate K times slower than represented time (testbed.dilation); "auto" picks K."""
 
 
 @dataclass
@@ -163,10 +174,16 @@ def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPoli
                            events=events).run()
     except RuntimeError as exc:
         raise TestbedError(f"simulation failed: {exc}") from None
-    tokens = plan.dp * plan.microbatches * plan.microbatch_size * job.model.seq_len
-    capacity = sum(topology.bottleneck_bps(a, b) for a, b in plan.sharing)
-    return summarize(result.spans, plan.used_gpus(), result.start, tokens, capacity), \
-        result.spans
+    return summarize(result.spans, plan.used_gpus(), result.start, _tokens(job, plan),
+                     _wan_capacity(topology, plan)), result.spans
+
+
+def _tokens(job: Job, plan: Plan) -> int:
+    return plan.dp * plan.microbatches * plan.microbatch_size * job.model.seq_len
+
+
+def _wan_capacity(topology: Topology, plan: Plan) -> float:
+    return sum(topology.bottleneck_bps(a, b) for a, b in plan.sharing)
 
 
 def _simulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy) -> RunRecord:
@@ -196,11 +213,22 @@ def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path,
     from testbed.runtime.worker import run_loop
 
     mode = choose_compute(spec.compute, len(plan.used_gpus()))
-    coordinator = Coordinator(spec.topology, spec.job, plan, chosen, mode,
-                              directory / "logs", spec.shaper, spec.stall_timeout_s, say,
+    predicted, predicted_spans = simulate_plan(
+        spec.topology, spec.job, plan, chosen, spec.profile,
+        make_broker(spec.topology, spec.job, plan, spec.bubble_policy, spec.bubble_options),
+        spec.events)
+    k = _choose_dilation(spec, predicted_spans, mode, say)
+    if predicted.median_s is not None:
+        wall = predicted.median_s * (spec.job.iterations + 1) * k
+        say(f"the simulator predicts {predicted.median_s:.3f} s per iteration; at dilation "
+            f"{k} training takes about {wall:.0f} s of wall time")
+    coordinator = Coordinator(dilate_topology(spec.topology, k), dilate_job(spec.job, k), plan,
+                              chosen, mode, directory / "logs", spec.shaper,
+                              spec.stall_timeout_s * k, say,
                               allreduce=spec.allreduce, pacing=spec.pacing,
                               activations=spec.activations, bubble_policy=spec.bubble_policy,
-                              bubble_options=spec.bubble_options, events=spec.events)
+                              bubble_options=spec.bubble_options,
+                              events=dilate_events(spec.events, k), dilation=k)
     error: TestbedError | None = None
     try:
         run_loop(run_with_signals(coordinator))
@@ -209,19 +237,53 @@ def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path,
     outcome = coordinator.outcome
     if outcome is None:
         raise error or TestbedError("the run ended before it started")
+    spans = represented_spans(outcome.spans, outcome.start, k)
+    summary = outcome.summary if k == 1 else summarize(
+        spans, plan.used_gpus(), outcome.start, _tokens(spec.job, plan),
+        _wan_capacity(spec.topology, plan))
+    health = outcome.health
+    if health is not None and health.warning():
+        say(f"warning: {health.warning()}")
+    inference = inference_results(
+        coordinator.topology, coordinator.job, plan, coordinator.broker,
+        max((s["end"] for s in outcome.spans), default=outcome.start) - outcome.start)
     record = RunRecord(
         backend="emulate", policy=spec.policy, bubble_policy=spec.bubble_policy,
         topology=spec.topology, job=spec.job, plan=plan, shaper=outcome.shaper,
-        compute=mode, summary=outcome.summary, spans=outcome.spans, start=outcome.start,
+        compute=mode, summary=summary, spans=spans, start=outcome.start,
         status=outcome.status, error=outcome.error, losses=outcome.losses,
         policy_options=spec.policy_options,
         extra={"allreduce": spec.allreduce, "pacing": spec.pacing,
                "activations": spec.activations, "events": [e.as_raw() for e in spec.events],
-               "inference": inference_results(
-                   spec.topology, spec.job, plan, coordinator.broker,
-                   max((s["end"] for s in outcome.spans), default=outcome.start)
-                   - outcome.start)})
+               "dilation": k, "dilation_requested": spec.dilation,
+               **prediction_fields(predicted.median_s, summary.median_s),
+               "emulation": None if health is None else health.as_dict(),
+               "inference": represented_inference(inference, k)})
     return record, error
+
+
+def prediction_fields(predicted: float | None, measured: float | None) -> dict[str, Any]:
+    """The simulator's iteration time for the same plan, and the emulator's error against
+    it (positive: the emulator was slower)."""
+    error = None
+    if predicted and measured is not None:
+        error = (measured - predicted) / predicted
+    return {"predicted_iteration_s": predicted, "prediction_error": error}
+
+
+def _choose_dilation(spec: RunSpec, predicted_spans: list[dict[str, Any]], compute: str,
+                     say: Say) -> int:
+    if spec.dilation != "auto":
+        return spec.dilation
+    from testbed.runtime.capacity import machine_capacity_bps
+
+    peak = peak_rate_bps(predicted_spans,
+                         wan_only=spec.activations == "auto" and compute == "emulated")
+    capacity = machine_capacity_bps(say)
+    k = choose_dilation(peak, capacity)
+    say(f"dilation auto: {k} (the plan moves up to {peak / 1e9:.2f} Gbit/s at once; this "
+        f"machine forwards {capacity / 1e9:.2f} Gbit/s, half of it kept for the workers)")
+    return k
 
 
 def spec_options(pairs: tuple[str, ...]) -> dict[str, str]:

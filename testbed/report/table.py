@@ -15,6 +15,24 @@ def _secs(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f} s"
 
 
+def _prediction(results: dict[str, Any]) -> list[str]:
+    """The simulator's figure beside an emulated run's, and how the run was emulated."""
+    lines = []
+    if results.get("predicted_iteration_s") is not None:
+        error = results.get("prediction_error")
+        lines.append(f"  simulated     {_secs(results['predicted_iteration_s'])} per iteration"
+                     + (f" (emulated {error:+.1%} from it)" if error is not None else ""))
+    if results.get("backend") == "emulate" and "dilation" in results:
+        emulation = results.get("emulation") or {}
+        lines.append(
+            f"  emulation     dilation {results['dilation']}, pacing "
+            f"{'on' if results.get('pacing') else 'off'}, cores "
+            f"{_pct(emulation.get('cpu_busy'))} busy, event-loop lag p99 "
+            f"{_secs(emulation.get('lag_p99_s'))}"
+            + ("; machine-bound" if emulation.get("cpu_bound") else ""))
+    return lines
+
+
 def run_summary(results: dict[str, Any]) -> list[str]:
     it = results["iteration_time_s"]
     plan = results["plan"]
@@ -28,6 +46,7 @@ def run_summary(results: dict[str, Any]) -> list[str]:
         f"  iterations    {results['iterations']} of {results['iterations_requested']} completed",
         f"  iteration     median {_secs(it['median'])}, min {_secs(it['min'])}, "
         f"max {_secs(it['max'])}" + (" (first excluded)" if len(it.get("all", [])) > 1 else ""),
+        *_prediction(results),
         f"  throughput    {results['tokens_per_s']:.0f} tokens/s"
         if results.get("tokens_per_s")
         else "  throughput    -",

@@ -32,6 +32,14 @@ from testbed.plan.model import Op, Plan, Sharing
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import Request, TrainingPolicy, Transfer
 from testbed.runtime.decode import DECODE_PORT
+from testbed.runtime.health import (
+    CpuSample,
+    Health,
+    assess,
+    busy_share,
+    delay_line_lateness,
+    read_cpu,
+)
 from testbed.runtime.protocol import ProtocolError, read_message, send_message
 from testbed.runtime.worker import TOKEN_ENV
 from testbed.topology.model import Topology
@@ -94,6 +102,7 @@ class RunOutcome:
     error: str | None = None
     wall_s: float = 0.0
     shaper: str | None = None
+    health: Health | None = None
 
 
 @dataclass
@@ -143,6 +152,11 @@ class Coordinator:
     _watchers: list[asyncio.Task[None]] = field(default_factory=list)
     _down: NetEvent | None = None
     _started: bool = False
+    dilation: int = 1
+    """Real seconds per represented second; the topology and times given are dilated."""
+    lags: list[float] = field(default_factory=list)
+    _cpu: tuple[CpuSample, CpuSample] | None = None
+    _lateness: tuple[float, float] | None = None
 
     # --- the run ---------------------------------------------------------------------
 
@@ -187,7 +201,13 @@ class Coordinator:
             error,
             wall,
             self.network.shaper.value if self.network else None,
+            self._health(),
         )
+
+    def _health(self) -> Health | None:
+        if self._cpu is None:
+            return None
+        return assess(busy_share(*self._cpu), self.lags, self._lateness, self.dilation)
 
     async def _setup(self) -> None:
         if self.plan.tp != 1:
@@ -388,6 +408,7 @@ class Coordinator:
             "local_rank": worker.index,
             "save_dir": str(self.save_dir) if self.save_dir else None,
             "allreduce_modeled_s": self._modeled_allreduce(stage, cost.grad_bytes),
+            "stretch": self.dilation if self.compute == "real" else 1,
             "intra_dc_bps": self.topology.dc(dc).bandwidth_bps
             if self.activations == "auto" and self.compute == "emulated" else None,
             "bubbles": self.broker is not None,
@@ -473,8 +494,13 @@ class Coordinator:
         stall = asyncio.create_task(self._stall_watch())
         events = asyncio.create_task(self._apply_events())
         gathered = asyncio.gather(*readers)
+        cpu_before = read_cpu()
         try:
             await self._race(gathered)
+            self._cpu = (cpu_before, read_cpu())
+            assert self.network is not None
+            self._lateness = delay_line_lateness(
+                await asyncio.to_thread(self.network.delay_line_stats))
         finally:
             stall.cancel()
             events.cancel()
@@ -582,6 +608,8 @@ class Coordinator:
     def _on_iteration(self, worker: WorkerHandle, msg: dict[str, Any]) -> None:
         iteration = int(msg["iteration"])
         self.spans.extend(msg["spans"])
+        if iteration > 0:  # the first iteration warms up
+            self.lags.append(float(msg.get("lag_p99_s", 0.0)))
         self._learn_bubbles(msg["spans"])
         if msg.get("loss") is not None:
             self.losses.setdefault(iteration, 0.0)
@@ -602,7 +630,8 @@ class Coordinator:
             loss = self.losses.get(iteration)
             self.say(
                 f"iteration {iteration + 1}/{self.job.iterations}: "
-                f"{max(ends) - began:.3f} s" + (f", loss {loss:.4f}" if loss else "")
+                f"{(max(ends) - began) / self.dilation:.3f} s"
+                + (f", loss {loss:.4f}" if loss else "")
             )
 
     async def _on_request(self, worker: WorkerHandle, msg: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 from testbed.plan.model import Action, Op
 from testbed.runtime.allreduce import ring_allreduce
 from testbed.runtime.engines import EmulatedEngine, Engine, make_real_engine
+from testbed.runtime.health import p99
 from testbed.runtime.protocol import read_message, send_message
 from testbed.runtime.transport import Transport
 
@@ -114,6 +115,10 @@ class Worker:
             result = fn()
         else:
             result = await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+        stretch = float(self.config.raw.get("stretch", 1))
+        if stretch > 1:  # real compute under dilation: the GPU stays busy K times as long
+            held = (stretch - 1) * (time.monotonic() - start)
+            await asyncio.get_running_loop().run_in_executor(self.executor, time.sleep, held)
         self.span(kind, start, time.monotonic(), iteration, **extra)
         return result
 
@@ -456,6 +461,8 @@ async def serve(control_path: str, gpu: str, token: str) -> int:
     main_task = asyncio.current_task()
     assert main_task is not None
     controller = asyncio.create_task(control_loop(reader, worker_future, stop, main_task))
+    lags: list[float] = []
+    watch_lag = asyncio.create_task(lag_monitor(lags))
     try:
         for iteration in range(config.iterations):
             started = time.monotonic()
@@ -482,8 +489,10 @@ async def serve(control_path: str, gpu: str, token: str) -> int:
                     "ended": time.monotonic(),
                     "loss": loss,
                     "spans": spans,
+                    "lag_p99_s": p99(lags),
                 },
             )
+            lags.clear()
         save_dir = raw.get("save_dir")
         if save_dir:
             path = os.path.join(save_dir, f"r{config.replica}-s{config.stage}.pt")
@@ -491,12 +500,25 @@ async def serve(control_path: str, gpu: str, token: str) -> int:
         await send_message(writer, {"op": "done"})
         await stop.wait()
     finally:
+        watch_lag.cancel()
         controller.cancel()
         with contextlib.suppress(BaseException):
             await controller
         await transport.close()
         worker.executor.shutdown(wait=False, cancel_futures=True)
     return 0
+
+
+LAG_PERIOD_S = 0.02
+
+
+async def lag_monitor(samples: list[float]) -> None:
+    """How late this event loop wakes: a late loop starts sends and receives late, which
+    the represented network would not."""
+    while True:
+        before = time.monotonic()
+        await asyncio.sleep(LAG_PERIOD_S)
+        samples.append(max(0.0, time.monotonic() - before - LAG_PERIOD_S))
 
 
 def run_loop(coro: Any) -> Any:

@@ -48,6 +48,9 @@ class TcpSettings:
     rmem: tuple[int, int, int] = (4096, 131072, 6 * 1024**2)
     wmem: tuple[int, int, int] = (4096, 16384, 4 * 1024**2)
     slow_start_after_idle: bool = True
+    rto_min_s: float | None = None
+    """TCP's minimum retransmission timeout; None leaves the kernel's (200 ms). Set by
+    time dilation, not by topology files."""
 
     @property
     def window_bytes(self) -> int:
@@ -62,7 +65,8 @@ class TcpSettings:
             "net.ipv4.tcp_slow_start_after_idle": "1" if self.slow_start_after_idle else "0",
             "net.core.rmem_max": str(self.rmem[2]),
             "net.core.wmem_max": str(self.wmem[2]),
-        }
+        } | ({} if self.rto_min_s is None
+             else {"net.ipv4.tcp_rto_min_us": str(round(self.rto_min_s * 1e6))})
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,131 @@
+"""Time dilation: run an emulation K times slower than the time it represents.
+
+As in time-dilated network emulators (Gupta et al., "To Infinity and Beyond: Time-Warped
+Network Emulation", NSDI 2006; DieCast, NSDI 2008): link rates are divided by K and every
+duration (latency, jitter, compute, events, timeouts, TCP's minimum RTO) multiplied by K,
+so bytes, windows and bandwidth-delay products stay what they represent and TCP behaves
+as on the represented network, while this machine has K times longer to move each byte.
+Measured times are divided by K on the way back. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from testbed.events import NetEvent
+from testbed.job import Job
+from testbed.topology.model import Datacenter, TcpSettings, Topology, WanLink
+
+LINUX_RTO_MIN_S = 0.2
+"""TCP_RTO_MIN: the floor of the retransmission timeout, set per namespace when dilated."""
+MAX_DILATION = 64
+
+
+def dilate_tcp(tcp: TcpSettings, k: float) -> TcpSettings:
+    return dataclasses.replace(tcp, rto_min_s=(tcp.rto_min_s or LINUX_RTO_MIN_S) * k)
+
+
+def dilate_dc(dc: Datacenter, k: float) -> Datacenter:
+    """A GPU K times slower stretches every modeled compute and prefill time K-fold."""
+    return dataclasses.replace(dc, bandwidth_bps=dc.bandwidth_bps / k, latency_s=dc.latency_s * k,
+                               gpu=dataclasses.replace(dc.gpu, peak_flops=dc.gpu.peak_flops / k),
+                               tcp=None if dc.tcp is None else dilate_tcp(dc.tcp, k))
+
+
+def dilate_link(link: WanLink, k: float) -> WanLink:
+    """Queue bytes stay: at 1/K of the rate they hold K times the queueing delay."""
+    return dataclasses.replace(link, bandwidth_bps=link.bandwidth_bps / k,
+                               latency_s=link.latency_s * k, jitter_s=link.jitter_s * k)
+
+
+def dilate_topology(topology: Topology, k: float) -> Topology:
+    if k == 1:
+        return topology
+    return dataclasses.replace(
+        topology, datacenters=tuple(dilate_dc(dc, k) for dc in topology.datacenters),
+        links=tuple(dilate_link(link, k) for link in topology.links),
+        tcp=dilate_tcp(topology.tcp, k))
+
+
+def dilate_event(event: NetEvent, k: float) -> NetEvent:
+    value = {"latency": event.value * k, "bandwidth": event.value / k}.get(event.kind,
+                                                                          event.value)
+    return dataclasses.replace(event, at_s=event.at_s * k, value=value,
+                               for_s=None if event.for_s is None else event.for_s * k)
+
+
+def dilate_events(events: Iterable[NetEvent], k: float) -> tuple[NetEvent, ...]:
+    return tuple(dilate_event(e, k) for e in events)
+
+
+def dilate_job(job: Job, k: float) -> Job:
+    """Inference arrivals K times sparser and deadlines K times longer."""
+    workload = job.inference
+    if workload is None or k == 1:
+        return job
+    trace = None if workload.trace is None else tuple((t * k, n) for t, n in workload.trace)
+    return dataclasses.replace(job, inference=dataclasses.replace(
+        workload, arrival_rate=workload.arrival_rate / k, deadline_s=workload.deadline_s * k,
+        trace=trace))
+
+
+def represented_spans(spans: Iterable[dict[str, Any]], start: float,
+                      k: float) -> list[dict[str, Any]]:
+    """Spans on the represented clock: offsets from `start` divided by K."""
+    if k == 1:
+        return list(spans)
+    out = []
+    for span in spans:
+        copy = dict(span)
+        copy["start"] = start + (span["start"] - start) / k
+        copy["end"] = start + (span["end"] - start) / k
+        for key in ("waited",):
+            if key in copy and isinstance(copy[key], int | float):
+                copy[key] = copy[key] / k
+        out.append(copy)
+    return out
+
+
+def represented_inference(block: dict[str, Any], k: float) -> dict[str, Any]:
+    """An inference results block with its latencies (every `ttft_s`) divided by K."""
+    out: dict[str, Any] = {}
+    for key, value in block.items():
+        if key == "ttft_s" and isinstance(value, dict):
+            out[key] = {q: None if v is None else v / k for q, v in value.items()}
+        elif isinstance(value, dict):
+            out[key] = represented_inference(value, k)
+        else:
+            out[key] = value
+    return out
+
+
+def peak_rate_bps(spans: Iterable[dict[str, Any]], wan_only: bool = True) -> float:
+    """The most bits per second a plan's transfers move at once (a sweep over simulated
+    transfer spans): what the emulator's forwarding must keep up with."""
+    edges: list[tuple[float, float]] = []
+    for span in spans:
+        if span.get("kind") != "transfer" or span.get("modeled"):
+            continue
+        if wan_only and span.get("link") is None:
+            continue
+        length = span["end"] - span["start"]
+        if length <= 0 or not span.get("bytes"):
+            continue
+        rate = span["bytes"] * 8 / length
+        edges += [(span["start"], rate), (span["end"], -rate)]
+    peak = current = 0.0
+    for _, delta in sorted(edges, key=lambda e: (e[0], e[1])):
+        current += delta
+        peak = max(peak, current)
+    return peak
+
+
+def choose_dilation(peak_bps: float, capacity_bps: float, usable: float = 0.5) -> int:
+    """The smallest K at which the plan's peak rate fits a share of what this machine
+    moves; `usable` leaves the rest of the cores to the workers."""
+    if peak_bps <= 0 or capacity_bps <= 0:
+        return 1
+    return max(1, min(MAX_DILATION, math.ceil(peak_bps / (capacity_bps * usable))))

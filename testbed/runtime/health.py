@@ -1,0 +1,112 @@
+"""Whether this machine, not the represented network, set an emulated run's pace.
+
+Three signals, each of which the simulator has no counterpart for: how busy the machine's
+cores were during training, how late the workers' event loops woke (a late loop delays
+sends, receives and grants), and how late the delay lines released packets. A run whose
+signals pass the thresholds below is reported as `cpu_bound`, with a dilation to try.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BUSY_LIMIT = 0.9
+"""Share of all cores busy above which the machine, not the network, sets the pace."""
+LAG_LIMIT_S = 0.005
+"""Event-loop lateness (p99, represented time) above which transfers start late."""
+LATE_LIMIT_S = 0.001
+"""Mean delay-line lateness (represented time) above which latencies are not what the
+topology says."""
+TARGET_BUSY = 0.6
+"""The busy share a suggested dilation aims for."""
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    busy: int
+    total: int
+
+
+def read_cpu(stat: Path = Path("/proc/stat")) -> CpuSample:
+    """Jiffies spent busy and in total over all cores since boot."""
+    fields = [int(x) for x in stat.read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return CpuSample(sum(fields) - idle, sum(fields))
+
+
+def busy_share(before: CpuSample, after: CpuSample) -> float:
+    total = after.total - before.total
+    return (after.busy - before.busy) / total if total > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Health:
+    cpu_busy: float
+    """Share of all cores busy during training."""
+    lag_p99_s: float
+    """Workers' event-loop lateness, p99 over iterations and workers, represented time."""
+    delay_line_late_mean_s: float | None
+    delay_line_late_max_s: float | None
+    cpu_bound: bool
+    reasons: tuple[str, ...]
+    dilation: int
+    suggested_dilation: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"cpu_bound": self.cpu_bound, "cpu_busy": round(self.cpu_busy, 3),
+                "lag_p99_s": self.lag_p99_s,
+                "delay_line_late_mean_s": self.delay_line_late_mean_s,
+                "delay_line_late_max_s": self.delay_line_late_max_s,
+                "reasons": list(self.reasons), "dilation": self.dilation,
+                "suggested_dilation": self.suggested_dilation}
+
+    def warning(self) -> str | None:
+        if not self.cpu_bound:
+            return None
+        return (f"this machine set the pace of the run ({'; '.join(self.reasons)}); its "
+                f"times are this machine's, not the network's: try --dilation "
+                f"{self.suggested_dilation}")
+
+
+def delay_line_lateness(stats: Mapping[str, Mapping[str, Any]]) -> tuple[float, float] | None:
+    """(mean, max) seconds late over every delay line's packets, or None without any."""
+    packets = late_sum = 0.0
+    late_max = 0.0
+    for line in stats.values():
+        for port in line.get("ports", {}).values():
+            n = float(port.get("packets_out", 0))
+            packets += n
+            late_sum += n * float(port.get("late_mean_ms", 0.0)) / 1e3
+            late_max = max(late_max, float(port.get("late_max_ms", 0.0)) / 1e3)
+    return (late_sum / packets, late_max) if packets else None
+
+
+def assess(cpu_busy: float, lags_s: Iterable[float], lateness: tuple[float, float] | None,
+           dilation: int = 1) -> Health:
+    """Judge a run from its signals; real-time figures are divided by the dilation."""
+    lag = p99(lags_s) / dilation
+    late = None if lateness is None else (lateness[0] / dilation, lateness[1] / dilation)
+    reasons = []
+    if cpu_busy >= BUSY_LIMIT:
+        reasons.append(f"cores {cpu_busy:.0%} busy")
+    if lag >= LAG_LIMIT_S:
+        reasons.append(f"event loops {lag * 1e3:.1f} ms late (p99)")
+    if late is not None and late[0] >= LATE_LIMIT_S:
+        reasons.append(f"delay lines {late[0] * 1e3:.1f} ms late on average")
+    bound = bool(reasons)
+    suggested = dilation
+    if bound:
+        suggested = max(dilation + 1, math.ceil(dilation * cpu_busy / TARGET_BUSY))
+    return Health(cpu_busy, lag, None if late is None else late[0],
+                  None if late is None else late[1], bound, tuple(reasons), dilation, suggested)
+
+
+def p99(values: Iterable[float]) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
