@@ -85,7 +85,7 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
         from testbed.cli_net import require_root
 
         require_root()
-    k = parse_dilation(dilation)
+    factor = parse_dilation(dilation)
     inputs = load_inputs(topology, **job_flags(kwargs))
     directory = out or new_run_dir(inputs.topology.name, "compare")
     directory.mkdir(parents=True, exist_ok=True)
@@ -104,7 +104,7 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
                                bubble_options=_options_for(bubble or "", policy_opts, False)
                                if bubble else None, compute=compute,
                                events=inputs.events, pacing=pacing == "on",
-                               activations=activations, dilation=k)
+                               activations=activations, dilation=factor)
                 entries.append(_run_one(spec, directory, name, k))
                 bar.update(1, name)
     config = {"schema": COMPARE_SCHEMA, "topology": str(topology), "backend": backend,

@@ -299,3 +299,20 @@ def test_not_root_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(TestbedError, match="needs root"):
         require_root()
+
+
+def test_dilated_link_rtt_and_minimum_rto_scale_with_k() -> None:
+    from testbed.dilation import dilate_topology
+    from testbed.net.netns import read_sysctl
+
+    k = 4
+    network = _up(dilate_topology(_topology([("a", "b", "5ms")]), k))
+    try:
+        src, dst = network.layout.node("a-0"), network.layout.node("b-0")
+        rtts = ping_rtts(src.netns, dst.address, count=20, interval_s=0.02)
+        configured = k * 2 * 0.005
+        assert min(rtts) >= configured, min(rtts)
+        assert statistics.median(rtts) <= configured + 0.0025 + 0.02 * configured
+        assert read_sysctl("net.ipv4.tcp_rto_min_us", src.netns) == str(k * 200_000)
+    finally:
+        assert tear_down(network) == []

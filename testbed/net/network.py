@@ -32,6 +32,7 @@ from testbed.net.state import (
     process_start_ticks,
     state_lock,
 )
+from testbed.pacing import PACING_RATIO
 from testbed.topology.model import Topology
 
 Progress = Callable[[str], None]
@@ -47,6 +48,10 @@ ROUTER_SYSCTLS = {
 HOST_SYSCTLS = {
     "net.ipv6.conf.all.disable_ipv6": "1",
     "net.ipv6.conf.default.disable_ipv6": "1",
+    # a paced socket (testbed.pacing) is also paced at a multiple of cwnd/srtt; unpaced
+    # sockets and BBR (which sets its own rate) do not use these
+    "net.ipv4.tcp_pacing_ss_ratio": str(round(PACING_RATIO * 100)),
+    "net.ipv4.tcp_pacing_ca_ratio": str(round(PACING_RATIO * 100)),
 }
 ALLOWED_CC = "net.ipv4.tcp_allowed_congestion_control"
 

@@ -83,6 +83,15 @@ class Row:
     error: str | None
     slowdown: float | None = None
     """Training iteration time against the same policy with bubble policy `none`."""
+    predicted: float | None = None
+    """Emulated runs: the simulator's iteration time for the same plan."""
+    dilation: int | None = None
+    machine_bound: bool = False
+    """An emulated run whose pace this machine set (results' emulation.cpu_bound)."""
+
+    def emulation_cells(self) -> list[str]:
+        bound = " machine-bound" if self.machine_bound else ""
+        return [_fmt(self.predicted, "{:.3f}"), f"{self.dilation or 1}{bound}"]
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -114,6 +123,9 @@ def table_rows(entries: Sequence[RunEntry]) -> list[Row]:
             ttft_p50=_median([r["inference"]["ttft_s"]["p50"] for r in ok]),
             ttft_p99=_median([r["inference"]["ttft_s"]["p99"] for r in ok]),
             error=failed[0].error if failed and not ok else None,
+            predicted=_median([r.get("predicted_iteration_s") for r in ok]),
+            dilation=max((int(r.get("dilation") or 1) for r in ok), default=None),
+            machine_bound=any((r.get("emulation") or {}).get("cpu_bound") for r in ok),
         ))
     base = rows[0].iteration_median if rows else None
     by_combo = {row.combo: row for row in rows}
@@ -136,10 +148,13 @@ def table_text(rows: Sequence[Row]) -> str:
     """A plain-text table a terminal, a log and a paper draft can all take."""
     header = ["policy", "iteration (s)", "spread (s)", "speed-up", "tokens/s", "GPU train",
               "GPU total", "WAN", "TTFT p50", "TTFT p99", "slowdown"]
+    emulated = any(row.predicted is not None for row in rows)
+    if emulated:
+        header += ["simulated (s)", "dilation"]
     lines = []
     for row in rows:
         if row.iteration_median is None:
-            lines.append([row.combo, "failed", "-", "-", "-", "-", "-", "-", "-", "-", "-"])
+            lines.append([row.combo, "failed"] + ["-"] * (len(header) - 2))
             continue
         lines.append([
             row.combo + (f" ({row.failed} failed)" if row.failed else ""),
@@ -153,6 +168,7 @@ def table_text(rows: Sequence[Row]) -> str:
             _fmt(row.ttft_p50, "{:.3f}s"),
             _fmt(row.ttft_p99, "{:.3f}s"),
             _fmt(row.slowdown, "{:+.2%}"),
+            *(row.emulation_cells() if emulated else []),
         ])
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines, strict=True)]
     out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
@@ -164,12 +180,15 @@ def table_text(rows: Sequence[Row]) -> str:
 
 
 def markdown_table(rows: Sequence[Row]) -> str:
+    emulated = any(row.predicted is not None for row in rows)
+    extra = " simulated (s) | dilation |" if emulated else ""
     lines = ["| policy | iteration (s) | spread | speed-up | tokens/s | GPU util (train) | "
-             "GPU util (total) | WAN util | TTFT p50 | TTFT p99 | slowdown |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "GPU util (total) | WAN util | TTFT p50 | TTFT p99 | slowdown |" + extra,
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if emulated else "")]
     for row in rows:
         if row.iteration_median is None:
-            lines.append(f"| {row.combo} | failed | | | | | | | | | |")
+            lines.append(f"| {row.combo} | failed | | | | | | | | | |" + (" | |" if emulated
+                                                                         else ""))
             continue
         lines.append(
             f"| {row.combo} | {row.iteration_median:.3f} | {row.iteration_low:.3f}-"
@@ -177,5 +196,6 @@ def markdown_table(rows: Sequence[Row]) -> str:
             f"{_fmt(row.tokens_per_s, '{:.0f}')} | {_fmt(row.util_training, '{:.1%}')} | "
             f"{_fmt(row.util_total, '{:.1%}')} | {_fmt(row.wan_util, '{:.1%}')} | "
             f"{_fmt(row.ttft_p50, '{:.3f} s')} | {_fmt(row.ttft_p99, '{:.3f} s')} | "
-            f"{_fmt(row.slowdown, '{:+.2%}')} |")
+            f"{_fmt(row.slowdown, '{:+.2%}')} |"
+            + ("".join(f" {cell} |" for cell in row.emulation_cells()) if emulated else ""))
     return "\n".join(lines)

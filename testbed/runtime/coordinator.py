@@ -26,8 +26,8 @@ from testbed.metrics.summary import Summary, summarize
 from testbed.net.layout import check_limits
 from testbed.net.network import Network, bring_up, change_link, tear_down
 from testbed.net.state import ProcessRecord, process_start_ticks
-from testbed.pacing import pair_pacing_bytes_per_s
-from testbed.plan.build import communicating_pairs
+from testbed.pacing import paced, pair_pacing_bytes_per_s
+from testbed.plan.build import PIPELINE, communicating_pairs
 from testbed.plan.model import Op, Plan, Sharing
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import Request, TrainingPolicy, Transfer
@@ -453,11 +453,11 @@ class Coordinator:
         outbound: dict[str, Any] = {}
         inbound: dict[str, int] = {}
         pacing: dict[str, float] = {}
-        for a, b, _kind in communicating_pairs(self.plan.placement, self.plan.dp, self.plan.pp, 1):
+        for a, b, kind in communicating_pairs(self.plan.placement, self.plan.dp, self.plan.pp, 1):
             n = self.plan.connections_between(a, b)
             wa, wb = by_gpu[a], by_gpu[b]
             low, high = (wa, wb) if wa.index < wb.index else (wb, wa)
-            rate = self._pacing_rate(a, b, n)
+            rate = self._pacing_rate(a, b, n, kind)
             if rate and worker in (wa, wb):
                 pacing[str((wb if worker is wa else wa).index)] = rate
             if worker is low:
@@ -470,11 +470,12 @@ class Coordinator:
                 inbound[str(low.index)] = n
         return {"op": "connect", "outbound": outbound, "inbound": inbound, "pacing": pacing}
 
-    def _pacing_rate(self, a: str, b: str, connections: int) -> float | None:
+    def _pacing_rate(self, a: str, b: str, connections: int, kind: str) -> float | None:
         """Bytes per second for each of a cross-DC pair's connections: together they leave
-        at the path's rate (see `pacing_share`), or None when unpaced or inside a DC."""
+        at the path's rate, or None when unpaced (testbed.pacing)."""
         dc_a, dc_b = self.topology.dc_of(a), self.topology.dc_of(b)
-        if not self.pacing or dc_a == dc_b:
+        largest = self.job.activation_bytes if kind == PIPELINE else 2**62  # gradients
+        if not self.pacing or not paced(self.topology, dc_a, dc_b, largest):
             return None
         return pair_pacing_bytes_per_s(self.topology.bottleneck_bps(dc_a, dc_b), connections)
 

@@ -113,6 +113,7 @@ class Worker:
         start = time.monotonic()
         if self.engine.quick():
             result = fn()
+            await asyncio.sleep(0)  # let the sends it made ready start, as a GPU stream would
         else:
             result = await asyncio.get_running_loop().run_in_executor(self.executor, fn)
         stretch = float(self.config.raw.get("stretch", 1))
@@ -351,7 +352,10 @@ class Worker:
             token = bytearray(4 * len(cfg.ring))
             await ring_allreduce(self.transport, self.engine, token, position, len(cfg.ring),
                                  successor.index, f"AR{cfg.stage}:{iteration}")
-            await asyncio.get_running_loop().run_in_executor(self.executor, time.sleep, modeled)
+            # the token's own trip is part of the modeled time, not added to it
+            left = modeled - (time.monotonic() - start)
+            if left > 0:
+                await asyncio.get_running_loop().run_in_executor(self.executor, time.sleep, left)
             self.span("allreduce", start, time.monotonic(), iteration,
                       bytes=cfg.raw["grad_bytes"], modeled=True)
             return

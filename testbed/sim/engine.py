@@ -15,6 +15,7 @@ from testbed.compute import StageCost, ring_allreduce_s, stage_cost
 from testbed.events import Change, NetEvent, changes, event_spans
 from testbed.inference import kv_bytes, modeled_prefill_s
 from testbed.job import Job
+from testbed.pacing import paced
 from testbed.plan.model import Op, Plan, Sharing
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import Request, TrainingPolicy, Transfer
@@ -171,7 +172,7 @@ class Simulator:
                 self.network.set_capacity(now, resource, 0.0)
         elif change.loss < 1.0 and key in self._down_since:  # and comes back
             outage = now - self._down_since[key]
-            rto = RTO_MIN + 2 * self._latency[key]
+            rto = (self.topology.tcp_for(key[0]).rto_min_s or RTO_MIN) + 2 * self._latency[key]
             back = self._down_since[key] + resume_after_outage(outage, rto)
             self.queue.at(back, functools.partial(self._link_back, key, resources))
 
@@ -195,14 +196,17 @@ class Simulator:
         latency += (self.topology.dc(src.dc).latency_s + self.topology.dc(dst.dc).latency_s) / 2
         return (f"up:{src.lead}", *wan, f"down:{dst.lead}"), latency
 
-    def _pair(self, src: _Worker, dst: _Worker, latency: float) -> Pair:
+    def _pair(self, src: _Worker, dst: _Worker, latency: float, largest: int) -> Pair:
+        """The pair's connections; `largest`: the biggest message they carry, which decides
+        whether they are paced (testbed.pacing), as in the emulator."""
         key = (src.lead, dst.lead)
         if key not in self.pairs:
             tcp_src, tcp_dst = self.topology.tcp_for(src.dc), self.topology.tcp_for(dst.dc)
             window = WINDOW_EFFICIENCY * min(tcp_src.wmem[2], tcp_dst.rmem[2])
             connections = self.plan.connections_between(src.lead, dst.lead) * len(src.gpus)
             self.pairs[key] = Pair(
-                connections, window, max(2 * latency, 1e-5), tcp_src.slow_start_after_idle
+                connections, window, max(2 * latency, 1e-5), tcp_src.slow_start_after_idle,
+                tcp_src.rto_min_s or RTO_MIN, paced(self.topology, src.dc, dst.dc, largest),
             )
         pair = self.pairs[key]
         pair.rtt = max(2 * latency, 1e-5)  # a latency event changes it for later rounds
@@ -220,7 +224,7 @@ class Simulator:
         iteration: int,
     ) -> None:
         resources, latency = self._path(src, dst)
-        pair = self._pair(src, dst, latency)
+        pair = self._pair(src, dst, latency, nbytes if kind != "ALLREDUCE" else 2**62)
         link = None if src.dc == dst.dc else f"{src.dc}>{dst.dc}"
 
         def arrived(t: float, started: float = now) -> None:

@@ -7,7 +7,10 @@ connections is one flow of weight N whose window is N connections' worth.
 Each round a flow may send one window of bytes at its fair share of the path; if it runs
 out before the round (RTT) is over it pauses, and its share goes to others. So a transfer
 smaller than a window leaves at line rate, one flow on a long link averages window/RTT,
-and many flows fill the link. Pure: time is passed in, nothing sleeps.
+and many flows fill the link. There is no loss: senders whose messages could overflow a queue
+are paced (testbed.pacing), as the emulator's are, and within a round a paced flow sends
+at most PACING_RATIO windows per RTT.
+Pure: time is passed in, nothing sleeps.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from testbed.pacing import PACING_RATIO
 
 MSS = 1448
 INITIAL_WINDOW = 10 * MSS
@@ -51,6 +56,8 @@ class Pair:
     """Per connection, bytes."""
     rtt: float
     restart_after_idle: bool
+    rto_min: float = RTO_MIN
+    paced: bool = False
     cwnd: float = INITIAL_WINDOW
     last_active: float = float("-inf")
     active: int = 0
@@ -60,7 +67,7 @@ class Pair:
         down to the initial window (tcp_cwnd_restart)."""
         if self.active == 0 and self.restart_after_idle:
             idle = now - self.last_active
-            rto = RTO_MIN + self.rtt
+            rto = self.rto_min + self.rtt
             while idle > rto and self.cwnd > INITIAL_WINDOW:
                 self.cwnd = max(INITIAL_WINDOW, self.cwnd / 2)
                 idle -= rto
@@ -73,6 +80,11 @@ class Pair:
     def round_budget(self) -> float:
         """Bytes one flow of this pair may send in a round."""
         return self.connections * min(self.cwnd, self.window) / max(1, self.active)
+
+    def paced_cap(self) -> float:
+        """bit/s one flow of the pair may send while its window grows: paced senders
+        spread each round's window over 1/PACING_RATIO of the round trip."""
+        return PACING_RATIO * self.round_budget() * 8 / self.rtt
 
     def steady_cap(self) -> float:
         """bit/s one flow of the pair reaches with a full window: window per RTT."""
@@ -243,7 +255,8 @@ class FluidNetwork:
             {
                 f.id: (
                     f.pair.connections / max(1, f.pair.active),
-                    f.pair.steady_cap() if f.steady else float("inf"),
+                    f.pair.steady_cap() if f.steady
+                    else f.pair.paced_cap() if f.pair.paced else float("inf"),
                     f.resources,
                 )
                 for f in sending

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Do the emulator and the simulator tell the same truth? Every registered training policy
+on each topology, simulated and emulated (at dilation 1 and at the dilation `auto` picks),
+with the error of each emulated median against the simulated one.
+
+Run as root: `.venv/bin/python scripts/bench_fidelity.py [--topologies two-dc,paper-3dc]
+[--policies gpipe,atlas] [--repeat 1] [--max-wall 900] [--json benchmarks/fidelity.json]`.
+Emulated compute, the topology's own job and iterations (the first excluded). A run whose
+predicted wall time exceeds `--max-wall` seconds is not run and says so. Prints a markdown
+table; the JSON has every run's figures and its emulation health.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from testbed.cli_options import load_inputs
+from testbed.dilation import choose_dilation, peak_rate_bps
+from testbed.policy.registry import discover, make_plan, training_policy
+from testbed.runs import RunSpec, run, simulate_plan
+from testbed.runtime.capacity import machine_capacity_bps
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def emulate(topology: Any, job: Any, policy: str, dilation: int, repeat: int,
+            scratch: Path) -> dict[str, Any]:
+    medians, runs = [], []
+    for k in range(repeat):
+        spec = RunSpec("emulate", topology, job, policy, {}, compute="emulated",
+                       dilation=dilation)
+        started = time.monotonic()
+        outcome = run(spec, scratch / f"{topology.name}-{policy}-{dilation}-{k}", print)
+        results = outcome.results
+        runs.append({"median_s": results["iteration_time_s"]["median"],
+                     "status": results["status"], "dilation": results["dilation"],
+                     "emulation": results.get("emulation"),
+                     "wall_s": time.monotonic() - started})
+        if results["iteration_time_s"]["median"] is not None:
+            medians.append(results["iteration_time_s"]["median"])
+    return {"median_s": statistics.median(medians) if medians else None,
+            "runs": runs, "dilation": runs[-1]["dilation"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--topologies", default="two-dc,paper-3dc")
+    parser.add_argument("--policies", help="comma-separated; default: every registered one")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--max-wall", type=float, default=900.0,
+                        help="skip an emulated run predicted to take longer (s)")
+    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "fidelity.json")
+    args = parser.parse_args()
+    policies = (args.policies.split(",") if args.policies
+                else [name for name, info in discover("testbed.policies").items() if info.ok])
+    capacity = machine_capacity_bps(print)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.topologies.split(","):
+            inputs = load_inputs(ROOT / "topologies" / f"{name}.yaml")
+            for policy in policies:
+                chosen = training_policy(policy)
+                plan = make_plan(chosen, inputs.topology, inputs.job)
+                summary, spans = simulate_plan(inputs.topology, inputs.job, plan, chosen)
+                k_auto = choose_dilation(peak_rate_bps(spans), capacity)
+                row: dict[str, Any] = {"topology": name, "policy": policy,
+                                       "plan": f"dp {plan.dp} x pp {plan.pp}",
+                                       "simulated_s": summary.median_s}
+                wall = (summary.median_s or 0.0) * (inputs.job.iterations + 1)
+                if wall > args.max_wall:
+                    row["skipped"] = f"predicted {wall:.0f} s of wall time per run"
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    continue
+                row["k1"] = emulate(inputs.topology, inputs.job, policy, 1, args.repeat,
+                                    Path(tmp))
+                if k_auto == 1:
+                    row["auto"] = row["k1"]
+                elif wall * k_auto <= args.max_wall:
+                    row["auto"] = emulate(inputs.topology, inputs.job, policy, k_auto,
+                                          args.repeat, Path(tmp))
+                else:
+                    row["auto"] = None
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"capacity_bps": capacity, "rows": rows}, indent=1))
+    print(table(rows))
+
+
+def _error(emulated: float | None, simulated: float | None) -> str:
+    if emulated is None or not simulated:
+        return "-"
+    return f"{emulated / simulated - 1:+.1%}"
+
+
+def _cell(block: dict[str, Any] | None, simulated: float | None) -> str:
+    if block is None or block["median_s"] is None:
+        return "not run | - |"
+    bound = any((r.get("emulation") or {}).get("cpu_bound") for r in block["runs"])
+    return (f"{block['median_s']:.3f} s{' (machine-bound)' if bound else ''} | "
+            f"{_error(block['median_s'], simulated)} |")
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| topology | policy | plan | simulated | emulated, K=1 | error | K auto | "
+             "emulated, K auto | error |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        sim = row["simulated_s"]
+        head = f"| {row['topology']} | {row['policy']} | {row['plan']} | {sim:.3f} s |"
+        if "skipped" in row:
+            lines.append(f"{head} not run ({row['skipped']}) | | | | |")
+            continue
+        auto = row.get("auto")
+        lines.append(f"{head} {_cell(row['k1'], sim)} "
+                     f"{auto['dilation'] if auto else '-'} | {_cell(auto, sim)}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

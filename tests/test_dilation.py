@@ -1,0 +1,149 @@
+"""Time dilation: the arithmetic, and represented figures that do not depend on K."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from testbed.cli_options import parse_dilation
+from testbed.dilation import (
+    LINUX_RTO_MIN_S,
+    choose_dilation,
+    dilate_event,
+    dilate_job,
+    dilate_topology,
+    peak_rate_bps,
+    represented_inference,
+    represented_spans,
+)
+from testbed.errors import InputError
+from testbed.events import NetEvent
+from testbed.job import InferenceWorkload, Job, ModelShape
+from testbed.policy import training_policy
+from testbed.policy.registry import make_plan
+from testbed.runtime.health import assess, delay_line_lateness
+from testbed.sim.engine import Simulator
+from testbed.topology import load_topology
+
+from .conftest import TOPOLOGIES
+from .strategies import job_fitting, topologies
+
+factors = st.sampled_from([1, 2, 3, 4, 7, 16])
+
+
+@given(topologies(), factors)
+def test_dilated_links_keep_bytes_and_stretch_time(topology, k: int) -> None:  # type: ignore[no-untyped-def]
+    dilated = dilate_topology(topology, k)
+    for before, after in zip(topology.links, dilated.links, strict=True):
+        assert math.isclose(after.bandwidth_bps * k, before.bandwidth_bps)
+        assert math.isclose(after.latency_s, before.latency_s * k)
+        assert math.isclose(after.jitter_s, before.jitter_s * k)
+        assert abs(after.effective_queue_bytes - before.effective_queue_bytes) <= 1
+        assert abs(after.bdp_bytes - before.bdp_bytes) <= 1
+    for before_dc, after_dc in zip(topology.datacenters, dilated.datacenters, strict=True):
+        assert math.isclose(after_dc.gpu.sustained_flops * k, before_dc.gpu.sustained_flops)
+        assert after_dc.gpu.memory_bytes == before_dc.gpu.memory_bytes
+        rto = dilated.tcp_for(after_dc.name).rto_min_s
+        assert rto is None if k == 1 else math.isclose(rto or 0, LINUX_RTO_MIN_S * k)
+    assert dilated.tcp.window_bytes == topology.tcp.window_bytes
+
+
+@settings(max_examples=30)
+@given(st.data(), topologies(max_dcs=3, max_gpus=3), st.sampled_from([2, 4, 5]))
+def test_simulated_figures_are_invariant_in_k(data, topology, k: int) -> None:  # type: ignore[no-untyped-def]
+    """The simulator of a dilated network, converted back, says what the undilated one
+    says: every duration scales by K and nothing else changes."""
+    job = data.draw(job_fitting(topology))
+    policy = training_policy(data.draw(st.sampled_from(["gpipe", "1f1b"])))
+    plan = make_plan(policy, topology, job)
+    plain = Simulator(topology, job, plan, policy).run()
+    slow = Simulator(dilate_topology(topology, k), job, plan, policy).run()
+    ends = sorted(s["end"] for s in plain.spans)
+    slow_ends = sorted(s["end"] for s in represented_spans(slow.spans, slow.start, k))
+    assert len(ends) == len(slow_ends)
+    for a, b in zip(ends, slow_ends, strict=True):
+        assert b == pytest.approx(a, rel=1e-6, abs=1e-5)
+
+
+def test_paper_topology_with_idle_restarts_is_invariant() -> None:
+    """Slow start after idle depends on the minimum RTO, which dilation stretches too."""
+    topology = load_topology(TOPOLOGIES / "paper-3dc.yaml")
+    assert topology.tcp.slow_start_after_idle
+    from testbed.job import load_job
+
+    job = load_job(topology.job, topology.source, None, ["iterations=2"])
+    policy = training_policy("atlas")
+    plan = make_plan(policy, topology, job)
+    plain = Simulator(topology, job, plan, policy).run()
+    slow = Simulator(dilate_topology(topology, 4), job, plan, policy).run()
+    assert max(s["end"] for s in slow.spans) - slow.start == pytest.approx(
+        4 * (max(s["end"] for s in plain.spans) - plain.start), rel=1e-6)
+
+
+def test_events_and_inference_stretch() -> None:
+    event = NetEvent(10.0, "a", "b", "bandwidth", 1e9, 5.0)
+    assert dilate_event(event, 4) == NetEvent(40.0, "a", "b", "bandwidth", 2.5e8, 20.0)
+    latency = NetEvent(1.0, "a", "b", "latency", 0.02, None)
+    assert dilate_event(latency, 2) == NetEvent(2.0, "a", "b", "latency", 0.04, None)
+    workload = InferenceWorkload(ModelShape(2, 16, 2, 16, 32), 40.0, deadline_s=5.0,
+                                 trace=((0.5, 64), (1.0, 128)))
+    job = dilate_job(Job(model=ModelShape(2, 16, 2, 16, 32), inference=workload), 4)
+    assert job.inference is not None
+    assert job.inference.arrival_rate == 10.0 and job.inference.deadline_s == 20.0
+    assert job.inference.trace == ((2.0, 64), (4.0, 128))
+    block = {"served": 3, "ttft_s": {"p50": 4.0, "p99": None},
+             "dedicated": {"gpus": 1, "ttft_s": {"p50": 2.0, "p99": 8.0}}}
+    assert represented_inference(block, 4) == {
+        "served": 3, "ttft_s": {"p50": 1.0, "p99": None},
+        "dedicated": {"gpus": 1, "ttft_s": {"p50": 0.5, "p99": 2.0}}}
+
+
+def test_represented_spans_divide_offsets() -> None:
+    spans = [{"kind": "recv", "start": 110.0, "end": 130.0, "waited": 8.0}]
+    assert represented_spans(spans, 100.0, 4) == [
+        {"kind": "recv", "start": 102.5, "end": 107.5, "waited": 2.0}]
+    assert represented_spans(spans, 100.0, 1) == spans
+
+
+def test_peak_rate_and_choice() -> None:
+    spans = [
+        {"kind": "transfer", "start": 0.0, "end": 1.0, "bytes": 125_000_000, "link": "a>b"},
+        {"kind": "transfer", "start": 0.5, "end": 1.5, "bytes": 125_000_000, "link": "b>a"},
+        {"kind": "transfer", "start": 0.0, "end": 0.1, "bytes": 125_000_000, "link": None},
+        {"kind": "transfer", "start": 0.0, "end": 0.1, "bytes": 125_000_000, "link": None,
+         "modeled": True},
+    ]
+    assert peak_rate_bps(spans) == pytest.approx(2e9)
+    assert peak_rate_bps(spans, wan_only=False) == pytest.approx(11e9)
+    assert choose_dilation(2e9, 4e9) == 1
+    assert choose_dilation(2e9, 3e9) == 2
+    assert choose_dilation(11e9, 3e9) == 8
+    assert choose_dilation(0.0, 3e9) == 1
+
+
+@pytest.mark.parametrize("text", ["0", "-2", "x", "1.5", "65", ""])
+def test_bad_dilation_is_an_input_error(text: str) -> None:
+    with pytest.raises(InputError, match="--dilation"):
+        parse_dilation(text)
+
+
+def test_dilation_values() -> None:
+    assert parse_dilation("auto") == "auto"
+    assert parse_dilation("4") == 4
+
+
+def test_health_names_what_bound_the_run() -> None:
+    calm = assess(0.5, [0.001, 0.002], (0.0001, 0.001))
+    assert not calm.cpu_bound and calm.warning() is None and calm.suggested_dilation == 1
+    busy = assess(0.95, [0.001], None, dilation=2)
+    assert busy.cpu_bound and busy.suggested_dilation == 4
+    assert "--dilation 4" in (busy.warning() or "")
+    late = assess(0.5, [0.0] * 98 + [0.04, 0.04], None, dilation=2)
+    assert late.cpu_bound and late.lag_p99_s == pytest.approx(0.02)
+    stats = {"ab": {"ports": {"x": {"packets_out": 10, "late_mean_ms": 2.0, "late_max_ms": 5.0},
+                              "y": {"packets_out": 30, "late_mean_ms": 0.0, "late_max_ms": 1.0}}}}
+    assert delay_line_lateness(stats) == pytest.approx((0.0005, 0.005))
+    assert delay_line_lateness({}) is None
