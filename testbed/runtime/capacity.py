@@ -61,7 +61,7 @@ def machine_capacity_bps(say: Callable[[str], None] = lambda _m: None) -> float:
 def _probe() -> float:
     topology = parse_topology({
         "datacenters": [{"name": "pa", "gpus": 1}, {"name": "pb", "gpus": 1}],
-        "wan": [{"between": ["pa", "pb"], "latency": "1ms", "bandwidth": "40Gbit"}]},
+        "wan": [{"between": ["pa", "pb"], "latency": "1ms", "bandwidth": "20Gbit"}]},
         "capacity-probe")
     network = bring_up(topology)
     try:
