@@ -8,6 +8,10 @@ Run as root: `.venv/bin/python scripts/bench_fidelity.py [--topologies two-dc,pa
 Emulated compute, the topology's own job and iterations (the first excluded). A run whose
 predicted wall time exceeds `--max-wall` seconds is not run and says so. Prints a markdown
 table; the JSON has every run's figures and its emulation health.
+
+`--parts long-link`: a pipeline across one 10 Gbit/s, 100 ms link (beyond what this
+machine forwards undilated), emulated at the dilation `auto` picks against the simulator;
+`--parts dilation`: two-dc at K=1 and K=4 (`--repeat` runs each), which must agree.
 """
 
 from __future__ import annotations
@@ -48,6 +52,46 @@ def emulate(topology: Any, job: Any, policy: str, dilation: int, repeat: int,
             "runs": runs, "dilation": runs[-1]["dilation"]}
 
 
+LONG_LINK = {
+    "name": "long-link",
+    "tcp": {"congestion": "cubic", "rmem": ["4KiB", "128KiB", "64MiB"],
+            "wmem": ["4KiB", "16KiB", "64MiB"]},
+    "datacenters": [{"name": "east", "gpus": 2, "gpu": "a100", "bandwidth": "100Gbit"},
+                    {"name": "west", "gpus": 2, "gpu": "a100", "bandwidth": "100Gbit"}],
+    "wan": [{"between": ["east", "west"], "latency": "100ms", "bandwidth": "10Gbit"}],
+    "job": {"model": "gpt2-xl", "microbatch_size": 4, "microbatches": 8, "dp": 2, "pp": 2,
+            "iterations": 3, "seed": 0},
+}
+
+
+def long_link(repeat: int, scratch: Path, capacity: float) -> dict[str, Any]:
+    from testbed.job import load_job
+    from testbed.topology import parse_topology
+
+    topology = parse_topology(LONG_LINK, "long-link")
+    job = load_job(topology.job, "long-link", None, [])
+    out: dict[str, Any] = {"topology": LONG_LINK}
+    for policy in ("gpipe", "1f1b"):
+        chosen = training_policy(policy)
+        plan = make_plan(chosen, topology, job)
+        summary, spans = simulate_plan(topology, job, plan, chosen)
+        k = choose_dilation(peak_rate_bps(spans), capacity)
+        out[policy] = {"simulated_s": summary.median_s, "dilation": k,
+                       "emulated": emulate(topology, job, policy, k, repeat, scratch)}
+        print(json.dumps({policy: out[policy]}), flush=True)
+    return out
+
+
+def dilation_pair(repeat: int, scratch: Path) -> dict[str, Any]:
+    inputs = load_inputs(ROOT / "topologies" / "two-dc.yaml", sets=("iterations=20",))
+    out: dict[str, Any] = {}
+    for policy in ("gpipe", "1f1b"):
+        out[policy] = {str(k): emulate(inputs.topology, inputs.job, policy, k, repeat, scratch)
+                       for k in (1, 4)}
+        print(json.dumps({policy: out[policy]}), flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--topologies", default="two-dc,paper-3dc")
@@ -55,8 +99,18 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--max-wall", type=float, default=900.0,
                         help="skip an emulated run predicted to take longer (s)")
-    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "fidelity.json")
+    parser.add_argument("--json", type=Path, help="default: benchmarks/fidelity[-PART].json")
+    parser.add_argument("--parts", default="table", help="table, long-link, dilation")
     args = parser.parse_args()
+    if args.parts != "table":
+        capacity = machine_capacity_bps(print)
+        with tempfile.TemporaryDirectory() as tmp:
+            result = {"long-link": lambda: long_link(args.repeat, Path(tmp), capacity),
+                      "dilation": lambda: dilation_pair(args.repeat, Path(tmp))}[args.parts]()
+        path = args.json or ROOT / "benchmarks" / f"fidelity-{args.parts}.json"
+        path.write_text(json.dumps(result, indent=1))
+        return
+    args.json = args.json or ROOT / "benchmarks" / "fidelity.json"
     policies = (args.policies.split(",") if args.policies
                 else [name for name, info in discover("testbed.policies").items() if info.ok])
     capacity = machine_capacity_bps(print)

@@ -221,7 +221,7 @@ def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path,
     if predicted.median_s is not None:
         wall = predicted.median_s * (spec.job.iterations + 1) * k
         say(f"the simulator predicts {predicted.median_s:.3f} s per iteration; at dilation "
-            f"{k} training takes about {wall:.0f} s of wall time")
+            f"{k} training takes about {wall:.3g} s of wall time")
     coordinator = Coordinator(dilate_topology(spec.topology, k), dilate_job(spec.job, k), plan,
                               chosen, mode, directory / "logs", spec.shaper,
                               spec.stall_timeout_s * k, say,
