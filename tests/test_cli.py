@@ -77,3 +77,14 @@ def test_missing_file() -> None:
     code, _, err = call(["validate", "nope.yaml"])
     assert code == 2
     assert err == "testbed: error: nope.yaml: no such file\n"
+
+
+@pytest.mark.parametrize("value", ["0", "x", "65"])
+def test_bad_dilation_is_one_line_exit_2(tmp_path: Path, value: str) -> None:
+    code, _, err = call(["compare", str(TOPOLOGIES / "two-dc.yaml"), "-p", "gpipe",
+                         "--dilation", value, "--out", str(tmp_path / "c")])
+    assert code == 2
+    assert err.strip().splitlines() == [
+        f"testbed: error: --dilation: must be a whole number from 1 to 64, or auto "
+        f"(got {value!r})"]
+    assert not (tmp_path / "c").exists()
