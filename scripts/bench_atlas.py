@@ -42,7 +42,10 @@ def pair_topology(one_way_ms: float) -> Any:
 def simulated_transfer(one_way_ms: float, connections: int, warm: bool) -> float:
     queue = EventQueue()
     network = FluidNetwork({"link": 1e9}, queue.at)
-    pair = Pair(connections, WINDOW_EFFICIENCY * 4 * 2**20, 2 * one_way_ms / 1e3, True)
+    from testbed.pacing import paced
+
+    pair = Pair(connections, WINDOW_EFFICIENCY * 4 * 2**20, 2 * one_way_ms / 1e3, True,
+                paced=paced(pair_topology(one_way_ms), "east", "west", ACTIVATION))
     if warm:
         pair.cwnd = pair.window
     done: list[float] = []
@@ -53,20 +56,25 @@ def simulated_transfer(one_way_ms: float, connections: int, warm: bool) -> float
 
 def emulated_transfers(one_way_ms: float, connections: int, messages: int) -> list[float]:
     from testbed.net.network import bring_up, tear_down
+    from testbed.pacing import paced
 
-    network = bring_up(pair_topology(one_way_ms))
+    topology = pair_topology(one_way_ms)
+    # paced as a run would pace this pair (testbed.pacing)
+    pace = topology.link("east", "west").bandwidth_bps \
+        if paced(topology, "east", "west", ACTIVATION) else 0.0
+    network = bring_up(topology)
     try:
         src, dst = network.layout.node("east-0"), network.layout.node("west-0")
+        common = ["--connections", str(connections), "--messages", str(messages),
+                  "--pace", str(pace)]
         server = subprocess.Popen(
             ["ip", "netns", "exec", dst.netns, sys.executable, "-m", "testbed.runtime.probe",
-             "serve", dst.address, "--connections", str(connections), "--messages",
-             str(messages)])
+             "serve", dst.address, *common])
         time.sleep(0.2)
         sent = subprocess.run(
             ["ip", "netns", "exec", src.netns, sys.executable, "-m", "testbed.runtime.probe",
-             "send", dst.address, "--connections", str(connections), "--messages",
-             str(messages), "--bytes", str(ACTIVATION)], capture_output=True, text=True,
-            timeout=300, check=True)
+             "send", dst.address, *common, "--bytes", str(ACTIVATION)], capture_output=True,
+            text=True, timeout=300, check=True)
         server.wait(timeout=60)
     finally:
         tear_down(network)
