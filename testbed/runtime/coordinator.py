@@ -689,7 +689,9 @@ class Coordinator:
                 ]
                 down = f" (network event: {self._down.describe()})" if self._down else ""
                 self._fail(
-                    f"no progress for {self.stall_timeout_s:g} s; stuck: "
+                    f"no progress for {self.stall_timeout_s / self.dilation:g} s"
+                    + (f" (x{self.dilation} dilated)" if self.dilation > 1 else "")
+                    + "; stuck: "
                     f"{', '.join(behind[:4])}{' ...' if len(behind) > 4 else ''}{down}"
                 )
                 return
