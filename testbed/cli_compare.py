@@ -86,6 +86,9 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
 
         require_root()
     factor = parse_dilation(dilation)
+    if backend == "simulate" and factor != 1:
+        raise InputError("applies to --backend emulate only (the simulator has no clock "
+                         "to slow down)", "--dilation")
     inputs = load_inputs(topology, **job_flags(kwargs))
     directory = out or new_run_dir(inputs.topology.name, "compare")
     directory.mkdir(parents=True, exist_ok=True)

@@ -88,3 +88,9 @@ def test_bad_dilation_is_one_line_exit_2(tmp_path: Path, value: str) -> None:
         f"testbed: error: --dilation: must be a whole number from 1 to 64, or auto "
         f"(got {value!r})"]
     assert not (tmp_path / "c").exists()
+
+
+def test_dilation_is_for_the_emulator(tmp_path: Path) -> None:
+    code, _, err = call(["compare", str(TOPOLOGIES / "two-dc.yaml"), "-p", "gpipe",
+                         "--dilation", "4", "--out", str(tmp_path / "c")])
+    assert code == 2 and "--dilation: applies to --backend emulate only" in err
