@@ -142,6 +142,7 @@ def test_up_writes_results_and_trace(tmp_path: Path) -> None:
     assert abs(results["prediction_error"]) < 0.6, results["prediction_error"]
     assert isinstance(results["emulation"]["cpu_bound"], bool)
     assert 0 <= results["emulation"]["cpu_busy"] <= 1
+    assert 0 <= results["emulation"]["workers_cpu"] <= 1
     assert "simulated" in result.stdout and "dilation 2" in result.stdout
 
 

@@ -27,7 +27,8 @@ def _prediction(results: dict[str, Any]) -> list[str]:
         lines.append(
             f"  emulation     dilation {results['dilation']}, pacing "
             f"{'on' if results.get('pacing') else 'off'}, cores "
-            f"{_pct(emulation.get('cpu_busy'))} busy, event-loop lag p99 "
+            f"{_pct(emulation.get('cpu_busy'))} busy (workers "
+            f"{_pct(emulation.get('workers_cpu'))}), event-loop lag p99 "
             f"{_secs(emulation.get('lag_p99_s'))}"
             + ("; machine-bound" if emulation.get("cpu_bound") else ""))
     return lines

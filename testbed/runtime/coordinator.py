@@ -38,6 +38,7 @@ from testbed.runtime.health import (
     assess,
     busy_share,
     delay_line_lateness,
+    process_cpu_ticks,
     read_cpu,
 )
 from testbed.runtime.protocol import ProtocolError, read_message, send_message
@@ -156,6 +157,8 @@ class Coordinator:
     """Real seconds per represented second; the topology and times given are dilated."""
     lags: list[float] = field(default_factory=list)
     _cpu: tuple[CpuSample, CpuSample] | None = None
+    _worker_ticks: int | None = None
+    """Clock ticks the workers used during training."""
     _lateness: tuple[float, float] | None = None
 
     # --- the run ---------------------------------------------------------------------
@@ -207,7 +210,12 @@ class Coordinator:
     def _health(self) -> Health | None:
         if self._cpu is None:
             return None
-        return assess(busy_share(*self._cpu), self.lags, self._lateness, self.dilation)
+        before, after = self._cpu
+        elapsed = after.total - before.total  # over all cores, in the same clock ticks
+        workers = self._worker_ticks / elapsed if self._worker_ticks is not None and elapsed \
+            else None
+        return assess(busy_share(before, after), self.lags, self._lateness, self.dilation,
+                      workers)
 
     async def _setup(self) -> None:
         if self.plan.tp != 1:
@@ -496,8 +504,11 @@ class Coordinator:
         events = asyncio.create_task(self._apply_events())
         gathered = asyncio.gather(*readers)
         cpu_before = read_cpu()
+        pids = [w.process.pid for w in self.workers if w.process is not None]
+        ticks_before = process_cpu_ticks(pids)
         try:
             await self._race(gathered)
+            self._worker_ticks = process_cpu_ticks(pids) - ticks_before
             self._cpu = (cpu_before, read_cpu())
             assert self.network is not None
             self._lateness = delay_line_lateness(

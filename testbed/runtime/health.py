@@ -38,6 +38,18 @@ def read_cpu(stat: Path = Path("/proc/stat")) -> CpuSample:
     return CpuSample(sum(fields) - idle, sum(fields))
 
 
+def process_cpu_ticks(pids: Iterable[int]) -> int:
+    """User plus system clock ticks the processes (and their reaped children) have used."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return total
+
+
 def busy_share(before: CpuSample, after: CpuSample) -> float:
     total = after.total - before.total
     return (after.busy - before.busy) / total if total > 0 else 0.0
@@ -47,6 +59,9 @@ def busy_share(before: CpuSample, after: CpuSample) -> float:
 class Health:
     cpu_busy: float
     """Share of all cores busy during training."""
+    workers_cpu: float | None
+    """Of that, the share the worker processes used (the rest: delay lines, the kernel's
+    forwarding, the coordinator, anything else on the machine)."""
     lag_p99_s: float
     """Workers' event-loop lateness, p99 over iterations and workers, represented time."""
     delay_line_late_mean_s: float | None
@@ -58,6 +73,7 @@ class Health:
 
     def as_dict(self) -> dict[str, Any]:
         return {"cpu_bound": self.cpu_bound, "cpu_busy": round(self.cpu_busy, 3),
+                "workers_cpu": None if self.workers_cpu is None else round(self.workers_cpu, 3),
                 "lag_p99_s": self.lag_p99_s,
                 "delay_line_late_mean_s": self.delay_line_late_mean_s,
                 "delay_line_late_max_s": self.delay_line_late_max_s,
@@ -86,7 +102,7 @@ def delay_line_lateness(stats: Mapping[str, Mapping[str, Any]]) -> tuple[float, 
 
 
 def assess(cpu_busy: float, lags_s: Iterable[float], lateness: tuple[float, float] | None,
-           dilation: int = 1) -> Health:
+           dilation: int = 1, workers_cpu: float | None = None) -> Health:
     """Judge a run from its signals; real-time figures are divided by the dilation."""
     lag = p99(lags_s) / dilation
     late = None if lateness is None else (lateness[0] / dilation, lateness[1] / dilation)
@@ -101,7 +117,7 @@ def assess(cpu_busy: float, lags_s: Iterable[float], lateness: tuple[float, floa
     suggested = dilation
     if bound:
         suggested = max(dilation + 1, math.ceil(dilation * cpu_busy / TARGET_BUSY))
-    return Health(cpu_busy, lag, None if late is None else late[0],
+    return Health(cpu_busy, workers_cpu, lag, None if late is None else late[0],
                   None if late is None else late[1], bound, tuple(reasons), dilation, suggested)
 
 
