@@ -213,14 +213,18 @@ def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path,
     from testbed.runtime.worker import run_loop
 
     mode = choose_compute(spec.compute, len(plan.used_gpus()))
-    predicted, predicted_spans = simulate_plan(
-        spec.topology, spec.job, plan, chosen, spec.profile,
-        make_broker(spec.topology, spec.job, plan, spec.bubble_policy, spec.bubble_options),
-        spec.events)
+    broker = make_broker(spec.topology, spec.job, plan, spec.bubble_policy, spec.bubble_options)
+    try:
+        simulated, predicted_spans = simulate_plan(spec.topology, spec.job, plan, chosen,
+                                                   spec.profile, broker, spec.events)
+        predicted = simulated.median_s
+    except TestbedError as exc:  # the emulator can still run the plan
+        say(f"warning: no prediction for this run: {exc}")
+        predicted, predicted_spans = None, []
     k = _choose_dilation(spec, predicted_spans, mode, say)
-    if predicted.median_s is not None:
-        wall = predicted.median_s * (spec.job.iterations + 1) * k
-        say(f"the simulator predicts {predicted.median_s:.3f} s per iteration; at dilation "
+    if predicted is not None:
+        wall = predicted * (spec.job.iterations + 1) * k
+        say(f"the simulator predicts {predicted:.3f} s per iteration; at dilation "
             f"{k} training takes about {wall:.3g} s of wall time")
     coordinator = Coordinator(dilate_topology(spec.topology, k), dilate_job(spec.job, k), plan,
                               chosen, mode, directory / "logs", spec.shaper,
@@ -256,7 +260,7 @@ def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path,
         extra={"allreduce": spec.allreduce, "pacing": spec.pacing,
                "activations": spec.activations, "events": [e.as_raw() for e in spec.events],
                "dilation": k, "dilation_requested": spec.dilation,
-               **prediction_fields(predicted.median_s, summary.median_s),
+               **prediction_fields(predicted, summary.median_s),
                "emulation": None if health is None else health.as_dict(),
                "inference": represented_inference(inference, k)})
     return record, error
