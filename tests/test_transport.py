@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from typing import Any
 
@@ -178,3 +179,36 @@ def test_ring_allreduce_sums(size: int) -> None:
     expected = sum(range(1, size + 1))
     for result in asyncio.run(scenario()):
         assert torch.all(result == expected)
+
+
+def test_strangers_are_dropped_without_touching_the_run() -> None:
+    """A connection that never proves the run's secret (closed at once, garbage, a wrong
+    token) is dropped; the peers' own traffic goes on."""
+    from testbed.runtime.protocol import pack_hello
+
+    async def stranger(port: int, payload: bytes) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        if payload:
+            writer.write(payload)
+            await writer.drain()
+        with contextlib.suppress(ConnectionError, TimeoutError):
+            await asyncio.wait_for(reader.read(), 0.3)  # dropped, or left hanging
+        writer.close()
+
+    async def scenario() -> bytes:
+        a, b = Transport(0, TOKEN), Transport(1, TOKEN)
+        port = await b.listen("127.0.0.1", 0)
+        await asyncio.gather(a.connect({1: ("127.0.0.1", port, 2)}, {}),
+                             b.connect({}, {0: 2}))
+        try:
+            for payload in (b"", b"GET / HTTP/1.0\r\n\r\n" * 10, pack_hello(b"x" * 32, 0, 0),
+                            pack_hello(b"x" * 32, 0, 5) + b"junk"):
+                await stranger(port, payload)
+            await a.send(1, "m", b"still here")
+            got = await asyncio.wait_for(b.recv("m"), 5)
+            return bytes(got.data)
+        finally:
+            await a.close()
+            await b.close()
+
+    assert asyncio.run(scenario()) == b"still here"

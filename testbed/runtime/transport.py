@@ -109,8 +109,9 @@ class _Link(asyncio.BufferedProtocol):
         try:
             self._advance(nbytes)
         except ProtocolError as exc:
-            self.owner._fail(PeerLost(f"peer {self.peer}: {exc}"))
-            if self.transport is not None:
+            if self.peer is not None:  # one of the run's peers broke the protocol
+                self.owner._fail(PeerLost(f"peer {self.peer}: {exc}"))
+            if self.transport is not None:  # a stranger is simply dropped
                 self.transport.close()
 
     def _advance(self, nbytes: int) -> None:
@@ -182,6 +183,8 @@ class _Link(asyncio.BufferedProtocol):
         if not self.closed.done():
             self.closed.set_result(None)
         self._can_write.set()
+        if self.peer is None:
+            return  # never proved it belongs to the run: its going changes nothing
         if not self.owner.closing:
             self.owner._fail(PeerLost(f"peer {self.peer} closed its connection"))
 
