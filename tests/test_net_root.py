@@ -316,3 +316,31 @@ def test_dilated_link_rtt_and_minimum_rto_scale_with_k() -> None:
         assert read_sysctl("net.ipv4.tcp_rto_min_us", src.netns) == str(k * 200_000)
     finally:
         assert tear_down(network) == []
+
+
+@pytest.mark.parametrize("kill", [False, True])
+def test_allowed_congestion_controls_are_restored(kill: bool) -> None:
+    """A congestion control the host did not allow is added for the run and taken away
+    after it: on a clean teardown, and by `testbed down` after a killed run."""
+    from testbed.net.netns import read_sysctl, write_root_sysctl
+
+    key = "net.ipv4.tcp_allowed_congestion_control"
+    before = read_sysctl(key)
+    write_root_sysctl(key, "reno cubic")
+    try:
+        topology = parse_topology({
+            "tcp": {"congestion": "bbr"},
+            "datacenters": [{"name": "a", "gpus": 1}, {"name": "b", "gpus": 1}],
+            "wan": [{"between": ["a", "b"], "latency": "1ms", "bandwidth": "1Gbit"}],
+        }, "t.yaml")
+        network = _up(topology)
+        assert "bbr" in read_sysctl(key).split()
+        if kill:  # what a killed run leaves behind: its state file, for `testbed down`
+            from testbed.net.cleanup import down
+
+            down()
+        else:
+            assert tear_down(network) == []
+        assert read_sysctl(key) == "reno cubic"
+    finally:
+        write_root_sysctl(key, before)

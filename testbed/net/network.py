@@ -194,7 +194,8 @@ def bring_up(
         tear_down(network)
         raise
     network.state.ready = True
-    network.state.info = network.describe()
+    # what bring-up saved for teardown (the host's sysctl before ours) stays
+    network.state.info = {**network.state.info, **network.describe()}
     network.state.save()
     say(
         f"network up in {time.monotonic() - started:.1f} s: {len(layout.nodes)} hosts, "
