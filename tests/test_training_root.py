@@ -175,6 +175,51 @@ def test_killed_worker_ends_the_run_and_names_it(tmp_path: Path) -> None:
     assert len(outcome.summary.iteration_times) >= 1  # what was measured is kept
 
 
+def _run_in_thread(coordinator: Coordinator) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(run_with_signals(coordinator))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(coordinator.iterations_seen) < 2:
+        time.sleep(0.1)
+    return thread, errors
+
+
+def test_a_stopped_worker_is_named_by_the_stall(tmp_path: Path) -> None:
+    coordinator = _coordinator(tmp_path, "1f1b", compute="emulated", iterations=1000)
+    coordinator.stall_timeout_s = 3
+    thread, errors = _run_in_thread(coordinator)
+    victim = next(w for w in coordinator.workers if w.gpu == "west-1")
+    assert victim.process is not None
+    os.kill(victim.process.pid, signal.SIGSTOP)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert errors and isinstance(errors[0], RunFailed)
+    assert "stuck: west-1 (replica 1, stage 1) is stopped" in str(errors[0]), errors[0]
+
+
+def test_a_dead_delay_line_is_reported_as_such(tmp_path: Path) -> None:
+    coordinator = _coordinator(tmp_path, "1f1b", compute="emulated", iterations=1000)
+    thread, errors = _run_in_thread(coordinator)
+    assert coordinator.network is not None
+    if not coordinator.network.delay_lines:
+        pytest.skip("this run's shaper (netem) has no delay lines")
+    line = next(iter(coordinator.network.delay_lines.values()))
+    killed_at = time.monotonic()
+    line.kill()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert time.monotonic() - killed_at < 10
+    assert errors and "delay line for WAN link" in str(errors[0]), errors
+
+
 def _probe(network: Any, connections: int, megabytes: int, messages: int = 1,
            pace_bps: float = 0.0) -> float:
     """Goodput in bit/s of striped messages from east-0 to west-0 (median after the first

@@ -115,6 +115,14 @@ def process_start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
+def process_state(pid: int) -> str | None:
+    """The kernel's one-letter state of a process (R, S, D, T for stopped, Z...), or None."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def alive(record: ProcessRecord) -> bool:
     return process_start_ticks(record.pid) == record.start_ticks
 

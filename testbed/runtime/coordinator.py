@@ -25,7 +25,7 @@ from testbed.job import Job
 from testbed.metrics.summary import Summary, summarize
 from testbed.net.layout import check_limits
 from testbed.net.network import Network, bring_up, change_link, tear_down
-from testbed.net.state import ProcessRecord, process_start_ticks
+from testbed.net.state import ProcessRecord, process_start_ticks, process_state
 from testbed.pacing import paced, pair_pacing_bytes_per_s
 from testbed.plan.build import PIPELINE, communicating_pairs
 from testbed.plan.model import Op, Plan, Sharing
@@ -687,25 +687,48 @@ class Coordinator:
             await self._grant(granted)
 
     async def _stall_watch(self) -> None:
+        """Ends a run that stopped moving, naming who holds it up; a dead delay line is
+        reported as what it is within a second."""
         while True:
             await asyncio.sleep(1.0)
+            dead = self._dead_delay_line()
+            if dead:
+                self._fail(dead)
+                return
             if time.monotonic() - self._last_progress > self.stall_timeout_s:
-                done = (
-                    set.intersection(*self.iterations_seen.values())
-                    if self.iterations_seen
-                    else set()
-                )
-                behind = [
-                    w.describe() for w in self.workers if w.gpu not in done and not w.finished
-                ]
                 down = f" (network event: {self._down.describe()})" if self._down else ""
                 self._fail(
                     f"no progress for {self.stall_timeout_s / self.dilation:g} s"
                     + (f" (x{self.dilation} dilated)" if self.dilation > 1 else "")
-                    + "; stuck: "
-                    f"{', '.join(behind[:4])}{' ...' if len(behind) > 4 else ''}{down}"
+                    + f"; stuck: {self._stuck()}{down}"
                 )
                 return
+
+    def _stuck(self) -> str:
+        """The workers a stall is waiting on: stopped processes first, else those that
+        finished the fewest iterations (every worker, when they are level)."""
+        stopped = [w for w in self.workers if w.process is not None
+                   and process_state(w.process.pid) in ("T", "t")]
+        if stopped:
+            return ", ".join(f"{w.describe()} is stopped" for w in stopped)
+        done = {w.gpu: sum(w.gpu in seen for seen in self.iterations_seen.values())
+                for w in self.workers if not w.finished}
+        if not done:
+            return "no worker (all finished)"
+        fewest = min(done.values())
+        behind = [w.describe() for w in self.workers if done.get(w.gpu) == fewest]
+        where = f"in iteration {fewest + 1}"
+        return f"{', '.join(behind[:4])}{' ...' if len(behind) > 4 else ''} ({where})"
+
+    def _dead_delay_line(self) -> str | None:
+        if self.network is None:
+            return None
+        for key, proc in self.network.delay_lines.items():
+            code = proc.poll()
+            if code is not None:
+                return (f"the delay line for WAN link {key} exited with code {code}: the "
+                        f"emulated network is broken")
+        return None
 
     async def _teardown(self) -> None:
         for decoder in self.decoders:
