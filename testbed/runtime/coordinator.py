@@ -48,6 +48,8 @@ from testbed.topology.model import Topology
 Progress = Callable[[str], None]
 STARTUP_TIMEOUT_S = 120.0
 STOP_GRACE_S = 5.0
+HELLO_TIMEOUT_S = 5.0
+"""How long a new control connection may take to say hello."""
 
 
 class RunFailed(TestbedError):
@@ -140,9 +142,9 @@ class Coordinator:
     iterations_seen: dict[int, set[str]] = field(default_factory=dict)
     start: float = 0.0
     token: str = field(default_factory=lambda: secrets.token_hex(32))
-    _hello: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(
-        default_factory=asyncio.Queue
-    )
+    _hello: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter,
+                                dict[str, Any]]] = field(default_factory=asyncio.Queue)
+    """Connections to the control socket that said hello in time, with what they said."""
     _failure: asyncio.Future[str] | None = None
     _last_progress: float = 0.0
     _arbiter: Arbiter | None = None
@@ -308,18 +310,19 @@ class Coordinator:
         if self._started:
             writer.close()  # every worker has joined: nobody else may
             return
-        await self._hello.put((reader, writer))
+        try:  # each connection on its own clock: a silent one holds up nobody
+            msg = await asyncio.wait_for(read_message(reader), HELLO_TIMEOUT_S)
+        except (TimeoutError, asyncio.IncompleteReadError, ValueError, ProtocolError,
+                ConnectionError):
+            writer.close()  # not our protocol: not one of ours
+            return
+        await self._hello.put((reader, writer, msg))
 
     async def _handshake(self) -> None:
         by_gpu = {w.gpu: w for w in [*self.workers, *self.decoders]}
         waiting = set(by_gpu)
         while waiting:
-            reader, writer = await self._race(self._hello.get())
-            try:
-                msg = await asyncio.wait_for(read_message(reader), 10)
-            except (TimeoutError, asyncio.IncompleteReadError, ValueError, ProtocolError):
-                writer.close()  # not our protocol: not one of ours
-                continue
+            reader, writer, msg = await self._race(self._hello.get())
             worker = by_gpu.get(msg.get("gpu", ""))
             if (
                 msg.get("op") != "hello"
