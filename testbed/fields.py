@@ -94,6 +94,19 @@ def positive(parse: Callable[[Any], T], allow_zero: bool = False) -> Callable[[A
     return check
 
 
+def bounded(parse: Callable[[Any], float], low: float, high: float,
+            show: Callable[[float], str]) -> Callable[[Any], float]:
+    """Wrap a parser so that values outside [low, high] are refused, naming the range."""
+
+    def check(value: Any) -> float:
+        result = parse(value)
+        if not low <= result <= high:
+            raise ValueError(f"must be from {show(low)} to {show(high)}, got {value!r}")
+        return result
+
+    return check
+
+
 def integer(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, float) and value.is_integer():

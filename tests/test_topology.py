@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +158,16 @@ def test_deleting_a_required_key_is_an_error(topology: Any, data: st.DataObject)
     # a DC's name is required; gpus too; WAN latency, bandwidth and ends too
     with pytest.raises(InputError, match="missing value"):
         parse_topology(mutated, "m.yaml")
+
+
+@pytest.mark.parametrize(("key", "value", "problem"), [
+    ("latency", "1000000000ms", "wan[0].latency: must be from 0s to 10s"),
+    ("bandwidth", "1bit", "wan[0].bandwidth: must be from 1Mbit to 1000Tbit"),
+])
+def test_values_beyond_what_the_backends_can_do_are_refused(
+        key: str, value: str, problem: str) -> None:
+    data = {"datacenters": [{"name": "a", "gpus": 1}, {"name": "b", "gpus": 1}],
+            "wan": [{"between": ["a", "b"], "latency": "20ms", "bandwidth": "1Gbit",
+                     key: value}]}
+    with pytest.raises(InputError, match=re.escape(problem)):
+        parse_topology(data, "t.yaml")

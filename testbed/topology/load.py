@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from testbed.fields import Fields, boolean, integer, number, positive, text
+from testbed.fields import Fields, boolean, bounded, integer, number, positive, text
 from testbed.topology.model import (
     BUILTIN_GPU_TYPES,
     CONGESTION_CONTROLS,
@@ -31,6 +31,15 @@ from testbed.units import (
     parse_size,
 )
 from testbed.yamlio import read_yaml
+
+# What both backends can do: rates from 1 Mbit/s (slower links make a tiny message last
+# minutes and the kernel's rate tables coarse; the shapers' upper limits are checked when
+# a network comes up) and delays up to 10 s one way (netem counts in 32-bit ticks).
+MIN_RATE_BPS, MAX_RATE_BPS = 1e6, 1e15
+MAX_LATENCY_S = 10.0
+RATE = bounded(parse_rate, MIN_RATE_BPS, MAX_RATE_BPS, format_rate)
+WAN_LATENCY = bounded(positive(parse_duration), 0.0, MAX_LATENCY_S, format_duration)
+DC_LATENCY = bounded(parse_duration, 0.0, MAX_LATENCY_S, format_duration)
 
 
 def load_topology(path: str | Path) -> Topology:
@@ -144,8 +153,8 @@ def _parse_datacenters(top: Fields, gpu_types: dict[str, GpuType]) -> list[Datac
         seen.add(name)
         gpus = fields.get("gpus", positive(integer))
         gpu = _dc_gpu(fields, gpu_types)
-        bandwidth = fields.get("bandwidth", positive(parse_rate), 100e9)
-        latency = fields.get("latency", positive(parse_duration, allow_zero=True), 0.0)
+        bandwidth = fields.get("bandwidth", RATE, 100e9)
+        latency = fields.get("latency", DC_LATENCY, 0.0)
         tcp = _parse_tcp(fields.section("tcp")) if fields.has("tcp") else None
         fields.done()
         datacenters.append(Datacenter(name, gpus, gpu, bandwidth, latency, tcp))
@@ -186,8 +195,8 @@ def _parse_links(top: Fields, dc_names: set[str]) -> list[WanLink]:
         link = WanLink(
             a,
             b,
-            latency_s=fields.get("latency", positive(parse_duration)),
-            bandwidth_bps=fields.get("bandwidth", positive(parse_rate)),
+            latency_s=fields.get("latency", WAN_LATENCY),
+            bandwidth_bps=fields.get("bandwidth", RATE),
             jitter_s=fields.get("jitter", positive(parse_duration, allow_zero=True), 0.0),
             loss=fields.get("loss", parse_fraction, 0.0),
             queue_bytes=fields.get("queue", positive(parse_size), None),
