@@ -12,10 +12,12 @@ import click
 from testbed.cli_options import (
     emulation_options,
     event_options,
+    force_option,
     job_flags,
     job_options,
     load_inputs,
     parse_dilation,
+    results_dir,
 )
 from testbed.errors import InputError, TestbedError
 from testbed.fsutil import write_atomic
@@ -65,12 +67,13 @@ def _options_for(name: str, pairs: tuple[str, ...], unprefixed: bool = True) -> 
 @job_options
 @event_options
 @emulation_options
+@force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the comparison (default: a new one under runs/).")
 def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
             policy_opts: tuple[str, ...], backend: str, repeat: int, compute: str,
             out: Path | None, pacing: str, activations: str, dilation: str,
-            **kwargs: Any) -> None:
+            force: bool, **kwargs: Any) -> None:
     """Run policies on the same topology, job and seed, one after another, and compare.
 
     Prints a table (iteration time with its spread over repeats, speed-up against the
@@ -90,7 +93,7 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
         raise InputError("applies to --backend emulate only (the simulator has no clock "
                          "to slow down)", "--dilation")
     inputs = load_inputs(topology, **job_flags(kwargs))
-    directory = out or new_run_dir(inputs.topology.name, "compare")
+    directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, "compare"))
     directory.mkdir(parents=True, exist_ok=True)
     write_atomic(directory / "topology.yaml", to_yaml(dump_topology(inputs.topology)), 0o644)
     combos = [(p, b) for p in policies for b in (bubbles or (None,))]

@@ -155,3 +155,24 @@ def emulation_options(func: F) -> F:
         help="on: each cross-DC connection is paced at its share of the path's rate, as "
         "the simulator assumes (see README, Pacing). off: unpaced bursts, to see what "
         "they cost.")(func)
+
+
+def force_option(func: F) -> F:
+    return click.option("--force", is_flag=True,
+                        help="Write into an --out directory that already holds files.")(func)
+
+
+def results_dir(out: Path | None, force: bool, default: Callable[[], Path]) -> Path:
+    """Where a command writes: a fresh directory, or `--out` when it is safe to use. An
+    `--out` that is a symbolic link is never followed; one that holds files (another
+    run's results, perhaps) is refused unless `force`."""
+    if out is None:
+        return default()
+    if out.is_symlink():
+        raise InputError(f"{out} is a symbolic link; give the directory itself", "--out")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} exists and is not a directory", "--out")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise InputError(f"{out} already holds files (another run's results?); give an "
+                         "empty or new directory, or --force to write over them", "--out")
+    return out

@@ -13,11 +13,13 @@ from testbed.cli_options import (
     bubble_options,
     emulation_options,
     event_options,
+    force_option,
     job_flags,
     job_options,
     load_inputs,
     parse_dilation,
     policy_options,
+    results_dir,
 )
 from testbed.policy import parse_options
 from testbed.report.results import new_run_dir
@@ -45,6 +47,7 @@ def echo_err(message: str) -> None:
 @job_options
 @event_options
 @emulation_options
+@force_option
 @click.option(
     "--compute",
     type=click.Choice(["auto", "real", "emulated"]),
@@ -97,6 +100,7 @@ def up(
     pacing: str,
     activations: str,
     dilation: str,
+    force: bool,
     **kwargs: Any,
 ) -> None:
     """Train over the emulated WAN: one worker process per GPU in its namespace.
@@ -114,7 +118,7 @@ def up(
                    shaper=shaper, allreduce=allreduce, stall_timeout_s=stall_timeout,
                    events=inputs.events, pacing=pacing == "on", activations=activations,
                    dilation=parse_dilation(dilation))
-    directory = out or new_run_dir(inputs.topology.name, policy)
+    directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, policy))
     outcome = run(spec, directory, echo_err)
     for line in run_summary(outcome.results):
         click.echo(line)

@@ -12,10 +12,12 @@ import click
 from testbed.cli_options import (
     bubble_options,
     event_options,
+    force_option,
     job_flags,
     job_options,
     load_inputs,
     policy_options,
+    results_dir,
 )
 from testbed.errors import TestbedError
 from testbed.policy import parse_options, training_policy
@@ -42,11 +44,12 @@ profile_option = click.option(
 @job_options
 @event_options
 @profile_option
+@force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Results directory (default: a new one under runs/).")
 def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], bubble: str | None,
              bubble_opts: tuple[str, ...], profile_path: Path | None, out: Path | None,
-             **kwargs: Any) -> None:
+             force: bool, **kwargs: Any) -> None:
     """Simulate the plan at any scale: modeled compute, flow-level network.
 
     Compute times come from FLOPs and the GPU type's sustained rate (or --profile);
@@ -60,7 +63,7 @@ def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], bubble: 
                    bubble_options=dict(parse_options(bubble_opts)),
                    profile=load_profile(profile_path) if profile_path else None,
                    events=inputs.events)
-    directory = out or new_run_dir(inputs.topology.name, policy)
+    directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, policy))
     outcome = run(spec, directory)
     for line in run_summary(outcome.results):
         click.echo(line)
@@ -92,10 +95,12 @@ def profile(run_dir: Path, output: Path | None) -> None:
               "combination runs.")
 @job_options
 @profile_option
+@force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for sweep.csv and sweep.png (default: a new one under runs/).")
 def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
-          profile_path: Path | None, out: Path | None, **kwargs: Any) -> None:
+          profile_path: Path | None, out: Path | None, force: bool,
+          **kwargs: Any) -> None:
     """What-if sweep in the simulator: one CSV row per point and policy, and a plot.
 
     Example: testbed sweep topologies/paper-3dc.yaml -p gpipe -p atlas
@@ -127,7 +132,7 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
                     row.update({"iteration_s": None, "error": str(exc)})
                 rows.append(row)
                 bar.update(1)
-    directory = out or new_run_dir(inputs.topology.name, "sweep")
+    directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, "sweep"))
     directory.mkdir(parents=True, exist_ok=True)
     fields = list(dict.fromkeys(k for row in rows for k in row))
     with (directory / "sweep.csv").open("w", newline="") as handle:

@@ -94,3 +94,21 @@ def test_dilation_is_for_the_emulator(tmp_path: Path) -> None:
     code, _, err = call(["compare", str(TOPOLOGIES / "two-dc.yaml"), "-p", "gpipe",
                          "--dilation", "4", "--out", str(tmp_path / "c")])
     assert code == 2 and "--dilation: applies to --backend emulate only" in err
+
+
+def test_out_is_not_overwritten_nor_followed(tmp_path: Path) -> None:
+    topology = str(TOPOLOGIES / "two-dc.yaml")
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "results.json").write_text("{}")
+    code, _, err = call(["simulate", topology, "-p", "gpipe", "--out", str(taken)])
+    assert code == 2 and "already holds files" in err and "--force" in err
+    assert (taken / "results.json").read_text() == "{}"
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    code, _, err = call(["simulate", topology, "-p", "gpipe", "--out", str(link)])
+    assert code == 2 and "symbolic link" in err
+    assert not (tmp_path / "elsewhere").exists()
+    code, _, err = call(["simulate", topology, "-p", "gpipe", "--out", str(taken), "--force"])
+    assert code == 0, err
+    assert (taken / "results.json").read_text() != "{}"
