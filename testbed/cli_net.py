@@ -255,24 +255,31 @@ def net_check(topology: Path, shaper: str, seconds: float, flows: int, as_json: 
 
 
 @click.command()
-def down() -> None:
-    """Remove everything runs of testbed left behind: namespaces, delay lines, workers.
+@click.argument("run", required=False)
+@click.option("--all", "stop_live", is_flag=True,
+              help="Also stop runs that are still alive (asked to stop, then removed).")
+def down(run: str | None, stop_live: bool) -> None:
+    """Remove what runs of testbed left behind: namespaces, delay lines, workers.
 
-    Safe to run at any time; it touches only what testbed recorded or named as its own.
-    Runs still alive are asked to stop first.
+    Safe to run at any time; it touches only what testbed recorded or named as its own,
+    and leaves runs that are still alive alone. RUN (a run id, see `testbed net ls`)
+    removes that run only, stopping it if it is alive; --all stops live runs too.
     """
     from testbed.net.cleanup import down as clean
 
     require_root()
-    report = clean(echo_err)
+    report = clean(echo_err, run=run, stop_live=stop_live)
     for problem in report.problems:
         echo_err(f"down: {problem}")
+    if report.stopped:
+        click.echo(f"stopped {len(report.stopped)} live runs (each removed what it had made)")
     if report.nothing:
-        click.echo("nothing to remove")
-    else:
+        click.echo("nothing to remove" + (f" ({len(report.live)} live runs left alone)"
+                                          if report.live else ""))
+    elif report.runs or report.namespaces or report.processes:
         click.echo(
             f"removed {len(report.runs)} runs, {len(report.namespaces)} namespaces, "
             f"{len(report.processes)} stray processes"
         )
-    if any("still present" in p for p in report.problems):
+    if any("still present" in p or p.startswith("no run ") for p in report.problems):
         sys.exit(1)

@@ -344,3 +344,35 @@ def test_allowed_congestion_controls_are_restored(kill: bool) -> None:
         assert read_sysctl(key) == "reno cubic"
     finally:
         write_root_sysctl(key, before)
+
+
+def test_down_leaves_a_live_run_alone() -> None:
+    """`down` removes what dead runs left; a live one (its owner running) is left alone,
+    its processes too, until it is named or `--all` is given."""
+    live = subprocess.Popen([sys.executable, "-c", "from testbed.cli import main; main()",
+                             "net", "up", "topologies/two-dc.yaml"],
+                            cwd=Path(__file__).resolve().parent.parent,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+                s.ready and s.owner_pid == live.pid for s in all_states()):
+            time.sleep(0.1)
+        run_id = next(s.run_id for s in all_states() if s.owner_pid == live.pid)
+        namespaces = set(list_namespaces())
+        down = _cli(["down"])
+        assert down.returncode == 0, down.stderr
+        assert "left alone" in down.stderr and "1 live runs left alone" in down.stdout
+        assert live.poll() is None and set(list_namespaces()) == namespaces
+        unknown = _cli(["down", "no-such-run"])
+        assert unknown.returncode == 1 and "no run no-such-run" in unknown.stderr
+        named = _cli(["down", run_id])
+        assert named.returncode == 0, named.stderr
+        assert "stopped 1 live runs" in named.stdout
+        live.wait(timeout=30)
+    finally:
+        if live.poll() is None:
+            live.kill()
+            live.wait()
+            _cli(["down"])
+    assert not any(s.run_id == run_id for s in all_states())

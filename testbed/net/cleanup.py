@@ -6,13 +6,13 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.net import netns as kernel
 from testbed.net.network import clean_state
-from testbed.net.state import all_states, damaged_state_files, owner_alive
+from testbed.net.state import RunState, all_states, damaged_state_files, owner_alive
 
 OUR_MODULES = ("testbed.net.delayline", "testbed.runtime.worker", "testbed.runtime.decode")
 PROBE_PREFIX = "tbprobe"
@@ -24,14 +24,19 @@ class DownReport:
     namespaces: list[str] = field(default_factory=list)
     processes: list[int] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    live: list[str] = field(default_factory=list)
+    """Runs whose owner is alive, left alone."""
+    stopped: list[str] = field(default_factory=list)
+    """Live runs asked to stop that tore themselves down."""
 
     @property
     def nothing(self) -> bool:
-        return not (self.runs or self.namespaces or self.processes)
+        return not (self.runs or self.namespaces or self.processes or self.stopped)
 
 
-def stray_processes() -> list[int]:
-    """Processes running one of our modules, found by their command line."""
+def stray_processes(keep_parents: Set[int] = frozenset()) -> list[int]:
+    """Processes running one of our modules, found by their command line, whose parent is
+    not a live run's owner (a live run's workers and delay lines are its children)."""
     found = []
     me = os.getpid()
     for entry in Path("/proc").iterdir():
@@ -39,31 +44,53 @@ def stray_processes() -> list[int]:
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
         words = [a.decode(errors="replace") for a in argv]
-        if any(m in words for m in OUR_MODULES) and "-m" in words:
+        if any(m in words for m in OUR_MODULES) and "-m" in words and parent not in keep_parents:
             found.append(int(entry.name))
     return found
 
 
-def down(say: Callable[[str], None] = lambda _m: None, grace_s: float = 5.0) -> DownReport:
+def _live(state: RunState) -> bool:
+    """A run whose owner is still running, other than the caller's own."""
+    return state.owner_pid != os.getpid() and owner_alive(state)
+
+
+def down(say: Callable[[str], None] = lambda _m: None, grace_s: float = 5.0,
+         run: str | None = None, stop_live: bool = False) -> DownReport:
+    """Remove what runs left behind. A live run is left alone unless it is named (`run`)
+    or `stop_live` is set; then it is asked to stop first. With no `run` named, stray
+    processes of ours that belong to no live run and probe namespaces go too."""
     report = DownReport()
-    states = all_states()
-    # a live run tears itself down when asked; give it the chance first
+    chosen = [s for s in all_states() if run is None or s.run_id == run]
+    if run is not None and not chosen:
+        report.problems.append(f"no run {run} (see /run/testbed/)")
+        return report
     asked = []
-    for state in states:
-        if state.owner_pid != os.getpid() and owner_alive(state):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(state.owner_pid, signal.SIGTERM)
-                asked.append(state)
-                say(f"asked run {state.run_id} (pid {state.owner_pid}) to stop")
+    for state in chosen:
+        if not _live(state):
+            continue
+        if not (stop_live or run is not None):
+            report.live.append(state.run_id)
+            say(f"run {state.run_id} (pid {state.owner_pid}) is live: left alone "
+                f"(`testbed down {state.run_id}` or `testbed down --all` stops it)")
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(state.owner_pid, signal.SIGTERM)
+            asked.append(state)
+            say(f"asked live run {state.run_id} (pid {state.owner_pid}) to stop")
     deadline = time.monotonic() + grace_s
     while asked and time.monotonic() < deadline:
         if all(not s.path.exists() for s in asked):
             break
         time.sleep(0.1)
+    report.stopped = [s.run_id for s in asked if not s.path.exists()]
+    ids = {s.run_id for s in chosen} - set(report.live)
     for state in all_states():
+        if state.run_id not in ids:
+            continue
         present = [ns for ns in state.namespaces if (kernel.NETNS_DIR / ns).exists()]
         say(
             f"removing run {state.run_id} ({state.topology}): {len(present)} namespaces, "
@@ -72,10 +99,13 @@ def down(say: Callable[[str], None] = lambda _m: None, grace_s: float = 5.0) -> 
         report.problems += clean_state(state)
         report.runs.append(state.run_id)
         report.namespaces += present
+    if run is not None:
+        return report
     for name in kernel.list_namespaces():
         if name.startswith(PROBE_PREFIX) and kernel.remove_namespace(name):
             report.namespaces.append(name)
-    for pid in stray_processes():
+    owners = {s.owner_pid for s in all_states() if owner_alive(s)}
+    for pid in stray_processes(owners):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
             report.processes.append(pid)
