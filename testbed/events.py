@@ -10,8 +10,9 @@ from typing import Any
 
 from testbed.errors import InputError
 from testbed.fields import Fields
+from testbed.topology.limits import DC_LATENCY, RATE
 from testbed.topology.model import Topology
-from testbed.units import parse_duration, parse_fraction, parse_rate
+from testbed.units import parse_duration, parse_fraction
 
 KINDS = ("down", "latency", "bandwidth", "loss")
 
@@ -94,9 +95,9 @@ def parse_event(item: Any, topology: Topology, source: str | None, key: str) -> 
     if kind == "down":
         value, duration = 1.0, fields.get("down", _nonnegative(parse_duration))
     elif kind == "latency":
-        value = fields.get("latency", _nonnegative(parse_duration))
+        value = fields.get("latency", DC_LATENCY)
     elif kind == "bandwidth":
-        value = fields.get("bandwidth", _positive(parse_rate))
+        value = fields.get("bandwidth", RATE)
     else:
         value = fields.get("loss", parse_fraction)
     fields.done()
@@ -119,16 +120,6 @@ def _nonnegative(parse: Any) -> Any:
         result = float(parse(value))
         if result < 0:
             raise ValueError(f"must not be negative, got {value!r}")
-        return result
-
-    return check
-
-
-def _positive(parse: Any) -> Any:
-    def check(value: Any) -> float:
-        result = float(parse(value))
-        if result <= 0:
-            raise ValueError(f"must be positive, got {value!r}")
         return result
 
     return check

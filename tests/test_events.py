@@ -42,7 +42,8 @@ def test_an_event_reads_back_from_what_results_record(raw: str) -> None:
     ({"at": "-1s", "link": "east-west", "down": "1s"}, "events[0].at: must not be negative"),
     ({"at": "1s", "link": "east-west"}, "events[0]: give exactly one of"),
     ({"at": "1s", "link": "east-west", "down": "1s", "loss": "1%"}, "give exactly one"),
-    ({"at": "1s", "link": "east-west", "bandwidth": "0Gbit"}, "must be positive"),
+    ({"at": "1s", "link": "east-west", "bandwidth": "0Gbit"}, "must be from 1Mbit to 1000Tbit"),
+    ({"at": "1s", "link": "east-west", "latency": "20s"}, "must be from 0s to 10s"),
     ({"at": "1s", "link": "east", "down": "1s"}, "expected two datacenters"),
     ({"at": "1s", "link": "east-west", "down": "1s", "when": 3}, "when"),
 ])

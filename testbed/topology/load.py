@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from testbed.fields import Fields, boolean, bounded, integer, number, positive, text
+from testbed.fields import Fields, boolean, integer, number, positive, text
+from testbed.topology.limits import DC_LATENCY, RATE, WAN_LATENCY
 from testbed.topology.model import (
     BUILTIN_GPU_TYPES,
     CONGESTION_CONTROLS,
@@ -27,19 +28,9 @@ from testbed.units import (
     parse_duration,
     parse_flops,
     parse_fraction,
-    parse_rate,
     parse_size,
 )
 from testbed.yamlio import read_yaml
-
-# What both backends can do: rates from 1 Mbit/s (slower links make a tiny message last
-# minutes and the kernel's rate tables coarse; the shapers' upper limits are checked when
-# a network comes up) and delays up to 10 s one way (netem counts in 32-bit ticks).
-MIN_RATE_BPS, MAX_RATE_BPS = 1e6, 1e15
-MAX_LATENCY_S = 10.0
-RATE = bounded(parse_rate, MIN_RATE_BPS, MAX_RATE_BPS, format_rate)
-WAN_LATENCY = bounded(positive(parse_duration), 0.0, MAX_LATENCY_S, format_duration)
-DC_LATENCY = bounded(parse_duration, 0.0, MAX_LATENCY_S, format_duration)
 
 
 def load_topology(path: str | Path) -> Topology:
