@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 from pathlib import Path
@@ -234,5 +235,11 @@ def main(argv: list[str] | None = None) -> None:
     except Terminated:
         click.echo("testbed: terminated", err=True)
         sys.exit(143)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f" writing {exc.filename}" if exc.filename else ""
+        click.echo(f"testbed: error: no space left on the device{where}", err=True)
+        sys.exit(1)
     if isinstance(code, int) and code:
         sys.exit(code)

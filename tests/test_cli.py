@@ -112,3 +112,22 @@ def test_out_is_not_overwritten_nor_followed(tmp_path: Path) -> None:
     code, _, err = call(["simulate", topology, "-p", "gpipe", "--out", str(taken), "--force"])
     assert code == 0, err
     assert (taken / "results.json").read_text() != "{}"
+
+
+def test_a_full_disk_is_one_line(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs (CI runs as root)")
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(tiny)], check=True)
+    try:
+        code, _, err = call(["simulate", str(TOPOLOGIES / "two-dc.yaml"), "-p", "gpipe",
+                             "--out", str(tiny / "run")])
+    finally:
+        subprocess.run(["umount", str(tiny)], check=True)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert lines[0].startswith("testbed: error: no space left on the device")
