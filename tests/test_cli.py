@@ -114,12 +114,10 @@ def test_out_is_not_overwritten_nor_followed(tmp_path: Path) -> None:
     assert (taken / "results.json").read_text() != "{}"
 
 
+@pytest.mark.usefixtures("clean_host")  # root, to mount a small tmpfs
 def test_a_full_disk_is_one_line(tmp_path: Path) -> None:
-    import os
     import subprocess
 
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs (CI runs as root)")
     tiny = tmp_path / "tiny"
     tiny.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(tiny)], check=True)
