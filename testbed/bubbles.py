@@ -11,9 +11,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from testbed.errors import PluginError, TestbedError
-from testbed.inference import PrefillModel, percentile
+from testbed.errors import InputError, PluginError, TestbedError
+from testbed.inference import PrefillModel, arrivals, percentile
+from testbed.job import Job
+from testbed.plan.model import Plan
+from testbed.policy import bubble_policy as bubble_policy_named
 from testbed.policy.base import Bubble, BubblePolicy, Request
+from testbed.topology import Topology
 
 HISTORY = 3
 
@@ -118,3 +122,17 @@ class BubbleBroker:
 
 def ttft_summary(values: Sequence[float]) -> dict[str, float | None]:
     return {"p50": percentile(values, 0.5), "p99": percentile(values, 0.99)}
+
+
+def make_broker(topology: Topology, job: Job, plan: Plan, bubble_policy: str | None,
+                options: dict[str, str] | None = None) -> BubbleBroker | None:
+    """The bubble bookkeeping for a run that fills bubbles, or None."""
+    if bubble_policy is None:
+        return None
+    if job.inference is None:
+        raise InputError("a bubble policy needs an inference workload (job.inference)",
+                         topology.source, "job.inference")
+    gpu = topology.gpu(plan.used_gpus()[0]).type
+    return BubbleBroker(bubble_policy_named(bubble_policy, options or {}),
+                        arrivals(job.inference, job.seed),
+                        PrefillModel.from_flops(job.inference, gpu), job.inference.deadline_s)

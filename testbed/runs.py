@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from testbed.bubbles import BubbleBroker, ttft_summary
+from testbed.bubbles import BubbleBroker, make_broker, ttft_summary
 from testbed.dilation import (
     choose_dilation,
     dilate_events,
@@ -25,12 +25,11 @@ from testbed.dilation import (
 from testbed.errors import InputError, TestbedError
 from testbed.events import NetEvent
 from testbed.fsutil import write_atomic
-from testbed.inference import PrefillModel, arrivals, dedicated_ttft, kv_bytes, modeled_prefill_s
+from testbed.inference import dedicated_ttft, kv_bytes, modeled_prefill_s
 from testbed.job import Job, dump_job
 from testbed.metrics.summary import Summary, summarize
 from testbed.plan.model import Plan
 from testbed.policy import TrainingPolicy, parse_options, training_policy
-from testbed.policy import bubble_policy as bubble_policy_named
 from testbed.policy.registry import make_plan
 from testbed.report.results import RunRecord, write_run
 from testbed.sim.engine import Simulator
@@ -130,20 +129,6 @@ def available_memory() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
-
-
-def make_broker(topology: Topology, job: Job, plan: Plan, bubble_policy: str | None,
-                options: dict[str, str] | None = None) -> BubbleBroker | None:
-    """The bubble bookkeeping for a run that fills bubbles, or None."""
-    if bubble_policy is None:
-        return None
-    if job.inference is None:
-        raise InputError("a bubble policy needs an inference workload (job.inference)",
-                         topology.source, "job.inference")
-    gpu = topology.gpu(plan.used_gpus()[0]).type
-    return BubbleBroker(bubble_policy_named(bubble_policy, options or {}),
-                        arrivals(job.inference, job.seed),
-                        PrefillModel.from_flops(job.inference, gpu), job.inference.deadline_s)
 
 
 def inference_results(topology: Topology, job: Job, plan: Plan, broker: BubbleBroker | None,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from testbed.bubbles import BubbleBroker
+from testbed.bubbles import BubbleBroker, make_broker
 from testbed.cli_options import load_inputs
 from testbed.inference import (
     PrefillModel,
@@ -22,7 +22,7 @@ from testbed.inference import (
 )
 from testbed.job import parse_job
 from testbed.policy import Bubble, Request, bubble_policy, training_policy
-from testbed.runs import make_broker, simulate_plan
+from testbed.runs import simulate_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
-from testbed.bubbles import BubbleBroker
+from testbed.bubbles import BubbleBroker, make_broker
 from testbed.compute import ring_allreduce_s, stage_cost
 from testbed.errors import TestbedError
 from testbed.events import NetEvent, changes, event_spans
@@ -227,8 +227,6 @@ class Coordinator:
                 "simulate` for tensor-parallel jobs"
             )
         check_limits(self.topology)
-        from testbed.runs import make_broker
-
         self.broker = make_broker(self.topology, self.job, self.plan, self.bubble_policy,
                                   self.bubble_options)
         decode_dcs = self._decode_dcs() if self.broker is not None else ()
