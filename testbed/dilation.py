@@ -82,9 +82,8 @@ def represented_spans(spans: Iterable[dict[str, Any]], start: float,
         copy = dict(span)
         copy["start"] = start + (span["start"] - start) / k
         copy["end"] = start + (span["end"] - start) / k
-        for key in ("waited",):
-            if key in copy and isinstance(copy[key], int | float):
-                copy[key] = copy[key] / k
+        if isinstance(span.get("waited"), int | float):
+            copy["waited"] = span["waited"] / k
         out.append(copy)
     return out
 

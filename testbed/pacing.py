@@ -37,7 +37,11 @@ def pair_pacing_bytes_per_s(path_bps: float, connections: int) -> float:
     return path_bps * PACING_SHARE / 8 / max(1, connections)
 
 
-def paced(topology: Topology, src_dc: str, dst_dc: str, message_bytes: int) -> bool:
+GRADIENTS = float("inf")
+"""The message size to give `paced` for a gradient ring across DCs: always large."""
+
+
+def paced(topology: Topology, src_dc: str, dst_dc: str, message_bytes: float) -> bool:
     """Whether a pair's connections are paced: across DCs, for messages larger than the
     smallest queue on the path (a smaller one cannot overflow it, however it bursts;
     pacing it would only spread it over a window's round trip)."""

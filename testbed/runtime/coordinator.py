@@ -26,7 +26,7 @@ from testbed.metrics.summary import Summary, summarize
 from testbed.net.layout import check_limits
 from testbed.net.network import Network, bring_up, change_link, tear_down
 from testbed.net.state import ProcessRecord, process_start_ticks, process_state
-from testbed.pacing import paced, pair_pacing_bytes_per_s
+from testbed.pacing import GRADIENTS, paced, pair_pacing_bytes_per_s
 from testbed.plan.build import PIPELINE, communicating_pairs
 from testbed.plan.model import Op, Plan, Sharing
 from testbed.policy.arbiter import Arbiter
@@ -483,7 +483,7 @@ class Coordinator:
         """Bytes per second for each of a cross-DC pair's connections: together they leave
         at the path's rate, or None when unpaced (testbed.pacing)."""
         dc_a, dc_b = self.topology.dc_of(a), self.topology.dc_of(b)
-        largest = self.job.activation_bytes if kind == PIPELINE else 2**62  # gradients
+        largest = self.job.activation_bytes if kind == PIPELINE else GRADIENTS
         if not self.pacing or not paced(self.topology, dc_a, dc_b, largest):
             return None
         return pair_pacing_bytes_per_s(self.topology.bottleneck_bps(dc_a, dc_b), connections)

@@ -15,7 +15,7 @@ from testbed.compute import StageCost, ring_allreduce_s, stage_cost
 from testbed.events import Change, NetEvent, changes, event_spans
 from testbed.inference import kv_bytes, modeled_prefill_s
 from testbed.job import Job
-from testbed.pacing import paced
+from testbed.pacing import GRADIENTS, paced
 from testbed.plan.model import Op, Plan, Sharing
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import Request, TrainingPolicy, Transfer
@@ -196,7 +196,7 @@ class Simulator:
         latency += (self.topology.dc(src.dc).latency_s + self.topology.dc(dst.dc).latency_s) / 2
         return (f"up:{src.lead}", *wan, f"down:{dst.lead}"), latency
 
-    def _pair(self, src: _Worker, dst: _Worker, latency: float, largest: int) -> Pair:
+    def _pair(self, src: _Worker, dst: _Worker, latency: float, largest: float) -> Pair:
         """The pair's connections; `largest`: the biggest message they carry, which decides
         whether they are paced (testbed.pacing), as in the emulator."""
         key = (src.lead, dst.lead)
@@ -224,7 +224,7 @@ class Simulator:
         iteration: int,
     ) -> None:
         resources, latency = self._path(src, dst)
-        pair = self._pair(src, dst, latency, nbytes if kind != "ALLREDUCE" else 2**62)
+        pair = self._pair(src, dst, latency, nbytes if kind != "ALLREDUCE" else GRADIENTS)
         link = None if src.dc == dst.dc else f"{src.dc}>{dst.dc}"
 
         def arrived(t: float, started: float = now) -> None:
