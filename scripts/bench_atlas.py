@@ -15,7 +15,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +56,7 @@ def simulated_transfer(one_way_ms: float, connections: int, warm: bool) -> float
 def emulated_transfers(one_way_ms: float, connections: int, messages: int) -> list[float]:
     from testbed.net.network import bring_up, tear_down
     from testbed.pacing import paced
+    from testbed.runtime.probe import timed_messages
 
     topology = pair_topology(one_way_ms)
     # paced as a run would pace this pair (testbed.pacing)
@@ -64,21 +64,10 @@ def emulated_transfers(one_way_ms: float, connections: int, messages: int) -> li
         if paced(topology, "east", "west", ACTIVATION) else 0.0
     network = bring_up(topology)
     try:
-        src, dst = network.layout.node("east-0"), network.layout.node("west-0")
-        common = ["--connections", str(connections), "--messages", str(messages),
-                  "--pace", str(pace)]
-        server = subprocess.Popen(
-            ["ip", "netns", "exec", dst.netns, sys.executable, "-m", "testbed.runtime.probe",
-             "serve", dst.address, *common])
-        time.sleep(0.2)
-        sent = subprocess.run(
-            ["ip", "netns", "exec", src.netns, sys.executable, "-m", "testbed.runtime.probe",
-             "send", dst.address, *common, "--bytes", str(ACTIVATION)], capture_output=True,
-            text=True, timeout=300, check=True)
-        server.wait(timeout=60)
+        return timed_messages(network, "east-0", "west-0", connections, messages, ACTIVATION,
+                              pace)
     finally:
         tear_down(network)
-    return [json.loads(line)["seconds"] for line in sent.stdout.splitlines()]
 
 
 def transfer_table(emulate: bool) -> list[dict[str, Any]]:

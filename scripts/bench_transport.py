@@ -20,51 +20,27 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from testbed.net.network import bring_up, tear_down
+from testbed.runtime.probe import timed_messages
 from testbed.topology import parse_topology
 
 
 def goodputs(network: Any, connections: int, megabytes: int, messages: int) -> list[float]:
-    src, dst = network.layout.node("east-0"), network.layout.node("west-0")
-    server = subprocess.Popen(
-        ["ip", "netns", "exec", dst.netns, sys.executable, "-m", "testbed.runtime.probe",
-         "serve", dst.address, "--connections", str(connections), "--messages", str(messages)])
-    try:
-        time.sleep(0.2)
-        sent = subprocess.run(
-            ["ip", "netns", "exec", src.netns, sys.executable, "-m", "testbed.runtime.probe",
-             "send", dst.address, "--connections", str(connections), "--messages",
-             str(messages), "--bytes", str(megabytes * 2**20)],
-            capture_output=True, text=True, timeout=600, check=True)
-    finally:
-        server.wait(timeout=60)
-    rows = [json.loads(line) for line in sent.stdout.splitlines()]
-    return [r["bytes"] * 8 / r["seconds"] for r in rows]
+    size = megabytes * 2**20
+    return [size * 8 / t for t in timed_messages(network, "east-0", "west-0", connections,
+                                                 messages, size, timeout_s=600)]
 
 
 PACING_BYTES = 21 * 2**20
 
 
 def _probe_seconds(network: Any, connections: int, messages: int, pace_bps: float) -> list[float]:
-    src, dst = network.layout.node("east-0"), network.layout.node("west-0")
-    common = ["--connections", str(connections), "--messages", str(messages),
-              "--pace", str(pace_bps)]
-    server = subprocess.Popen(["ip", "netns", "exec", dst.netns, sys.executable, "-m",
-                               "testbed.runtime.probe", "serve", dst.address, *common])
-    try:
-        time.sleep(0.3)
-        sent = subprocess.run(["ip", "netns", "exec", src.netns, sys.executable, "-m",
-                               "testbed.runtime.probe", "send", dst.address, *common,
-                               "--bytes", str(PACING_BYTES), "--gap", "1"],
-                              capture_output=True, text=True, timeout=300, check=True)
-    finally:
-        server.wait(timeout=60)
-    return [json.loads(line)["seconds"] for line in sent.stdout.splitlines()]
+    return timed_messages(network, "east-0", "west-0", connections, messages, PACING_BYTES,
+                          pace_bps, gap_s=1.0)
 
 
 def _iperf_seconds(network: Any, connections: int) -> float:

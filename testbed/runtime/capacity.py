@@ -12,14 +12,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from testbed.fsutil import write_atomic
 from testbed.net.network import bring_up, tear_down
+from testbed.runtime.probe import timed_messages
 from testbed.topology import parse_topology
 
 CACHE = Path(os.environ.get("TESTBED_CACHE", "/var/cache/testbed")) / "capacity.json"
@@ -65,20 +64,9 @@ def _probe() -> float:
         "capacity-probe")
     network = bring_up(topology)
     try:
-        src, dst = network.layout.node("pa-0"), network.layout.node("pb-0")
-        common = ["--connections", str(PROBE_CONNECTIONS), "--messages", str(PROBE_MESSAGES)]
-        server = subprocess.Popen(
-            ["ip", "netns", "exec", dst.netns, sys.executable, "-m", "testbed.runtime.probe",
-             "serve", dst.address, *common], stdout=subprocess.DEVNULL)
-        try:
-            time.sleep(0.3)
-            sent = subprocess.run(
-                ["ip", "netns", "exec", src.netns, sys.executable, "-m",
-                 "testbed.runtime.probe", "send", dst.address, *common, "--bytes",
-                 str(PROBE_BYTES)], capture_output=True, text=True, timeout=120, check=True)
-        finally:
-            server.wait(timeout=60)
+        seconds = timed_messages(network, "pa-0", "pb-0", PROBE_CONNECTIONS, PROBE_MESSAGES,
+                                 PROBE_BYTES, timeout_s=120)
     finally:
         tear_down(network)
-    rates = [r["bytes"] * 8 / r["seconds"] for r in map(json.loads, sent.stdout.splitlines())]
+    rates = [PROBE_BYTES * 8 / t for t in seconds]
     return float(statistics.median(rates[1:] or rates))

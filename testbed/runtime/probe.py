@@ -13,7 +13,10 @@ import argparse
 import asyncio
 import json
 import struct
+import subprocess
+import sys
 import time
+from typing import Any
 
 from testbed.runtime.transport import Transport
 from testbed.runtime.worker import run_loop
@@ -55,6 +58,28 @@ async def send(address: str, port: int, connections: int, messages: int, size: i
             flush=True,
         )
     await transport.close()
+
+
+def timed_messages(network: Any, src: str, dst: str, connections: int, messages: int,
+                   size: int, pace_bps: float = 0.0, gap_s: float = 0.0,
+                   timeout_s: float = 300.0) -> list[float]:
+    """Seconds each of `messages` striped messages of `size` bytes takes from node `src`
+    to node `dst` of a running network (a serve and a send process in their namespaces)."""
+    sender, receiver = network.layout.node(src), network.layout.node(dst)
+    common = ["--connections", str(connections), "--messages", str(messages),
+              "--pace", str(pace_bps)]
+    module = [sys.executable, "-m", "testbed.runtime.probe"]
+    server = subprocess.Popen(["ip", "netns", "exec", receiver.netns, *module, "serve",
+                               receiver.address, *common], stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)
+        sent = subprocess.run(["ip", "netns", "exec", sender.netns, *module, "send",
+                               receiver.address, *common, "--bytes", str(size), "--gap",
+                               str(gap_s)], capture_output=True, text=True,
+                              timeout=timeout_s, check=True)
+    finally:
+        server.wait(timeout=60)
+    return [float(json.loads(line)["seconds"]) for line in sent.stdout.splitlines()]
 
 
 def main() -> None:
