@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from testbed.cli_options import load_inputs
-from testbed.runs import RunSpec, run
+from testbed.run_spec import RunSpec
+from testbed.runs import run
 
 ROOT = Path(__file__).resolve().parent.parent
 BUBBLES = ("none", "greedy", "bubbletea")

@@ -27,7 +27,8 @@ from typing import Any
 from testbed.cli_options import load_inputs
 from testbed.dilation import choose_dilation, peak_rate_bps
 from testbed.policy.registry import discover, make_plan, training_policy
-from testbed.runs import RunSpec, run, simulate_plan
+from testbed.run_spec import RunSpec
+from testbed.runs import run, simulate_plan
 from testbed.runtime.capacity import machine_capacity_bps
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,7 +24,8 @@ from testbed.fsutil import write_atomic
 from testbed.report.compare import RunEntry, csv_text, markdown_table, table_rows, table_text
 from testbed.report.results import new_run_dir
 from testbed.report.saved import load_compare, load_spans
-from testbed.runs import RunSpec, run
+from testbed.run_spec import RunSpec
+from testbed.runs import run
 from testbed.topology import dump_topology, load_topology
 from testbed.topology.model import Topology
 from testbed.yamlio import to_yaml

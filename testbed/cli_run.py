@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from testbed.cli_net import SHAPERS, require_root
 from testbed.cli_options import (
@@ -21,10 +22,14 @@ from testbed.cli_options import (
     policy_options,
     results_dir,
 )
+from testbed.errors import InputError
 from testbed.policy import parse_options
 from testbed.report.results import new_run_dir
 from testbed.report.table import run_summary
-from testbed.runs import RunSpec, run
+from testbed.resume import load_resumption
+from testbed.run_spec import RunSpec
+from testbed.runs import run
+from testbed.runtime.checkpoint import Progress
 
 
 def echo_err(message: str) -> None:
@@ -33,7 +38,8 @@ def echo_err(message: str) -> None:
 
 @click.command()
 @click.argument(
-    "topology", metavar="TOPOLOGY.yaml", type=click.Path(dir_okay=False, path_type=Path)
+    "topology", metavar="TOPOLOGY.yaml", required=False,
+    type=click.Path(dir_okay=False, path_type=Path)
 )
 @click.option(
     "-p",
@@ -86,8 +92,24 @@ def echo_err(message: str) -> None:
     help="Seconds in which no worker finishes an iteration before the run is declared "
     "hung (set it above an iteration's length).",
 )
+@click.option(
+    "--checkpoint-every",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Checkpoint every N iterations and at the end (model and optimizer state with real "
+    "compute; iteration count and measurements always) into RUN_DIR/checkpoint, so that "
+    "`--resume` can go on after a crash.",
+)
+@click.option(
+    "--resume",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    metavar="RUN_DIR",
+    help="Go on with a run started with --checkpoint-every from its newest complete "
+    "checkpoint, with its own topology, job and options (give no others); results are "
+    "written back into RUN_DIR.",
+)
 def up(
-    topology: Path,
+    topology: Path | None,
     policy: str,
     policy_opts: tuple[str, ...],
     compute: str,
@@ -101,6 +123,8 @@ def up(
     activations: str,
     dilation: str,
     force: bool,
+    checkpoint_every: int | None,
+    resume: Path | None,
     **kwargs: Any,
 ) -> None:
     """Train over the emulated WAN: one worker process per GPU in its namespace.
@@ -111,18 +135,39 @@ def up(
     worker logs into the results directory, also when the run fails or is interrupted.
     """
     require_root()
-    inputs = load_inputs(topology, **job_flags(kwargs))
-    spec = RunSpec("emulate", inputs.topology, inputs.job, policy,
-                   dict(parse_options(policy_opts)), bubble_policy=bubble,
-                   bubble_options=dict(parse_options(bubble_opts)), compute=compute,
-                   shaper=shaper, allreduce=allreduce, stall_timeout_s=stall_timeout,
-                   events=inputs.events, pacing=pacing == "on", activations=activations,
-                   dilation=parse_dilation(dilation))
-    directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, policy))
-    outcome = run(spec, directory, echo_err)
+    progress: Progress | None = None
+    if resume is not None:
+        refuse_with_resume(topology)
+        spec, progress = load_resumption(resume)
+        directory = resume
+        echo_err(f"resuming {resume} after iteration {progress.completed} of "
+                 f"{spec.job.iterations}")
+    else:
+        if topology is None:
+            raise click.UsageError("give TOPOLOGY.yaml, or --resume RUN_DIR")
+        inputs = load_inputs(topology, **job_flags(kwargs))
+        spec = RunSpec("emulate", inputs.topology, inputs.job, policy,
+                       dict(parse_options(policy_opts)), bubble_policy=bubble,
+                       bubble_options=dict(parse_options(bubble_opts)), compute=compute,
+                       shaper=shaper, allreduce=allreduce, stall_timeout_s=stall_timeout,
+                       events=inputs.events, pacing=pacing == "on", activations=activations,
+                       dilation=parse_dilation(dilation), checkpoint_every=checkpoint_every or 0)
+        directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, policy))
+    outcome = run(spec, directory, echo_err, progress)
     for line in run_summary(outcome.results):
         click.echo(line)
     click.echo(f"results in {directory}")
     if outcome.error is not None:
         click.echo(f"testbed: error: {outcome.error}", err=True)
         sys.exit(outcome.error.exit_code)
+
+
+def refuse_with_resume(topology: Path | None) -> None:
+    """A resumed run is the run it was: nothing given on this command line may change it."""
+    context = click.get_current_context()
+    given = [name for name in context.params if name != "resume"
+             and context.get_parameter_source(name) is ParameterSource.COMMANDLINE]
+    if topology is not None or given:
+        what = "TOPOLOGY.yaml" if topology is not None else f"--{given[0].replace('_', '-')}"
+        raise InputError(f"takes the run's own topology, job and options; {what} cannot be "
+                         "given with it", "--resume")

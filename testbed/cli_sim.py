@@ -24,7 +24,8 @@ from testbed.policy import parse_options, training_policy
 from testbed.policy.registry import make_plan
 from testbed.report.results import new_run_dir
 from testbed.report.table import run_summary
-from testbed.runs import RunSpec, run, simulate_plan
+from testbed.run_spec import RunSpec
+from testbed.runs import run, simulate_plan
 from testbed.sim.profile import load_profile, write_profile
 from testbed.sim.sweep import grid, parse_vary, vary
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from testbed.bubbles import BubbleBroker, make_broker, ttft_summary
 from testbed.dilation import (
@@ -32,6 +32,9 @@ from testbed.plan.model import Plan
 from testbed.policy import TrainingPolicy, parse_options, training_policy
 from testbed.policy.registry import make_plan
 from testbed.report.results import RunRecord, write_run
+from testbed.resume import check_checkpointable, checkpoints_for, save_settings
+from testbed.run_spec import RunSpec
+from testbed.runtime.checkpoint import Progress
 from testbed.sim.engine import Simulator
 from testbed.sim.profile import Profile
 from testbed.topology import Topology
@@ -41,41 +44,22 @@ Say = Callable[[str], None]
 
 
 @dataclass
-class RunSpec:
-    """Everything that decides a run; written with it so it can be run again."""
-
-    backend: str
-    topology: Topology
-    job: Job
-    policy: str
-    policy_options: dict[str, str]
-    bubble_policy: str | None = None
-    bubble_options: dict[str, str] | None = None
-    compute: str = "auto"
-    shaper: str = "auto"
-    allreduce: str = "auto"
-    stall_timeout_s: float = 120.0
-    profile: Profile | None = None
-    events: tuple[NetEvent, ...] = ()
-    pacing: bool = True
-    activations: str = "auto"
-    dilation: int | Literal["auto"] = 1
-    """Emulate K times slower than represented time (testbed.dilation); "auto" picks K."""
-
-
-@dataclass
 class RunResult:
     results: dict[str, Any]
     directory: Path
     error: TestbedError | None = None
 
 
-def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None) -> RunResult:
-    """Execute one run; its directory is complete (results.json last) even if it fails."""
+def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
+        resume: Progress | None = None) -> RunResult:
+    """Execute one run; its directory is complete (results.json last) even if it fails.
+    `resume`: go on from that checkpoint of this directory's run (emulator)."""
     chosen = training_policy(spec.policy, spec.policy_options)
     plan = make_plan(chosen, spec.topology, spec.job)
     if spec.backend == "emulate":
         check_emulable(spec, plan)
+        if spec.checkpoint_every or resume:
+            check_checkpointable(spec)
     started = time.monotonic()
     directory.mkdir(parents=True, exist_ok=True)
     write_atomic(directory / "job.yaml", to_yaml(dump_job(spec.job)), 0o644)
@@ -83,7 +67,7 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None) -> RunResult
         record = _simulate(spec, plan, chosen)
         error = None
     else:
-        record, error = _emulate(spec, plan, chosen, directory, say)
+        record, error = _emulate(spec, plan, chosen, directory, say, resume)
     record.wall_s = time.monotonic() - started
     write_run(directory, record)
     return RunResult(record.results(), directory, error)
@@ -186,8 +170,8 @@ def _simulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy) -> RunRecord:
                "inference": inference_results(spec.topology, spec.job, plan, broker, end)})
 
 
-def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path,
-             say: Say) -> tuple[RunRecord, TestbedError | None]:
+def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path, say: Say,
+             resume: Progress | None) -> tuple[RunRecord, TestbedError | None]:
     from testbed.runtime.coordinator import (
         Coordinator,
         Interrupted,
@@ -211,13 +195,20 @@ def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path,
         wall = predicted * (spec.job.iterations + 1) * k
         say(f"the simulator predicts {predicted:.3f} s per iteration; at dilation "
             f"{k} training takes about {wall:.3g} s of wall time")
+    checkpoints = None
+    if spec.checkpoint_every or resume:
+        if resume is None:
+            save_settings(directory, spec, mode, k)
+        checkpoints = checkpoints_for(directory, spec.checkpoint_every, len(list(plan.workers())),
+                                      resume)
     coordinator = Coordinator(dilate_topology(spec.topology, k), dilate_job(spec.job, k), plan,
                               chosen, mode, directory / "logs", spec.shaper,
                               spec.stall_timeout_s * k, say,
                               allreduce=spec.allreduce, pacing=spec.pacing,
                               activations=spec.activations, bubble_policy=spec.bubble_policy,
                               bubble_options=spec.bubble_options,
-                              events=dilate_events(spec.events, k), dilation=k)
+                              events=dilate_events(spec.events, k), dilation=k,
+                              checkpoints=checkpoints)
     error: TestbedError | None = None
     try:
         run_loop(run_with_signals(coordinator))
@@ -245,6 +236,8 @@ def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path,
         extra={"allreduce": spec.allreduce, "pacing": spec.pacing,
                "activations": spec.activations, "events": [e.as_raw() for e in spec.events],
                "dilation": k, "dilation_requested": spec.dilation,
+               "checkpoint_every": spec.checkpoint_every,
+               "resumed_at": resume.resumed_at if resume else [],
                **prediction_fields(predicted, summary.median_s),
                "emulation": None if health is None else health.as_dict(),
                "inference": represented_inference(inference, k)})

@@ -304,7 +304,8 @@ def test_atlas_over_the_emulator_serves_one_transfer_at_a_time(tmp_path: Path) -
 
 
 def test_bubbletea_over_the_emulator_serves_prefills_to_decode_servers(tmp_path: Path) -> None:
-    from testbed.runs import RunSpec, run
+    from testbed.run_spec import RunSpec
+    from testbed.runs import run
 
     inputs = load_inputs(TWO_DC, sets=(
         "iterations=5", "inference.model=tiny", "inference.arrival_rate=100",

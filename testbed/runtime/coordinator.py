@@ -31,6 +31,7 @@ from testbed.plan.build import PIPELINE, communicating_pairs
 from testbed.plan.model import Op, Plan, Sharing
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import Request, TrainingPolicy, Transfer
+from testbed.runtime.checkpoint import Checkpoints, iteration_dir, prior_elapsed
 from testbed.runtime.decode import DECODE_PORT
 from testbed.runtime.health import (
     CpuSample,
@@ -162,6 +163,8 @@ class Coordinator:
     _worker_ticks: int | None = None
     """Clock ticks the workers used during training."""
     _lateness: tuple[float, float] | None = None
+    checkpoints: Checkpoints | None = None
+    """Where and how often the run checkpoints, and what it resumed from (if it did)."""
 
     # --- the run ---------------------------------------------------------------------
 
@@ -192,15 +195,16 @@ class Coordinator:
             * self.job.model.seq_len
         )
         capacity = sum(self.topology.bottleneck_bps(a, b) for a, b in self.plan.sharing)
-        summary = summarize(self.spans, gpus, self.start, tokens, capacity)
+        start, carried, losses = self._carried_over()
+        summary = summarize(carried + self.spans, gpus, start, tokens, capacity)
         end = max((s["end"] for s in self.spans), default=self.start) - self.start
         spans = self.spans + event_spans(self.events, self.start, end) if self.start else self.spans
         return RunOutcome(
             self.network,
             self.compute,
-            spans,
-            self.losses,
-            self.start,
+            carried + spans,
+            losses,
+            start,
             summary,
             status,
             error,
@@ -208,6 +212,17 @@ class Coordinator:
             self.network.shaper.value if self.network else None,
             self._health(),
         )
+
+    def _carried_over(self) -> tuple[float, list[dict[str, Any]], dict[int, float]]:
+        """The run's start, and the spans and losses of the iterations a resumed run
+        carries over: they end where this part of the run starts."""
+        prior = self.checkpoints.prior if self.checkpoints else None
+        if prior is None or not self.start:
+            return self.start, [], dict(self.losses)
+        start = self.start - prior_elapsed(prior)
+        spans = [{**s, "start": start + s["start"], "end": start + s["end"]}
+                 for s in prior.spans]
+        return start, spans, {**prior.losses, **self.losses}
 
     def _health(self) -> Health | None:
         if self._cpu is None:
@@ -416,6 +431,7 @@ class Coordinator:
             "emulated": {"forward_s": cost.forward_s, "backward_s": cost.backward_s, "step_s": 0.0},
             "local_rank": worker.index,
             "save_dir": str(self.save_dir) if self.save_dir else None,
+            **self._checkpoint_config(),
             "allreduce_modeled_s": self._modeled_allreduce(stage, cost.grad_bytes),
             "stretch": self.dilation if self.compute == "real" else 1,
             "intra_dc_bps": self.topology.dc(dc).bandwidth_bps
@@ -425,6 +441,21 @@ class Coordinator:
             "inference_model": dict(self.job.inference.model.__dict__)
             if self.job.inference else None,
         }
+
+    def _checkpoint_config(self) -> dict[str, Any]:
+        ck = self.checkpoints
+        if ck is None:
+            return {}
+        prior = ck.prior
+        return {"checkpoint_dir": str(ck.directory), "checkpoint_every": ck.every,
+                "first_iteration": prior.completed if prior else 0,
+                "restore_dir": str(iteration_dir(ck.directory, prior.completed))
+                if prior else None}
+
+    @property
+    def first_iteration(self) -> int:
+        prior = self.checkpoints.prior if self.checkpoints else None
+        return prior.completed if prior else 0
 
     def _decode_dcs(self) -> tuple[str, ...]:
         named = self.job.inference.decode_dc if self.job.inference else None
@@ -562,6 +593,11 @@ class Coordinator:
                 await self._on_sent(msg)
             elif op == "bubble":
                 await self._on_bubble(worker, msg)
+            elif op == "checkpoint" and self.checkpoints is not None:
+                done = int(msg["done"])
+                if self.checkpoints.part_written(done, worker.gpu):
+                    await asyncio.to_thread(self.checkpoints.commit, done, dict(self.losses),
+                                            list(self.spans), self.start)
             elif op == "error":
                 self.spans.extend(msg.get("spans", []))
                 # a peer's death shows up here first; let the watcher name the dead one
@@ -718,7 +754,7 @@ class Coordinator:
             return "no worker (all finished)"
         fewest = min(done.values())
         behind = [w.describe() for w in self.workers if done.get(w.gpu) == fewest]
-        where = f"in iteration {fewest + 1}"
+        where = f"in iteration {self.first_iteration + fewest + 1}"
         return f"{', '.join(behind[:4])}{' ...' if len(behind) > 4 else ''} ({where})"
 
     def _dead_delay_line(self) -> str | None:

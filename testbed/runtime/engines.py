@@ -37,6 +37,12 @@ class Engine(Protocol):
     def save(self, path: str) -> None:
         """Write this stage's parameters (real compute only)."""
 
+    def checkpoint(self, path: str) -> None:
+        """Write what resuming needs: parameters and optimizer state (real compute only)."""
+
+    def restore(self, path: str) -> None:
+        """Read back what `checkpoint` wrote."""
+
     def quick(self) -> bool:
         """True when a call is so short that handing it to the compute thread costs more
         than running it on the event loop."""
@@ -92,6 +98,12 @@ class EmulatedEngine:
 
     def save(self, path: str) -> None:
         """Emulated stages have no parameters to save."""
+
+    def checkpoint(self, path: str) -> None:
+        """Nor state to resume: the iteration count is all."""
+
+    def restore(self, path: str) -> None:
+        """Nothing was saved."""
 
     def quick(self) -> bool:
         return max(self.forward_s, self.backward_s, self.step_s) < QUICK_S

@@ -150,6 +150,15 @@ class RealEngine:
     def save(self, path: str) -> None:
         torch.save({k: v.detach().cpu() for k, v in self.module.state_dict().items()}, path)
 
+    def checkpoint(self, path: str) -> None:
+        torch.save({"model": self.module.state_dict(),
+                    "optimizer": self.optimizer.state_dict()}, path)
+
+    def restore(self, path: str) -> None:
+        state = torch.load(path, map_location=self.device)
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
     def take_loss(self) -> float | None:
         if not self.last or not self._losses:
             return None

@@ -18,10 +18,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from testbed.plan.model import Action, Op
 from testbed.runtime.allreduce import ring_allreduce
+from testbed.runtime.checkpoint import checkpoint_due, iteration_dir, save_stage, stage_file
 from testbed.runtime.engines import EmulatedEngine, Engine, make_real_engine
 from testbed.runtime.health import p99
 from testbed.runtime.protocol import read_message, send_message
@@ -55,6 +57,11 @@ class WorkerConfig:
     """WAN link directions (`src>dst`) whose transfers need a grant."""
     iterations: int
     raw: dict[str, Any]
+    first_iteration: int = 0
+    """Where a resumed run starts; its state comes from `restore_dir`."""
+    restore_dir: str | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
 
     @classmethod
     def from_message(cls, msg: dict[str, Any]) -> WorkerConfig:
@@ -74,6 +81,10 @@ class WorkerConfig:
             arbitrated=set(msg.get("arbitrated", [])),
             iterations=msg["iterations"],
             raw=msg,
+            first_iteration=int(msg.get("first_iteration", 0)),
+            restore_dir=msg.get("restore_dir"),
+            checkpoint_dir=msg.get("checkpoint_dir"),
+            checkpoint_every=int(msg.get("checkpoint_every", 0)),
         )
 
 
@@ -468,7 +479,11 @@ async def serve(control_path: str, gpu: str, token: str) -> int:
     lags: list[float] = []
     watch_lag = asyncio.create_task(lag_monitor(lags))
     try:
-        for iteration in range(config.iterations):
+        if config.restore_dir:
+            saved = stage_file(Path(config.restore_dir), config.replica, config.stage)
+            await asyncio.get_running_loop().run_in_executor(worker.executor, engine.restore,
+                                                             str(saved))
+        for iteration in range(config.first_iteration, config.iterations):
             started = time.monotonic()
             try:
                 loss = await worker.run_iteration(iteration)
@@ -497,6 +512,7 @@ async def serve(control_path: str, gpu: str, token: str) -> int:
                 },
             )
             lags.clear()
+            await checkpoint_if_due(worker, iteration + 1)
         save_dir = raw.get("save_dir")
         if save_dir:
             path = os.path.join(save_dir, f"r{config.replica}-s{config.stage}.pt")
@@ -511,6 +527,18 @@ async def serve(control_path: str, gpu: str, token: str) -> int:
         await transport.close()
         worker.executor.shutdown(wait=False, cancel_futures=True)
     return 0
+
+
+async def checkpoint_if_due(worker: Worker, done: int) -> None:
+    """Write this stage's part of the checkpoint after `done` iterations, then say so."""
+    cfg = worker.config
+    if cfg.checkpoint_dir is None or not checkpoint_due(done, cfg.checkpoint_every,
+                                                        cfg.iterations):
+        return
+    directory = iteration_dir(Path(cfg.checkpoint_dir), done)
+    await asyncio.get_running_loop().run_in_executor(
+        worker.executor, save_stage, worker.engine.checkpoint, directory, cfg.replica, cfg.stage)
+    await send_message(worker.control, {"op": "checkpoint", "done": done})
 
 
 LAG_PERIOD_S = 0.02

@@ -1,0 +1,92 @@
+"""Checkpointed emulated runs: the settings `up --checkpoint-every` writes before training,
+and what `up --resume RUN_DIR` reads back to go on from the newest complete checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from testbed.errors import InputError
+from testbed.fsutil import write_atomic
+from testbed.job import dump_job, load_job
+from testbed.net.state import process_start_ticks
+from testbed.run_spec import RunSpec
+from testbed.runtime.checkpoint import (
+    CHECKPOINT_DIR,
+    FORMAT,
+    Checkpoints,
+    Progress,
+    iteration_dir,
+    read_progress,
+)
+from testbed.topology.load import dump_topology, load_topology
+from testbed.yamlio import to_yaml
+
+SETTINGS_FILE = "run.json"
+_SETTINGS = ("policy", "policy_options", "compute", "shaper", "allreduce", "stall_timeout_s",
+             "pacing", "activations", "dilation", "checkpoint_every")
+
+
+def check_checkpointable(spec: RunSpec) -> None:
+    """What a resumed run could not reproduce is refused before anything starts."""
+    if spec.events:
+        raise InputError("checkpointing a run with network events is not supported (the "
+                         "events' times would restart with the resumed run)", "--checkpoint-every")
+    if spec.bubble_policy:
+        raise InputError("checkpointing a run that fills bubbles is not supported (its "
+                         "inference requests are not carried over)", "--checkpoint-every")
+
+
+def save_settings(directory: Path, spec: RunSpec, compute: str, dilation: int) -> None:
+    """Everything that decides the run, with `auto` choices resolved, so that a resumed
+    run is the same run."""
+    folder = directory / CHECKPOINT_DIR
+    settings = {name: getattr(spec, name) for name in _SETTINGS}
+    settings.update(format=FORMAT, compute=compute, dilation=dilation)
+    write_atomic(folder / "topology.yaml", to_yaml(dump_topology(spec.topology)), 0o644)
+    write_atomic(folder / "job.yaml", to_yaml(dump_job(spec.job)), 0o644)
+    write_atomic(folder / SETTINGS_FILE, json.dumps(settings, indent=1), 0o644)
+
+
+def checkpoints_for(directory: Path, every: int, workers: int,
+                    prior: Progress | None) -> Checkpoints:
+    pid = os.getpid()
+    return Checkpoints(directory / CHECKPOINT_DIR, every, workers, pid,
+                       process_start_ticks(pid) or 0, prior)
+
+
+def load_resumption(directory: Path) -> tuple[RunSpec, Progress]:
+    """The run's spec and the progress it resumes from, or a located InputError."""
+    folder = directory / CHECKPOINT_DIR
+    settings_path = folder / SETTINGS_FILE
+    if not settings_path.is_file():
+        raise InputError(f"{directory} holds no checkpointed run (no {CHECKPOINT_DIR}/"
+                         f"{SETTINGS_FILE}; was it started with --checkpoint-every?)", "--resume")
+    try:
+        settings = json.loads(settings_path.read_text())
+        progress = read_progress(folder)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"unreadable checkpoint: {exc}", str(folder)) from None
+    if settings.get("format") != FORMAT:
+        raise InputError(f"format {settings.get('format')!r} is not {FORMAT}", str(settings_path),
+                         "format")
+    if progress is None:
+        raise InputError("no checkpoint was completed before the run ended; start it again",
+                         str(folder))
+    if process_start_ticks(progress.owner_pid) == progress.owner_ticks:
+        raise InputError(f"the run is still going (process {progress.owner_pid}); stop it "
+                         "before resuming", str(directory))
+    topology = load_topology(folder / "topology.yaml")
+    job = load_job(topology.job, topology.source, folder / "job.yaml", [])
+    if progress.completed >= job.iterations:
+        raise InputError(f"the run already finished its {job.iterations} iterations",
+                         str(directory))
+    missing = [] if settings["compute"] != "real" else [
+        p for p in [iteration_dir(folder, progress.completed)] if not p.is_dir()]
+    if missing:
+        raise InputError(f"{missing[0]} is missing", str(folder / "state.json"), "completed")
+    values = {name: settings[name] for name in _SETTINGS}
+    spec = RunSpec("emulate", topology, job, **values)
+    progress.resumed_at.append(progress.completed)
+    return spec, progress

@@ -1,0 +1,37 @@
+"""What decides a run, whichever backend runs it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from testbed.events import NetEvent
+from testbed.job import Job
+from testbed.sim.profile import Profile
+from testbed.topology import Topology
+
+
+@dataclass
+class RunSpec:
+    """Everything that decides a run; written with it so it can be run again."""
+
+    backend: str
+    topology: Topology
+    job: Job
+    policy: str
+    policy_options: dict[str, str]
+    bubble_policy: str | None = None
+    bubble_options: dict[str, str] | None = None
+    compute: str = "auto"
+    shaper: str = "auto"
+    allreduce: str = "auto"
+    stall_timeout_s: float = 120.0
+    profile: Profile | None = None
+    events: tuple[NetEvent, ...] = ()
+    pacing: bool = True
+    activations: str = "auto"
+    dilation: int | Literal["auto"] = 1
+    """Emulate K times slower than represented time (testbed.dilation); "auto" picks K."""
+    checkpoint_every: int = 0
+    """Emulator: checkpoint every N iterations and at the end (testbed.runtime.checkpoint);
+    0 for never."""
