@@ -9,12 +9,12 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import struct
 import sys
 import time
 
 from testbed.runtime.protocol import read_message, send_message
+from testbed.runtime.stopping import until_signalled
 
 HEADER = struct.Struct("!QQd")  # request id, KV bytes, sender's clock
 DECODE_PORT = 7100
@@ -70,12 +70,14 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=DECODE_PORT)
     args = parser.parse_args()
     token = os.environ.pop("TESTBED_RUN_TOKEN", "")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        asyncio.run(serve(args.control, args.name, token, args.address, args.port))
+        code = asyncio.run(until_signalled(
+            serve(args.control, args.name, token, args.address, args.port)))
     except Exception as exc:
         print(f"decode {args.name}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)
+    if code is not None:
+        sys.exit(code)
     print(json.dumps({"stopped": args.name}), flush=True)
 
 

@@ -13,7 +13,6 @@ import concurrent.futures
 import contextlib
 import functools
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from testbed.runtime.checkpoint import checkpoint_due, iteration_dir, save_stage
 from testbed.runtime.engines import EmulatedEngine, Engine, make_real_engine
 from testbed.runtime.health import p99
 from testbed.runtime.protocol import read_message, send_message
+from testbed.runtime.stopping import until_signalled
 from testbed.runtime.transport import Transport
 
 TOKEN_ENV = "TESTBED_RUN_TOKEN"
@@ -568,9 +568,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpu", required=True, help="the GPU (host) this worker runs as")
     args = parser.parse_args(argv)
     token = os.environ.pop(TOKEN_ENV, "")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        code = run_loop(serve(args.control, args.gpu, token))
+        code = run_loop(until_signalled(serve(args.control, args.gpu, token)))
     except (asyncio.CancelledError, KeyboardInterrupt):
         code = 1
     except Exception as exc:
