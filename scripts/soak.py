@@ -6,6 +6,9 @@
   3. A long emulated run with a link flap every minute and 1% loss on every WAN link:
      iterations completed, results complete.
   4. Fuzzed input files through the CLI, per input kind: cases tried and failures.
+  5. Faults a live run must survive or report (scripts/soak_faults.py), K cycles each:
+     strangers dialling every worker, `down` racing `up`, a SIGKILLed delay line,
+     SIGTERM to every worker: failures and leftovers.
 
 Run as root from the repository: `.venv/bin/python scripts/soak.py` (about 20 minutes;
 `--quick` for a short pass). Writes a JSON summary with --out.
@@ -25,6 +28,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+FAULTS = ("stray", "race", "delayline", "sigterm")
 TESTBED = [sys.executable, "-c", "from testbed.cli import main; main()"]
 STATE = Path("/run/testbed")
 
@@ -170,7 +175,9 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--fuzz", type=int, default=2000, help="fuzz cases per input kind")
-    parser.add_argument("--only", choices=["updown", "kill", "flap", "fuzz"], action="append")
+    parser.add_argument("--faults", type=int, default=20, help="cycles of each fault case")
+    parser.add_argument("--only", choices=["updown", "kill", "flap", "fuzz", *FAULTS],
+                        action="append")
     parser.add_argument("--topology", type=Path, default=ROOT / "topologies" / "two-dc.yaml")
     parser.add_argument("--flap-topology", type=Path,
                         default=ROOT / "topologies" / "paper-3dc.yaml")
@@ -183,8 +190,8 @@ def main() -> None:
     if os.geteuid() != 0:
         raise SystemExit("soak: needs root (network namespaces)")
     if args.quick:
-        args.cycles, args.kills, args.minutes, args.fuzz = 5, 2, 2.0, 200
-    parts = args.only or ["updown", "kill", "flap", "fuzz"]
+        args.cycles, args.kills, args.minutes, args.fuzz, args.faults = 5, 2, 2.0, 200, 2
+    parts = args.only or ["updown", "kill", "flap", "fuzz", *FAULTS]
     args.out.mkdir(parents=True, exist_ok=True)
     saved = args.out / "soak.json"  # parts run again replace their entries
     report: dict[str, Any] = json.loads(saved.read_text()) if saved.exists() else {}
@@ -198,6 +205,13 @@ def main() -> None:
                                               args.out, args.congestion)
     if "fuzz" in parts:
         report["fuzz"] = fuzz(args.fuzz)
+    import soak_faults
+
+    cases = {"stray": soak_faults.stray_connections, "race": soak_faults.down_racing_up,
+             "delayline": soak_faults.killed_delay_line, "sigterm": soak_faults.sigterm_workers}
+    for name in FAULTS:
+        if name in parts:
+            report[name] = cases[name](args.faults, args.topology, args.out, leftovers)
     saved.write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
 

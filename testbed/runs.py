@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,11 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
     write_run(directory, record)
     return RunResult(record.results(), directory, error)
 
+
+PREDICTED_ITERATIONS = 20
+"""Iterations the simulator runs to predict an emulated run's iteration time (and peak
+rate): enough for the steady state, few enough that a run of a million iterations does
+not wait for its prediction."""
 
 WORKER_BYTES = {"emulated": 60 * 2**20, "real": 450 * 2**20}
 """Resident memory of one worker process before its model (measured: about 28 MB
@@ -184,7 +189,8 @@ def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path, say: Say,
     mode = choose_compute(spec.compute, len(plan.used_gpus()))
     broker = make_broker(spec.topology, spec.job, plan, spec.bubble_policy, spec.bubble_options)
     try:
-        simulated, predicted_spans = simulate_plan(spec.topology, spec.job, plan, chosen,
+        preview = replace(spec.job, iterations=min(spec.job.iterations, PREDICTED_ITERATIONS))
+        simulated, predicted_spans = simulate_plan(spec.topology, preview, plan, chosen,
                                                    spec.profile, broker, spec.events)
         predicted = simulated.median_s
     except TestbedError as exc:  # the emulator can still run the plan
@@ -194,7 +200,7 @@ def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path, say: Say,
     if predicted is not None:
         wall = predicted * (spec.job.iterations + 1) * k
         say(f"the simulator predicts {predicted:.3f} s per iteration; at dilation "
-            f"{k} training takes about {wall:.3g} s of wall time")
+            f"{k} training takes about {_wall_time(wall)} of wall time")
     checkpoints = None
     if spec.checkpoint_every or resume:
         if resume is None:
@@ -242,6 +248,14 @@ def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path, say: Say,
                "emulation": None if health is None else health.as_dict(),
                "inference": represented_inference(inference, k)})
     return record, error
+
+
+def _wall_time(seconds: float) -> str:
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.3g} s"
 
 
 def prediction_fields(predicted: float | None, measured: float | None) -> dict[str, Any]:

@@ -771,9 +771,10 @@ class Coordinator:
         for decoder in self.decoders:
             decoder.finished = True  # their exit now is expected
         for worker in [*self.workers, *self.decoders]:
-            if worker.writer is not None:
+            if worker.writer is not None:  # a worker still training is told to give up
+                order = "stop" if worker.finished or worker in self.decoders else "abort"
                 with contextlib.suppress(Exception):
-                    await send_message(worker.writer, {"op": "stop"})
+                    await send_message(worker.writer, {"op": order})
         deadline = time.monotonic() + STOP_GRACE_S
         for signum in (None, signal.SIGTERM, signal.SIGKILL):
             for worker in [*self.workers, *self.decoders]:
