@@ -22,8 +22,8 @@ from testbed_plugins.atlas.estimate import connections_to_fill
 
 from testbed.cli_options import load_inputs
 from testbed.policy import training_policy
-from testbed.runs import simulate_plan
 from testbed.sim.network import WINDOW_EFFICIENCY, EventQueue, FluidNetwork, Pair
+from testbed.sim.simulate import simulate_plan
 from testbed.topology import parse_topology
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -28,8 +28,9 @@ from testbed.cli_options import load_inputs
 from testbed.dilation import choose_dilation, peak_rate_bps
 from testbed.policy.registry import discover, make_plan, training_policy
 from testbed.run_spec import RunSpec
-from testbed.runs import run, simulate_plan
+from testbed.runs import run
 from testbed.runtime.capacity import machine_capacity_bps
+from testbed.sim.simulate import simulate_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 

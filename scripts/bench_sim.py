@@ -24,9 +24,9 @@ from typing import Any
 from testbed.cli_options import load_inputs
 from testbed.policy import training_policy
 from testbed.policy.registry import make_plan
-from testbed.runs import simulate_plan
 from testbed.sim.engine import Simulator
 from testbed.sim.profile import profile_from_spans
+from testbed.sim.simulate import simulate_plan
 from testbed.sim.sweep import vary
 
 ROOT = Path(__file__).resolve().parent.parent

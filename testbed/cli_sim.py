@@ -25,8 +25,9 @@ from testbed.policy.registry import make_plan
 from testbed.report.results import new_run_dir
 from testbed.report.table import run_summary
 from testbed.run_spec import RunSpec
-from testbed.runs import run, simulate_plan
+from testbed.runs import run
 from testbed.sim.profile import load_profile, write_profile
+from testbed.sim.simulate import simulate_plan
 from testbed.sim.sweep import grid, parse_vary, vary
 
 profile_option = click.option(

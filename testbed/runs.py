@@ -22,12 +22,11 @@ from testbed.dilation import (
     represented_inference,
     represented_spans,
 )
-from testbed.errors import InputError, TestbedError
-from testbed.events import NetEvent
+from testbed.errors import TestbedError
 from testbed.fsutil import write_atomic
 from testbed.inference import dedicated_ttft, kv_bytes, modeled_prefill_s
 from testbed.job import Job, dump_job
-from testbed.metrics.summary import Summary, summarize
+from testbed.metrics.summary import summarize
 from testbed.plan.model import Plan
 from testbed.policy import TrainingPolicy, parse_options, training_policy
 from testbed.policy.registry import make_plan
@@ -35,8 +34,7 @@ from testbed.report.results import RunRecord, write_run
 from testbed.resume import check_checkpointable, checkpoints_for, save_settings
 from testbed.run_spec import RunSpec
 from testbed.runtime.checkpoint import Progress
-from testbed.sim.engine import Simulator
-from testbed.sim.profile import Profile
+from testbed.sim.simulate import simulate_plan, tokens_per_iteration, wan_capacity_bps
 from testbed.topology import Topology
 from testbed.yamlio import to_yaml
 
@@ -57,6 +55,8 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
     chosen = training_policy(spec.policy, spec.policy_options)
     plan = make_plan(chosen, spec.topology, spec.job)
     if spec.backend == "emulate":
+        from testbed.runtime.preflight import check_emulable
+
         check_emulable(spec, plan)
         if spec.checkpoint_every or resume:
             check_checkpointable(spec)
@@ -78,48 +78,6 @@ PREDICTED_ITERATIONS = 20
 rate): enough for the steady state, few enough that a run of a million iterations does
 not wait for its prediction."""
 
-WORKER_BYTES = {"emulated": 60 * 2**20, "real": 450 * 2**20}
-"""Resident memory of one worker process before its model (measured: about 28 MB
-emulated, 330 MB with torch and a tiny model), with a margin."""
-
-
-def check_emulable(spec: RunSpec, plan: Plan) -> None:
-    """Refuse, before anything is created, a run this machine cannot hold."""
-    from testbed.compute import stage_params
-    from testbed.net.layout import check_limits
-    from testbed.runtime.coordinator import choose_compute
-
-    source = spec.topology.source
-    if plan.tp != 1:
-        raise InputError(f"the emulator runs one worker per GPU without tensor parallelism "
-                         f"(plan has tp {plan.tp}); use `testbed simulate` for it", source,
-                         "job.tp")
-    check_limits(spec.topology)
-    mode = choose_compute(spec.compute, len(plan.used_gpus()))
-    need = 0
-    for stage, layers in enumerate(plan.layers):
-        params = stage_params(spec.job.model, layers, stage == 0, stage == plan.pp - 1)
-        model = params * 16 if mode == "real" else 0  # fp32 weights, grads, Adam moments
-        need += plan.dp * (WORKER_BYTES[mode] + model)
-    available = available_memory()
-    if available is not None and need > available:
-        raise InputError(
-            f"{len(plan.used_gpus())} workers with {mode} compute need about "
-            f"{need / 2**30:.1f} GiB of memory; this machine has {available / 2**30:.1f} GiB "
-            f"available (MemAvailable){'; try --compute emulated' if mode == 'real' else ''}",
-            source, "datacenters")
-
-
-def available_memory() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def inference_results(topology: Topology, job: Job, plan: Plan, broker: BubbleBroker | None,
                       until: float, dedicated_gpus: int = 1) -> dict[str, Any]:
     """The `inference` block of results.json, with the dedicated-cluster TTFT reference."""
@@ -136,28 +94,6 @@ def inference_results(topology: Topology, job: Job, plan: Plan, broker: BubbleBr
         lambda n: kv_bytes(workload, n) * 8 / topology.dc(decode).bandwidth_bps)
     out["dedicated"] = {"gpus": dedicated_gpus, "ttft_s": ttft_summary(reference)}
     return out
-
-
-def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,
-                  profile: Profile | None = None,
-                  broker: BubbleBroker | None = None, events: tuple[NetEvent, ...] = ()
-                  ) -> tuple[Summary, list[dict[str, Any]]]:
-    """Simulate a plan; the summary and spans, computed exactly as for the emulator."""
-    try:
-        result = Simulator(topology, job, plan, policy, profile, bubbles=broker,
-                           events=events).run()
-    except RuntimeError as exc:
-        raise TestbedError(f"simulation failed: {exc}") from None
-    return summarize(result.spans, plan.used_gpus(), result.start, _tokens(job, plan),
-                     _wan_capacity(topology, plan)), result.spans
-
-
-def _tokens(job: Job, plan: Plan) -> int:
-    return plan.dp * plan.microbatches * plan.microbatch_size * job.model.seq_len
-
-
-def _wan_capacity(topology: Topology, plan: Plan) -> float:
-    return sum(topology.bottleneck_bps(a, b) for a, b in plan.sharing)
 
 
 def _simulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy) -> RunRecord:
@@ -177,13 +113,8 @@ def _simulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy) -> RunRecord:
 
 def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path, say: Say,
              resume: Progress | None) -> tuple[RunRecord, TestbedError | None]:
-    from testbed.runtime.coordinator import (
-        Coordinator,
-        Interrupted,
-        RunFailed,
-        choose_compute,
-        run_with_signals,
-    )
+    from testbed.runtime.coordinator import Coordinator, Interrupted, RunFailed, run_with_signals
+    from testbed.runtime.preflight import choose_compute
     from testbed.runtime.worker import run_loop
 
     mode = choose_compute(spec.compute, len(plan.used_gpus()))
@@ -225,8 +156,8 @@ def _emulate(spec: RunSpec, plan: Any, chosen: Any, directory: Path, say: Say,
         raise error or TestbedError("the run ended before it started")
     spans = represented_spans(outcome.spans, outcome.start, k)
     summary = outcome.summary if k == 1 else summarize(
-        spans, plan.used_gpus(), outcome.start, _tokens(spec.job, plan),
-        _wan_capacity(spec.topology, plan))
+        spans, plan.used_gpus(), outcome.start, tokens_per_iteration(spec.job, plan),
+        wan_capacity_bps(spec.topology, plan))
     health = outcome.health
     if health is not None and health.warning():
         say(f"warning: {health.warning()}")

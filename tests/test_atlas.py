@@ -18,7 +18,7 @@ from testbed.plan import validate_plan
 from testbed.plan.describe import wan_crossings
 from testbed.plan.model import Sharing
 from testbed.policy import training_policy
-from testbed.runs import simulate_plan
+from testbed.sim.simulate import simulate_plan
 
 from .strategies import job_fitting, topologies
 

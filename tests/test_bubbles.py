@@ -22,7 +22,7 @@ from testbed.inference import (
 )
 from testbed.job import parse_job
 from testbed.policy import Bubble, Request, bubble_policy, training_policy
-from testbed.runs import simulate_plan
+from testbed.sim.simulate import simulate_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 

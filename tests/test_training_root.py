@@ -271,7 +271,7 @@ def test_simulator_agrees_with_the_emulator(tmp_path: Path, topology: str, polic
     one. The emulator's real TCP varies from run to run (loss, queueing, unfair sharing)
     by more than the target, so this bound only catches a broken model;
     scripts/bench_sim.py reports the error per case over repeated runs."""
-    from testbed.runs import simulate_plan
+    from testbed.sim.simulate import simulate_plan
 
     path = ROOT / "topologies" / f"{topology}.yaml"
     sets: dict[str, Any] = {"iterations": 6} if topology == "two-dc" else \

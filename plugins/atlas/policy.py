@@ -248,7 +248,7 @@ class AtlasPolicy(TrainingPolicy):
     def _simulate(self, topology: Topology, job: Job, candidate: Candidate) -> Candidate | None:
         """The candidate with its simulated iteration time (a warm-up and two measured
         iterations, or one on large topologies), or None if it cannot run."""
-        from testbed.runs import simulate_plan
+        from testbed.sim.simulate import simulate_plan
 
         probe = replace(job, iterations=min(job.iterations, PROBE_ITERATIONS)
                         if topology.total_gpus <= LARGE else 1)

@@ -44,6 +44,7 @@ from testbed.runtime.health import (
 )
 from testbed.runtime.protocol import ProtocolError, read_message, send_message
 from testbed.runtime.worker import TOKEN_ENV
+from testbed.sim.simulate import tokens_per_iteration, wan_capacity_bps
 from testbed.topology.model import Topology
 
 Progress = Callable[[str], None]
@@ -188,13 +189,8 @@ class Coordinator:
 
     def _outcome(self, status: str, error: str | None, wall: float) -> RunOutcome:
         gpus = self.plan.used_gpus()
-        tokens = (
-            self.plan.dp
-            * self.plan.microbatches
-            * self.plan.microbatch_size
-            * self.job.model.seq_len
-        )
-        capacity = sum(self.topology.bottleneck_bps(a, b) for a, b in self.plan.sharing)
+        tokens = tokens_per_iteration(self.job, self.plan)
+        capacity = wan_capacity_bps(self.topology, self.plan)
         start, carried, losses = self._carried_over()
         summary = summarize(carried + self.spans, gpus, start, tokens, capacity)
         end = max((s["end"] for s in self.spans), default=self.start) - self.start
@@ -822,19 +818,6 @@ async def _to_the_end(work: Awaitable[T], keep: Callable[[T], None] | None = Non
     if cancelled:
         raise asyncio.CancelledError
     return result
-
-
-def choose_compute(requested: str, workers: int) -> str:
-    """`auto`: real compute where there is a GPU per worker, emulated otherwise."""
-    if requested != "auto":
-        return requested
-    try:
-        import torch
-
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        gpus = 0
-    return "real" if gpus >= workers else "emulated"
 
 
 async def run_with_signals(coordinator: Coordinator) -> RunOutcome:

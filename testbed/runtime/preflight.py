@@ -1,0 +1,64 @@
+"""Checks before an emulated run creates anything: which compute it gets, and whether this
+machine can hold it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from testbed.compute import stage_params
+from testbed.errors import InputError
+from testbed.net.layout import check_limits
+from testbed.plan.model import Plan
+from testbed.run_spec import RunSpec
+
+WORKER_BYTES = {"emulated": 60 * 2**20, "real": 450 * 2**20}
+"""Resident memory of one worker process before its model (measured: about 28 MB
+emulated, 330 MB with torch and a tiny model), with a margin."""
+
+
+def check_emulable(spec: RunSpec, plan: Plan) -> None:
+    """Refuse, before anything is created, a run this machine cannot hold."""
+    source = spec.topology.source
+    if plan.tp != 1:
+        raise InputError(f"the emulator runs one worker per GPU without tensor parallelism "
+                         f"(plan has tp {plan.tp}); use `testbed simulate` for it", source,
+                         "job.tp")
+    check_limits(spec.topology)
+    mode = choose_compute(spec.compute, len(plan.used_gpus()))
+    need = 0
+    for stage, layers in enumerate(plan.layers):
+        params = stage_params(spec.job.model, layers, stage == 0, stage == plan.pp - 1)
+        model = params * 16 if mode == "real" else 0  # fp32 weights, grads, Adam moments
+        need += plan.dp * (WORKER_BYTES[mode] + model)
+    available = available_memory()
+    if available is not None and need > available:
+        raise InputError(
+            f"{len(plan.used_gpus())} workers with {mode} compute need about "
+            f"{need / 2**30:.1f} GiB of memory; this machine has {available / 2**30:.1f} GiB "
+            f"available (MemAvailable){'; try --compute emulated' if mode == 'real' else ''}",
+            source, "datacenters")
+
+
+def available_memory() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+
+
+def choose_compute(requested: str, workers: int) -> str:
+    """`auto`: real compute where there is a GPU per worker, emulated otherwise."""
+    if requested != "auto":
+        return requested
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        gpus = 0
+    return "real" if gpus >= workers else "emulated"

@@ -1,0 +1,39 @@
+"""A plan through the simulator, summarized exactly as an emulated run is: what `simulate`,
+the emulator's prediction, sweeps, benchmarks and Atlas's plan search all call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from testbed.bubbles import BubbleBroker
+from testbed.errors import TestbedError
+from testbed.events import NetEvent
+from testbed.job import Job
+from testbed.metrics.summary import Summary, summarize
+from testbed.plan.model import Plan
+from testbed.policy.base import TrainingPolicy
+from testbed.sim.engine import Simulator
+from testbed.sim.profile import Profile
+from testbed.topology.model import Topology
+
+
+def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,
+                  profile: Profile | None = None,
+                  broker: BubbleBroker | None = None, events: tuple[NetEvent, ...] = ()
+                  ) -> tuple[Summary, list[dict[str, Any]]]:
+    """Simulate a plan; the summary and spans, computed exactly as for the emulator."""
+    try:
+        result = Simulator(topology, job, plan, policy, profile, bubbles=broker,
+                           events=events).run()
+    except RuntimeError as exc:
+        raise TestbedError(f"simulation failed: {exc}") from None
+    return summarize(result.spans, plan.used_gpus(), result.start, tokens_per_iteration(job, plan),
+                     wan_capacity_bps(topology, plan)), result.spans
+
+
+def tokens_per_iteration(job: Job, plan: Plan) -> int:
+    return plan.dp * plan.microbatches * plan.microbatch_size * job.model.seq_len
+
+
+def wan_capacity_bps(topology: Topology, plan: Plan) -> float:
+    return sum(topology.bottleneck_bps(a, b) for a, b in plan.sharing)
