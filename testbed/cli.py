@@ -192,18 +192,28 @@ def plugins(as_json: bool) -> None:
                     }
                     if cls
                     else {},
+                    "fixed": dict(getattr(cls, "fixed", {})) if cls else {},
                 }
             )
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
         return
+    name_w = max((len(r["name"]) for r in rows), default=0)
+    dist_w = max((len(r["distribution"]) for r in rows), default=0)
+    settings = [f"{k}={v}" for r in rows for k, v in
+                [*((k, o["default"]) for k, o in r["options"].items()), *r["fixed"].items()]]
+    setting_w = max((len(t) for t in settings), default=0)
     for row in rows:
         click.echo(
-            f"{row['kind']:<9} {row['name']:<22} {row['distribution']:<16} "
+            f"{row['kind']:<9} {row['name']:<{name_w}}  {row['distribution']:<{dist_w}}  "
             f"{row['status'] if row['status'] != 'ok' else row['summary']}"
         )
         for opt, spec in row["options"].items():
-            click.echo(f"{'':<10}-o {opt}={spec['default']!s:<10} {spec['help']}")
+            setting = f"{opt}={spec['default']}"
+            click.echo(f"{'':<10}-o {setting:<{setting_w}}  {spec['help']}")
+        for key, value in row["fixed"].items():
+            setting = f"{key}={value}"
+            click.echo(f"{'':<10}   {setting:<{setting_w}}  fixed by this policy")
 
 
 cli.add_command(net)

@@ -77,3 +77,19 @@ def test_unknown_policy_and_option() -> None:
     result = _testbed(["plan", str(TWO_DC), "-p", "gpipe", "-o", "x=1"], None)
     assert result.returncode == 2
     assert "unknown option 'x' for gpipe" in result.stderr
+
+
+def test_an_ablation_lists_what_it_pins_and_refuses_it_as_an_option() -> None:
+    result = _testbed(["plugins", "--json"], None)
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert rows["atlas-no-temporal"]["fixed"] == {"temporal": False}
+    assert "temporal" not in rows["atlas-no-temporal"]["options"]
+    assert rows["atlas-no-multiconn"]["fixed"] == {"connections": 1}
+    assert "connections" not in rows["atlas-no-multiconn"]["options"]
+    assert rows["atlas-no-selection"]["fixed"] == {"selection": False}
+    assert rows["atlas"]["fixed"] == {} and rows["atlas"]["options"]["temporal"]["default"]
+    text = _testbed(["plugins"], None).stdout
+    assert "temporal=False" in text and "fixed by this policy" in text
+    refused = _testbed(["plan", str(TWO_DC), "-p", "atlas-no-temporal", "-o", "temporal=on"],
+                       None)
+    assert refused.returncode == 2 and "unknown option 'temporal'" in refused.stderr

@@ -84,7 +84,7 @@ class AtlasPolicy(TrainingPolicy):
     name = "atlas"
     summary = ("Atlas: stages over DCs (DP inside DCs), DC selection, N TCP connections, "
                "temporal WAN sharing")
-    options = (
+    options: ClassVar[tuple[Option, ...]] = (
         Option("connections", 0, "TCP connections per cross-DC peer pair (0: enough to fill "
                "the link from its bandwidth-delay product and the TCP window)", int),
         Option("max_connections", 16, "upper bound when chosen automatically", _positive_int),
@@ -308,14 +308,20 @@ class _Ablation(AtlasPolicy):
 
     def full_choice(self, topology: Topology, job: Job) -> Candidate:
         full = AtlasPolicy()
-        full.settings.update({k: v for k, v in self.settings.items()})
+        full.settings.update({k: v for k, v in self.settings.items() if k not in self.fixed})
         chosen, _, _ = full.choose(topology, job)
         return chosen
+
+
+def _options_without(*names: str) -> tuple[Option, ...]:
+    return tuple(o for o in AtlasPolicy.options if o.name not in names)
 
 
 class AtlasNoMultiConnection(_Ablation):
     name = "atlas-no-multiconn"
     summary = "Atlas's placement with one TCP connection per peer pair (ablation)"
+    options = _options_without("connections", "max_connections")
+    fixed: ClassVar[dict[str, Any]] = {"connections": 1}
 
     def choose(self, topology: Topology, job: Job) -> tuple[Candidate, list[Candidate], str]:
         chosen = replace(self.full_choice(topology, job), multi=False, simulated_s=None)
@@ -325,6 +331,8 @@ class AtlasNoMultiConnection(_Ablation):
 class AtlasNoTemporal(_Ablation):
     name = "atlas-no-temporal"
     summary = "Atlas's placement with fair (TCP) WAN sharing instead of temporal (ablation)"
+    options = _options_without("temporal")
+    fixed: ClassVar[dict[str, Any]] = {"temporal": False}
 
     def choose(self, topology: Topology, job: Job) -> tuple[Candidate, list[Candidate], str]:
         chosen = replace(self.full_choice(topology, job), temporal=False, simulated_s=None)
@@ -334,7 +342,5 @@ class AtlasNoTemporal(_Ablation):
 class AtlasNoSelection(AtlasPolicy):
     name = "atlas-no-selection"
     summary = "Atlas using every DC, largest first, without DC selection (ablation)"
-
-    def __init__(self, **values: str) -> None:
-        super().__init__(**values)
-        self.settings["selection"] = False
+    options = _options_without("selection")
+    fixed: ClassVar[dict[str, Any]] = {"selection": False}

@@ -74,10 +74,14 @@ class _Configurable:
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     options: ClassVar[tuple[Option, ...]] = ()
+    fixed: ClassVar[dict[str, Any]] = {}
+    """Settings a variant pins (an ablation switching a mechanism off): in `settings`,
+    listed by `testbed plugins`, never taken as an option."""
 
     def __init__(self, **values: str) -> None:
         known = {option.name: option for option in self.options}
         self.settings: dict[str, Any] = {o.name: o.default for o in self.options}
+        self.settings.update(self.fixed)
         for key, raw in values.items():
             if key not in known:
                 names = ", ".join(known) or "none"
