@@ -82,10 +82,9 @@ def load_resumption(directory: Path) -> tuple[RunSpec, Progress]:
     if progress.completed >= job.iterations:
         raise InputError(f"the run already finished its {job.iterations} iterations",
                          str(directory))
-    missing = [] if settings["compute"] != "real" else [
-        p for p in [iteration_dir(folder, progress.completed)] if not p.is_dir()]
-    if missing:
-        raise InputError(f"{missing[0]} is missing", str(folder / "state.json"), "completed")
+    saved = iteration_dir(folder, progress.completed)
+    if settings["compute"] == "real" and not saved.is_dir():
+        raise InputError(f"{saved} is missing", str(folder / "state.json"), "completed")
     values = {name: settings[name] for name in _SETTINGS}
     spec = RunSpec("emulate", topology, job, **values)
     progress.resumed_at.append(progress.completed)

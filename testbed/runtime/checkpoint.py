@@ -93,10 +93,9 @@ class Checkpoints:
                start: float) -> None:
         """Name checkpoint `done` in state.json (atomically), then drop the older ones."""
         prior = self.prior
-        offset = prior_elapsed(prior)
         kept = [] if prior is None else list(prior.spans)
-        kept += [{**s, "start": s["start"] - start + offset, "end": s["end"] - start + offset}
-                 for s in spans if int(s.get("iteration", -1)) < done]
+        kept += shifted([s for s in spans if int(s.get("iteration", -1)) < done],
+                        prior_elapsed(prior) - start)
         merged = {**(prior.losses if prior else {}),
                   **{i: v for i, v in losses.items() if i < done}}
         progress = Progress(done, merged, kept, self.owner_pid, self.owner_ticks,
@@ -107,6 +106,31 @@ class Checkpoints:
         for old in self.directory.glob("it*"):
             if old.is_dir() and old.name != iteration_dir(self.directory, done).name:
                 shutil.rmtree(old, ignore_errors=True)
+
+
+    @property
+    def first_iteration(self) -> int:
+        return self.prior.completed if self.prior else 0
+
+    def worker_config(self) -> dict[str, Any]:
+        """What a worker needs: where to write its parts, how often, and where it starts."""
+        return {"checkpoint_dir": str(self.directory), "checkpoint_every": self.every,
+                "first_iteration": self.first_iteration,
+                "restore_dir": str(iteration_dir(self.directory, self.first_iteration))
+                if self.prior else None}
+
+    def carried_over(self, start: float, losses: dict[int, float]
+                     ) -> tuple[float, list[dict[str, Any]], dict[int, float]]:
+        """The whole run's start, the carried-over spans on this run's clock, and all
+        losses, for a run whose own part started at `start`."""
+        if self.prior is None or not start:
+            return start, [], dict(losses)
+        begun = start - prior_elapsed(self.prior)
+        return begun, shifted(self.prior.spans, begun), {**self.prior.losses, **losses}
+
+
+def shifted(spans: list[dict[str, Any]], by: float) -> list[dict[str, Any]]:
+    return [{**s, "start": s["start"] + by, "end": s["end"] + by} for s in spans]
 
 
 def prior_elapsed(prior: Progress | None) -> float:

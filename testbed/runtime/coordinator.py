@@ -31,7 +31,7 @@ from testbed.plan.build import PIPELINE, communicating_pairs
 from testbed.plan.model import Op, Plan, Sharing
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import Request, TrainingPolicy, Transfer
-from testbed.runtime.checkpoint import Checkpoints, iteration_dir, prior_elapsed
+from testbed.runtime.checkpoint import Checkpoints
 from testbed.runtime.decode import DECODE_PORT
 from testbed.runtime.health import (
     CpuSample,
@@ -191,7 +191,8 @@ class Coordinator:
         gpus = self.plan.used_gpus()
         tokens = tokens_per_iteration(self.job, self.plan)
         capacity = wan_capacity_bps(self.topology, self.plan)
-        start, carried, losses = self._carried_over()
+        start, carried, losses = (self.checkpoints.carried_over(self.start, self.losses)
+                                  if self.checkpoints else (self.start, [], self.losses))
         summary = summarize(carried + self.spans, gpus, start, tokens, capacity)
         end = max((s["end"] for s in self.spans), default=self.start) - self.start
         spans = self.spans + event_spans(self.events, self.start, end) if self.start else self.spans
@@ -208,17 +209,6 @@ class Coordinator:
             self.network.shaper.value if self.network else None,
             self._health(),
         )
-
-    def _carried_over(self) -> tuple[float, list[dict[str, Any]], dict[int, float]]:
-        """The run's start, and the spans and losses of the iterations a resumed run
-        carries over: they end where this part of the run starts."""
-        prior = self.checkpoints.prior if self.checkpoints else None
-        if prior is None or not self.start:
-            return self.start, [], dict(self.losses)
-        start = self.start - prior_elapsed(prior)
-        spans = [{**s, "start": start + s["start"], "end": start + s["end"]}
-                 for s in prior.spans]
-        return start, spans, {**prior.losses, **self.losses}
 
     def _health(self) -> Health | None:
         if self._cpu is None:
@@ -427,7 +417,7 @@ class Coordinator:
             "emulated": {"forward_s": cost.forward_s, "backward_s": cost.backward_s, "step_s": 0.0},
             "local_rank": worker.index,
             "save_dir": str(self.save_dir) if self.save_dir else None,
-            **self._checkpoint_config(),
+            **(self.checkpoints.worker_config() if self.checkpoints else {}),
             "allreduce_modeled_s": self._modeled_allreduce(stage, cost.grad_bytes),
             "stretch": self.dilation if self.compute == "real" else 1,
             "intra_dc_bps": self.topology.dc(dc).bandwidth_bps
@@ -437,21 +427,6 @@ class Coordinator:
             "inference_model": dict(self.job.inference.model.__dict__)
             if self.job.inference else None,
         }
-
-    def _checkpoint_config(self) -> dict[str, Any]:
-        ck = self.checkpoints
-        if ck is None:
-            return {}
-        prior = ck.prior
-        return {"checkpoint_dir": str(ck.directory), "checkpoint_every": ck.every,
-                "first_iteration": prior.completed if prior else 0,
-                "restore_dir": str(iteration_dir(ck.directory, prior.completed))
-                if prior else None}
-
-    @property
-    def first_iteration(self) -> int:
-        prior = self.checkpoints.prior if self.checkpoints else None
-        return prior.completed if prior else 0
 
     def _decode_dcs(self) -> tuple[str, ...]:
         named = self.job.inference.decode_dc if self.job.inference else None
@@ -750,7 +725,8 @@ class Coordinator:
             return "no worker (all finished)"
         fewest = min(done.values())
         behind = [w.describe() for w in self.workers if done.get(w.gpu) == fewest]
-        where = f"in iteration {self.first_iteration + fewest + 1}"
+        first = self.checkpoints.first_iteration if self.checkpoints else 0
+        where = f"in iteration {first + fewest + 1}"
         return f"{', '.join(behind[:4])}{' ...' if len(behind) > 4 else ''} ({where})"
 
     def _dead_delay_line(self) -> str | None:
