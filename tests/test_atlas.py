@@ -12,17 +12,21 @@ from hypothesis import strategies as st
 from testbed_plugins.atlas.estimate import connections_to_fill
 from testbed_plugins.atlas.placement import capacity, fill, largest_first, place
 
-from testbed.cli_options import load_inputs
 from testbed.errors import InputError
+from testbed.inputs import load_inputs
 from testbed.plan import validate_plan
 from testbed.plan.describe import wan_crossings
 from testbed.plan.model import Sharing
 from testbed.policy import training_policy
+from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
 
 from .strategies import job_fitting, topologies
 
 ROOT = Path(__file__).resolve().parent.parent
+CACHE: dict[Any, Any] = {}
+"""Shared by every plan here, as one command's plans share it: Atlas's ablations reuse
+its simulations."""
 
 
 @given(topologies(), st.integers(1, 4), st.integers(1, 12), st.sampled_from([1, 2]))
@@ -55,7 +59,7 @@ def test_atlas_plans_keep_dp_inside_dcs_and_cross_the_wan_once_per_dc(
     selection = data.draw(st.sampled_from(["on", "off"]))
     policy = training_policy("atlas", {"selection": selection})
     try:
-        plan = policy.plan(topology, job)
+        plan = plan_with_simulator(policy, topology, job, CACHE)
     except InputError:
         assume(False)
     validate_plan(plan, topology)
@@ -98,7 +102,7 @@ def test_arbiter_never_overlaps_transfers_in_the_simulator() -> None:
     inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml", sets=("dp=4", "pp=3",
                                                                        "iterations=2"))
     policy = training_policy("atlas")
-    plan = policy.plan(inputs.topology, inputs.job)
+    plan = plan_with_simulator(policy, inputs.topology, inputs.job, CACHE)
     assert any(s is Sharing.ARBITRATED for s in plan.sharing.values())
     _, spans = simulate_plan(inputs.topology, inputs.job, plan, policy)
     assert _arbitrated_sends_never_overlap(spans, plan) > 20
@@ -111,7 +115,7 @@ def test_atlas_never_slower_than_gpipe_and_no_ablation_beats_it(name: str) -> No
     for policy_name in ("gpipe", "atlas", "atlas-no-multiconn", "atlas-no-temporal",
                         "atlas-no-selection"):
         policy = training_policy(policy_name)
-        plan = policy.plan(inputs.topology, inputs.job)
+        plan = plan_with_simulator(policy, inputs.topology, inputs.job, CACHE)
         summary, _ = simulate_plan(inputs.topology, inputs.job, plan, policy)
         times[policy_name] = summary.median_s
     assert times["atlas"] <= times["gpipe"] * (1 + 1e-9), times
@@ -122,7 +126,7 @@ def test_atlas_never_slower_than_gpipe_and_no_ablation_beats_it(name: str) -> No
 def test_infeasible_jobs_say_what_is_missing() -> None:
     inputs = load_inputs(ROOT / "topologies" / "two-dc.yaml", sets=("dp=3", "pp=2"))
     with pytest.raises(InputError, match="no placement fits"):
-        training_policy("atlas").plan(inputs.topology, inputs.job)
+        plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job, CACHE)
 
 
 def test_selection_leaves_out_a_far_dc_that_would_slow_the_job() -> None:
@@ -135,8 +139,28 @@ def test_selection_leaves_out_a_far_dc_that_would_slow_the_job() -> None:
                         "bandwidth": "100Mbit"})
     topology = parse_topology(data, "far.yaml")
     job = load_inputs(ROOT / "topologies" / "paper-3dc.yaml").job
-    plan = training_policy("atlas").plan(topology, job)
+    plan = plan_with_simulator(training_policy("atlas"), topology, job, CACHE)
     used = {topology.dc_of(g) for g in plan.used_gpus()}
     assert "far" not in used and len(used) >= 2
     chosen = plan.notes["dc_selection"]["chosen"]
     assert "far" not in chosen["dcs"]
+
+
+def test_ablations_reuse_atlas_simulations_from_a_shared_cache(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import testbed.sim.planning as planning
+
+    inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml")
+    with planning.shared_cache() as cache:
+        full = plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job)
+        assert cache, "atlas keeps its simulations in the command's cache"
+
+        def no_simulation(*_args: Any, **_kwargs: Any) -> Any:
+            raise AssertionError("simulated again")
+
+        monkeypatch.setattr(planning, "simulate_plan", no_simulation)
+        ablation = plan_with_simulator(training_policy("atlas-no-temporal"), inputs.topology,
+                                       inputs.job)
+    assert ablation.placement == full.placement
+    assert planning.planning_context(inputs.topology, inputs.job,
+                                     training_policy("atlas")).cache == {}

@@ -10,6 +10,7 @@ from testbed.errors import InputError
 from testbed.plan import Op, validate_plan
 from testbed.plan.describe import allreduce_spans_wan, wan_crossings
 from testbed.policy import training_policy
+from testbed.policy.api import PlanningContext
 from testbed.topology import Topology
 
 from .strategies import job_fitting, topologies
@@ -19,7 +20,7 @@ BASELINES = ["gpipe", "1f1b", "dp-across-dc"]
 
 def _plan_or_infeasible(policy: str, topology: Topology, job: Any) -> Any:
     try:
-        return training_policy(policy).plan(topology, job)
+        return training_policy(policy).plan(topology, job, PlanningContext())
     except InputError as exc:
         # only a job that does not fit may be refused, and it says why
         assert "GPUs" in str(exc) or "multiple" in str(exc) or "fits" in str(exc)

@@ -8,10 +8,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from testbed.errors import InputError, PlanError
-from testbed.job import parse_job
+from testbed.job_file import parse_job
 from testbed.plan import Action, Op, parse_plan_csv, plan_grid, plan_to_csv, validate_plan
 from testbed.plan.schedules import gpipe_compute, one_f_one_b_compute
 from testbed.policy import training_policy
+from testbed.policy.api import PlanningContext
 from testbed.topology import parse_topology
 
 TWO_DC = parse_topology(
@@ -25,7 +26,7 @@ JOB = parse_job({"model": "tiny", "microbatches": 4})
 
 
 def _plan(policy: str = "gpipe") -> Any:
-    return training_policy(policy).plan(TWO_DC, JOB)
+    return training_policy(policy).plan(TWO_DC, JOB, PlanningContext())
 
 
 @pytest.mark.parametrize(

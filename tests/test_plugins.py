@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint
 from pathlib import Path
+from typing import Any
 
-TWO_DC = Path(__file__).parent.parent / "topologies" / "two-dc.yaml"
+import pytest
+
+from testbed.errors import PluginError
+from testbed.policy import api, registry
+from testbed.policy.api import API_VERSION, Job, Plan, PlanningContext, Topology, TrainingPolicy
+from testbed.policy.registry import TRAINING_GROUP, discover, training_policy
+
+ROOT = Path(__file__).parent.parent
+TWO_DC = ROOT / "topologies" / "two-dc.yaml"
 
 
 def _testbed(args: list[str], extra_path: Path | None) -> subprocess.CompletedProcess[str]:
@@ -93,3 +105,77 @@ def test_an_ablation_lists_what_it_pins_and_refuses_it_as_an_option() -> None:
     refused = _testbed(["plan", str(TWO_DC), "-p", "atlas-no-temporal", "-o", "temporal=on"],
                        None)
     assert refused.returncode == 2 and "unknown option 'temporal'" in refused.stderr
+
+
+class Outdated(TrainingPolicy):
+    """A plugin written for another version of the policy API."""
+
+    name = "outdated"
+    api_version = API_VERSION + 1
+
+    def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
+        raise AssertionError("never asked")
+
+
+@dataclass
+class _Dist:
+    name: str
+
+
+@dataclass
+class _Unloadable:
+    """Entry-point metadata whose code must not be imported."""
+
+    name: str
+    value: str
+    dist: _Dist
+
+    def load(self) -> Any:
+        raise AssertionError(f"{self.name} from {self.dist.name} was imported")
+
+
+def _registered(monkeypatch: pytest.MonkeyPatch, *entries: Any) -> None:
+    monkeypatch.setattr(registry, "entry_points",
+                        lambda group: list(entries) if group == TRAINING_GROUP else [])
+
+
+def test_a_plugin_for_another_api_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    _registered(monkeypatch, EntryPoint("outdated", f"{__name__}:Outdated", TRAINING_GROUP))
+    expected = (f"written for policy API version {API_VERSION + 1}, this testbed supports "
+                f"version {API_VERSION}")
+    assert discover(TRAINING_GROUP)["outdated"].error == expected
+    with pytest.raises(PluginError) as refused:
+        training_policy("outdated")
+    assert str(refused.value) == f"training policy 'outdated' from unknown is broken: {expected}"
+
+
+def test_a_name_two_distributions_claim_is_refused_without_importing_either(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _registered(monkeypatch, _Unloadable("twice", "a:A", _Dist("first")),
+                _Unloadable("twice", "b:B", _Dist("second")))
+    assert discover(TRAINING_GROUP)["twice"].error == "registered by both first and second"
+    with pytest.raises(PluginError, match="registered by both first and second"):
+        training_policy("twice")
+
+
+def test_choosing_a_policy_imports_no_other_plugin() -> None:
+    script = (
+        "import sys\n"
+        "from testbed.cli import main\n"
+        f"main(['plan', {str(TWO_DC)!r}, '-p', 'gpipe'])\n"
+        "print(sorted(m for m in sys.modules if m.startswith('testbed_plugins')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    loaded = ast.literal_eval(result.stdout.splitlines()[-1])
+    assert "testbed_plugins.baselines.pipeline" in loaded
+    assert not [m for m in loaded if m.startswith(("testbed_plugins.atlas",
+                                                   "testbed_plugins.bubbletea"))], loaded
+
+
+def test_the_api_exports_what_it_lists() -> None:
+    assert isinstance(api.API_VERSION, int)
+    assert all(hasattr(api, name) for name in api.__all__)
+    assert {"build_plan", "Schedule", "LinkKind", "PlanningContext", "TrainingPolicy",
+            "BubblePolicy", "Plan", "Topology", "Job", "InputError"} <= set(api.__all__)

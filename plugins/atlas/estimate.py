@@ -6,11 +6,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from testbed.compute import StageCost, ring_allreduce_s, stage_cost
-from testbed.job import Job
-from testbed.plan.model import split_layers
-from testbed.sim.network import PAYLOAD_EFFICIENCY, WINDOW_EFFICIENCY
-from testbed.topology.model import Topology
+from testbed.policy.api import (
+    PAYLOAD_EFFICIENCY,
+    WINDOW_EFFICIENCY,
+    Job,
+    StageCost,
+    Topology,
+    ring_allreduce_s,
+    split_layers,
+    stage_cost,
+)
 
 MAX_CONNECTIONS = 16
 FILL_MARGIN = 1.5

@@ -6,9 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from testbed.errors import InputError
-from testbed.plan.model import Worker
-from testbed.topology.model import Topology
+from testbed.policy.api import InputError, Topology, Worker
 
 
 @dataclass(frozen=True)

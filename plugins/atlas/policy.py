@@ -9,12 +9,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from testbed.errors import InputError, TestbedError
-from testbed.job import Job
-from testbed.plan.build import PIPELINE, assemble, fits_memory
-from testbed.plan.model import Action, Op, Plan, Sharing
-from testbed.policy.base import Option, TrainingPolicy, Transfer
-from testbed.topology.model import Topology
+from testbed.policy.api import (
+    Action,
+    InputError,
+    Job,
+    LinkKind,
+    Op,
+    Option,
+    Plan,
+    PlanningContext,
+    Schedule,
+    Sharing,
+    Topology,
+    TrainingPolicy,
+    Transfer,
+    build_plan,
+    fits_memory,
+)
 
 from .estimate import connections_to_fill, estimate, lower_bound
 from .placement import Chain, capacity, fill, largest_first, place
@@ -22,11 +33,9 @@ from .placement import Chain, capacity, fill, largest_first, place
 ORDERS = ("pipeline", "microbatch", "fifo")
 SHORTLIST = 8
 LARGE = 256
+"""GPUs above which candidates are simulated for one iteration only."""
 PROBE_ITERATIONS = 3
 """Enough for the staggered rhythm of temporal sharing to settle after the first."""
-"""GPUs above which candidates are simulated for one iteration only."""
-_SIMULATED: dict[tuple[str, ...], float | None] = {}
-"""Simulated iteration times by candidate: ablations re-run Atlas's own selection."""
 
 
 def _positive_int(text: str) -> int:
@@ -65,7 +74,7 @@ class Candidate:
 
     @property
     def schedule(self) -> str:
-        return f"1f1b+{self.extra_warmup}" if self.extra_warmup else "1f1b"
+        return Schedule.ONE_F_ONE_B.label(self.extra_warmup)
 
     @property
     def tokens_per_s(self) -> float:
@@ -100,8 +109,8 @@ class AtlasPolicy(TrainingPolicy):
 
     # --- the plan ----------------------------------------------------------------------
 
-    def plan(self, topology: Topology, job: Job) -> Plan:
-        chosen, considered, why = self.choose(topology, job)
+    def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
+        chosen, considered, why = self.choose(topology, job, context)
         plan = self._assemble(topology, job, chosen)
         notes = dict(plan.notes)
         notes["dc_selection"] = {"chosen": chosen.describe(), "why": why,
@@ -110,7 +119,8 @@ class AtlasPolicy(TrainingPolicy):
         notes["lower_bound_s"] = float(f"{bound:.4g}")  # four significant digits at any scale
         return replace(plan, notes=notes)
 
-    def choose(self, topology: Topology, job: Job) -> tuple[Candidate, list[Candidate], str]:
+    def choose(self, topology: Topology, job: Job, context: PlanningContext
+               ) -> tuple[Candidate, list[Candidate], str]:
         """The placement, warm-up depth and mechanisms to run, what else was considered,
         and why this one won."""
         candidates = self._candidates(topology, job)
@@ -134,7 +144,8 @@ class AtlasPolicy(TrainingPolicy):
         # and the best over every DC, so selection never loses to using them all
         shortlist += [c for c in placements if len(c.dcs) == every_dc
                       and c not in shortlist][:SHORTLIST]
-        simulated = [c for c in (self._simulate(topology, job, c) for c in shortlist) if c]
+        simulated = [c for c in (self._simulate(topology, job, c, context) for c in shortlist)
+                     if c]
         if not simulated:
             return pool[0], pool[:8], "closed-form estimate (the simulation failed)"
         leaders = [max(simulated, key=lambda c: c.tokens_per_s)]
@@ -150,7 +161,8 @@ class AtlasPolicy(TrainingPolicy):
                 variants.append(replace(leader, temporal=False, simulated_s=None))
             if self.multi_connection and not self.settings["connections"]:
                 variants.append(replace(leader, multi=False, simulated_s=None))
-        simulated += [c for c in (self._simulate(topology, job, v) for v in variants) if c]
+        simulated += [c for c in (self._simulate(topology, job, v, context) for v in variants)
+                      if c]
         simulated.sort(key=lambda c: -c.tokens_per_s)
         why = ("highest simulated throughput among the closed form's best placements, then "
                "their warm-up depths and mechanisms")
@@ -171,10 +183,11 @@ class AtlasPolicy(TrainingPolicy):
         placement = place(topology, candidate.chain, candidate.dp, job.tp)
         sharing = Sharing.ARBITRATED if candidate.temporal else Sharing.FAIR
         cells = (tuple(range(candidate.dp)),) if candidate.temporal else ()
-        return assemble(
-            self.name, candidate.schedule, topology, job, placement, candidate.dp, candidate.pp,
+        return build_plan(
+            self.name, topology, job, placement, Schedule.ONE_F_ONE_B,
+            extra_warmup=candidate.extra_warmup,
             connections=lambda a, b, kind: self._connections(topology, a, b, candidate.multi)
-            if kind == PIPELINE else 1,
+            if kind is LinkKind.PIPELINE else 1,
             sharing=sharing, dp_cells=cells)
 
     def _candidates(self, topology: Topology, job: Job) -> list[Candidate]:
@@ -200,9 +213,8 @@ class AtlasPolicy(TrainingPolicy):
                         conns = int(self.settings["connections"])
                     tokens = dp * m * job.microbatch_size * job.model.seq_len
                     for extra in sorted({0, 2, 4, 8, 16, m}):
-                        schedule = f"1f1b+{extra}" if extra else "1f1b"
-                        if extra > m or not fits_memory(topology, job, placement, pp, m,
-                                                         schedule):
+                        if extra > m or not fits_memory(topology, job, placement,
+                                                         Schedule.ONE_F_ONE_B, extra):
                             continue
                         predicted = estimate(topology, job, chain.stage_dcs(), dp, job.tp,
                                              conns, extra).iteration_s
@@ -245,23 +257,19 @@ class AtlasPolicy(TrainingPolicy):
                 best = (latency, chain)
         return best[1] if best else None
 
-    def _simulate(self, topology: Topology, job: Job, candidate: Candidate) -> Candidate | None:
+    def _simulate(self, topology: Topology, job: Job, candidate: Candidate,
+                  context: PlanningContext) -> Candidate | None:
         """The candidate with its simulated iteration time (a warm-up and two measured
-        iterations, or one on large topologies), or None if it cannot run."""
-        from testbed.sim.simulate import simulate_plan
-
+        iterations, or one on large topologies), or None if it cannot run. Kept in the
+        context's cache: ablations re-run Atlas's own selection."""
         probe = replace(job, iterations=min(job.iterations, PROBE_ITERATIONS)
                         if topology.total_gpus <= LARGE else 1)
-        key = (repr(topology), repr(probe), repr(replace(candidate, predicted_s=0.0)),
+        key = ("atlas", repr(topology), repr(probe), repr(replace(candidate, predicted_s=0.0)),
                repr(sorted(self.settings.items())))
-        if key not in _SIMULATED:
+        if key not in context.cache:
             plan = self._assemble(topology, probe, candidate)
-            try:
-                summary, _ = simulate_plan(topology, probe, plan, self)
-                _SIMULATED[key] = summary.median_s
-            except TestbedError:
-                _SIMULATED[key] = None
-        seconds = _SIMULATED[key]
+            context.cache[key] = context.simulate(plan, probe)
+        seconds: float | None = context.cache[key]
         return None if seconds is None else replace(candidate, simulated_s=seconds)
 
     # --- temporal sharing ---------------------------------------------------------------
@@ -306,10 +314,10 @@ class _Ablation(AtlasPolicy):
     """Full Atlas's choice of placement, with one mechanism switched off: so the table
     shows that mechanism's effect alone."""
 
-    def full_choice(self, topology: Topology, job: Job) -> Candidate:
+    def full_choice(self, topology: Topology, job: Job, context: PlanningContext) -> Candidate:
         full = AtlasPolicy()
         full.settings.update({k: v for k, v in self.settings.items() if k not in self.fixed})
-        chosen, _, _ = full.choose(topology, job)
+        chosen, _, _ = full.choose(topology, job, context)
         return chosen
 
 
@@ -323,8 +331,9 @@ class AtlasNoMultiConnection(_Ablation):
     options = _options_without("connections", "max_connections")
     fixed: ClassVar[dict[str, Any]] = {"connections": 1}
 
-    def choose(self, topology: Topology, job: Job) -> tuple[Candidate, list[Candidate], str]:
-        chosen = replace(self.full_choice(topology, job), multi=False, simulated_s=None)
+    def choose(self, topology: Topology, job: Job, context: PlanningContext
+               ) -> tuple[Candidate, list[Candidate], str]:
+        chosen = replace(self.full_choice(topology, job, context), multi=False, simulated_s=None)
         return chosen, [chosen], "atlas's placement, one connection per peer pair"
 
 
@@ -334,8 +343,9 @@ class AtlasNoTemporal(_Ablation):
     options = _options_without("temporal")
     fixed: ClassVar[dict[str, Any]] = {"temporal": False}
 
-    def choose(self, topology: Topology, job: Job) -> tuple[Candidate, list[Candidate], str]:
-        chosen = replace(self.full_choice(topology, job), temporal=False, simulated_s=None)
+    def choose(self, topology: Topology, job: Job, context: PlanningContext
+               ) -> tuple[Candidate, list[Candidate], str]:
+        chosen = replace(self.full_choice(topology, job, context), temporal=False, simulated_s=None)
         return chosen, [chosen], "atlas's placement, fair WAN sharing"
 
 

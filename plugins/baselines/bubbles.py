@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from testbed.policy.base import Bubble, BubblePolicy, Request
+from testbed.policy.api import Bubble, BubblePolicy, Request
 
 
 class NoFilling(BubblePolicy):

@@ -3,19 +3,24 @@ over the WAN. The usual way to span DCs, and the one the WAN hurts most."""
 
 from __future__ import annotations
 
-from testbed.errors import InputError
-from testbed.job import Job
-from testbed.plan.build import assemble
-from testbed.plan.model import Plan, Sharing, Worker
-from testbed.policy.base import TrainingPolicy
-from testbed.topology.model import Topology
+from testbed.policy.api import (
+    InputError,
+    Job,
+    Plan,
+    PlanningContext,
+    Schedule,
+    Topology,
+    TrainingPolicy,
+    Worker,
+    build_plan,
+)
 
 
 class DpAcrossDcPolicy(TrainingPolicy):
     name = "dp-across-dc"
     summary = "1F1B pipelines kept inside each DC, gradient all-reduce across DCs over the WAN"
 
-    def plan(self, topology: Topology, job: Job) -> Plan:
+    def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
         tp = job.tp
         smallest = min(dc.gpus for dc in topology.datacenters) // tp
         pp = job.pp if job.pp is not None else max(1, min(smallest, job.model.layers))
@@ -43,14 +48,5 @@ class DpAcrossDcPolicy(TrainingPolicy):
                 topology.source,
                 "job.dp",
             )
-        return assemble(
-            self.name,
-            "1f1b",
-            topology,
-            job,
-            placement,
-            replica,
-            pp,
-            connections=lambda a, b, kind: 1,
-            sharing=Sharing.FAIR,
-        )
+        # the placement holds `replica` whole pipelines: that is the plan's dp
+        return build_plan(self.name, topology, job, placement, Schedule.ONE_F_ONE_B)

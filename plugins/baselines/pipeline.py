@@ -5,18 +5,24 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from testbed.errors import InputError
-from testbed.job import Job
-from testbed.plan.build import assemble, default_pp, file_order_placement
-from testbed.plan.model import Plan, Sharing
-from testbed.policy.base import TrainingPolicy
-from testbed.topology.model import Topology
+from testbed.policy.api import (
+    InputError,
+    Job,
+    Plan,
+    PlanningContext,
+    Schedule,
+    Topology,
+    TrainingPolicy,
+    build_plan,
+    default_pp,
+    file_order_placement,
+)
 
 
 class _FileOrderPipeline(TrainingPolicy):
-    schedule: ClassVar[str]
+    schedule: ClassVar[Schedule]
 
-    def plan(self, topology: Topology, job: Job) -> Plan:
+    def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
         pp = default_pp(topology, job)
         dp = job.dp if job.dp is not None else topology.total_gpus // (pp * job.tp)
         if dp < 1:
@@ -27,26 +33,16 @@ class _FileOrderPipeline(TrainingPolicy):
                 "job.pp",
             )
         placement = file_order_placement(topology, dp, pp, job.tp)
-        return assemble(
-            self.name,
-            self.schedule,
-            topology,
-            job,
-            placement,
-            dp,
-            pp,
-            connections=lambda a, b, kind: 1,
-            sharing=Sharing.FAIR,
-        )
+        return build_plan(self.name, topology, job, placement, self.schedule)
 
 
 class GPipePolicy(_FileOrderPipeline):
     name = "gpipe"
     summary = "GPipe schedule, stages over DCs in file order, 1 TCP connection, fair sharing"
-    schedule = "gpipe"
+    schedule = Schedule.GPIPE
 
 
 class OneFOneBPolicy(_FileOrderPipeline):
     name = "1f1b"
     summary = "1F1B schedule, stages over DCs in file order, 1 TCP connection, fair sharing"
-    schedule = "1f1b"
+    schedule = Schedule.ONE_F_ONE_B

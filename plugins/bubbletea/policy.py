@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from testbed.policy.base import Bubble, BubblePolicy, Option, Request
+from testbed.policy.api import Bubble, BubblePolicy, Option, Request
 
 
 def _fraction(text: str) -> float:

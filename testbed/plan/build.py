@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from enum import StrEnum
 from typing import Any
 
 from testbed.compute import in_flight, stage_memory_bytes
@@ -12,28 +13,60 @@ from testbed.plan.model import Action, Plan, Sharing, Worker, pair_key, split_la
 from testbed.plan.schedules import stage_actions
 from testbed.topology.model import Topology
 
-PIPELINE = "pipeline"
-ALLREDUCE = "allreduce"
-TENSOR = "tensor"
+
+class LinkKind(StrEnum):
+    """What flows between two communicating GPUs: a policy may connect each kind its way."""
+
+    PIPELINE = "pipeline"
+    """Activations and gradients between consecutive stages."""
+    ALLREDUCE = "allreduce"
+    """Gradients between replicas of a stage."""
+    TENSOR = "tensor"
+    """Between the GPUs of one tensor-parallel group."""
+
+
+PIPELINE = LinkKind.PIPELINE
+ALLREDUCE = LinkKind.ALLREDUCE
+TENSOR = LinkKind.TENSOR
+
+
+class Schedule(StrEnum):
+    """The pipeline schedules plans can run."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+
+    def label(self, extra_warmup: int = 0) -> str:
+        """The text form plans, the compute model and notes use: `gpipe`, `1f1b`, `1f1b+K`
+        (1F1B with K more warm-up forwards, to cover long round trips)."""
+        if extra_warmup < 0:
+            raise ValueError(f"extra_warmup must not be negative, got {extra_warmup}")
+        if extra_warmup and self is not Schedule.ONE_F_ONE_B:
+            raise ValueError(f"extra warm-up applies to 1F1B only, not {self.value}")
+        return f"{self.value}+{extra_warmup}" if extra_warmup else self.value
+
+
+Connections = int | Callable[[str, str, LinkKind], int]
+"""TCP connections per communicating GPU pair: one number for all, or asked per pair."""
 
 
 def communicating_pairs(
     placement: Mapping[Worker, tuple[str, ...]], dp: int, pp: int, tp: int
-) -> list[tuple[str, str, str]]:
+) -> list[tuple[str, str, LinkKind]]:
     """(gpu, gpu, kind) for every pair that exchanges tensors; kind says what flows."""
-    pairs: list[tuple[str, str, str]] = []
+    pairs: list[tuple[str, str, LinkKind]] = []
     for replica in range(dp):
         for stage in range(pp):
             gpus = placement[(replica, stage)]
             if stage + 1 < pp:
                 nxt = placement[(replica, stage + 1)]
-                pairs += [(gpus[t], nxt[t], PIPELINE) for t in range(tp)]
+                pairs += [(gpus[t], nxt[t], LinkKind.PIPELINE) for t in range(tp)]
             if dp > 1 and (dp > 2 or replica == 0):
                 peer = placement[((replica + 1) % dp, stage)]
-                pairs += [(gpus[t], peer[t], ALLREDUCE) for t in range(tp)]
+                pairs += [(gpus[t], peer[t], LinkKind.ALLREDUCE) for t in range(tp)]
             for i in range(tp):
                 for j in range(i + 1, tp):
-                    pairs.append((gpus[i], gpus[j], TENSOR))
+                    pairs.append((gpus[i], gpus[j], LinkKind.TENSOR))
     return pairs
 
 
@@ -57,14 +90,30 @@ def file_order_placement(
     return placement
 
 
+def placement_shape(placement: Mapping[Worker, tuple[str, ...]]) -> tuple[int, int]:
+    """(dp, pp) of a placement; it must name every (replica, stage) of that grid."""
+    if not placement:
+        raise ValueError("the placement is empty")
+    dp = 1 + max(replica for replica, _ in placement)
+    pp = 1 + max(stage for _, stage in placement)
+    missing = [(r, s) for r in range(dp) for s in range(pp) if (r, s) not in placement]
+    if missing or len(placement) != dp * pp:
+        raise ValueError(f"the placement does not cover dp {dp} x pp {pp}: "
+                         f"(replica, stage) {missing[:3]} missing or keys out of range")
+    return dp, pp
+
+
 def check_memory(topology: Topology, job: Job, placement: Mapping[Worker, tuple[str, ...]],
-                 pp: int, microbatches: int, schedule: str) -> None:
+                 schedule: Schedule, extra_warmup: int = 0) -> None:
     """Refuse a plan whose stage does not fit in its GPUs' memory, naming where."""
+    dp, pp = placement_shape(placement)
+    microbatches = job.microbatches_for(dp)
+    label = schedule.label(extra_warmup)
     layers = split_layers(job.model.layers, pp)
     for (_replica, stage), gpus in sorted(placement.items()):
         gpu = topology.gpu(gpus[0]).type
         need = stage_memory_bytes(job, layers[stage], stage == 0, stage == pp - 1, job.tp,
-                                  in_flight(schedule, stage, pp, microbatches))
+                                  in_flight(label, stage, pp, microbatches))
         if need > gpu.memory_bytes:
             raise InputError(
                 f"stage {stage} ({layers[stage]} layers, tp {job.tp}) needs "
@@ -74,9 +123,10 @@ def check_memory(topology: Topology, job: Job, placement: Mapping[Worker, tuple[
 
 
 def fits_memory(topology: Topology, job: Job, placement: Mapping[Worker, tuple[str, ...]],
-                pp: int, microbatches: int, schedule: str) -> bool:
+                schedule: Schedule, extra_warmup: int = 0) -> bool:
+    """Whether every stage fits its GPUs' memory under this schedule (see check_memory)."""
     try:
-        check_memory(topology, job, placement, pp, microbatches, schedule)
+        check_memory(topology, job, placement, schedule, extra_warmup)
     except InputError:
         return False
     return True
@@ -87,34 +137,40 @@ def default_pp(topology: Topology, job: Job) -> int:
     return job.pp if job.pp is not None else min(len(topology.datacenters), job.model.layers)
 
 
-def assemble(
+def build_plan(
     policy: str,
-    schedule: str,
     topology: Topology,
     job: Job,
     placement: Mapping[Worker, tuple[str, ...]],
-    dp: int,
-    pp: int,
-    connections: Callable[[str, str, str], int],
-    sharing: Sharing,
+    schedule: Schedule,
+    *,
+    extra_warmup: int = 0,
+    connections: Connections = 1,
+    sharing: Sharing = Sharing.FAIR,
     dp_cells: tuple[tuple[int, ...], ...] = (),
     notes: Mapping[str, Any] | None = None,
 ) -> Plan:
-    """A Plan from a placement: schedule actions, connection counts, link sharing."""
+    """A Plan named after `policy` from a placement (which fixes dp and pp): every GPU's
+    actions under the schedule, connection counts, and how pipeline traffic shares each
+    WAN direction (gradient all-reduces always share fairly). Refuses what does not fit
+    in memory."""
+    dp, pp = placement_shape(placement)
+    label = schedule.label(extra_warmup)
     microbatches = job.microbatches_for(dp)
-    check_memory(topology, job, placement, pp, microbatches, schedule)
+    check_memory(topology, job, placement, schedule, extra_warmup)
+    count = connections if callable(connections) else _every_pair(connections)
     actions: dict[str, tuple[Action, ...]] = {}
     for (_, stage), gpus in placement.items():
-        lst = tuple(stage_actions(schedule, stage, pp, microbatches, dp))
+        lst = tuple(stage_actions(label, stage, pp, microbatches, dp))
         for gpu in gpus:
             actions[gpu] = lst
     conns: dict[tuple[str, str], int] = {}
     shared: dict[tuple[str, str], Sharing] = {}
     for a, b, kind in communicating_pairs(placement, dp, pp, job.tp):
-        conns[pair_key(a, b)] = connections(a, b, kind)
+        conns[pair_key(a, b)] = count(a, b, kind)
         dc_a, dc_b = topology.dc_of(a), topology.dc_of(b)
         if dc_a != dc_b:
-            link_sharing = sharing if kind == PIPELINE else Sharing.FAIR
+            link_sharing = sharing if kind is LinkKind.PIPELINE else Sharing.FAIR
             for direction in ((dc_a, dc_b), (dc_b, dc_a)):
                 if shared.get(direction) is not Sharing.ARBITRATED:
                     shared[direction] = link_sharing
@@ -133,3 +189,7 @@ def assemble(
         dp_cells=dp_cells,
         notes=dict(notes or {}),
     )
+
+
+def _every_pair(n: int) -> Callable[[str, str, LinkKind], int]:
+    return lambda _a, _b, _kind: n

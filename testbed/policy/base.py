@@ -1,7 +1,8 @@
 """What a policy plugin implements. Policies are pure: no sockets, no awaits, no namespaces.
 
-Both backends call the same hooks: `plan` once, `next_transfer` whenever an arbitrated WAN
-link direction falls free, `admit` whenever a GPU enters a predicted bubble.
+Both backends call the same hooks: `plan` once (with a PlanningContext), `next_transfer`
+whenever an arbitrated WAN link direction falls free, `admit` whenever a GPU enters a
+predicted bubble. Plugins import all of this from `testbed.policy.api`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from typing import Any, ClassVar
 from testbed.errors import InputError
 from testbed.job import Job
 from testbed.plan.model import Op, Plan
+from testbed.policy.context import PlanningContext
 from testbed.topology.model import Topology
+
+API_VERSION = 1
+"""The version of the policy interface (hooks, their arguments, `testbed.policy.api`).
+It changes only when a plugin written for the previous one would break; the registry
+refuses a plugin declaring another."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,8 @@ class Bubble:
 
 
 class _Configurable:
+    api_version: ClassVar[int] = API_VERSION
+    """The policy API version this plugin is written for."""
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     options: ClassVar[tuple[Option, ...]] = ()
@@ -100,8 +109,9 @@ class TrainingPolicy(_Configurable, ABC):
     """Decides placement, schedule, connections and WAN sharing for a training job."""
 
     @abstractmethod
-    def plan(self, topology: Topology, job: Job) -> Plan:
-        """A Plan for this topology and job; raise InputError if the job cannot fit."""
+    def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
+        """A Plan for this topology and job; raise InputError if the job cannot fit.
+        `context` can simulate candidate plans and holds a cache shared across plans."""
 
     def next_transfer(
         self, plan: Plan, link: tuple[str, str], waiting: Sequence[Transfer]

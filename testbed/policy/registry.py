@@ -1,7 +1,9 @@
 """Finding policy plugins through entry points; built-ins register the same way.
 
-A plugin that fails to import is kept as an entry with its error, so that listing and
-every other policy keep working; only choosing it fails.
+Choosing a policy imports only the plugin that provides it, so one plugin's import cost or
+breakage never reaches a command that uses another. A plugin that fails to import, or is
+written for another policy API version, is kept as an entry with its error, so that
+listing and every other policy keep working; only choosing it fails.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from testbed.errors import InputError, PluginError, TestbedError
 from testbed.job import Job
 from testbed.plan.model import Plan
 from testbed.plan.validate import validate_plan
-from testbed.policy.base import BubblePolicy, TrainingPolicy
+from testbed.policy.base import API_VERSION, BubblePolicy, TrainingPolicy
+from testbed.policy.context import PlanningContext
 from testbed.topology.model import Topology
 
 TRAINING_GROUP = "testbed.policies"
@@ -38,58 +41,56 @@ class PluginInfo:
 
 def discover(group: str) -> dict[str, PluginInfo]:
     """Every plugin registered under `group`, by name, loaded or with its load error."""
-    found: dict[str, PluginInfo] = {}
+    by_name: dict[str, list[EntryPoint]] = {}
     for entry in sorted(entry_points(group=group), key=lambda e: e.name):
-        info = _load(entry, group)
-        if entry.name in found and found[entry.name].distribution != info.distribution:
-            other = found[entry.name]
-            found[entry.name] = PluginInfo(
-                entry.name,
-                group,
-                info.target,
-                f"{other.distribution}, {info.distribution}",
-                error=f"registered by both {other.distribution} and {info.distribution}",
-            )
-            continue
-        found[entry.name] = info
-    return found
+        by_name.setdefault(entry.name, []).append(entry)
+    return {name: _resolve(name, group, entries) for name, entries in by_name.items()}
+
+
+def _distribution(entry: EntryPoint) -> str:
+    return entry.dist.name if entry.dist is not None else "unknown"
+
+
+def _resolve(name: str, group: str, entries: list[EntryPoint]) -> PluginInfo:
+    """One name's plugin; two distributions claiming the name is an error found from the
+    metadata alone, without importing either."""
+    dists = list(dict.fromkeys(_distribution(e) for e in entries))
+    if len(dists) > 1:
+        return PluginInfo(name, group, entries[-1].value, ", ".join(dists),
+                          error=f"registered by both {' and '.join(dists)}")
+    return _load(entries[-1], group)
 
 
 def _load(entry: EntryPoint, group: str) -> PluginInfo:
-    dist = entry.dist.name if entry.dist is not None else "unknown"
+    dist = _distribution(entry)
+
+    def broken(error: str) -> PluginInfo:
+        return PluginInfo(entry.name, group, entry.value, dist, error=error)
+
     try:
         obj = entry.load()
     except Exception as exc:  # a broken plugin must not break the CLI
-        return PluginInfo(
-            entry.name, group, entry.value, dist, error=f"{type(exc).__name__}: {exc}"
-        )
+        return broken(f"{type(exc).__name__}: {exc}")
     base = _BASES[group]
     if not (isinstance(obj, type) and issubclass(obj, base)):
-        return PluginInfo(
-            entry.name,
-            group,
-            entry.value,
-            dist,
-            error=f"{entry.value} is not a subclass of {base.__name__}",
-        )
+        return broken(f"{entry.value} is not a subclass of {base.__name__}")
     registered_as = getattr(obj, "name", None)
     if registered_as != entry.name:
-        return PluginInfo(
-            entry.name,
-            group,
-            entry.value,
-            dist,
-            error=f"{entry.value}.name is {registered_as!r}, registered as {entry.name!r}",
-        )
+        return broken(f"{entry.value}.name is {registered_as!r}, registered as {entry.name!r}")
+    version = getattr(obj, "api_version", None)
+    if version != API_VERSION:
+        return broken(f"written for policy API version {version}, this testbed supports "
+                      f"version {API_VERSION}")
     return PluginInfo(entry.name, group, entry.value, dist, cls=obj)
 
 
 def _pick(group: str, name: str, what: str) -> type[Any]:
-    plugins = discover(group)
-    info = plugins.get(name)
-    if info is None:
-        usable = ", ".join(n for n, p in plugins.items() if p.ok) or "none"
-        raise InputError(f"unknown {what} {name!r} (installed: {usable}; see `testbed plugins`)")
+    registered = sorted(entry_points(group=group), key=lambda e: e.name)
+    entries = [e for e in registered if e.name == name]
+    if not entries:
+        names = ", ".join(dict.fromkeys(e.name for e in registered)) or "none"
+        raise InputError(f"unknown {what} {name!r} (installed: {names}; see `testbed plugins`)")
+    info = _resolve(name, group, entries)
     if info.cls is None:
         raise PluginError(f"{what} {name!r} from {info.distribution} is broken: {info.error}")
     return info.cls
@@ -117,10 +118,12 @@ def _construct(cls: type[Any], name: str, options: dict[str, str]) -> Any:
     return instance
 
 
-def make_plan(policy: TrainingPolicy, topology: Topology, job: Job) -> Plan:
-    """Ask a policy for its plan and dry-run it; a policy's crash is reported by its name."""
+def make_plan(policy: TrainingPolicy, topology: Topology, job: Job,
+              context: PlanningContext) -> Plan:
+    """Ask a policy for its plan and dry-run it; a policy's crash is reported by its name.
+    Callers normally go through testbed.sim.planning, which supplies the simulator."""
     try:
-        plan = policy.plan(topology, job)
+        plan = policy.plan(topology, job, context)
     except TestbedError:
         raise
     except Exception as exc:

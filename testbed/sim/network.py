@@ -22,14 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from testbed.pacing import PACING_RATIO
+from testbed.tcp_model import MSS as MSS
+from testbed.tcp_model import PAYLOAD_EFFICIENCY as PAYLOAD_EFFICIENCY
+from testbed.tcp_model import WINDOW_EFFICIENCY as WINDOW_EFFICIENCY
 
-MSS = 1448
 INITIAL_WINDOW = 10 * MSS
-PAYLOAD_EFFICIENCY = MSS / 1500
-"""TCP payload per byte a link carries (the shapers count IP bytes)."""
-WINDOW_EFFICIENCY = 0.85
-"""Share of tcp_wmem's maximum one flow keeps in flight; measured on this kernel:
-0.287 Gbit/s for one flow at 100 ms RTT with a 4 MiB buffer (scripts/bench_net.py)."""
 RTO_MIN = 0.2
 
 

@@ -1,0 +1,1 @@
+"""An example policy package for testbed: one training policy, one bubble policy."""

@@ -1,0 +1,66 @@
+"""The policy SDK: everything a policy plugin needs, and the only testbed module it imports.
+
+Names here stay put across releases of the same API_VERSION; everything else in testbed
+may move. A plugin declares the version it was written for (`api_version`, inherited from
+TrainingPolicy and BubblePolicy as the current one) and the registry refuses a mismatch.
+"""
+
+from __future__ import annotations
+
+from testbed.compute import StageCost, ring_allreduce_s, stage_cost
+from testbed.errors import InputError
+from testbed.job import Job
+from testbed.plan.build import (
+    Connections,
+    LinkKind,
+    Schedule,
+    build_plan,
+    default_pp,
+    file_order_placement,
+    fits_memory,
+)
+from testbed.plan.model import Action, Op, Plan, Sharing, Worker, split_layers
+from testbed.policy.base import (
+    API_VERSION,
+    Bubble,
+    BubblePolicy,
+    Option,
+    Request,
+    TrainingPolicy,
+    Transfer,
+)
+from testbed.policy.context import PlanningContext
+from testbed.tcp_model import PAYLOAD_EFFICIENCY, WINDOW_EFFICIENCY
+from testbed.topology.model import Topology
+
+__all__ = [
+    "API_VERSION",
+    "PAYLOAD_EFFICIENCY",
+    "WINDOW_EFFICIENCY",
+    "Action",
+    "Bubble",
+    "BubblePolicy",
+    "Connections",
+    "InputError",
+    "Job",
+    "LinkKind",
+    "Op",
+    "Option",
+    "Plan",
+    "PlanningContext",
+    "Request",
+    "Schedule",
+    "Sharing",
+    "StageCost",
+    "Topology",
+    "TrainingPolicy",
+    "Transfer",
+    "Worker",
+    "build_plan",
+    "default_pp",
+    "file_order_placement",
+    "fits_memory",
+    "ring_allreduce_s",
+    "split_layers",
+    "stage_cost",
+]

@@ -1,0 +1,43 @@
+"""What a policy may use while it plans besides the topology and the job.
+
+The caller builds it (testbed.sim.planning wires the simulator in), so a policy can weigh
+candidate plans by simulating them without importing the simulator, and keep results in
+a cache the caller decides the life of: one command planning several policies shares
+one, so variants that re-run a policy's search reuse its simulations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from testbed.job import Job
+from testbed.plan.model import Plan
+
+Simulator = Callable[[Plan, Job], "float | None"]
+"""Seconds per iteration of a plan run for a job, or None when it cannot be simulated."""
+
+
+class PlanningContext:
+    """Handed to `TrainingPolicy.plan`. Without a simulator (tests, tools that only need
+    a plan), `simulate` answers None, as for a plan that cannot be simulated."""
+
+    def __init__(self, job: Job | None = None, simulator: Simulator | None = None,
+                 cache: dict[Any, Any] | None = None) -> None:
+        self.job = job
+        """The job being planned: what `simulate` runs unless told otherwise."""
+        self.cache: dict[Any, Any] = {} if cache is None else cache
+        """Results a policy wants to remember; shared by every plan of one command, so
+        keys must say everything the value depends on (and whose key it is)."""
+        self._simulator = simulator
+
+    def simulate(self, plan: Plan, job: Job | None = None) -> float | None:
+        """Simulated seconds per iteration of `plan` on the topology being planned, run
+        for `job` (default: the job being planned; pass one with fewer iterations to
+        probe quickly); None when the plan cannot be simulated."""
+        if self._simulator is None:
+            return None
+        run = job if job is not None else self.job
+        if run is None:
+            raise ValueError("simulate needs a job: this context was made without one")
+        return self._simulator(plan, run)

@@ -1,0 +1,64 @@
+"""Planning with the simulator at the policy's disposal: every command that asks a policy
+for its plan comes through here, so policies never import the simulator themselves.
+
+The cache a policy sees lives as long as `shared_cache` is open (the whole command, for
+the CLI), or one plan without it: a command that plans several policies (compare,
+sweep, repeats) then simulates each candidate once, whichever policy asks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from testbed.errors import TestbedError
+from testbed.job import Job
+from testbed.plan.model import Plan
+from testbed.policy.base import TrainingPolicy
+from testbed.policy.context import PlanningContext
+from testbed.policy.registry import make_plan
+from testbed.sim.simulate import simulate_plan
+from testbed.topology.model import Topology
+
+_SHARED: ContextVar[dict[Any, Any] | None] = ContextVar("planning_cache", default=None)
+
+
+@contextmanager
+def shared_cache() -> Iterator[dict[Any, Any]]:
+    """One cache for every plan made inside; an enclosing one is reused, not replaced."""
+    outer = _SHARED.get()
+    if outer is not None:
+        yield outer
+        return
+    cache: dict[Any, Any] = {}
+    token = _SHARED.set(cache)
+    try:
+        yield cache
+    finally:
+        _SHARED.reset(token)
+
+
+def planning_context(topology: Topology, job: Job, policy: TrainingPolicy,
+                     cache: dict[Any, Any] | None = None) -> PlanningContext:
+    """A context whose `simulate` runs the simulator on this topology, arbitrated by
+    `policy` (its `next_transfer`), as a run of the plan would be."""
+
+    def simulate(plan: Plan, run: Job) -> float | None:
+        try:
+            summary, _ = simulate_plan(topology, run, plan, policy)
+        except TestbedError:
+            return None
+        return summary.median_s
+
+    if cache is None:
+        cache = _SHARED.get()
+    return PlanningContext(job, simulate, cache)
+
+
+def plan_with_simulator(policy: TrainingPolicy, topology: Topology, job: Job,
+                        cache: dict[Any, Any] | None = None) -> Plan:
+    """The policy's validated plan (testbed.policy.registry.make_plan), made with the
+    simulator available; `cache` defaults to the open shared one, else a fresh one."""
+    return make_plan(policy, topology, job, planning_context(topology, job, policy, cache))

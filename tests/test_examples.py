@@ -1,0 +1,123 @@
+"""The example policy package installs like any third-party plugin and works end to end:
+listed, planning, simulating, honouring the job's tp, dp and pp; the README shows its code."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import ROOT, TOPOLOGIES
+from .test_plugins import run_testbed
+
+EXAMPLE = ROOT / "examples" / "testbed-example-policy"
+
+
+@pytest.fixture(scope="module")
+def example_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example installed by pip into a private folder (from a copy, so that the build
+    leaves nothing in the source tree); put it on PYTHONPATH to use it."""
+    source = tmp_path_factory.mktemp("source") / EXAMPLE.name
+    shutil.copytree(EXAMPLE, source,
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--target", str(target), str(source)],
+        check=True, cwd=source.parent, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
+    return target
+
+
+def _simulate(example_path: Path, tmp_path: Path, topology: str, *args: str) -> dict[str, Any]:
+    out = tmp_path / "run"
+    result = run_testbed(["simulate", str(TOPOLOGIES / topology), "-p", "striped-pipeline",
+                          *args, "--out", str(out)], example_path)
+    assert result.returncode == 0, result.stderr
+    results: dict[str, Any] = json.loads((out / "results.json").read_text())
+    return results
+
+
+def test_the_example_is_listed(example_path: Path) -> None:
+    result = run_testbed(["plugins", "--json"], example_path)
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    training, bubbles = rows["striped-pipeline"], rows["shortest-first"]
+    assert (training["kind"], training["status"]) == ("training", "ok")
+    assert (bubbles["kind"], bubbles["status"]) == ("bubble", "ok")
+    assert training["distribution"] == bubbles["distribution"] == "testbed-example-policy"
+    assert training["options"]["connections"]["default"] == 4
+
+
+def test_the_example_plans_with_its_connections(example_path: Path) -> None:
+    result = run_testbed(["plan", str(TOPOLOGIES / "two-dc.yaml"), "-p", "striped-pipeline",
+                          "-o", "connections=6", "-o", "schedule=gpipe"], example_path)
+    assert result.returncode == 0, result.stderr
+    assert "TCP connections per peer pair: 1, 6" in result.stdout
+    refused = run_testbed(["plan", str(TOPOLOGIES / "two-dc.yaml"), "-p", "striped-pipeline",
+                           "-o", "connections=0"], example_path)
+    assert refused.returncode == 2 and "must be at least 1" in refused.stderr
+
+
+def test_the_example_simulates_with_its_bubble_policy(example_path: Path,
+                                                      tmp_path: Path) -> None:
+    results = _simulate(example_path, tmp_path, "paper-3dc.yaml", "-b", "shortest-first",
+                        "--iterations", "2")
+    assert results["status"] == "ok" and results["error"] is None
+    assert results["plan"]["policy"] == "striped-pipeline"
+    assert results["bubble_policy"] == "shortest-first"
+    assert results["inference"]["served"] > 0
+
+
+@pytest.mark.parametrize(("dp", "pp", "tp"), [(1, 2, 2), (1, 4, 1), (2, 1, 2), (1, 1, 1)])
+def test_the_example_honours_tp_dp_and_pp(example_path: Path, tmp_path: Path, dp: int,
+                                          pp: int, tp: int) -> None:
+    results = _simulate(example_path, tmp_path, "two-dc.yaml", "--dp", str(dp), "--pp",
+                        str(pp), "--set", f"tp={tp}")
+    plan = results["plan"]
+    assert results["status"] == "ok"
+    assert (plan["dp"], plan["pp"], plan["tp"]) == (dp, pp, tp)
+    hosts = ["east-0", "east-1", "west-0", "west-1"]
+    for key, gpus in plan["placement"].items():  # stages in file order, replicas side by side
+        replica, stage = map(int, key.split(","))
+        first = (stage * dp + replica) * tp
+        assert gpus == hosts[first:first + tp]
+
+
+def test_the_readme_shows_the_examples_real_code() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Writing a policy plugin"):readme.index("## Layout")]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    source = (EXAMPLE / "testbed_example" / "training.py").read_text(encoding="utf-8")
+    assert blocks and all(block.strip() in source for block in blocks)
+    assert "class StripedPipeline" in blocks[0]
+    entry_points = (EXAMPLE / "pyproject.toml").read_text(encoding="utf-8")
+    for block in re.findall(r"```toml\n(.*?)```", section, re.S):
+        assert block.strip() in entry_points
+
+
+def test_the_example_imports_only_the_policy_api() -> None:
+    """Like the built-in plugins (tests/test_layering.py), the example uses testbed through
+    its SDK alone: what it needs must be in testbed.policy.api."""
+    files = sorted((EXAMPLE / "testbed_example").glob("*.py"))
+    assert len(files) >= 3
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                top = name.partition(".")[0]
+                assert name == "testbed.policy.api" or top in sys.stdlib_module_names, \
+                    (path.name, name)
