@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.cli_options import load_inputs
+from testbed.inputs import load_inputs
 from testbed.policy import training_policy
-from testbed.policy.registry import make_plan
-from testbed.sim.engine import Simulator
+from testbed.sim.planning import plan_with_simulator
 from testbed.sim.profile import profile_from_spans
 from testbed.sim.simulate import simulate_plan
+from testbed.sim.simulator import Simulator
 from testbed.sim.sweep import vary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +44,7 @@ def scale_table() -> list[dict[str, Any]]:
             _, job = vary(topology, inputs.job, "dp", str(dp))
             _, job = vary(topology, job, "microbatches", str(microbatches))
             policy = training_policy("1f1b")
-            plan = make_plan(policy, topology, job)
+            plan = plan_with_simulator(policy, topology, job)
             started = time.perf_counter()
             result = Simulator(topology, job, plan, policy).run()
             rows.append({"gpus": 4 * gpus_per_dc, "dp": dp, "microbatches": microbatches,
@@ -65,7 +65,7 @@ def agreement_table(repeat: int, topologies: list[str]) -> list[dict[str, Any]]:
             inputs = load_inputs(ROOT / "topologies" / f"{name}.yaml",
                                  sets=(f"iterations={iterations}",))
             policy = training_policy(policy_name)
-            plan = make_plan(policy, inputs.topology, inputs.job)
+            plan = plan_with_simulator(policy, inputs.topology, inputs.job)
             emulated, spans = [], []
             for _ in range(repeat):
                 with tempfile.TemporaryDirectory() as tmp:

@@ -7,10 +7,12 @@ the forward. The last stage adds the LM head (2 x tokens x hidden x vocab).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from testbed.job import Job, ModelShape
-from testbed.topology.model import GpuType
+from testbed.plan.model import Plan
+from testbed.topology.model import GpuType, Topology
 
 BACKWARD_FACTOR = 2.0
 
@@ -63,6 +65,29 @@ def stage_cost(
         backward_s=BACKWARD_FACTOR * forward / rate,
         grad_bytes=params * job.dtype_bytes // tp,
     )
+
+
+def stage_costs(
+    topology: Topology,
+    job: Job,
+    plan: Plan,
+    profile: Mapping[int, Mapping[str, float]] | None = None,
+) -> list[StageCost]:
+    """Per-stage compute: the FLOP model on the stage's GPU type, or a measured profile
+    (forward_s and backward_s per stage) where one is given."""
+    costs = []
+    for stage in range(plan.pp):
+        gpu = topology.gpu(plan.lead_gpu(0, stage)).type
+        cost = stage_cost(job, plan.layers[stage], stage == 0, stage == plan.pp - 1, gpu, plan.tp)
+        if profile is not None and stage in profile:
+            measured = profile[stage]
+            cost = StageCost(
+                measured.get("forward_s", cost.forward_s),
+                measured.get("backward_s", cost.backward_s),
+                cost.grad_bytes,
+            )
+        costs.append(cost)
+    return costs
 
 
 def prefill_flops(model: ModelShape, prompt_len: int) -> float:

@@ -17,6 +17,7 @@ from typing import Any
 
 from testbed.events import NetEvent
 from testbed.job import Job
+from testbed.spans import Span
 from testbed.topology.model import Datacenter, TcpSettings, Topology, WanLink
 
 LINUX_RTO_MIN_S = 0.2
@@ -72,14 +73,13 @@ def dilate_job(job: Job, k: float) -> Job:
         trace=trace))
 
 
-def represented_spans(spans: Iterable[dict[str, Any]], start: float,
-                      k: float) -> list[dict[str, Any]]:
+def represented_spans(spans: Iterable[Span], start: float, k: float) -> list[Span]:
     """Spans on the represented clock: offsets from `start` divided by K."""
     if k == 1:
         return list(spans)
     out = []
     for span in spans:
-        copy = dict(span)
+        copy = span.copy()
         copy["start"] = start + (span["start"] - start) / k
         copy["end"] = start + (span["end"] - start) / k
         if isinstance(span.get("waited"), int | float):
@@ -101,7 +101,7 @@ def represented_inference(block: dict[str, Any], k: float) -> dict[str, Any]:
     return out
 
 
-def peak_rate_bps(spans: Iterable[dict[str, Any]], wan_only: bool = True) -> float:
+def peak_rate_bps(spans: Iterable[Span], wan_only: bool = True) -> float:
     """The most bits per second a plan's transfers move at once (a sweep over simulated
     transfer spans): what the emulator's forwarding must keep up with."""
     edges: list[tuple[float, float]] = []

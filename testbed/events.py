@@ -10,6 +10,7 @@ from typing import Any
 
 from testbed.errors import InputError
 from testbed.fields import Fields
+from testbed.spans import Span
 from testbed.topology.limits import DC_LATENCY, RATE
 from testbed.topology.model import Topology
 from testbed.units import parse_duration, parse_fraction
@@ -169,7 +170,7 @@ def _change(at: float, event: NetEvent, a: str, b: str, field: str, value: float
                   loss=value if field == "loss" else None, event=event, revert=revert)
 
 
-def event_spans(events: Sequence[NetEvent], start: float, end: float) -> list[dict[str, Any]]:
+def event_spans(events: Sequence[NetEvent], start: float, end: float) -> list[Span]:
     """Trace spans for events that happened before `end` (run-relative seconds)."""
     return [
         {

@@ -23,9 +23,9 @@ from testbed.errors import InputError
 from testbed.events import NetEvent
 from testbed.job import InferenceWorkload, Job, ModelShape
 from testbed.policy import training_policy
-from testbed.policy.registry import make_plan
 from testbed.runtime.health import assess, delay_line_lateness
-from testbed.sim.engine import Simulator
+from testbed.sim.planning import plan_with_simulator
+from testbed.sim.simulator import Simulator
 from testbed.topology import load_topology
 
 from .conftest import TOPOLOGIES
@@ -58,7 +58,7 @@ def test_simulated_figures_are_invariant_in_k(data, topology, k: int) -> None:  
     says: every duration scales by K and nothing else changes."""
     job = data.draw(job_fitting(topology))
     policy = training_policy(data.draw(st.sampled_from(["gpipe", "1f1b"])))
-    plan = make_plan(policy, topology, job)
+    plan = plan_with_simulator(policy, topology, job)
     plain = Simulator(topology, job, plan, policy).run()
     slow = Simulator(dilate_topology(topology, k), job, plan, policy).run()
     ends = sorted(s["end"] for s in plain.spans)
@@ -72,11 +72,11 @@ def test_paper_topology_with_idle_restarts_is_invariant() -> None:
     """Slow start after idle depends on the minimum RTO, which dilation stretches too."""
     topology = load_topology(TOPOLOGIES / "paper-3dc.yaml")
     assert topology.tcp.slow_start_after_idle
-    from testbed.job import load_job
+    from testbed.job_file import load_job
 
     job = load_job(topology.job, topology.source, None, ["iterations=2"])
     policy = training_policy("atlas")
-    plan = make_plan(policy, topology, job)
+    plan = plan_with_simulator(policy, topology, job)
     plain = Simulator(topology, job, plan, policy).run()
     slow = Simulator(dilate_topology(topology, 4), job, plan, policy).run()
     assert max(s["end"] for s in slow.spans) - slow.start == pytest.approx(

@@ -6,7 +6,7 @@ import csv
 import itertools
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from click.testing import CliRunner
@@ -14,12 +14,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from testbed.errors import InputError
+from testbed.events import parse_event_flag
 from testbed.job import Job, ModelShape
 from testbed.metrics.summary import summarize
 from testbed.plan.model import Op
 from testbed.policy import training_policy
-from testbed.policy.registry import make_plan
-from testbed.sim.engine import Simulator
 from testbed.sim.network import (
     INITIAL_WINDOW,
     PAYLOAD_EFFICIENCY,
@@ -28,7 +27,10 @@ from testbed.sim.network import (
     Pair,
     max_min,
 )
+from testbed.sim.planning import plan_with_simulator
 from testbed.sim.profile import profile_from_spans
+from testbed.sim.simulator import Simulator
+from testbed.spans import Span, SpanKind
 from testbed.topology import parse_topology
 
 from .strategies import job_fitting, topologies
@@ -48,7 +50,7 @@ def _chain(stages: int, bandwidth: str = "1000Tbit", latency: str = "1ns") -> An
 
 def _run(topology: Any, job: Job, policy: str, profile: Any = None) -> Any:
     chosen = training_policy(policy)
-    plan = make_plan(chosen, topology, job)
+    plan = plan_with_simulator(chosen, topology, job)
     result = Simulator(topology, job, plan, chosen, profile).run()
     tokens = plan.dp * plan.microbatches * plan.microbatch_size * job.model.seq_len
     capacity = sum(topology.bottleneck_bps(a, b) for a, b in plan.sharing)
@@ -239,3 +241,20 @@ def test_sweep_bad_vary_is_clear() -> None:
 
 def test_microbatch_op_names_are_what_the_sim_reads() -> None:
     assert {Op.SEND_F.value, Op.SEND_B.value} == {"SEND_F", "SEND_B"}
+
+
+def test_every_span_fits_the_schema_both_backends_share() -> None:
+    topology = _chain(3, bandwidth="1Gbit", latency="5ms")
+    model = ModelShape(layers=3, hidden=8, heads=2, seq_len=4, vocab=16)
+    job = Job(model, microbatches=4, dp=1, pp=3, iterations=2)
+    chosen = training_policy("1f1b")
+    plan = plan_with_simulator(chosen, topology, job)
+    event = parse_event_flag("at=0s,link=dc0-dc1,down=1ms", topology)
+    spans = Simulator(topology, job, plan, chosen, events=[event]).run().spans
+    assert {s["kind"] for s in spans} >= {"forward", "backward", "step", "send", "recv",
+                                          "transfer", "net_event"}
+    for span in spans:
+        assert Span.__required_keys__ <= set(span) <= Span.__required_keys__ | \
+            Span.__optional_keys__, span
+        assert span["kind"] in get_args(SpanKind)
+        assert ("stage" in span) == (span["kind"] != "net_event")

@@ -1,20 +1,19 @@
 """From a trace (timed spans per GPU, from either backend) to the numbers a run reports.
 
-Spans are dicts: gpu, kind, start, end, iteration, and where they apply stage, microbatch,
-bytes, peer, link (`src>dst` for WAN transfers). Kinds: forward, backward, step, allreduce,
-send, recv, transfer, wait_grant, prefill, kv_transfer. Times are seconds on one clock.
+Spans are testbed.spans.Span: what each GPU did and when, on one clock in seconds.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-Span = Mapping[str, Any]
-TRAINING_KINDS = ("forward", "backward", "step")
-BUSY_KINDS = (*TRAINING_KINDS, "prefill")
+from testbed.spans import Span, SpanKind
+
+TRAINING_KINDS: tuple[SpanKind, ...] = ("forward", "backward", "step")
+BUSY_KINDS: tuple[SpanKind, ...] = (*TRAINING_KINDS, "prefill")
 
 
 def iteration_ends(spans: Iterable[Span], gpus: Sequence[str]) -> list[float]:
@@ -52,7 +51,7 @@ def window(start: float, ends: Sequence[float]) -> tuple[float, float]:
     return start, ends[0] if ends else start
 
 
-def busy_time(spans: Iterable[Span], kinds: Sequence[str], lo: float, hi: float) -> float:
+def busy_time(spans: Iterable[Span], kinds: Sequence[SpanKind], lo: float, hi: float) -> float:
     """Total time inside [lo, hi] covered by spans of these kinds (overlaps per GPU merged)."""
     per_gpu: dict[str, list[tuple[float, float]]] = {}
     for span in spans:

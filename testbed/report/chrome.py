@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from testbed.spans import Span, SpanKind
 from testbed.topology import Topology
 
-_SHOWN = (
+_SHOWN: tuple[SpanKind, ...] = (
     "forward",
     "backward",
     "step",
@@ -22,7 +23,7 @@ _SHOWN = (
 )
 
 
-def _label(span: dict[str, Any]) -> str:
+def _label(span: Span) -> str:
     kind = span["kind"]
     mb = span.get("microbatch")
     short = {"forward": "F", "backward": "B"}.get(kind)
@@ -32,7 +33,7 @@ def _label(span: dict[str, Any]) -> str:
 
 
 def chrome_trace(
-    spans: Sequence[dict[str, Any]], start: float, topology: Topology
+    spans: Sequence[Span], start: float, topology: Topology
 ) -> dict[str, Any]:
     dcs = {dc.name: i + 1 for i, dc in enumerate(topology.datacenters)}
     gpu_ids: dict[str, int] = {}

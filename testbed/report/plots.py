@@ -13,6 +13,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
+from testbed.spans import Span
+
 MARKERS = ["o", "s", "^", "D", "v", "x", "*", "P"]
 LINES = ["-", "--", ":", "-."]
 
@@ -69,8 +71,8 @@ def iteration_plot(rows: Sequence[Any], path: Path) -> None:
     plt.close(fig)
 
 
-def gantt_spans(spans: Sequence[dict[str, Any]], start: float, iteration: int
-                ) -> tuple[list[dict[str, Any]], float, float]:
+def gantt_spans(spans: Sequence[Span], start: float, iteration: int
+                ) -> tuple[list[Span], float, float]:
     """The spans one iteration's Gantt chart draws, and its time window: from the previous
     iteration's last optimizer step to this one's."""
     steps: dict[int, float] = {}
@@ -87,14 +89,14 @@ def gantt_spans(spans: Sequence[dict[str, Any]], start: float, iteration: int
 GANTT_ROWS = 48
 
 
-def gantt_plot(panels: Sequence[tuple[str, Sequence[dict[str, Any]], float, int]],
+def gantt_plot(panels: Sequence[tuple[str, Sequence[Span], float, int]],
                path: Path) -> None:
     """Per-GPU timelines of one iteration for each policy, side by side; white is idle."""
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 0.35 * 16 + 1.5),
                              squeeze=False)
     for ax, (title, spans, start, iteration) in zip(axes[0], panels, strict=True):
         shown, lo, hi = gantt_spans(spans, start, iteration)
-        by_gpu: dict[str, list[dict[str, Any]]] = {}
+        by_gpu: dict[str, list[Span]] = {}
         for span in shown:
             by_gpu.setdefault(span["gpu"], []).append(span)
         gpus = sorted(by_gpu, key=_gpu_order)
@@ -124,15 +126,15 @@ def _gpu_order(gpu: str) -> tuple[str, int]:
     return dc, int(index) if index.isdigit() else 0
 
 
-def wan_series(spans: Sequence[dict[str, Any]], start: float, capacity: dict[str, float],
+def wan_series(spans: Sequence[Span], start: float, capacity: dict[str, float],
                bins: int = 200) -> tuple[list[float], dict[str, list[float]]]:
     """Utilization of each WAN link direction over time: every transfer's bytes spread
     evenly over its duration, in `bins` equal slices of the run."""
-    transfers = [s for s in spans if s["kind"] == "transfer" and s.get("link")]
-    end = max((s["end"] for s in transfers), default=start + 1.0)
+    transfers = [(link, s) for s in spans if s["kind"] == "transfer" and (link := s.get("link"))]
+    end = max((s["end"] for _, s in transfers), default=start + 1.0)
     width = (end - start) / bins
-    series = {link: [0.0] * bins for link in sorted({s["link"] for s in transfers})}
-    for span in transfers:
+    series = {link: [0.0] * bins for link in sorted({link for link, _ in transfers})}
+    for link, span in transfers:
         duration = max(span["end"] - span["start"], 1e-9)
         rate = span.get("bytes", 0) * 8 / duration
         first = int((span["start"] - start) / width)
@@ -141,14 +143,14 @@ def wan_series(spans: Sequence[dict[str, Any]], start: float, capacity: dict[str
             lo, hi = start + i * width, start + (i + 1) * width
             overlap = min(hi, span["end"]) - max(lo, span["start"])
             if overlap > 0:
-                series[span["link"]][i] += rate * overlap / width
+                series[link][i] += rate * overlap / width
     for link, values in series.items():
         cap = capacity.get(link, 0.0)
         series[link] = [v / cap if cap else 0.0 for v in values]
     return [start + (i + 0.5) * width - start for i in range(bins)], series
 
 
-def wan_plot(panels: Sequence[tuple[str, Sequence[dict[str, Any]], float, dict[str, float]]],
+def wan_plot(panels: Sequence[tuple[str, Sequence[Span], float, dict[str, float]]],
              path: Path) -> None:
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.4 * len(panels)), squeeze=False)
     for ax, (title, spans, start, capacity) in zip(axes[:, 0], panels, strict=True):

@@ -17,6 +17,7 @@ from testbed.metrics.summary import Summary
 from testbed.plan.model import Plan
 from testbed.plan.text import plan_to_csv
 from testbed.report.chrome import chrome_trace
+from testbed.spans import Span
 from testbed.topology import Topology, dump_topology
 from testbed.yamlio import to_yaml
 
@@ -62,7 +63,7 @@ class RunRecord:
     shaper: str | None
     compute: str
     summary: Summary
-    spans: list[dict[str, Any]]
+    spans: list[Span]
     start: float
     status: str = "ok"
     error: str | None = None

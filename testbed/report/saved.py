@@ -11,6 +11,7 @@ from typing import Any
 
 from testbed.errors import InputError
 from testbed.report.compare import RunEntry
+from testbed.spans import Span
 
 NUMBER = "number"
 OPTIONAL_NUMBER = "number or null"
@@ -103,7 +104,7 @@ def load_compare(directory: Path) -> tuple[dict[str, Any], list[RunEntry]]:
     return data, entries
 
 
-def load_spans(directory: Path, entry: RunEntry) -> tuple[float, list[dict[str, Any]]]:
+def load_spans(directory: Path, entry: RunEntry) -> tuple[float, list[Span]]:
     """A run's spans.json, checked: its start time and spans."""
     path = directory / entry.directory / "spans.json"
     data = read_json(path)

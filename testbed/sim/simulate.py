@@ -3,8 +3,6 @@ the emulator's prediction, sweeps, benchmarks and Atlas's plan search all call."
 
 from __future__ import annotations
 
-from typing import Any
-
 from testbed.bubbles import BubbleBroker
 from testbed.errors import TestbedError
 from testbed.events import NetEvent
@@ -12,15 +10,16 @@ from testbed.job import Job
 from testbed.metrics.summary import Summary, summarize
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
-from testbed.sim.engine import Simulator
 from testbed.sim.profile import Profile
+from testbed.sim.simulator import Simulator
+from testbed.spans import Span
 from testbed.topology.model import Topology
 
 
 def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,
                   profile: Profile | None = None,
                   broker: BubbleBroker | None = None, events: tuple[NetEvent, ...] = ()
-                  ) -> tuple[Summary, list[dict[str, Any]]]:
+                  ) -> tuple[Summary, list[Span]]:
     """Simulate a plan; the summary and spans, computed exactly as for the emulator."""
     try:
         result = Simulator(topology, job, plan, policy, profile, bubbles=broker,

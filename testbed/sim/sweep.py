@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from testbed.errors import InputError
-from testbed.job import Job, apply_overrides, dump_job, parse_job
+from testbed.job import Job
+from testbed.job_file import apply_overrides, dump_job, parse_job
 from testbed.topology.load import dump_topology, parse_topology
 from testbed.topology.model import Topology
 from testbed.units import parse_duration, parse_rate

@@ -1,0 +1,320 @@
+"""A worker's data plane: each iteration it runs its interpreted steps (testbed.plan.
+interpret) on its engine and transport, asks the coordinator for a grant before each
+transfer on an arbitrated link, fills bubbles with the prefills the coordinator admits,
+and records what it did and when as spans (on the machine-wide monotonic clock)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Unpack
+
+from testbed.plan.interpret import (
+    AllReduce,
+    Compute,
+    OptimizerStep,
+    Phase,
+    Prefill,
+    Receive,
+    Send,
+    Step,
+    interpret,
+)
+from testbed.plan.model import Op
+from testbed.runtime.allreduce import ring_allreduce
+from testbed.runtime.engines import Engine
+from testbed.runtime.protocol import send_message
+from testbed.runtime.transport import Transport
+from testbed.spans import Span, SpanDetail, SpanKind
+
+if TYPE_CHECKING:  # the worker process module imports this one
+    from testbed.runtime.worker import Peer, WorkerConfig
+
+
+@dataclass
+class StageRunner:
+    config: WorkerConfig
+    engine: Engine
+    transport: Transport
+    control: asyncio.StreamWriter
+    spans: list[Span] = field(default_factory=list)
+    grants: dict[str, asyncio.Future[None]] = field(default_factory=dict)
+    """Arbitrated transfers waiting for the coordinator's grant, by message tag."""
+    pending_sends: list[asyncio.Task[None]] = field(default_factory=list)
+    bubble_reply: asyncio.Future[dict[str, Any]] | None = None
+    decode: asyncio.StreamWriter | None = None
+    decode_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    modeled_locks: dict[int, asyncio.Lock] = field(default_factory=dict)
+    action: int = 0
+    """Position in the action list, so bubbles can be predicted per receive."""
+    executor: concurrent.futures.ThreadPoolExecutor = field(
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1, "compute")
+    )
+    steps: tuple[Step, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        cfg = self.config
+        self.steps = interpret(cfg.actions, cfg.stage, cfg.pp)
+
+    def span(self, kind: SpanKind, start: float, end: float, iteration: int,
+             **detail: Unpack[SpanDetail]) -> None:
+        self.spans.append({"gpu": self.config.gpu, "kind": kind, "start": start, "end": end,
+                           "iteration": iteration, "stage": self.config.stage, **detail})
+
+    async def run_iteration(self, iteration: int) -> float | None:
+        """Every step in order; sends go on in the background and all have left when this
+        returns. The loss, on the last stage with real compute."""
+        received: dict[Phase, dict[int, bytearray]] = {Phase.FORWARD: {}, Phase.BACKWARD: {}}
+        computed: dict[Phase, dict[int, bytes | None]] = {Phase.FORWARD: {}, Phase.BACKWARD: {}}
+        for index, step in enumerate(self.steps):
+            self.action = index
+            match step:
+                case Receive(phase=phase, from_stage=stage, microbatch=mb):
+                    tag = str(step.tag(iteration, self.config.replica))
+                    received[phase][mb] = await self.receive(self.neighbour(stage), tag,
+                                                             iteration, mb)
+                case Compute(phase=phase, microbatch=mb):
+                    run = self.engine.forward if phase is Phase.FORWARD else self.engine.backward
+                    computed[phase][mb] = await self.compute(
+                        phase.label,
+                        iteration,
+                        functools.partial(run, iteration, mb, received[phase].pop(mb, None)),
+                        microbatch=mb,
+                    )
+                case Send(phase=phase, to_stage=stage, microbatch=mb):
+                    payload = computed[phase].pop(mb)
+                    assert payload is not None
+                    tag = str(step.tag(iteration, self.config.replica))
+                    self.send_later(self.neighbour(stage), tag, payload, iteration, mb, step.op)
+                case AllReduce():
+                    await self.allreduce(iteration)
+                case OptimizerStep():
+                    await self.compute("step", iteration, self.engine.step)
+                case Prefill():
+                    pass  # nothing runs there (see testbed.plan.interpret)
+        await self.flush_sends()
+        return self.engine.take_loss()
+
+    def neighbour(self, stage: int) -> Peer:
+        """The worker that runs `stage` in this replica's pipeline, next to this one."""
+        cfg = self.config
+        peer = cfg.next if stage == cfg.stage + 1 else cfg.prev if stage == cfg.stage - 1 else None
+        if peer is None:
+            raise RuntimeError(f"stage {cfg.stage} has no neighbour running stage {stage}")
+        return peer
+
+    async def compute(self, kind: SpanKind, iteration: int, fn: Callable[[], Any],
+                      **detail: Unpack[SpanDetail]) -> Any:
+        start = time.monotonic()
+        if self.engine.quick():
+            result = fn()
+            await asyncio.sleep(0)  # let the sends it made ready start, as a GPU stream would
+        else:
+            result = await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+        stretch = float(self.config.raw.get("stretch", 1))
+        if stretch > 1:  # real compute under dilation: the GPU stays busy K times as long
+            held = (stretch - 1) * (time.monotonic() - start)
+            await asyncio.get_running_loop().run_in_executor(self.executor, time.sleep, held)
+        self.span(kind, start, time.monotonic(), iteration, **detail)
+        return result
+
+    def link_key(self, peer: Peer) -> str | None:
+        if peer.dc == self.config.dc:
+            return None
+        return f"{self.config.dc}>{peer.dc}"
+
+    async def send(
+        self,
+        peer: Peer,
+        tag: str,
+        payload: bytes | bytearray | memoryview,
+        iteration: int,
+        microbatch: int | None,
+        kind: Op,
+    ) -> None:
+        """Send, first asking the arbiter for the link when the plan arbitrates it.
+        `kind`: SEND_F or SEND_B for pipeline messages, ALLREDUCE for a ring's chunks."""
+        link = self.link_key(peer)
+        queued = time.monotonic()
+        pipeline = kind.is_send  # only pipeline traffic is arbitrated
+        if link is not None and pipeline and link in self.config.arbitrated:
+            grant = asyncio.get_running_loop().create_future()
+            self.grants[tag] = grant
+            await send_message(
+                self.control,
+                {
+                    "op": "request",
+                    "tag": tag,
+                    "link": link,
+                    "src": self.config.gpu,
+                    "dst": peer.gpu,
+                    "kind": kind.value,
+                    "replica": self.config.replica,
+                    "stage": self.config.stage,
+                    "microbatch": microbatch if microbatch is not None else -1,
+                    "bytes": len(payload),
+                    "iteration": iteration,
+                    "ready_at": queued,
+                },
+            )
+            await grant
+            self.span(
+                "wait_grant",
+                queued,
+                time.monotonic(),
+                iteration,
+                microbatch=microbatch,
+                link=link,
+                peer=peer.gpu,
+            )
+        start = time.monotonic()
+        modeled_bps = self.config.raw.get("intra_dc_bps") if link is None and pipeline else None
+        if modeled_bps:
+            await self.send_modeled(peer, tag, len(payload), float(modeled_bps))
+        else:
+            await self.transport.send(peer.index, tag, payload)
+        if link is not None and pipeline and link in self.config.arbitrated:
+            # the last byte has left: the link is free for the next transfer
+            await send_message(self.control, {"op": "sent", "tag": tag})
+        self.span(
+            "send",
+            start,
+            time.monotonic(),
+            iteration,
+            microbatch=microbatch,
+            peer=peer.gpu,
+            bytes=len(payload),
+            link=link,
+            tag=tag,
+        )
+
+    async def send_modeled(self, peer: Peer, tag: str, nbytes: int, bps: float) -> None:
+        """Inside a DC with emulated compute: the bytes take their time at the DC's rate
+        (one message at a time per peer, as on its connections), then an empty message
+        tells the receiver they are there. Python on a small machine cannot move
+        activations at intra-DC rates; the simulator moves them at those rates."""
+        async with self.modeled_locks.setdefault(peer.index, asyncio.Lock()):
+            await asyncio.sleep(nbytes * 8 / bps)
+            await self.transport.send(peer.index, tag, b"")
+
+    def send_later(
+        self,
+        peer: Peer,
+        tag: str,
+        payload: bytes,
+        iteration: int,
+        microbatch: int | None,
+        kind: Op,
+    ) -> None:
+        self.pending_sends.append(
+            asyncio.create_task(self.send(peer, tag, payload, iteration, microbatch, kind))
+        )
+
+    async def receive(
+        self, peer: Peer, tag: str, iteration: int, microbatch: int | None
+    ) -> bytearray:
+        start = time.monotonic()
+        action = self.action
+        if self.config.raw.get("bubbles") and not self.transport.has(tag):
+            await self.fill_bubble(tag, action, iteration, start)
+        got = await self.transport.recv(tag)
+        now = time.monotonic()
+        self.span("recv", start, now, iteration, microbatch=microbatch, peer=peer.gpu,
+                  action=action, waited=max(0.0, got.completed_at - start))
+        link = self.link_key(peer)
+        modeled = link is None and bool(self.config.raw.get("intra_dc_bps"))
+        self.span(
+            "transfer",
+            got.sent_at,
+            got.completed_at,
+            iteration,
+            microbatch=microbatch,
+            peer=peer.gpu,
+            bytes=int(self.config.raw["activation_bytes"]) if modeled else len(got.data),
+            modeled=modeled,
+            link=None if link is None else f"{peer.dc}>{self.config.dc}",
+            tag=tag,
+            src=peer.gpu,
+            dst=self.config.gpu,
+        )
+        return got.data
+
+    async def fill_bubble(self, tag: str, action: int, iteration: int, since: float) -> None:
+        """About to wait for `tag`: run the prefills the coordinator admits until the data
+        is here or none fits, shipping each KV cache to the decode server."""
+        while not self.transport.has(tag):
+            self.bubble_reply = asyncio.get_running_loop().create_future()
+            await send_message(self.control, {"op": "bubble", "action": action,
+                                              "iteration": iteration, "since": since})
+            reply = await self.bubble_reply
+            if reply.get("op") != "prefill":
+                return
+            request, length = int(reply["request"]), int(reply["prompt_len"])
+            kv = await self.compute(
+                "prefill", iteration,
+                functools.partial(self.engine.prefill, request, length,
+                                  float(reply["modeled_s"]), int(reply["kv_bytes"])),
+                request=request, prompt_len=length)
+            self.pending_sends.append(asyncio.create_task(self.ship_kv(request, kv, iteration)))
+
+    async def ship_kv(self, request: int, payload: bytes, iteration: int) -> None:
+        from testbed.runtime.decode import write_kv
+
+        start = time.monotonic()
+        async with self.decode_lock:  # one request's frame at a time on the connection
+            if self.decode is None:
+                where = self.config.raw["decode"]
+                _, self.decode = await asyncio.open_connection(where["address"], where["port"])
+            await write_kv(self.decode, request, payload)
+        self.span("kv_transfer", start, time.monotonic(), iteration, request=request,
+                  bytes=len(payload))
+
+    async def allreduce(self, iteration: int) -> None:
+        cfg = self.config
+        start = time.monotonic()
+        position = next(i for i, p in enumerate(cfg.ring) if p.index == cfg.index)
+        successor = cfg.ring[(position + 1) % len(cfg.ring)]
+        modeled = cfg.raw.get("allreduce_modeled_s")
+        if modeled is not None:
+            # inside one DC, in emulated compute: a real ring over a token-sized buffer keeps
+            # the replicas in step as the collective does; the gradients' time is modeled
+            token = bytearray(4 * len(cfg.ring))
+            await ring_allreduce(self.transport, self.engine, token, position, len(cfg.ring),
+                                 successor.index, f"AR{cfg.stage}:{iteration}")
+            # the token's own trip is part of the modeled time, not added to it
+            left = modeled - (time.monotonic() - start)
+            if left > 0:
+                await asyncio.get_running_loop().run_in_executor(self.executor, time.sleep, left)
+            self.span("allreduce", start, time.monotonic(), iteration,
+                      bytes=cfg.raw["grad_bytes"], modeled=True)
+            return
+        data = await asyncio.get_running_loop().run_in_executor(
+            self.executor, self.engine.gradients
+        )
+
+        async def send(peer_index: int, tag: str, view: memoryview) -> None:
+            await self.send(successor, tag, view, iteration, None, Op.ALLREDUCE)
+
+        reduced = await ring_allreduce(
+            self.transport,
+            self.engine,
+            data,
+            position,
+            len(cfg.ring),
+            successor.index,
+            f"AR{cfg.stage}:{iteration}",
+            send,
+        )
+        await asyncio.get_running_loop().run_in_executor(
+            self.executor, lambda: self.engine.apply_reduced(reduced, len(cfg.ring))
+        )
+        self.span("allreduce", start, time.monotonic(), iteration, bytes=len(data))
+
+    async def flush_sends(self) -> None:
+        pending, self.pending_sends = self.pending_sends, []
+        if pending:
+            await asyncio.gather(*pending)

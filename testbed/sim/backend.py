@@ -1,0 +1,38 @@
+"""The simulator as a backend: modeled compute, flow-level network, any scale."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from testbed.backend import BackendRun, Say
+from testbed.bubbles import inference_results, make_broker
+from testbed.plan.model import Plan
+from testbed.policy.base import TrainingPolicy
+from testbed.report.results import RunRecord
+from testbed.run_spec import RunSpec
+from testbed.runtime.checkpoint import Progress
+from testbed.sim.simulate import simulate_plan
+
+
+class SimulatorBackend:
+    name: Literal["simulate"] = "simulate"
+
+    def check(self, spec: RunSpec, plan: Plan, resume: Progress | None) -> None:
+        """Whatever plan validated, the simulator runs."""
+
+    def execute(self, spec: RunSpec, plan: Plan, policy: TrainingPolicy, directory: Path,
+                say: Say, resume: Progress | None) -> BackendRun:
+        broker = make_broker(spec.topology, spec.job, plan, spec.bubble_policy,
+                             spec.bubble_options)
+        summary, spans = simulate_plan(spec.topology, spec.job, plan, policy, spec.profile,
+                                       broker, spec.events)
+        end = max((s["end"] for s in spans), default=0.0)
+        return BackendRun(RunRecord(
+            backend="simulate", policy=spec.policy, bubble_policy=spec.bubble_policy,
+            topology=spec.topology, job=spec.job, plan=plan, shaper=None, compute="modeled",
+            summary=summary, spans=spans, start=0.0, policy_options=spec.policy_options,
+            extra={"profile": bool(spec.profile), "pacing": "assumed",
+                   "events": [e.as_raw() for e in spec.events],
+                   "inference": inference_results(spec.topology, spec.job, plan, broker,
+                                                  end)}))

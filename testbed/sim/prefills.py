@@ -1,0 +1,92 @@
+"""Inference in pipeline bubbles: when a worker is about to wait, the bubble policy may
+start a prefill on its GPU; the KV cache then goes to the decode server over the same
+network model as training traffic."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+
+from testbed.bubbles import BubbleBroker
+from testbed.inference import kv_bytes, modeled_prefill_s
+from testbed.job import InferenceWorkload
+from testbed.policy.base import Request
+from testbed.sim.links import Links
+from testbed.sim.network import WINDOW_EFFICIENCY, FluidNetwork, Pair, Schedule
+from testbed.sim.workers import SimWorker
+from testbed.spans import Span
+from testbed.topology.model import Topology
+
+Resume = Callable[[SimWorker, float], None]
+
+
+class Prefills:
+    def __init__(self, topology: Topology, workload: InferenceWorkload, broker: BubbleBroker,
+                 network: FluidNetwork, links: Links, at: Schedule, spans: list[Span]) -> None:
+        self.topology, self.workload, self.broker = topology, workload, broker
+        self.network, self.links, self.at, self.spans = network, links, at, spans
+        self._decode_pairs: dict[str, Pair] = {}
+
+    def fill(self, worker: SimWorker, now: float, resume: Resume) -> None:
+        """The GPU is about to wait: let the bubble policy start a prefill. `resume(worker,
+        t)` carries on with the worker's steps when a prefill outlasts its wait (passed
+        per call, so that the simulator and this do not hold each other)."""
+        request = self.broker.on_idle(worker.lead, worker.pc, now, worker.waiting_since)
+        if request is None:
+            return
+        gpu = self.topology.gpu(worker.lead).type
+        duration = modeled_prefill_s(self.workload, gpu, request.prompt_len)
+        worker.prefill_started, worker.prefill_until = now, now + duration
+        worker.record(self.spans, "prefill", now, now + duration, request=request.id,
+                      prompt_len=request.prompt_len)
+        self.at(now + duration, functools.partial(self._prefilled, worker, request, resume))
+
+    def _prefilled(self, worker: SimWorker, request: Request, resume: Resume,
+                   now: float) -> None:
+        self.broker.prefilled(request, now - worker.prefill_started)
+        worker.prefill_until = 0.0
+        self._ship_kv(worker, request, now)
+        if worker.resume_after_prefill:
+            worker.resume_after_prefill = False
+            resume(worker, now)
+        else:
+            self.fill(worker, now, resume)  # still waiting: maybe another one fits
+
+    def _decode_dc(self, dc: str) -> str:
+        """Where a prefill's KV cache goes: the named DC, or the prefill's own DC."""
+        named = self.workload.decode_dc
+        return named if named and named != "local" else dc
+
+    def _ship_kv(self, worker: SimWorker, request: Request, now: float) -> None:
+        nbytes = kv_bytes(self.workload, request.prompt_len)
+        decode = self._decode_dc(worker.dc)
+        hops = self.topology.path(worker.dc, decode)
+        wan = tuple(f"wan:{a}>{b}" for a, b in itertools.pairwise(hops))
+        latency = self.links.one_way(worker.dc, decode) + self.topology.dc(decode).latency_s
+        pair = self._decode_pairs.setdefault(
+            worker.lead,
+            Pair(
+                1,
+                WINDOW_EFFICIENCY * self.topology.tcp_for(worker.dc).wmem[2],
+                max(2 * latency, 1e-5),
+                self.topology.tcp_for(worker.dc).slow_start_after_idle,
+            ),
+        )
+
+        def delivered(t: float, started: float = now) -> None:
+            self.broker.delivered(request.id, t, nbytes)
+            self.spans.append({
+                "gpu": worker.lead, "kind": "kv_transfer", "start": started, "end": t,
+                "iteration": worker.iteration, "bytes": nbytes, "request": request.id,
+                "stage": worker.stage,
+                "link": None if worker.dc == decode else f"{worker.dc}>{decode}"})
+
+        self.network.start(
+            now,
+            nbytes,
+            (f"up:{worker.lead}", *wan, f"down:decode-{decode}"),
+            pair,
+            latency,
+            delivered,
+        )

@@ -1,0 +1,163 @@
+"""Discrete-event simulation of a Plan: the same interpreted action lists, arbiter and
+policy hooks as the emulator, with modeled compute and a flow-level network. Writes the
+same spans, so metrics and reports cannot tell the backends apart."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from testbed.bubbles import BubbleBroker
+from testbed.compute import stage_costs
+from testbed.events import NetEvent, changes, event_spans
+from testbed.job import Job
+from testbed.plan.interpret import (
+    AllReduce,
+    Compute,
+    MessageTag,
+    OptimizerStep,
+    Phase,
+    Prefill,
+    Receive,
+    Send,
+    interpret,
+)
+from testbed.plan.model import Plan
+from testbed.policy.arbiter import Arbiter
+from testbed.policy.base import TrainingPolicy
+from testbed.sim.links import Links, capacities
+from testbed.sim.network import EventQueue, FluidNetwork
+from testbed.sim.prefills import Prefills
+from testbed.sim.rings import AllReduces
+from testbed.sim.transfers import Transfers
+from testbed.sim.workers import SimWorker
+from testbed.spans import Span
+from testbed.topology.model import Topology
+
+
+@dataclass
+class SimResult:
+    spans: list[Span]
+    start: float
+    events: int
+
+
+class Simulator:
+    def __init__(
+        self,
+        topology: Topology,
+        job: Job,
+        plan: Plan,
+        policy: TrainingPolicy,
+        profile: Mapping[int, Mapping[str, float]] | None = None,
+        step_s: float = 0.0,
+        bubbles: BubbleBroker | None = None,
+        events: Sequence[NetEvent] = (),
+    ) -> None:
+        self.topology, self.job, self.plan, self.policy = topology, job, plan, policy
+        self.events = tuple(events)
+        self.bubbles = bubbles
+        self.costs = stage_costs(topology, job, plan, profile)
+        self.step_s = step_s
+        self.queue = EventQueue()
+        self.spans: list[Span] = []
+        self.workers: dict[tuple[int, int], SimWorker] = {}
+        for index, ((replica, stage), gpus) in enumerate(plan.workers()):
+            steps = interpret(plan.actions[gpus[0]], stage, plan.pp)
+            self.workers[(replica, stage)] = SimWorker(
+                index, replica, stage, gpus, topology.dc_of(gpus[0]), steps
+            )
+        self.network = FluidNetwork(capacities(topology, self.workers.values()), self.queue.at)
+        self.links = Links(topology, self.network, self.queue.at)
+        self.transfers = Transfers(topology, plan, self.network, self.links,
+                                   Arbiter(policy, plan), self.spans)
+        self.allreduces = AllReduces(topology, plan.dp, self.costs, self.workers,
+                                     self.transfers, self.queue.at, self.spans)
+        self.prefills = None if bubbles is None or job.inference is None else Prefills(
+            topology, job.inference, bubbles, self.network, self.links, self.queue.at,
+            self.spans)
+        self.mailbox: set[MessageTag] = set()
+        """Messages that arrived before their receive."""
+        self.waiting: dict[MessageTag, SimWorker] = {}
+        """Receives waiting for their message."""
+        for change in changes(self.events, topology):
+            self.queue.at(change.at_s, functools.partial(self.links.apply, change))
+
+    def run(self) -> SimResult:
+        for worker in self.workers.values():
+            self.queue.at(0.0, functools.partial(self._advance, worker))
+        self.queue.run()
+        stuck = [w.lead for w in self.workers.values() if not w.done]
+        if stuck:
+            raise RuntimeError(f"simulation stalled with {', '.join(stuck[:4])} unfinished")
+        end = max((s["end"] for s in self.spans), default=0.0)
+        self.spans.extend(event_spans(self.events, 0.0, end))
+        return SimResult(self.spans, 0.0, 0)
+
+    def _advance(self, worker: SimWorker, now: float) -> None:
+        """Run the worker's steps from where it is until one takes time or waits."""
+        steps = worker.steps
+        while True:
+            if worker.pc == len(steps):
+                worker.iteration += 1
+                worker.pc = 0
+                if worker.iteration == self.job.iterations:
+                    worker.done = True
+                    return
+            match steps[worker.pc]:
+                case Compute(phase=phase, microbatch=mb):
+                    cost = self.costs[worker.stage]
+                    duration = cost.forward_s if phase is Phase.FORWARD else cost.backward_s
+                    worker.record(self.spans, phase.label, now, now + duration, mb)
+                    worker.pc += 1
+                    self.queue.at(now + duration, functools.partial(self._advance, worker))
+                    return
+                case OptimizerStep():
+                    worker.record(self.spans, "step", now, now + self.step_s)
+                    worker.pc += 1
+                    if self.step_s:
+                        self.queue.at(now + self.step_s, functools.partial(self._advance, worker))
+                        return
+                case Send() as send:
+                    peer = self.workers[(worker.replica, send.to_stage)]
+                    tag = send.tag(worker.iteration, worker.replica)
+                    self.transfers.send(now, worker, peer, self.job.activation_bytes,
+                                        functools.partial(self._deliver, tag), send.op,
+                                        send.microbatch, worker.iteration)
+                    worker.pc += 1
+                case Receive() as receive:
+                    tag = receive.tag(worker.iteration, worker.replica)
+                    if tag in self.mailbox:
+                        self.mailbox.discard(tag)
+                        worker.record(self.spans, "recv", now, now, receive.microbatch,
+                                      action=worker.pc)
+                        worker.pc += 1
+                        continue
+                    self.waiting[tag] = worker
+                    worker.waiting_since = now
+                    if self.prefills is not None:
+                        self.prefills.fill(worker, now, self._advance)
+                    return
+                case AllReduce():
+                    self.allreduces.arrive(worker, now, self._advance)
+                    return
+                case Prefill():
+                    worker.pc += 1  # nothing runs there (see testbed.plan.interpret)
+
+    def _deliver(self, tag: MessageTag, now: float) -> None:
+        worker = self.waiting.pop(tag, None)
+        if worker is None:
+            self.mailbox.add(tag)
+            return
+        worker.record(self.spans, "recv", worker.waiting_since, now, tag.microbatch,
+                      action=worker.pc)
+        if self.bubbles is not None:
+            self.bubbles.record_wait(
+                worker.lead, worker.pc, worker.iteration, now - worker.waiting_since
+            )
+        worker.pc += 1
+        if worker.prefill_until > now:  # the GPU is still busy with a prefill
+            worker.resume_after_prefill = True
+            return
+        self._advance(worker, now)

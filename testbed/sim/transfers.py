@@ -1,0 +1,165 @@
+"""Messages between workers: their path and TCP connections, one message at a time per
+pair (as on the emulator's transport), and on arbitrated links a grant from the same
+arbiter the emulator's coordinator runs before the bytes may go.
+
+Spans here are written as literals: a large run makes hundreds of thousands of them, and
+a helper call each costs the simulator a noticeable share of its time."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+from testbed.pacing import GRADIENTS, paced
+from testbed.plan.model import Op, Plan, Sharing
+from testbed.policy.arbiter import Arbiter
+from testbed.policy.base import Transfer
+from testbed.sim.links import Links
+from testbed.sim.network import RTO_MIN, WINDOW_EFFICIENCY, FluidNetwork, Pair
+from testbed.sim.workers import SimWorker
+from testbed.spans import Span
+from testbed.topology.model import Topology
+
+Arrival = Callable[[float], None]
+Sent = Callable[[float, float], None]
+"""(when the first byte left, when the last did)."""
+
+
+class Transfers:
+    def __init__(self, topology: Topology, plan: Plan, network: FluidNetwork, links: Links,
+                 arbiter: Arbiter, spans: list[Span]) -> None:
+        self.topology, self.plan, self.network, self.links = topology, plan, network, links
+        self.arbiter, self.spans = arbiter, spans
+        self.pairs: dict[tuple[str, str], Pair] = {}
+        self._pair_queue: dict[int, list[Arrival]] = {}
+        self._starters: dict[int, Arrival] = {}
+        self._transfer_ids = 0
+
+    def path(self, src: SimWorker, dst: SimWorker) -> tuple[tuple[str, ...], float]:
+        """The resources a message crosses, and its one-way latency."""
+        hops = self.topology.path(src.dc, dst.dc)
+        wan = [f"wan:{a}>{b}" for a, b in itertools.pairwise(hops)]
+        latency = self.links.one_way(src.dc, dst.dc)
+        latency += (self.topology.dc(src.dc).latency_s + self.topology.dc(dst.dc).latency_s) / 2
+        return (f"up:{src.lead}", *wan, f"down:{dst.lead}"), latency
+
+    def pair(self, src: SimWorker, dst: SimWorker, latency: float, largest: float) -> Pair:
+        """The pair's connections; `largest`: the biggest message they carry, which decides
+        whether they are paced (testbed.pacing), as in the emulator."""
+        key = (src.lead, dst.lead)
+        if key not in self.pairs:
+            tcp_src, tcp_dst = self.topology.tcp_for(src.dc), self.topology.tcp_for(dst.dc)
+            window = WINDOW_EFFICIENCY * min(tcp_src.wmem[2], tcp_dst.rmem[2])
+            connections = self.plan.connections_between(src.lead, dst.lead) * len(src.gpus)
+            self.pairs[key] = Pair(
+                connections, window, max(2 * latency, 1e-5), tcp_src.slow_start_after_idle,
+                tcp_src.rto_min_s or RTO_MIN, paced(self.topology, src.dc, dst.dc, largest),
+            )
+        pair = self.pairs[key]
+        pair.rtt = max(2 * latency, 1e-5)  # a latency event changes it for later rounds
+        return pair
+
+    def send(
+        self,
+        now: float,
+        src: SimWorker,
+        dst: SimWorker,
+        nbytes: int,
+        on_arrival: Arrival,
+        op: Op,
+        microbatch: int | None,
+        iteration: int,
+    ) -> None:
+        """`op`: SEND_F or SEND_B for pipeline messages (arbitrated where the plan says so),
+        ALLREDUCE for a ring's chunks."""
+        resources, latency = self.path(src, dst)
+        pair = self.pair(src, dst, latency, nbytes if op is not Op.ALLREDUCE else GRADIENTS)
+        link = None if src.dc == dst.dc else f"{src.dc}>{dst.dc}"
+
+        def arrived(t: float, started: float) -> None:
+            self.spans.append({"gpu": dst.lead, "kind": "transfer", "start": started, "end": t,
+                               "iteration": iteration, "microbatch": microbatch,
+                               "bytes": nbytes, "link": link, "src": src.lead,
+                               "dst": dst.lead, "stage": dst.stage, "peer": src.lead})
+            on_arrival(t)
+
+        def sent(t1: float, t2: float) -> None:
+            self.spans.append({"gpu": src.lead, "kind": "send", "start": t1, "end": t2,
+                               "iteration": iteration, "microbatch": microbatch,
+                               "bytes": nbytes, "link": link, "peer": dst.lead,
+                               "stage": src.stage})
+            self._next_on_pair(pair, t2)
+
+        def begin(t: float, on_sent: Sent = sent) -> None:
+            """Queue the message on its pair; `on_sent(t1, t2)` when its last byte left."""
+            self._fifo(
+                t,
+                pair,
+                lambda t1: self.network.start(
+                    t1,
+                    nbytes,
+                    resources,
+                    pair,
+                    latency,
+                    lambda t2: arrived(t2, t1),
+                    lambda t2: on_sent(t1, t2),
+                ),
+            )
+
+        arbitrated = (
+            link is not None
+            and op.is_send
+            and self.plan.sharing.get((src.dc, dst.dc)) is Sharing.ARBITRATED
+        )
+        if not arbitrated:
+            begin(now)
+            return
+        self._transfer_ids += 1
+        transfer = Transfer(
+            self._transfer_ids,
+            src.lead,
+            dst.lead,
+            src.dc,
+            dst.dc,
+            op,
+            src.replica,
+            src.stage,
+            microbatch if microbatch is not None else -1,
+            nbytes,
+            now,
+            iteration,
+        )
+
+        def granted(t: float, requested: float = now) -> None:
+            self.spans.append({"gpu": src.lead, "kind": "wait_grant", "start": requested,
+                               "end": t, "iteration": iteration, "microbatch": microbatch,
+                               "link": link, "peer": dst.lead, "stage": src.stage})
+
+            def left(t1: float, t2: float) -> None:
+                sent(t1, t2)  # the last byte is on the link: the lane is free
+                nxt = self.arbiter.release(transfer)
+                if nxt is not None:
+                    self._grant(t2, nxt)
+
+            begin(t, left)
+
+        self._starters[transfer.id] = granted
+        chosen = self.arbiter.request(transfer)
+        if chosen is not None:
+            self._grant(now, chosen)
+
+    def _fifo(self, now: float, pair: Pair, start: Arrival) -> None:
+        """Messages between two workers go one at a time, in order (as in the transport)."""
+        queue = self._pair_queue.setdefault(id(pair), [])
+        queue.append(start)
+        if len(queue) == 1:
+            start(now)
+
+    def _next_on_pair(self, pair: Pair, now: float) -> None:
+        queue = self._pair_queue[id(pair)]
+        queue.pop(0)
+        if queue:
+            queue[0](now)
+
+    def _grant(self, now: float, transfer: Transfer) -> None:
+        self._starters.pop(transfer.id)(now)

@@ -1,0 +1,147 @@
+"""The worker's data plane without namespaces: stage runners of a small plan over real
+transports on localhost, emulated compute, and a stand-in for the coordinator's control
+connection that grants every request and answers every bubble with `idle`."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import struct
+from collections import Counter
+from typing import Any, get_args
+
+from testbed.plan.schedules import stage_actions
+from testbed.runtime.engines import EmulatedEngine
+from testbed.runtime.stage_runner import StageRunner
+from testbed.runtime.transport import Transport
+from testbed.runtime.worker import WorkerConfig
+from testbed.spans import Span, SpanKind
+
+TOKEN = b"t" * 32
+ACTIVATION = 64
+
+
+class Control:
+    """Reads what a runner tells the coordinator and answers as the coordinator would."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.runner: StageRunner | None = None
+
+    def write(self, data: bytes) -> None:
+        (length,) = struct.unpack("!I", data[:4])
+        message = json.loads(data[4 : 4 + length])
+        self.messages.append(message)
+        runner = self.runner
+        assert runner is not None
+        loop = asyncio.get_running_loop()
+        if message["op"] == "request":
+            loop.call_soon(runner.grants.pop(message["tag"]).set_result, None)
+        elif message["op"] == "bubble":
+            reply = runner.bubble_reply
+            assert reply is not None
+            loop.call_soon(reply.set_result, {"op": "idle"})
+
+    async def drain(self) -> None:
+        return None
+
+
+def _dc(stage: int) -> str:
+    return "east" if stage == 0 else "west"
+
+
+def _config(replica: int, stage: int, dp: int, pp: int, microbatches: int,
+            arbitrated: bool, bubbles: bool) -> WorkerConfig:
+    def peer(r: int, s: int) -> dict[str, Any]:
+        return {"index": r * pp + s, "gpu": f"{_dc(s)}-{r * pp + s}", "dc": _dc(s)}
+
+    me = peer(replica, stage)
+    actions = stage_actions("1f1b", stage, pp, microbatches, dp)
+    return WorkerConfig.from_message({
+        "op": "config", **me, "replica": replica, "stage": stage,
+        "layers": [1] * pp, "actions": [str(a) for a in actions],
+        "prev": peer(replica, stage - 1) if stage > 0 else None,
+        "next": peer(replica, stage + 1) if stage < pp - 1 else None,
+        "ring": [peer(r, stage) for r in range(dp)],
+        "arbitrated": ["east>west", "west>east"] if arbitrated else [],
+        "iterations": 2, "activation_bytes": ACTIVATION, "grad_bytes": 32,
+        "bubbles": bubbles,
+    })
+
+
+async def _run(dp: int, pp: int, microbatches: int, arbitrated: bool = False,
+               bubbles: bool = False) -> tuple[list[StageRunner], list[Control]]:
+    configs = [_config(r, s, dp, pp, microbatches, arbitrated, bubbles)
+               for r in range(dp) for s in range(pp)]
+    transports = [Transport(c.index, TOKEN) for c in configs]
+    ports = [await t.listen("127.0.0.1", 0) for t in transports]
+    n = len(configs)
+    await asyncio.gather(*(
+        t.connect({j: ("127.0.0.1", ports[j], 1) for j in range(i + 1, n)},
+                  dict.fromkeys(range(i), 1))
+        for i, t in enumerate(transports)))
+    controls, runners = [], []
+    for config, transport in zip(configs, transports, strict=True):
+        engine = EmulatedEngine(0.0, 0.0, 0.0, ACTIVATION, 32, config.stage == 0,
+                                config.stage == pp - 1)
+        control = Control()
+        runner = StageRunner(config, engine, transport, control)  # type: ignore[arg-type]
+        control.runner = runner
+        controls.append(control)
+        runners.append(runner)
+    try:
+        for iteration in range(2):
+            await asyncio.wait_for(
+                asyncio.gather(*(r.run_iteration(iteration) for r in runners)), 30)
+    finally:
+        await asyncio.gather(*(t.close() for t in transports))
+        for runner in runners:
+            runner.executor.shutdown(wait=False)
+    return runners, controls
+
+
+def test_a_pipeline_with_replicas_runs_every_step_and_names_messages_as_before() -> None:
+    dp, pp, microbatches = 2, 3, 4
+    runners, _ = asyncio.run(_run(dp, pp, microbatches))
+    sent, received = Counter[str](), Counter[str]()
+    for runner in runners:
+        cfg = runner.config
+        kinds = Counter(s["kind"] for s in runner.spans)
+        assert kinds["forward"] == kinds["backward"] == 2 * microbatches
+        assert kinds["step"] == kinds["allreduce"] == 2
+        for span in runner.spans:
+            assert Span.__required_keys__ <= set(span) <= Span.__required_keys__ | \
+                Span.__optional_keys__, span
+            assert span["kind"] in get_args(SpanKind)
+            assert span["gpu"] == cfg.gpu and span["stage"] == cfg.stage
+            if span["kind"] == "send" and span["tag"][0] in "FB":
+                sent[span["tag"]] += 1
+            if span["kind"] == "transfer" and span["tag"][0] in "FB":
+                received[span["tag"]] += 1
+                assert span["dst"] == cfg.gpu and span["bytes"] == ACTIVATION
+                assert span["link"] == (None if span["src"].split("-")[0] == _dc(cfg.stage)
+                                        else f"{span['src'].split('-')[0]}>{_dc(cfg.stage)}")
+            if span["kind"] == "recv":
+                assert str(cfg.actions[span["action"]]).startswith(f"{cfg.stage}RECV_")
+    assert sent == received
+    expected = {f"{d}:{i}:{r}:{s}:{mb}"
+                for i, r, mb in itertools.product(range(2), range(dp), range(microbatches))
+                for d, s in [("F", s) for s in range(1, pp)] + [("B", s) for s in range(pp - 1)]}
+    assert set(sent) == expected
+    assert set(sent.values()) == {1}
+
+
+def test_arbitrated_links_wait_for_a_grant_and_bubbles_ask_the_coordinator() -> None:
+    runners, controls = asyncio.run(_run(1, 2, 3, arbitrated=True, bubbles=True))
+    first, _ = controls
+    requests = [m for m in first.messages if m["op"] == "request"]
+    assert [m["tag"] for m in requests] == [f"F:{i}:0:1:{mb}" for i in range(2) for mb in range(3)]
+    assert {m["kind"] for m in requests} == {"SEND_F"}
+    assert all(m["link"] == "east>west" and m["bytes"] == ACTIVATION for m in requests)
+    assert [m["tag"] for m in first.messages if m["op"] == "sent"] == \
+        [m["tag"] for m in requests]
+    grants = [s for s in runners[0].spans if s["kind"] == "wait_grant"]
+    assert len(grants) == len(requests)
+    bubbles = [m for c in controls for m in c.messages if m["op"] == "bubble"]
+    assert bubbles and all(isinstance(m["action"], int) for m in bubbles)
