@@ -20,9 +20,11 @@ from typing import Any
 
 from testbed_plugins.atlas.estimate import connections_to_fill
 
-from testbed.cli_options import load_inputs
+from testbed.inputs import load_inputs
 from testbed.policy import training_policy
-from testbed.sim.network import WINDOW_EFFICIENCY, EventQueue, FluidNetwork, Pair
+from testbed.policy.api import WINDOW_EFFICIENCY
+from testbed.sim.network import EventQueue, FluidNetwork, Pair
+from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
 from testbed.topology import parse_topology
 
@@ -110,7 +112,7 @@ def scaling_table() -> list[dict[str, Any]]:
         for name in ("gpipe", "atlas"):
             policy = training_policy(name)
             try:
-                plan = policy.plan(topology, base.job)
+                plan = plan_with_simulator(policy, topology, base.job)
                 summary, _ = simulate_plan(topology, base.job, plan, policy)
                 row[f"{name}_tokens_per_s"] = summary.tokens_per_s
                 row[f"{name}_plan"] = f"dp {plan.dp} x pp {plan.pp}"
@@ -127,7 +129,7 @@ def bound_table() -> list[dict[str, Any]]:
     for name in ("two-dc", "paper-3dc", "gpt3-4dc"):
         inputs = load_inputs(ROOT / "topologies" / f"{name}.yaml")
         policy = training_policy("atlas")
-        plan = policy.plan(inputs.topology, inputs.job)
+        plan = plan_with_simulator(policy, inputs.topology, inputs.job)
         summary, _ = simulate_plan(inputs.topology, inputs.job, plan, policy)
         bound = plan.notes["lower_bound_s"]
         rows.append({"topology": name, "atlas_s": summary.median_s, "lower_bound_s": bound,

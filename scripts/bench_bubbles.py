@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.cli_options import load_inputs
+from testbed.inputs import load_inputs
 from testbed.run_spec import RunSpec
 from testbed.runs import run
 

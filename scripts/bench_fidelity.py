@@ -24,12 +24,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.cli_options import load_inputs
 from testbed.dilation import choose_dilation, peak_rate_bps
-from testbed.policy.registry import discover, make_plan, training_policy
+from testbed.inputs import load_inputs
+from testbed.policy.registry import discover, training_policy
 from testbed.run_spec import RunSpec
 from testbed.runs import run
 from testbed.runtime.capacity import machine_capacity_bps
+from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +68,7 @@ LONG_LINK = {
 
 
 def long_link(repeat: int, scratch: Path, capacity: float) -> dict[str, Any]:
-    from testbed.job import load_job
+    from testbed.job_file import load_job
     from testbed.topology import parse_topology
 
     topology = parse_topology(LONG_LINK, "long-link")
@@ -75,7 +76,7 @@ def long_link(repeat: int, scratch: Path, capacity: float) -> dict[str, Any]:
     out: dict[str, Any] = {"topology": LONG_LINK}
     for policy in ("gpipe", "1f1b"):
         chosen = training_policy(policy)
-        plan = make_plan(chosen, topology, job)
+        plan = plan_with_simulator(chosen, topology, job)
         summary, spans = simulate_plan(topology, job, plan, chosen)
         k = choose_dilation(peak_rate_bps(spans), capacity)
         out[policy] = {"simulated_s": summary.median_s, "dilation": k,
@@ -122,7 +123,7 @@ def main() -> None:
             inputs = load_inputs(ROOT / "topologies" / f"{name}.yaml")
             for policy in policies:
                 chosen = training_policy(policy)
-                plan = make_plan(chosen, inputs.topology, inputs.job)
+                plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
                 summary, spans = simulate_plan(inputs.topology, inputs.job, plan, chosen)
                 k_auto = choose_dilation(peak_rate_bps(spans), capacity)
                 row: dict[str, Any] = {"topology": name, "policy": policy,

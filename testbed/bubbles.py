@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from testbed.errors import InputError, PluginError, TestbedError
-from testbed.inference import PrefillModel, arrivals, percentile
+from testbed.inference import (
+    PrefillModel,
+    arrivals,
+    dedicated_ttft,
+    kv_bytes,
+    modeled_prefill_s,
+    percentile,
+)
 from testbed.job import Job
 from testbed.plan.model import Plan
 from testbed.policy import bubble_policy as bubble_policy_named
@@ -136,3 +143,21 @@ def make_broker(topology: Topology, job: Job, plan: Plan, bubble_policy: str | N
     return BubbleBroker(bubble_policy_named(bubble_policy, options or {}),
                         arrivals(job.inference, job.seed),
                         PrefillModel.from_flops(job.inference, gpu), job.inference.deadline_s)
+
+
+def inference_results(topology: Topology, job: Job, plan: Plan, broker: BubbleBroker | None,
+                      until: float, dedicated_gpus: int = 1) -> dict[str, Any]:
+    """The `inference` block of results.json, with the dedicated-cluster TTFT reference."""
+    if broker is None or job.inference is None:
+        return {"requests": 0, "served": 0, "rejected": 0, "ttft_s": {"p50": None, "p99": None}}
+    out = broker.summary(until)
+    workload = job.inference
+    named = workload.decode_dc if workload.decode_dc not in (None, "local") else None
+    decode = named or topology.dc_of(plan.used_gpus()[0])
+    gpu = topology.gpu(plan.used_gpus()[0]).type
+    reference = dedicated_ttft(
+        [r for r in broker.requests if r.arrival <= until], dedicated_gpus,
+        lambda n: modeled_prefill_s(workload, gpu, n),
+        lambda n: kv_bytes(workload, n) * 8 / topology.dc(decode).bandwidth_bps)
+    out["dedicated"] = {"gpus": dedicated_gpus, "ttft_s": ttft_summary(reference)}
+    return out

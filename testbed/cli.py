@@ -10,23 +10,19 @@ from typing import Any
 
 import click
 
-from testbed import __version__
+from testbed import __version__, api
 from testbed.cli_compare import compare, report
 from testbed.cli_net import Terminated, down, net
-from testbed.cli_options import (
-    job_flags,
-    job_options,
-    load_inputs,
-    policy_options,
-    topology_argument,
-)
+from testbed.cli_options import job_flags, job_options, policy_options, topology_argument
 from testbed.cli_run import up
 from testbed.cli_sim import profile, simulate, sweep
 from testbed.errors import EXIT_INPUT, InputError, PlanError, TestbedError, one_line
+from testbed.inputs import load_inputs
 from testbed.plan import load_plan_csv, plan_grid, plan_to_csv, validate_plan
 from testbed.plan.describe import describe_plan
-from testbed.policy import discover, parse_options, training_policy
-from testbed.policy.registry import BUBBLE_GROUP, TRAINING_GROUP, make_plan
+from testbed.policy import discover, parse_options
+from testbed.policy.registry import BUBBLE_GROUP, TRAINING_GROUP
+from testbed.sim.planning import shared_cache
 from testbed.units import human_duration, human_rate
 
 EPILOG = """\b
@@ -154,8 +150,7 @@ def plan(
         except PlanError as exc:
             raise InputError(str(exc), str(csv_in)) from None
     else:
-        chosen = training_policy(policy, dict(parse_options(policy_opts)))
-        the_plan = make_plan(chosen, inputs.topology, inputs.job)
+        the_plan = api.plan(inputs, policy, parse_options(policy_opts))
         validate_plan(the_plan, inputs.topology)
     click.echo(plan_grid(the_plan, communication=comm, max_rows=rows or None))
     click.echo()
@@ -172,7 +167,8 @@ def plugins(as_json: bool) -> None:
     """List installed policy plugins, where they come from, and their options.
 
     Training policies register under the entry-point group `testbed.policies`, bubble
-    policies under `testbed.bubbles`. A plugin that fails to load is listed with its error.
+    policies under `testbed.bubbles`. A plugin that fails to load, or is written for
+    another policy API version, is listed as broken with the reason.
     """
     rows: list[dict[str, Any]] = []
     for group, kind in ((TRAINING_GROUP, "training"), (BUBBLE_GROUP, "bubble")):
@@ -229,7 +225,8 @@ cli.add_command(report)
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning known failures into one line and an exit code."""
     try:
-        code = cli.main(args=argv, prog_name="testbed", standalone_mode=False)
+        with shared_cache():  # plans of one command share simulations (compare, sweep)
+            code = cli.main(args=argv, prog_name="testbed", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("testbed: interrupted", err=True)
         sys.exit(130)

@@ -9,23 +9,25 @@ from typing import Any
 
 import click
 
+from testbed.api import run
+from testbed.choices import ActivationsChoice, BackendName, ComputeChoice
 from testbed.cli_options import (
     emulation_options,
     event_options,
     force_option,
     job_flags,
     job_options,
-    load_inputs,
     parse_dilation,
     results_dir,
 )
 from testbed.errors import InputError, TestbedError
 from testbed.fsutil import write_atomic
+from testbed.inputs import load_inputs
 from testbed.report.compare import RunEntry, csv_text, markdown_table, table_rows, table_text
 from testbed.report.results import new_run_dir
 from testbed.report.saved import load_compare, load_spans
 from testbed.run_spec import RunSpec
-from testbed.runs import run
+from testbed.sim.planning import shared_cache
 from testbed.topology import dump_topology, load_topology
 from testbed.topology.model import Topology
 from testbed.yamlio import to_yaml
@@ -72,8 +74,9 @@ def _options_for(name: str, pairs: tuple[str, ...], unprefixed: bool = True) -> 
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the comparison (default: a new one under runs/).")
 def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
-            policy_opts: tuple[str, ...], backend: str, repeat: int, compute: str,
-            out: Path | None, pacing: str, activations: str, dilation: str,
+            policy_opts: tuple[str, ...], backend: BackendName, repeat: int,
+            compute: ComputeChoice, out: Path | None, pacing: str,
+            activations: ActivationsChoice, dilation: str,
             force: bool, **kwargs: Any) -> None:
     """Run policies on the same topology, job and seed, one after another, and compare.
 
@@ -100,8 +103,9 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
     combos = [(p, b) for p in policies for b in (bubbles or (None,))]
     entries: list[RunEntry] = []
     total = len(combos) * repeat
-    with click.progressbar(length=total, label=f"{backend}: {total} runs", file=sys.stderr,
-                           item_show_func=lambda x: x) as bar:
+    with shared_cache(), click.progressbar(  # ablations reuse their parent's simulations
+            length=total, label=f"{backend}: {total} runs", file=sys.stderr,
+            item_show_func=lambda x: x) as bar:
         for policy, bubble in combos:
             for k in range(repeat):
                 name = f"{policy}{'+' + bubble if bubble else ''}-r{k + 1}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -11,13 +10,10 @@ import click
 
 from testbed.dilation import MAX_DILATION
 from testbed.errors import InputError
-from testbed.events import NetEvent, parse_event_flag, parse_events
-from testbed.job import Job, load_job
-from testbed.topology import Topology, load_topology
+from testbed.inputs import JOB_FLAGS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_JOB_FLAGS = ("iterations", "microbatches", "dp", "pp", "seed")
 
 
 def topology_argument(func: F) -> F:
@@ -54,36 +50,9 @@ def job_options(func: F) -> F:
     return func
 
 
-@dataclass(frozen=True)
-class Inputs:
-    topology: Topology
-    job: Job
-    events: tuple[NetEvent, ...] = ()
-
-
-def load_inputs(
-    topology_path: Path,
-    job_file: Path | None = None,
-    sets: tuple[str, ...] = (),
-    events: tuple[str, ...] = (),
-    **flags: Any,
-) -> Inputs:
-    """Topology and job with every override applied, or a located InputError."""
-    topology = load_topology(topology_path)
-    overrides = list(sets)
-    for key in _JOB_FLAGS:
-        value = flags.get(key)
-        if value is not None:
-            overrides.append(f"{key}={value}")
-    job = load_job(topology.job, topology.source, job_file, overrides)
-    parsed = parse_events(list(topology.events or ()), topology, topology.source)
-    parsed += tuple(parse_event_flag(text, topology) for text in events)
-    return Inputs(topology, job, parsed)
-
-
 def job_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Pop the job-related keyword arguments a command received from `job_options`."""
-    keys = ("job_file", "sets", "events", *_JOB_FLAGS)
+    keys = ("job_file", "sets", "events", *JOB_FLAGS)
     return {key: kwargs.pop(key) for key in keys if key in kwargs}
 
 

@@ -9,6 +9,8 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from testbed.api import run
+from testbed.choices import ActivationsChoice, AllReduceChoice, ComputeChoice, ShaperChoice
 from testbed.cli_net import SHAPERS, require_root
 from testbed.cli_options import (
     bubble_options,
@@ -17,18 +19,17 @@ from testbed.cli_options import (
     force_option,
     job_flags,
     job_options,
-    load_inputs,
     parse_dilation,
     policy_options,
     results_dir,
 )
 from testbed.errors import InputError
+from testbed.inputs import load_inputs
 from testbed.policy import parse_options
 from testbed.report.results import new_run_dir
 from testbed.report.table import run_summary
 from testbed.resume import load_resumption
 from testbed.run_spec import RunSpec
-from testbed.runs import run
 from testbed.runtime.checkpoint import Progress
 
 
@@ -112,15 +113,15 @@ def up(
     topology: Path | None,
     policy: str,
     policy_opts: tuple[str, ...],
-    compute: str,
-    shaper: str,
+    compute: ComputeChoice,
+    shaper: ShaperChoice,
     out: Path | None,
-    allreduce: str,
+    allreduce: AllReduceChoice,
     stall_timeout: float,
     bubble: str | None,
     bubble_opts: tuple[str, ...],
     pacing: str,
-    activations: str,
+    activations: ActivationsChoice,
     dilation: str,
     force: bool,
     checkpoint_every: int | None,

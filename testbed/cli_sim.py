@@ -9,23 +9,23 @@ from typing import Any
 
 import click
 
+from testbed.api import run
 from testbed.cli_options import (
     bubble_options,
     event_options,
     force_option,
     job_flags,
     job_options,
-    load_inputs,
     policy_options,
     results_dir,
 )
 from testbed.errors import TestbedError
+from testbed.inputs import load_inputs
 from testbed.policy import parse_options, training_policy
-from testbed.policy.registry import make_plan
 from testbed.report.results import new_run_dir
 from testbed.report.table import run_summary
 from testbed.run_spec import RunSpec
-from testbed.runs import run
+from testbed.sim.planning import plan_with_simulator, shared_cache
 from testbed.sim.profile import load_profile, write_profile
 from testbed.sim.simulate import simulate_plan
 from testbed.sim.sweep import grid, parse_vary, vary
@@ -114,7 +114,7 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
     points = grid(parsed)
     rows: list[dict[str, Any]] = []
     with click.progressbar(length=len(points) * len(policies), label="simulating",
-                           file=sys.stderr) as bar:
+                           file=sys.stderr) as bar, shared_cache() as cache:
         for point in points:
             topo, job = inputs.topology, inputs.job
             for key, value in point:
@@ -123,7 +123,7 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
                 chosen = training_policy(name)
                 row: dict[str, Any] = {"policy": name, **dict(point)}
                 try:
-                    plan = make_plan(chosen, topo, job)
+                    plan = plan_with_simulator(chosen, topo, job, cache)
                     summary, _ = simulate_plan(topo, job, plan, chosen, profile_data)
                     row.update({"iteration_s": summary.median_s,
                                 "tokens_per_s": summary.tokens_per_s,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from testbed.errors import InputError
 from testbed.fsutil import write_atomic
-from testbed.job import dump_job, load_job
+from testbed.job_file import dump_job, load_job
 from testbed.net.state import process_start_ticks
 from testbed.run_spec import RunSpec
 from testbed.runtime.checkpoint import (

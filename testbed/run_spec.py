@@ -5,6 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from testbed.choices import (
+    ActivationsChoice,
+    AllReduceChoice,
+    BackendName,
+    ComputeChoice,
+    ShaperChoice,
+)
 from testbed.events import NetEvent
 from testbed.job import Job
 from testbed.sim.profile import Profile
@@ -15,21 +22,21 @@ from testbed.topology import Topology
 class RunSpec:
     """Everything that decides a run; written with it so it can be run again."""
 
-    backend: str
+    backend: BackendName
     topology: Topology
     job: Job
     policy: str
     policy_options: dict[str, str]
     bubble_policy: str | None = None
     bubble_options: dict[str, str] | None = None
-    compute: str = "auto"
-    shaper: str = "auto"
-    allreduce: str = "auto"
+    compute: ComputeChoice = "auto"
+    shaper: ShaperChoice = "auto"
+    allreduce: AllReduceChoice = "auto"
     stall_timeout_s: float = 120.0
     profile: Profile | None = None
     events: tuple[NetEvent, ...] = ()
     pacing: bool = True
-    activations: str = "auto"
+    activations: ActivationsChoice = "auto"
     dilation: int | Literal["auto"] = 1
     """Emulate K times slower than represented time (testbed.dilation); "auto" picks K."""
     checkpoint_every: int = 0

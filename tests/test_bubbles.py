@@ -11,7 +11,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from testbed.bubbles import BubbleBroker, make_broker
-from testbed.cli_options import load_inputs
 from testbed.inference import (
     PrefillModel,
     arrivals,
@@ -20,8 +19,10 @@ from testbed.inference import (
     percentile,
     predicted_bubbles,
 )
-from testbed.job import parse_job
+from testbed.inputs import load_inputs
+from testbed.job_file import parse_job
 from testbed.policy import Bubble, Request, bubble_policy, training_policy
+from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,7 +118,7 @@ def _simulate(bubble: str | None, rate: str) -> tuple[Any, Any]:
     inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml",
                          sets=(f"inference.arrival_rate={rate}", "iterations=3"))
     policy = training_policy("1f1b")
-    plan = policy.plan(inputs.topology, inputs.job)
+    plan = plan_with_simulator(policy, inputs.topology, inputs.job)
     broker = make_broker(inputs.topology, inputs.job, plan, bubble)
     summary, _ = simulate_plan(inputs.topology, inputs.job, plan, policy, broker=broker)
     return summary, broker

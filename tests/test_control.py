@@ -6,21 +6,9 @@ import asyncio
 import time
 from pathlib import Path
 
-from testbed.cli_options import load_inputs
-from testbed.policy import training_policy
-from testbed.policy.registry import make_plan
-from testbed.runtime.coordinator import Coordinator
+from testbed.runtime.control_server import ControlServer
+from testbed.runtime.messages import Hello
 from testbed.runtime.protocol import send_message
-
-from .conftest import TOPOLOGIES
-
-
-def _coordinator(tmp: Path) -> Coordinator:
-    inputs = load_inputs(TOPOLOGIES / "two-dc.yaml")
-    policy = training_policy("gpipe")
-    plan = make_plan(policy, inputs.topology, inputs.job)
-    return Coordinator(inputs.topology, inputs.job, plan, policy, "emulated", tmp / "logs",
-                       say=lambda _m: None)
 
 
 def test_silent_connections_do_not_hold_up_a_hello(tmp_path: Path) -> None:
@@ -28,16 +16,16 @@ def test_silent_connections_do_not_hold_up_a_hello(tmp_path: Path) -> None:
     once, not after the silent ones time out."""
 
     async def scenario() -> float:
-        coordinator = _coordinator(tmp_path)
+        control = ControlServer("x")
         path = str(tmp_path / "control.sock")
-        server = await asyncio.start_unix_server(coordinator._on_connect, path=path)
+        server = await asyncio.start_unix_server(control.on_connect, path=path)
         silent = [await asyncio.open_unix_connection(path) for _ in range(3)]
         started = time.monotonic()
         _, writer = await asyncio.open_unix_connection(path)
         await send_message(writer, {"op": "hello", "gpu": "east-0", "token": "x"})
-        _, _, msg = await asyncio.wait_for(coordinator._hello.get(), 3)
+        _, _, msg = await asyncio.wait_for(control.hellos.get(), 3)
         took = time.monotonic() - started
-        assert msg["gpu"] == "east-0"
+        assert msg == Hello("east-0", "x")
         for _, w in silent:
             w.close()
         writer.close()
@@ -49,14 +37,14 @@ def test_silent_connections_do_not_hold_up_a_hello(tmp_path: Path) -> None:
 
 def test_garbage_on_the_control_socket_is_dropped(tmp_path: Path) -> None:
     async def scenario() -> bool:
-        coordinator = _coordinator(tmp_path)
+        control = ControlServer("x")
         path = str(tmp_path / "control.sock")
-        server = await asyncio.start_unix_server(coordinator._on_connect, path=path)
+        server = await asyncio.start_unix_server(control.on_connect, path=path)
         reader, writer = await asyncio.open_unix_connection(path)
         writer.write(b"\xff\xff\xff\xffnot json")
         await writer.drain()
         closed = await asyncio.wait_for(reader.read(), 3) == b""
         server.close()
-        return closed and coordinator._hello.empty()
+        return closed and control.hellos.empty()
 
     assert asyncio.run(scenario())

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed.cli_options import load_inputs
 from testbed.errors import InputError
 from testbed.events import changes, parse_event, parse_event_flag
+from testbed.inputs import load_inputs
 from testbed.run_spec import RunSpec
 from testbed.runs import run
 from testbed.sim.network import resume_after_outage

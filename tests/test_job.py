@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from testbed.errors import InputError
-from testbed.job import MODEL_PRESETS, load_job, parse_job
+from testbed.job import MODEL_PRESETS
+from testbed.job_file import load_job, parse_job
 
 
 def test_defaults_and_presets() -> None:

@@ -11,12 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from testbed.errors import PluginError
-from testbed.job import parse_job
+from testbed.job_file import parse_job
 from testbed.metrics.summary import busy_time, iteration_ends, summarize
 from testbed.plan.model import Op
 from testbed.policy import Transfer, training_policy
 from testbed.policy.arbiter import Arbiter
 from testbed.report.chrome import chrome_trace
+from testbed.sim.planning import plan_with_simulator
 from testbed.topology import parse_topology
 
 TOPO = parse_topology(
@@ -95,7 +96,7 @@ def _transfer(
 def test_arbiter_serves_one_at_a_time_in_policy_order() -> None:
     job = parse_job({"model": "tiny"})
     policy = training_policy("gpipe")
-    plan = policy.plan(TOPO, job)
+    plan = plan_with_simulator(policy, TOPO, job)
     arbiter = Arbiter(policy, plan)
     first = arbiter.request(_transfer(1, 0, 0.0))
     assert first is not None  # link free: granted
@@ -113,7 +114,7 @@ def test_arbiter_serves_one_at_a_time_in_policy_order() -> None:
 def test_arbiter_reports_a_misbehaving_policy() -> None:
     job = parse_job({"model": "tiny"})
     policy = training_policy("gpipe")
-    plan = policy.plan(TOPO, job)
+    plan = plan_with_simulator(policy, TOPO, job)
 
     class Bad(type(policy)):  # type: ignore[misc]
         def next_transfer(self, plan: Any, link: Any, waiting: Any) -> Transfer:

@@ -19,11 +19,13 @@ from typing import Any
 import pytest
 import torch
 
-from testbed.cli_options import load_inputs
+from testbed.inputs import load_inputs
 from testbed.policy import training_policy
-from testbed.policy.registry import make_plan
 from testbed.runtime.coordinator import Coordinator, RunFailed, run_with_signals
+from testbed.runtime.hosts import NamespaceHosts
 from testbed.runtime.reference import merge_stages, train_one_process
+from testbed.runtime.run_config import RunConfig
+from testbed.sim.planning import plan_with_simulator
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("clean_host")]
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,22 +33,15 @@ TWO_DC = ROOT / "topologies" / "two-dc.yaml"
 
 
 def _coordinator(
-    tmp: Path, policy: str = "1f1b", compute: str = "real", topology: Path = TWO_DC, **sets: Any
+    tmp: Path, policy: str = "1f1b", compute: str = "real", topology: Path = TWO_DC, *,
+    stall_timeout_s: float = 60, shaper: str = "auto", **sets: Any
 ) -> Coordinator:
     inputs = load_inputs(topology, sets=tuple(f"{k}={v}" for k, v in sets.items()))
     chosen = training_policy(policy)
-    plan = make_plan(chosen, inputs.topology, inputs.job)
-    return Coordinator(
-        inputs.topology,
-        inputs.job,
-        plan,
-        chosen,
-        compute,
-        tmp / "logs",
-        say=lambda _m: None,
-        save_dir=tmp,
-        stall_timeout_s=60,
-    )
+    plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
+    config = RunConfig(inputs.topology, inputs.job, plan, chosen, compute, tmp / "logs",
+                       shaper=shaper, stall_timeout_s=stall_timeout_s, save_dir=tmp)
+    return Coordinator(config, say=lambda _m: None)
 
 
 @pytest.mark.parametrize("policy", ["1f1b", "gpipe"])
@@ -158,7 +153,7 @@ def _run_in_thread(coordinator: Coordinator) -> tuple[threading.Thread, list[Bas
     thread = threading.Thread(target=run)
     thread.start()
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(coordinator.iterations_seen) < 2:
+    while time.monotonic() < deadline and len(coordinator.telemetry.iterations_seen) < 2:
         time.sleep(0.1)
     return thread, errors
 
@@ -181,8 +176,8 @@ def test_killed_worker_ends_the_run_and_names_it(tmp_path: Path) -> None:
 
 
 def test_a_stopped_worker_is_named_by_the_stall(tmp_path: Path) -> None:
-    coordinator = _coordinator(tmp_path, "1f1b", compute="emulated", iterations=1000)
-    coordinator.stall_timeout_s = 3
+    coordinator = _coordinator(tmp_path, "1f1b", compute="emulated", stall_timeout_s=3,
+                               iterations=1000)
     thread, errors = _run_in_thread(coordinator)
     victim = next(w for w in coordinator.workers if w.gpu == "west-1")
     assert victim.process is not None
@@ -194,11 +189,12 @@ def test_a_stopped_worker_is_named_by_the_stall(tmp_path: Path) -> None:
 
 
 def test_a_dead_delay_line_is_reported_as_such(tmp_path: Path) -> None:
-    coordinator = _coordinator(tmp_path, "1f1b", compute="emulated", iterations=1000)
-    coordinator.shaper = "userspace"  # the shaper with delay lines, on any kernel
+    coordinator = _coordinator(tmp_path, "1f1b", compute="emulated",
+                               shaper="userspace",  # the shaper with delay lines, on any kernel
+                               iterations=1000)
     thread, errors = _run_in_thread(coordinator)
-    assert coordinator.network is not None
-    line = next(iter(coordinator.network.delay_lines.values()))
+    assert isinstance(coordinator.hosts, NamespaceHosts) and coordinator.hosts.network
+    line = next(iter(coordinator.hosts.network.delay_lines.values()))
     killed_at = time.monotonic()
     line.kill()
     thread.join(timeout=60)
@@ -279,7 +275,7 @@ def test_simulator_agrees_with_the_emulator(tmp_path: Path, topology: str, polic
     coordinator = _coordinator(tmp_path, policy, compute="emulated", topology=path, **sets)
     emulated = asyncio.run(run_with_signals(coordinator)).summary.median_s
     simulated, _ = simulate_plan(coordinator.topology, coordinator.job, coordinator.plan,
-                                 coordinator.policy)
+                                 coordinator.config.policy)
     assert emulated is not None and simulated.median_s is not None
     error = simulated.median_s / emulated - 1
     assert abs(error) < (0.4 if topology == "two-dc" else 0.5), (emulated, simulated.median_s)

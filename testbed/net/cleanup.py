@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.net import netns as kernel
-from testbed.net.network import clean_state
 from testbed.net.state import RunState, all_states, damaged_state_files, owner_alive
+from testbed.net.teardown import clean_state
 
 OUR_MODULES = ("testbed.net.delayline", "testbed.runtime.worker", "testbed.runtime.decode")
 PROBE_PREFIX = "tbprobe"

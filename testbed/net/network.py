@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import NetworkError
-from testbed.fsutil import write_atomic
 from testbed.net import netns as kernel
-from testbed.net.layout import HOST_IF, MAX_SLOTS, Layout, Shape, build_layout
-from testbed.net.shaping import Shaper, ShapingPlan, netem_link, plan_shaping, tbf_queue
+from testbed.net.layout import HOST_IF, MAX_SLOTS, Layout, build_layout
+from testbed.net.shaping import Shaper, ShapingPlan, plan_shaping
 from testbed.net.state import (
     ProcessRecord,
     RunState,
@@ -32,6 +31,7 @@ from testbed.net.state import (
     process_start_ticks,
     state_lock,
 )
+from testbed.net.teardown import ALLOWED_CC, clean_state
 from testbed.pacing import PACING_RATIO
 from testbed.topology.model import Topology
 
@@ -53,7 +53,6 @@ HOST_SYSCTLS = {
     "net.ipv4.tcp_pacing_ss_ratio": str(round(PACING_RATIO * 100)),
     "net.ipv4.tcp_pacing_ca_ratio": str(round(PACING_RATIO * 100)),
 }
-ALLOWED_CC = "net.ipv4.tcp_allowed_congestion_control"
 
 
 def choose_shaper(requested: str) -> Shaper:
@@ -357,35 +356,6 @@ def _allow_congestion_controls(network: Network) -> None:
         kernel.write_root_sysctl(ALLOWED_CC, " ".join(allowed + missing))
 
 
-def stop_processes(
-    records: list[ProcessRecord],
-    procs: dict[int, subprocess.Popen[str] | None] | None = None,
-    grace_s: float = 2.0,
-) -> None:
-    """SIGTERM all, wait, SIGKILL the rest; only pids that still name what we started."""
-    procs = procs or {}
-    live = [r for r in records if process_start_ticks(r.pid) == r.start_ticks]
-    for record in live:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(record.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while live and time.monotonic() < deadline:
-        for record in live:
-            proc = procs.get(record.pid)
-            if proc is not None:
-                proc.poll()
-        live = [r for r in live if process_start_ticks(r.pid) == r.start_ticks]
-        if live:
-            time.sleep(0.02)
-    for record in live:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(record.pid, signal.SIGKILL)
-    for proc in procs.values():
-        if proc is not None:
-            with contextlib.suppress(Exception):
-                proc.wait(timeout=5)
-
-
 def tear_down(network: Network) -> list[str]:
     """Remove everything in reverse order; returns problems instead of stopping at them."""
     procs = {
@@ -394,75 +364,3 @@ def tear_down(network: Network) -> list[str]:
     }
     problems = clean_state(network.state, procs)
     return problems
-
-
-def clean_state(
-    state: RunState, procs: dict[int, subprocess.Popen[str] | None] | None = None
-) -> list[str]:
-    """Undo one run from its state record: processes, namespaces, /etc/netns, state file."""
-    problems: list[str] = []
-    try:
-        stop_processes(list(reversed(state.processes)), procs)
-    except Exception as exc:  # keep tearing down
-        problems.append(f"stopping processes: {exc}")
-    for ns in reversed(state.namespaces):
-        try:
-            kernel.remove_namespace(ns)
-        except Exception as exc:
-            problems.append(f"namespace {ns}: {exc}")
-    for directory in state.etc_dirs:
-        kernel.remove_etc_dir(directory)
-    before = state.info.get("allowed_cc_before")
-    if before and not any(s.run_id != state.run_id for s in all_states()):
-        with contextlib.suppress(OSError):
-            kernel.write_root_sysctl(ALLOWED_CC, before)
-    stats_dir = state.path.with_suffix("")
-    if stats_dir.is_dir():
-        for child in stats_dir.iterdir():
-            with contextlib.suppress(OSError):
-                child.unlink()
-        with contextlib.suppress(OSError):
-            stats_dir.rmdir()
-    leftover = [ns for ns in state.namespaces if (kernel.NETNS_DIR / ns).exists()]
-    if leftover:
-        problems.append(f"namespaces still present: {', '.join(leftover)}")
-    else:
-        state.remove()
-    return problems
-
-
-def change_link(network: Network, a: str, b: str, latency_s: float | None = None,
-                bandwidth_bps: float | None = None, loss: float | None = None) -> None:
-    """Change a WAN link (both directions) while the network runs: rate through tc,
-    delay and loss through netem or the delay lines."""
-    link = network.topology.link(a, b)
-    with kernel.Namespaces() as k:
-        for src, dst in ((a, b), (b, a)):
-            port = network.layout.port(src, dst)
-            ns = network.layout.router(src).netns
-            current = network.current.setdefault((src, dst), {
-                "delay_s": link.latency_s, "jitter_s": link.jitter_s, "loss": link.loss,
-                "bandwidth_bps": link.bandwidth_bps})
-            for name, value in (("delay_s", latency_s), ("bandwidth_bps", bandwidth_bps),
-                                ("loss", loss)):
-                if value is not None:
-                    current[name] = value
-            shape = Shape(current["bandwidth_bps"], current["delay_s"], current["jitter_s"],
-                          current["loss"], link.effective_queue_bytes)
-            if network.shaper is Shaper.USERSPACE:
-                if bandwidth_bps is not None:
-                    (tbf,) = tbf_queue(ns, port.tun, shape)
-                    k.qdisc(tbf, command="change")
-                _signal_delay_line(network, f"{src}>{dst}", current)
-            else:
-                for qdisc in netem_link(ns, port.ifname, shape)[1:]:
-                    k.qdisc(qdisc, command="change")
-
-
-def _signal_delay_line(network: Network, key: str, current: dict[str, float]) -> None:
-    assert network.stats_dir is not None
-    control = network.stats_dir / f"delayline-{key}.control"
-    write_atomic(control, json.dumps({k: current[k] for k in ("delay_s", "jitter_s", "loss")}))
-    proc = network.delay_lines.get(key)
-    if proc is not None and proc.poll() is None:
-        os.kill(proc.pid, signal.SIGHUP)

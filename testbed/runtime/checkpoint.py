@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.fsutil import write_atomic
+from testbed.spans import Span
 
 CHECKPOINT_DIR = "checkpoint"
 STATE_FILE = "state.json"
@@ -46,7 +47,7 @@ class Progress:
 
     completed: int
     losses: dict[int, float]
-    spans: list[dict[str, Any]]
+    spans: list[Span]
     owner_pid: int
     owner_ticks: int
     resumed_at: list[int] = field(default_factory=list)
@@ -89,7 +90,7 @@ class Checkpoints:
         parts.add(gpu)
         return len(parts) == self.workers
 
-    def commit(self, done: int, losses: dict[int, float], spans: list[dict[str, Any]],
+    def commit(self, done: int, losses: dict[int, float], spans: list[Span],
                start: float) -> None:
         """Name checkpoint `done` in state.json (atomically), then drop the older ones."""
         prior = self.prior
@@ -112,15 +113,12 @@ class Checkpoints:
     def first_iteration(self) -> int:
         return self.prior.completed if self.prior else 0
 
-    def worker_config(self) -> dict[str, Any]:
-        """What a worker needs: where to write its parts, how often, and where it starts."""
-        return {"checkpoint_dir": str(self.directory), "checkpoint_every": self.every,
-                "first_iteration": self.first_iteration,
-                "restore_dir": str(iteration_dir(self.directory, self.first_iteration))
-                if self.prior else None}
+    def restore_dir(self) -> str | None:
+        """Where a resumed run's workers load their state from (None: a fresh run)."""
+        return str(iteration_dir(self.directory, self.first_iteration)) if self.prior else None
 
     def carried_over(self, start: float, losses: dict[int, float]
-                     ) -> tuple[float, list[dict[str, Any]], dict[int, float]]:
+                     ) -> tuple[float, list[Span], dict[int, float]]:
         """The whole run's start, the carried-over spans on this run's clock, and all
         losses, for a run whose own part started at `start`."""
         if self.prior is None or not start:
@@ -129,8 +127,13 @@ class Checkpoints:
         return begun, shifted(self.prior.spans, begun), {**self.prior.losses, **losses}
 
 
-def shifted(spans: list[dict[str, Any]], by: float) -> list[dict[str, Any]]:
-    return [{**s, "start": s["start"] + by, "end": s["end"] + by} for s in spans]
+def shifted(spans: list[Span], by: float) -> list[Span]:
+    out: list[Span] = []
+    for span in spans:
+        moved = span.copy()
+        moved["start"], moved["end"] = span["start"] + by, span["end"] + by
+        out.append(moved)
+    return out
 
 
 def prior_elapsed(prior: Progress | None) -> float:

@@ -13,7 +13,8 @@ import struct
 import sys
 import time
 
-from testbed.runtime.protocol import read_message, send_message
+from testbed.runtime.messages import Hello, KvDelivered, Listening, send
+from testbed.runtime.protocol import TOKEN_ENV, read_message
 from testbed.runtime.stopping import until_signalled
 
 HEADER = struct.Struct("!QQd")  # request id, KV bytes, sender's clock
@@ -30,8 +31,7 @@ async def write_kv(writer: asyncio.StreamWriter, request: int, payload: bytes) -
 
 async def serve(control_path: str, name: str, token: str, address: str, port: int) -> None:
     control_reader, control = await asyncio.open_unix_connection(control_path)
-    await send_message(control, {"op": "hello", "role": "decode", "gpu": name,
-                                 "token": token, "pid": os.getpid()})
+    await send(control, Hello(name, token, os.getpid(), role="decode"))
     lock = asyncio.Lock()
 
     async def on_sender(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -45,13 +45,12 @@ async def serve(control_path: str, name: str, token: str, address: str, port: in
                         raise asyncio.IncompleteReadError(b"", remaining)
                     remaining -= len(chunk)
                 async with lock:
-                    await send_message(control, {"op": "kv", "request": request,
-                                                 "bytes": size, "at": time.monotonic()})
+                    await send(control, KvDelivered(request, time.monotonic(), size))
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
 
     server = await asyncio.start_server(on_sender, address, port)
-    await send_message(control, {"op": "listening", "port": port})
+    await send(control, Listening(port))
     try:
         await read_message(control_reader)  # "stop", or the coordinator going away
     except (asyncio.IncompleteReadError, ConnectionError):
@@ -69,7 +68,7 @@ def main() -> None:
     parser.add_argument("--address", required=True)
     parser.add_argument("--port", type=int, default=DECODE_PORT)
     args = parser.parse_args()
-    token = os.environ.pop("TESTBED_RUN_TOKEN", "")
+    token = os.environ.pop(TOKEN_ENV, "")
     try:
         code = asyncio.run(until_signalled(
             serve(args.control, args.name, token, args.address, args.port)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from testbed.choices import ComputeChoice, EmulatedCompute
 from testbed.compute import stage_params
 from testbed.errors import InputError
 from testbed.net.layout import check_limits
@@ -51,7 +52,7 @@ def available_memory() -> int | None:
 
 
 
-def choose_compute(requested: str, workers: int) -> str:
+def choose_compute(requested: ComputeChoice, workers: int) -> EmulatedCompute:
     """`auto`: real compute where there is a GPU per worker, emulated otherwise."""
     if requested != "auto":
         return requested

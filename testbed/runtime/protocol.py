@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_CONTROL_BYTES = 64 * 1024 * 1024
+TOKEN_ENV = "TESTBED_RUN_TOKEN"
+"""How a worker learns the run's secret: never on a command line, where `ps` shows it."""
 _LENGTH = struct.Struct("!I")
 
 # magic, tag length, total bytes, offset, chunk bytes, sender's clock at send start

@@ -1,0 +1,124 @@
+"""The testbed from Python, for experiments scripted rather than typed (a notebook, a
+sweep of one's own). Every command is a thin layer over these functions, so a script
+gets the same runs, files and typed results:
+
+    from testbed import api
+
+    inputs = api.load("topologies/paper-3dc.yaml", iterations=3)
+    print(api.plan(inputs, "atlas").placement)
+    runs = api.compare(inputs, ["gpipe", "atlas"])
+    speedup = runs["gpipe"].iteration_s / runs["atlas"].iteration_s
+
+Errors are the commands' errors: `testbed.errors.InputError` (bad input, naming the file
+and key), `TestbedError` for the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from testbed.choices import BackendName, ComputeChoice, ShaperChoice
+from testbed.errors import TestbedError
+from testbed.inputs import Inputs, load_inputs
+from testbed.plan.model import Plan
+from testbed.policy import training_policy
+from testbed.report.results import RunRecord, new_run_dir
+from testbed.run_spec import RunSpec
+from testbed.runs import run as run_spec
+from testbed.runtime.checkpoint import Progress
+from testbed.sim.planning import plan_with_simulator, shared_cache
+from testbed.sim.profile import Profile
+
+__all__ = ["Inputs", "Plan", "Result", "RunSpec", "compare", "emulate", "load", "plan", "run",
+           "simulate"]
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Result:
+    """One run: its directory (results.json, spans, trace), its typed record, and the
+    error that ended it early, if one did."""
+
+    directory: Path
+    record: RunRecord
+    results: dict[str, Any]
+    """results.json as written."""
+    error: TestbedError | None = None
+
+    @property
+    def iteration_s(self) -> float:
+        """Median seconds per training iteration (the first, warm-up, left out)."""
+        median = self.record.summary.median_s
+        if median is None:
+            raise ValueError(f"the run in {self.directory} measured no iteration")
+        return median
+
+
+def load(topology: str | Path, job: str | Path | None = None, *,
+         sets: Mapping[str, object] | None = None, events: Sequence[str] = (),
+         **job_values: object) -> Inputs:
+    """A topology file and its job, as `testbed validate` reads them. `job`: a job file
+    replacing the topology's; `sets`: dotted keys as `--set` takes them
+    (`{"model.layers": 8}`); `job_values`: the job flags (iterations, microbatches, dp,
+    pp, seed); `events`: network events as `--event` takes them."""
+    overrides = tuple(f"{key}={value}" for key, value in (sets or {}).items())
+    overrides += tuple(f"{key}={value}" for key, value in job_values.items())
+    return load_inputs(Path(topology), Path(job) if job else None, overrides, tuple(events))
+
+
+def plan(inputs: Inputs, policy: str = "1f1b",
+         options: Mapping[str, str] | None = None) -> Plan:
+    """The policy's validated plan, as `testbed plan` shows it."""
+    chosen = training_policy(policy, dict(options or {}))
+    return plan_with_simulator(chosen, inputs.topology, inputs.job)
+
+
+def run(spec: RunSpec, out: str | Path | None = None, say: Say = lambda _m: None,
+        resume: Progress | None = None) -> Result:
+    """Any run, every setting spelled out (testbed.run_spec.RunSpec); `out`: its
+    directory (default: a new one under runs/); `resume`: go on from that checkpoint of
+    the run in `out` (testbed.resume.load_resumption)."""
+    directory = Path(out) if out is not None else new_run_dir(spec.topology.name, spec.policy)
+    outcome = run_spec(spec, directory, say, resume)
+    assert outcome.record is not None
+    return Result(outcome.directory, outcome.record, outcome.results, outcome.error)
+
+
+def simulate(inputs: Inputs, policy: str = "1f1b", options: Mapping[str, str] | None = None,
+             *, bubble: str | None = None, bubble_options: Mapping[str, str] | None = None,
+             profile: Profile | None = None, out: str | Path | None = None) -> Result:
+    """`testbed simulate`: the plan at any scale, modeled compute, flow-level network."""
+    return run(RunSpec("simulate", inputs.topology, inputs.job, policy, dict(options or {}),
+                       bubble, dict(bubble_options or {}), profile=profile,
+                       events=inputs.events), out)
+
+
+def emulate(inputs: Inputs, policy: str = "1f1b", options: Mapping[str, str] | None = None,
+            *, bubble: str | None = None, bubble_options: Mapping[str, str] | None = None,
+            compute: ComputeChoice = "auto", shaper: ShaperChoice = "auto",
+            dilation: int | None = 1, out: str | Path | None = None,
+            say: Say = print) -> Result:
+    """`testbed up`: real processes over the emulated WAN (needs root). `dilation`: run K
+    times slower than represented time, None to choose K from this machine."""
+    return run(RunSpec("emulate", inputs.topology, inputs.job, policy, dict(options or {}),
+                       bubble, dict(bubble_options or {}), compute=compute, shaper=shaper,
+                       events=inputs.events,
+                       dilation="auto" if dilation is None else dilation), out, say)
+
+
+def compare(inputs: Inputs, policies: Sequence[str], *, backend: BackendName = "simulate",
+            out: str | Path | None = None, say: Say = lambda _m: None) -> dict[str, Result]:
+    """Each policy on the same inputs, by one backend, planned with one shared cache (so
+    ablations reuse their parent's search); `out`: a directory holding one per policy."""
+    base = Path(out) if out is not None else new_run_dir(inputs.topology.name, "compare")
+    results: dict[str, Result] = {}
+    with shared_cache():
+        for name in policies:
+            spec = RunSpec(backend, inputs.topology, inputs.job, name, {},
+                           events=inputs.events)
+            results[name] = run(spec, base / name, say)
+    return results

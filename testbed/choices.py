@@ -1,0 +1,19 @@
+"""The closed choices a run is made of, as types: a typo is a type error, not a branch
+that is never taken."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+BackendName = Literal["simulate", "emulate"]
+ComputeChoice = Literal["auto", "emulated", "real"]
+"""What a user asks for: `auto` takes real compute where there is a GPU per worker."""
+EmulatedCompute = Literal["emulated", "real"]
+Compute = Literal["emulated", "real", "modeled"]
+"""What ran: timed sleeps, torch, or the simulator's FLOP model."""
+ShaperChoice = Literal["auto", "netem", "userspace"]
+AllReduceChoice = Literal["auto", "real"]
+"""`auto` models intra-DC rings in emulated compute; `real` sends every gradient byte."""
+ActivationsChoice = Literal["auto", "real"]
+"""`auto` models activations inside a DC in emulated compute; `real` sends them."""
+Status = Literal["ok", "failed", "interrupted"]

@@ -1,0 +1,43 @@
+"""A topology file and its job, with every override applied: what a command or a script
+runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from testbed.events import NetEvent, parse_event_flag, parse_events
+from testbed.job import Job
+from testbed.job_file import load_job
+from testbed.topology import Topology, load_topology
+
+JOB_FLAGS = ("iterations", "microbatches", "dp", "pp", "seed")
+"""Job values that have a flag of their own (`--iterations 3` is `--set iterations=3`)."""
+
+
+@dataclass(frozen=True)
+class Inputs:
+    topology: Topology
+    job: Job
+    events: tuple[NetEvent, ...] = ()
+
+
+def load_inputs(
+    topology_path: Path,
+    job_file: Path | None = None,
+    sets: tuple[str, ...] = (),
+    events: tuple[str, ...] = (),
+    **flags: Any,
+) -> Inputs:
+    """Topology and job with every override applied, or a located InputError."""
+    topology = load_topology(topology_path)
+    overrides = list(sets)
+    for key in JOB_FLAGS:
+        value = flags.get(key)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    job = load_job(topology.job, topology.source, job_file, overrides)
+    parsed = parse_events(list(topology.events or ()), topology, topology.source)
+    parsed += tuple(parse_event_flag(text, topology) for text in events)
+    return Inputs(topology, job, parsed)

@@ -1,0 +1,319 @@
+"""Reading and writing a job: the topology's `job` section or a job file, `--set`
+overrides, model presets, the inference workload and its trace files."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from testbed.errors import InputError
+from testbed.fields import Fields, integer, number, positive, text
+from testbed.job import (
+    DTYPE_BYTES,
+    MODEL_PRESETS,
+    InferenceWorkload,
+    Job,
+    ModelShape,
+    PromptLengths,
+)
+from testbed.units import parse_duration
+from testbed.yamlio import parse_yaml, read_yaml
+
+
+def load_job(
+    topology_job: Mapping[str, Any] | None,
+    topology_source: str | None,
+    job_file: str | Path | None = None,
+    overrides: Sequence[str] = (),
+) -> Job:
+    """The topology's `job` section, replaced by a job file, then single values overridden."""
+    source: str | None
+    if job_file is not None:
+        raw = read_yaml(job_file)
+        source = str(job_file)
+        if isinstance(raw, dict) and "job" in raw and len(raw) == 1:
+            raw = raw["job"]
+            prefix = "job"
+        else:
+            prefix = ""
+    else:
+        raw = copy.deepcopy(dict(topology_job)) if topology_job is not None else {}
+        source = topology_source
+        prefix = "job"
+    if not isinstance(raw, dict):
+        raise InputError("expected a mapping of job settings", source)
+    overridden = apply_overrides(raw, overrides)
+    try:
+        return parse_job(raw, source, prefix)
+    except InputError as exc:
+        key = (exc.key or "").removeprefix(prefix).lstrip(".")
+        if any(key == k or key.startswith(k + ".") or key.startswith(k + "[") for k in overridden):
+            raise InputError(exc.problem, "--set", key) from None
+        raise
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> list[str]:
+    """Apply `key.path=value` strings (values read as YAML scalars) in place."""
+    keys = []
+    for item in overrides:
+        key, sep, value_text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise InputError(f"expected KEY=VALUE, got {item!r}", "--set")
+        value = parse_yaml(value_text, "--set") if value_text.strip() else None
+        parts = key.split(".")
+        node = raw
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif isinstance(child, str) and part == "model" and child in MODEL_PRESETS:
+                child = node[part] = _dump_model(MODEL_PRESETS[child])
+            if not isinstance(child, dict):
+                raise InputError(f"{part!r} is not a section", "--set", key)
+            node = child
+        node[parts[-1]] = value
+        keys.append(key)
+    if "global_batch" not in keys and any(k in _BATCH_SHAPE for k in keys):
+        raw.pop("global_batch", None)  # the batch follows the microbatches given
+    return keys
+
+
+_BATCH_SHAPE = ("microbatches",)
+
+
+def parse_job(data: object, source: str | None = None, prefix: str = "job") -> Job:
+    fields = Fields(data, source, prefix)
+    model = _parse_model(fields, "model")
+    microbatch_size = fields.get("microbatch_size", positive(integer), 1)
+    microbatches = fields.get("microbatches", positive(integer), None)
+    global_batch = fields.get("global_batch", positive(integer), None)
+    dp = fields.get("dp", positive(integer), None)
+    pp = fields.get("pp", positive(integer), None)
+    tp = fields.get("tp", positive(integer), 1)
+    iterations = fields.get("iterations", positive(integer), 5)
+    seed = fields.get("seed", positive(integer, allow_zero=True), 0)
+    dtype = fields.get("dtype", text, "bf16")
+    if dtype not in DTYPE_BYTES:
+        raise fields.error("dtype", f"unknown dtype {dtype!r} (one of {', '.join(DTYPE_BYTES)})")
+    if pp is not None and pp > model.layers:
+        raise fields.error("pp", f"{pp} stages for {model.layers} layers: a stage needs a layer")
+    if model.hidden % tp or model.heads % tp:
+        raise fields.error(
+            "tp", f"tp {tp} must divide hidden {model.hidden} and heads {model.heads}"
+        )
+    inference = _parse_inference(fields.section("inference"), source)
+    fields.done()
+    return Job(
+        model,
+        microbatch_size,
+        microbatches,
+        global_batch,
+        dp,
+        pp,
+        tp,
+        iterations,
+        seed,
+        dtype,
+        inference,
+        source,
+    )
+
+
+def _parse_model(fields: Fields, name: str) -> ModelShape:
+    value = fields.raw(name, "tiny")
+    if isinstance(value, str):
+        if value not in MODEL_PRESETS:
+            raise fields.error(
+                name,
+                f"unknown model preset {value!r} (one of {', '.join(MODEL_PRESETS)}, or a mapping)",
+            )
+        return MODEL_PRESETS[value]
+    spec = Fields(value, fields.source, fields.key(name))
+    base = MODEL_PRESETS[spec.get("preset", text, "tiny")] if spec.has("preset") else None
+
+    def pick(key: str, default: int | None) -> Any:
+        return spec.get(key, positive(integer), default)
+
+    def required(key: str) -> Any:
+        """From the preset, or else the mapping must say it."""
+        if base is not None:
+            return pick(key, getattr(base, key))
+        return spec.get(key, positive(integer))
+
+    shape = ModelShape(
+        layers=required("layers"),
+        hidden=required("hidden"),
+        heads=required("heads"),
+        seq_len=required("seq_len"),
+        vocab=required("vocab"),
+        kv_heads=pick("kv_heads", base.kv_heads if base else None),
+        ffn=pick("ffn", base.ffn if base else None),
+    )
+    if shape.hidden % shape.heads:
+        raise spec.error("heads", f"{shape.heads} heads do not divide hidden {shape.hidden}")
+    if shape.heads % shape.n_kv_heads:
+        raise spec.error(
+            "kv_heads", f"{shape.n_kv_heads} KV heads do not divide {shape.heads} heads"
+        )
+    spec.done()
+    return shape
+
+
+def _dump_model(shape: ModelShape) -> dict[str, Any]:
+    out = {
+        "layers": shape.layers,
+        "hidden": shape.hidden,
+        "heads": shape.heads,
+        "seq_len": shape.seq_len,
+        "vocab": shape.vocab,
+    }
+    if shape.kv_heads is not None:
+        out["kv_heads"] = shape.kv_heads
+    if shape.ffn is not None:
+        out["ffn"] = shape.ffn
+    return out
+
+
+def _parse_inference(fields: Fields | None, source: str | None) -> InferenceWorkload | None:
+    if fields is None:
+        return None
+    model = _parse_model(fields, "model")
+    rate = fields.get("arrival_rate", _parse_per_second, 0.0)
+    prompt = _parse_prompt(fields.section("prompt_length"))
+    trace = None
+    if fields.has("trace_rows"):
+        trace = _trace_rows(fields)
+    elif fields.has("trace"):
+        trace_path = fields.get("trace", text)
+        base = Path(source).parent if source and source != "--set" else Path(".")
+        trace = _read_trace(base / trace_path, fields.key("trace"))
+    elif rate <= 0:
+        raise fields.error("arrival_rate", "give a positive arrival_rate or a trace file")
+    decode_dc = fields.get("decode_dc", text, None)
+    deadline = fields.get("deadline", positive(parse_duration), 5.0)
+    fields.done()
+    return InferenceWorkload(model, rate, prompt, trace, decode_dc, deadline)
+
+
+def _trace_rows(fields: Fields) -> tuple[tuple[float, int], ...]:
+    rows = []
+    for key, row in fields.items("trace_rows"):
+        if not (isinstance(row, list) and len(row) == 2):
+            raise InputError("expected [arrival_s, prompt_len]", fields.source, key)
+        try:
+            arrival, length = number(row[0]), integer(row[1])
+        except ValueError as exc:
+            raise InputError(str(exc), fields.source, key) from None
+        if arrival < 0 or length <= 0:
+            raise InputError("arrival must be >= 0 and prompt_len > 0", fields.source, key)
+        rows.append((arrival, length))
+    if not rows:
+        raise fields.error("trace_rows", "holds no requests")
+    return tuple(sorted(rows))
+
+
+def _parse_per_second(value: Any) -> float:
+    """`20/s`, `20`, or `1200/min`."""
+    if isinstance(value, str) and "/" in value:
+        count, _, unit = value.partition("/")
+        seconds = parse_duration("1" + unit.strip()) if unit.strip() != "s" else 1.0
+        rate = float(count) / seconds
+    else:
+        rate = number(value)
+    if rate < 0 or not math.isfinite(rate):
+        raise ValueError(f"must be zero or more, got {value!r}")
+    return rate
+
+
+def _parse_prompt(fields: Fields | None) -> PromptLengths:
+    if fields is None:
+        return PromptLengths("fixed", 128, 128)
+    kind = fields.get("distribution", text, "fixed")
+    if kind == "fixed":
+        value = fields.get("value", positive(integer))
+        result = PromptLengths("fixed", value, value)
+    elif kind == "uniform":
+        low = fields.get("min", positive(integer))
+        high = fields.get("max", positive(integer))
+        if high < low:
+            raise fields.error("max", f"max {high} is below min {low}")
+        result = PromptLengths("uniform", low, high)
+    elif kind == "lognormal":
+        median = fields.get("median", positive(number))
+        sigma = fields.get("sigma", positive(number, allow_zero=True))
+        high = fields.get("max", positive(integer), int(median * 16))
+        result = PromptLengths("lognormal", 1, high, median, sigma)
+    else:
+        raise fields.error(
+            "distribution", f"unknown distribution {kind!r} (fixed, uniform or lognormal)"
+        )
+    fields.done()
+    return result
+
+
+def _read_trace(path: Path, key: str) -> tuple[tuple[float, int], ...]:
+    """CSV rows of `arrival_s,prompt_len`; a header row is allowed."""
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            rows = list(csv.reader(handle))
+    except OSError as exc:
+        raise InputError(f"cannot read trace: {exc.strerror}", str(path)) from None
+    out: list[tuple[float, int]] = []
+    for line, row in enumerate(rows, start=1):
+        if not row or (line == 1 and not _is_number(row[0])):
+            continue
+        try:
+            arrival, length = float(row[0]), int(row[1])
+        except (ValueError, IndexError):
+            raise InputError("expected arrival_s,prompt_len", str(path), f"line {line}") from None
+        if arrival < 0 or length <= 0 or not math.isfinite(arrival):
+            raise InputError("arrival must be >= 0 and prompt_len > 0", str(path), f"line {line}")
+        out.append((arrival, length))
+    if not out:
+        raise InputError("trace holds no requests", str(path), key)
+    return tuple(sorted(out))
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def dump_job(job: Job) -> dict[str, Any]:
+    """Plain data that `parse_job(data, prefix="")` reads back to an equal Job (a trace
+    workload is written inline as `trace_rows`)."""
+    out: dict[str, Any] = {"model": _dump_model(job.model),
+                           "microbatch_size": job.microbatch_size,
+                           "iterations": job.iterations, "seed": job.seed, "dtype": job.dtype,
+                           "tp": job.tp}
+    for key in ("microbatches", "global_batch", "dp", "pp"):
+        if getattr(job, key) is not None:
+            out[key] = getattr(job, key)
+    if job.inference is not None:
+        inf = job.inference
+        workload: dict[str, Any] = {"model": _dump_model(inf.model), "deadline": inf.deadline_s}
+        if inf.trace is not None:
+            workload["trace_rows"] = [list(row) for row in inf.trace]
+        else:
+            workload["arrival_rate"] = inf.arrival_rate
+        prompt = inf.prompt
+        if prompt.distribution == "fixed":
+            workload["prompt_length"] = {"distribution": "fixed", "value": prompt.low}
+        elif prompt.distribution == "uniform":
+            workload["prompt_length"] = {"distribution": "uniform", "min": prompt.low,
+                                         "max": prompt.high}
+        else:
+            workload["prompt_length"] = {"distribution": "lognormal", "median": prompt.median,
+                                         "sigma": prompt.sigma, "max": prompt.high}
+        if inf.decode_dc is not None:
+            workload["decode_dc"] = inf.decode_dc
+        out["inference"] = workload
+    return out

@@ -1,0 +1,151 @@
+"""The emulator as a backend: the plan run by real processes over the emulated WAN, with
+the simulator's prediction beside it and time dilation where the links exceed what this
+machine can forward."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal
+
+from testbed.backend import BackendRun, Say
+from testbed.bubbles import inference_results, make_broker
+from testbed.dilation import (
+    choose_dilation,
+    dilate_events,
+    dilate_job,
+    dilate_topology,
+    peak_rate_bps,
+    represented_inference,
+    represented_spans,
+)
+from testbed.errors import TestbedError
+from testbed.metrics.summary import summarize
+from testbed.plan.model import Plan
+from testbed.policy.base import TrainingPolicy
+from testbed.report.results import RunRecord
+from testbed.resume import check_checkpointable, checkpoints_for, save_settings
+from testbed.run_spec import RunSpec
+from testbed.runtime.checkpoint import Progress
+from testbed.runtime.coordinator import Coordinator, Interrupted, RunFailed, run_with_signals
+from testbed.runtime.preflight import check_emulable, choose_compute
+from testbed.runtime.run_config import RunConfig
+from testbed.runtime.worker import run_loop
+from testbed.sim.simulate import simulate_plan, tokens_per_iteration, wan_capacity_bps
+from testbed.spans import Span
+
+PREDICTED_ITERATIONS = 20
+"""Iterations the simulator runs to predict an emulated run's iteration time (and peak
+rate): enough for the steady state, few enough that a run of a million iterations does
+not wait for its prediction."""
+
+
+class EmulatorBackend:
+    name: Literal["emulate"] = "emulate"
+
+    def check(self, spec: RunSpec, plan: Plan, resume: Progress | None) -> None:
+        check_emulable(spec, plan)
+        if spec.checkpoint_every or resume:
+            check_checkpointable(spec)
+
+    def execute(self, spec: RunSpec, plan: Plan, policy: TrainingPolicy, directory: Path,
+                say: Say, resume: Progress | None) -> BackendRun:
+        return _emulate(spec, plan, policy, directory, say, resume)
+
+
+def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path, say: Say,
+             resume: Progress | None) -> BackendRun:
+    mode = choose_compute(spec.compute, len(plan.used_gpus()))
+    broker = make_broker(spec.topology, spec.job, plan, spec.bubble_policy, spec.bubble_options)
+    try:
+        preview = replace(spec.job, iterations=min(spec.job.iterations, PREDICTED_ITERATIONS))
+        simulated, predicted_spans = simulate_plan(spec.topology, preview, plan, chosen,
+                                                   spec.profile, broker, spec.events)
+        predicted = simulated.median_s
+    except TestbedError as exc:  # the emulator can still run the plan
+        say(f"warning: no prediction for this run: {exc}")
+        predicted, predicted_spans = None, []
+    k = _choose_dilation(spec, predicted_spans, mode, say)
+    if predicted is not None:
+        wall = predicted * (spec.job.iterations + 1) * k
+        say(f"the simulator predicts {predicted:.3f} s per iteration; at dilation "
+            f"{k} training takes about {_wall_time(wall)} of wall time")
+    checkpoints = None
+    if spec.checkpoint_every or resume:
+        if resume is None:
+            save_settings(directory, spec, mode, k)
+        checkpoints = checkpoints_for(directory, spec.checkpoint_every, len(list(plan.workers())),
+                                      resume)
+    config = RunConfig(dilate_topology(spec.topology, k), dilate_job(spec.job, k), plan, chosen,
+                       mode, directory / "logs", spec.shaper, spec.stall_timeout_s * k,
+                       allreduce=spec.allreduce, pacing=spec.pacing,
+                       activations=spec.activations, bubble_policy=spec.bubble_policy,
+                       bubble_options=spec.bubble_options,
+                       events=dilate_events(spec.events, k), dilation=k,
+                       checkpoints=checkpoints)
+    coordinator = Coordinator(config, say=say)
+    error: TestbedError | None = None
+    try:
+        run_loop(run_with_signals(coordinator))
+    except (RunFailed, Interrupted) as exc:
+        error = exc
+    outcome = coordinator.outcome
+    if outcome is None:
+        raise error or TestbedError("the run ended before it started")
+    spans = represented_spans(outcome.spans, outcome.start, k)
+    summary = outcome.summary if k == 1 else summarize(
+        spans, plan.used_gpus(), outcome.start, tokens_per_iteration(spec.job, plan),
+        wan_capacity_bps(spec.topology, plan))
+    health = outcome.health
+    if health is not None and health.warning():
+        say(f"warning: {health.warning()}")
+    inference = inference_results(
+        coordinator.topology, coordinator.job, plan, coordinator.broker,
+        max((s["end"] for s in outcome.spans), default=outcome.start) - outcome.start)
+    record = RunRecord(
+        backend="emulate", policy=spec.policy, bubble_policy=spec.bubble_policy,
+        topology=spec.topology, job=spec.job, plan=plan, shaper=outcome.shaper,
+        compute=mode, summary=summary, spans=spans, start=outcome.start,
+        status=outcome.status, error=outcome.error, losses=outcome.losses,
+        policy_options=spec.policy_options,
+        extra={"allreduce": spec.allreduce, "pacing": spec.pacing,
+               "activations": spec.activations, "events": [e.as_raw() for e in spec.events],
+               "dilation": k, "dilation_requested": spec.dilation,
+               "checkpoint_every": spec.checkpoint_every,
+               "resumed_at": resume.resumed_at if resume else [],
+               **prediction_fields(predicted, summary.median_s),
+               "emulation": None if health is None else health.as_dict(),
+               "inference": represented_inference(inference, k)})
+    return BackendRun(record, error)
+
+
+def _wall_time(seconds: float) -> str:
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.3g} s"
+
+
+def prediction_fields(predicted: float | None, measured: float | None) -> dict[str, Any]:
+    """The simulator's iteration time for the same plan, and the emulator's error against
+    it (positive: the emulator was slower)."""
+    error = None
+    if predicted and measured is not None:
+        error = (measured - predicted) / predicted
+    return {"predicted_iteration_s": predicted, "prediction_error": error}
+
+
+def _choose_dilation(spec: RunSpec, predicted_spans: list[Span], compute: str,
+                     say: Say) -> int:
+    if spec.dilation != "auto":
+        return spec.dilation
+    from testbed.runtime.capacity import machine_capacity_bps
+
+    peak = peak_rate_bps(predicted_spans,
+                         wan_only=spec.activations == "auto" and compute == "emulated")
+    capacity = machine_capacity_bps(say)
+    k = choose_dilation(peak, capacity)
+    say(f"dilation auto: {k} (the plan moves up to {peak / 1e9:.2f} Gbit/s at once; this "
+        f"machine forwards {capacity / 1e9:.2f} Gbit/s, half of it kept for the workers)")
+    return k

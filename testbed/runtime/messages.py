@@ -1,0 +1,379 @@
+"""The control protocol as types: one dataclass per message, JSON on the wire.
+
+Every message a coordinator, worker or decode server sends is one of these; `decode`
+refuses an unknown operation or a field of the wrong type instead of guessing, so a
+receiver can `match` on the class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from functools import cache
+from typing import Any, ClassVar, Union
+
+from testbed.runtime.protocol import ProtocolError, read_message, send_message
+from testbed.spans import Span
+
+
+@dataclass(frozen=True)
+class Message:
+    op: ClassVar[str] = ""
+    wire_names: ClassVar[dict[str, str]] = {}
+    """Fields whose key on the wire differs from their name (`bytes` is a builtin)."""
+
+
+# --- worker or decode server to coordinator -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    """First words on a control connection: who this is and the run's secret."""
+
+    op = "hello"
+    gpu: str
+    token: str
+    pid: int = 0
+    role: str = "worker"
+
+
+@dataclass(frozen=True)
+class Listening(Message):
+    op = "listening"
+    port: int
+
+
+@dataclass(frozen=True)
+class Ready(Message):
+    """Every data connection is open."""
+
+    op = "ready"
+
+
+@dataclass(frozen=True)
+class IterationDone(Message):
+    op = "iteration"
+    iteration: int
+    started: float
+    ended: float
+    loss: float | None
+    spans: list[Span]
+    lag_p99_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TransferRequest(Message):
+    """A transfer waits for an arbitrated WAN link direction."""
+
+    op = "request"
+    wire_names = {"nbytes": "bytes"}
+    tag: str
+    link: str
+    """`src_dc>dst_dc`"""
+    src: str
+    dst: str
+    kind: str
+    replica: int
+    stage: int
+    microbatch: int
+    nbytes: int
+    iteration: int
+    ready_at: float
+
+
+@dataclass(frozen=True)
+class Sent(Message):
+    """The last byte of a granted transfer has left: its link direction is free."""
+
+    op = "sent"
+    tag: str
+
+
+@dataclass(frozen=True)
+class BubbleAsk(Message):
+    """About to wait on a receive: is there a prefill to run meanwhile?"""
+
+    op = "bubble"
+    action: int
+    iteration: int
+    since: float
+
+
+@dataclass(frozen=True)
+class CheckpointWritten(Message):
+    op = "checkpoint"
+    done: int
+
+
+@dataclass(frozen=True)
+class WorkerError(Message):
+    op = "error"
+    message: str
+    iteration: int | None = None
+    spans: list[Span] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Done(Message):
+    op = "done"
+
+
+@dataclass(frozen=True)
+class KvDelivered(Message):
+    """A decode server received a request's whole KV cache."""
+
+    op = "kv"
+    wire_names = {"nbytes": "bytes"}
+    request: int
+    at: float
+    nbytes: int = 0
+
+
+# --- coordinator to worker ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outbound:
+    address: str
+    port: int
+    connections: int
+
+
+@dataclass(frozen=True)
+class Connect(Message):
+    """Whom to dial (by peer index), how many connections to expect, pacing per peer."""
+
+    op = "connect"
+    outbound: dict[str, Outbound]
+    inbound: dict[str, int]
+    pacing: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Start(Message):
+    op = "start"
+    t0: float
+
+
+@dataclass(frozen=True)
+class Grant(Message):
+    op = "grant"
+    tag: str
+
+
+@dataclass(frozen=True)
+class Idle(Message):
+    """No prefill for this bubble."""
+
+    op = "idle"
+
+
+@dataclass(frozen=True)
+class Prefill(Message):
+    op = "prefill"
+    request: int
+    prompt_len: int
+    modeled_s: float
+    kv_bytes: int
+
+
+@dataclass(frozen=True)
+class Stop(Message):
+    """The run is over: exit."""
+
+    op = "stop"
+
+
+@dataclass(frozen=True)
+class Abort(Message):
+    """The run failed: give up the iteration in progress and exit."""
+
+    op = "abort"
+
+
+# --- what a worker is told before it starts --------------------------------------------
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    index: int
+    gpu: str
+    dc: str
+
+
+@dataclass(frozen=True)
+class EmulatedTiming:
+    """Seconds an emulated GPU holds each compute step."""
+
+    forward_s: float
+    backward_s: float
+    step_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class DecodeAddress:
+    address: str
+    port: int
+
+
+@dataclass(frozen=True)
+class Config(Message):
+    """A worker's part of the plan, and how it computes and communicates."""
+
+    op = "config"
+    index: int
+    gpu: str
+    dc: str
+    address: str
+    """Where it listens for data connections."""
+    replica: int
+    stage: int
+    actions: list[str]
+    prev: PeerInfo | None
+    next: PeerInfo | None
+    ring: list[PeerInfo]
+    """This stage's replicas in ring order (this worker included)."""
+    arbitrated: list[str]
+    """WAN link directions (`src>dst`) whose transfers need a grant."""
+    iterations: int
+    compute: str
+    model: dict[str, Any]
+    layers: list[int]
+    seed: int
+    dp: int
+    microbatches: int
+    microbatch_size: int
+    activation_bytes: int
+    grad_bytes: int
+    emulated: EmulatedTiming
+    local_rank: int
+    save_dir: str | None = None
+    """Where to write the stage's final parameters (real compute)."""
+    first_iteration: int = 0
+    """Where a resumed run starts; its state comes from `restore_dir`."""
+    restore_dir: str | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    allreduce_modeled_s: float | None = None
+    """Seconds of an intra-DC all-reduce that is modeled instead of sent."""
+    stretch: int = 1
+    """Real compute under dilation: the GPU stays busy this many times as long."""
+    intra_dc_bps: float | None = None
+    """Activations inside the DC are modeled at this rate (emulated compute)."""
+    bubbles: bool = False
+    decode: DecodeAddress | None = None
+    inference_model: dict[str, Any] | None = None
+
+
+# --- encoding ----------------------------------------------------------------------------
+
+
+def to_json(value: Any) -> Any:
+    """A message (or any part of one) as JSON-ready data."""
+    if is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {"op": value.op} if isinstance(value, Message) else {}
+        names: dict[str, str] = getattr(value, "wire_names", {})
+        for f in fields(value):
+            out[names.get(f.name, f.name)] = to_json(getattr(value, f.name))
+        return out
+    if isinstance(value, list | tuple):
+        return [to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    return value
+
+
+@cache
+def _message_classes() -> dict[str, type[Message]]:
+    found: dict[str, type[Message]] = {}
+    pending = list(Message.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        found[cls.op] = cls
+        pending += cls.__subclasses__()
+    return found
+
+
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _hints(cls: type[Any]) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _from_json(value: Any, hint: Any, where: str) -> Any:
+    """`value` as `hint`, or ProtocolError naming where it does not fit."""
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is not type(None):
+                with contextlib.suppress(ProtocolError):
+                    return _from_json(value, arg, where)
+        raise ProtocolError(f"{where} is {type(value).__name__}")
+    if hint is Any:
+        return value
+    if hint in (int, float, bool, str):
+        ok = isinstance(value, hint) and (hint is bool or not isinstance(value, bool))
+        if hint is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            raise ProtocolError(f"{where} is {type(value).__name__}, not {hint.__name__}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ProtocolError(f"{where} is not a list")
+        (item,) = typing.get_args(hint)
+        return [_from_json(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or typing.is_typeddict(hint):
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where} is not an object")
+        if origin is None:
+            return value  # a TypedDict: its fields are the receiver's business
+        _, item = typing.get_args(hint)
+        return {str(k): _from_json(v, item, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(hint, type) and is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where} is not an object")
+        return _build(hint, value, where)
+    raise ProtocolError(f"{where}: no rule for {hint!r}")
+
+
+def _build(cls: type[Any], data: dict[str, Any], where: str) -> Any:
+    names: dict[str, str] = getattr(cls, "wire_names", {})
+    hints = _hints(cls)
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        key = names.get(f.name, f.name)
+        if key not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise ProtocolError(f"{where}: missing {key!r}")
+            continue
+        values[f.name] = _from_json(data[key], hints[f.name], f"{where}.{key}")
+    return cls(**values)
+
+
+def decode(data: dict[str, Any], *expected: type[Message]) -> Message:
+    """The message `data` carries; ProtocolError if it is none of `expected` (any message
+    when none are given) or a field is missing or of the wrong type."""
+    cls = _message_classes().get(str(data.get("op")))
+    if cls is None or (expected and cls not in expected):
+        wanted = " or ".join(c.op for c in expected) or "a message"
+        raise ProtocolError(f"expected {wanted}, got {str(data.get('op'))[:40]!r}")
+    message: Message = _build(cls, data, cls.op)
+    return message
+
+
+async def send(writer: asyncio.StreamWriter, message: Message) -> None:
+    await send_message(writer, to_json(message))
+
+
+async def receive(reader: asyncio.StreamReader, *expected: type[Message]) -> Message:
+    return decode(await read_message(reader), *expected)

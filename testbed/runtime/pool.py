@@ -1,0 +1,138 @@
+"""The run's processes: one worker per GPU (and decode servers), started on their hosts,
+watched for an early exit, and stopped in order (ask, SIGTERM, SIGKILL)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from testbed.plan.model import Plan
+from testbed.runtime.hosts import Hosts
+from testbed.runtime.messages import Abort, Message, Stop, send
+from testbed.runtime.protocol import TOKEN_ENV
+
+STOP_GRACE_S = 5.0
+"""How long workers get to exit on their own before SIGTERM."""
+
+
+@dataclass
+class WorkerHandle:
+    index: int
+    gpu: str
+    replica: int
+    stage: int
+    decoder: bool = False
+    """A decode server (its `gpu` is the server's host name)."""
+    process: asyncio.subprocess.Process | None = None
+    reader: asyncio.StreamReader | None = None
+    writer: asyncio.StreamWriter | None = None
+    port: int = 0
+    log: TextIO | None = None
+    log_path: Path | None = None
+    finished: bool = False
+
+    def describe(self) -> str:
+        if self.decoder:
+            return f"decode server {self.gpu}"
+        return f"{self.gpu} (replica {self.replica}, stage {self.stage})"
+
+    def last_log_line(self) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln]
+        return lines[-1] if lines else ""
+
+    async def tell(self, message: Message) -> None:
+        assert self.writer is not None, f"{self.gpu} has no control connection"
+        await send(self.writer, message)
+
+
+@dataclass
+class WorkerPool:
+    hosts: Hosts
+    log_dir: Path
+    token: str
+    on_exit: Callable[[str], None]
+    """Told why, when a process exits before it finished its work."""
+    workers: list[WorkerHandle] = field(default_factory=list)
+    decoders: list[WorkerHandle] = field(default_factory=list)
+    _watchers: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def plan_workers(self, plan: Plan, decode_dcs: tuple[str, ...]) -> None:
+        for index, ((replica, stage), gpus) in enumerate(plan.workers()):
+            self.workers.append(WorkerHandle(index, gpus[0], replica, stage))
+        for dc in decode_dcs:
+            self.decoders.append(WorkerHandle(-1, f"{dc}-decode", -1, -1, decoder=True))
+
+    @property
+    def everyone(self) -> list[WorkerHandle]:
+        return [*self.workers, *self.decoders]
+
+    async def start(self, socket_path: Path) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for handle in self.everyone:
+            await self._spawn(handle, socket_path)
+
+    async def _spawn(self, handle: WorkerHandle, socket_path: Path) -> None:
+        handle.log_path = self.log_dir / f"{handle.gpu}.log"
+        handle.log = handle.log_path.open("w")
+        env = {**os.environ, TOKEN_ENV: self.token, "PYTHONUNBUFFERED": "1",
+               "OMP_NUM_THREADS": "1"}
+        if handle.decoder:
+            module = "testbed.runtime.decode"
+            args = ["--control", str(socket_path), "--name", handle.gpu,
+                    "--address", self.hosts.address_of(handle.gpu)]
+        else:
+            module = "testbed.runtime.worker"
+            args = ["--control", str(socket_path), "--gpu", handle.gpu]
+        handle.process = await self.hosts.spawn(handle.gpu, module, args, env, handle.log,
+                                                f"worker:{handle.gpu}")
+        self._watchers.append(asyncio.create_task(self._watch(handle)))
+
+    async def _watch(self, handle: WorkerHandle) -> None:
+        assert handle.process is not None
+        code = await handle.process.wait()
+        if not handle.finished:
+            detail = handle.last_log_line()
+            self.on_exit(f"worker {handle.describe()} exited with code {code}"
+                         + (f": {detail}" if detail else ""))
+
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self.workers if w.process is not None]
+
+    async def stop(self) -> None:
+        """Every process gone: told to stop (or abort, if still training), then signalled."""
+        for decoder in self.decoders:
+            decoder.finished = True  # their exit now is expected
+        for handle in self.everyone:
+            if handle.writer is not None:  # a worker still training is told to give up
+                order = Stop() if handle.finished else Abort()
+                with contextlib.suppress(Exception):
+                    await handle.tell(order)
+        deadline = asyncio.get_running_loop().time() + STOP_GRACE_S
+        for signum in (None, signal.SIGTERM, signal.SIGKILL):
+            running = [h.process for h in self.everyone
+                       if h.process is not None and h.process.returncode is None]
+            if not running:
+                break
+            for process in running:
+                if signum is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        process.send_signal(signum)
+            timeout = (max(0.1, deadline - asyncio.get_running_loop().time())
+                       if signum is None else 2.0)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(p.wait() for p in running)), timeout)
+        for watcher in self._watchers:
+            watcher.cancel()
+        for handle in self.everyone:
+            if handle.writer is not None:
+                handle.writer.close()
+            if handle.log is not None:
+                handle.log.close()

@@ -1,0 +1,54 @@
+"""What an emulated run was asked to do: fixed before it starts, read by every part."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed.choices import ActivationsChoice, AllReduceChoice, EmulatedCompute, ShaperChoice
+from testbed.events import NetEvent
+from testbed.job import Job
+from testbed.plan.model import Plan
+from testbed.policy.base import TrainingPolicy
+from testbed.runtime.checkpoint import Checkpoints
+from testbed.topology.model import Topology
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    topology: Topology
+    """As emulated: dilated when `dilation` > 1."""
+    job: Job
+    plan: Plan
+    policy: TrainingPolicy
+    compute: EmulatedCompute
+    """Timed sleeps or torch."""
+    log_dir: Path
+    shaper: ShaperChoice = "auto"
+    stall_timeout_s: float = 120.0
+    save_dir: Path | None = None
+    """Where workers write their stage's final parameters (real compute)."""
+    allreduce: AllReduceChoice = "auto"
+    """"real": send every gradient byte; "auto": model intra-DC rings in emulated compute."""
+    pacing: bool = True
+    """Cap each cross-DC connection at its share of the path's rate (testbed.pacing)."""
+    activations: ActivationsChoice = "auto"
+    """"auto": with emulated compute, activations between stages in one DC are modeled at
+    the DC's bandwidth; "real": they cross the network as real bytes."""
+    bubble_policy: str | None = None
+    bubble_options: dict[str, str] | None = None
+    events: tuple[NetEvent, ...] = ()
+    """Network events applied during training, at times from its start."""
+    dilation: int = 1
+    """Real seconds per represented second; the topology and times given are dilated."""
+    checkpoints: Checkpoints | None = None
+    """Where and how often the run checkpoints, and what it resumed from (if it did)."""
+
+    def decode_dcs(self, with_bubbles: bool) -> tuple[str, ...]:
+        """DCs that get a decode server: the workload's named one, else every DC used."""
+        if not with_bubbles:
+            return ()
+        named = self.job.inference.decode_dc if self.job.inference else None
+        if named and named != "local":
+            return (named,)
+        return tuple(dict.fromkeys(self.topology.dc_of(g) for g in self.plan.used_gpus()))
