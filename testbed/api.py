@@ -15,11 +15,12 @@ and key), `TestbedError` for the rest.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testbed.backend import Say
 from testbed.choices import BackendName, ComputeChoice, ShaperChoice
 from testbed.errors import TestbedError
 from testbed.inputs import Inputs, load_inputs
@@ -34,9 +35,6 @@ from testbed.sim.profile import Profile
 
 __all__ = ["Inputs", "Plan", "Result", "RunSpec", "compare", "emulate", "load", "plan", "run",
            "simulate"]
-
-Say = Callable[[str], None]
-
 
 @dataclass(frozen=True)
 class Result:

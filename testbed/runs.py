@@ -7,12 +7,11 @@ files whichever command or backend made it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.backend import Backend
+from testbed.backend import Backend, Say
 from testbed.choices import BackendName
 from testbed.errors import TestbedError
 from testbed.fsutil import write_atomic
@@ -23,8 +22,6 @@ from testbed.run_spec import RunSpec
 from testbed.runtime.checkpoint import Progress
 from testbed.sim.planning import plan_with_simulator
 from testbed.yamlio import to_yaml
-
-Say = Callable[[str], None]
 
 
 @dataclass

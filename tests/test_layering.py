@@ -26,12 +26,14 @@ def _modules() -> dict[str, Path]:
 
 
 def _top_level_imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """Modules of ours imported when `name` is imported (function-level imports are lazy
-    on purpose and left out)."""
+    """Modules of ours `name` imports at module level, `if TYPE_CHECKING:` included
+    (function-level imports are lazy on purpose and left out)."""
     tree = ast.parse(path.read_text())
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
-    for node in tree.body:
+    nodes = [n for top in tree.body
+             for n in ([top, *top.body] if isinstance(top, ast.If) else [top])]
+    for node in nodes:
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name in known}
         elif isinstance(node, ast.ImportFrom):

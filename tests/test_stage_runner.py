@@ -15,7 +15,7 @@ from testbed.plan.schedules import stage_actions
 from testbed.runtime.engines import EmulatedEngine
 from testbed.runtime.stage_runner import StageRunner
 from testbed.runtime.transport import Transport
-from testbed.runtime.worker import WorkerConfig
+from testbed.runtime.worker_config import WorkerConfig
 from testbed.spans import Span, SpanKind
 
 TOKEN = b"t" * 32

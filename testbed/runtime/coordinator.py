@@ -15,9 +15,7 @@ import contextlib
 import secrets
 import signal
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from testbed.bubbles import BubbleBroker, make_broker
 from testbed.choices import EmulatedCompute, Status
@@ -26,6 +24,7 @@ from testbed.events import NetEvent, changes, event_spans
 from testbed.job import Job
 from testbed.metrics.summary import Summary, summarize
 from testbed.net.layout import check_limits
+from testbed.net.network import Progress as Say
 from testbed.plan.model import Plan
 from testbed.runtime.arbiter_bridge import ArbiterBridge, Granted
 from testbed.runtime.bubble_bridge import BubbleBridge
@@ -39,7 +38,7 @@ from testbed.runtime.health import (
     process_cpu_ticks,
     read_cpu,
 )
-from testbed.runtime.hosts import Hosts, NamespaceHosts, Say
+from testbed.runtime.hosts import Hosts, NamespaceHosts
 from testbed.runtime.messages import (
     BubbleAsk,
     CheckpointWritten,
@@ -66,7 +65,6 @@ from testbed.topology.model import Topology
 __all__ = ["Coordinator", "Interrupted", "RunFailed", "RunOutcome", "run_with_signals"]
 
 STARTUP_TIMEOUT_S = 120.0
-T = TypeVar("T")
 
 
 @dataclass
@@ -147,10 +145,6 @@ class Coordinator:
         if self._failure is not None:
             self._failure.fail(message)
 
-    def _race(self, awaitable: Awaitable[T]) -> Awaitable[T]:
-        assert self._failure is not None
-        return self._failure.race(awaitable)
-
     async def _setup(self) -> None:
         config = self.config
         if config.plan.tp != 1:
@@ -197,7 +191,8 @@ class Coordinator:
         pids = self.pool.pids()
         ticks_before = process_cpu_ticks(pids)
         try:
-            await self._race(gathered)
+            assert self._failure is not None
+            await self._failure.race(gathered)
             self._worker_ticks = process_cpu_ticks(pids) - ticks_before
             self._cpu = (cpu_before, read_cpu())
             self._lateness = await asyncio.to_thread(self.hosts.lateness)

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol, TextIO
 
 from testbed.net.link_changes import change_link
 from testbed.net.network import Network, bring_up, tear_down
+from testbed.net.network import Progress as Say
 from testbed.net.state import ProcessRecord, process_start_ticks
 from testbed.runtime.health import delay_line_lateness
 from testbed.topology.model import Topology
-
-Say = Callable[[str], None]
 
 
 class Hosts(Protocol):

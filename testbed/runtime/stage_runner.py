@@ -11,7 +11,7 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import Any, Unpack
 
 from testbed.plan.interpret import (
     AllReduce,
@@ -27,12 +27,11 @@ from testbed.plan.interpret import (
 from testbed.plan.model import Op
 from testbed.runtime.allreduce import ring_allreduce
 from testbed.runtime.engines import Engine
+from testbed.runtime.messages import PeerInfo
 from testbed.runtime.protocol import send_message
 from testbed.runtime.transport import Transport
+from testbed.runtime.worker_config import WorkerConfig
 from testbed.spans import Span, SpanDetail, SpanKind
-
-if TYPE_CHECKING:  # the worker process module imports this one
-    from testbed.runtime.worker import Peer, WorkerConfig
 
 
 @dataclass
@@ -99,7 +98,7 @@ class StageRunner:
         await self.flush_sends()
         return self.engine.take_loss()
 
-    def neighbour(self, stage: int) -> Peer:
+    def neighbour(self, stage: int) -> PeerInfo:
         """The worker that runs `stage` in this replica's pipeline, next to this one."""
         cfg = self.config
         peer = cfg.next if stage == cfg.stage + 1 else cfg.prev if stage == cfg.stage - 1 else None
@@ -122,14 +121,14 @@ class StageRunner:
         self.span(kind, start, time.monotonic(), iteration, **detail)
         return result
 
-    def link_key(self, peer: Peer) -> str | None:
+    def link_key(self, peer: PeerInfo) -> str | None:
         if peer.dc == self.config.dc:
             return None
         return f"{self.config.dc}>{peer.dc}"
 
     async def send(
         self,
-        peer: Peer,
+        peer: PeerInfo,
         tag: str,
         payload: bytes | bytearray | memoryview,
         iteration: int,
@@ -192,7 +191,7 @@ class StageRunner:
             tag=tag,
         )
 
-    async def send_modeled(self, peer: Peer, tag: str, nbytes: int, bps: float) -> None:
+    async def send_modeled(self, peer: PeerInfo, tag: str, nbytes: int, bps: float) -> None:
         """Inside a DC with emulated compute: the bytes take their time at the DC's rate
         (one message at a time per peer, as on its connections), then an empty message
         tells the receiver they are there. Python on a small machine cannot move
@@ -203,7 +202,7 @@ class StageRunner:
 
     def send_later(
         self,
-        peer: Peer,
+        peer: PeerInfo,
         tag: str,
         payload: bytes,
         iteration: int,
@@ -215,7 +214,7 @@ class StageRunner:
         )
 
     async def receive(
-        self, peer: Peer, tag: str, iteration: int, microbatch: int | None
+        self, peer: PeerInfo, tag: str, iteration: int, microbatch: int | None
     ) -> bytearray:
         start = time.monotonic()
         action = self.action

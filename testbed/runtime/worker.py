@@ -15,11 +15,9 @@ import contextlib
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.plan.model import Action
 from testbed.runtime.checkpoint import checkpoint_due, iteration_dir, save_stage, stage_file
 from testbed.runtime.engines import EmulatedEngine, Engine, make_real_engine
 from testbed.runtime.health import p99
@@ -27,65 +25,7 @@ from testbed.runtime.protocol import TOKEN_ENV, read_message, send_message
 from testbed.runtime.stage_runner import StageRunner
 from testbed.runtime.stopping import until_signalled
 from testbed.runtime.transport import Transport
-
-
-@dataclass
-class Peer:
-    index: int
-    gpu: str
-    dc: str
-
-
-@dataclass
-class WorkerConfig:
-    """What the coordinator tells a worker; mirrors the `config` control message."""
-
-    index: int
-    gpu: str
-    dc: str
-    replica: int
-    stage: int
-    pp: int
-    """Stages in the pipeline (the message's `layers` has one count per stage)."""
-    actions: list[Action]
-    prev: Peer | None
-    next: Peer | None
-    ring: list[Peer]
-    """This stage's replicas in ring order (this worker included)."""
-    arbitrated: set[str]
-    """WAN link directions (`src>dst`) whose transfers need a grant."""
-    iterations: int
-    raw: dict[str, Any]
-    first_iteration: int = 0
-    """Where a resumed run starts; its state comes from `restore_dir`."""
-    restore_dir: str | None = None
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 0
-
-    @classmethod
-    def from_message(cls, msg: dict[str, Any]) -> WorkerConfig:
-        def peer(data: dict[str, Any] | None) -> Peer | None:
-            return None if data is None else Peer(data["index"], data["gpu"], data["dc"])
-
-        return cls(
-            index=msg["index"],
-            gpu=msg["gpu"],
-            dc=msg["dc"],
-            replica=msg["replica"],
-            stage=msg["stage"],
-            pp=len(msg["layers"]),
-            actions=[Action.parse(a) for a in msg["actions"]],
-            prev=peer(msg.get("prev")),
-            next=peer(msg.get("next")),
-            ring=[Peer(p["index"], p["gpu"], p["dc"]) for p in msg["ring"]],
-            arbitrated=set(msg.get("arbitrated", [])),
-            iterations=msg["iterations"],
-            raw=msg,
-            first_iteration=int(msg.get("first_iteration", 0)),
-            restore_dir=msg.get("restore_dir"),
-            checkpoint_dir=msg.get("checkpoint_dir"),
-            checkpoint_every=int(msg.get("checkpoint_every", 0)),
-        )
+from testbed.runtime.worker_config import WorkerConfig
 
 
 def make_engine(raw: dict[str, Any]) -> Engine:
