@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from testbed.job import ModelShape
 from testbed.runtime.messages import (
     Config,
     Connect,
@@ -32,7 +33,7 @@ CONFIG = Config(
     index=1, gpu="west-0", dc="west", address="10.0.0.2", replica=0, stage=1,
     actions=["1RECV_F0", "1F0"], prev=PeerInfo(0, "east-0", "east"), next=None,
     ring=[PeerInfo(1, "west-0", "west")], arbitrated=["east>west"], iterations=3,
-    compute="emulated", model={"layers": 4, "hidden": 64}, layers=[2, 2], seed=0, dp=1,
+    compute="emulated", model=ModelShape(4, 64, 4, 32, 100), layers=[2, 2], seed=0, dp=1,
     microbatches=4, microbatch_size=1, activation_bytes=4096, grad_bytes=1024,
     emulated=EmulatedTiming(0.01, 0.02), local_rank=1, decode=DecodeAddress("10.0.1.9", 7100))
 EXAMPLES: list[Message] = [
@@ -72,6 +73,8 @@ def test_wire_names_stay_as_they_were() -> None:
     ({"op": "kv", "request": True, "at": 1.0}, "kv.request is bool"),
     ({"op": "iteration", "iteration": 0, "started": 0, "ended": 1, "loss": "low",
       "spans": []}, "iteration.loss is str"),
+    ({**to_json(CONFIG), "compute": "quantum"}, "config.compute is 'quantum', not one of"),
+    ({**to_json(CONFIG), "model": {"layers": 4}}, "config.model: missing 'hidden'"),
     ({"op": "connect", "outbound": {"1": {"address": "x"}}, "inbound": {}, "pacing": {}},
      "missing 'port'"),
 ])

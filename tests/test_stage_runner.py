@@ -11,11 +11,12 @@ import struct
 from collections import Counter
 from typing import Any, get_args
 
+from testbed.job import ModelShape
 from testbed.plan.schedules import stage_actions
 from testbed.runtime.engines import EmulatedEngine
+from testbed.runtime.messages import Config, EmulatedTiming, Idle, PeerInfo
 from testbed.runtime.stage_runner import StageRunner
 from testbed.runtime.transport import Transport
-from testbed.runtime.worker_config import WorkerConfig
 from testbed.spans import Span, SpanKind
 
 TOKEN = b"t" * 32
@@ -41,7 +42,7 @@ class Control:
         elif message["op"] == "bubble":
             reply = runner.bubble_reply
             assert reply is not None
-            loop.call_soon(reply.set_result, {"op": "idle"})
+            loop.call_soon(reply.set_result, Idle())
 
     async def drain(self) -> None:
         return None
@@ -52,22 +53,22 @@ def _dc(stage: int) -> str:
 
 
 def _config(replica: int, stage: int, dp: int, pp: int, microbatches: int,
-            arbitrated: bool, bubbles: bool) -> WorkerConfig:
-    def peer(r: int, s: int) -> dict[str, Any]:
-        return {"index": r * pp + s, "gpu": f"{_dc(s)}-{r * pp + s}", "dc": _dc(s)}
+            arbitrated: bool, bubbles: bool) -> Config:
+    def peer(r: int, s: int) -> PeerInfo:
+        return PeerInfo(r * pp + s, f"{_dc(s)}-{r * pp + s}", _dc(s))
 
     me = peer(replica, stage)
     actions = stage_actions("1f1b", stage, pp, microbatches, dp)
-    return WorkerConfig.from_message({
-        "op": "config", **me, "replica": replica, "stage": stage,
-        "layers": [1] * pp, "actions": [str(a) for a in actions],
-        "prev": peer(replica, stage - 1) if stage > 0 else None,
-        "next": peer(replica, stage + 1) if stage < pp - 1 else None,
-        "ring": [peer(r, stage) for r in range(dp)],
-        "arbitrated": ["east>west", "west>east"] if arbitrated else [],
-        "iterations": 2, "activation_bytes": ACTIVATION, "grad_bytes": 32,
-        "bubbles": bubbles,
-    })
+    return Config(
+        index=me.index, gpu=me.gpu, dc=me.dc, address="127.0.0.1", replica=replica,
+        stage=stage, actions=[str(a) for a in actions],
+        prev=peer(replica, stage - 1) if stage > 0 else None,
+        next=peer(replica, stage + 1) if stage < pp - 1 else None,
+        ring=[peer(r, stage) for r in range(dp)],
+        arbitrated=["east>west", "west>east"] if arbitrated else [], iterations=2,
+        compute="emulated", model=ModelShape(pp, 8, 1, 4, 16), layers=[1] * pp, seed=0,
+        dp=dp, microbatches=microbatches, microbatch_size=1, activation_bytes=ACTIVATION,
+        grad_bytes=32, emulated=EmulatedTiming(0.0, 0.0), local_rank=0, bubbles=bubbles)
 
 
 async def _run(dp: int, pp: int, microbatches: int, arbitrated: bool = False,

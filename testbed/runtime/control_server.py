@@ -19,7 +19,7 @@ from testbed.runtime.messages import (
     Message,
     Ready,
     WorkerError,
-    decode,
+    decode_as,
     receive,
 )
 from testbed.runtime.pool import WorkerHandle
@@ -54,12 +54,11 @@ class ControlServer:
             return
         try:  # each connection on its own clock: a silent one holds up nobody
             raw = await asyncio.wait_for(read_message(reader), HELLO_TIMEOUT_S)
-            hello = decode(raw, Hello)
+            hello = decode_as(raw, Hello)
         except (TimeoutError, asyncio.IncompleteReadError, ValueError, ProtocolError,
                 ConnectionError):
             writer.close()  # not our protocol: not one of ours
             return
-        assert isinstance(hello, Hello)
         await self.hellos.put((reader, writer, hello))
 
     async def handshake(self, workers: list[WorkerHandle], decoders: list[WorkerHandle],

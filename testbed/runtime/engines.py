@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from testbed.runtime.messages import Config
 
 
 class Engine(Protocol):
@@ -113,7 +116,7 @@ class EmulatedEngine:
         return bytes(kv_bytes)
 
 
-def make_real_engine(config: dict[str, Any]) -> Engine:
+def make_real_engine(config: Config) -> Engine:
     """Imported lazily: emulated workers never load torch."""
     from testbed.runtime.real_engine import RealEngine
 

@@ -8,13 +8,13 @@ receiver can `match` on the class.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import types
-import typing
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, TypeVar
 
+from testbed.choices import EmulatedCompute
+from testbed.job import ModelShape
+from testbed.runtime.codec import build, to_json
 from testbed.runtime.protocol import ProtocolError, read_message, send_message
 from testbed.spans import Span
 
@@ -239,9 +239,10 @@ class Config(Message):
     arbitrated: list[str]
     """WAN link directions (`src>dst`) whose transfers need a grant."""
     iterations: int
-    compute: str
-    model: dict[str, Any]
+    compute: EmulatedCompute
+    model: ModelShape
     layers: list[int]
+    """Layers of every stage, in pipeline order."""
     seed: int
     dp: int
     microbatches: int
@@ -265,25 +266,15 @@ class Config(Message):
     """Activations inside the DC are modeled at this rate (emulated compute)."""
     bubbles: bool = False
     decode: DecodeAddress | None = None
-    inference_model: dict[str, Any] | None = None
+    inference_model: ModelShape | None = None
+
+    @property
+    def pp(self) -> int:
+        """Stages in the pipeline."""
+        return len(self.layers)
 
 
-# --- encoding ----------------------------------------------------------------------------
-
-
-def to_json(value: Any) -> Any:
-    """A message (or any part of one) as JSON-ready data."""
-    if is_dataclass(value) and not isinstance(value, type):
-        out: dict[str, Any] = {"op": value.op} if isinstance(value, Message) else {}
-        names: dict[str, str] = getattr(value, "wire_names", {})
-        for f in fields(value):
-            out[names.get(f.name, f.name)] = to_json(getattr(value, f.name))
-        return out
-    if isinstance(value, list | tuple):
-        return [to_json(v) for v in value]
-    if isinstance(value, dict):
-        return {k: to_json(v) for k, v in value.items()}
-    return value
+# --- encoding (testbed.runtime.codec) ---------------------------------------------------
 
 
 @cache
@@ -297,69 +288,6 @@ def _message_classes() -> dict[str, type[Message]]:
     return found
 
 
-_HINTS: dict[type[Any], dict[str, Any]] = {}
-
-
-def _hints(cls: type[Any]) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]
-
-
-def _from_json(value: Any, hint: Any, where: str) -> Any:
-    """`value` as `hint`, or ProtocolError naming where it does not fit."""
-    origin = typing.get_origin(hint)
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is not type(None):
-                with contextlib.suppress(ProtocolError):
-                    return _from_json(value, arg, where)
-        raise ProtocolError(f"{where} is {type(value).__name__}")
-    if hint is Any:
-        return value
-    if hint in (int, float, bool, str):
-        ok = isinstance(value, hint) and (hint is bool or not isinstance(value, bool))
-        if hint is float and isinstance(value, int) and not isinstance(value, bool):
-            ok = True
-        if not ok:
-            raise ProtocolError(f"{where} is {type(value).__name__}, not {hint.__name__}")
-        return value
-    if origin is list:
-        if not isinstance(value, list):
-            raise ProtocolError(f"{where} is not a list")
-        (item,) = typing.get_args(hint)
-        return [_from_json(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict or typing.is_typeddict(hint):
-        if not isinstance(value, dict):
-            raise ProtocolError(f"{where} is not an object")
-        if origin is None:
-            return value  # a TypedDict: its fields are the receiver's business
-        _, item = typing.get_args(hint)
-        return {str(k): _from_json(v, item, f"{where}.{k}") for k, v in value.items()}
-    if isinstance(hint, type) and is_dataclass(hint):
-        if not isinstance(value, dict):
-            raise ProtocolError(f"{where} is not an object")
-        return _build(hint, value, where)
-    raise ProtocolError(f"{where}: no rule for {hint!r}")
-
-
-def _build(cls: type[Any], data: dict[str, Any], where: str) -> Any:
-    names: dict[str, str] = getattr(cls, "wire_names", {})
-    hints = _hints(cls)
-    values: dict[str, Any] = {}
-    for f in fields(cls):
-        key = names.get(f.name, f.name)
-        if key not in data:
-            if f.default is MISSING and f.default_factory is MISSING:
-                raise ProtocolError(f"{where}: missing {key!r}")
-            continue
-        values[f.name] = _from_json(data[key], hints[f.name], f"{where}.{key}")
-    return cls(**values)
-
-
 def decode(data: dict[str, Any], *expected: type[Message]) -> Message:
     """The message `data` carries; ProtocolError if it is none of `expected` (any message
     when none are given) or a field is missing or of the wrong type."""
@@ -367,7 +295,17 @@ def decode(data: dict[str, Any], *expected: type[Message]) -> Message:
     if cls is None or (expected and cls not in expected):
         wanted = " or ".join(c.op for c in expected) or "a message"
         raise ProtocolError(f"expected {wanted}, got {str(data.get('op'))[:40]!r}")
-    message: Message = _build(cls, data, cls.op)
+    message: Message = build(cls, data, cls.op)
+    return message
+
+
+M = TypeVar("M", bound=Message)
+
+
+def decode_as(data: dict[str, Any], cls: type[M]) -> M:
+    """`data` as a `cls` message, or ProtocolError."""
+    message = decode(data, cls)
+    assert isinstance(message, cls)
     return message
 
 
@@ -377,3 +315,8 @@ async def send(writer: asyncio.StreamWriter, message: Message) -> None:
 
 async def receive(reader: asyncio.StreamReader, *expected: type[Message]) -> Message:
     return decode(await read_message(reader), *expected)
+
+
+async def receive_as(reader: asyncio.StreamReader, cls: type[M]) -> M:
+    """The next message, which must be a `cls`."""
+    return decode_as(await read_message(reader), cls)

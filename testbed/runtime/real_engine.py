@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from testbed.job import ModelShape
+from testbed.runtime.messages import Config
 from testbed.runtime.model import Corpus, Stage, build_stages, loss_of, sample_index
 
 LEARNING_RATE = 3e-3
@@ -39,29 +40,17 @@ class RealEngine:
     _prefiller: Any = None
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> RealEngine:
-        shape = ModelShape(**config["model"])
-        torch.set_num_threads(max(1, int(config.get("threads", 1))))
-        stages = build_stages(shape, tuple(config["layers"]), config["seed"])
-        device = pick_device(config.get("local_rank", 0))
-        module = stages[config["stage"]].to(device)
+    def from_config(cls, config: Config) -> RealEngine:
+        shape = config.model
+        torch.set_num_threads(1)  # one worker per GPU; on a CPU its cores are shared
+        stages = build_stages(shape, tuple(config.layers), config.seed)
+        device = pick_device(config.local_rank)
+        module = stages[config.stage].to(device)
         optimizer = torch.optim.Adam(module.parameters(), lr=LEARNING_RATE)
-        corpus = Corpus(shape.vocab, shape.seq_len, config["seed"])
-        return cls(
-            config["stage"],
-            len(config["layers"]),
-            config["replica"],
-            config["dp"],
-            config["microbatches"],
-            config["microbatch_size"],
-            shape,
-            module,
-            corpus,
-            device,
-            optimizer,
-            config["seed"],
-            ModelShape(**config["inference_model"]) if config.get("inference_model") else None,
-        )
+        corpus = Corpus(shape.vocab, shape.seq_len, config.seed)
+        return cls(config.stage, config.pp, config.replica, config.dp, config.microbatches,
+                   config.microbatch_size, shape, module, corpus, device, optimizer,
+                   config.seed, config.inference_model)
 
     @property
     def first(self) -> bool:

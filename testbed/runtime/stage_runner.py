@@ -24,19 +24,19 @@ from testbed.plan.interpret import (
     Step,
     interpret,
 )
-from testbed.plan.model import Op
+from testbed.plan.model import Action, Op
 from testbed.runtime.allreduce import ring_allreduce
 from testbed.runtime.engines import Engine
-from testbed.runtime.messages import PeerInfo
-from testbed.runtime.protocol import send_message
+from testbed.runtime.messages import BubbleAsk, Config, Idle, PeerInfo, Sent, TransferRequest
+from testbed.runtime.messages import Prefill as PrefillOrder
+from testbed.runtime.messages import send as send_message
 from testbed.runtime.transport import Transport
-from testbed.runtime.worker_config import WorkerConfig
 from testbed.spans import Span, SpanDetail, SpanKind
 
 
 @dataclass
 class StageRunner:
-    config: WorkerConfig
+    config: Config
     engine: Engine
     transport: Transport
     control: asyncio.StreamWriter
@@ -44,7 +44,7 @@ class StageRunner:
     grants: dict[str, asyncio.Future[None]] = field(default_factory=dict)
     """Arbitrated transfers waiting for the coordinator's grant, by message tag."""
     pending_sends: list[asyncio.Task[None]] = field(default_factory=list)
-    bubble_reply: asyncio.Future[dict[str, Any]] | None = None
+    bubble_reply: asyncio.Future[PrefillOrder | Idle] | None = None
     decode: asyncio.StreamWriter | None = None
     decode_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     modeled_locks: dict[int, asyncio.Lock] = field(default_factory=dict)
@@ -57,7 +57,7 @@ class StageRunner:
 
     def __post_init__(self) -> None:
         cfg = self.config
-        self.steps = interpret(cfg.actions, cfg.stage, cfg.pp)
+        self.steps = interpret([Action.parse(a) for a in cfg.actions], cfg.stage, cfg.pp)
 
     def span(self, kind: SpanKind, start: float, end: float, iteration: int,
              **detail: Unpack[SpanDetail]) -> None:
@@ -114,7 +114,7 @@ class StageRunner:
             await asyncio.sleep(0)  # let the sends it made ready start, as a GPU stream would
         else:
             result = await asyncio.get_running_loop().run_in_executor(self.executor, fn)
-        stretch = float(self.config.raw.get("stretch", 1))
+        stretch = self.config.stretch
         if stretch > 1:  # real compute under dilation: the GPU stays busy K times as long
             held = (stretch - 1) * (time.monotonic() - start)
             await asyncio.get_running_loop().run_in_executor(self.executor, time.sleep, held)
@@ -143,23 +143,11 @@ class StageRunner:
         if link is not None and pipeline and link in self.config.arbitrated:
             grant = asyncio.get_running_loop().create_future()
             self.grants[tag] = grant
-            await send_message(
-                self.control,
-                {
-                    "op": "request",
-                    "tag": tag,
-                    "link": link,
-                    "src": self.config.gpu,
-                    "dst": peer.gpu,
-                    "kind": kind.value,
-                    "replica": self.config.replica,
-                    "stage": self.config.stage,
-                    "microbatch": microbatch if microbatch is not None else -1,
-                    "bytes": len(payload),
-                    "iteration": iteration,
-                    "ready_at": queued,
-                },
-            )
+            await send_message(self.control, TransferRequest(
+                tag=tag, link=link, src=self.config.gpu, dst=peer.gpu, kind=kind.value,
+                replica=self.config.replica, stage=self.config.stage,
+                microbatch=microbatch if microbatch is not None else -1,
+                nbytes=len(payload), iteration=iteration, ready_at=queued))
             await grant
             self.span(
                 "wait_grant",
@@ -171,14 +159,14 @@ class StageRunner:
                 peer=peer.gpu,
             )
         start = time.monotonic()
-        modeled_bps = self.config.raw.get("intra_dc_bps") if link is None and pipeline else None
+        modeled_bps = self.config.intra_dc_bps if link is None and pipeline else None
         if modeled_bps:
-            await self.send_modeled(peer, tag, len(payload), float(modeled_bps))
+            await self.send_modeled(peer, tag, len(payload), modeled_bps)
         else:
             await self.transport.send(peer.index, tag, payload)
         if link is not None and pipeline and link in self.config.arbitrated:
             # the last byte has left: the link is free for the next transfer
-            await send_message(self.control, {"op": "sent", "tag": tag})
+            await send_message(self.control, Sent(tag))
         self.span(
             "send",
             start,
@@ -218,14 +206,14 @@ class StageRunner:
     ) -> bytearray:
         start = time.monotonic()
         action = self.action
-        if self.config.raw.get("bubbles") and not self.transport.has(tag):
+        if self.config.bubbles and not self.transport.has(tag):
             await self.fill_bubble(tag, action, iteration, start)
         got = await self.transport.recv(tag)
         now = time.monotonic()
         self.span("recv", start, now, iteration, microbatch=microbatch, peer=peer.gpu,
                   action=action, waited=max(0.0, got.completed_at - start))
         link = self.link_key(peer)
-        modeled = link is None and bool(self.config.raw.get("intra_dc_bps"))
+        modeled = link is None and bool(self.config.intra_dc_bps)
         self.span(
             "transfer",
             got.sent_at,
@@ -233,7 +221,7 @@ class StageRunner:
             iteration,
             microbatch=microbatch,
             peer=peer.gpu,
-            bytes=int(self.config.raw["activation_bytes"]) if modeled else len(got.data),
+            bytes=self.config.activation_bytes if modeled else len(got.data),
             modeled=modeled,
             link=None if link is None else f"{peer.dc}>{self.config.dc}",
             tag=tag,
@@ -247,16 +235,15 @@ class StageRunner:
         is here or none fits, shipping each KV cache to the decode server."""
         while not self.transport.has(tag):
             self.bubble_reply = asyncio.get_running_loop().create_future()
-            await send_message(self.control, {"op": "bubble", "action": action,
-                                              "iteration": iteration, "since": since})
+            await send_message(self.control, BubbleAsk(action, iteration, since))
             reply = await self.bubble_reply
-            if reply.get("op") != "prefill":
+            if not isinstance(reply, PrefillOrder):
                 return
-            request, length = int(reply["request"]), int(reply["prompt_len"])
+            request, length = reply.request, reply.prompt_len
             kv = await self.compute(
                 "prefill", iteration,
-                functools.partial(self.engine.prefill, request, length,
-                                  float(reply["modeled_s"]), int(reply["kv_bytes"])),
+                functools.partial(self.engine.prefill, request, length, reply.modeled_s,
+                                  reply.kv_bytes),
                 request=request, prompt_len=length)
             self.pending_sends.append(asyncio.create_task(self.ship_kv(request, kv, iteration)))
 
@@ -266,8 +253,10 @@ class StageRunner:
         start = time.monotonic()
         async with self.decode_lock:  # one request's frame at a time on the connection
             if self.decode is None:
-                where = self.config.raw["decode"]
-                _, self.decode = await asyncio.open_connection(where["address"], where["port"])
+                where = self.config.decode
+                if where is None:
+                    raise RuntimeError("a prefill ran but the run has no decode server")
+                _, self.decode = await asyncio.open_connection(where.address, where.port)
             await write_kv(self.decode, request, payload)
         self.span("kv_transfer", start, time.monotonic(), iteration, request=request,
                   bytes=len(payload))
@@ -277,7 +266,7 @@ class StageRunner:
         start = time.monotonic()
         position = next(i for i, p in enumerate(cfg.ring) if p.index == cfg.index)
         successor = cfg.ring[(position + 1) % len(cfg.ring)]
-        modeled = cfg.raw.get("allreduce_modeled_s")
+        modeled = cfg.allreduce_modeled_s
         if modeled is not None:
             # inside one DC, in emulated compute: a real ring over a token-sized buffer keeps
             # the replicas in step as the collective does; the gradients' time is modeled
@@ -289,7 +278,7 @@ class StageRunner:
             if left > 0:
                 await asyncio.get_running_loop().run_in_executor(self.executor, time.sleep, left)
             self.span("allreduce", start, time.monotonic(), iteration,
-                      bytes=cfg.raw["grad_bytes"], modeled=True)
+                      bytes=cfg.grad_bytes, modeled=True)
             return
         data = await asyncio.get_running_loop().run_in_executor(
             self.executor, self.engine.gradients

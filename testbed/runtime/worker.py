@@ -21,86 +21,95 @@ from typing import Any
 from testbed.runtime.checkpoint import checkpoint_due, iteration_dir, save_stage, stage_file
 from testbed.runtime.engines import EmulatedEngine, Engine, make_real_engine
 from testbed.runtime.health import p99
-from testbed.runtime.protocol import TOKEN_ENV, read_message, send_message
+from testbed.runtime.messages import (
+    Abort,
+    CheckpointWritten,
+    Config,
+    Connect,
+    Done,
+    Grant,
+    Hello,
+    Idle,
+    IterationDone,
+    Listening,
+    Prefill,
+    Ready,
+    Start,
+    Stop,
+    WorkerError,
+    receive,
+    receive_as,
+    send,
+)
+from testbed.runtime.protocol import TOKEN_ENV, ProtocolError
 from testbed.runtime.stage_runner import StageRunner
 from testbed.runtime.stopping import until_signalled
 from testbed.runtime.transport import Transport
-from testbed.runtime.worker_config import WorkerConfig
 
 
-def make_engine(raw: dict[str, Any]) -> Engine:
-    if raw["compute"] == "real":
-        return make_real_engine(raw)
-    timing = raw["emulated"]
+def make_engine(config: Config) -> Engine:
+    if config.compute == "real":
+        return make_real_engine(config)
+    timing = config.emulated
     return EmulatedEngine(
-        timing["forward_s"],
-        timing["backward_s"],
-        timing["step_s"],
-        raw["activation_bytes"],
-        raw["grad_bytes"],
-        raw["stage"] == 0,
-        raw["stage"] == len(raw["layers"]) - 1,
+        timing.forward_s,
+        timing.backward_s,
+        timing.step_s,
+        config.activation_bytes,
+        config.grad_bytes,
+        config.stage == 0,
+        config.stage == config.pp - 1,
     )
 
 
 async def control_loop(
     reader: asyncio.StreamReader,
-    runner_future: asyncio.Future[StageRunner],
+    runner: StageRunner,
     stop: asyncio.Event,
     main_task: asyncio.Task[Any],
 ) -> None:
-    """Grants and stop/abort orders from the coordinator, while the worker runs."""
+    """Grants, prefill answers and stop/abort orders from the coordinator, while the
+    worker runs. Anything else from the coordinator is a protocol error: the run ends."""
     try:
         while True:
-            msg = await read_message(reader)
-            if msg["op"] == "grant":
-                runner = await runner_future
-                future = runner.grants.pop(msg["tag"], None)
-                if future is not None and not future.done():
-                    future.set_result(None)
-            elif msg["op"] in ("prefill", "idle"):
-                runner = await runner_future
-                if runner.bubble_reply is not None and not runner.bubble_reply.done():
-                    runner.bubble_reply.set_result(msg)
-            elif msg["op"] == "stop":
-                stop.set()
-            elif msg["op"] == "abort":
-                main_task.cancel()
-                return
-    except (asyncio.IncompleteReadError, ConnectionError):
-        main_task.cancel()  # the coordinator is gone: so are we
+            match await receive(reader, Grant, Prefill, Idle, Stop, Abort):
+                case Grant(tag=tag):
+                    future = runner.grants.pop(tag, None)
+                    if future is not None and not future.done():
+                        future.set_result(None)
+                case Prefill() | Idle() as answer:
+                    reply = runner.bubble_reply
+                    if reply is not None and not reply.done():
+                        reply.set_result(answer)
+                case Stop():
+                    stop.set()
+                case Abort():
+                    main_task.cancel()
+                    return
+    except (asyncio.IncompleteReadError, ConnectionError, ProtocolError):
+        main_task.cancel()  # the coordinator is gone or speaks nonsense: so are we
 
 
 async def serve(control_path: str, gpu: str, token: str) -> int:
     reader, writer = await asyncio.open_unix_connection(control_path)
-    await send_message(writer, {"op": "hello", "gpu": gpu, "token": token, "pid": os.getpid()})
-    msg = await read_message(reader)
-    if msg.get("op") != "config":
-        return 2
-    config = WorkerConfig.from_message(msg)
-    raw = msg
+    await send(writer, Hello(gpu, token, os.getpid()))
+    config = await receive_as(reader, Config)
     transport = Transport(config.index, bytes.fromhex(token))
-    port = await transport.listen(raw["address"], 0)
-    engine = await asyncio.get_running_loop().run_in_executor(None, make_engine, raw)
-    await send_message(writer, {"op": "listening", "port": port})
-    msg = await read_message(reader)  # where to connect
-    outbound = {
-        int(k): (v["address"], v["port"], v["connections"]) for k, v in msg["outbound"].items()
-    }
-    inbound = {int(k): n for k, n in msg["inbound"].items()}
-    transport.set_pacing({int(k): float(v) for k, v in msg.get("pacing", {}).items()})
-    await transport.connect(outbound, inbound)
-    await send_message(writer, {"op": "ready"})
-    msg = await read_message(reader)
-    if msg.get("op") != "start":
-        return 2
+    port = await transport.listen(config.address, 0)
+    engine = await asyncio.get_running_loop().run_in_executor(None, make_engine, config)
+    await send(writer, Listening(port))
+    connect = await receive_as(reader, Connect)
+    transport.set_pacing({int(k): v for k, v in connect.pacing.items()})
+    await transport.connect(
+        {int(k): (o.address, o.port, o.connections) for k, o in connect.outbound.items()},
+        {int(k): n for k, n in connect.inbound.items()})
+    await send(writer, Ready())
+    await receive_as(reader, Start)
     runner = StageRunner(config, engine, transport, writer)
-    runner_future: asyncio.Future[StageRunner] = asyncio.get_running_loop().create_future()
-    runner_future.set_result(runner)
     stop = asyncio.Event()
     main_task = asyncio.current_task()
     assert main_task is not None
-    controller = asyncio.create_task(control_loop(reader, runner_future, stop, main_task))
+    controller = asyncio.create_task(control_loop(reader, runner, stop, main_task))
     lags: list[float] = []
     watch_lag = asyncio.create_task(lag_monitor(lags))
     try:
@@ -113,36 +122,18 @@ async def serve(control_path: str, gpu: str, token: str) -> int:
             try:
                 loss = await runner.run_iteration(iteration)
             except Exception as exc:
-                await send_message(
-                    writer,
-                    {
-                        "op": "error",
-                        "iteration": iteration,
-                        "message": f"{type(exc).__name__}: {exc}",
-                        "spans": runner.spans,
-                    },
-                )
+                await send(writer, WorkerError(f"{type(exc).__name__}: {exc}", iteration,
+                                               runner.spans))
                 raise
             spans, runner.spans = runner.spans, []
-            await send_message(
-                writer,
-                {
-                    "op": "iteration",
-                    "iteration": iteration,
-                    "started": started,
-                    "ended": time.monotonic(),
-                    "loss": loss,
-                    "spans": spans,
-                    "lag_p99_s": p99(lags),
-                },
-            )
+            await send(writer, IterationDone(iteration, started, time.monotonic(), loss, spans,
+                                             p99(lags)))
             lags.clear()
             await checkpoint_if_due(runner, iteration + 1)
-        save_dir = raw.get("save_dir")
-        if save_dir:
-            path = os.path.join(save_dir, f"r{config.replica}-s{config.stage}.pt")
+        if config.save_dir:
+            path = os.path.join(config.save_dir, f"r{config.replica}-s{config.stage}.pt")
             await asyncio.get_running_loop().run_in_executor(runner.executor, engine.save, path)
-        await send_message(writer, {"op": "done"})
+        await send(writer, Done())
         await stop.wait()
     finally:
         watch_lag.cancel()
@@ -163,7 +154,7 @@ async def checkpoint_if_due(runner: StageRunner, done: int) -> None:
     directory = iteration_dir(Path(cfg.checkpoint_dir), done)
     await asyncio.get_running_loop().run_in_executor(
         runner.executor, save_stage, runner.engine.checkpoint, directory, cfg.replica, cfg.stage)
-    await send_message(runner.control, {"op": "checkpoint", "done": done})
+    await send(runner.control, CheckpointWritten(done))
 
 
 LAG_PERIOD_S = 0.02

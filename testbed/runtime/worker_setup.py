@@ -50,7 +50,7 @@ def worker_config(run: RunConfig, worker: WorkerHandle, workers: Sequence[Worker
         ring=[peer(plan.lead_gpu(r, stage)) for r in range(plan.dp)],
         arbitrated=[f"{a}>{b}" for (a, b), s in plan.sharing.items()
                     if s is Sharing.ARBITRATED],
-        iterations=job.iterations, compute=run.compute, model=dict(job.model.__dict__),
+        iterations=job.iterations, compute=run.compute, model=job.model,
         layers=list(plan.layers), seed=job.seed, dp=plan.dp, microbatches=plan.microbatches,
         microbatch_size=plan.microbatch_size, activation_bytes=job.activation_bytes,
         grad_bytes=cost.grad_bytes, emulated=EmulatedTiming(cost.forward_s, cost.backward_s),
@@ -64,7 +64,7 @@ def worker_config(run: RunConfig, worker: WorkerHandle, workers: Sequence[Worker
         intra_dc_bps=topology.dc(dc).bandwidth_bps
         if run.activations == "auto" and run.compute == "emulated" else None,
         bubbles=bool(decode_dcs), decode=decode,
-        inference_model=dict(job.inference.model.__dict__) if job.inference else None,
+        inference_model=job.inference.model if job.inference else None,
     )
 
 
