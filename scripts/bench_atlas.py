@@ -23,7 +23,8 @@ from testbed_plugins.atlas.estimate import connections_to_fill
 from testbed.inputs import load_inputs
 from testbed.policy import training_policy
 from testbed.policy.api import WINDOW_EFFICIENCY
-from testbed.sim.network import EventQueue, FluidNetwork, Pair
+from testbed.sim.agenda import Agenda
+from testbed.sim.network import FluidNetwork, Pair
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
 from testbed.topology import parse_topology
@@ -41,7 +42,7 @@ def pair_topology(one_way_ms: float) -> Any:
 
 
 def simulated_transfer(one_way_ms: float, connections: int, warm: bool) -> float:
-    queue = EventQueue()
+    queue = Agenda()
     network = FluidNetwork({"link": 1e9}, queue.at)
     from testbed.pacing import paced
 

@@ -15,8 +15,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from testbed.events import NetEvent
 from testbed.job import Job
+from testbed.net_events import NetEvent
 from testbed.spans import Span
 from testbed.topology.model import Datacenter, TcpSettings, Topology, WanLink
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.events import NetEvent, parse_event_flag, parse_events
 from testbed.job import Job
 from testbed.job_file import load_job
+from testbed.net_events import NetEvent, parse_event_flag, parse_events
 from testbed.topology import Topology, load_topology
 
 JOB_FLAGS = ("iterations", "microbatches", "dp", "pp", "seed")

@@ -12,8 +12,8 @@ from testbed.choices import (
     ComputeChoice,
     ShaperChoice,
 )
-from testbed.events import NetEvent
 from testbed.job import Job
+from testbed.net_events import NetEvent
 from testbed.sim.profile import Profile
 from testbed.topology import Topology
 

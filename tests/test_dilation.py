@@ -20,8 +20,8 @@ from testbed.dilation import (
     represented_spans,
 )
 from testbed.errors import InputError
-from testbed.events import NetEvent
 from testbed.job import InferenceWorkload, Job, ModelShape
+from testbed.net_events import NetEvent
 from testbed.policy import training_policy
 from testbed.runtime.health import assess, delay_line_lateness
 from testbed.sim.planning import plan_with_simulator

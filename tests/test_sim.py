@@ -14,15 +14,15 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from testbed.errors import InputError
-from testbed.events import parse_event_flag
 from testbed.job import Job, ModelShape
 from testbed.metrics.summary import summarize
+from testbed.net_events import parse_event_flag
 from testbed.plan.model import Op
 from testbed.policy import training_policy
+from testbed.sim.agenda import Agenda
 from testbed.sim.network import (
     INITIAL_WINDOW,
     PAYLOAD_EFFICIENCY,
-    EventQueue,
     FluidNetwork,
     Pair,
     max_min,
@@ -70,7 +70,7 @@ def test_free_communication_matches_the_pipeline_bubble(stages: int, microbatche
 
 
 def test_equal_flows_share_a_link_equally_and_one_flow_is_window_limited() -> None:
-    queue = EventQueue()
+    queue = Agenda()
     capacity = {"link": 1e9, "a": 1e12, "b": 1e12}
     network = FluidNetwork(capacity, queue.at)
     arrivals: dict[str, float] = {}
@@ -95,7 +95,7 @@ def test_equal_flows_share_a_link_equally_and_one_flow_is_window_limited() -> No
 
 
 def test_slow_start_sends_a_small_message_at_once_and_restarts_after_idle() -> None:
-    queue = EventQueue()
+    queue = Agenda()
     network = FluidNetwork({"link": 1e9}, queue.at)
     pair = Pair(1, 4e6, 0.1, True)
     done: list[float] = []

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from testbed.bubbles import BubbleBroker, make_broker
 from testbed.choices import EmulatedCompute, Status
 from testbed.errors import TestbedError
-from testbed.events import NetEvent, changes, event_spans
 from testbed.job import Job
 from testbed.metrics.summary import Summary, summarize
 from testbed.net.layout import check_limits
 from testbed.net.network import Progress as Say
+from testbed.net_events import NetEvent, changes, event_spans
 from testbed.plan.model import Plan
 from testbed.runtime.arbiter_bridge import ArbiterBridge, Granted
 from testbed.runtime.bubble_bridge import BubbleBridge

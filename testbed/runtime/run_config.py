@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.choices import ActivationsChoice, AllReduceChoice, EmulatedCompute, ShaperChoice
-from testbed.events import NetEvent
 from testbed.job import Job
+from testbed.net_events import NetEvent
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.runtime.checkpoint import Checkpoints

@@ -16,7 +16,6 @@ Pure: time is passed in, nothing sleeps.
 from __future__ import annotations
 
 import functools
-import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -311,25 +310,3 @@ def max_min(
     for fid in active:
         rates[fid] = 0.0
     return rates
-
-
-class EventQueue:
-    """Callbacks by time; ties run in the order they were scheduled."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Callable[[float], None]]] = []
-        self._seq = itertools.count()
-        self.now = 0.0
-
-    def at(self, time: float, callback: Callable[[float], None]) -> None:
-        heapq.heappush(self._heap, (max(time, self.now), next(self._seq), callback))
-
-    def run(self) -> int:
-        count = 0
-        heap = self._heap
-        while heap:
-            time, _, callback = heapq.heappop(heap)
-            self.now = time
-            callback(time)
-            count += 1
-        return count

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from testbed.bubbles import BubbleBroker
 from testbed.errors import TestbedError
-from testbed.events import NetEvent
 from testbed.job import Job
 from testbed.metrics.summary import Summary, summarize
+from testbed.net_events import NetEvent
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.sim.profile import Profile

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from testbed.bubbles import BubbleBroker
 from testbed.compute import stage_costs
-from testbed.events import NetEvent, changes, event_spans
 from testbed.job import Job
+from testbed.net_events import NetEvent, changes, event_spans
 from testbed.plan.interpret import (
     AllReduce,
     Compute,
@@ -26,8 +26,9 @@ from testbed.plan.interpret import (
 from testbed.plan.model import Plan
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import TrainingPolicy
+from testbed.sim.agenda import Agenda
 from testbed.sim.links import Links, capacities
-from testbed.sim.network import EventQueue, FluidNetwork
+from testbed.sim.network import FluidNetwork
 from testbed.sim.prefills import Prefills
 from testbed.sim.rings import AllReduces
 from testbed.sim.transfers import Transfers
@@ -40,7 +41,6 @@ from testbed.topology.model import Topology
 class SimResult:
     spans: list[Span]
     start: float
-    events: int
 
 
 class Simulator:
@@ -56,11 +56,11 @@ class Simulator:
         events: Sequence[NetEvent] = (),
     ) -> None:
         self.topology, self.job, self.plan, self.policy = topology, job, plan, policy
-        self.events = tuple(events)
+        self.net_events = tuple(events)
         self.bubbles = bubbles
         self.costs = stage_costs(topology, job, plan, profile)
         self.step_s = step_s
-        self.queue = EventQueue()
+        self.agenda = Agenda()
         self.spans: list[Span] = []
         self.workers: dict[tuple[int, int], SimWorker] = {}
         for index, ((replica, stage), gpus) in enumerate(plan.workers()):
@@ -68,32 +68,32 @@ class Simulator:
             self.workers[(replica, stage)] = SimWorker(
                 index, replica, stage, gpus, topology.dc_of(gpus[0]), steps
             )
-        self.network = FluidNetwork(capacities(topology, self.workers.values()), self.queue.at)
-        self.links = Links(topology, self.network, self.queue.at)
+        self.network = FluidNetwork(capacities(topology, self.workers.values()), self.agenda.at)
+        self.links = Links(topology, self.network, self.agenda.at)
         self.transfers = Transfers(topology, plan, self.network, self.links,
                                    Arbiter(policy, plan), self.spans)
         self.allreduces = AllReduces(topology, plan.dp, self.costs, self.workers,
-                                     self.transfers, self.queue.at, self.spans)
+                                     self.transfers, self.agenda.at, self.spans)
         self.prefills = None if bubbles is None or job.inference is None else Prefills(
-            topology, job.inference, bubbles, self.network, self.links, self.queue.at,
+            topology, job.inference, bubbles, self.network, self.links, self.agenda.at,
             self.spans)
         self.mailbox: set[MessageTag] = set()
         """Messages that arrived before their receive."""
         self.waiting: dict[MessageTag, SimWorker] = {}
         """Receives waiting for their message."""
-        for change in changes(self.events, topology):
-            self.queue.at(change.at_s, functools.partial(self.links.apply, change))
+        for change in changes(self.net_events, topology):
+            self.agenda.at(change.at_s, functools.partial(self.links.apply, change))
 
     def run(self) -> SimResult:
         for worker in self.workers.values():
-            self.queue.at(0.0, functools.partial(self._advance, worker))
-        self.queue.run()
+            self.agenda.at(0.0, functools.partial(self._advance, worker))
+        self.agenda.run()
         stuck = [w.lead for w in self.workers.values() if not w.done]
         if stuck:
             raise RuntimeError(f"simulation stalled with {', '.join(stuck[:4])} unfinished")
         end = max((s["end"] for s in self.spans), default=0.0)
-        self.spans.extend(event_spans(self.events, 0.0, end))
-        return SimResult(self.spans, 0.0, 0)
+        self.spans.extend(event_spans(self.net_events, 0.0, end))
+        return SimResult(self.spans, 0.0)
 
     def _advance(self, worker: SimWorker, now: float) -> None:
         """Run the worker's steps from where it is until one takes time or waits."""
@@ -111,13 +111,13 @@ class Simulator:
                     duration = cost.forward_s if phase is Phase.FORWARD else cost.backward_s
                     worker.record(self.spans, phase.label, now, now + duration, mb)
                     worker.pc += 1
-                    self.queue.at(now + duration, functools.partial(self._advance, worker))
+                    self.agenda.at(now + duration, functools.partial(self._advance, worker))
                     return
                 case OptimizerStep():
                     worker.record(self.spans, "step", now, now + self.step_s)
                     worker.pc += 1
                     if self.step_s:
-                        self.queue.at(now + self.step_s, functools.partial(self._advance, worker))
+                        self.agenda.at(now + self.step_s, functools.partial(self._advance, worker))
                         return
                 case Send() as send:
                     peer = self.workers[(worker.replica, send.to_stage)]

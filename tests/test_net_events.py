@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from testbed.errors import InputError
-from testbed.events import changes, parse_event, parse_event_flag
 from testbed.inputs import load_inputs
+from testbed.net_events import changes, parse_event, parse_event_flag
 from testbed.run_spec import RunSpec
 from testbed.runs import run
 from testbed.sim.network import resume_after_outage

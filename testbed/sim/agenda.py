@@ -1,0 +1,29 @@
+"""The simulator's clock: callbacks by virtual time, each advancing the run."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+
+
+class Agenda:
+    """Callbacks by time; ties run in the order they were scheduled."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[float], None]]] = []
+        self._seq = itertools.count()
+        self.now = 0.0
+
+    def at(self, time: float, callback: Callable[[float], None]) -> None:
+        heapq.heappush(self._heap, (max(time, self.now), next(self._seq), callback))
+
+    def run(self) -> int:
+        count = 0
+        heap = self._heap
+        while heap:
+            time, _, callback = heapq.heappop(heap)
+            self.now = time
+            callback(time)
+            count += 1
+        return count
