@@ -23,8 +23,12 @@ from testbed.policy.api import (
     Topology,
     TrainingPolicy,
     Transfer,
+    at_least_one,
     build_plan,
     fits_memory,
+    non_negative_int,
+    on_off,
+    one_of,
 )
 
 from .estimate import connections_to_fill, estimate, lower_bound
@@ -36,27 +40,6 @@ LARGE = 256
 """GPUs above which candidates are simulated for one iteration only."""
 PROBE_ITERATIONS = 3
 """Enough for the staggered rhythm of temporal sharing to settle after the first."""
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError("must be at least 1")
-    return value
-
-
-def _order(text: str) -> str:
-    if text not in ORDERS:
-        raise ValueError(f"one of {', '.join(ORDERS)}")
-    return text
-
-
-def _on_off(text: str) -> bool:
-    if text.lower() in ("on", "true", "yes", "1"):
-        return True
-    if text.lower() in ("off", "false", "no", "0"):
-        return False
-    raise ValueError("on or off")
 
 
 @dataclass(frozen=True)
@@ -95,14 +78,14 @@ class AtlasPolicy(TrainingPolicy):
                "temporal WAN sharing")
     options: ClassVar[tuple[Option, ...]] = (
         Option("connections", 0, "TCP connections per cross-DC peer pair (0: enough to fill "
-               "the link from its bandwidth-delay product and the TCP window)", int),
-        Option("max_connections", 16, "upper bound when chosen automatically", _positive_int),
+               "the link from its bandwidth-delay product and the TCP window)", non_negative_int),
+        Option("max_connections", 16, "upper bound when chosen automatically", at_least_one),
         Option("temporal", True, "temporal WAN sharing: one transfer at a time per link "
-               "direction and DP-cell, in a workload-aware order (on/off)", _on_off),
+               "direction and DP-cell, in a workload-aware order (on/off)", on_off),
         Option("order", "microbatch", "who gets the link next: microbatch (the transfer its "
-               "receiver needs soonest), pipeline (lowest replica first), fifo", _order),
+               "receiver needs soonest), pipeline (lowest replica first), fifo", one_of(*ORDERS)),
         Option("selection", True, "choose DCs and the DP/PP split by predicted throughput "
-               "(off: every DC, largest first)", _on_off),
+               "(off: every DC, largest first)", on_off),
     )
     multi_connection: ClassVar[bool] = True
 

@@ -5,21 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from testbed.policy.api import Bubble, BubblePolicy, Option, Request
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < 1:
-        raise ValueError("a fraction from 0 to 1")
-    return value
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise ValueError("must not be negative")
-    return value
+from testbed.policy.api import Bubble, BubblePolicy, Option, Request, fraction, non_negative
 
 
 class BubbleTeaPolicy(BubblePolicy):
@@ -27,8 +13,8 @@ class BubbleTeaPolicy(BubblePolicy):
     summary = "prefill in predicted bubbles, only what fits (oldest request first)"
     options = (
         Option("guard", 0.1, "fraction of the predicted bubble kept free as a margin",
-               _fraction),
-        Option("guard_s", 0.002, "seconds kept free at the end of every bubble", _seconds),
+               fraction),
+        Option("guard_s", 0.002, "seconds kept free at the end of every bubble", non_negative),
     )
 
     def admit(self, bubble: Bubble, queue: Sequence[Request], now: float,

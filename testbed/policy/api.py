@@ -30,6 +30,14 @@ from testbed.policy.base import (
     Transfer,
 )
 from testbed.policy.context import PlanningContext
+from testbed.policy.option_parsers import (
+    at_least_one,
+    fraction,
+    non_negative,
+    non_negative_int,
+    on_off,
+    one_of,
+)
 from testbed.tcp_model import PAYLOAD_EFFICIENCY, WINDOW_EFFICIENCY
 from testbed.topology.model import Topology
 
@@ -56,10 +64,16 @@ __all__ = [
     "TrainingPolicy",
     "Transfer",
     "Worker",
+    "at_least_one",
     "build_plan",
     "default_pp",
     "file_order_placement",
     "fits_memory",
+    "fraction",
+    "non_negative",
+    "non_negative_int",
+    "on_off",
+    "one_of",
     "ring_allreduce_s",
     "split_layers",
     "stage_cost",

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from testbed.policy.api import Bubble, BubblePolicy, Option, Request
-
-from .options import non_negative_seconds
+from testbed.policy.api import Bubble, BubblePolicy, Option, Request, non_negative
 
 
 class ShortestFirst(BubblePolicy):
@@ -15,7 +13,7 @@ class ShortestFirst(BubblePolicy):
     summary = "the shortest queued prompt whose prefill fits what is left of the bubble"
     api_version = 1
     options = (Option("margin_s", 0.001, "seconds kept free at the end of every bubble",
-                      non_negative_seconds),)
+                      non_negative),)
 
     def admit(self, bubble: Bubble, queue: Sequence[Request], now: float,
               prefill_time: Callable[[int], float]) -> Request | None:

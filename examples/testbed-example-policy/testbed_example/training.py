@@ -15,12 +15,12 @@ from testbed.policy.api import (
     Schedule,
     Topology,
     TrainingPolicy,
+    at_least_one,
     build_plan,
     default_pp,
     file_order_placement,
+    one_of,
 )
-
-from .options import at_least_one, schedule_choice
 
 
 class StripedPipeline(TrainingPolicy):
@@ -31,7 +31,7 @@ class StripedPipeline(TrainingPolicy):
         Option("connections", 4, "TCP connections per cross-DC pipeline peer pair",
                at_least_one),
         Option("schedule", "auto", "gpipe, 1f1b, or auto: the one the simulator finds "
-               "faster", schedule_choice),
+               "faster", one_of("auto", "gpipe", "1f1b")),
     )
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:

@@ -1,0 +1,57 @@
+"""Parsers for policies' `-o name=value` settings: a bad value raises ValueError with the
+reason, which the registry turns into a one-line error before any planning starts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+_TRUE = ("on", "true", "yes", "1")
+_FALSE = ("off", "false", "no", "0")
+
+
+def at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must not be negative")
+    return value
+
+
+def non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # NaN too
+        raise ValueError("must not be negative")
+    return value
+
+
+def fraction(text: str) -> float:
+    """At least 0 and below 1."""
+    value = float(text)
+    if not 0 <= value < 1:
+        raise ValueError("a fraction from 0 to 1")
+    return value
+
+
+def on_off(text: str) -> bool:
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise ValueError("on or off")
+
+
+def one_of(*choices: str) -> Callable[[str], str]:
+    """A parser accepting exactly `choices`."""
+
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"one of {', '.join(choices)}")
+        return text
+
+    return parse
