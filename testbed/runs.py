@@ -7,7 +7,7 @@ files whichever command or backend made it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from testbed.choices import BackendName
 from testbed.errors import TestbedError
 from testbed.fsutil import write_atomic
 from testbed.job_file import dump_job
+from testbed.plan.host_tcp import hosts_as_planned
 from testbed.policy import training_policy
 from testbed.report.results import RunRecord, write_run
 from testbed.run_spec import RunSpec
@@ -41,6 +42,8 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
     `resume`: go on from that checkpoint of this directory's run (emulator)."""
     chosen = training_policy(spec.policy, spec.policy_options)
     plan = plan_with_simulator(chosen, spec.topology, spec.job)
+    # the host TCP settings the plan asks for, on both backends and in the run's topology.yaml
+    spec = replace(spec, topology=hosts_as_planned(spec.topology, plan))
     backend = backend_for(spec.backend)
     backend.check(spec, plan, resume)
     started = time.monotonic()

@@ -318,6 +318,28 @@ def test_dilated_link_rtt_and_minimum_rto_scale_with_k() -> None:
         assert tear_down(network) == []
 
 
+def test_a_plans_host_tcp_settings_reach_its_hosts_and_no_others() -> None:
+    from dataclasses import replace
+
+    from testbed.net.netns import read_sysctl
+    from testbed.plan.host_tcp import hosts_as_planned
+    from testbed.plan.model import HostTcp, Plan
+
+    topology = _topology([("a", "b", "1ms"), ("b", "c", "1ms")])
+    plan = Plan("p", 1, 2, 1, 1, (1, 1), {(0, 0): ("a-0",), (0, 1): ("b-0",)}, {}, {}, {})
+    plan = replace(plan, host_tcp=HostTcp(slow_start_after_idle=False, buffer_bytes=8 << 20))
+    network = _up(hosts_as_planned(topology, plan))
+    try:
+        layout = network.layout
+        for host, idle, wmem in (("a-0", "0", 8 << 20), ("b-0", "0", 8 << 20),
+                                 ("c-0", "1", topology.tcp.wmem[2])):
+            netns = layout.node(host).netns
+            assert read_sysctl("net.ipv4.tcp_slow_start_after_idle", netns) == idle, host
+            assert read_sysctl("net.ipv4.tcp_wmem", netns).split()[-1] == str(wmem), host
+    finally:
+        assert tear_down(network) == []
+
+
 @pytest.mark.parametrize("kill", [False, True])
 def test_allowed_congestion_controls_are_restored(kill: bool) -> None:
     """A congestion control the host did not allow is added for the run and taken away

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from testbed.inputs import load_inputs
+from testbed.plan.host_tcp import hosts_as_planned
 from testbed.policy import training_policy
 from testbed.runtime.coordinator import Coordinator, RunFailed, run_with_signals
 from testbed.runtime.hosts import NamespaceHosts
@@ -39,8 +40,9 @@ def _coordinator(
     inputs = load_inputs(topology, sets=tuple(f"{k}={v}" for k, v in sets.items()))
     chosen = training_policy(policy)
     plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
-    config = RunConfig(inputs.topology, inputs.job, plan, chosen, compute, tmp / "logs",
-                       shaper=shaper, stall_timeout_s=stall_timeout_s, save_dir=tmp)
+    config = RunConfig(hosts_as_planned(inputs.topology, plan), inputs.job, plan, chosen,
+                       compute, tmp / "logs", shaper=shaper, stall_timeout_s=stall_timeout_s,
+                       save_dir=tmp)
     return Coordinator(config, say=lambda _m: None)
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from testbed.policy.api import (
     Action,
+    HostTcp,
     InputError,
     Job,
     LinkKind,
@@ -33,43 +35,14 @@ from testbed.policy.api import (
 
 from .estimate import connections_to_fill, estimate, lower_bound
 from .placement import Chain, capacity, fill, largest_first, place
+from .search import Candidate, search
 
 ORDERS = ("pipeline", "microbatch", "fifo")
-SHORTLIST = 8
 LARGE = 256
-"""GPUs above which candidates are simulated for one iteration only."""
+"""GPUs above which candidates are simulated for two iterations only (a warm-up and one
+measured): the first alone starts with cold windows and ranks plans by their start."""
 PROBE_ITERATIONS = 3
 """Enough for the staggered rhythm of temporal sharing to settle after the first."""
-
-
-@dataclass(frozen=True)
-class Candidate:
-    dcs: tuple[str, ...]
-    dp: int
-    pp: int
-    chain: Chain
-    predicted_s: float
-    tokens: int
-    simulated_s: float | None = None
-    extra_warmup: int = 0
-    temporal: bool = True
-    multi: bool = True
-
-    @property
-    def schedule(self) -> str:
-        return Schedule.ONE_F_ONE_B.label(self.extra_warmup)
-
-    @property
-    def tokens_per_s(self) -> float:
-        seconds = self.simulated_s if self.simulated_s is not None else self.predicted_s
-        return self.tokens / seconds
-
-    def describe(self) -> dict[str, Any]:
-        return {"dcs": list(self.chain.dcs), "stages": list(self.chain.stages), "dp": self.dp,
-                "pp": self.pp, "schedule": self.schedule, "temporal": self.temporal,
-                "multi_connection": self.multi, "predicted_s": round(self.predicted_s, 4),
-                "simulated_s": None if self.simulated_s is None else round(self.simulated_s, 4),
-                "tokens_per_s": round(self.tokens_per_s, 1)}
 
 
 class AtlasPolicy(TrainingPolicy):
@@ -86,6 +59,11 @@ class AtlasPolicy(TrainingPolicy):
                "receiver needs soonest), pipeline (lowest replica first), fifo", one_of(*ORDERS)),
         Option("selection", True, "choose DCs and the DP/PP split by predicted throughput "
                "(off: every DC, largest first)", on_off),
+        Option("search", "staged", "staged: rank by the closed form and simulate the "
+               "promising plans; exhaustive: simulate every candidate (slow; a ground truth)",
+               one_of("staged", "exhaustive")),
+        Option("warm", True, "keep windows open between turns on a link: the plan asks its "
+               "hosts for slow start after idle off (on/off)", on_off),
     )
     multi_connection: ClassVar[bool] = True
 
@@ -93,6 +71,7 @@ class AtlasPolicy(TrainingPolicy):
     # --- the plan ----------------------------------------------------------------------
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
+        began = time.monotonic()
         chosen, considered, why = self.choose(topology, job, context)
         plan = self._assemble(topology, job, chosen)
         notes = dict(plan.notes)
@@ -100,12 +79,13 @@ class AtlasPolicy(TrainingPolicy):
                                  "candidates": [c.describe() for c in considered]}
         bound = lower_bound(topology, job, chosen.chain.stage_dcs(), chosen.dp, job.tp)
         notes["lower_bound_s"] = float(f"{bound:.4g}")  # four significant digits at any scale
+        notes["planning_s"] = round(time.monotonic() - began, 2)
         return replace(plan, notes=notes)
 
     def choose(self, topology: Topology, job: Job, context: PlanningContext
                ) -> tuple[Candidate, list[Candidate], str]:
-        """The placement, warm-up depth and mechanisms to run, what else was considered,
-        and why this one won."""
+        """The placement, schedule and mechanisms to run, what else was measured, and why
+        this one won."""
         candidates = self._candidates(topology, job)
         if not candidates:
             raise InputError(f"no placement fits: whole stages per DC, each fitting in its "
@@ -118,40 +98,25 @@ class AtlasPolicy(TrainingPolicy):
         if not pool:
             raise InputError("selection off, and no placement uses every datacenter",
                              topology.source, "job")
-        # the closed form's best placements, and the best one over every DC, simulated
-        best_per_placement: dict[tuple[Any, ...], Candidate] = {}
-        for candidate in pool:  # already best-first
-            best_per_placement.setdefault((candidate.chain, candidate.dp), candidate)
-        placements = list(best_per_placement.values())
-        shortlist = placements[:SHORTLIST]
-        # and the best over every DC, so selection never loses to using them all
-        shortlist += [c for c in placements if len(c.dcs) == every_dc
-                      and c not in shortlist][:SHORTLIST]
-        simulated = [c for c in (self._simulate(topology, job, c, context) for c in shortlist)
-                     if c]
-        if not simulated:
+        state = search(pool, lambda c: self._simulate(topology, job, c, context),
+                       self._mechanisms, every_dc, self.settings["search"])
+        ranked = state.ranked()
+        if not ranked:
             return pool[0], pool[:8], "closed-form estimate (the simulation failed)"
-        leaders = [max(simulated, key=lambda c: c.tokens_per_s)]
-        spread = [c for c in simulated if len(c.dcs) == every_dc]
-        if spread:
-            leaders.append(max(spread, key=lambda c: c.tokens_per_s))
-        # then the leaders' warm-up depths, and each mechanism on and off where allowed
-        variants: list[Candidate] = []
-        for leader in leaders:
-            variants += [c for c in pool if (c.chain, c.dp) == (leader.chain, leader.dp)
-                         and c.extra_warmup != leader.extra_warmup and c not in variants]
-            if self.settings["temporal"] and leader.dp > 1:
-                variants.append(replace(leader, temporal=False, simulated_s=None))
-            if self.multi_connection and not self.settings["connections"]:
-                variants.append(replace(leader, multi=False, simulated_s=None))
-        simulated += [c for c in (self._simulate(topology, job, v, context) for v in variants)
-                      if c]
-        simulated.sort(key=lambda c: -c.tokens_per_s)
-        why = ("highest simulated throughput among the closed form's best placements, then "
-               "their warm-up depths and mechanisms")
-        if not self.settings["selection"]:
-            why = "selection off: every DC, largest first; " + why
-        return simulated[0], simulated, why
+        return ranked[0], ranked, _why(ranked, len(pool), bool(self.settings["selection"]))
+
+    def _mechanisms(self, candidate: Candidate) -> list[Candidate]:
+        """The candidate with fair sharing, each other DP-cell size, one connection."""
+        base = replace(candidate, simulated_s=None)
+        out = []
+        if self.settings["temporal"]:
+            out.append(replace(base, temporal=False, cell=0))
+            out += [replace(base, temporal=True, cell=size)
+                    for size in range(1, candidate.dp + 1)
+                    if candidate.dp % size == 0 and size != (candidate.cell or candidate.dp)]
+        if self.multi_connection and not self.settings["connections"]:
+            out.append(replace(base, multi=not candidate.multi))
+        return out
 
     def _connections(self, topology: Topology, a: str, b: str, multi: bool) -> int:
         if topology.dc_of(a) == topology.dc_of(b) or not multi:
@@ -165,13 +130,13 @@ class AtlasPolicy(TrainingPolicy):
     def _assemble(self, topology: Topology, job: Job, candidate: Candidate) -> Plan:
         placement = place(topology, candidate.chain, candidate.dp, job.tp)
         sharing = Sharing.ARBITRATED if candidate.temporal else Sharing.FAIR
-        cells = (tuple(range(candidate.dp)),) if candidate.temporal else ()
         return build_plan(
-            self.name, topology, job, placement, Schedule.ONE_F_ONE_B,
+            self.name, topology, job, placement, candidate.schedule_kind,
             extra_warmup=candidate.extra_warmup,
             connections=lambda a, b, kind: self._connections(topology, a, b, candidate.multi)
             if kind is LinkKind.PIPELINE else 1,
-            sharing=sharing, dp_cells=cells)
+            sharing=sharing, dp_cells=candidate.cells,
+            host_tcp=HostTcp(slow_start_after_idle=False) if self.settings["warm"] else None)
 
     def _candidates(self, topology: Topology, job: Job) -> list[Candidate]:
         """Every DC subset in its best chain order, every DP/PP split that fits, ranked by
@@ -195,15 +160,20 @@ class AtlasPolicy(TrainingPolicy):
                     if self.settings["connections"]:
                         conns = int(self.settings["connections"])
                     tokens = dp * m * job.microbatch_size * job.model.seq_len
-                    for extra in sorted({0, 2, 4, 8, 16, m}):
-                        if extra > m or not fits_memory(topology, job, placement,
-                                                         Schedule.ONE_F_ONE_B, extra):
+                    schedules = [(Schedule.ONE_F_ONE_B, extra)
+                                 for extra in sorted({0, 2, 4, 8, 16, m}) if extra <= m]
+                    schedules.append((Schedule.GPIPE, 0))
+                    for kind, extra in schedules:
+                        if not fits_memory(topology, job, placement, kind, extra):
                             continue
+                        # GPipe keeps all m microbatches in flight, as 1F1B+m does
+                        depth = m if kind is Schedule.GPIPE else extra
                         predicted = estimate(topology, job, chain.stage_dcs(), dp, job.tp,
-                                             conns, extra).iteration_s
+                                             conns, depth).iteration_s
                         out.append(Candidate(
                             tuple(chain.dcs), dp, pp, chain, predicted, tokens,
-                            extra_warmup=extra, temporal=bool(self.settings["temporal"]),
+                            schedule_kind=kind, extra_warmup=extra,
+                            temporal=bool(self.settings["temporal"]),
                             multi=self.multi_connection))
         out.sort(key=lambda c: -c.tokens_per_s)
         return out
@@ -246,9 +216,9 @@ class AtlasPolicy(TrainingPolicy):
         iterations, or one on large topologies), or None if it cannot run. Kept in the
         context's cache: ablations re-run Atlas's own selection."""
         probe = replace(job, iterations=min(job.iterations, PROBE_ITERATIONS)
-                        if topology.total_gpus <= LARGE else 1)
-        key = ("atlas", repr(topology), repr(probe), repr(replace(candidate, predicted_s=0.0)),
-               repr(sorted(self.settings.items())))
+                        if topology.total_gpus <= LARGE else min(job.iterations, 2))
+        key = ("atlas", repr(topology), repr(probe), repr(candidate.key),
+               repr(sorted((k, v) for k, v in self.settings.items() if k != "search")))
         if key not in context.cache:
             plan = self._assemble(topology, probe, candidate)
             context.cache[key] = context.simulate(plan, probe)
@@ -337,3 +307,29 @@ class AtlasNoSelection(AtlasPolicy):
     summary = "Atlas using every DC, largest first, without DC selection (ablation)"
     options = _options_without("selection")
     fixed: ClassVar[dict[str, Any]] = {"selection": False}
+
+
+def _why(ranked: Sequence[Candidate], pool: int, selection: bool) -> str:
+    """Why the winner won, in words: what was measured, and each mechanism's verdict."""
+    best = ranked[0]
+    words = [f"fastest of {len(ranked)} simulated plans (of {pool} placements and schedules "
+             "ranked by the closed form; the best ones, their neighbours in dp and pp, and "
+             "every schedule and mechanism of the leaders)"]
+    if not selection:
+        words.insert(0, "selection off: every DC, largest first")
+    same = [c for c in ranked if c.placement_key == best.placement_key
+            and c.simulated_s is not None]
+    if best.simulated_s is not None:
+        other = [c for c in same if c.temporal != best.temporal]
+        if other:
+            alt = min(other, key=lambda c: c.seconds)
+            mode = "temporal sharing" if best.temporal else "fair sharing"
+            verb = "on" if best.temporal else "off"
+            words.append(f"temporal sharing {verb}: {mode} {best.seconds:.4g} s against "
+                         f"{alt.seconds:.4g} s {'fair' if best.temporal else 'temporal'}")
+        if best.temporal:
+            cells = [c for c in same if c.temporal and c.cell != best.cell]
+            if cells:
+                words.append(f"DP-cells of {best.cell or best.dp} replicas (other sizes "
+                             f"{min(c.seconds for c in cells):.3g} s at best)")
+    return "; ".join(words)

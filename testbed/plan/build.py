@@ -9,7 +9,7 @@ from typing import Any
 from testbed.compute import in_flight, stage_memory_bytes
 from testbed.errors import InputError
 from testbed.job import Job
-from testbed.plan.model import Action, Plan, Sharing, Worker, pair_key, split_layers
+from testbed.plan.model import Action, HostTcp, Plan, Sharing, Worker, pair_key, split_layers
 from testbed.plan.schedules import stage_actions
 from testbed.topology.model import Topology
 
@@ -148,6 +148,7 @@ def build_plan(
     connections: Connections = 1,
     sharing: Sharing = Sharing.FAIR,
     dp_cells: tuple[tuple[int, ...], ...] = (),
+    host_tcp: HostTcp | None = None,
     notes: Mapping[str, Any] | None = None,
 ) -> Plan:
     """A Plan named after `policy` from a placement (which fixes dp and pp): every GPU's
@@ -187,6 +188,7 @@ def build_plan(
         sharing=shared,
         tp=job.tp,
         dp_cells=dp_cells,
+        host_tcp=host_tcp or HostTcp(),
         notes=dict(notes or {}),
     )
 

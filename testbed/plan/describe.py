@@ -68,6 +68,10 @@ def describe_plan(plan: Plan, topology: Topology, job: Job) -> list[str]:
     if plan.dp_cells:
         cells = "; ".join(",".join(map(str, c)) for c in plan.dp_cells)
         lines.append(f"  DP-cells (replicas taking turns on the WAN): {cells}")
+    if plan.host_tcp:
+        wanted = ", ".join(f"{k} {('on' if v else 'off') if isinstance(v, bool) else v}"
+                           for k, v in plan.host_tcp.to_dict().items())
+        lines.append(f"  host TCP settings the plan needs (applied by both backends): {wanted}")
     for key, value in plan.notes.items():
         if key == "dc_selection" and isinstance(value, dict):
             lines += _selection_lines(value)
@@ -80,7 +84,10 @@ def _selection_lines(selection: dict[str, Any], shown: int = 6) -> list[str]:
     """A policy's candidate placements, best first, one line each."""
     def line(c: dict[str, Any]) -> str:
         stages = "/".join(str(n) for n in c.get("stages", []))
-        mechanisms = [m for m, on in (("temporal", c.get("temporal")),
+        cell = c.get("dp_cell")
+        temporal = "temporal" if cell is None or cell == c.get("dp") else \
+            f"temporal (cells of {cell})"
+        mechanisms = [m for m, on in ((temporal, c.get("temporal")),
                                       ("multi-conn", c.get("multi_connection"))) if on]
         simulated = c.get("simulated_s")
         used = " ".join(mechanisms) or "no mechanisms"

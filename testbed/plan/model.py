@@ -72,6 +72,25 @@ class Action:
         return cls(int(stage), op, microbatch)
 
 
+@dataclass(frozen=True)
+class HostTcp:
+    """TCP settings a plan needs on the hosts it uses, over the topology's own (None keeps
+    the topology's). Both backends apply them to every host of the plan's DCs, as a
+    deployment would configure its machines."""
+
+    slow_start_after_idle: bool | None = None
+    """Off keeps a connection's window across the idle gaps between its turns on a link."""
+    buffer_bytes: int | None = None
+    """Socket buffer maximum (rmem and wmem): the largest window one connection can use."""
+
+    def __bool__(self) -> bool:
+        return self.slow_start_after_idle is not None or self.buffer_bytes is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in (("slow_start_after_idle", self.slow_start_after_idle),
+                                  ("buffer_bytes", self.buffer_bytes)) if v is not None}
+
+
 class Sharing(StrEnum):
     """How concurrent transfers share one WAN link direction."""
 
@@ -105,6 +124,7 @@ class Plan:
     tp: int = 1
     dp_cells: tuple[tuple[int, ...], ...] = ()
     """Groups of replicas that take turns on the same WAN links."""
+    host_tcp: HostTcp = HostTcp()
     notes: Mapping[str, Any] = field(default_factory=dict)
     """Free-form facts a policy records: candidates considered, why one won."""
 
@@ -150,6 +170,7 @@ class Plan:
             "connections": {f"{a}:{b}": n for (a, b), n in sorted(self.connections.items())},
             "sharing": {f"{a}>{b}": s.value for (a, b), s in sorted(self.sharing.items())},
             "dp_cells": [list(cell) for cell in self.dp_cells],
+            "host_tcp": self.host_tcp.to_dict(),
             "notes": dict(self.notes),
         }
 

@@ -6,11 +6,12 @@ import csv
 import io
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from testbed.errors import InputError
-from testbed.plan.model import Action, Plan, Sharing, Worker
+from testbed.plan.model import Action, HostTcp, Plan, Sharing, Worker
 
 _INT_META = ("dp", "pp", "tp", "microbatches", "microbatch_size")
 
@@ -33,6 +34,11 @@ def plan_to_csv(plan: Plan) -> str:
         writer.writerow(["share", src, dst, sharing.value])
     for cell in plan.dp_cells:
         writer.writerow(["cell", *cell])
+    if plan.host_tcp.slow_start_after_idle is not None:
+        writer.writerow(["tcp", "slow_start_after_idle",
+                         "on" if plan.host_tcp.slow_start_after_idle else "off"])
+    if plan.host_tcp.buffer_bytes is not None:
+        writer.writerow(["tcp", "buffer_bytes", plan.host_tcp.buffer_bytes])
     for key, value in plan.notes.items():
         writer.writerow(["note", key, json.dumps(value, sort_keys=True)])
     return out.getvalue()
@@ -56,6 +62,7 @@ def parse_plan_csv(text: str, source: str | None = None) -> Plan:
     connections: dict[tuple[str, str], int] = {}
     sharing: dict[tuple[str, str], Sharing] = {}
     cells: list[tuple[int, ...]] = []
+    host_tcp = HostTcp()
     notes: dict[str, Any] = {}
     try:
         rows = list(csv.reader(io.StringIO(text)))
@@ -117,11 +124,20 @@ def parse_plan_csv(text: str, source: str | None = None) -> Plan:
             )
         elif kind == "cell":
             cells.append(tuple(cell(i, _whole, "replica") for i in range(1, len(row))))
+        elif kind == "tcp":
+            key = cell(1, str, "key")
+            if key == "slow_start_after_idle":
+                host_tcp = replace(host_tcp, slow_start_after_idle=cell(2, _on_off, key))
+            elif key == "buffer_bytes":
+                host_tcp = replace(host_tcp, buffer_bytes=cell(2, _natural, key))
+            else:
+                raise InputError(f"unknown tcp key {key!r} (slow_start_after_idle, "
+                                 "buffer_bytes)", source, where)
         elif kind == "note":
             notes[cell(1, str, "key")] = cell(2, json.loads, "JSON value")
         else:
             raise InputError(
-                f"unknown row kind {kind!r} (meta, place, actions, conn, share, cell, note)",
+                f"unknown row kind {kind!r} (meta, place, actions, conn, share, cell, tcp, note)",
                 source,
                 where,
             )
@@ -141,8 +157,15 @@ def parse_plan_csv(text: str, source: str | None = None) -> Plan:
         sharing=sharing,
         tp=meta["tp"],
         dp_cells=tuple(cells),
+        host_tcp=host_tcp,
         notes=notes,
     )
+
+
+def _on_off(value: str) -> bool:
+    if value not in ("on", "off"):
+        raise ValueError("on or off")
+    return value == "on"
 
 
 def _natural(value: str) -> int:

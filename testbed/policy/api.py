@@ -19,7 +19,7 @@ from testbed.plan.build import (
     file_order_placement,
     fits_memory,
 )
-from testbed.plan.model import Action, Op, Plan, Sharing, Worker, split_layers
+from testbed.plan.model import Action, HostTcp, Op, Plan, Sharing, Worker, split_layers
 from testbed.policy.base import (
     API_VERSION,
     Bubble,
@@ -49,6 +49,7 @@ __all__ = [
     "Bubble",
     "BubblePolicy",
     "Connections",
+    "HostTcp",
     "InputError",
     "Job",
     "LinkKind",

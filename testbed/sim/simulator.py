@@ -12,6 +12,7 @@ from testbed.bubbles import BubbleBroker
 from testbed.compute import stage_costs
 from testbed.job import Job
 from testbed.net_events import NetEvent, changes, event_spans
+from testbed.plan.host_tcp import hosts_as_planned
 from testbed.plan.interpret import (
     AllReduce,
     Compute,
@@ -55,6 +56,7 @@ class Simulator:
         bubbles: BubbleBroker | None = None,
         events: Sequence[NetEvent] = (),
     ) -> None:
+        topology = hosts_as_planned(topology, plan)
         self.topology, self.job, self.plan, self.policy = topology, job, plan, policy
         self.net_events = tuple(events)
         self.bubbles = bubbles

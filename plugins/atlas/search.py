@@ -1,0 +1,193 @@
+"""Atlas's plan search. Pure: candidates are ranked by the closed form (estimate.py) and the
+promising ones are measured with a `measure` callback (the simulator, through the planning
+context). The search is staged so that its cost stays practical:
+
+1. every placement (DC subset in its best chain order, dp, pp) at its closed-form-best
+   schedule; the closed form's best placements, and the best over every DC, are simulated;
+2. from the simulated leaders, a local search over neighbouring placements (dp and pp one
+   step away on the same DCs) while a step improves;
+3. for the best placements, every schedule (GPipe, 1F1B and its warm-up depths), then
+   every DP-cell size, fair sharing, and one connection per pair for the best schedule.
+
+`exhaustive` measures every candidate of every stage instead, as a ground truth to check
+the staged search against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from testbed.policy.api import Schedule
+
+from .placement import Chain
+
+LEADERS = 3
+"""Simulated placements a local search starts from."""
+SHORTLIST = 8
+"""Placements simulated from the closed form's ranking (and as many over every DC)."""
+REFINED = 2
+"""Best placements whose every schedule and mechanism are simulated."""
+MAX_STEPS = 8
+"""Local-search rounds; each moves to a faster neighbour or stops."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    dcs: tuple[str, ...]
+    dp: int
+    pp: int
+    chain: Chain
+    predicted_s: float
+    tokens: int
+    simulated_s: float | None = None
+    schedule_kind: Schedule = Schedule.ONE_F_ONE_B
+    extra_warmup: int = 0
+    temporal: bool = True
+    cell: int = 0
+    """Replicas per DP-cell (they take turns on a link; cells share it fairly); 0: all."""
+    multi: bool = True
+
+    @property
+    def schedule(self) -> str:
+        return self.schedule_kind.label(self.extra_warmup)
+
+    @property
+    def placement_key(self) -> tuple[Chain, int]:
+        return (self.chain, self.dp)
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """What the plan depends on: equal keys make equal plans."""
+        cell = (self.cell or self.dp) if self.temporal else 0
+        return (self.chain, self.dp, self.schedule, self.temporal, cell, self.multi)
+
+    @property
+    def cells(self) -> tuple[tuple[int, ...], ...]:
+        if not self.temporal:
+            return ()
+        size = self.cell or self.dp
+        return tuple(tuple(range(i, min(i + size, self.dp))) for i in range(0, self.dp, size))
+
+    @property
+    def seconds(self) -> float:
+        return self.simulated_s if self.simulated_s is not None else self.predicted_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+    def describe(self) -> dict[str, Any]:
+        return {"dcs": list(self.chain.dcs), "stages": list(self.chain.stages), "dp": self.dp,
+                "pp": self.pp, "schedule": self.schedule, "temporal": self.temporal,
+                "dp_cell": (self.cell or self.dp) if self.temporal else None,
+                "multi_connection": self.multi, "predicted_s": round(self.predicted_s, 4),
+                "simulated_s": None if self.simulated_s is None else round(self.simulated_s, 4),
+                "tokens_per_s": round(self.tokens_per_s, 1)}
+
+
+Measure = Callable[[Candidate], Candidate | None]
+Mode = Literal["staged", "exhaustive"]
+
+
+@dataclass
+class Search:
+    """The candidates measured so far, by key."""
+
+    pool: Sequence[Candidate]
+    """Every placement and schedule that fits, best closed form first."""
+    measure: Measure
+    mechanisms: Callable[[Candidate], list[Candidate]]
+    """A candidate's variants in sharing, DP-cell size and connections."""
+    measured: dict[tuple[Any, ...], Candidate | None]
+
+    def run(self, candidates: Iterable[Candidate]) -> list[Candidate]:
+        out = []
+        for candidate in candidates:
+            if candidate.key not in self.measured:
+                self.measured[candidate.key] = self.measure(candidate)
+            result = self.measured[candidate.key]
+            if result is not None:
+                out.append(result)
+        return out
+
+    def best(self, where: Callable[[Candidate], bool] = lambda _c: True) -> Candidate | None:
+        done = [c for c in self.measured.values() if c is not None and where(c)]
+        return max(done, key=lambda c: c.tokens_per_s, default=None)
+
+    def ranked(self) -> list[Candidate]:
+        return sorted((c for c in self.measured.values() if c is not None),
+                      key=lambda c: (-c.tokens_per_s, c.key.__repr__()))
+
+
+def search(pool: Sequence[Candidate], measure: Measure,
+           mechanisms: Callable[[Candidate], list[Candidate]], every_dc: int,
+           mode: Mode = "staged") -> Search:
+    """Measure the candidates worth measuring (see the module's docstring)."""
+    state = Search(pool, measure, mechanisms, {})
+    if mode == "exhaustive":
+        state.run(pool)
+        state.run(v for c in pool for v in mechanisms(c))
+        return state
+    by_placement = _best_per_placement(pool)
+    first = list(by_placement.values())
+    state.run(first[:SHORTLIST])
+    state.run([c for c in first if len(c.dcs) == every_dc][:SHORTLIST])
+    # local search from the leaders over neighbouring placements
+    leaders = _distinct_placements(state.ranked())[:LEADERS]
+    for leader in leaders:
+        current = leader
+        for _ in range(MAX_STEPS):
+            neighbours = [by_placement[k] for k in _neighbour_keys(current, by_placement)]
+            better = [c for c in state.run(neighbours) if c.tokens_per_s > current.tokens_per_s]
+            if not better:
+                break
+            current = max(better, key=lambda c: c.tokens_per_s)
+    # every schedule, then every mechanism, of the best placements
+    for top in _distinct_placements(state.ranked())[:REFINED]:
+        schedules = [c for c in pool if c.placement_key == top.placement_key]
+        state.run(schedules)
+        best_schedule = state.best(_at(top))
+        if best_schedule is not None:
+            state.run(mechanisms(best_schedule))
+            # and the best mechanism with every schedule
+            best = state.best(_at(top))
+            if best is not None:
+                state.run(replace(c, temporal=best.temporal, cell=best.cell, multi=best.multi,
+                                  simulated_s=None) for c in schedules)
+    return state
+
+
+def _at(top: Candidate) -> Callable[[Candidate], bool]:
+    return lambda c: c.placement_key == top.placement_key
+
+
+def _best_per_placement(pool: Sequence[Candidate]) -> dict[tuple[Chain, int], Candidate]:
+    out: dict[tuple[Chain, int], Candidate] = {}
+    for candidate in pool:  # best first
+        out.setdefault(candidate.placement_key, candidate)
+    return out
+
+
+def _distinct_placements(ranked: Sequence[Candidate]) -> list[Candidate]:
+    seen: set[tuple[Chain, int]] = set()
+    out = []
+    for candidate in ranked:
+        if candidate.placement_key not in seen:
+            seen.add(candidate.placement_key)
+            out.append(candidate)
+    return out
+
+
+def _neighbour_keys(current: Candidate, by_placement: dict[tuple[Chain, int], Candidate]
+                    ) -> list[tuple[Chain, int]]:
+    """Placements on the same DCs with dp or pp one step away."""
+    out = []
+    for (chain, dp), candidate in by_placement.items():
+        if set(chain.dcs) != set(current.dcs):
+            continue
+        steps = abs(dp - current.dp) + abs(candidate.pp - current.pp)
+        if steps == 1:
+            out.append((chain, dp))
+    return out
