@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from testbed.job import Job, ModelShape
 from testbed.plan.model import Plan
+from testbed.plan.schedules import extra_warmup_of
 from testbed.topology.model import GpuType, Topology
 
 BACKWARD_FACTOR = 2.0
@@ -138,5 +139,4 @@ def in_flight(schedule: str, stage: int, stages: int, microbatches: int) -> int:
     most the stages still ahead under 1F1B (plus any extra warm-up, `1f1b+K`)."""
     if schedule == "gpipe":
         return microbatches
-    extra = int(schedule.partition("+")[2] or 0)
-    return min(microbatches, stages - stage + extra)
+    return min(microbatches, stages - stage + extra_warmup_of(schedule, stage, stages))

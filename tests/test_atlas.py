@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,14 @@ from testbed_plugins.atlas.placement import capacity, fill, largest_first, place
 
 from testbed.errors import InputError
 from testbed.inputs import load_inputs
+from testbed.metrics.summary import summarize
 from testbed.plan import validate_plan
 from testbed.plan.describe import wan_crossings
 from testbed.plan.model import Sharing
 from testbed.policy import training_policy
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
+from testbed.sim.simulator import Simulator
 
 from .strategies import job_fitting, topologies
 
@@ -164,3 +167,114 @@ def test_ablations_reuse_atlas_simulations_from_a_shared_cache(
     assert ablation.placement == full.placement
     assert planning.planning_context(inputs.topology, inputs.job,
                                      training_policy("atlas")).cache == {}
+
+
+class _DelayedCompute(Simulator):
+    """Every forward and backward held longer by a random fraction up to `scale`."""
+
+    def __init__(self, *args: Any, seed: int, scale: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rng, self.scale = random.Random(seed), scale
+
+    def compute_s(self, worker: Any, phase: Any, microbatch: int) -> float:
+        return super().compute_s(worker, phase, microbatch) * (1 + self.scale * self.rng.random())
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(0, 2**16), st.sampled_from([0.01, 0.05, 0.2, 0.5]))
+def test_random_compute_delays_never_speed_atlas_up(seed: int, scale: float) -> None:
+    """Atlas's transfer order leaves nothing that delaying some compute would win back."""
+    inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml", sets=("iterations=3",))
+    policy = training_policy("atlas")
+    plan = plan_with_simulator(policy, inputs.topology, inputs.job, CACHE)
+
+    def iteration_s(simulator: Simulator) -> float:
+        spans = simulator.run().spans
+        seconds = summarize(spans, plan.used_gpus(), 0.0, 1, 1.0).median_s
+        assert seconds is not None
+        return seconds
+
+    steady = iteration_s(Simulator(inputs.topology, inputs.job, plan, policy))
+    delayed = iteration_s(_DelayedCompute(inputs.topology, inputs.job, plan, policy,
+                                          seed=seed, scale=scale))
+    assert delayed >= steady * 0.99, (steady, delayed)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 10), st.data())  # two-dc's model: 4 layers
+def test_per_stage_warmups_that_never_grow_down_the_pipeline_never_deadlock(
+        stages: int, microbatches: int, data: st.DataObject) -> None:
+    from testbed.plan.build import Schedule, build_plan
+    from testbed.topology import parse_topology
+
+    extras = sorted(data.draw(st.lists(st.integers(0, 6), min_size=stages, max_size=stages)),
+                    reverse=True)
+    topology = parse_topology({"datacenters": [{"name": "a", "gpus": 2 * stages}]}, "t.yaml")
+    job = load_inputs(ROOT / "topologies" / "two-dc.yaml",
+                      sets=(f"microbatches={microbatches}", "dp=2")).job
+    placement = {(r, s): (f"a-{r * stages + s}",) for r in range(2) for s in range(stages)}
+    plan = build_plan("t", topology, job, placement, Schedule.ONE_F_ONE_B,
+                      extra_warmup=extras)
+    validate_plan(plan, topology)  # a dry run: every receive meets its send, no deadlock
+
+
+def test_per_stage_warmups_that_grow_are_refused() -> None:
+    from testbed.plan.build import Schedule
+    from testbed.plan.schedules import parse_schedule
+
+    assert parse_schedule("1f1b+4/2/2/0") == ("1f1b", (4, 2, 2, 0))
+    assert Schedule.ONE_F_ONE_B.label((3, 3)) == "1f1b+3"
+    with pytest.raises(ValueError, match="must not grow"):
+        Schedule.ONE_F_ONE_B.label((0, 2))
+    with pytest.raises(ValueError, match="unknown schedule"):
+        parse_schedule("gpipe+1/0")
+
+
+def _constructed(dcs: list[tuple[str, int, str]], links: list[tuple[str, str, str, str]]
+                 ) -> Any:
+    from testbed.topology import parse_topology
+
+    return parse_topology({
+        "tcp": {"congestion": "cubic", "rmem": ["4KiB", "128KiB", "6MiB"],
+                "wmem": ["4KiB", "16KiB", "4MiB"]},
+        "datacenters": [{"name": n, "gpus": g, "gpu": t} for n, g, t in dcs],
+        "wan": [{"between": [a, b], "latency": lat, "bandwidth": bw}
+                for a, b, lat, bw in links]}, "constructed.yaml")
+
+
+SMALL_CASES = {
+    "mixed, uneven": ([("a", 2, "a100"), ("b", 2, "h100"), ("c", 3, "a100")],
+                      [("a", "b", "20ms", "1Gbit"), ("b", "c", "30ms", "1Gbit"),
+                       ("a", "c", "45ms", "500Mbit")]),
+    "a far thin DC": ([("a", 2, "a100"), ("b", 2, "a100"), ("far", 2, "a100")],
+                      [("a", "b", "10ms", "1Gbit"), ("b", "far", "150ms", "100Mbit")]),
+}
+
+
+@pytest.mark.parametrize("case", SMALL_CASES)
+def test_the_staged_search_is_within_3_percent_of_simulating_everything(case: str) -> None:
+    from testbed.job_file import parse_job
+    from testbed.sim.planning import shared_cache
+
+    topology = _constructed(*SMALL_CASES[case])
+    job = parse_job({"model": {"layers": 40, "hidden": 5120, "heads": 40, "seq_len": 2048,
+                               "vocab": 50257}, "microbatch_size": 1, "global_batch": 8,
+                     "iterations": 3}, "constructed.yaml")
+    seconds = {}
+    for search in ("staged", "exhaustive"):
+        policy = training_policy("atlas", {"search": search})
+        with shared_cache():
+            plan = plan_with_simulator(policy, topology, job)
+        summary, _ = simulate_plan(topology, job, plan, policy)
+        assert summary.median_s is not None
+        seconds[search] = summary.median_s
+    assert seconds["staged"] <= seconds["exhaustive"] * 1.03, seconds
+
+
+def test_the_plan_says_why_temporal_sharing_is_on_or_off() -> None:
+    inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml", sets=("dp=4", "pp=3"))
+    plan = plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job, CACHE)
+    why = plan.notes["dc_selection"]["why"]
+    verdict = "on" if plan.dp_cells else "off"
+    assert f"temporal sharing {verdict}:" in why, why
+    assert plan.notes["planning_s"] >= 0

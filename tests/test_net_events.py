@@ -87,12 +87,16 @@ def _simulate(tmp_path: Path, *events: str, iterations: int = 4) -> dict[str, ob
 
 def test_simulated_outage_stalls_one_iteration_then_training_recovers(tmp_path: Path) -> None:
     calm = _simulate(tmp_path / "calm")["iteration_time_s"]
-    hit = _simulate(tmp_path / "hit", "at=20s,link=east-central,down=10s")["iteration_time_s"]
-    assert isinstance(calm, dict) and isinstance(hit, dict)
+    assert isinstance(calm, dict)
     base = calm["median"]
-    slow = [t for t in hit["all"] if t > base * 1.01]
-    assert len(slow) == 1 and slow[0] >= base + 10.0  # at least the outage itself
-    assert hit["all"][-1] == pytest.approx(base, rel=1e-3)  # and then as before
+    at = calm["all"][0] + 0.2 * base  # early in the second iteration, whatever its length
+    hit = _simulate(tmp_path / "hit", f"at={at:.3f}s,link=east-central,down=3s")
+    times = hit["iteration_time_s"]
+    assert isinstance(times, dict)
+    # the first iteration starts with cold windows: compare each with its calm twin
+    slow = [(t, c) for t, c in zip(times["all"], calm["all"], strict=True) if t > c * 1.01]
+    assert len(slow) == 1 and slow[0][0] >= slow[0][1] + 3.0  # at least the outage itself
+    assert times["all"][-1] == pytest.approx(base, rel=1e-3)  # and then as before
 
 
 @pytest.mark.parametrize("event", ["at=0s,link=east-central,latency=100ms",

@@ -4,6 +4,7 @@ TCP connections that fill a link, and a lower bound on any schedule's iteration 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from testbed.policy.api import (
@@ -66,7 +67,7 @@ def costs(topology: Topology, job: Job, stage_dcs: list[str], tp: int) -> list[S
 
 
 def estimate(topology: Topology, job: Job, stage_dcs: list[str], dp: int, tp: int,
-             connections: int | None, extra_warmup: int = 0) -> Estimate:
+             connections: int | None, extra_warmup: int | Sequence[int] = 0) -> Estimate:
     """Iteration time of a pipeline with stages in `stage_dcs`: (m - 1) microbatch periods
     plus one pipeline fill, plus the intra-DC gradient all-reduce.
 
@@ -76,6 +77,7 @@ def estimate(topology: Topology, job: Job, stage_dcs: list[str], dp: int, tp: in
     m = job.microbatches_for(dp)
     stage_costs = costs(topology, job, stage_dcs, tp)
     pp = len(stage_dcs)
+    extras = [extra_warmup] * pp if isinstance(extra_warmup, int) else list(extra_warmup)
     period = max(c.total_s for c in stage_costs)
     fill = sum(c.total_s for c in stage_costs)
     hop = [0.0] * pp  # transfer time from stage s to s + 1 (either way)
@@ -92,7 +94,7 @@ def estimate(topology: Topology, job: Job, stage_dcs: list[str], dp: int, tp: in
         # 1F1B keeps at most pp - s (+ extra warm-up) microbatches in flight at stage s:
         # each must go down the rest of the pipeline and come back before the next starts
         loop = sum(c.total_s for c in stage_costs[s:]) + 2 * sum(hop[s:])
-        period = max(period, loop / min(m, pp - s + extra_warmup))
+        period = max(period, loop / min(m, pp - s + extras[s]))
     allreduce = max((ring_allreduce_s(c.grad_bytes, dp, topology.dc(stage_dcs[s]).bandwidth_bps
                                       * tp, topology.dc(stage_dcs[s]).latency_s)
                      for s, c in enumerate(stage_costs)), default=0.0)

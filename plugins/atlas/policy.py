@@ -132,7 +132,7 @@ class AtlasPolicy(TrainingPolicy):
         sharing = Sharing.ARBITRATED if candidate.temporal else Sharing.FAIR
         return build_plan(
             self.name, topology, job, placement, candidate.schedule_kind,
-            extra_warmup=candidate.extra_warmup,
+            extra_warmup=candidate.warmup,
             connections=lambda a, b, kind: self._connections(topology, a, b, candidate.multi)
             if kind is LinkKind.PIPELINE else 1,
             sharing=sharing, dp_cells=candidate.cells,
@@ -160,21 +160,21 @@ class AtlasPolicy(TrainingPolicy):
                     if self.settings["connections"]:
                         conns = int(self.settings["connections"])
                     tokens = dp * m * job.microbatch_size * job.model.seq_len
-                    schedules = [(Schedule.ONE_F_ONE_B, extra)
-                                 for extra in sorted({0, 2, 4, 8, 16, m}) if extra <= m]
-                    schedules.append((Schedule.GPIPE, 0))
-                    for kind, extra in schedules:
-                        if not fits_memory(topology, job, placement, kind, extra):
+                    schedules = [Candidate(tuple(chain.dcs), dp, pp, chain, 0.0, tokens,
+                                           schedule_kind=kind, extra_warmup=extra,
+                                           per_crossing=per_crossing,
+                                           temporal=bool(self.settings["temporal"]),
+                                           multi=self.multi_connection)
+                                 for kind, extra, per_crossing in _schedules(m, len(chain.dcs))]
+                    for candidate in schedules:
+                        kind, warmup = candidate.schedule_kind, candidate.warmup
+                        if not fits_memory(topology, job, placement, kind, warmup):
                             continue
                         # GPipe keeps all m microbatches in flight, as 1F1B+m does
-                        depth = m if kind is Schedule.GPIPE else extra
+                        depth = m if kind is Schedule.GPIPE else warmup
                         predicted = estimate(topology, job, chain.stage_dcs(), dp, job.tp,
                                              conns, depth).iteration_s
-                        out.append(Candidate(
-                            tuple(chain.dcs), dp, pp, chain, predicted, tokens,
-                            schedule_kind=kind, extra_warmup=extra,
-                            temporal=bool(self.settings["temporal"]),
-                            multi=self.multi_connection))
+                        out.append(replace(candidate, predicted_s=predicted))
         out.sort(key=lambda c: -c.tokens_per_s)
         return out
 
@@ -240,6 +240,20 @@ class AtlasPolicy(TrainingPolicy):
             return min(waiting, key=lambda t: (t.iteration, _needed_at(plan, t), t.replica,
                                                t.id))
         return min(waiting, key=lambda t: (t.iteration, t.replica, _needed_at(plan, t), t.id))
+
+
+PER_CROSSING = (1, 2, 3, 4)
+"""Extra warm-up forwards per WAN crossing downstream that the search tries."""
+
+
+def _schedules(m: int, dcs: int) -> list[tuple[Schedule, int, bool]]:
+    """(schedule, extra warm-up, per crossing) to try: 1F1B with uniform warm-ups, with
+    warm-ups per downstream WAN crossing (when the chain crosses the WAN), and GPipe."""
+    out = [(Schedule.ONE_F_ONE_B, extra, False) for extra in sorted({0, 2, 4, 8, 16, m})
+           if extra <= m]
+    if dcs > 1:
+        out += [(Schedule.ONE_F_ONE_B, k, True) for k in PER_CROSSING if k <= m]
+    return [*out, (Schedule.GPIPE, 0, False)]
 
 
 def _needed_at(plan: Plan, transfer: Transfer) -> int:

@@ -3,7 +3,8 @@ promising ones are measured with a `measure` callback (the simulator, through th
 context). The search is staged so that its cost stays practical:
 
 1. every placement (DC subset in its best chain order, dp, pp) at its closed-form-best
-   schedule; the closed form's best placements, and the best over every DC, are simulated;
+   schedule; the closed form's best placements, the best over every DC and the best on
+   each DC subset are simulated;
 2. from the simulated leaders, a local search over neighbouring placements (dp and pp one
    step away on the same DCs) while a step improves;
 3. for the best placements, every schedule (GPipe, 1F1B and its warm-up depths), then
@@ -29,6 +30,8 @@ SHORTLIST = 8
 """Placements simulated from the closed form's ranking (and as many over every DC)."""
 REFINED = 2
 """Best placements whose every schedule and mechanism are simulated."""
+MAX_SUBSETS = 64
+"""DC subsets whose best placement is simulated (all of them up to 6 DCs)."""
 MAX_STEPS = 8
 """Local-search rounds; each moves to a faster neighbour or stops."""
 
@@ -44,14 +47,27 @@ class Candidate:
     simulated_s: float | None = None
     schedule_kind: Schedule = Schedule.ONE_F_ONE_B
     extra_warmup: int = 0
+    per_crossing: bool = False
+    """`extra_warmup` is per WAN crossing downstream of each stage: a stage whose
+    microbatches cross more round trips before coming back keeps more of them in flight."""
     temporal: bool = True
     cell: int = 0
     """Replicas per DP-cell (they take turns on a link; cells share it fairly); 0: all."""
     multi: bool = True
 
     @property
+    def warmup(self) -> int | tuple[int, ...]:
+        """Extra warm-up forwards: one count for every stage, or one per stage."""
+        if not self.per_crossing:
+            return self.extra_warmup
+        dcs = self.chain.stage_dcs()
+        return tuple(self.extra_warmup * sum(1 for b in range(s + 1, len(dcs))
+                                             if dcs[b] != dcs[b - 1])
+                     for s in range(len(dcs)))
+
+    @property
     def schedule(self) -> str:
-        return self.schedule_kind.label(self.extra_warmup)
+        return self.schedule_kind.label(self.warmup)
 
     @property
     def placement_key(self) -> tuple[Chain, int]:
@@ -134,6 +150,11 @@ def search(pool: Sequence[Candidate], measure: Measure,
     first = list(by_placement.values())
     state.run(first[:SHORTLIST])
     state.run([c for c in first if len(c.dcs) == every_dc][:SHORTLIST])
+    # the closed form's best placement on every DC subset: it misjudges whole subsets
+    by_subset: dict[frozenset[str], Candidate] = {}
+    for candidate in first:
+        by_subset.setdefault(frozenset(candidate.dcs), candidate)
+    state.run(list(by_subset.values())[:MAX_SUBSETS])
     # local search from the leaders over neighbouring placements
     leaders = _distinct_placements(state.ranked())[:LEADERS]
     for leader in leaders:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
@@ -10,7 +10,7 @@ from testbed.compute import in_flight, stage_memory_bytes
 from testbed.errors import InputError
 from testbed.job import Job
 from testbed.plan.model import Action, HostTcp, Plan, Sharing, Worker, pair_key, split_layers
-from testbed.plan.schedules import stage_actions
+from testbed.plan.schedules import parse_schedule, stage_actions
 from testbed.topology.model import Topology
 
 
@@ -30,20 +30,32 @@ ALLREDUCE = LinkKind.ALLREDUCE
 TENSOR = LinkKind.TENSOR
 
 
+Warmup = int | Sequence[int]
+"""Extra warm-up forwards: one count for every stage, or one per stage."""
+
+
 class Schedule(StrEnum):
     """The pipeline schedules plans can run."""
 
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
 
-    def label(self, extra_warmup: int = 0) -> str:
+    def label(self, extra_warmup: Warmup = 0) -> str:
         """The text form plans, the compute model and notes use: `gpipe`, `1f1b`, `1f1b+K`
-        (1F1B with K more warm-up forwards, to cover long round trips)."""
-        if extra_warmup < 0:
+        (1F1B with K more warm-up forwards, to cover long round trips) or `1f1b+K0/K1/...`
+        (a count per stage, never growing down the pipeline)."""
+        counts = (extra_warmup,) if isinstance(extra_warmup, int) else tuple(extra_warmup)
+        if any(c < 0 for c in counts):
             raise ValueError(f"extra_warmup must not be negative, got {extra_warmup}")
-        if extra_warmup and self is not Schedule.ONE_F_ONE_B:
+        if any(counts) and self is not Schedule.ONE_F_ONE_B:
             raise ValueError(f"extra warm-up applies to 1F1B only, not {self.value}")
-        return f"{self.value}+{extra_warmup}" if extra_warmup else self.value
+        if not any(counts):
+            return self.value
+        if len(set(counts)) == 1:
+            return f"{self.value}+{counts[0]}"
+        label = f"{self.value}+{'/'.join(map(str, counts))}"
+        parse_schedule(label)  # refuses counts that grow down the pipeline
+        return label
 
 
 Connections = int | Callable[[str, str, LinkKind], int]
@@ -104,7 +116,7 @@ def placement_shape(placement: Mapping[Worker, tuple[str, ...]]) -> tuple[int, i
 
 
 def check_memory(topology: Topology, job: Job, placement: Mapping[Worker, tuple[str, ...]],
-                 schedule: Schedule, extra_warmup: int = 0) -> None:
+                 schedule: Schedule, extra_warmup: Warmup = 0) -> None:
     """Refuse a plan whose stage does not fit in its GPUs' memory, naming where."""
     dp, pp = placement_shape(placement)
     microbatches = job.microbatches_for(dp)
@@ -123,7 +135,7 @@ def check_memory(topology: Topology, job: Job, placement: Mapping[Worker, tuple[
 
 
 def fits_memory(topology: Topology, job: Job, placement: Mapping[Worker, tuple[str, ...]],
-                schedule: Schedule, extra_warmup: int = 0) -> bool:
+                schedule: Schedule, extra_warmup: Warmup = 0) -> bool:
     """Whether every stage fits its GPUs' memory under this schedule (see check_memory)."""
     try:
         check_memory(topology, job, placement, schedule, extra_warmup)
@@ -144,7 +156,7 @@ def build_plan(
     placement: Mapping[Worker, tuple[str, ...]],
     schedule: Schedule,
     *,
-    extra_warmup: int = 0,
+    extra_warmup: Warmup = 0,
     connections: Connections = 1,
     sharing: Sharing = Sharing.FAIR,
     dp_cells: tuple[tuple[int, ...], ...] = (),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from testbed.plan.model import Action, Op
 
 
@@ -58,19 +60,40 @@ def with_update(actions: list[Action], stage: int, replicas: int) -> list[Action
     return [*actions, *tail, Action(stage, Op.STEP)]
 
 
-def parse_schedule(schedule: str) -> tuple[str, int]:
-    """`gpipe`, `1f1b`, or `1f1b+K` (1F1B with K extra warm-up forwards)."""
+def parse_schedule(schedule: str) -> tuple[str, tuple[int, ...]]:
+    """`gpipe`, `1f1b`, `1f1b+K` (K extra warm-up forwards on every stage) or
+    `1f1b+K0/K1/...` (one count per stage, never growing down the pipeline: a stage
+    before more WAN crossings keeps more microbatches in flight)."""
     name, _, extra = schedule.partition("+")
-    if name not in ("gpipe", "1f1b") or (extra and (name != "1f1b" or not extra.isdigit())):
-        raise ValueError(f"unknown schedule {schedule!r} (gpipe, 1f1b or 1f1b+K)")
-    return name, int(extra or 0)
+    counts = extra.split("/") if extra else []
+    if name not in ("gpipe", "1f1b") or (extra and name != "1f1b") \
+            or not all(c.isdigit() for c in counts):
+        raise ValueError(f"unknown schedule {schedule!r} (gpipe, 1f1b, 1f1b+K or "
+                         "1f1b+K0/K1/... per stage)")
+    extras = tuple(int(c) for c in counts)
+    if any(later > earlier for earlier, later in itertools.pairwise(extras)):
+        raise ValueError(f"schedule {schedule!r}: per-stage warm-up must not grow down the "
+                         "pipeline (a later stage would wait on one that waits on it)")
+    return name, extras
+
+
+def extra_warmup_of(schedule: str, stage: int, stages: int) -> int:
+    """Extra warm-up forwards of `stage` under `schedule` (0 for gpipe and plain 1f1b)."""
+    _, extras = parse_schedule(schedule)
+    if len(extras) > 1 and len(extras) != stages:
+        raise ValueError(f"schedule {schedule!r} gives {len(extras)} per-stage warm-up "
+                         f"counts for {stages} stages")
+    if not extras:
+        return 0
+    return extras[stage] if len(extras) > 1 else extras[0]
 
 
 def schedule_compute(schedule: str, stage: int, stages: int, microbatches: int) -> list[Action]:
-    name, extra = parse_schedule(schedule)
+    name, _ = parse_schedule(schedule)
     if name == "gpipe":
         return gpipe_compute(stage, stages, microbatches)
-    return one_f_one_b_compute(stage, stages, microbatches, extra)
+    return one_f_one_b_compute(stage, stages, microbatches,
+                               extra_warmup_of(schedule, stage, stages))
 
 
 def stage_actions(

@@ -97,6 +97,11 @@ class Simulator:
         self.spans.extend(event_spans(self.net_events, 0.0, end))
         return SimResult(self.spans, 0.0)
 
+    def compute_s(self, worker: SimWorker, phase: Phase, microbatch: int) -> float:
+        """How long one forward or backward holds the worker's GPU."""
+        cost = self.costs[worker.stage]
+        return cost.forward_s if phase is Phase.FORWARD else cost.backward_s
+
     def _advance(self, worker: SimWorker, now: float) -> None:
         """Run the worker's steps from where it is until one takes time or waits."""
         steps = worker.steps
@@ -109,8 +114,7 @@ class Simulator:
                     return
             match steps[worker.pc]:
                 case Compute(phase=phase, microbatch=mb):
-                    cost = self.costs[worker.stage]
-                    duration = cost.forward_s if phase is Phase.FORWARD else cost.backward_s
+                    duration = self.compute_s(worker, phase, mb)
                     worker.record(self.spans, phase.label, now, now + duration, mb)
                     worker.pc += 1
                     self.agenda.at(now + duration, functools.partial(self._advance, worker))
