@@ -103,7 +103,8 @@ class AtlasPolicy(TrainingPolicy):
         ranked = state.ranked()
         if not ranked:
             return pool[0], pool[:8], "closed-form estimate (the simulation failed)"
-        return ranked[0], ranked, _why(ranked, len(pool), bool(self.settings["selection"]))
+        return ranked[0], ranked, _why(ranked, len(pool), bool(self.settings["selection"]),
+                                       self.settings["search"])
 
     def _mechanisms(self, candidate: Candidate) -> list[Candidate]:
         """The candidate with fair sharing, each other DP-cell size, one connection."""
@@ -323,12 +324,14 @@ class AtlasNoSelection(AtlasPolicy):
     fixed: ClassVar[dict[str, Any]] = {"selection": False}
 
 
-def _why(ranked: Sequence[Candidate], pool: int, selection: bool) -> str:
+def _why(ranked: Sequence[Candidate], pool: int, selection: bool, mode: str) -> str:
     """Why the winner won, in words: what was measured, and each mechanism's verdict."""
     best = ranked[0]
+    how = ("every one with every mechanism" if mode == "exhaustive" else
+           "the best ones and the best on each DC subset, their neighbours in dp and pp, "
+           "and every schedule and mechanism of the leaders")
     words = [f"fastest of {len(ranked)} simulated plans (of {pool} placements and schedules "
-             "ranked by the closed form; the best ones, their neighbours in dp and pp, and "
-             "every schedule and mechanism of the leaders)"]
+             f"ranked by the closed form: {how})"]
     if not selection:
         words.insert(0, "selection off: every DC, largest first")
     same = [c for c in ranked if c.placement_key == best.placement_key
@@ -339,8 +342,12 @@ def _why(ranked: Sequence[Candidate], pool: int, selection: bool) -> str:
             alt = min(other, key=lambda c: c.seconds)
             mode = "temporal sharing" if best.temporal else "fair sharing"
             verb = "on" if best.temporal else "off"
-            words.append(f"temporal sharing {verb}: {mode} {best.seconds:.4g} s against "
-                         f"{alt.seconds:.4g} s {'fair' if best.temporal else 'temporal'}")
+            if abs(alt.seconds - best.seconds) <= 1e-9 * best.seconds:
+                words.append(f"temporal sharing {verb}: the same {best.seconds:.4g} s either "
+                             "way (nothing else competes for the link)")
+            else:
+                words.append(f"temporal sharing {verb}: {mode} {best.seconds:.4g} s against "
+                             f"{alt.seconds:.4g} s {'fair' if best.temporal else 'temporal'}")
         if best.temporal:
             cells = [c for c in same if c.temporal and c.cell != best.cell]
             if cells:

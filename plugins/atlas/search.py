@@ -147,21 +147,26 @@ def search(pool: Sequence[Candidate], measure: Measure,
         state.run(v for c in pool for v in mechanisms(c))
         return state
     by_placement = _best_per_placement(pool)
+    probes = _probes(pool)
     first = list(by_placement.values())
-    state.run(first[:SHORTLIST])
-    state.run([c for c in first if len(c.dcs) == every_dc][:SHORTLIST])
+
+    def probe(placements: Iterable[Candidate]) -> list[Candidate]:
+        return state.run(c for p in placements for c in probes.get(p.placement_key, [p]))
+
+    probe(first[:SHORTLIST])
+    probe([c for c in first if len(c.dcs) == every_dc][:SHORTLIST])
     # the closed form's best placement on every DC subset: it misjudges whole subsets
     by_subset: dict[frozenset[str], Candidate] = {}
     for candidate in first:
         by_subset.setdefault(frozenset(candidate.dcs), candidate)
-    state.run(list(by_subset.values())[:MAX_SUBSETS])
+    probe(list(by_subset.values())[:MAX_SUBSETS])
     # local search from the leaders over neighbouring placements
     leaders = _distinct_placements(state.ranked())[:LEADERS]
     for leader in leaders:
         current = leader
         for _ in range(MAX_STEPS):
             neighbours = [by_placement[k] for k in _neighbour_keys(current, by_placement)]
-            better = [c for c in state.run(neighbours) if c.tokens_per_s > current.tokens_per_s]
+            better = [c for c in probe(neighbours) if c.tokens_per_s > current.tokens_per_s]
             if not better:
                 break
             current = max(better, key=lambda c: c.tokens_per_s)
@@ -189,6 +194,17 @@ def _best_per_placement(pool: Sequence[Candidate]) -> dict[tuple[Chain, int], Ca
     for candidate in pool:  # best first
         out.setdefault(candidate.placement_key, candidate)
     return out
+
+
+def _probes(pool: Sequence[Candidate]) -> dict[tuple[Chain, int], list[Candidate]]:
+    """Per placement, the closed form's best schedule of each kind of warm-up (uniform
+    and per WAN crossing): the closed form ranks placements well but not warm-ups."""
+    out: dict[tuple[Chain, int], dict[tuple[Schedule, bool], Candidate]] = {}
+    for candidate in pool:  # best first
+        family = (candidate.schedule_kind, candidate.per_crossing)
+        if candidate.schedule_kind is Schedule.ONE_F_ONE_B:
+            out.setdefault(candidate.placement_key, {}).setdefault(family, candidate)
+    return {key: list(best.values()) for key, best in out.items()}
 
 
 def _distinct_placements(ranked: Sequence[Candidate]) -> list[Candidate]:
