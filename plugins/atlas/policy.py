@@ -60,8 +60,9 @@ class AtlasPolicy(TrainingPolicy):
         Option("selection", True, "choose DCs and the DP/PP split by predicted throughput "
                "(off: every DC, largest first)", on_off),
         Option("search", "staged", "staged: rank by the closed form and simulate the "
-               "promising plans; exhaustive: simulate every candidate (slow; a ground truth)",
-               one_of("staged", "exhaustive")),
+               "promising plans; grid: simulate every DC subset, dp, pp and schedule; "
+               "exhaustive: and each with every mechanism (slow; ground truths)",
+               one_of("staged", "grid", "exhaustive")),
         Option("warm", True, "keep windows open between turns on a link: the plan asks its "
                "hosts for slow start after idle off (on/off)", on_off),
     )
@@ -328,6 +329,7 @@ def _why(ranked: Sequence[Candidate], pool: int, selection: bool, mode: str) -> 
     """Why the winner won, in words: what was measured, and each mechanism's verdict."""
     best = ranked[0]
     how = ("every one with every mechanism" if mode == "exhaustive" else
+           "every one" if mode == "grid" else
            "the best ones and the best on each DC subset, their neighbours in dp and pp, "
            "and every schedule and mechanism of the leaders")
     words = [f"fastest of {len(ranked)} simulated plans (of {pool} placements and schedules "

@@ -10,7 +10,8 @@ context). The search is staged so that its cost stays practical:
 3. for the best placements, every schedule (GPipe, 1F1B and its warm-up depths), then
    every DP-cell size, fair sharing, and one connection per pair for the best schedule.
 
-`exhaustive` measures every candidate of every stage instead, as a ground truth to check
+`grid` measures every placement and schedule instead (the brute force over DC subset,
+dp, pp and schedule), `exhaustive` also each one's every mechanism: ground truths to check
 the staged search against.
 """
 
@@ -104,7 +105,7 @@ class Candidate:
 
 
 Measure = Callable[[Candidate], Candidate | None]
-Mode = Literal["staged", "exhaustive"]
+Mode = Literal["staged", "grid", "exhaustive"]
 
 
 @dataclass
@@ -142,9 +143,10 @@ def search(pool: Sequence[Candidate], measure: Measure,
            mode: Mode = "staged") -> Search:
     """Measure the candidates worth measuring (see the module's docstring)."""
     state = Search(pool, measure, mechanisms, {})
-    if mode == "exhaustive":
+    if mode in ("grid", "exhaustive"):
         state.run(pool)
-        state.run(v for c in pool for v in mechanisms(c))
+        if mode == "exhaustive":
+            state.run(v for c in pool for v in mechanisms(c))
         return state
     by_placement = _best_per_placement(pool)
     probes = _probes(pool)
