@@ -174,10 +174,12 @@ def main() -> None:
             results[f"compare_{backend}"] = compare(
                 backend, args.repeat if backend == "emulate" else 1,
                 args.out / f"all-{backend}", everything)
-            results[f"temporal_{backend}"] = compare(
-                backend, args.repeat if backend == "emulate" else 1,
-                args.out / f"temporal-{backend}",
-                ["-p", "atlas-no-temporal", "-p", "atlas", "--dp", "4", "--pp", "3"])
+            for warm in ("on", "off"):  # windows kept warm between turns, or not
+                results[f"temporal_{backend}_warm_{warm}"] = compare(
+                    backend, args.repeat if backend == "emulate" else 1,
+                    args.out / f"temporal-{backend}-warm-{warm}",
+                    ["-p", "atlas-no-temporal", "-p", "atlas", "--dp", "4", "--pp", "3",
+                     "-o", f"warm={warm}"])
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
 

@@ -102,18 +102,23 @@ def estimate(topology: Topology, job: Job, stage_dcs: list[str], dp: int, tp: in
 
 
 def lower_bound(topology: Topology, job: Job, stage_dcs: list[str], dp: int, tp: int) -> float:
-    """No schedule beats this: every GPU's own compute plus the first microbatch's trip
-    through the pipeline and back (propagation both ways at each WAN boundary), or the
-    busiest WAN direction moving its dp x m activations at the link rate; plus the
-    intra-DC all-reduce."""
+    """No schedule beats this. Each stage computes its m forwards and backwards, after the
+    first microbatch's forwards reach it and before the last one's gradient returns
+    through the stages (and WAN crossings) upstream; and the busiest WAN direction moves
+    its dp x m activations at the link rate; then the intra-DC all-reduce."""
     m = job.microbatches_for(dp)
     stage_costs = costs(topology, job, stage_dcs, tp)
-    compute = (m - 1) * max(c.total_s for c in stage_costs) + sum(c.total_s for c in stage_costs)
+    compute = 0.0
+    upstream = 0.0  # compute and propagation before a stage, both ways
+    for s, cost in enumerate(stage_costs):
+        if s and stage_dcs[s - 1] != stage_dcs[s]:
+            upstream += 2 * topology.one_way_latency(stage_dcs[s - 1], stage_dcs[s])
+        compute = max(compute, upstream + m * cost.total_s)
+        upstream += cost.total_s
     link = 0.0
     for s in range(len(stage_dcs) - 1):
         a, b = stage_dcs[s], stage_dcs[s + 1]
         if a != b:
-            compute += 2 * topology.one_way_latency(a, b)
             rate = topology.bottleneck_bps(a, b) * PAYLOAD_EFFICIENCY
             link = max(link, dp * m * job.activation_bytes * 8 / rate
                        + 2 * topology.one_way_latency(a, b))
