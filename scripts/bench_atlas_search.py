@@ -96,7 +96,7 @@ def four_dc_64() -> tuple[Topology, Job]:
         "wan": [{"between": [a, b], "latency": f"{ms}ms", "bandwidth": f"{g}Gbit"}
                 for a, b, ms, g in links],
     }, "four-dc-64.yaml")
-    job = parse_job({**PAPER_JOB, "global_batch": 128}, "four-dc-64.yaml")
+    job = parse_job({**PAPER_JOB, "global_batch": 64}, "four-dc-64.yaml")
     return topology, job
 
 
