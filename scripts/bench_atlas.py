@@ -2,7 +2,7 @@
 """Atlas's effects, measured: multiple connections, temporal sharing, DC selection and
 scaling, against the baselines, in the simulator and (as root) over the emulated WAN.
 
-`.venv/bin/python scripts/bench_atlas.py [--parts transfer,scaling,bound,compare]
+`.venv/bin/python scripts/bench_atlas.py [--parts transfer,scaling,bound,perturb,compare]
  [--emulate] [--repeat K] [--json F]`. Prints markdown tables; `compare` runs
 `testbed compare` on paper-3dc (all policies, and temporal sharing alone at dp 4 x pp 3).
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -21,12 +22,14 @@ from typing import Any
 from testbed_plugins.atlas.estimate import connections_to_fill
 
 from testbed.inputs import load_inputs
+from testbed.metrics.summary import summarize
 from testbed.policy import training_policy
 from testbed.policy.api import WINDOW_EFFICIENCY
 from testbed.sim.agenda import Agenda
 from testbed.sim.network import FluidNetwork, Pair
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
+from testbed.sim.simulator import Simulator
 from testbed.topology import parse_topology
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,6 +143,41 @@ def bound_table() -> list[dict[str, Any]]:
     return rows
 
 
+class DelayedCompute(Simulator):
+    """Every forward and backward held longer by a random fraction up to `scale`."""
+
+    def __init__(self, *args: Any, seed: int, scale: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rng, self.scale = random.Random(seed), scale
+
+    def compute_s(self, worker: Any, phase: Any, microbatch: int) -> float:
+        return super().compute_s(worker, phase, microbatch) * (1 + self.scale * self.rng.random())
+
+
+def perturb_table(seeds: int = 4) -> list[dict[str, Any]]:
+    """Atlas on gpt3-4dc with random extra compute: iteration time against the undisturbed
+    plan, with windows kept warm (Atlas's default) and cold."""
+    inputs = load_inputs(ROOT / "topologies" / "gpt3-4dc.yaml", sets=("iterations=3",))
+    rows = []
+    for warm in ("on", "off"):
+        policy = training_policy("atlas", {"warm": warm})
+        plan = plan_with_simulator(policy, inputs.topology, inputs.job)
+
+        def iteration_s(simulator: Simulator, plan: Any = plan) -> float:
+            spans = simulator.run().spans
+            return float(summarize(spans, plan.used_gpus(), 0.0, 1, 1.0).median_s or 0.0)
+
+        base = iteration_s(Simulator(inputs.topology, inputs.job, plan, policy))
+        for scale in (0.02, 0.1, 0.3):
+            ratios = [iteration_s(DelayedCompute(inputs.topology, inputs.job, plan, policy,
+                                                 seed=seed, scale=scale)) / base
+                      for seed in range(seeds)]
+            rows.append({"warm": warm, "schedule": plan.notes["dc_selection"]["chosen"][
+                "schedule"], "base_s": base, "extra_compute_up_to": scale, "ratios": ratios})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def compare(backend: str, repeat: int, out: Path, extra: list[str]) -> str:
     args = [sys.executable, "-c", "from testbed.cli import main; main()", "compare",
             str(ROOT / "topologies" / "paper-3dc.yaml"), "--backend", backend, "--repeat",
@@ -165,6 +203,8 @@ def main() -> None:
         results["scaling"] = scaling_table()
     if "bound" in parts:
         results["bound"] = bound_table()
+    if "perturb" in parts:
+        results["perturb"] = perturb_table()
     if "compare" in parts:
         policies = ["-p", "gpipe", "-p", "1f1b", "-p", "atlas", "-p", "atlas-no-multiconn",
                     "-p", "atlas-no-temporal", "-p", "atlas-no-selection"]

@@ -18,7 +18,7 @@ the staged search against.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from testbed.policy.api import Schedule
@@ -112,12 +112,8 @@ Mode = Literal["staged", "grid", "exhaustive"]
 class Search:
     """The candidates measured so far, by key."""
 
-    pool: Sequence[Candidate]
-    """Every placement and schedule that fits, best closed form first."""
     measure: Measure
-    mechanisms: Callable[[Candidate], list[Candidate]]
-    """A candidate's variants in sharing, DP-cell size and connections."""
-    measured: dict[tuple[Any, ...], Candidate | None]
+    measured: dict[tuple[Any, ...], Candidate | None] = field(default_factory=dict)
 
     def run(self, candidates: Iterable[Candidate]) -> list[Candidate]:
         out = []
@@ -129,20 +125,20 @@ class Search:
                 out.append(result)
         return out
 
-    def best(self, where: Callable[[Candidate], bool] = lambda _c: True) -> Candidate | None:
+    def best(self, where: Callable[[Candidate], bool]) -> Candidate | None:
         done = [c for c in self.measured.values() if c is not None and where(c)]
         return max(done, key=lambda c: c.tokens_per_s, default=None)
 
     def ranked(self) -> list[Candidate]:
         return sorted((c for c in self.measured.values() if c is not None),
-                      key=lambda c: (-c.tokens_per_s, c.key.__repr__()))
+                      key=lambda c: (-c.tokens_per_s, repr(c.key)))
 
 
 def search(pool: Sequence[Candidate], measure: Measure,
            mechanisms: Callable[[Candidate], list[Candidate]], every_dc: int,
            mode: Mode = "staged") -> Search:
     """Measure the candidates worth measuring (see the module's docstring)."""
-    state = Search(pool, measure, mechanisms, {})
+    state = Search(measure)
     if mode in ("grid", "exhaustive"):
         state.run(pool)
         if mode == "exhaustive":
