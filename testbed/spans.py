@@ -18,13 +18,15 @@ SpanKind = Literal[
     "recv",
     "transfer",
     "wait_grant",
+    "wait_send",
     "prefill",
     "kv_transfer",
     "net_event",
 ]
 """Compute (forward, backward, step, prefill), the gradient all-reduce, the pipeline's
 messages (send, recv, transfer: the bytes on their way, wait_grant: an arbitrated link not
-yet granted), a KV cache on its way to decode, and a network event (`gpu` is "network")."""
+yet granted, wait_send: a stage waiting for its own send to complete), a KV cache on its
+way to decode, and a network event (`gpu` is "network")."""
 
 
 class SpanDetail(TypedDict, total=False):

@@ -258,3 +258,40 @@ def test_every_span_fits_the_schema_both_backends_share() -> None:
             Span.__optional_keys__, span
         assert span["kind"] in get_args(SpanKind)
         assert ("stage" in span) == (span["kind"] != "net_event")
+
+
+@pytest.mark.parametrize("policy", ["gpipe", "1f1b"])
+def test_a_waited_send_completes_one_latency_after_its_transfer(policy: str) -> None:
+    """torch's sends: a stage that waits on its send resumes when the receiving host's
+    acknowledgement of the last byte is back, the transfer's end plus one path latency."""
+    topology = _chain(3, bandwidth="200Mbit", latency="15ms")
+    model = ModelShape(layers=3, hidden=256, heads=4, seq_len=256, vocab=64)
+    job = Job(model, microbatches=5, dp=1, pp=3, iterations=2)
+    profile = {s: {"forward_s": 0.01, "backward_s": 0.02} for s in range(3)}
+    _, result, _ = _run(topology, job, policy, profile)
+    ends = {(s["iteration"], s["src"], s["dst"], s["microbatch"]): s["end"]
+            for s in result.spans if s["kind"] == "transfer"}
+    waits = [s for s in result.spans if s["kind"] == "wait_send"]
+    sends = [s for s in result.spans if s["kind"] == "send"]
+    assert len(waits) == len(sends) > 0
+    waited = [s for s in waits if s["end"] > s["start"]]
+    assert waited, "nothing waited: the case does not test the mechanism"
+    for span in waited:
+        arrived = ends[(span["iteration"], span["gpu"], span["peer"], span["microbatch"])]
+        assert span["end"] == pytest.approx(arrived + 0.015, abs=1e-9)
+    for span in waits:  # never before the acknowledgement could be back
+        arrived = ends[(span["iteration"], span["gpu"], span["peer"], span["microbatch"])]
+        assert span["end"] >= arrived + 0.015 - 1e-9
+
+
+def test_waiting_on_sends_slows_1f1b_where_transfers_outlast_compute() -> None:
+    topology = _chain(3, bandwidth="200Mbit", latency="15ms")
+    model = ModelShape(layers=3, hidden=256, heads=4, seq_len=256, vocab=64)
+    job = Job(model, microbatches=6, dp=1, pp=3, iterations=3)
+    times = {}
+    for sends in ("torch", "eager"):
+        chosen = training_policy("1f1b", {"sends": sends})
+        plan = plan_with_simulator(chosen, topology, job)
+        spans = Simulator(topology, job, plan, chosen).run().spans
+        times[sends] = max(s["end"] for s in spans)
+    assert times["torch"] > times["eager"]

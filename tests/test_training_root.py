@@ -64,6 +64,16 @@ def test_pipeline_and_data_parallel_equal_one_process(tmp_path: Path, policy: st
             )
     losses = [outcome.losses[i] for i in range(job.iterations)]
     assert losses[-1] < losses[0]
+    # torch's sends: a stage that waits on a send resumes only once the receiving host has
+    # acknowledged the last byte, never before the receiver had it (one machine-wide clock)
+    arrived = {(s["iteration"], s["src"], s["dst"], s["microbatch"]): s["end"]
+               for s in outcome.spans if s["kind"] == "transfer" and "src" in s}
+    waits = [s for s in outcome.spans if s["kind"] == "wait_send"]
+    assert len(waits) == sum(s["kind"] == "send" and s.get("microbatch") is not None
+                             for s in outcome.spans)
+    for span in waits:
+        assert span["end"] >= arrived[
+            (span["iteration"], span["gpu"], span["peer"], span["microbatch"])]
 
 
 def test_loss_goes_down_on_a_tiny_model(tmp_path: Path) -> None:

@@ -212,3 +212,33 @@ def test_strangers_are_dropped_without_touching_the_run() -> None:
             await b.close()
 
     assert asyncio.run(scenario()) == b"still here"
+
+
+def test_acknowledged_waits_until_the_receiving_host_has_every_byte() -> None:
+    """With the receiver not reading, its window closes and the bytes stay queued at the
+    sender: the wait must not end until they have been taken and acknowledged."""
+    payload = bytes(2 * 2**20)
+
+    async def scenario() -> None:
+        a, b = await _pair(2)
+        try:
+            inbound = [link for link in b._links[0] if link is not None]
+            for link in inbound:
+                assert link.transport is not None
+                link.transport.pause_reading()
+            sending = asyncio.create_task(a.send(1, "held", payload))
+            await asyncio.sleep(0.2)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(a.acknowledged(1), 0.3)
+            for link in inbound:
+                assert link.transport is not None
+                link.transport.resume_reading()
+            await sending
+            await asyncio.wait_for(a.acknowledged(1), 5)
+            got = await asyncio.wait_for(b.recv("held"), 5)
+            assert len(got.data) == len(payload)
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())

@@ -1,5 +1,6 @@
 """GPipe and 1F1B as commonly deployed: stages over DCs in file order, one TCP connection
-per peer, fair WAN sharing (Varuna-style PP+DP)."""
+per peer, fair WAN sharing (Varuna-style PP+DP), waiting on sends as torch's
+ScheduleGPipe and Schedule1F1B do (`-o sends=eager` never waits, for comparison)."""
 
 from __future__ import annotations
 
@@ -8,19 +9,26 @@ from typing import ClassVar
 from testbed.policy.api import (
     InputError,
     Job,
+    Option,
     Plan,
     PlanningContext,
     Schedule,
+    Sends,
     Topology,
     TrainingPolicy,
     build_plan,
     default_pp,
     file_order_placement,
+    one_of,
 )
 
 
 class _FileOrderPipeline(TrainingPolicy):
     schedule: ClassVar[Schedule]
+    options: ClassVar[tuple[Option, ...]] = (
+        Option("sends", Sends.TORCH, "torch: wait on sends as torch's schedule does; eager: "
+               "never wait on a send", lambda raw: Sends(one_of(*Sends)(raw))),
+    )
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
         pp = default_pp(topology, job)
@@ -33,7 +41,8 @@ class _FileOrderPipeline(TrainingPolicy):
                 "job.pp",
             )
         placement = file_order_placement(topology, dp, pp, job.tp)
-        return build_plan(self.name, topology, job, placement, self.schedule)
+        return build_plan(self.name, topology, job, placement, self.schedule,
+                          sends=self.settings["sends"])
 
 
 class GPipePolicy(_FileOrderPipeline):

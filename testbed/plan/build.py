@@ -10,7 +10,7 @@ from testbed.compute import in_flight, stage_memory_bytes
 from testbed.errors import InputError
 from testbed.job import Job
 from testbed.plan.model import Action, HostTcp, Plan, Sharing, Worker, pair_key, split_layers
-from testbed.plan.schedules import parse_schedule, stage_actions
+from testbed.plan.schedules import Sends, parse_schedule, stage_actions
 from testbed.topology.model import Topology
 
 
@@ -161,12 +161,13 @@ def build_plan(
     sharing: Sharing = Sharing.FAIR,
     dp_cells: tuple[tuple[int, ...], ...] = (),
     host_tcp: HostTcp | None = None,
+    sends: Sends = Sends.EAGER,
     notes: Mapping[str, Any] | None = None,
 ) -> Plan:
     """A Plan named after `policy` from a placement (which fixes dp and pp): every GPU's
     actions under the schedule, connection counts, and how pipeline traffic shares each
     WAN direction (gradient all-reduces always share fairly). Refuses what does not fit
-    in memory."""
+    in memory. `sends`: whether stages wait for their sends as torch's schedules do."""
     dp, pp = placement_shape(placement)
     label = schedule.label(extra_warmup)
     microbatches = job.microbatches_for(dp)
@@ -174,7 +175,7 @@ def build_plan(
     count = connections if callable(connections) else _every_pair(connections)
     actions: dict[str, tuple[Action, ...]] = {}
     for (_, stage), gpus in placement.items():
-        lst = tuple(stage_actions(label, stage, pp, microbatches, dp))
+        lst = tuple(stage_actions(label, stage, pp, microbatches, dp, sends))
         for gpu in gpus:
             actions[gpu] = lst
     conns: dict[tuple[str, str], int] = {}

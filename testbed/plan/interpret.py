@@ -80,6 +80,16 @@ class Send:
 
 
 @dataclass(frozen=True, slots=True)
+class SendWait:
+    """Wait until this stage's send of `microbatch` has completed: its last byte is
+    acknowledged by the receiving host (what a blocking send over TCP can know)."""
+
+    phase: Phase
+    to_stage: int
+    microbatch: int
+
+
+@dataclass(frozen=True, slots=True)
 class Receive:
     """Wait for the neighbouring stage's tensor (the GPU idles: a bubble)."""
 
@@ -109,7 +119,7 @@ class Prefill:
     prefills are decided at run time, at receives)."""
 
 
-Step = Compute | Send | Receive | AllReduce | OptimizerStep | Prefill
+Step = Compute | Send | SendWait | Receive | AllReduce | OptimizerStep | Prefill
 
 
 def interpret(actions: Sequence[Action], stage: int, pp: int) -> tuple[Step, ...]:
@@ -145,6 +155,8 @@ def _interpret(actions: tuple[Action, ...], stage: int, pp: int) -> tuple[Step, 
             raise ValueError(f"{action}: there is no stage {peer} in a {pp}-stage pipeline")
         if op is Op.SEND_F or op is Op.SEND_B:
             steps.append(Send(phase, peer, mb))
+        elif op is Op.WAIT_F or op is Op.WAIT_B:
+            steps.append(SendWait(phase, peer, mb))
         else:
             steps.append(Receive(phase, stage, peer, mb))
     return tuple(steps)
@@ -153,8 +165,10 @@ def _interpret(actions: tuple[Action, ...], stage: int, pp: int) -> tuple[Step, 
 _FIXED: dict[Op, Step] = {Op.ALLREDUCE: AllReduce(), Op.STEP: OptimizerStep(),
                           Op.PREFILL: Prefill()}
 _PHASE = {Op.F: Phase.FORWARD, Op.SEND_F: Phase.FORWARD, Op.RECV_F: Phase.FORWARD,
-          Op.B: Phase.BACKWARD, Op.SEND_B: Phase.BACKWARD, Op.RECV_B: Phase.BACKWARD}
-_PEER = {Op.SEND_F: +1, Op.RECV_F: -1, Op.SEND_B: -1, Op.RECV_B: +1}
+          Op.WAIT_F: Phase.FORWARD, Op.B: Phase.BACKWARD, Op.SEND_B: Phase.BACKWARD,
+          Op.RECV_B: Phase.BACKWARD, Op.WAIT_B: Phase.BACKWARD}
+_PEER = {Op.SEND_F: +1, Op.RECV_F: -1, Op.WAIT_F: +1, Op.SEND_B: -1, Op.RECV_B: +1,
+         Op.WAIT_B: -1}
 """The stage at the other end, relative to this one: activations go down the pipeline,
 input gradients come back up."""
 

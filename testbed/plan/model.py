@@ -1,7 +1,9 @@
 """The Plan: where each (replica, stage) runs, what each GPU does in order, how links are used.
 
 Actions follow torch.distributed.pipelining's text form: `2F0` is stage 2, forward,
-microbatch 0; `1SEND_B3` sends microbatch 3's input gradient from stage 1 to stage 0.
+microbatch 0; `1SEND_B3` sends microbatch 3's input gradient from stage 1 to stage 0, and
+`1WAIT_B3` waits until that send has completed (a stage that never waits on its sends
+leaves them out).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ class Op(StrEnum):
     RECV_F = "RECV_F"
     SEND_B = "SEND_B"
     RECV_B = "RECV_B"
+    WAIT_F = "WAIT_F"
+    WAIT_B = "WAIT_B"
     ALLREDUCE = "ALLREDUCE"
     STEP = "STEP"
     PREFILL = "PREFILL"
@@ -35,6 +39,11 @@ class Op(StrEnum):
     @property
     def is_recv(self) -> bool:
         return self in (Op.RECV_F, Op.RECV_B)
+
+    @property
+    def is_wait(self) -> bool:
+        """Waits until this stage's own send of that microbatch has completed."""
+        return self in (Op.WAIT_F, Op.WAIT_B)
 
     @property
     def needs_microbatch(self) -> bool:

@@ -3,8 +3,23 @@
 from __future__ import annotations
 
 import itertools
+from enum import StrEnum
 
 from testbed.plan.model import Action, Op
+
+
+class Sends(StrEnum):
+    """When a stage waits for its own sends to complete."""
+
+    TORCH = "torch"
+    """As torch.distributed.pipelining's ScheduleGPipe and Schedule1F1B run: GPipe waits
+    for all forward sends before the first backward and for all backward sends at the
+    end; 1F1B posts each send together with the next receive and waits for both before
+    it computes again (a warm-up forward first waits for the previous one's send)."""
+    EAGER = "eager"
+    """Never waits: the next compute starts as soon as its input is there, and sends
+    complete in the background (as torch's runtime for lowered schedules, which waits
+    for its sends only at the end of the step)."""
 
 
 def gpipe_compute(stage: int, stages: int, microbatches: int) -> list[Action]:
@@ -54,6 +69,84 @@ def with_communication(compute: list[Action], stages: int) -> list[Action]:
     return out
 
 
+class _Posts:
+    """Builds one stage's actions with torch's communication: a neighbour that does not
+    exist gets no message."""
+
+    def __init__(self, stage: int, stages: int) -> None:
+        self.stage = stage
+        self.has_prev, self.has_next = stage > 0, stage < stages - 1
+        self.out: list[Action] = []
+
+    def add(self, op: Op, mb: int) -> None:
+        needs_next = op in (Op.SEND_F, Op.WAIT_F, Op.RECV_B)
+        needs_prev = op in (Op.SEND_B, Op.WAIT_B, Op.RECV_F)
+        if (needs_next and not self.has_next) or (needs_prev and not self.has_prev):
+            return
+        self.out.append(Action(self.stage, op, mb))
+
+
+def torch_gpipe(stage: int, stages: int, microbatches: int) -> list[Action]:
+    """ScheduleGPipe._step_microbatches: sends are waited only between the phases and at
+    the end."""
+    post = _Posts(stage, stages)
+    for recv, compute, send, wait in ((Op.RECV_F, Op.F, Op.SEND_F, Op.WAIT_F),
+                                      (Op.RECV_B, Op.B, Op.SEND_B, Op.WAIT_B)):
+        for mb in range(microbatches):
+            post.add(recv, mb)
+            post.add(compute, mb)
+            post.add(send, mb)
+        for mb in range(microbatches):
+            post.add(wait, mb)
+    return post.out
+
+
+def torch_1f1b(stage: int, stages: int, microbatches: int, extra_warmup: int = 0) -> list[Action]:
+    """Schedule1F1B._step_microbatches (with `extra_warmup` more warm-up forwards): the
+    last warm-up forward's send and every later send go out with the next receive, and
+    the stage waits for both before computing again."""
+    post = _Posts(stage, stages)
+    warmup = min(microbatches, stages - stage + extra_warmup)
+    forward = backward = 0
+    posted: int | None = None
+    for _ in range(warmup):
+        post.add(Op.RECV_F, forward)
+        post.add(Op.F, forward)
+        if posted is not None:
+            post.add(Op.WAIT_F, posted)
+            posted = None
+        if forward != warmup - 1:
+            post.add(Op.SEND_F, forward)
+            posted = forward
+        forward += 1
+    held_forward = forward - 1
+    while True:
+        post.add(Op.SEND_F, held_forward)
+        post.add(Op.RECV_B, backward)
+        post.add(Op.WAIT_F, held_forward)
+        post.add(Op.B, backward)
+        held_backward = backward
+        backward += 1
+        if forward == microbatches:
+            break
+        post.add(Op.SEND_B, held_backward)
+        post.add(Op.RECV_F, forward)
+        post.add(Op.WAIT_B, held_backward)
+        post.add(Op.F, forward)
+        held_forward = forward
+        forward += 1
+    post.add(Op.SEND_B, held_backward)
+    while backward < microbatches:
+        post.add(Op.RECV_B, backward)
+        post.add(Op.B, backward)
+        post.add(Op.WAIT_B, held_backward)
+        post.add(Op.SEND_B, backward)
+        held_backward = backward
+        backward += 1
+    post.add(Op.WAIT_B, held_backward)
+    return post.out
+
+
 def with_update(actions: list[Action], stage: int, replicas: int) -> list[Action]:
     """Gradient all-reduce across the replicas of a stage (if any), then the optimizer step."""
     tail = [Action(stage, Op.ALLREDUCE)] if replicas > 1 else []
@@ -97,7 +190,15 @@ def schedule_compute(schedule: str, stage: int, stages: int, microbatches: int) 
 
 
 def stage_actions(
-    schedule: str, stage: int, stages: int, microbatches: int, replicas: int
+    schedule: str, stage: int, stages: int, microbatches: int, replicas: int,
+    sends: Sends = Sends.EAGER,
 ) -> list[Action]:
-    compute = schedule_compute(schedule, stage, stages, microbatches)
-    return with_update(with_communication(compute, stages), stage, replicas)
+    if sends is Sends.EAGER:
+        actions = with_communication(schedule_compute(schedule, stage, stages, microbatches),
+                                     stages)
+    elif parse_schedule(schedule)[0] == "gpipe":
+        actions = torch_gpipe(stage, stages, microbatches)
+    else:
+        actions = torch_1f1b(stage, stages, microbatches,
+                             extra_warmup_of(schedule, stage, stages))
+    return with_update(actions, stage, replicas)

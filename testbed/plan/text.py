@@ -205,7 +205,7 @@ def plan_grid(
         steps = [
             str(a)
             for a in plan.actions[gpus[0]]
-            if communication or not (a.op.is_send or a.op.is_recv)
+            if communication or not (a.op.is_send or a.op.is_recv or a.op.is_wait)
         ]
         label = gpus[0] if len(gpus) == 1 else f"{gpus[0]}+{len(gpus) - 1}"
         columns.append((f"r{replica}s{stage}", label, steps))

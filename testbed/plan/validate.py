@@ -71,9 +71,9 @@ def _check_structure(plan: Plan, topology: Topology | None) -> None:
                 raise _fail(
                     f"{gpus[0]}: {action} names microbatch {mb}, plan has {plan.microbatches}"
                 )
-            if action.op in (Op.SEND_F, Op.RECV_B) and worker[1] == plan.pp - 1:
+            if action.op in (Op.SEND_F, Op.RECV_B, Op.WAIT_F) and worker[1] == plan.pp - 1:
                 raise _fail(f"{gpus[0]}: {action} on the last stage has no next stage")
-            if action.op in (Op.SEND_B, Op.RECV_F) and worker[1] == 0:
+            if action.op in (Op.SEND_B, Op.RECV_F, Op.WAIT_B) and worker[1] == 0:
                 raise _fail(f"{gpus[0]}: {action} on the first stage has no previous stage")
 
 
@@ -112,13 +112,16 @@ class _State:
     backward: set[int] = field(default_factory=set)
     got_input: set[int] = field(default_factory=set)
     got_grad: set[int] = field(default_factory=set)
+    sent: set[tuple[Op, int]] = field(default_factory=set)
+    """Sends not yet waited for."""
     reduced: bool = False
     stepped: bool = False
     waiting: str = ""
 
 
 class _DryRun:
-    """Each worker runs its list in order; receives and the all-reduce block, sends do not."""
+    """Each worker runs its list in order; receives and the all-reduce block, sends do not
+    (a send completes once delivered, so waiting for one never deadlocks)."""
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
@@ -193,11 +196,20 @@ class _DryRun:
             if mb not in state.forward:
                 raise _fail(f"{gpu}: {action} sends before {Action(stage, Op.F, mb)} computed it")
             self.mail.add((Op.F, replica, stage + 1, mb))
+            state.sent.add((Op.SEND_F, mb))
         elif op is Op.SEND_B:
             assert mb is not None
             if mb not in state.backward:
                 raise _fail(f"{gpu}: {action} sends before {Action(stage, Op.B, mb)} computed it")
             self.mail.add((Op.B, replica, stage - 1, mb))
+            state.sent.add((Op.SEND_B, mb))
+        elif op in (Op.WAIT_F, Op.WAIT_B):
+            assert mb is not None
+            send = Op.SEND_F if op is Op.WAIT_F else Op.SEND_B
+            if (send, mb) not in state.sent:
+                raise _fail(f"{gpu}: {action} waits for {Action(stage, send, mb)}, which is not "
+                            "sent before it or was already waited for")
+            state.sent.discard((send, mb))
         elif op in (Op.RECV_F, Op.RECV_B):
             assert mb is not None
             kind = Op.F if op is Op.RECV_F else Op.B

@@ -20,6 +20,7 @@ from testbed.plan.build import (
     fits_memory,
 )
 from testbed.plan.model import Action, HostTcp, Op, Plan, Sharing, Worker, split_layers
+from testbed.plan.schedules import Sends
 from testbed.policy.base import (
     API_VERSION,
     Bubble,
@@ -59,6 +60,7 @@ __all__ = [
     "PlanningContext",
     "Request",
     "Schedule",
+    "Sends",
     "Sharing",
     "StageCost",
     "Topology",

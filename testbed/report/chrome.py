@@ -16,6 +16,7 @@ _SHOWN: tuple[SpanKind, ...] = (
     "allreduce",
     "recv",
     "wait_grant",
+    "wait_send",
     "prefill",
     "send",
     "kv_transfer",

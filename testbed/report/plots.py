@@ -45,9 +45,10 @@ def sweep_plot(rows: Sequence[dict[str, Any]], keys: Sequence[str], path: Path) 
 
 
 HATCH = {"forward": "", "backward": "", "step": "", "allreduce": "xx", "recv": "..",
-         "wait_grant": "//", "prefill": "oo", "kv_transfer": "--"}
+         "wait_grant": "//", "wait_send": "\\\\", "prefill": "oo", "kv_transfer": "--"}
 SHADE = {"forward": "0.15", "backward": "0.45", "step": "0.7", "allreduce": "white",
-         "recv": "white", "wait_grant": "white", "prefill": "0.85", "kv_transfer": "white"}
+         "recv": "white", "wait_grant": "white", "wait_send": "white", "prefill": "0.85",
+         "kv_transfer": "white"}
 GANTT_KINDS = tuple(HATCH)
 
 

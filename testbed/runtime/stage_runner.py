@@ -21,6 +21,7 @@ from testbed.plan.interpret import (
     Prefill,
     Receive,
     Send,
+    SendWait,
     Step,
     interpret,
 )
@@ -44,6 +45,8 @@ class StageRunner:
     grants: dict[str, asyncio.Future[None]] = field(default_factory=dict)
     """Arbitrated transfers waiting for the coordinator's grant, by message tag."""
     pending_sends: list[asyncio.Task[None]] = field(default_factory=list)
+    sending: dict[tuple[Phase, int], asyncio.Task[None]] = field(default_factory=dict)
+    """Pipeline sends a later step waits for."""
     bubble_reply: asyncio.Future[PrefillOrder | Idle] | None = None
     decode: asyncio.StreamWriter | None = None
     decode_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -88,7 +91,10 @@ class StageRunner:
                     payload = computed[phase].pop(mb)
                     assert payload is not None
                     tag = str(step.tag(iteration, self.config.replica))
-                    self.send_later(self.neighbour(stage), tag, payload, iteration, mb, step.op)
+                    self.sending[(phase, mb)] = self.send_later(
+                        self.neighbour(stage), tag, payload, iteration, mb, step.op)
+                case SendWait():
+                    await self.wait_send(step, iteration)
                 case AllReduce():
                     await self.allreduce(iteration)
                 case OptimizerStep():
@@ -196,10 +202,19 @@ class StageRunner:
         iteration: int,
         microbatch: int | None,
         kind: Op,
-    ) -> None:
-        self.pending_sends.append(
-            asyncio.create_task(self.send(peer, tag, payload, iteration, microbatch, kind))
-        )
+    ) -> asyncio.Task[None]:
+        task = asyncio.create_task(self.send(peer, tag, payload, iteration, microbatch, kind))
+        self.pending_sends.append(task)
+        return task
+
+    async def wait_send(self, step: SendWait, iteration: int) -> None:
+        """Until the send has left and the receiving host has acknowledged its last byte."""
+        start = time.monotonic()
+        peer = self.neighbour(step.to_stage)
+        await self.sending.pop((step.phase, step.microbatch))
+        await self.transport.acknowledged(peer.index)
+        self.span("wait_send", start, time.monotonic(), iteration, microbatch=step.microbatch,
+                  peer=peer.gpu)
 
     async def receive(
         self, peer: PeerInfo, tag: str, iteration: int, microbatch: int | None

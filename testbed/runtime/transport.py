@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import fcntl
 import hmac
 import socket
 import struct
+import termios
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -42,6 +44,8 @@ NOTSENT_LOWAT_S = 0.02
 stay in the shared queue until a connection is about to need them, so all N connections
 finish a message together, and an event loop that wakes late still finds data queued."""
 MIN_NOTSENT_LOWAT = 128 * 1024
+ACK_POLL_S = 0.0005
+"""How often a wait for acknowledgement looks at the sockets' send queues."""
 
 
 def pace(sock: socket.socket, bytes_per_s: float) -> None:
@@ -328,6 +332,15 @@ class Transport:
             await asyncio.gather(*(pump(link) for link in links))
         return time.monotonic()
 
+    async def acknowledged(self, peer: int) -> None:
+        """Returns once every byte sent to `peer` so far is acknowledged by its host (every
+        connection's send queue is empty): when a blocking send over TCP has completed."""
+        links = [link for link in self._links.get(peer, []) if link is not None]
+        while any(_unacknowledged(link) for link in links):
+            if self._failure is not None:
+                raise self._failure
+            await asyncio.sleep(ACK_POLL_S)
+
     def has(self, tag: str) -> bool:
         """Whether the whole message with this tag is already here."""
         entry = self._mail.get(tag)
@@ -376,6 +389,19 @@ class Transport:
             self._server.close()
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
+
+
+def _unacknowledged(link: _Link) -> int:
+    """Bytes still in this process's buffer or in the kernel's send queue (sent but not
+    acknowledged, or not yet sent: SIOCOUTQ)."""
+    if link.transport is None or link.transport.is_closing():
+        return 0
+    queued = link.transport.get_write_buffer_size()
+    sock = link.transport.get_extra_info("socket")
+    if sock is not None:
+        raw = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, struct.pack("i", 0))
+        queued += struct.unpack("i", raw)[0]
+    return int(queued)
 
 
 def _all(groups: Iterable[list[_Link | None]]) -> list[_Link]:

@@ -22,6 +22,7 @@ from testbed.plan.interpret import (
     Prefill,
     Receive,
     Send,
+    SendWait,
     interpret,
 )
 from testbed.plan.model import Plan
@@ -33,7 +34,7 @@ from testbed.sim.network import FluidNetwork
 from testbed.sim.prefills import Prefills
 from testbed.sim.rings import AllReduces
 from testbed.sim.transfers import Transfers
-from testbed.sim.workers import SimWorker
+from testbed.sim.workers import SendKey, SimWorker
 from testbed.spans import Span
 from testbed.topology.model import Topology
 
@@ -128,10 +129,26 @@ class Simulator:
                 case Send() as send:
                     peer = self.workers[(worker.replica, send.to_stage)]
                     tag = send.tag(worker.iteration, worker.replica)
+                    arrival = functools.partial(self._deliver, tag)
+                    if worker.waits_for_sends:
+                        arrival = functools.partial(
+                            self._deliver_and_ack, tag, worker,
+                            (worker.iteration, send.phase, send.microbatch),
+                            self.transfers.path(worker, peer)[1])
                     self.transfers.send(now, worker, peer, self.job.activation_bytes,
-                                        functools.partial(self._deliver, tag), send.op,
-                                        send.microbatch, worker.iteration)
+                                        arrival, send.op, send.microbatch, worker.iteration)
                     worker.pc += 1
+                case SendWait() as wait:
+                    key = (worker.iteration, wait.phase, wait.microbatch)
+                    if key in worker.completed_sends:
+                        worker.completed_sends.discard(key)
+                        worker.record(self.spans, "wait_send", now, now, wait.microbatch,
+                                      peer=self._lead(worker.replica, wait.to_stage))
+                        worker.pc += 1
+                        continue
+                    worker.awaiting_send = key
+                    worker.waiting_since = now
+                    return
                 case Receive() as receive:
                     tag = receive.tag(worker.iteration, worker.replica)
                     if tag in self.mailbox:
@@ -150,6 +167,27 @@ class Simulator:
                     return
                 case Prefill():
                     worker.pc += 1  # nothing runs there (see testbed.plan.interpret)
+
+    def _deliver_and_ack(self, tag: MessageTag, sender: SimWorker, key: SendKey,
+                         latency: float, now: float) -> None:
+        """The message is there; its sender learns so when the receiving host's
+        acknowledgement of the last byte comes back, one path latency later."""
+        self._deliver(tag, now)
+        self.agenda.at(now + latency, functools.partial(self._send_completed, sender, key))
+
+    def _send_completed(self, worker: SimWorker, key: SendKey, now: float) -> None:
+        if worker.awaiting_send != key:
+            worker.completed_sends.add(key)
+            return
+        worker.awaiting_send = None
+        to_stage = worker.stage + (1 if key[1] is Phase.FORWARD else -1)
+        worker.record(self.spans, "wait_send", worker.waiting_since, now, key[2],
+                      peer=self._lead(worker.replica, to_stage))
+        worker.pc += 1
+        self._advance(worker, now)
+
+    def _lead(self, replica: int, stage: int) -> str:
+        return self.workers[(replica, stage)].lead
 
     def _deliver(self, tag: MessageTag, now: float) -> None:
         worker = self.waiting.pop(tag, None)

@@ -3,11 +3,14 @@ them; the transfers, all-reduces and prefills modules all move it along."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Unpack
 
-from testbed.plan.interpret import Step
+from testbed.plan.interpret import Phase, SendWait, Step
 from testbed.spans import Span, SpanDetail, SpanKind
+
+SendKey = tuple[int, Phase, int]
+"""(iteration, phase, microbatch) of one of a worker's sends."""
 
 
 @dataclass
@@ -27,6 +30,14 @@ class SimWorker:
     prefill_started: float = 0.0
     prefill_until: float = 0.0
     resume_after_prefill: bool = False
+    completed_sends: set[SendKey] = field(default_factory=set)
+    """Sends whose completion came before the step that waits for them."""
+    awaiting_send: SendKey | None = None
+    waits_for_sends: bool = field(init=False)
+    """Whether its steps wait on sends: only then are completions tracked."""
+
+    def __post_init__(self) -> None:
+        self.waits_for_sends = any(isinstance(step, SendWait) for step in self.steps)
 
     @property
     def lead(self) -> str:
