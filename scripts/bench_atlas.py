@@ -21,12 +21,11 @@ from typing import Any
 
 from testbed_plugins.atlas.estimate import connections_to_fill
 
+from testbed.host_limits import this_machine
 from testbed.inputs import load_inputs
 from testbed.metrics.summary import summarize
 from testbed.policy import training_policy
-from testbed.policy.api import WINDOW_EFFICIENCY
-from testbed.sim.agenda import Agenda
-from testbed.sim.network import FluidNetwork, Pair
+from testbed.sim.one_transfer import one_transfer_s
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
 from testbed.sim.simulator import Simulator
@@ -45,18 +44,8 @@ def pair_topology(one_way_ms: float) -> Any:
 
 
 def simulated_transfer(one_way_ms: float, connections: int, warm: bool) -> float:
-    queue = Agenda()
-    network = FluidNetwork({"link": 1e9}, queue.at)
-    from testbed.pacing import paced
-
-    pair = Pair(connections, WINDOW_EFFICIENCY * 4 * 2**20, 2 * one_way_ms / 1e3, True,
-                paced=paced(pair_topology(one_way_ms), "east", "west", ACTIVATION))
-    if warm:
-        pair.cwnd = pair.window
-    done: list[float] = []
-    network.start(0.0, ACTIVATION, ("link",), pair, one_way_ms / 1e3, done.append)
-    queue.run()
-    return done[0]
+    return one_transfer_s(pair_topology(one_way_ms), "east", "west", ACTIVATION, connections,
+                          warm)
 
 
 def emulated_transfers(one_way_ms: float, connections: int, messages: int) -> list[float]:
@@ -79,7 +68,7 @@ def emulated_transfers(one_way_ms: float, connections: int, messages: int) -> li
 def transfer_table(emulate: bool) -> list[dict[str, Any]]:
     rows = []
     for one_way in (20, 50, 100):
-        n = connections_to_fill(pair_topology(one_way), "east", "west")
+        n = connections_to_fill(pair_topology(one_way), "east", "west", this_machine())
         row: dict[str, Any] = {"one_way_ms": one_way, "atlas_connections": n,
                                "sim_1_cold_s": simulated_transfer(one_way, 1, False),
                                "sim_n_cold_s": simulated_transfer(one_way, n, False),

@@ -12,6 +12,7 @@ import click
 
 from testbed import __version__, api
 from testbed.cli_compare import compare, report
+from testbed.cli_figures import figures
 from testbed.cli_net import Terminated, down, net
 from testbed.cli_options import job_flags, job_options, policy_options, topology_argument
 from testbed.cli_run import up
@@ -220,6 +221,7 @@ cli.add_command(profile)
 cli.add_command(sweep)
 cli.add_command(compare)
 cli.add_command(report)
+cli.add_command(figures)
 
 
 def main(argv: list[str] | None = None) -> None:

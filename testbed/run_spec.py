@@ -39,6 +39,9 @@ class RunSpec:
     activations: ActivationsChoice = "auto"
     dilation: int | Literal["auto"] = 1
     """Emulate K times slower than represented time (testbed.dilation); "auto" picks K."""
+    wall_budget_s: float | None = None
+    """Emulator: refuse, before anything starts, a run the simulator predicts would take
+    longer than this of wall time at its dilation; None for no limit."""
     checkpoint_every: int = 0
     """Emulator: checkpoint every N iterations and at the end (testbed.runtime.checkpoint);
     0 for never."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from testbed.policy import training_policy
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
 from testbed.sim.simulator import Simulator
+from testbed.tcp_model import HostLimits
+from testbed.topology import parse_topology
 
 from .strategies import job_fitting, topologies
 
@@ -280,3 +283,20 @@ def test_the_plan_says_why_temporal_sharing_is_on_or_off() -> None:
     verdict = "on" if plan.dp_cells else "off"
     assert f"temporal sharing {verdict}:" in why, why
     assert plan.notes["planning_s"] >= 0
+
+
+def test_the_connection_cap_comes_from_the_path_and_the_hosts() -> None:
+    """10 Gbit/s x 100 ms RTT is 125 MB in flight, 35 windows of 4 MiB: no constant caps
+    that, only what a host allows a worker (two neighbours, one file and one full send
+    buffer per connection)."""
+    topology = parse_topology({
+        "datacenters": [{"name": "east", "gpus": 1}, {"name": "west", "gpus": 1}],
+        "wan": [{"between": ["east", "west"], "latency": "50ms", "bandwidth": "10Gbit"}],
+    }, "far.yaml")
+    need = connections_to_fill(topology, "east", "west")
+    assert need == math.ceil(1.5 * 10e9 * 0.1 / 8 / (0.85 * 4 * 2**20))
+    assert need > 16
+    assert connections_to_fill(topology, "east", "west", HostLimits(open_files=64 + 2 * 10)) == 10
+    buffers = HostLimits(tcp_memory_bytes=2 * 7 * 4 * 2**20)
+    assert connections_to_fill(topology, "east", "west", buffers) == 7
+    assert connections_to_fill(topology, "east", "west", limit=5) == 5

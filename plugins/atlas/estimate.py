@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from testbed.policy.api import (
     PAYLOAD_EFFICIENCY,
     WINDOW_EFFICIENCY,
+    HostLimits,
     Job,
     StageCost,
     Topology,
@@ -18,22 +19,26 @@ from testbed.policy.api import (
     stage_cost,
 )
 
-MAX_CONNECTIONS = 16
+LINUX_DEFAULTS = HostLimits()
 FILL_MARGIN = 1.5
 """Connections beyond the bare bandwidth-delay product: slow start and losses leave each
 flow short of its window much of the time."""
 
 
 def connections_to_fill(topology: Topology, src_dc: str, dst_dc: str,
-                        limit: int = MAX_CONNECTIONS) -> int:
-    """Enough connections that their windows cover the path's bandwidth-delay product."""
+                        limits: HostLimits = LINUX_DEFAULTS, limit: int = 0) -> int:
+    """Enough connections that their windows cover the path's bandwidth-delay product,
+    within what the hosts allow a worker (open files, TCP memory for full send buffers)
+    and `limit` when positive."""
     if src_dc == dst_dc:
         return 1
     rtt = 2 * topology.one_way_latency(src_dc, dst_dc)
     bdp = topology.bottleneck_bps(src_dc, dst_dc) * rtt / 8
-    window = WINDOW_EFFICIENCY * min(topology.tcp_for(src_dc).wmem[2],
-                                     topology.tcp_for(dst_dc).rmem[2])
-    return max(1, min(limit, math.ceil(FILL_MARGIN * bdp / window)))
+    send_buffer = topology.tcp_for(src_dc).wmem[2]
+    window = WINDOW_EFFICIENCY * min(send_buffer, topology.tcp_for(dst_dc).rmem[2])
+    need = math.ceil(FILL_MARGIN * bdp / window)
+    cap = limits.connections_per_peer(send_buffer)
+    return max(1, min(need, cap, limit or need))
 
 
 def transfer_s(topology: Topology, src_dc: str, dst_dc: str, nbytes: int,
@@ -67,7 +72,8 @@ def costs(topology: Topology, job: Job, stage_dcs: list[str], tp: int) -> list[S
 
 
 def estimate(topology: Topology, job: Job, stage_dcs: list[str], dp: int, tp: int,
-             connections: int | None, extra_warmup: int | Sequence[int] = 0) -> Estimate:
+             connections: int | None, extra_warmup: int | Sequence[int] = 0,
+             limits: HostLimits = LINUX_DEFAULTS) -> Estimate:
     """Iteration time of a pipeline with stages in `stage_dcs`: (m - 1) microbatch periods
     plus one pipeline fill, plus the intra-DC gradient all-reduce.
 
@@ -85,7 +91,8 @@ def estimate(topology: Topology, job: Job, stage_dcs: list[str], dp: int, tp: in
         a, b = stage_dcs[s], stage_dcs[s + 1]
         if a == b:
             continue
-        n = connections if connections is not None else connections_to_fill(topology, a, b)
+        n = connections if connections is not None else \
+            connections_to_fill(topology, a, b, limits)
         one = transfer_s(topology, a, b, job.activation_bytes, n)
         hop[s] = one
         period = max(period, dp * (one - topology.one_way_latency(a, b)))

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from testbed.policy.api import (
     Action,
+    HostLimits,
     HostTcp,
     InputError,
     Job,
@@ -25,7 +26,6 @@ from testbed.policy.api import (
     Topology,
     TrainingPolicy,
     Transfer,
-    at_least_one,
     build_plan,
     fits_memory,
     non_negative_int,
@@ -33,7 +33,7 @@ from testbed.policy.api import (
     one_of,
 )
 
-from .estimate import connections_to_fill, estimate, lower_bound
+from .estimate import LINUX_DEFAULTS, connections_to_fill, estimate, lower_bound
 from .placement import Chain, capacity, fill, largest_first, place
 from .search import Candidate, search
 
@@ -52,7 +52,9 @@ class AtlasPolicy(TrainingPolicy):
     options: ClassVar[tuple[Option, ...]] = (
         Option("connections", 0, "TCP connections per cross-DC peer pair (0: enough to fill "
                "the link from its bandwidth-delay product and the TCP window)", non_negative_int),
-        Option("max_connections", 16, "upper bound when chosen automatically", at_least_one),
+        Option("max_connections", 0, "upper bound when chosen automatically (0: what the "
+               "path needs, within the hosts' open-file and TCP-memory limits)",
+               non_negative_int),
         Option("temporal", True, "temporal WAN sharing: one transfer at a time per link "
                "direction and DP-cell, in a workload-aware order (on/off)", on_off),
         Option("order", "microbatch", "who gets the link next: microbatch (the transfer its "
@@ -71,8 +73,12 @@ class AtlasPolicy(TrainingPolicy):
 
     # --- the plan ----------------------------------------------------------------------
 
+    limits: HostLimits = LINUX_DEFAULTS
+    """The hosts' limits on connections, from the planning context."""
+
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
         began = time.monotonic()
+        self.limits = context.host_limits
         chosen, considered, why = self.choose(topology, job, context)
         plan = self._assemble(topology, job, chosen)
         notes = dict(plan.notes)
@@ -127,7 +133,7 @@ class AtlasPolicy(TrainingPolicy):
         if fixed:
             return fixed
         return connections_to_fill(topology, topology.dc_of(a), topology.dc_of(b),
-                                   int(self.settings["max_connections"]))
+                                   self.limits, int(self.settings["max_connections"]))
 
     def _assemble(self, topology: Topology, job: Job, candidate: Candidate) -> Plan:
         placement = place(topology, candidate.chain, candidate.dp, job.tp)
@@ -175,7 +181,7 @@ class AtlasPolicy(TrainingPolicy):
                         # GPipe keeps all m microbatches in flight, as 1F1B+m does
                         depth = m if kind is Schedule.GPIPE else warmup
                         predicted = estimate(topology, job, chain.stage_dcs(), dp, job.tp,
-                                             conns, depth).iteration_s
+                                             conns, depth, self.limits).iteration_s
                         out.append(replace(candidate, predicted_s=predicted))
         out.sort(key=lambda c: -c.tokens_per_s)
         return out

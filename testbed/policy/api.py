@@ -39,7 +39,7 @@ from testbed.policy.option_parsers import (
     on_off,
     one_of,
 )
-from testbed.tcp_model import PAYLOAD_EFFICIENCY, WINDOW_EFFICIENCY
+from testbed.tcp_model import PAYLOAD_EFFICIENCY, WINDOW_EFFICIENCY, HostLimits
 from testbed.topology.model import Topology
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "Bubble",
     "BubblePolicy",
     "Connections",
+    "HostLimits",
     "HostTcp",
     "InputError",
     "Job",

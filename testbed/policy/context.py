@@ -13,6 +13,7 @@ from typing import Any
 
 from testbed.job import Job
 from testbed.plan.model import Plan
+from testbed.tcp_model import HostLimits
 
 Simulator = Callable[[Plan, Job], "float | None"]
 """Seconds per iteration of a plan run for a job, or None when it cannot be simulated."""
@@ -23,8 +24,12 @@ class PlanningContext:
     a plan), `simulate` answers None, as for a plan that cannot be simulated."""
 
     def __init__(self, job: Job | None = None, simulator: Simulator | None = None,
-                 cache: dict[Any, Any] | None = None) -> None:
+                 cache: dict[Any, Any] | None = None,
+                 host_limits: HostLimits | None = None) -> None:
         self.job = job
+        self.host_limits = host_limits or HostLimits()
+        """What each host allows a worker's connections (open files, TCP memory): the
+        machine that will run the plan's workers, or Linux's defaults."""
         """The job being planned: what `simulate` runs unless told otherwise."""
         self.cache: dict[Any, Any] = {} if cache is None else cache
         """Results a policy wants to remember; shared by every plan of one command, so

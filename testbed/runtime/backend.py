@@ -70,6 +70,11 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
         wall = predicted * (spec.job.iterations + 1) * k
         say(f"the simulator predicts {predicted:.3f} s per iteration; at dilation "
             f"{k} training takes about {_wall_time(wall)} of wall time")
+        if spec.wall_budget_s is not None and wall > spec.wall_budget_s:
+            raise TestbedError(
+                f"not run: at dilation {k} it would take about {_wall_time(wall)} of wall "
+                f"time ({predicted:.3g} s per iteration predicted), over the "
+                f"{_wall_time(spec.wall_budget_s)} budget")
     checkpoints = None
     if spec.checkpoint_every or resume:
         if resume is None:

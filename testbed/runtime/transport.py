@@ -14,11 +14,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import fcntl
 import hmac
 import socket
 import struct
-import termios
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +32,7 @@ from testbed.runtime.protocol import (
     pack_hello,
     unpack_hello,
 )
+from testbed.runtime.send_queue import unacknowledged_bytes
 
 CONNECT_TIMEOUT_S = 30.0
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
@@ -336,7 +335,7 @@ class Transport:
         """Returns once every byte sent to `peer` so far is acknowledged by its host (every
         connection's send queue is empty): when a blocking send over TCP has completed."""
         links = [link for link in self._links.get(peer, []) if link is not None]
-        while any(_unacknowledged(link) for link in links):
+        while any(unacknowledged_bytes(link.transport) for link in links):
             if self._failure is not None:
                 raise self._failure
             await asyncio.sleep(ACK_POLL_S)
@@ -389,19 +388,6 @@ class Transport:
             self._server.close()
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
-
-
-def _unacknowledged(link: _Link) -> int:
-    """Bytes still in this process's buffer or in the kernel's send queue (sent but not
-    acknowledged, or not yet sent: SIOCOUTQ)."""
-    if link.transport is None or link.transport.is_closing():
-        return 0
-    queued = link.transport.get_write_buffer_size()
-    sock = link.transport.get_extra_info("socket")
-    if sock is not None:
-        raw = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, struct.pack("i", 0))
-        queued += struct.unpack("i", raw)[0]
-    return int(queued)
 
 
 def _all(groups: Iterable[list[_Link | None]]) -> list[_Link]:

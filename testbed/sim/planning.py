@@ -14,6 +14,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from testbed.errors import TestbedError
+from testbed.host_limits import this_machine
 from testbed.job import Job
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
@@ -54,7 +55,7 @@ def planning_context(topology: Topology, job: Job, policy: TrainingPolicy,
 
     if cache is None:
         cache = _SHARED.get()
-    return PlanningContext(job, simulate, cache)
+    return PlanningContext(job, simulate, cache, this_machine())
 
 
 def plan_with_simulator(policy: TrainingPolicy, topology: Topology, job: Job,

@@ -1,0 +1,126 @@
+"""`testbed figures`: the paper's claims, each measured at conditions sourced in its
+topology's comments, as claims.json, a table and a PNG per claim."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from testbed.errors import InputError
+from testbed.figures.claims import BACKENDS, Backend, Conditions, claims
+from testbed.figures.collect import measure, records, summarize_conditions
+from testbed.figures.render import (
+    claims_table,
+    details_markdown,
+    load_records,
+    plot,
+    update_readme,
+    write_records,
+)
+from testbed.fsutil import write_atomic
+from testbed.inputs import load_inputs
+from testbed.report.results import new_run_dir
+
+SHIPPED = Path(__file__).resolve().parent.parent / "topologies"
+DEFAULT_CONDITIONS = ("wan-3dc.yaml", "paper-3dc.yaml")
+"""Cloud inter-region links with Linux's TCP defaults, and leased 1 Gbit/s circuits (the
+contrast where one flow already fills most of a link); their comments give the sources."""
+
+
+@click.command()
+@click.option("--backend", type=click.Choice(["simulate", "emulate", "both"]),
+              default="simulate", show_default=True,
+              help="Which column to measure; emulate runs real workers over the emulated "
+              "WAN (root; time-dilated where links exceed this machine) and takes far longer.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Directory for claims.json, figures.md, the PNGs and every run (default: "
+              "a new one under runs/). One that holds claims.json keeps the other backend's "
+              "column.")
+@click.option("--conditions", "topologies", multiple=True,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="Topology files to measure at (repeatable; default: the shipped "
+              "wan-3dc.yaml and paper-3dc.yaml).")
+@click.option("--claims", "only", metavar="ID,...",
+              help="Only these claims (ids as in claims.json, before the colon).")
+@click.option("--readme", type=click.Path(dir_okay=False, path_type=Path),
+              help="Rewrite the Paper claims table between this file's markers.")
+@click.option("--emulate-budget", "budget_min", type=click.FloatRange(min=0, min_open=True),
+              default=20.0, show_default=True, metavar="MINUTES",
+              help="Skip (and say so) an emulated run the simulator predicts would take "
+              "longer than this at its dilation.")
+def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: str | None,
+            readme: Path | None, budget_min: float) -> None:
+    """Reproduce each of the paper's claims: multiple connections, PP against DP across
+    DCs, temporal sharing, Atlas against GPipe, 1F1B and DP across DCs, weak scaling with
+    DCs, DC selection, the bubbles Atlas leaves, BubbleTea's utilization and slowdown.
+
+    Every claim is measured at each set of conditions (a topology whose comments source
+    its values), against the paper's figure; a claim that does not reproduce says so in
+    its row. `--backend simulate` takes a few minutes; the emulated column is filled by a
+    later `--backend emulate --out SAME_DIR`.
+    """
+    backends: list[Backend] = list(BACKENDS) if backend == "both" else [backend]  # type: ignore[list-item]
+    if "emulate" in backends:
+        from testbed.cli_net import require_root
+
+        require_root()
+    paths = topologies or tuple(SHIPPED / name for name in DEFAULT_CONDITIONS)
+    conditions = [_conditions(path) for path in paths]
+    wanted = _wanted(only, conditions)
+    if readme is not None and not readme.is_file():
+        raise InputError(f"{readme} is not a file", "--readme")
+    directory = out or new_run_dir("claims", "figures")
+    if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
+        raise InputError(f"{directory} is not a plain directory", "--out")
+    if directory.is_dir() and any(directory.iterdir()) \
+            and not (directory / "claims.json").exists():
+        raise InputError(f"{directory} holds files but no claims.json: give an empty or new "
+                         "directory, or one an earlier `testbed figures` wrote", "--out")
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        saved = load_records(directory / "claims.json")
+    except ValueError as exc:
+        raise InputError(str(exc), "--out") from None
+
+    def say(message: str) -> None:
+        click.echo(f"[{time.strftime('%H:%M:%S')}] {message}", err=True)
+
+    for chosen in backends:
+        measured = measure(conditions, chosen, wanted, directory, say, budget_min * 60)
+        saved = records(measured, chosen, saved)
+        write_records(directory / "claims.json", saved)
+    write_atomic(directory / "figures.md", details_markdown(saved) + "\n", 0o644)
+    for record in saved:
+        plot(record, directory / f"{record['id'].replace(':', '-')}.png")
+    if readme is not None:
+        try:
+            update_readme(readme, saved)
+        except ValueError as exc:
+            raise InputError(str(exc), "--readme") from None
+    click.echo(claims_table(saved))
+    click.echo(f"\nclaims.json, figures.md and a PNG per claim in {directory}", file=sys.stdout)
+
+
+def _conditions(path: Path) -> Conditions:
+    inputs = load_inputs(path)  # a bad file fails here, before anything runs
+    shown = path
+    with contextlib.suppress(ValueError):  # outside the working directory: as given
+        shown = path.resolve().relative_to(Path.cwd())
+    return Conditions(str(shown), summarize_conditions(inputs.topology))
+
+
+def _wanted(only: str | None, conditions: list[Conditions]) -> set[str] | None:
+    if only is None:
+        return None
+    wanted = {part.strip() for part in only.split(",") if part.strip()}
+    inputs = load_inputs(Path(conditions[0].topology))
+    known = {spec.id for spec in claims(inputs.topology, inputs.job, conditions[0])}
+    unknown = sorted(wanted - known)
+    if unknown or not wanted:
+        raise InputError(f"unknown claim {', '.join(unknown) or '(none given)'} (claims: "
+                         f"{', '.join(sorted(known))})", "--claims")
+    return wanted
