@@ -429,3 +429,16 @@ def test_sigterm_while_the_network_comes_up_leaves_nothing(tmp_path: Path) -> No
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
     assert "iteration 1/" not in err
+
+
+def test_an_emulated_run_over_its_wall_budget_is_refused_before_it_starts(tmp_path: Path) -> None:
+    """The simulator's prediction decides, before any namespace or worker exists."""
+    from testbed.errors import TestbedError
+    from testbed.run_spec import RunSpec
+    from testbed.runs import run
+
+    inputs = load_inputs(TWO_DC)
+    spec = RunSpec("emulate", inputs.topology, inputs.job, "1f1b", {}, wall_budget_s=1e-3)
+    with pytest.raises(TestbedError, match=r"not run: at dilation 1 .* over the"):
+        run(spec, tmp_path / "run")
+    assert not (tmp_path / "run" / "results.json").exists()

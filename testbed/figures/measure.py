@@ -88,7 +88,7 @@ class Runner:
                            bubble_policy=ask.bubbles, bubble_options={} if ask.bubbles else None,
                            dilation="auto" if self.backend == "emulate" else 1,
                            wall_budget_s=self.wall_budget_s)
-            outcome = run(spec, self.directory / "runs" / name)
+            outcome = run(spec, self.directory / "runs" / name, lambda m: self.say(f"  {m}"))
         except TestbedError as exc:
             return str(exc)
         if outcome.error is not None:

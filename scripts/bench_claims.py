@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""The paper's claims in both columns: `testbed figures` in the simulator, then over the
+emulated WAN into the same directory (root; about an hour on 2 cores), then claims.json,
+figures.md and the PNGs copied to benchmarks/claims/ and the README's table rewritten.
+
+`.venv/bin/python scripts/bench_claims.py [--out runs/figures-claims] [--simulate-only]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KEEP = ("claims.json", "figures.md")
+
+
+def figures(backend: str, out: Path, readme: bool) -> float:
+    started = time.monotonic()
+    command = [str(Path(sys.executable).parent / "testbed"), "figures", "--backend", backend,
+               "--out", str(out)]
+    if readme:
+        command += ["--readme", str(ROOT / "README.md")]
+    subprocess.run(command, cwd=ROOT, check=True)
+    return time.monotonic() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--out", type=Path, default=Path("runs/figures-claims"))
+    parser.add_argument("--simulate-only", action="store_true")
+    args = parser.parse_args()
+    out = args.out if args.out.is_absolute() else ROOT / args.out
+    if out.exists():
+        shutil.rmtree(out)
+    took = {"simulate": figures("simulate", out, args.simulate_only)}
+    if not args.simulate_only:
+        took["emulate"] = figures("emulate", out, True)
+    keep = ROOT / "benchmarks" / "claims"
+    if keep.exists():
+        shutil.rmtree(keep)
+    keep.mkdir(parents=True)
+    for path in [*(out / name for name in KEEP), *sorted(out.glob("*.png"))]:
+        shutil.copy2(path, keep / path.name)
+    print(" ".join(f"{backend} {seconds:.0f} s" for backend, seconds in took.items()))
+
+
+if __name__ == "__main__":
+    main()
