@@ -14,8 +14,11 @@ from testbed.errors import InputError
 from testbed.figures.claims import BACKENDS, Backend, Conditions, claims
 from testbed.figures.collect import measure, records, summarize_conditions
 from testbed.figures.render import (
+    README_BEGIN,
+    README_END,
     claims_table,
     details_markdown,
+    has_markers,
     load_records,
     plot,
     update_readme,
@@ -71,8 +74,9 @@ def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: 
     paths = topologies or tuple(SHIPPED / name for name in DEFAULT_CONDITIONS)
     conditions = [_conditions(path) for path in paths]
     wanted = _wanted(only, conditions)
-    if readme is not None and not readme.is_file():
-        raise InputError(f"{readme} is not a file", "--readme")
+    if readme is not None and (not readme.is_file() or not has_markers(readme)):
+        raise InputError(f"{readme} is not a file with the {README_BEGIN} ... {README_END} "
+                         "markers the table goes between", "--readme")
     directory = out or new_run_dir("claims", "figures")
     if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
         raise InputError(f"{directory} is not a plain directory", "--out")

@@ -157,6 +157,7 @@ def test_figures_end_to_end_on_a_small_topology(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["--claims", "nonsense"], "--claims: unknown claim nonsense"),
     (["--conditions", "missing.yaml"], "missing.yaml"),
+    (["--readme", str(ROOT / "pyproject.toml")], "--readme: "),
 ])
 def test_bad_figures_input_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     code, output = _figures(["--out", str(tmp_path / "o"), *args])

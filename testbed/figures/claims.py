@@ -8,10 +8,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from testbed.choices import BackendName
 from testbed.job import Job
 from testbed.topology.model import Topology
 
-Backend = Literal["simulate", "emulate"]
+Backend = BackendName
 BACKENDS: tuple[Backend, ...] = ("simulate", "emulate")
 
 

@@ -148,6 +148,11 @@ def _bars(record: ClaimRecord, runs: dict[str, dict[str, Any]]
             "iteration time (s)")
 
 
+def has_markers(readme: Path) -> bool:
+    text = readme.read_text()
+    return README_BEGIN in text and text.find(README_END) > text.find(README_BEGIN)
+
+
 def update_readme(readme: Path, records: Sequence[ClaimRecord]) -> None:
     """Replace the table between the markers (which must be there)."""
     text = readme.read_text()
