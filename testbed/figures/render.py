@@ -63,7 +63,9 @@ def claims_table(records: Sequence[ClaimRecord]) -> str:
     lines = ["| claim | paper | ours, simulated | ours, emulated | conditions |",
              "| --- | --- | --- | --- | --- |"]
     for r in records:
-        cells = [f"{fmt(_value(r, b), r['unit'])}{_verdict(r, b)}" for b in BACKENDS]
+        cells = [f"{fmt(_value(r, b), r['unit'])}{_verdict(r, b)}"
+                 if _value(r, b) is not None or b not in r["not_run"] else "not run"
+                 for b in BACKENDS]
         lines.append(f"| {r['claim']} | {r['paper']} | {cells[0]} | {cells[1]} | "
                      f"`{r['conditions']}` |")
     return "\n".join(lines)
@@ -133,8 +135,12 @@ def _bars(record: ClaimRecord, runs: dict[str, dict[str, Any]]
           ) -> tuple[list[str], list[float], str]:
     if "transfer" in runs:
         t = runs["transfer"]
-        return (["1 connection", f"{t['connections']} connections"],
-                [t["one_connection_s"], t["many_connections_s"]], "transfer time (s)")
+        labels = ["1 connection", f"{t['connections']} connections"]
+        values = [t["one_connection_s"], t["many_connections_s"]]
+        if t.get("many_connections_paced_s") is not None:
+            labels.append(f"{t['connections']}, paced")
+            values.append(t["many_connections_paced_s"])
+        return labels, values, "transfer time (s)"
     if record["unit"] == "of linear":
         return (list(runs), [r.get("tokens_per_s") or 0.0 for r in runs.values()], "tokens/s")
     if record["unit"] == "%":
