@@ -15,6 +15,7 @@ from testbed.cli_options import (
     emulation_options,
     event_options,
     force_option,
+    jitter_option,
     job_flags,
     job_options,
     parse_dilation,
@@ -27,6 +28,7 @@ from testbed.report.compare import RunEntry, csv_text, markdown_table, table_row
 from testbed.report.results import new_run_dir
 from testbed.report.saved import load_compare, load_spans
 from testbed.run_spec import RunSpec
+from testbed.sim.jitter import Jitter
 from testbed.sim.planning import shared_cache
 from testbed.topology import dump_topology, load_topology
 from testbed.topology.model import Topology
@@ -70,13 +72,14 @@ def _options_for(name: str, pairs: tuple[str, ...], unprefixed: bool = True) -> 
 @job_options
 @event_options
 @emulation_options
+@jitter_option
 @force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the comparison (default: a new one under runs/).")
 def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
             policy_opts: tuple[str, ...], backend: BackendName, repeat: int,
             compute: ComputeChoice, out: Path | None, pacing: str,
-            activations: ActivationsChoice, dilation: str,
+            activations: ActivationsChoice, dilation: str, jitter: Jitter | None,
             force: bool, **kwargs: Any) -> None:
     """Run policies on the same topology, job and seed, one after another, and compare.
 
@@ -96,6 +99,9 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
     if backend == "simulate" and factor != 1:
         raise InputError("applies to --backend emulate only (the simulator has no clock "
                          "to slow down)", "--dilation")
+    if backend == "emulate" and jitter:
+        raise InputError("applies to --backend simulate only (an emulated run has its own "
+                         "noise)", "--jitter")
     inputs = load_inputs(topology, **job_flags(kwargs))
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, "compare"))
     directory.mkdir(parents=True, exist_ok=True)
@@ -115,13 +121,20 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
                                bubble_options=_options_for(bubble or "", policy_opts, False)
                                if bubble else None, compute=compute,
                                events=inputs.events, pacing=pacing == "on",
-                               activations=activations, dilation=factor)
+                               activations=activations, dilation=factor,
+                               # every combination meets the same noise in its k-th repeat
+                               jitter=jitter.with_seed(inputs.job.seed + k) if jitter else None)
                 entries.append(_run_one(spec, directory, name, k))
                 bar.update(1, name)
     config = {"schema": COMPARE_SCHEMA, "topology": str(topology), "backend": backend,
               "policies": list(policies), "bubbles": list(bubbles), "repeat": repeat,
-              "options": list(policy_opts), "job_overrides": _overrides(kwargs)}
+              "options": list(policy_opts), "job_overrides": _overrides(kwargs),
+              "jitter": jitter.as_dict() if jitter else None}
     write_compare(directory, config, entries)
+    if jitter:
+        click.echo(f"jitter (CV): compute {jitter.compute:.0%}, prefill {jitter.prefill:.0%}, "
+                   f"network {jitter.network:.0%}; seeds {inputs.job.seed}.."
+                   f"{inputs.job.seed + repeat - 1}")
     show(directory, entries, inputs.topology)
 
 

@@ -69,6 +69,27 @@ def event_options(func: F) -> F:
     )(func)
 
 
+def jitter_option(func: F) -> F:
+    """--jitter: the simulator's seeded run-to-run noise (testbed.sim.jitter)."""
+    return click.option(
+        "--jitter", "jitter", metavar="CV|KIND=CV,...", callback=_parse_jitter,
+        help="Simulator noise: each compute, prefill and transfer delay times a lognormal "
+        "factor of mean 1 and this coefficient of variation (one value for all, or "
+        "compute=10%,prefill=10%,network=5%), seeded by the job's seed (plus the repeat's "
+        "number in compare). Default: none.")(func)
+
+
+def _parse_jitter(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
+    from testbed.sim.jitter import parse_jitter
+
+    if value is None:
+        return None
+    try:
+        return parse_jitter(value)
+    except ValueError as exc:
+        raise InputError(str(exc), "--jitter") from None
+
+
 def bubble_options(func: F) -> F:
     """-b BUBBLE_POLICY and -B KEY=VALUE, for commands that run one combination."""
     func = click.option("-B", "--bubble-option", "bubble_opts", multiple=True,

@@ -14,6 +14,7 @@ from testbed.cli_options import (
     bubble_options,
     event_options,
     force_option,
+    jitter_option,
     job_flags,
     job_options,
     policy_options,
@@ -25,6 +26,7 @@ from testbed.policy import parse_options, training_policy
 from testbed.report.results import new_run_dir
 from testbed.report.table import run_summary
 from testbed.run_spec import RunSpec
+from testbed.sim.jitter import Jitter
 from testbed.sim.planning import plan_with_simulator, shared_cache
 from testbed.sim.profile import load_profile, write_profile
 from testbed.sim.simulate import simulate_plan
@@ -46,12 +48,13 @@ profile_option = click.option(
 @job_options
 @event_options
 @profile_option
+@jitter_option
 @force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Results directory (default: a new one under runs/).")
 def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], bubble: str | None,
              bubble_opts: tuple[str, ...], profile_path: Path | None, out: Path | None,
-             force: bool, **kwargs: Any) -> None:
+             force: bool, jitter: Jitter | None, **kwargs: Any) -> None:
     """Simulate the plan at any scale: modeled compute, flow-level network.
 
     Compute times come from FLOPs and the GPU type's sustained rate (or --profile);
@@ -64,7 +67,8 @@ def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], bubble: 
                    dict(parse_options(policy_opts)), bubble_policy=bubble,
                    bubble_options=dict(parse_options(bubble_opts)),
                    profile=load_profile(profile_path) if profile_path else None,
-                   events=inputs.events)
+                   events=inputs.events,
+                   jitter=jitter.with_seed(inputs.job.seed) if jitter else None)
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, policy))
     outcome = run(spec, directory)
     for line in run_summary(outcome.results):

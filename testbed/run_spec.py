@@ -14,6 +14,7 @@ from testbed.choices import (
 )
 from testbed.job import Job
 from testbed.net_events import NetEvent
+from testbed.sim.jitter import Jitter
 from testbed.sim.profile import Profile
 from testbed.topology import Topology
 
@@ -39,6 +40,8 @@ class RunSpec:
     activations: ActivationsChoice = "auto"
     dilation: int | Literal["auto"] = 1
     """Emulate K times slower than represented time (testbed.dilation); "auto" picks K."""
+    jitter: Jitter | None = None
+    """Simulator: seeded noise on compute, prefill and transfer delays (testbed.sim.jitter)."""
     wall_budget_s: float | None = None
     """Emulator: refuse, before anything starts, a run the simulator predicts would take
     longer than this of wall time at its dilation; None for no limit."""

@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from testbed.metrics.interval import Interval, mean_interval
+
 
 @dataclass
 class RunEntry:
@@ -82,7 +84,9 @@ class Row:
     ttft_p99: float | None
     error: str | None
     slowdown: float | None = None
-    """Training iteration time against the same policy with bubble policy `none`."""
+    """Training iteration time against the same policy with bubble policy `none`: the mean
+    over repeats paired by number (the same seed), with its 95% interval from two on."""
+    slowdown_interval: Interval | None = None
     predicted: float | None = None
     """Emulated runs: the simulator's iteration time for the same plan."""
     dilation: int | None = None
@@ -133,11 +137,35 @@ def table_rows(entries: Sequence[RunEntry]) -> list[Row]:
         if base and row.iteration_median:
             row.speedup = base / row.iteration_median
         policy, plus, bubble = row.combo.partition("+")
-        reference = by_combo.get(f"{policy}+none")
-        if plus and bubble != "none" and reference and reference.iteration_median \
-                and row.iteration_median:
-            row.slowdown = row.iteration_median / reference.iteration_median - 1
+        if plus and bubble != "none" and f"{policy}+none" in by_combo:
+            paired = _paired_slowdowns(entries, row.combo, f"{policy}+none")
+            if paired:
+                row.slowdown_interval = mean_interval(paired)
+                row.slowdown = row.slowdown_interval.mean
     return rows
+
+
+def _paired_slowdowns(entries: Sequence[RunEntry], combo: str, reference: str) -> list[float]:
+    """Per repeat number, the combination's iteration time over the reference's - 1."""
+    def medians(name: str) -> dict[int, float]:
+        return {e.repeat: e.results["iteration_time_s"]["median"] for e in entries
+                if e.combo == name and e.status == "ok" and e.results is not None
+                and e.results["iteration_time_s"]["median"]}
+
+    mine, base = medians(combo), medians(reference)
+    return [mine[k] / base[k] - 1 for k in sorted(mine) if k in base]
+
+
+def slowdown_text(row: Row) -> str:
+    """`+0.09%`, with `[low, high]` from two repeats on, and `(0 inside)` when the interval
+    cannot tell the slowdown from none."""
+    if row.slowdown is None:
+        return "-"
+    interval = row.slowdown_interval
+    if interval is None or interval.low is None or interval.high is None:
+        return f"{row.slowdown:+.2%}"
+    inside = ", 0 inside" if interval.includes_zero else ""
+    return f"{row.slowdown:+.2%} [{interval.low:+.2%}, {interval.high:+.2%}{inside}]"
 
 
 def _fmt(value: float | None, pattern: str) -> str:
@@ -167,7 +195,7 @@ def table_text(rows: Sequence[Row]) -> str:
             _fmt(row.wan_util, "{:.1%}"),
             _fmt(row.ttft_p50, "{:.3f}s"),
             _fmt(row.ttft_p99, "{:.3f}s"),
-            _fmt(row.slowdown, "{:+.2%}"),
+            slowdown_text(row),
             *(row.emulation_cells() if emulated else []),
         ])
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines, strict=True)]
@@ -196,6 +224,6 @@ def markdown_table(rows: Sequence[Row]) -> str:
             f"{_fmt(row.tokens_per_s, '{:.0f}')} | {_fmt(row.util_training, '{:.1%}')} | "
             f"{_fmt(row.util_total, '{:.1%}')} | {_fmt(row.wan_util, '{:.1%}')} | "
             f"{_fmt(row.ttft_p50, '{:.3f} s')} | {_fmt(row.ttft_p99, '{:.3f} s')} | "
-            f"{_fmt(row.slowdown, '{:+.2%}')} |"
+            f"{slowdown_text(row)} |"
             + ("".join(f" {cell} |" for cell in row.emulation_cells()) if emulated else ""))
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from testbed.dilation import (
     represented_inference,
     represented_spans,
 )
-from testbed.errors import TestbedError
+from testbed.errors import InputError, TestbedError
 from testbed.metrics.summary import summarize
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
@@ -44,6 +44,9 @@ class EmulatorBackend:
     name: Literal["emulate"] = "emulate"
 
     def check(self, spec: RunSpec, plan: Plan, resume: Progress | None) -> None:
+        if spec.jitter:
+            raise InputError("applies to the simulator: an emulated run has its own noise",
+                             "--jitter")
         check_emulable(spec, plan)
         if spec.checkpoint_every or resume:
             check_checkpointable(spec)

@@ -26,13 +26,14 @@ class SimulatorBackend:
         broker = make_broker(spec.topology, spec.job, plan, spec.bubble_policy,
                              spec.bubble_options)
         summary, spans = simulate_plan(spec.topology, spec.job, plan, policy, spec.profile,
-                                       broker, spec.events)
+                                       broker, spec.events, spec.jitter)
         end = max((s["end"] for s in spans), default=0.0)
         return BackendRun(RunRecord(
             backend="simulate", policy=spec.policy, bubble_policy=spec.bubble_policy,
             topology=spec.topology, job=spec.job, plan=plan, shaper=None, compute="modeled",
             summary=summary, spans=spans, start=0.0, policy_options=spec.policy_options,
             extra={"profile": bool(spec.profile), "pacing": "assumed",
+                   "jitter": spec.jitter.as_dict() if spec.jitter else None,
                    "events": [e.as_raw() for e in spec.events],
                    "inference": inference_results(spec.topology, spec.job, plan, broker,
                                                   end)}))

@@ -12,6 +12,7 @@ from testbed.bubbles import BubbleBroker
 from testbed.inference import kv_bytes, modeled_prefill_s
 from testbed.job import InferenceWorkload
 from testbed.policy.base import Request
+from testbed.sim.jitter import Noise
 from testbed.sim.links import Links
 from testbed.sim.network import WINDOW_EFFICIENCY, FluidNetwork, Pair, Schedule
 from testbed.sim.workers import SimWorker
@@ -23,9 +24,11 @@ Resume = Callable[[SimWorker, float], None]
 
 class Prefills:
     def __init__(self, topology: Topology, workload: InferenceWorkload, broker: BubbleBroker,
-                 network: FluidNetwork, links: Links, at: Schedule, spans: list[Span]) -> None:
+                 network: FluidNetwork, links: Links, at: Schedule, spans: list[Span],
+                 noise: Noise) -> None:
         self.topology, self.workload, self.broker = topology, workload, broker
         self.network, self.links, self.at, self.spans = network, links, at, spans
+        self.noise = noise
         self._decode_pairs: dict[str, Pair] = {}
 
     def fill(self, worker: SimWorker, now: float, resume: Resume) -> None:
@@ -36,7 +39,8 @@ class Prefills:
         if request is None:
             return
         gpu = self.topology.gpu(worker.lead).type
-        duration = modeled_prefill_s(self.workload, gpu, request.prompt_len)
+        duration = modeled_prefill_s(self.workload, gpu, request.prompt_len) \
+            * self.noise.factor("prefill")
         worker.prefill_started, worker.prefill_until = now, now + duration
         worker.record(self.spans, "prefill", now, now + duration, request=request.id,
                       prompt_len=request.prompt_len)

@@ -10,6 +10,7 @@ from testbed.metrics.summary import Summary, summarize
 from testbed.net_events import NetEvent
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
+from testbed.sim.jitter import Jitter
 from testbed.sim.profile import Profile
 from testbed.sim.simulator import Simulator
 from testbed.spans import Span
@@ -18,12 +19,12 @@ from testbed.topology.model import Topology
 
 def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,
                   profile: Profile | None = None,
-                  broker: BubbleBroker | None = None, events: tuple[NetEvent, ...] = ()
-                  ) -> tuple[Summary, list[Span]]:
+                  broker: BubbleBroker | None = None, events: tuple[NetEvent, ...] = (),
+                  jitter: Jitter | None = None) -> tuple[Summary, list[Span]]:
     """Simulate a plan; the summary and spans, computed exactly as for the emulator."""
     try:
         result = Simulator(topology, job, plan, policy, profile, bubbles=broker,
-                           events=events).run()
+                           events=events, jitter=jitter).run()
     except RuntimeError as exc:
         raise TestbedError(f"simulation failed: {exc}") from None
     return summarize(result.spans, plan.used_gpus(), result.start, tokens_per_iteration(job, plan),

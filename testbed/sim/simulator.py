@@ -29,6 +29,7 @@ from testbed.plan.model import Plan
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import TrainingPolicy
 from testbed.sim.agenda import Agenda
+from testbed.sim.jitter import Jitter, Noise
 from testbed.sim.links import Links, capacities
 from testbed.sim.network import FluidNetwork
 from testbed.sim.prefills import Prefills
@@ -56,6 +57,7 @@ class Simulator:
         step_s: float = 0.0,
         bubbles: BubbleBroker | None = None,
         events: Sequence[NetEvent] = (),
+        jitter: Jitter | None = None,
     ) -> None:
         topology = hosts_as_planned(topology, plan)
         self.topology, self.job, self.plan, self.policy = topology, job, plan, policy
@@ -63,6 +65,8 @@ class Simulator:
         self.bubbles = bubbles
         self.costs = stage_costs(topology, job, plan, profile)
         self.step_s = step_s
+        self.jitter = jitter or Jitter()
+        self.noise = Noise(self.jitter)
         self.agenda = Agenda()
         self.spans: list[Span] = []
         self.workers: dict[tuple[int, int], SimWorker] = {}
@@ -74,12 +78,12 @@ class Simulator:
         self.network = FluidNetwork(capacities(topology, self.workers.values()), self.agenda.at)
         self.links = Links(topology, self.network, self.agenda.at)
         self.transfers = Transfers(topology, plan, self.network, self.links,
-                                   Arbiter(policy, plan), self.spans)
+                                   Arbiter(policy, plan), self.spans, self.noise)
         self.allreduces = AllReduces(topology, plan.dp, self.costs, self.workers,
                                      self.transfers, self.agenda.at, self.spans)
         self.prefills = None if bubbles is None or job.inference is None else Prefills(
             topology, job.inference, bubbles, self.network, self.links, self.agenda.at,
-            self.spans)
+            self.spans, self.noise)
         self.mailbox: set[MessageTag] = set()
         """Messages that arrived before their receive."""
         self.waiting: dict[MessageTag, SimWorker] = {}
@@ -101,7 +105,8 @@ class Simulator:
     def compute_s(self, worker: SimWorker, phase: Phase, microbatch: int) -> float:
         """How long one forward or backward holds the worker's GPU."""
         cost = self.costs[worker.stage]
-        return cost.forward_s if phase is Phase.FORWARD else cost.backward_s
+        modeled = cost.forward_s if phase is Phase.FORWARD else cost.backward_s
+        return modeled * self.noise.factor("compute")
 
     def _advance(self, worker: SimWorker, now: float) -> None:
         """Run the worker's steps from where it is until one takes time or waits."""

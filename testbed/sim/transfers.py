@@ -14,6 +14,7 @@ from testbed.pacing import GRADIENTS, paced
 from testbed.plan.model import Op, Plan, Sharing
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import Transfer
+from testbed.sim.jitter import Noise
 from testbed.sim.links import Links
 from testbed.sim.network import RTO_MIN, WINDOW_EFFICIENCY, FluidNetwork, Pair
 from testbed.sim.workers import SimWorker
@@ -27,9 +28,9 @@ Sent = Callable[[float, float], None]
 
 class Transfers:
     def __init__(self, topology: Topology, plan: Plan, network: FluidNetwork, links: Links,
-                 arbiter: Arbiter, spans: list[Span]) -> None:
+                 arbiter: Arbiter, spans: list[Span], noise: Noise) -> None:
         self.topology, self.plan, self.network, self.links = topology, plan, network, links
-        self.arbiter, self.spans = arbiter, spans
+        self.arbiter, self.spans, self.noise = arbiter, spans, noise
         self.pairs: dict[tuple[str, str], Pair] = {}
         self._pair_queue: dict[int, list[Arrival]] = {}
         self._starters: dict[int, Arrival] = {}
@@ -74,6 +75,7 @@ class Transfers:
         ALLREDUCE for a ring's chunks."""
         resources, latency = self.path(src, dst)
         pair = self.pair(src, dst, latency, nbytes if op is not Op.ALLREDUCE else GRADIENTS)
+        latency *= self.noise.factor("network")  # this message's delay, not the path's RTT
         link = None if src.dc == dst.dc else f"{src.dc}>{dst.dc}"
 
         def arrived(t: float, started: float) -> None:

@@ -1,0 +1,125 @@
+"""The simulator's seeded noise, and the paired slowdown interval `compare` reports."""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed.inputs import load_inputs
+from testbed.metrics.interval import mean_interval, t975
+from testbed.policy import training_policy
+from testbed.report.compare import RunEntry, slowdown_text, table_rows
+from testbed.sim.jitter import Jitter, Noise, parse_jitter
+from testbed.sim.planning import plan_with_simulator
+from testbed.sim.simulator import Simulator
+
+from .test_cli import call
+
+ROOT = Path(__file__).resolve().parent.parent
+PAPER = ROOT / "topologies" / "paper-3dc.yaml"
+
+
+def test_jitter_is_parsed_per_kind_or_for_all() -> None:
+    assert parse_jitter("10%") == Jitter(0.1, 0.1, 0.1)
+    assert parse_jitter("compute=0.1, network=5%") == Jitter(compute=0.1, network=0.05)
+    for bad, why in (("speed=0.1", "unknown kind"), ("compute=2", "at most 100%"),
+                     ("compute=0.1,compute=0.2", "twice")):
+        with pytest.raises(ValueError, match=why):
+            parse_jitter(bad)
+
+
+def test_noise_has_mean_one_and_the_asked_spread() -> None:
+    noise = Noise(Jitter(compute=0.2, seed=7))
+    draws = [noise.factor("compute") for _ in range(20_000)]
+    assert statistics.fmean(draws) == pytest.approx(1.0, abs=0.01)
+    assert statistics.stdev(draws) == pytest.approx(0.2, rel=0.05)
+    assert min(draws) > 0
+    assert {noise.factor("network") for _ in range(10)} == {1.0}  # zero CV: exact
+
+
+def test_kinds_draw_from_their_own_streams() -> None:
+    """Adding network noise leaves the compute draws of the same seed as they were."""
+    alone = Noise(Jitter(compute=0.1, seed=3))
+    mixed = Noise(Jitter(compute=0.1, network=0.3, seed=3))
+    for _ in range(50):
+        mixed.factor("network")
+        assert alone.factor("compute") == mixed.factor("compute")
+
+
+@functools.cache
+def _planned() -> tuple[Any, Any, Any]:
+    inputs = load_inputs(PAPER, sets=("iterations=3",))
+    policy = training_policy("atlas")
+    return inputs, policy, plan_with_simulator(policy, inputs.topology, inputs.job)
+
+
+def _simulate(jitter: Jitter | None) -> list[float]:
+    inputs, policy, plan = _planned()
+    spans = Simulator(inputs.topology, inputs.job, plan, policy, jitter=jitter).run().spans
+    return [s["end"] - s["start"] for s in spans if s["kind"] == "forward"]
+
+
+def test_zero_jitter_changes_nothing_and_a_seed_repeats_exactly() -> None:
+    plain = _simulate(None)
+    assert _simulate(Jitter(seed=5)) == plain
+    noisy = _simulate(Jitter(compute=0.1, network=0.05, seed=1))
+    assert noisy == _simulate(Jitter(compute=0.1, network=0.05, seed=1))
+    assert noisy != _simulate(Jitter(compute=0.1, network=0.05, seed=2))
+    assert noisy != plain
+
+
+def test_compute_jitter_spreads_each_forward_as_asked() -> None:
+    plain = _simulate(None)
+    noisy = _simulate(Jitter(compute=0.1, seed=1))
+    ratios = [n / p for n, p in zip(noisy, plain, strict=True)]
+    assert len(ratios) > 300
+    assert statistics.fmean(ratios) == pytest.approx(1.0, abs=0.02)
+    assert statistics.stdev(ratios) == pytest.approx(0.1, rel=0.2)
+
+
+def test_simulate_records_its_jitter_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    code, _, err = call(["simulate", str(PAPER), "-p", "gpipe", "--iterations", "2",
+                         "--jitter", "compute=5%", "--out", str(tmp_path / "run")])
+    assert code == 0, err
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["jitter"] == {"compute": 0.05, "prefill": 0.0, "network": 0.0, "seed": 0}
+    code, _, err = call(["simulate", str(PAPER), "--jitter", "compute=lots",
+                         "--out", str(tmp_path / "bad")])
+    assert code == 2 and "--jitter" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "bad").exists()
+
+
+def test_t_quantiles_and_the_interval() -> None:
+    assert t975(1) == 12.706 and t975(4) == 2.776 and t975(1000) == 1.96
+    interval = mean_interval([1.0, 2.0, 3.0])
+    assert interval.mean == 2.0
+    assert interval.low == pytest.approx(2.0 - 4.303 / 3**0.5)
+    assert interval.includes_zero
+    assert not mean_interval([1.0, 1.1, 0.9]).includes_zero
+    assert mean_interval([0.5]).low is None
+
+
+def _entry(bubble: str, repeat: int, seconds: float) -> RunEntry:
+    results: dict[str, Any] = {
+        "iteration_time_s": {"median": seconds}, "tokens_per_s": 1.0,
+        "gpu_utilization": {"training": 0.5, "total": 0.5}, "wan": {"utilization": 0.1},
+        "inference": {"ttft_s": {"p50": None, "p99": None}}}
+    return RunEntry("atlas", bubble, repeat, f"r{repeat}", "ok", None, results)
+
+
+def test_compare_pairs_the_slowdown_by_repeat() -> None:
+    """Repeat k of both combinations met the same noise: their ratio is what counts."""
+    entries = [_entry("none", k, s) for k, s in enumerate([10.0, 11.0, 12.0])]
+    entries += [_entry("bubbletea", k, s) for k, s in enumerate([10.1, 11.11, 12.12])]
+    row = table_rows(entries)[1]
+    assert row.slowdown == pytest.approx(0.01)
+    assert row.slowdown_interval is not None and not row.slowdown_interval.includes_zero
+    assert slowdown_text(row).startswith("+1.00% [")
+    noisy = [_entry("none", k, s) for k, s in enumerate([10.0, 10.0, 10.0])]
+    noisy += [_entry("bubbletea", k, s) for k, s in enumerate([10.1, 9.9, 10.05])]
+    assert slowdown_text(table_rows(noisy)[1]).endswith(", 0 inside]")
