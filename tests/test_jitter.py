@@ -123,3 +123,36 @@ def test_compare_pairs_the_slowdown_by_repeat() -> None:
     noisy = [_entry("none", k, s) for k, s in enumerate([10.0, 10.0, 10.0])]
     noisy += [_entry("bubbletea", k, s) for k, s in enumerate([10.1, 9.9, 10.05])]
     assert slowdown_text(table_rows(noisy)[1]).endswith(", 0 inside]")
+
+
+def _span(kind: str, start: float, end: float, **detail: Any) -> Any:
+    return {"gpu": "g", "kind": kind, "start": start, "end": end, "iteration": 0, **detail}
+
+
+def test_overruns_are_prefills_that_outlast_the_data_they_waited_for() -> None:
+    from testbed.metrics.overruns import prefill_overruns
+
+    spans = [
+        _span("recv", 0.0, 1.0, waited=1.0), _span("prefill", 0.1, 0.5),  # fits
+        _span("prefill", 0.5, 0.9),  # fits: a second one in the same bubble
+        _span("recv", 2.0, 3.2, waited=1.0), _span("prefill", 2.1, 3.2),  # 0.2 s late
+        _span("recv", 4.0, 4.0), _span("prefill", 5.0, 5.5),  # in no bubble
+    ]
+    got = prefill_overruns(spans)
+    assert (got.prefills, got.overran) == (3, 1)
+    assert got.mean_s == pytest.approx(0.2) and got.max_s == pytest.approx(0.2)
+    assert got.as_dict()["fraction"] == pytest.approx(1 / 3)
+
+
+def test_jitter_makes_prefills_overrun_and_results_count_them(tmp_path: Path) -> None:
+    args = ["simulate", str(PAPER), "-p", "gpipe", "-b", "bubbletea", "--iterations", "3",
+            "--set", "inference.arrival_rate=200/s"]
+    counted = []
+    for extra in ([], ["--jitter", "compute=10%,prefill=10%"]):
+        out = tmp_path / str(len(counted))
+        code, _, err = call([*args, *extra, "--out", str(out)])
+        assert code == 0, err
+        counted.append(json.loads((out / "results.json").read_text())["inference"]["overruns"])
+    quiet, noisy = counted
+    assert quiet["prefills"] > 100 and noisy["prefills"] > 100
+    assert noisy["overran"] > quiet["overran"]

@@ -67,6 +67,12 @@ def run_summary(results: dict[str, Any]) -> list[str]:
             f"{inference['rejected']} rejected, TTFT p50 {_secs(ttft['p50'])} p99 "
             f"{_secs(ttft['p99'])}"
         )
+    overruns = inference.get("overruns")
+    if overruns and overruns.get("prefills"):
+        lines.append(
+            f"  overruns      {overruns['overran']} of {overruns['prefills']} prefills held "
+            f"training past their bubble, mean {_secs(overruns['mean_s'])} max "
+            f"{_secs(overruns['max_s'])}")
     if results.get("training_slowdown") is not None:
         lines.append(f"  slowdown      {results['training_slowdown']:+.2%} vs no filling")
     return lines

@@ -20,6 +20,7 @@ from testbed.dilation import (
     represented_spans,
 )
 from testbed.errors import InputError, TestbedError
+from testbed.metrics.overruns import prefill_overruns
 from testbed.metrics.summary import summarize
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
@@ -123,8 +124,15 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
                "resumed_at": resume.resumed_at if resume else [],
                **prediction_fields(predicted, summary.median_s),
                "emulation": None if health is None else health.as_dict(),
-               "inference": represented_inference(inference, k)})
+               "inference": _with_overruns(represented_inference(inference, k), spans,
+                                           coordinator.broker is not None)})
     return BackendRun(record, error)
+
+
+def _with_overruns(inference: dict[str, Any], spans: list[Span], filled: bool
+                   ) -> dict[str, Any]:
+    """How often prefills held training past their bubbles, in represented time."""
+    return {**inference, "overruns": prefill_overruns(spans).as_dict()} if filled else inference
 
 
 def _wall_time(seconds: float) -> str:

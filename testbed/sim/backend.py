@@ -7,6 +7,7 @@ from typing import Literal
 
 from testbed.backend import BackendRun, Say
 from testbed.bubbles import inference_results, make_broker
+from testbed.metrics.overruns import prefill_overruns
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.report.results import RunRecord
@@ -28,6 +29,9 @@ class SimulatorBackend:
         summary, spans = simulate_plan(spec.topology, spec.job, plan, policy, spec.profile,
                                        broker, spec.events, spec.jitter)
         end = max((s["end"] for s in spans), default=0.0)
+        inference = inference_results(spec.topology, spec.job, plan, broker, end)
+        if broker is not None:
+            inference["overruns"] = prefill_overruns(spans).as_dict()
         return BackendRun(RunRecord(
             backend="simulate", policy=spec.policy, bubble_policy=spec.bubble_policy,
             topology=spec.topology, job=spec.job, plan=plan, shaper=None, compute="modeled",
@@ -35,5 +39,4 @@ class SimulatorBackend:
             extra={"profile": bool(spec.profile), "pacing": "assumed",
                    "jitter": spec.jitter.as_dict() if spec.jitter else None,
                    "events": [e.as_raw() for e in spec.events],
-                   "inference": inference_results(spec.topology, spec.job, plan, broker,
-                                                  end)}))
+                   "inference": inference}))

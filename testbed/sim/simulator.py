@@ -200,7 +200,7 @@ class Simulator:
             self.mailbox.add(tag)
             return
         worker.record(self.spans, "recv", worker.waiting_since, now, tag.microbatch,
-                      action=worker.pc)
+                      action=worker.pc, waited=now - worker.waiting_since)
         if self.bubbles is not None:
             self.bubbles.record_wait(
                 worker.lead, worker.pc, worker.iteration, now - worker.waiting_since

@@ -1,0 +1,55 @@
+"""How often a prefill outlasted the bubble it was started in, and by how much: the time
+training waited for inference. Read from spans alone, so both backends count alike: a
+bubble ends when the awaited data arrived (a receive's start plus what it `waited`); a
+prefill that ends later held the GPU past it."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+from testbed.inference import percentile
+from testbed.spans import Span
+
+
+@dataclass(frozen=True)
+class Overruns:
+    prefills: int
+    """Prefills started inside a receive's wait."""
+    overran: int
+    mean_s: float | None
+    """Of the overruns."""
+    p99_s: float | None
+    max_s: float | None
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {**asdict(self), "fraction": self.overran / self.prefills if self.prefills
+                else None}
+
+
+def prefill_overruns(spans: Iterable[Span]) -> Overruns:
+    waits: dict[str, list[tuple[float, float]]] = {}
+    prefills: list[Span] = []
+    for span in spans:
+        if span["kind"] == "recv" and span["end"] > span["start"]:
+            waited = span.get("waited", span["end"] - span["start"])
+            waits.setdefault(span["gpu"], []).append((span["start"], span["start"] + waited))
+        elif span["kind"] == "prefill":
+            prefills.append(span)
+    for bubbles in waits.values():
+        bubbles.sort()
+    counted, late = 0, []
+    for span in prefills:
+        bubbles = waits.get(span["gpu"], [])
+        i = bisect.bisect_right(bubbles, (span["start"], float("inf"))) - 1
+        if i < 0:
+            continue
+        begun, arrived = bubbles[i]
+        if not begun <= span["start"] <= max(arrived, begun):
+            continue
+        counted += 1
+        if span["end"] > arrived + 1e-9:
+            late.append(span["end"] - arrived)
+    return Overruns(counted, len(late), sum(late) / len(late) if late else None,
+                    percentile(late, 0.99), max(late, default=None))
