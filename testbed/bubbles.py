@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from testbed.errors import InputError, PluginError, TestbedError
 from testbed.inference import (
@@ -49,6 +49,9 @@ class BubbleBroker:
 
     def record_wait(self, gpu: str, action: int, iteration: int, seconds: float) -> None:
         """A measured bubble: how long `gpu` waited at `action` in `iteration`."""
+        predicted = self.predicted(gpu, action)
+        if predicted is not None:
+            self._observe("bubble", predicted, seconds)
         history = self.waits.setdefault((gpu, action), [])
         history.append((iteration, seconds))
         del history[:-HISTORY]
@@ -104,7 +107,18 @@ class BubbleBroker:
         return chosen
 
     def prefilled(self, request: Request, seconds: float) -> None:
+        self._observe("prefill", self.prefill(request.prompt_len), seconds)
         self.prefill.observe(request.prompt_len, seconds)
+
+    def _observe(self, kind: Literal["bubble", "prefill"], predicted: float,
+                 actual: float) -> None:
+        try:
+            self.policy.observe(kind, predicted, actual)
+        except TestbedError:
+            raise
+        except Exception as exc:
+            raise PluginError(f"bubble policy {self.policy.name!r} failed in observe: "
+                              f"{type(exc).__name__}: {exc}") from None
 
     def delivered(self, request_id: int, at: float, nbytes: int = 0) -> None:
         """The decode server has the KV cache: the first token can go out."""

@@ -156,3 +156,26 @@ def test_jitter_makes_prefills_overrun_and_results_count_them(tmp_path: Path) ->
     quiet, noisy = counted
     assert quiet["prefills"] > 100 and noisy["prefills"] > 100
     assert noisy["overran"] > quiet["overran"]
+
+
+def test_bubbletea_s_guard_widens_to_cover_recent_misses() -> None:
+    from testbed.policy import bubble_policy
+    from testbed.policy.base import Bubble, Request
+
+    tea = bubble_policy("bubbletea", {})
+    assert tea.guard() == pytest.approx(0.1)  # type: ignore[attr-defined]
+    for _ in range(50):
+        tea.observe("bubble", 1.0, 0.7)  # bubbles came 30% shorter than predicted
+        tea.observe("prefill", 0.1, 0.1)
+    assert tea.guard() == pytest.approx(0.3)  # type: ignore[attr-defined]
+    for _ in range(50):
+        tea.observe("prefill", 0.1, 0.125)  # and prefills 25% longer
+    assert tea.guard() == pytest.approx(1 - 0.7 / 1.25)  # type: ignore[attr-defined]
+    request = Request(1, 0.0, 100)
+    bubble = Bubble("g", 0.0, 1.0)
+    assert tea.admit(bubble, [request], 0.0, lambda _n: 0.6) is None  # fits 0.1, not this
+    fixed = bubble_policy("bubbletea", {"learn": "off"})
+    for _ in range(50):
+        fixed.observe("bubble", 1.0, 0.5)
+    assert fixed.guard() == pytest.approx(0.1)  # type: ignore[attr-defined]
+    assert fixed.admit(bubble, [request], 0.0, lambda _n: 0.6) == request

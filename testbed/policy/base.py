@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from testbed.errors import InputError
 from testbed.job import Job
@@ -132,6 +132,12 @@ class BubblePolicy(_Configurable, ABC):
         prefill_time: Callable[[int], float],
     ) -> Request | None:
         """A queued request to start now on `bubble.gpu`, or None to leave the GPU idle."""
+
+    def observe(self, kind: Literal["bubble", "prefill"], predicted: float,
+                actual: float) -> None:
+        """What a prediction `admit` could have relied on turned out to be: a bubble's
+        length at a receive, or a prefill's time. For policies that learn; the default
+        ignores it."""
 
 
 def parse_options(pairs: Sequence[str]) -> Mapping[str, str]:
