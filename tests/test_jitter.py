@@ -162,7 +162,7 @@ def test_bubbletea_s_guard_widens_to_cover_recent_misses() -> None:
     from testbed.policy import bubble_policy
     from testbed.policy.base import Bubble, Request
 
-    tea = bubble_policy("bubbletea", {})
+    tea = bubble_policy("bubbletea", {"learn": "on"})
     assert tea.guard() == pytest.approx(0.1)  # type: ignore[attr-defined]
     for _ in range(50):
         tea.observe("bubble", 1.0, 0.7)  # bubbles came 30% shorter than predicted
@@ -174,7 +174,7 @@ def test_bubbletea_s_guard_widens_to_cover_recent_misses() -> None:
     request = Request(1, 0.0, 100)
     bubble = Bubble("g", 0.0, 1.0)
     assert tea.admit(bubble, [request], 0.0, lambda _n: 0.6) is None  # fits 0.1, not this
-    fixed = bubble_policy("bubbletea", {"learn": "off"})
+    fixed = bubble_policy("bubbletea", {})  # learning is asked for
     for _ in range(50):
         fixed.observe("bubble", 1.0, 0.5)
     assert fixed.guard() == pytest.approx(0.1)  # type: ignore[attr-defined]

@@ -1,8 +1,7 @@
 """BubbleTea: inference prefill inside the training pipeline's bubbles, admitted only when
-its predicted time (plus a guard) fits the bubble's predicted remainder. The guard learns:
-it widens to cover how far recent predictions missed (a bubble shorter than predicted, a
-prefill longer), so that noise costs inference a few prefills instead of costing
-training its time."""
+its predicted time (plus a guard) fits the bubble's predicted remainder. With `learn` the
+guard widens to cover how far recent predictions missed (a bubble shorter than predicted,
+a prefill longer): fewer prefills overrun, at the cost of the ones it no longer admits."""
 
 from __future__ import annotations
 
@@ -33,7 +32,7 @@ class BubbleTeaPolicy(BubblePolicy):
         Option("guard", 0.1, "fraction of the predicted bubble kept free as a margin (the "
                "least the learned guard keeps)", fraction),
         Option("guard_s", 0.002, "seconds kept free at the end of every bubble", non_negative),
-        Option("learn", True, "widen the guard to cover 90% of recent prediction misses "
+        Option("learn", False, "widen the guard to cover 90% of recent prediction misses "
                "(on/off)", on_off),
     )
 
