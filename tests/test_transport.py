@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from typing import Any
 
 import pytest
@@ -242,3 +243,23 @@ def test_acknowledged_waits_until_the_receiving_host_has_every_byte() -> None:
             await b.close()
 
     asyncio.run(scenario())
+
+
+def test_a_message_is_timed_when_it_arrives_not_when_it_is_received() -> None:
+    """A receive that comes late must see the message's real arrival: what the bubble
+    predictions and the overrun count measure waits by."""
+
+    async def scenario() -> tuple[float, float]:
+        a, b = await _pair(1)
+        try:
+            await a.send(1, "early", b"x" * 1000)
+            await asyncio.sleep(0.3)
+            asked = time.monotonic()
+            got = await b.recv("early")
+            return asked, got.completed_at
+        finally:
+            await a.close()
+            await b.close()
+
+    asked, arrived = asyncio.run(scenario())
+    assert arrived < asked - 0.2

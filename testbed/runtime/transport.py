@@ -72,6 +72,8 @@ class _Incoming:
     got: int = 0
     buffer: bytearray = field(default_factory=bytearray)
     sent_at: float = 0.0
+    arrived_at: float | None = None
+    """When the last byte came, whether or not anyone was receiving yet."""
     future: asyncio.Future[Received] | None = None
 
 
@@ -363,10 +365,12 @@ class Transport:
             self._mail.pop(tag, None)
 
     def _maybe_complete(self, tag: str, entry: _Incoming) -> None:
-        if entry.future is None or entry.future.done() or entry.total < 0:
+        if entry.total < 0 or entry.got < entry.total:
             return
-        if entry.got >= entry.total:
-            entry.future.set_result(Received(entry.buffer, entry.sent_at, time.monotonic()))
+        if entry.arrived_at is None:
+            entry.arrived_at = time.monotonic()
+        if entry.future is not None and not entry.future.done():
+            entry.future.set_result(Received(entry.buffer, entry.sent_at, entry.arrived_at))
 
     def _fail(self, error: BaseException) -> None:
         if self._failure is None:
