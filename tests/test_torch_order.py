@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
+import torch.distributed.pipelining.schedules as schedules
 
 from testbed.plan.model import Action, Op
 from testbed.plan.schedules import Sends, schedule_compute, stage_actions
@@ -36,7 +37,6 @@ def _merge(raw: Iterable[tuple[str, Message] | str]) -> list[Event]:
 
 def _torch_trace(monkeypatch: pytest.MonkeyPatch, schedule: str, stage: int, stages: int,
                  microbatches: int) -> list[Event]:
-    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
     raw: list[tuple[str, Message] | str] = []
     last = stages - 1
 

@@ -85,6 +85,12 @@ class _Posts:
             return
         self.out.append(Action(self.stage, op, mb))
 
+    def fused(self, send: Op, sent: int, recv: Op, received: int) -> None:
+        """A send posted with a receive, both waited for (torch's batched p2p)."""
+        self.add(send, sent)
+        self.add(recv, received)
+        self.add(Op.WAIT_F if send is Op.SEND_F else Op.WAIT_B, sent)
+
 
 def torch_gpipe(stage: int, stages: int, microbatches: int) -> list[Action]:
     """ScheduleGPipe._step_microbatches: sends are waited only between the phases and at
@@ -121,17 +127,13 @@ def torch_1f1b(stage: int, stages: int, microbatches: int, extra_warmup: int = 0
         forward += 1
     held_forward = forward - 1
     while True:
-        post.add(Op.SEND_F, held_forward)
-        post.add(Op.RECV_B, backward)
-        post.add(Op.WAIT_F, held_forward)
+        post.fused(Op.SEND_F, held_forward, Op.RECV_B, backward)
         post.add(Op.B, backward)
         held_backward = backward
         backward += 1
         if forward == microbatches:
             break
-        post.add(Op.SEND_B, held_backward)
-        post.add(Op.RECV_F, forward)
-        post.add(Op.WAIT_B, held_backward)
+        post.fused(Op.SEND_B, held_backward, Op.RECV_F, forward)
         post.add(Op.F, forward)
         held_forward = forward
         forward += 1
