@@ -87,7 +87,7 @@ def details_markdown(records: Sequence[ClaimRecord]) -> str:
                     + (f" ({figures['why_none']})" if figures.get("why_none") else ""), ""]
             rows = figures.get("runs", {})
             if rows:
-                keys = [k for k in _columns(rows)]
+                keys = _columns(rows)
                 out.append("| run | " + " | ".join(keys) + " |")
                 out.append("| --- |" + " --- |" * len(keys))
                 for name, row in rows.items():
