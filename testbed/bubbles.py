@@ -1,13 +1,16 @@
 """Filling training bubbles with prefill requests: the bookkeeping both backends share.
 
-The backend reports when a GPU is about to wait at a receive; the broker predicts how long
-(the same receive in recent iterations), asks the bubble policy which queued request (if
-any) to start, and keeps score: served, rejected after their deadline, time to first
-token. Pure: the backend supplies the clock."""
+The backend reports when a GPU is about to wait (at a receive or an all-reduce); the
+broker predicts how long (the same wait in recent iterations, or the plan's modeled wait
+before any was measured), asks the bubble policy what to prefill meanwhile (whole
+prompts, batched, or chunks of a long one whose KV cache stays on that GPU), and keeps
+score: served, rejected after their deadline, time to first token. Pure: the backend
+supplies the clock."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -23,10 +26,13 @@ from testbed.inference import (
 from testbed.job import Job
 from testbed.plan.model import Plan
 from testbed.policy import bubble_policy as bubble_policy_named
-from testbed.policy.base import Bubble, BubblePolicy, Request
+from testbed.policy.base import Bubble, BubblePolicy, Chunk, Request
 from testbed.topology import Topology
 
 HISTORY = 3
+
+WaitKey = tuple[str, int]
+"""(GPU, index of the action it waits at)."""
 
 
 @dataclass
@@ -36,13 +42,23 @@ class BubbleBroker:
     """Requests in arrival order; pulled as the clock reaches them."""
     prefill: PrefillModel
     deadline_s: float
+    max_batch_tokens: int = 8192
+    modeled_waits: Mapping[WaitKey, float] = field(default_factory=dict)
+    """The plan's waits as the simulator models them: predictions until one is measured."""
     requests: list[Request] = field(default_factory=list)
     started: dict[int, tuple[str, float]] = field(default_factory=dict)
+    """Request id: the GPU and time its (first chunk's) prefill started."""
     rejected: set[int] = field(default_factory=set)
     ttft: dict[int, float] = field(default_factory=dict)
-    waits: dict[tuple[str, int], list[tuple[int, float]]] = field(default_factory=dict)
+    waits: dict[WaitKey, list[tuple[int, float]]] = field(default_factory=dict)
     kv_bytes: int = 0
     """KV cache bytes the decode servers received."""
+    chunked: int = 0
+    """Requests prefilled in more than one chunk."""
+    batches: int = 0
+    """Passes that prefilled more than one request."""
+    _partial: dict[int, Request] = field(default_factory=dict)
+    """Requests chunked so far, with `prefilled` up to their last admitted chunk."""
     _pending: Request | None = None
     _queue: list[Request] = field(default_factory=list)
     _arrival: dict[int, float] = field(default_factory=dict)
@@ -57,9 +73,14 @@ class BubbleBroker:
         del history[:-HISTORY]
 
     def predicted(self, gpu: str, action: int) -> float | None:
-        """The shortest of the last few waits at this receive, None before any."""
-        history = self.waits.get((gpu, action))
-        return min(s for _, s in history) if history else None
+        """The shortest of the last few waits at this action, and of the modeled one until
+        two were measured (the first iteration's waits are long: connections warm up);
+        None when there is neither."""
+        waits = [s for _, s in self.waits.get((gpu, action), [])]
+        modeled = self.modeled_waits.get((gpu, action))
+        if modeled is not None and len(waits) < 2:
+            waits.append(modeled)
+        return min(waits) if waits else None
 
     def queue(self, now: float) -> list[Request]:
         """Arrived, not started, not past their deadline (those are rejected here)."""
@@ -83,32 +104,57 @@ class BubbleBroker:
         self._queue = keep
         return list(keep)
 
-    def on_idle(self, gpu: str, action: int, now: float, since: float) -> Request | None:
-        """`gpu` has waited at `action` since `since`: a request to prefill now, or None.
-        The bubble is predicted to end `since` plus the usual wait at this receive."""
-        queue = self.queue(now)
+    def on_idle(self, gpu: str, action: int, now: float, since: float) -> tuple[Chunk, ...]:
+        """`gpu` has waited at `action` since `since`: what to prefill now, in one pass
+        (empty for nothing). The bubble is predicted to end `since` plus the usual wait."""
+        mine = [r for r in self._partial.values() if self.started[r.id][0] == gpu]
+        queue = mine + self.queue(now)
         if not queue:
-            return None
+            return ()
         predicted = self.predicted(gpu, action)
         bubble = Bubble(gpu, since, since + (predicted or 0.0))
         try:
-            chosen = self.policy.admit(bubble, tuple(queue), now, self.prefill)
+            chunks = tuple(self.policy.admit_batch(bubble, tuple(queue), now, self.prefill,
+                                                   self.max_batch_tokens))
         except TestbedError:
             raise
         except Exception as exc:
             raise PluginError(f"bubble policy {self.policy.name!r} failed in admit: "
                               f"{type(exc).__name__}: {exc}") from None
-        if chosen is None:
-            return None
-        if chosen not in queue:
-            raise PluginError(f"bubble policy {self.policy.name!r} admitted a request that "
-                              "is not queued")
-        self.started[chosen.id] = (gpu, now)
-        return chosen
+        self._check(chunks, queue)
+        for chunk in chunks:
+            request = chunk.request
+            self.started.setdefault(request.id, (gpu, now))
+            if chunk.last:
+                if request.id in self._partial:
+                    self.chunked += 1
+                self._partial.pop(request.id, None)
+            else:
+                self._partial[request.id] = dataclasses.replace(request, prefilled=chunk.end)
+        self.batches += len(chunks) > 1
+        return chunks
 
-    def prefilled(self, request: Request, seconds: float) -> None:
-        self._observe("prefill", self.prefill(request.prompt_len), seconds)
-        self.prefill.observe(request.prompt_len, seconds)
+    def _check(self, chunks: Sequence[Chunk], queue: Sequence[Request]) -> None:
+        """A policy's answer within the contract of `BubblePolicy.admit_batch`."""
+        offered = {r.id: r for r in queue}
+        ids = [c.request.id for c in chunks]
+        problem = None
+        if len(set(ids)) != len(ids):
+            problem = "the same request twice in one pass"
+        elif any(c.request != offered.get(c.request.id) for c in chunks):
+            problem = "a request that is not queued for this GPU"
+        elif any(not c.request.prefilled == c.start < c.end <= c.request.prompt_len
+                 for c in chunks):
+            problem = "a chunk that does not start where its request's prefill stands"
+        elif sum(c.tokens for c in chunks) > self.max_batch_tokens:
+            problem = f"more than max_batch_tokens ({self.max_batch_tokens}) in one pass"
+        if problem:
+            raise PluginError(f"bubble policy {self.policy.name!r} admitted {problem}")
+
+    def prefilled(self, chunks: Sequence[Chunk], seconds: float) -> None:
+        """A pass of `chunks` took `seconds`: teach the prefill model and the policy."""
+        self._observe("prefill", self.prefill.batch(chunks), seconds)
+        self.prefill.observe_batch(chunks, seconds)
 
     def _observe(self, kind: Literal["bubble", "prefill"], predicted: float,
                  actual: float) -> None:
@@ -134,6 +180,8 @@ class BubbleBroker:
             "served": len(self.ttft),
             "rejected": len(self.rejected),
             "pending": len(arrived) - len(self.ttft) - len(self.rejected),
+            "chunked": self.chunked,
+            "batched_passes": self.batches,
             "kv_bytes": self.kv_bytes,
             "ttft_s": {"p50": percentile(ttfts, 0.5), "p99": percentile(ttfts, 0.99),
                        "mean": sum(ttfts) / len(ttfts) if ttfts else None},
@@ -146,8 +194,10 @@ def ttft_summary(values: Sequence[float]) -> dict[str, float | None]:
 
 
 def make_broker(topology: Topology, job: Job, plan: Plan, bubble_policy: str | None,
-                options: dict[str, str] | None = None) -> BubbleBroker | None:
-    """The bubble bookkeeping for a run that fills bubbles, or None."""
+                options: dict[str, str] | None = None,
+                modeled_waits: Mapping[WaitKey, float] | None = None) -> BubbleBroker | None:
+    """The bubble bookkeeping for a run that fills bubbles, or None. `modeled_waits`: the
+    plan's waits as modeled (testbed.sim.bubble_seed), so the first iteration is filled."""
     if bubble_policy is None:
         return None
     if job.inference is None:
@@ -156,7 +206,8 @@ def make_broker(topology: Topology, job: Job, plan: Plan, bubble_policy: str | N
     gpu = topology.gpu(plan.used_gpus()[0]).type
     return BubbleBroker(bubble_policy_named(bubble_policy, options or {}),
                         arrivals(job.inference, job.seed),
-                        PrefillModel.from_flops(job.inference, gpu), job.inference.deadline_s)
+                        PrefillModel.from_flops(job.inference, gpu), job.inference.deadline_s,
+                        job.inference.max_batch_tokens, dict(modeled_waits or {}))
 
 
 def inference_results(topology: Topology, job: Job, plan: Plan, broker: BubbleBroker | None,

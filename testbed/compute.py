@@ -91,20 +91,20 @@ def stage_costs(
     return costs
 
 
-def prefill_flops(model: ModelShape, prompt_len: int) -> float:
-    """One prompt's prefill through the whole inference model."""
-    return model.layers * layer_forward_flops(
-        ModelShape(
-            model.layers,
-            model.hidden,
-            model.heads,
-            prompt_len,
-            model.vocab,
-            model.kv_heads,
-            model.ffn,
-        ),
-        1,
-    ) + head_forward_flops(ModelShape(model.layers, model.hidden, model.heads, 1, model.vocab), 1)
+def prefill_flops(model: ModelShape, end: int, start: int = 0) -> float:
+    """Prefill of prompt tokens [start, end) through the whole inference model: the layers'
+    FLOPs up to `end` less those up to `start` (so a prompt's chunks add up to the whole
+    prompt), and the head once for the token it predicts."""
+    def layers_upto(tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        shape = ModelShape(model.layers, model.hidden, model.heads, tokens, model.vocab,
+                           model.kv_heads, model.ffn)
+        return model.layers * layer_forward_flops(shape, 1)
+
+    head = head_forward_flops(ModelShape(model.layers, model.hidden, model.heads, 1,
+                                         model.vocab), 1)
+    return layers_upto(end) - layers_upto(start) + head
 
 
 def kv_cache_bytes(model: ModelShape, prompt_len: int, dtype_bytes: int = 2) -> int:

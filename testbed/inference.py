@@ -13,7 +13,7 @@ from typing import Any
 
 from testbed.compute import kv_cache_bytes, prefill_flops
 from testbed.job import InferenceWorkload
-from testbed.policy.base import Request
+from testbed.policy.base import Chunk, Request
 from testbed.topology.model import GpuType
 
 
@@ -41,22 +41,39 @@ def prompt_length(workload: InferenceWorkload, rng: random.Random) -> int:
     return max(1, min(prompt.high, round(value)))
 
 
-def modeled_prefill_s(workload: InferenceWorkload, gpu: GpuType, prompt_len: int) -> float:
-    return prefill_flops(workload.model, prompt_len) / gpu.sustained_flops
+def modeled_prefill_s(workload: InferenceWorkload, gpu: GpuType, end: int,
+                      start: int = 0) -> float:
+    """Prompt tokens [start, end) on one GPU of this type, from FLOPs."""
+    return prefill_flops(workload.model, end, start) / gpu.sustained_flops
+
+
+def modeled_batch_s(workload: InferenceWorkload, gpu: GpuType, chunks: Iterable[Chunk]) -> float:
+    """One pass over several chunks: FLOPs add up (a compute-bound prefill)."""
+    return sum(modeled_prefill_s(workload, gpu, c.end, c.start) for c in chunks)
 
 
 def kv_bytes(workload: InferenceWorkload, prompt_len: int) -> int:
     return kv_cache_bytes(workload.model, prompt_len)
 
 
+def longest_prompt(workload: InferenceWorkload) -> int:
+    """The longest prompt the workload can send."""
+    if workload.trace is not None:
+        return max((n for _, n in workload.trace), default=0)
+    prompt = workload.prompt
+    return prompt.low if prompt.distribution == "fixed" else prompt.high
+
+
 @dataclass
 class PrefillModel:
-    """Prefill time as a + b*L + c*L^2 in the prompt length L, fitted by least squares to
-    measured prefills; the FLOP model until three distinct lengths have been measured."""
+    """Prefill time of a pass as a + b*T + c*S, where T counts the prompt tokens it
+    processes and S the sum over its chunks [s, e) of e^2 - s^2 (a whole prompt of L
+    tokens: T = L, S = L^2), fitted by least squares to measured passes; the FLOP model
+    until three distinct (T, S) have been measured. Satisfies `PrefillTimes`."""
 
     prior: Mapping[str, float]
     """Coefficients from the FLOP model: {"a":..., "b":..., "c":...}."""
-    samples: list[tuple[int, float]] = field(default_factory=list)
+    samples: list[tuple[int, int, float]] = field(default_factory=list)
     coefficients: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def __post_init__(self) -> None:
@@ -64,35 +81,55 @@ class PrefillModel:
 
     @classmethod
     def from_flops(cls, workload: InferenceWorkload, gpu: GpuType) -> PrefillModel:
-        points = [(n, modeled_prefill_s(workload, gpu, n)) for n in (64, 512, 2048)]
-        a, b, c = fit_quadratic(points)
+        points = [(n, n * n, modeled_prefill_s(workload, gpu, n)) for n in (64, 512, 2048)]
+        a, b, c = fit_prefill(points)
         return cls({"a": a, "b": b, "c": c})
 
     def observe(self, prompt_len: int, seconds: float) -> None:
-        self.samples.append((prompt_len, seconds))
-        if len({n for n, _ in self.samples}) >= 3:
-            self.coefficients = fit_quadratic(self.samples[-200:])
+        """A whole prompt took `seconds`."""
+        self.observe_batch((Chunk(Request(-1, 0.0, prompt_len), 0, prompt_len),), seconds)
+
+    def observe_batch(self, chunks: Sequence[Chunk], seconds: float) -> None:
+        self.samples.append((*_regressors(chunks), seconds))
+        if len({(t, q) for t, q, _ in self.samples}) >= 3:
+            self.coefficients = fit_prefill(self.samples[-200:])
 
     def __call__(self, prompt_len: int) -> float:
+        return self.chunk(0, prompt_len)
+
+    def chunk(self, start: int, end: int) -> float:
         a, b, c = self.coefficients
-        return max(0.0, a + b * prompt_len + c * prompt_len**2)
+        return max(0.0, a + b * (end - start) + c * (end * end - start * start))
+
+    def batch(self, chunks: Sequence[Chunk]) -> float:
+        if not chunks:
+            return 0.0
+        a, b, c = self.coefficients
+        tokens, squares = _regressors(chunks)
+        return max(0.0, a + b * tokens + c * squares)
 
 
-def fit_quadratic(points: Sequence[tuple[float, float]]) -> tuple[float, float, float]:
-    """Least-squares a + b x + c x^2 through the points (normal equations, 3x3)."""
-    sums = [sum(x**k for x, _ in points) for k in range(5)]
-    rhs = [sum(y * x**k for x, y in points) for k in range(3)]
-    matrix = [[sums[i + j] for j in range(3)] for i in range(3)]
-    return _solve3(matrix, rhs)
+def _regressors(chunks: Iterable[Chunk]) -> tuple[int, int]:
+    pairs = [(c.end - c.start, c.end * c.end - c.start * c.start) for c in chunks]
+    return sum(t for t, _ in pairs), sum(q for _, q in pairs)
 
 
-def _solve3(m: list[list[float]], v: list[float]) -> tuple[float, float, float]:
+def fit_prefill(points: Sequence[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """Least-squares a + b x + c z through (x, z, y) points (normal equations, 3x3)."""
+    rows = [(1.0, x, z, y) for x, z, y in points]
+    matrix = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]
+    rhs = [sum(r[i] * r[3] for r in rows) for i in range(3)]
+    return _solve3(matrix, rhs, [y for *_, y in points])
+
+
+def _solve3(m: list[list[float]], v: list[float], ys: Sequence[float]
+            ) -> tuple[float, float, float]:
     a = [[*row[:], value] for row, value in zip(m, v, strict=True)]
     for col in range(3):
         pivot = max(range(col, 3), key=lambda r: abs(a[r][col]))
         a[col], a[pivot] = a[pivot], a[col]
         if abs(a[col][col]) < 1e-30:
-            return (statistics.fmean(y for y in v) if v else 0.0, 0.0, 0.0)
+            return (statistics.fmean(ys) if ys else 0.0, 0.0, 0.0)
         for r in range(3):
             if r != col:
                 factor = a[r][col] / a[col][col]
@@ -102,14 +139,16 @@ def _solve3(m: list[list[float]], v: list[float]) -> tuple[float, float, float]:
 
 def predicted_bubbles(spans: Iterable[Mapping[str, Any]], history: int = 3
                       ) -> dict[tuple[str, int], float]:
-    """How long each GPU waits at each receive (keyed by its position in the action list),
-    from the last `history` iterations measured: the shortest, so a prefill that fits the
-    prediction fits the bubble. Bubbles repeat every iteration because the schedule does."""
+    """How long each GPU waits at each receive and all-reduce (keyed by its position in
+    the action list), from the last `history` iterations measured: the shortest, so a
+    prefill that fits the prediction fits the bubble. Bubbles repeat every iteration
+    because the schedule does."""
     waits: dict[tuple[str, int], list[tuple[int, float]]] = {}
     for span in spans:
-        if span["kind"] == "recv" and span.get("action") is not None:
+        if span["kind"] in ("recv", "allreduce") and span.get("action") is not None:
+            waited = span.get("waited", span["end"] - span["start"])
             waits.setdefault((span["gpu"], span["action"]), []).append(
-                (span["iteration"], span["end"] - span["start"]))
+                (span["iteration"], waited))
     out = {}
     for key, values in waits.items():
         values.sort()

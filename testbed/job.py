@@ -91,6 +91,10 @@ class InferenceWorkload:
     decode_dc: str | None = None
     deadline_s: float = 5.0
     """A request not started this long after arrival is rejected."""
+    max_batch_tokens: int = 8192
+    """Most prompt tokens one prefill pass takes (several prompts batched, or a chunk of a
+    longer one): a serving engine's token budget per step. Each GPU that fills bubbles
+    keeps room for this many tokens' KV cache beside the longest prompt's."""
 
 
 @dataclass(frozen=True)

@@ -196,8 +196,9 @@ def _parse_inference(fields: Fields | None, source: str | None) -> InferenceWork
         raise fields.error("arrival_rate", "give a positive arrival_rate or a trace file")
     decode_dc = fields.get("decode_dc", text, None)
     deadline = fields.get("deadline", positive(parse_duration), 5.0)
+    batch_tokens = fields.get("max_batch_tokens", positive(integer), 8192)
     fields.done()
-    return InferenceWorkload(model, rate, prompt, trace, decode_dc, deadline)
+    return InferenceWorkload(model, rate, prompt, trace, decode_dc, deadline, batch_tokens)
 
 
 def _trace_rows(fields: Fields) -> tuple[tuple[float, int], ...]:
@@ -299,7 +300,8 @@ def dump_job(job: Job) -> dict[str, Any]:
             out[key] = getattr(job, key)
     if job.inference is not None:
         inf = job.inference
-        workload: dict[str, Any] = {"model": _dump_model(inf.model), "deadline": inf.deadline_s}
+        workload: dict[str, Any] = {"model": _dump_model(inf.model), "deadline": inf.deadline_s,
+                                    "max_batch_tokens": inf.max_batch_tokens}
         if inf.trace is not None:
             workload["trace_rows"] = [list(row) for row in inf.trace]
         else:

@@ -15,6 +15,7 @@ from testbed.backend import Backend, Say
 from testbed.choices import BackendName
 from testbed.errors import TestbedError
 from testbed.fsutil import write_atomic
+from testbed.inference_memory import check_inference_memory
 from testbed.job_file import dump_job
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.policy import training_policy
@@ -44,6 +45,8 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
     plan = plan_with_simulator(chosen, spec.topology, spec.job)
     # the host TCP settings the plan asks for, on both backends and in the run's topology.yaml
     spec = replace(spec, topology=hosts_as_planned(spec.topology, plan))
+    if spec.bubble_policy is not None:
+        check_inference_memory(spec.topology, spec.job, plan)
     backend = backend_for(spec.backend)
     backend.check(spec, plan, resume)
     started = time.monotonic()

@@ -46,13 +46,18 @@ class SpanDetail(TypedDict, total=False):
     """The message's name on the wire; for a pipeline message, its MessageTag
     (testbed.plan.interpret)."""
     action: int
-    """Position of a receive in its action list, which bubble predictions key on."""
+    """Position of a receive or all-reduce in its action list, which bubble predictions
+    key on."""
     waited: float
     """How long a receive waited for its data to complete (the emulator's)."""
     modeled: bool
     """The bytes' time was modeled rather than moved (emulated compute inside a DC)."""
     request: int
-    prompt_len: int
+    """The inference request whose KV cache a kv_transfer carries."""
+    requests: list[int]
+    """The requests a prefill pass worked on (whole, or a chunk of each)."""
+    tokens: int
+    """Prompt tokens a prefill pass processed."""
     detail: str
     """What a network event did, in words."""
 

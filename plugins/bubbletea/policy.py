@@ -1,7 +1,11 @@
 """BubbleTea: inference prefill inside the training pipeline's bubbles, admitted only when
 its predicted time (plus a guard) fits the bubble's predicted remainder. With `learn` the
 guard widens to cover how far recent predictions missed (a bubble shorter than predicted,
-a prefill longer): fewer prefills overrun, at the cost of the ones it no longer admits."""
+a prefill longer): fewer prefills overrun, at the cost of the ones it no longer admits.
+Several prompts that fit go in one pass (`batch`), and what is left of a bubble takes a
+chunk of the oldest prompt that does not fit whole (`chunk`): its KV cache stays on the
+GPU and the next chunk runs in that GPU's next bubble, so prompts longer than any bubble
+are served too (chunked prefill, which the paper leaves for future work)."""
 
 from __future__ import annotations
 
@@ -12,8 +16,11 @@ from typing import Literal
 from testbed.policy.api import (
     Bubble,
     BubblePolicy,
+    Chunk,
     Option,
+    PrefillTimes,
     Request,
+    at_least_one,
     fraction,
     non_negative,
     on_off,
@@ -34,6 +41,10 @@ class BubbleTeaPolicy(BubblePolicy):
         Option("guard_s", 0.002, "seconds kept free at the end of every bubble", non_negative),
         Option("learn", False, "widen the guard to cover 90% of recent prediction misses "
                "(on/off)", on_off),
+        Option("batch", 1, "most prompts prefilled in one pass", at_least_one),
+        Option("chunk", True, "fill what is left of a bubble with a chunk of the oldest "
+               "prompt that does not fit whole (on/off)", on_off),
+        Option("min_chunk", 64, "fewest prompt tokens worth a chunk", at_least_one),
     )
 
     def __init__(self, **values: str) -> None:
@@ -60,13 +71,61 @@ class BubbleTeaPolicy(BubblePolicy):
         # room = bubble x (1 - b) must hold prefill x (1 + p): keep 1 - (1 - b) / (1 + p)
         return max(guard, 1 - (1 - bubble) / (1 + prefill))
 
+    def room(self, bubble: Bubble, now: float) -> float:
+        """Seconds of the predicted bubble a prefill may take."""
+        return (bubble.end - now) * (1 - self.guard()) - float(self.settings["guard_s"])
+
     def admit(self, bubble: Bubble, queue: Sequence[Request], now: float,
               prefill_time: Callable[[int], float]) -> Request | None:
-        room = (bubble.end - now) * (1 - self.guard()) - self.settings["guard_s"]
+        room = self.room(bubble, now)
         for request in sorted(queue, key=lambda r: (r.arrival, r.id)):
             if prefill_time(request.prompt_len) <= room:
                 return request
         return None
+
+    def admit_batch(self, bubble: Bubble, queue: Sequence[Request], now: float,
+                    prefill: PrefillTimes, max_tokens: int) -> Sequence[Chunk]:
+        """Whole prompts that fit, oldest first (one chunked on this GPU before any new
+        one), up to `batch`; then, if room is left, a chunk of the oldest prompt left."""
+        room = self.room(bubble, now)
+        if room <= 0:
+            return ()
+        order = sorted(queue, key=lambda r: (r.prefilled == 0, r.arrival, r.id))
+        chosen: list[Chunk] = []
+        for request in order:
+            if len(chosen) == self.settings["batch"]:
+                return chosen
+            whole = Chunk(request, request.prefilled, request.prompt_len)
+            if _tokens(chosen) + whole.tokens <= max_tokens and \
+                    prefill.batch([*chosen, whole]) <= room:
+                chosen.append(whole)
+        left = [r for r in order if r.id not in {c.request.id for c in chosen}]
+        if not self.settings["chunk"] or not left or len(chosen) == self.settings["batch"]:
+            return chosen
+        oldest = left[0]  # one chunked here comes first: at most one is under way per GPU
+        chunk = _largest_chunk(oldest, chosen, room, max_tokens - _tokens(chosen), prefill)
+        if chunk is not None and chunk.tokens >= min(self.settings["min_chunk"],
+                                                      oldest.remaining):
+            chosen.append(chunk)
+        return chosen
+
+
+def _tokens(chunks: Sequence[Chunk]) -> int:
+    return sum(c.tokens for c in chunks)
+
+
+def _largest_chunk(request: Request, chosen: Sequence[Chunk], room: float, tokens: int,
+                   prefill: PrefillTimes) -> Chunk | None:
+    """The longest chunk of `request` from where it stands that, with `chosen`, fits in
+    `room` seconds and `tokens` tokens (prefill time grows with the chunk: bisection)."""
+    low, high = request.prefilled, min(request.prompt_len, request.prefilled + tokens)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if prefill.batch([*chosen, Chunk(request, request.prefilled, middle)]) <= room:
+            low = middle
+        else:
+            high = middle - 1
+    return Chunk(request, request.prefilled, low) if low > request.prefilled else None
 
 
 def _quantile(values: Sequence[float], q: float) -> float:

@@ -1,8 +1,8 @@
 """What a policy plugin implements. Policies are pure: no sockets, no awaits, no namespaces.
 
 Both backends call the same hooks: `plan` once (with a PlanningContext), `next_transfer`
-whenever an arbitrated WAN link direction falls free, `admit` whenever a GPU enters a
-predicted bubble. Plugins import all of this from `testbed.policy.api`.
+whenever an arbitrated WAN link direction falls free, `admit_batch` (by default `admit`)
+whenever a GPU enters a predicted bubble. Plugins import all of this from `testbed.policy.api`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 from testbed.errors import InputError
 from testbed.job import Job
@@ -62,6 +62,45 @@ class Request:
     id: int
     arrival: float
     prompt_len: int
+    prefilled: int = 0
+    """Prompt tokens already prefilled on the GPU being asked (a chunked prefill under
+    way: their KV cache is there, so the rest can only run on that GPU); 0 if not started."""
+
+    @property
+    def remaining(self) -> int:
+        return self.prompt_len - self.prefilled
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Prompt tokens [start, end) of one request, to prefill now. `start` is the request's
+    `prefilled`; a chunk that ends at `prompt_len` completes it (its KV cache then goes to
+    the decode server)."""
+
+    request: Request
+    start: int
+    end: int
+
+    @property
+    def tokens(self) -> int:
+        return self.end - self.start
+
+    @property
+    def last(self) -> bool:
+        return self.end == self.request.prompt_len
+
+
+class PrefillTimes(Protocol):
+    """Predicted prefill times (seconds), learnt from measured prefills as they come."""
+
+    def __call__(self, prompt_len: int) -> float:
+        """A whole prompt prefilled alone."""
+
+    def chunk(self, start: int, end: int) -> float:
+        """Tokens [start, end) of one prompt, prefilled alone."""
+
+    def batch(self, chunks: Sequence[Chunk]) -> float:
+        """Several chunks (or whole prompts) prefilled in one pass."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +171,17 @@ class BubblePolicy(_Configurable, ABC):
         prefill_time: Callable[[int], float],
     ) -> Request | None:
         """A queued request to start now on `bubble.gpu`, or None to leave the GPU idle."""
+
+    def admit_batch(self, bubble: Bubble, queue: Sequence[Request], now: float,
+                    prefill: PrefillTimes, max_tokens: int) -> Sequence[Chunk]:
+        """What to prefill now on `bubble.gpu`, as one pass: whole requests, or chunks of
+        them (each from its `prefilled` on), at most `max_tokens` prompt tokens together
+        and each request once; empty to leave the GPU idle. `queue` holds requests not
+        started and those chunked on this GPU. The default runs the one request `admit`
+        picks among those not started and within `max_tokens`, whole."""
+        fresh = [r for r in queue if r.prefilled == 0 and r.prompt_len <= max_tokens]
+        request = self.admit(bubble, fresh, now, prefill) if fresh else None
+        return () if request is None else (Chunk(request, 0, request.prompt_len),)
 
     def observe(self, kind: Literal["bubble", "prefill"], predicted: float,
                 actual: float) -> None:

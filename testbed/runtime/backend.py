@@ -32,6 +32,7 @@ from testbed.runtime.coordinator import Coordinator, Interrupted, RunFailed, run
 from testbed.runtime.preflight import check_emulable, choose_compute
 from testbed.runtime.run_config import RunConfig
 from testbed.runtime.worker import run_loop
+from testbed.sim.bubble_seed import modeled_waits
 from testbed.sim.simulate import simulate_plan, tokens_per_iteration, wan_capacity_bps
 from testbed.spans import Span
 
@@ -90,6 +91,8 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
                        allreduce=spec.allreduce, pacing=spec.pacing,
                        activations=spec.activations, bubble_policy=spec.bubble_policy,
                        bubble_options=spec.bubble_options,
+                       bubble_seed=modeled_waits(spec.topology, spec.job, plan, chosen,
+                                                 spec.profile, k) if spec.bubble_policy else {},
                        events=dilate_events(spec.events, k), dilation=k,
                        checkpoints=checkpoints)
     coordinator = Coordinator(config, say=say)

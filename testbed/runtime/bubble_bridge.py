@@ -8,10 +8,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from testbed.bubbles import BubbleBroker
-from testbed.inference import kv_bytes, modeled_prefill_s
+from testbed.inference import kv_bytes, modeled_batch_s
 from testbed.job import Job
-from testbed.policy.base import Request
-from testbed.runtime.messages import BubbleAsk, Idle, KvDelivered, Prefill
+from testbed.policy.base import Chunk
+from testbed.runtime.messages import BubbleAsk, Idle, KvDelivered, Prefill, PrefillPart
 from testbed.spans import Span
 from testbed.topology.model import Topology
 
@@ -22,31 +22,33 @@ class BubbleBridge:
     topology: Topology
     job: Job
     start: float = 0.0
-    _admitted: dict[int, Request] = field(default_factory=dict)
+    _ordered: dict[str, list[tuple[Chunk, ...]]] = field(default_factory=dict)
+    """Each GPU's admitted passes not yet measured, in order."""
 
     def on_bubble(self, gpu: str, ask: BubbleAsk, now: float) -> Idle | Prefill:
-        """A worker is about to wait: the prefill the bubble policy runs meanwhile."""
+        """A worker is about to wait: the prefill pass the bubble policy runs meanwhile."""
         workload = self.job.inference
         if workload is None:
             return Idle()
-        request = self.broker.on_idle(gpu, ask.action, now - self.start, ask.since - self.start)
-        if request is None:
+        chunks = self.broker.on_idle(gpu, ask.action, now - self.start, ask.since - self.start)
+        if not chunks:
             return Idle()
-        self._admitted[request.id] = request
+        self._ordered.setdefault(gpu, []).append(chunks)
         gpu_type = self.topology.gpu(gpu).type
-        return Prefill(request.id, request.prompt_len,
-                       modeled_prefill_s(workload, gpu_type, request.prompt_len),
-                       kv_bytes(workload, request.prompt_len))
+        return Prefill([PrefillPart(c.request.id, c.request.prompt_len, c.start, c.end,
+                                    kv_bytes(workload, c.request.prompt_len)) for c in chunks],
+                       modeled_batch_s(workload, gpu_type, chunks))
 
     def learn(self, spans: Iterable[Span]) -> None:
-        """Measured waits refresh the bubble predictions; measured prefills the time model."""
+        """Measured waits refresh the bubble predictions; measured passes the time model
+        (a worker's prefill spans come in the order its passes were ordered)."""
         for span in spans:
-            if span["kind"] == "recv" and span.get("action") is not None:
+            if span["kind"] in ("recv", "allreduce") and span.get("action") is not None:
                 self.broker.record_wait(span["gpu"], int(span["action"]), int(span["iteration"]),
                                         float(span.get("waited", span["end"] - span["start"])))
-            elif span["kind"] == "prefill" and span.get("request") in self._admitted:
-                self.broker.prefilled(self._admitted[span["request"]],
-                                      span["end"] - span["start"])
+            elif span["kind"] == "prefill" and self._ordered.get(span["gpu"]):
+                chunks = self._ordered[span["gpu"]].pop(0)
+                self.broker.prefilled(chunks, span["end"] - span["start"])
 
     def on_kv(self, kv: KvDelivered) -> None:
         self.broker.delivered(kv.request, kv.at - self.start, kv.nbytes)

@@ -153,7 +153,8 @@ class Coordinator:
                 f"has tp {config.plan.tp}); use `testbed simulate` for tensor-parallel jobs")
         check_limits(config.topology)
         self.broker = make_broker(config.topology, config.job, config.plan,
-                                  config.bubble_policy, config.bubble_options)
+                                  config.bubble_policy, config.bubble_options,
+                                  config.bubble_seed)
         decode_dcs = config.decode_dcs(self.broker is not None)
         await to_the_end(asyncio.to_thread(self.hosts.bring_up, config.topology, decode_dcs))
         socket_path = self.hosts.control_dir() / "control.sock"

@@ -8,11 +8,12 @@ moving data while a stage computes, as a GPU's copy engines would.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from testbed.runtime.messages import Config
+    from testbed.runtime.messages import Config, PrefillPart
 
 
 class Engine(Protocol):
@@ -50,8 +51,9 @@ class Engine(Protocol):
         """True when a call is so short that handing it to the compute thread costs more
         than running it on the event loop."""
 
-    def prefill(self, request: int, prompt_len: int, modeled_s: float, kv_bytes: int) -> bytes:
-        """Run an inference prefill in a bubble; the KV cache (and first token) to ship."""
+    def prefill(self, parts: Sequence[PrefillPart], modeled_s: float) -> dict[int, bytes]:
+        """Run a prefill pass in a bubble; the KV cache (and first token) to ship of each
+        request the pass completes."""
 
 
 QUICK_S = 2e-4
@@ -111,9 +113,9 @@ class EmulatedEngine:
     def quick(self) -> bool:
         return max(self.forward_s, self.backward_s, self.step_s) < QUICK_S
 
-    def prefill(self, request: int, prompt_len: int, modeled_s: float, kv_bytes: int) -> bytes:
+    def prefill(self, parts: Sequence[PrefillPart], modeled_s: float) -> dict[int, bytes]:
         time.sleep(modeled_s)
-        return bytes(kv_bytes)
+        return {part.request: bytes(part.kv_bytes) for part in parts if part.last}
 
 
 def make_real_engine(config: Config) -> Engine:

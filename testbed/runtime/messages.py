@@ -172,12 +172,28 @@ class Idle(Message):
 
 
 @dataclass(frozen=True)
-class Prefill(Message):
-    op = "prefill"
+class PrefillPart:
+    """Prompt tokens [start, end) of one request; the one that ends at `prompt_len` ships
+    the request's KV cache (`kv_bytes`, all of it) to the decode server."""
+
     request: int
     prompt_len: int
-    modeled_s: float
+    start: int
+    end: int
     kv_bytes: int
+
+    @property
+    def last(self) -> bool:
+        return self.end == self.prompt_len
+
+
+@dataclass(frozen=True)
+class Prefill(Message):
+    """Prefill these parts in one pass (the bubble policy's batch)."""
+
+    op = "prefill"
+    parts: list[PrefillPart]
+    modeled_s: float
 
 
 @dataclass(frozen=True)

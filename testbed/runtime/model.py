@@ -11,6 +11,9 @@ from torch import nn
 
 from testbed.job import ModelShape
 
+KeysValues = tuple[torch.Tensor, torch.Tensor]
+"""One layer's keys and values, (batch, kv heads, positions, head dim) each."""
+
 
 class Block(nn.Module):
     """Pre-norm attention + MLP block, causal."""
@@ -27,18 +30,36 @@ class Block(nn.Module):
         self.down = nn.Linear(shape.ffn_hidden, shape.hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.attend(x, None)
+        return out
+
+    def attend(self, x: torch.Tensor, past: KeysValues | None
+               ) -> tuple[torch.Tensor, KeysValues]:
+        """The block over positions that follow those whose keys and values are `past`
+        (a chunked prefill's KV cache; None from the start); also the keys and values of
+        every position so far."""
         batch, seq, hidden = x.shape
         h = self.norm1(x)
         q = self.q(h).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
         k, v = self.kv(h).view(batch, seq, 2, self.kv_heads, self.head_dim).unbind(2)
         k, v = k.transpose(1, 2), v.transpose(1, 2)
+        offset = 0
+        if past is not None:
+            offset = past[0].shape[2]
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        cache = (k, v)
         if self.kv_heads != self.heads:
             repeat = self.heads // self.kv_heads
             k, v = k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1)
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if offset == 0:
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # position offset + i sees keys 0 .. offset + i
+            mask = (torch.arange(offset + seq, device=x.device)[None, :]
+                    <= offset + torch.arange(seq, device=x.device)[:, None])
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         x = x + self.out(attn.transpose(1, 2).reshape(batch, seq, hidden))
         out: torch.Tensor = x + self.down(F.gelu(self.up(self.norm2(x))))
-        return out
+        return out, cache
 
 
 class Stage(nn.Module):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from testbed.job import ModelShape
-from testbed.runtime.messages import Config
+from testbed.runtime.messages import Config, PrefillPart
 from testbed.runtime.model import Corpus, Stage, build_stages, loss_of, sample_index
 
 LEARNING_RATE = 3e-3
@@ -127,14 +128,19 @@ class RealEngine:
     def quick(self) -> bool:
         return False
 
-    def prefill(self, request: int, prompt_len: int, modeled_s: float, kv_bytes: int) -> bytes:
+    def prefill(self, parts: Sequence[PrefillPart], modeled_s: float) -> dict[int, bytes]:
+        """The pass's parts one after another (prompts of different lengths, no padding)."""
         if self._prefiller is None:
             from testbed.runtime.prefill import Prefiller
 
             assert self.inference_model is not None, "no inference model configured"
             self._prefiller = Prefiller(self.inference_model, self.seed, self.device)
-        kv: bytes = self._prefiller.run(request, prompt_len)
-        return kv
+        out = {}
+        for part in parts:
+            kv = self._prefiller.run(part.request, part.prompt_len, part.start, part.end)
+            if kv is not None:
+                out[part.request] = kv
+        return out
 
     def save(self, path: str) -> None:
         torch.save({k: v.detach().cpu() for k, v in self.module.state_dict().items()}, path)

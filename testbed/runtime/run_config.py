@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.choices import ActivationsChoice, AllReduceChoice, EmulatedCompute, ShaperChoice
@@ -37,6 +37,8 @@ class RunConfig:
     the DC's bandwidth; "real": they cross the network as real bytes."""
     bubble_policy: str | None = None
     bubble_options: dict[str, str] | None = None
+    bubble_seed: dict[tuple[str, int], float] = field(default_factory=dict)
+    """Modeled waits per (GPU, action), dilated: bubble predictions before any is measured."""
     events: tuple[NetEvent, ...] = ()
     """Network events applied during training, at times from its start."""
     dilation: int = 1

@@ -222,7 +222,8 @@ class StageRunner:
         start = time.monotonic()
         action = self.action
         if self.config.bubbles and not self.transport.has(tag):
-            await self.fill_bubble(tag, action, iteration, start)
+            await self.fill_bubble(lambda: not self.transport.has(tag), action, iteration,
+                                   start)
         got = await self.transport.recv(tag)
         now = time.monotonic()
         self.span("recv", start, now, iteration, microbatch=microbatch, peer=peer.gpu,
@@ -245,22 +246,25 @@ class StageRunner:
         )
         return got.data
 
-    async def fill_bubble(self, tag: str, action: int, iteration: int, since: float) -> None:
-        """About to wait for `tag`: run the prefills the coordinator admits until the data
-        is here or none fits, shipping each KV cache to the decode server."""
-        while not self.transport.has(tag):
+    async def fill_bubble(self, waiting: Callable[[], bool], action: int, iteration: int,
+                          since: float) -> None:
+        """About to wait (at a receive, an all-reduce): run the prefill passes the
+        coordinator admits while `waiting()` or until none fits, shipping each finished
+        request's KV cache to the decode server."""
+        while waiting():
             self.bubble_reply = asyncio.get_running_loop().create_future()
             await send_message(self.control, BubbleAsk(action, iteration, since))
             reply = await self.bubble_reply
             if not isinstance(reply, PrefillOrder):
                 return
-            request, length = reply.request, reply.prompt_len
-            kv = await self.compute(
+            payloads = await self.compute(
                 "prefill", iteration,
-                functools.partial(self.engine.prefill, request, length, reply.modeled_s,
-                                  reply.kv_bytes),
-                request=request, prompt_len=length)
-            self.pending_sends.append(asyncio.create_task(self.ship_kv(request, kv, iteration)))
+                functools.partial(self.engine.prefill, reply.parts, reply.modeled_s),
+                requests=[p.request for p in reply.parts],
+                tokens=sum(p.end - p.start for p in reply.parts))
+            for request, kv in payloads.items():
+                self.pending_sends.append(asyncio.create_task(self.ship_kv(request, kv,
+                                                                           iteration)))
 
     async def ship_kv(self, request: int, payload: bytes, iteration: int) -> None:
         from testbed.runtime.decode import write_kv
@@ -277,27 +281,42 @@ class StageRunner:
                   bytes=len(payload))
 
     async def allreduce(self, iteration: int) -> None:
+        """The stage's gradient all-reduce; with bubbles, prefills fill its wait once the
+        gradients are out of the GPU's hands."""
+        start, action = time.monotonic(), self.action
+        reducing = asyncio.Event()
+        ring = asyncio.create_task(self.reduce(iteration, start, action, reducing))
+        if self.config.bubbles:
+            await reducing.wait()
+            await self.fill_bubble(lambda: not ring.done(), action, iteration, start)
+        await ring
+
+    async def reduce(self, iteration: int, start: float, action: int,
+                     reducing: asyncio.Event) -> None:
         cfg = self.config
-        start = time.monotonic()
         position = next(i for i, p in enumerate(cfg.ring) if p.index == cfg.index)
         successor = cfg.ring[(position + 1) % len(cfg.ring)]
         modeled = cfg.allreduce_modeled_s
-        if modeled is not None:
-            # inside one DC, in emulated compute: a real ring over a token-sized buffer keeps
-            # the replicas in step as the collective does; the gradients' time is modeled
-            token = bytearray(4 * len(cfg.ring))
-            await ring_allreduce(self.transport, self.engine, token, position, len(cfg.ring),
-                                 successor.index, f"AR{cfg.stage}:{iteration}")
-            # the token's own trip is part of the modeled time, not added to it
-            left = modeled - (time.monotonic() - start)
-            if left > 0:
-                await asyncio.get_running_loop().run_in_executor(self.executor, time.sleep, left)
-            self.span("allreduce", start, time.monotonic(), iteration,
-                      bytes=cfg.grad_bytes, modeled=True)
-            return
-        data = await asyncio.get_running_loop().run_in_executor(
-            self.executor, self.engine.gradients
-        )
+        try:
+            if modeled is not None:
+                reducing.set()
+                # inside one DC, in emulated compute: a real ring over a token-sized buffer
+                # keeps the replicas in step as the collective does; the gradients' time is
+                # modeled (the token's own trip is part of it, not added to it)
+                token = bytearray(4 * len(cfg.ring))
+                await ring_allreduce(self.transport, self.engine, token, position,
+                                     len(cfg.ring), successor.index, f"AR{cfg.stage}:{iteration}")
+                left = modeled - (time.monotonic() - start)
+                if left > 0:
+                    await asyncio.sleep(left)
+                self.span("allreduce", start, time.monotonic(), iteration,
+                          bytes=cfg.grad_bytes, modeled=True, action=action)
+                return
+            data = await asyncio.get_running_loop().run_in_executor(
+                self.executor, self.engine.gradients
+            )
+        finally:
+            reducing.set()
 
         async def send(peer_index: int, tag: str, view: memoryview) -> None:
             await self.send(successor, tag, view, iteration, None, Op.ALLREDUCE)
@@ -315,7 +334,8 @@ class StageRunner:
         await asyncio.get_running_loop().run_in_executor(
             self.executor, lambda: self.engine.apply_reduced(reduced, len(cfg.ring))
         )
-        self.span("allreduce", start, time.monotonic(), iteration, bytes=len(data))
+        self.span("allreduce", start, time.monotonic(), iteration, bytes=len(data),
+                  action=action)
 
     async def flush_sends(self) -> None:
         pending, self.pending_sends = self.pending_sends, []

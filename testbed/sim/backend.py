@@ -13,6 +13,7 @@ from testbed.policy.base import TrainingPolicy
 from testbed.report.results import RunRecord
 from testbed.run_spec import RunSpec
 from testbed.runtime.checkpoint import Progress
+from testbed.sim.bubble_seed import modeled_waits
 from testbed.sim.simulate import simulate_plan
 
 
@@ -24,8 +25,10 @@ class SimulatorBackend:
 
     def execute(self, spec: RunSpec, plan: Plan, policy: TrainingPolicy, directory: Path,
                 say: Say, resume: Progress | None) -> BackendRun:
+        seed = modeled_waits(spec.topology, spec.job, plan, policy, spec.profile) \
+            if spec.bubble_policy else {}
         broker = make_broker(spec.topology, spec.job, plan, spec.bubble_policy,
-                             spec.bubble_options)
+                             spec.bubble_options, seed)
         summary, spans = simulate_plan(spec.topology, spec.job, plan, policy, spec.profile,
                                        broker, spec.events, spec.jitter)
         end = max((s["end"] for s in spans), default=0.0)

@@ -9,9 +9,9 @@ import itertools
 from collections.abc import Callable
 
 from testbed.bubbles import BubbleBroker
-from testbed.inference import kv_bytes, modeled_prefill_s
+from testbed.inference import kv_bytes, modeled_batch_s
 from testbed.job import InferenceWorkload
-from testbed.policy.base import Request
+from testbed.policy.base import Chunk, Request
 from testbed.sim.jitter import Noise
 from testbed.sim.links import Links
 from testbed.sim.network import WINDOW_EFFICIENCY, FluidNetwork, Pair, Schedule
@@ -32,25 +32,27 @@ class Prefills:
         self._decode_pairs: dict[str, Pair] = {}
 
     def fill(self, worker: SimWorker, now: float, resume: Resume) -> None:
-        """The GPU is about to wait: let the bubble policy start a prefill. `resume(worker,
-        t)` carries on with the worker's steps when a prefill outlasts its wait (passed
-        per call, so that the simulator and this do not hold each other)."""
-        request = self.broker.on_idle(worker.lead, worker.pc, now, worker.waiting_since)
-        if request is None:
+        """The GPU is about to wait: let the bubble policy start a prefill pass.
+        `resume(worker, t)` carries on with the worker's steps when a pass outlasts its
+        wait (passed per call, so that the simulator and this do not hold each other)."""
+        chunks = self.broker.on_idle(worker.lead, worker.pc, now, worker.waiting_since)
+        if not chunks:
             return
         gpu = self.topology.gpu(worker.lead).type
-        duration = modeled_prefill_s(self.workload, gpu, request.prompt_len) \
-            * self.noise.factor("prefill")
+        duration = modeled_batch_s(self.workload, gpu, chunks) * self.noise.factor("prefill")
         worker.prefill_started, worker.prefill_until = now, now + duration
-        worker.record(self.spans, "prefill", now, now + duration, request=request.id,
-                      prompt_len=request.prompt_len)
-        self.at(now + duration, functools.partial(self._prefilled, worker, request, resume))
+        worker.record(self.spans, "prefill", now, now + duration,
+                      requests=[c.request.id for c in chunks],
+                      tokens=sum(c.tokens for c in chunks))
+        self.at(now + duration, functools.partial(self._prefilled, worker, chunks, resume))
 
-    def _prefilled(self, worker: SimWorker, request: Request, resume: Resume,
+    def _prefilled(self, worker: SimWorker, chunks: tuple[Chunk, ...], resume: Resume,
                    now: float) -> None:
-        self.broker.prefilled(request, now - worker.prefill_started)
+        self.broker.prefilled(chunks, now - worker.prefill_started)
         worker.prefill_until = 0.0
-        self._ship_kv(worker, request, now)
+        for chunk in chunks:
+            if chunk.last:
+                self._ship_kv(worker, chunk.request, now)
         if worker.resume_after_prefill:
             worker.resume_after_prefill = False
             resume(worker, now)

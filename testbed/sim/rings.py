@@ -86,6 +86,6 @@ class AllReduces:
         ring = self.rings.pop(key)
         for member in members:
             member.record(self.spans, "allreduce", ring.arrived[member.replica], now,
-                          bytes=self.costs[key[0]].grad_bytes)
+                          bytes=self.costs[key[0]].grad_bytes, action=member.pc)
             member.pc += 1
             self.at(now, functools.partial(ring.resume, member))

@@ -168,7 +168,10 @@ class Simulator:
                         self.prefills.fill(worker, now, self._advance)
                     return
                 case AllReduce():
-                    self.allreduces.arrive(worker, now, self._advance)
+                    worker.waiting_since = now
+                    self.allreduces.arrive(worker, now, self._after_allreduce)
+                    if self.prefills is not None:
+                        self.prefills.fill(worker, now, self._advance)
                     return
                 case Prefill():
                     worker.pc += 1  # nothing runs there (see testbed.plan.interpret)
@@ -189,6 +192,17 @@ class Simulator:
         worker.record(self.spans, "wait_send", worker.waiting_since, now, key[2],
                       peer=self._lead(worker.replica, to_stage))
         worker.pc += 1
+        self._advance(worker, now)
+
+    def _after_allreduce(self, worker: SimWorker, now: float) -> None:
+        """The all-reduce is done (and the step index past it): a measured bubble, and the
+        worker goes on unless a prefill still holds its GPU."""
+        if self.bubbles is not None:
+            self.bubbles.record_wait(worker.lead, worker.pc - 1, worker.iteration,
+                                     now - worker.waiting_since)
+        if worker.prefill_until > now:
+            worker.resume_after_prefill = True
+            return
         self._advance(worker, now)
 
     def _lead(self, replica: int, stage: int) -> str:
