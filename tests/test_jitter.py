@@ -145,7 +145,7 @@ def test_overruns_are_prefills_that_outlast_the_data_they_waited_for() -> None:
 
 
 def test_jitter_makes_prefills_overrun_and_results_count_them(tmp_path: Path) -> None:
-    args = ["simulate", str(PAPER), "-p", "gpipe", "-b", "bubbletea", "--iterations", "3",
+    args = ["simulate", str(PAPER), "-p", "1f1b", "-b", "bubbletea", "--iterations", "3",
             "--set", "inference.arrival_rate=200/s"]
     counted = []
     for extra in ([], ["--jitter", "compute=10%,prefill=10%"]):
@@ -179,3 +179,33 @@ def test_bubbletea_s_guard_widens_to_cover_recent_misses() -> None:
         fixed.observe("bubble", 1.0, 0.5)
     assert fixed.guard() == pytest.approx(0.1)  # type: ignore[attr-defined]
     assert fixed.admit(bubble, [request], 0.0, lambda _n: 0.6) == request
+
+
+def test_profile_measures_the_spread_a_jittered_run_had(tmp_path: Path) -> None:
+    """`testbed profile` gives back, within sampling error, the noise a run was given."""
+    code, _, err = call(["simulate", str(PAPER), "-p", "atlas", "-b", "bubbletea",
+                         "--iterations", "3", "--set", "inference.arrival_rate=100",
+                         "--set", "inference.prompt_length.min=256",
+                         "--set", "inference.prompt_length.max=256",
+                         "--jitter", "compute=10%,prefill=20%", "--out", str(tmp_path / "run")])
+    assert code == 0, err
+    code, out, err = call(["profile", str(tmp_path / "run")])
+    assert code == 0, err
+    spread = json.loads((tmp_path / "run" / "profile.json").read_text())["spread"]
+    assert spread["compute"] == pytest.approx(0.10, abs=0.03)
+    assert spread["prefill"] == pytest.approx(0.20, abs=0.06)
+    assert "--jitter compute=" in out
+
+
+def test_spread_is_pooled_over_groups_of_the_same_work() -> None:
+    from testbed.sim.profile import measured_spread
+
+    def span(kind: str, length: float, **detail: Any) -> dict[str, Any]:
+        return {"kind": kind, "start": 0.0, "end": length, "iteration": 1, "stage": 0,
+                **detail}
+
+    spans = [span("forward", 1.0), span("forward", 3.0), span("backward", 10.0),
+             span("backward", 10.0), span("prefill", 5.0, tokens=8)]
+    spread = measured_spread(spans)
+    assert spread["compute"] == pytest.approx((0.5 * (2**0.5 / 2) ** 2) ** 0.5)
+    assert spread["prefill"] is None  # one pass of that size: no spread to measure

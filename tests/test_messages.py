@@ -22,6 +22,7 @@ from testbed.runtime.messages import (
     Outbound,
     PeerInfo,
     Prefill,
+    PrefillPart,
     TransferRequest,
     WorkerError,
     decode,
@@ -48,7 +49,7 @@ EXAMPLES: list[Message] = [
     KvDelivered(7, 3.5, 1 << 20),
     Connect({"2": Outbound("10.0.0.3", 40000, 4)}, {"0": 1}, {"2": 1.25e8}),
     Grant("F:0:0:1:0"),
-    Prefill(7, 128, 0.01, 65536),
+    Prefill([PrefillPart(7, 128, 0, 64, 65536), PrefillPart(8, 64, 0, 64, 1024)], 0.01),
     CONFIG,
 ]
 

@@ -317,7 +317,8 @@ def test_bubbletea_over_the_emulator_serves_prefills_to_decode_servers(tmp_path:
 
     inputs = load_inputs(TWO_DC, sets=(
         "iterations=5", "inference.model=tiny", "inference.arrival_rate=100",
-        "inference.prompt_length.distribution=fixed", "inference.prompt_length.value=16"))
+        "inference.prompt_length.distribution=fixed", "inference.prompt_length.value=16",
+        "inference.max_batch_tokens=8"))  # every prompt in two chunks
     spec = RunSpec("emulate", inputs.topology, inputs.job, "1f1b", {},
                    bubble_policy="bubbletea", compute="emulated")
     outcome = run(spec, tmp_path / "run")
@@ -325,6 +326,7 @@ def test_bubbletea_over_the_emulator_serves_prefills_to_decode_servers(tmp_path:
     assert results["status"] == "ok", results["error"]
     inference = results["inference"]
     assert inference["served"] > 10
+    assert inference["chunked"] >= inference["served"]  # the last chunk, then the KV cache
     assert inference["kv_bytes"] >= inference["served"] * 2 * 4 * 64 * 2 * 16
     assert inference["ttft_s"]["p50"] is not None
     util = results["gpu_utilization"]

@@ -104,8 +104,8 @@ class BubbleTeaPolicy(BubblePolicy):
             return chosen
         oldest = left[0]  # one chunked here comes first: at most one is under way per GPU
         chunk = _largest_chunk(oldest, chosen, room, max_tokens - _tokens(chosen), prefill)
-        if chunk is not None and chunk.tokens >= min(self.settings["min_chunk"],
-                                                      oldest.remaining):
+        worth = min(self.settings["min_chunk"], oldest.remaining, max_tokens)
+        if chunk is not None and chunk.tokens >= worth:
             chosen.append(chunk)
         return chosen
 

@@ -28,6 +28,31 @@ def profile_from_spans(spans: Sequence[Mapping[str, Any]]) -> Profile:
             for stage, kinds in sorted(samples.items())}
 
 
+def measured_spread(spans: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """How much the same work varied in time, as a coefficient of variation to give
+    `--jitter`: forwards and backwards of each stage after the first iteration, and
+    prefill passes of the same token count; pooled over those groups (None without two
+    samples in a group)."""
+    groups: dict[tuple[str, object], list[float]] = {}
+    for span in spans:
+        kind = span["kind"]
+        if kind in ("forward", "backward") and span.get("iteration", 0) != 0:
+            key: tuple[str, object] = ("compute", (kind, span["stage"]))
+        elif kind == "prefill":
+            key = ("prefill", span.get("tokens"))
+        else:
+            continue
+        groups.setdefault(key, []).append(span["end"] - span["start"])
+    out: dict[str, float | None] = {}
+    for kind in ("compute", "prefill"):
+        spreads = [(len(v), statistics.stdev(v) / statistics.fmean(v))
+                   for (k, _), v in groups.items()
+                   if k == kind and len(v) > 1 and statistics.fmean(v) > 0]
+        total = sum(n - 1 for n, _ in spreads)
+        out[kind] = (sum((n - 1) * cv**2 for n, cv in spreads) / total) ** 0.5 if total else None
+    return out
+
+
 def write_profile(run_dir: Path, output: Path) -> Profile:
     spans_path = run_dir / "spans.json"
     try:
@@ -46,6 +71,7 @@ def write_profile(run_dir: Path, output: Path) -> Profile:
     output.write_text(json.dumps({
         "source": str(run_dir), "compute": source.get("compute"),
         "topology": source.get("topology"), "policy": source.get("policy"),
+        "spread": measured_spread(spans),
         "stages": {str(k): v for k, v in profile.items()}}, indent=1))
     return profile
 
