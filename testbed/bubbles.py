@@ -10,6 +10,7 @@ supplies the clock."""
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -60,7 +61,10 @@ class BubbleBroker:
     _partial: dict[int, Request] = field(default_factory=dict)
     """Requests chunked so far, with `prefilled` up to their last admitted chunk."""
     _pending: Request | None = None
-    _queue: list[Request] = field(default_factory=list)
+    _queue: deque[Request] = field(default_factory=deque)
+    """Arrived, not started, not expired, oldest first."""
+    _queued: dict[int, Request] = field(default_factory=dict)
+    """The same, by id."""
     _arrival: dict[int, float] = field(default_factory=dict)
 
     def record_wait(self, gpu: str, action: int, iteration: int, seconds: float) -> None:
@@ -83,30 +87,30 @@ class BubbleBroker:
         return min(waits) if waits else None
 
     def queue(self, now: float) -> list[Request]:
-        """Arrived, not started, not past their deadline (those are rejected here)."""
+        """Arrived, not started, not past their deadline (those are rejected here), in
+        arrival order. Amortized: arrivals join at the back, the expired leave from the
+        front, and a request leaves when it starts."""
         while True:
             if self._pending is None:
                 self._pending = next(self.source, None)
             if self._pending is None or self._pending.arrival > now:
                 break
-            self.requests.append(self._pending)
-            self._queue.append(self._pending)
-            self._arrival[self._pending.id] = self._pending.arrival
-            self._pending = None
-        keep = []
-        for request in self._queue:
-            if request.id in self.started:
-                continue
-            if now - request.arrival > self.deadline_s:
-                self.rejected.add(request.id)
-                continue
-            keep.append(request)
-        self._queue = keep
-        return list(keep)
+            request, self._pending = self._pending, None
+            self.requests.append(request)
+            self._queue.append(request)
+            self._queued[request.id] = request
+            self._arrival[request.id] = request.arrival
+        while self._queue and now - self._queue[0].arrival > self.deadline_s:
+            expired = self._queue.popleft()
+            del self._queued[expired.id]
+            self.rejected.add(expired.id)
+        return list(self._queue)
 
     def on_idle(self, gpu: str, action: int, now: float, since: float) -> tuple[Chunk, ...]:
         """`gpu` has waited at `action` since `since`: what to prefill now, in one pass
-        (empty for nothing). The bubble is predicted to end `since` plus the usual wait."""
+        (empty for nothing). The bubble is predicted to end `since` plus the usual wait.
+        The policy sees the requests chunked on this GPU first, then the queue oldest
+        first."""
         mine = [r for r in self._partial.values() if self.started[r.id][0] == gpu]
         queue = mine + self.queue(now)
         if not queue:
@@ -121,9 +125,12 @@ class BubbleBroker:
         except Exception as exc:
             raise PluginError(f"bubble policy {self.policy.name!r} failed in admit: "
                               f"{type(exc).__name__}: {exc}") from None
-        self._check(chunks, queue)
+        self._check(chunks, gpu)
         for chunk in chunks:
             request = chunk.request
+            if request.id in self._queued:
+                del self._queued[request.id]
+                self._queue.remove(request)
             self.started.setdefault(request.id, (gpu, now))
             if chunk.last:
                 if request.id in self._partial:
@@ -134,14 +141,20 @@ class BubbleBroker:
         self.batches += len(chunks) > 1
         return chunks
 
-    def _check(self, chunks: Sequence[Chunk], queue: Sequence[Request]) -> None:
+    def _offered(self, request: Request, gpu: str) -> bool:
+        """Whether `request`, as the policy returned it, is one offered to `gpu`."""
+        if request.prefilled:
+            return self._partial.get(request.id) == request \
+                and self.started[request.id][0] == gpu
+        return self._queued.get(request.id) == request
+
+    def _check(self, chunks: Sequence[Chunk], gpu: str) -> None:
         """A policy's answer within the contract of `BubblePolicy.admit_batch`."""
-        offered = {r.id: r for r in queue}
         ids = [c.request.id for c in chunks]
         problem = None
         if len(set(ids)) != len(ids):
             problem = "the same request twice in one pass"
-        elif any(c.request != offered.get(c.request.id) for c in chunks):
+        elif not all(self._offered(c.request, gpu) for c in chunks):
             problem = "a request that is not queued for this GPU"
         elif any(not c.request.prefilled == c.start < c.end <= c.request.prompt_len
                  for c in chunks):

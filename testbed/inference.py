@@ -7,6 +7,7 @@ import heapq
 import math
 import random
 import statistics
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,8 +74,13 @@ class PrefillModel:
 
     prior: Mapping[str, float]
     """Coefficients from the FLOP model: {"a":..., "b":..., "c":...}."""
-    samples: list[tuple[int, int, float]] = field(default_factory=list)
+    window: int = 200
+    """Passes the fit looks back on."""
+    samples: deque[tuple[int, int, float]] = field(default_factory=deque)
     coefficients: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    _sums: list[float] = field(default_factory=lambda: [0.0] * 9)
+    """Over `samples`: the normal equations' sums 1, x, z, x^2, xz, z^2, y, xy, zy."""
+    _distinct: bool = False
 
     def __post_init__(self) -> None:
         self.coefficients = (self.prior["a"], self.prior["b"], self.prior["c"])
@@ -90,9 +96,24 @@ class PrefillModel:
         self.observe_batch((Chunk(Request(-1, 0.0, prompt_len), 0, prompt_len),), seconds)
 
     def observe_batch(self, chunks: Sequence[Chunk], seconds: float) -> None:
-        self.samples.append((*_regressors(chunks), seconds))
-        if len({(t, q) for t, q, _ in self.samples}) >= 3:
-            self.coefficients = fit_prefill(self.samples[-200:])
+        """A pass took `seconds`: refit over the last `window` passes (kept as running
+        sums, so each pass costs the same however many came before)."""
+        sample = (*_regressors(chunks), seconds)
+        self.samples.append(sample)
+        self._add(sample, 1.0)
+        if len(self.samples) > self.window:
+            self._add(self.samples.popleft(), -1.0)
+        if not self._distinct:
+            self._distinct = len({(t, q) for t, q, _ in self.samples}) >= 3
+        if self._distinct:
+            n, x, z, xx, xz, zz, y, xy, zy = self._sums
+            self.coefficients = _solve3([[n, x, z], [x, xx, xz], [z, xz, zz]], [y, xy, zy],
+                                        [s for *_, s in self.samples])
+
+    def _add(self, sample: tuple[int, int, float], sign: float) -> None:
+        x, z, y = float(sample[0]), float(sample[1]), sample[2]
+        for i, term in enumerate((1.0, x, z, x * x, x * z, z * z, y, x * y, z * y)):
+            self._sums[i] += sign * term
 
     def __call__(self, prompt_len: int) -> float:
         return self.chunk(0, prompt_len)

@@ -73,6 +73,7 @@ def test_bubbletea_passes_fit_the_bubble_and_the_contract(
     if queue and done:  # the oldest is chunked on this GPU already
         first = queue[0]
         queue[0] = dataclasses.replace(first, prefilled=min(done, first.prompt_len - 1))
+    queue.sort(key=lambda r: (r.prefilled == 0, r.arrival, r.id))  # as the broker offers it
     policy = bubble_policy("bubbletea", {"batch": str(batch), "chunk": chunk})
     model = PrefillModel({"a": 0.001, "b": per_token, "c": 1e-9})
     chunks = policy.admit_batch(Bubble("g", 0.0, length), queue, 0.0, model, max_tokens)

@@ -85,24 +85,39 @@ class BubbleTeaPolicy(BubblePolicy):
 
     def admit_batch(self, bubble: Bubble, queue: Sequence[Request], now: float,
                     prefill: PrefillTimes, max_tokens: int) -> Sequence[Chunk]:
-        """Whole prompts that fit, oldest first (one chunked on this GPU before any new
-        one), up to `batch`; then, if room is left, a chunk of the oldest prompt left."""
+        """Whole prompts that fit, in the queue's order (one chunked on this GPU first,
+        then the oldest), up to `batch`; then, if room is left, a chunk of the first
+        prompt left. Prefill time is taken to grow with a prompt's length, so one
+        bisection per pick gives the longest new prompt that fits and the scan compares
+        lengths only."""
         room = self.room(bubble, now)
         if room <= 0:
             return ()
-        order = sorted(queue, key=lambda r: (r.prefilled == 0, r.arrival, r.id))
         chosen: list[Chunk] = []
-        for request in order:
-            if len(chosen) == self.settings["batch"]:
-                return chosen
+        fresh = iter(queue)
+        for request in queue:  # the one chunked on this GPU, if any, comes first
+            if not request.prefilled:
+                break
+            next(fresh)
             whole = Chunk(request, request.prefilled, request.prompt_len)
             if _tokens(chosen) + whole.tokens <= max_tokens and \
                     prefill.batch([*chosen, whole]) <= room:
                 chosen.append(whole)
-        left = [r for r in order if r.id not in {c.request.id for c in chosen}]
-        if not self.settings["chunk"] or not left or len(chosen) == self.settings["batch"]:
+        while len(chosen) < self.settings["batch"]:
+            probe = Request(-1, now, max_tokens)  # the longest new prompt that fits
+            found = _largest_chunk(probe, chosen, room, max_tokens - _tokens(chosen), prefill)
+            longest = found.end if found else 0
+            pick = next((r for r in fresh if r.prompt_len <= longest), None) if longest \
+                else None
+            if pick is None:
+                break
+            chosen.append(Chunk(pick, 0, pick.prompt_len))
+        if not self.settings["chunk"] or len(chosen) == self.settings["batch"]:
             return chosen
-        oldest = left[0]  # one chunked here comes first: at most one is under way per GPU
+        taken = {c.request.id for c in chosen}
+        oldest = next((r for r in queue if r.id not in taken), None)
+        if oldest is None:
+            return chosen  # one chunked here comes first: at most one is under way per GPU
         chunk = _largest_chunk(oldest, chosen, room, max_tokens - _tokens(chosen), prefill)
         worth = min(self.settings["min_chunk"], oldest.remaining, max_tokens)
         if chunk is not None and chunk.tokens >= worth:
