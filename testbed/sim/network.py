@@ -127,6 +127,9 @@ class FluidNetwork:
     flows: dict[int, Flow] = field(default_factory=dict)
     users: dict[str, set[int]] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
+    _dirty: set[str] = field(default_factory=set)
+    """Resources whose flows changed at this instant and share anew at its end."""
+    _flush_pending: bool = False
 
     def start(
         self,
@@ -243,6 +246,24 @@ class FluidNetwork:
         return list(flows.values()), seen
 
     def _reallocate(self, now: float, resources: tuple[str, ...]) -> None:
+        """Flows on these resources changed: they share anew once every event of this
+        instant has run (no time passes within an instant, so no flow's progress depends
+        on when in it the shares are solved), each coupled component once."""
+        self._dirty.update(resources)
+        if not self._flush_pending:
+            self._flush_pending = True
+            self.schedule(now, self._flush)
+
+    def _flush(self, now: float) -> None:
+        self._flush_pending = False
+        dirty, self._dirty = self._dirty, set()
+        solved: set[str] = set()
+        for resource in sorted(dirty):  # sorted: the same order whatever the hash seed
+            if resource not in solved:
+                solved |= self._solve(now, (resource,))
+
+    def _solve(self, now: float, resources: tuple[str, ...]) -> set[str]:
+        """New rates for every flow coupled to these resources; the resources solved."""
         flows, seen = self._component(resources)
         for flow in flows:
             flow.progress(now)
@@ -272,6 +293,7 @@ class FluidNetwork:
                 self.schedule(
                     done, functools.partial(self._event, flow_id=flow.id, version=flow.version)
                 )
+        return seen
 
 
 def max_min(
