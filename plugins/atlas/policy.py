@@ -43,6 +43,8 @@ LARGE = 256
 measured): the first alone starts with cold windows and ranks plans by their start."""
 PROBE_ITERATIONS = 3
 """Enough for the staggered rhythm of temporal sharing to settle after the first."""
+RECEIVE_INDEXES = 8
+"""Plans whose receive positions the policy keeps at once."""
 
 
 class AtlasPolicy(TrainingPolicy):
@@ -70,11 +72,14 @@ class AtlasPolicy(TrainingPolicy):
     )
     multi_connection: ClassVar[bool] = True
 
-
     # --- the plan ----------------------------------------------------------------------
 
     limits: HostLimits = LINUX_DEFAULTS
     """The hosts' limits on connections, from the planning context."""
+
+    def __init__(self, **values: str) -> None:
+        super().__init__(**values)
+        self._receive_index: dict[int, tuple[Plan, dict[str, dict[Action, int]]]] = {}
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
         began = time.monotonic()
@@ -244,10 +249,24 @@ class AtlasPolicy(TrainingPolicy):
         order = self.settings["order"]
         if order == "fifo":
             return min(waiting, key=lambda t: (t.ready_at, t.id))
+        receives = self._receives(plan)
         if order == "microbatch":
-            return min(waiting, key=lambda t: (t.iteration, _needed_at(plan, t), t.replica,
-                                               t.id))
-        return min(waiting, key=lambda t: (t.iteration, t.replica, _needed_at(plan, t), t.id))
+            return min(waiting, key=lambda t: (t.iteration, _needed_at(plan, receives, t),
+                                               t.replica, t.id))
+        return min(waiting, key=lambda t: (t.iteration, t.replica,
+                                           _needed_at(plan, receives, t), t.id))
+
+    def _receives(self, plan: Plan) -> dict[str, dict[Action, int]]:
+        """Where each receive sits in its GPU's action list, filled in per GPU as asked,
+        for the last few plans this policy arbitrated (planning simulates many)."""
+        cached = self._receive_index.get(id(plan))
+        if cached is not None and cached[0] is plan:
+            return cached[1]
+        if len(self._receive_index) >= RECEIVE_INDEXES:
+            self._receive_index.pop(next(iter(self._receive_index)))
+        index: dict[str, dict[Action, int]] = {}
+        self._receive_index[id(plan)] = (plan, index)
+        return index
 
 
 PER_CROSSING = (1, 2, 3, 4)
@@ -264,14 +283,17 @@ def _schedules(m: int, dcs: int) -> list[tuple[Schedule, int, bool]]:
     return [*out, (Schedule.GPIPE, 0, False)]
 
 
-def _needed_at(plan: Plan, transfer: Transfer) -> int:
+def _needed_at(plan: Plan, receives: dict[str, dict[Action, int]], transfer: Transfer) -> int:
     """Where the receiving stage waits for this transfer in its action list."""
     forward = transfer.kind is Op.SEND_F
     stage = transfer.stage + (1 if forward else -1)
     gpu = plan.lead_gpu(transfer.replica, stage)
+    positions = receives.get(gpu)
+    if positions is None:
+        positions = receives[gpu] = {action: i for i, action in enumerate(plan.actions[gpu])
+                                     if action.op in (Op.RECV_F, Op.RECV_B)}
     wanted = Action(stage, Op.RECV_F if forward else Op.RECV_B, transfer.microbatch)
-    actions = plan.actions[gpu]
-    return actions.index(wanted) if wanted in actions else len(actions)
+    return positions.get(wanted, len(plan.actions[gpu]))
 
 
 def _tie_orders(topology: Topology, base: list[str]) -> list[list[str]]:
