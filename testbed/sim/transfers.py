@@ -35,14 +35,21 @@ class Transfers:
         self._pair_queue: dict[int, list[Arrival]] = {}
         self._starters: dict[int, Arrival] = {}
         self._transfer_ids = 0
+        self._paths: dict[tuple[str, str], tuple[tuple[str, ...], float]] = {}
 
     def path(self, src: SimWorker, dst: SimWorker) -> tuple[tuple[str, ...], float]:
-        """The resources a message crosses, and its one-way latency."""
-        hops = self.topology.path(src.dc, dst.dc)
-        wan = [f"wan:{a}>{b}" for a, b in itertools.pairwise(hops)]
-        latency = self.links.one_way(src.dc, dst.dc)
-        latency += (self.topology.dc(src.dc).latency_s + self.topology.dc(dst.dc).latency_s) / 2
-        return (f"up:{src.lead}", *wan, f"down:{dst.lead}"), latency
+        """The resources a message crosses, and its one-way latency (the WAN's part asked
+        each time: a network event can change it)."""
+        key = (src.lead, dst.lead)
+        known = self._paths.get(key)
+        if known is None:
+            hops = self.topology.path(src.dc, dst.dc)
+            wan = [f"wan:{a}>{b}" for a, b in itertools.pairwise(hops)]
+            inside = (self.topology.dc(src.dc).latency_s
+                      + self.topology.dc(dst.dc).latency_s) / 2
+            known = self._paths[key] = ((f"up:{src.lead}", *wan, f"down:{dst.lead}"), inside)
+        resources, inside = known
+        return resources, self.links.one_way(src.dc, dst.dc) + inside
 
     def pair(self, src: SimWorker, dst: SimWorker, latency: float, largest: float) -> Pair:
         """The pair's connections; `largest`: the biggest message they carry, which decides
