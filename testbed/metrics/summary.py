@@ -113,6 +113,14 @@ class Summary:
         }
 
 
+def median_iteration_s(spans: Sequence[Span], gpus: Sequence[str], start: float
+                       ) -> float | None:
+    """The median of the measured iterations alone, exactly as `summarize` has it: what a
+    planner compares candidates by, without the utilization it would not read."""
+    counted = measured(iteration_times(start, iteration_ends(spans, gpus)))
+    return statistics.median(counted) if counted else None
+
+
 def summarize(
     spans: Sequence[Span],
     gpus: Sequence[str],

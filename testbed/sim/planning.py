@@ -20,7 +20,7 @@ from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.policy.context import PlanningContext
 from testbed.policy.registry import make_plan
-from testbed.sim.simulate import simulate_plan
+from testbed.sim.simulate import simulated_iteration_s
 from testbed.topology.model import Topology
 
 _SHARED: ContextVar[dict[Any, Any] | None] = ContextVar("planning_cache", default=None)
@@ -48,10 +48,9 @@ def planning_context(topology: Topology, job: Job, policy: TrainingPolicy,
 
     def simulate(plan: Plan, run: Job) -> float | None:
         try:
-            summary, _ = simulate_plan(topology, run, plan, policy)
+            return simulated_iteration_s(topology, run, plan, policy)
         except TestbedError:
             return None
-        return summary.median_s
 
     if cache is None:
         cache = _SHARED.get()

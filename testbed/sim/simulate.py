@@ -6,7 +6,7 @@ from __future__ import annotations
 from testbed.bubbles import BubbleBroker
 from testbed.errors import TestbedError
 from testbed.job import Job
-from testbed.metrics.summary import Summary, summarize
+from testbed.metrics.summary import Summary, median_iteration_s, summarize
 from testbed.net_events import NetEvent
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
@@ -29,6 +29,17 @@ def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPoli
         raise TestbedError(f"simulation failed: {exc}") from None
     return summarize(result.spans, plan.used_gpus(), result.start, tokens_per_iteration(job, plan),
                      wan_capacity_bps(topology, plan)), result.spans
+
+
+def simulated_iteration_s(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy
+                          ) -> float | None:
+    """The plan's median iteration time only (what planning compares), without the rest
+    of the summary; the same figure `simulate_plan`'s summary has."""
+    try:
+        result = Simulator(topology, job, plan, policy).run()
+    except RuntimeError as exc:
+        raise TestbedError(f"simulation failed: {exc}") from None
+    return median_iteration_s(result.spans, plan.used_gpus(), result.start)
 
 
 def tokens_per_iteration(job: Job, plan: Plan) -> int:
