@@ -164,7 +164,7 @@ def test_ablations_reuse_atlas_simulations_from_a_shared_cache(
         def no_simulation(*_args: Any, **_kwargs: Any) -> Any:
             raise AssertionError("simulated again")
 
-        monkeypatch.setattr(planning, "simulate_plan", no_simulation)
+        monkeypatch.setattr(planning, "simulated_iteration_s", no_simulation)
         ablation = plan_with_simulator(training_policy("atlas-no-temporal"), inputs.topology,
                                        inputs.job)
     assert ablation.placement == full.placement
