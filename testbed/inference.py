@@ -106,13 +106,10 @@ class PrefillModel:
         if not self._distinct:
             self._distinct = len({(t, q) for t, q, _ in self.samples}) >= 3
         if self._distinct:
-            n, x, z, xx, xz, zz, y, xy, zy = self._sums
-            self.coefficients = _solve3([[n, x, z], [x, xx, xz], [z, xz, zz]], [y, xy, zy],
-                                        [s for *_, s in self.samples])
+            self.coefficients = _solve_sums(self._sums, [s for *_, s in self.samples])
 
     def _add(self, sample: tuple[int, int, float], sign: float) -> None:
-        x, z, y = float(sample[0]), float(sample[1]), sample[2]
-        for i, term in enumerate((1.0, x, z, x * x, x * z, z * z, y, x * y, z * y)):
+        for i, term in enumerate(_normal_terms(*sample)):
             self._sums[i] += sign * term
 
     def __call__(self, prompt_len: int) -> float:
@@ -137,10 +134,22 @@ def _regressors(chunks: Iterable[Chunk]) -> tuple[int, int]:
 
 def fit_prefill(points: Sequence[tuple[float, float, float]]) -> tuple[float, float, float]:
     """Least-squares a + b x + c z through (x, z, y) points (normal equations, 3x3)."""
-    rows = [(1.0, x, z, y) for x, z, y in points]
-    matrix = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]
-    rhs = [sum(r[i] * r[3] for r in rows) for i in range(3)]
-    return _solve3(matrix, rhs, [y for *_, y in points])
+    sums = [0.0] * 9
+    for x, z, y in points:
+        for i, term in enumerate(_normal_terms(x, z, y)):
+            sums[i] += term
+    return _solve_sums(sums, [y for *_, y in points])
+
+
+def _normal_terms(x: float, z: float, y: float) -> tuple[float, ...]:
+    """One point's share of the normal equations' sums: 1, x, z, x^2, xz, z^2, y, xy, zy."""
+    x, z = float(x), float(z)
+    return (1.0, x, z, x * x, x * z, z * z, y, x * y, z * y)
+
+
+def _solve_sums(sums: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
+    n, x, z, xx, xz, zz, y, xy, zy = sums
+    return _solve3([[n, x, z], [x, xx, xz], [z, xz, zz]], [y, xy, zy], ys)
 
 
 def _solve3(m: list[list[float]], v: list[float], ys: Sequence[float]

@@ -12,7 +12,7 @@ from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.sim.jitter import Jitter
 from testbed.sim.profile import Profile
-from testbed.sim.simulator import Simulator
+from testbed.sim.simulator import SimResult, Simulator
 from testbed.spans import Span
 from testbed.topology.model import Topology
 
@@ -22,11 +22,8 @@ def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPoli
                   broker: BubbleBroker | None = None, events: tuple[NetEvent, ...] = (),
                   jitter: Jitter | None = None) -> tuple[Summary, list[Span]]:
     """Simulate a plan; the summary and spans, computed exactly as for the emulator."""
-    try:
-        result = Simulator(topology, job, plan, policy, profile, bubbles=broker,
-                           events=events, jitter=jitter).run()
-    except RuntimeError as exc:
-        raise TestbedError(f"simulation failed: {exc}") from None
+    result = _run(Simulator(topology, job, plan, policy, profile, bubbles=broker,
+                            events=events, jitter=jitter))
     return summarize(result.spans, plan.used_gpus(), result.start, tokens_per_iteration(job, plan),
                      wan_capacity_bps(topology, plan)), result.spans
 
@@ -35,11 +32,15 @@ def simulated_iteration_s(topology: Topology, job: Job, plan: Plan, policy: Trai
                           ) -> float | None:
     """The plan's median iteration time only (what planning compares), without the rest
     of the summary; the same figure `simulate_plan`'s summary has."""
+    result = _run(Simulator(topology, job, plan, policy))
+    return median_iteration_s(result.spans, plan.used_gpus(), result.start)
+
+
+def _run(simulator: Simulator) -> SimResult:
     try:
-        result = Simulator(topology, job, plan, policy).run()
+        return simulator.run()
     except RuntimeError as exc:
         raise TestbedError(f"simulation failed: {exc}") from None
-    return median_iteration_s(result.spans, plan.used_gpus(), result.start)
 
 
 def tokens_per_iteration(job: Job, plan: Plan) -> int:
