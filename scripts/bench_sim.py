@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The simulator: how fast it runs at paper scale, and how close it is to the emulator.
 
-`.venv/bin/python scripts/bench_sim.py [--repeat 3] [--skip-emulator] [--json F]`
+`.venv/bin/python scripts/bench_sim.py [--repeat 3] [--skip-emulator] [--sizes 8192x8,...]
+[--json F]`
 (the emulator part needs root). Prints markdown tables:
 1. wall time to simulate one iteration of GPT-3 175B (tp 8, pp 16) on 128, 1,024 and
    8,192 GPUs with 8, 32 and 128 microbatches;
@@ -18,6 +19,7 @@ import json
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,26 +34,32 @@ from testbed.sim.sweep import vary
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def scale_table() -> list[dict[str, Any]]:
+DEFAULT_SIZES = tuple((4 * g, m) for g in (32, 256, 2048) for m in (8, 32, 128))
+
+
+def scale_table(sizes: tuple[tuple[int, int], ...] = DEFAULT_SIZES) -> list[dict[str, Any]]:
+    """(GPUs, microbatches) each: 4 DCs of GPUs/4, dp GPUs/128 (tp 8, pp 16)."""
     inputs = load_inputs(ROOT / "topologies" / "gpt3-4dc.yaml", sets=("iterations=1",))
     rows = []
-    for gpus_per_dc, dp in ((32, 1), (256, 8), (2048, 64)):
-        from dataclasses import replace
-
+    for gpus, microbatches in sizes:
+        gpus_per_dc, dp = gpus // 4, gpus // 128
         topology = replace(inputs.topology, datacenters=tuple(
             replace(dc, gpus=gpus_per_dc) for dc in inputs.topology.datacenters))
-        for microbatches in (8, 32, 128):
-            _, job = vary(topology, inputs.job, "dp", str(dp))
-            _, job = vary(topology, job, "microbatches", str(microbatches))
-            policy = training_policy("1f1b")
-            plan = plan_with_simulator(policy, topology, job)
-            started = time.perf_counter()
-            result = Simulator(topology, job, plan, policy).run()
-            rows.append({"gpus": 4 * gpus_per_dc, "dp": dp, "microbatches": microbatches,
-                         "wall_s": time.perf_counter() - started,
-                         "spans": len(result.spans)})
-            print(json.dumps(rows[-1]), flush=True)
+        _, job = vary(topology, inputs.job, "dp", str(dp))
+        _, job = vary(topology, job, "microbatches", str(microbatches))
+        policy = training_policy("1f1b")
+        plan = plan_with_simulator(policy, topology, job)
+        started = time.perf_counter()
+        result = Simulator(topology, job, plan, policy).run()
+        rows.append({"gpus": gpus, "dp": dp, "microbatches": microbatches,
+                     "wall_s": time.perf_counter() - started, "spans": len(result.spans)})
+        print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def _sizes(text: str) -> tuple[tuple[int, int], ...]:
+    pairs = [size.split("x") for size in text.split(",")]
+    return tuple((int(gpus), int(microbatches)) for gpus, microbatches in pairs)
 
 
 def agreement_table(repeat: int, topologies: list[str]) -> list[dict[str, Any]]:
@@ -92,11 +100,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="emulator runs per case")
     parser.add_argument("--skip-emulator", action="store_true")
     parser.add_argument("--skip-scale", action="store_true")
+    parser.add_argument("--sizes", help="GPUSxMICROBATCHES,... for the speed table "
+                        "(default: 128, 1024 and 8192 GPUs with 8, 32 and 128)")
     parser.add_argument("--topologies", default="two-dc,paper-3dc",
                         help="emulator topologies to compare against (comma-separated)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    results: dict[str, Any] = {"scale": [] if args.skip_scale else scale_table()}
+    results: dict[str, Any] = {"scale": [] if args.skip_scale else scale_table(
+        _sizes(args.sizes) if args.sizes else DEFAULT_SIZES)}
     print("\n| GPUs | dp | microbatches | wall time (s) | spans |\n|---|---|---|---|---|")
     for r in results["scale"]:
         print(f"| {r['gpus']} | {r['dp']} | {r['microbatches']} | {r['wall_s']:.2f} | "
