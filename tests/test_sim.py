@@ -122,9 +122,52 @@ def test_max_min_is_feasible_and_respects_caps(flows: dict[int, Any]) -> None:
     for resource, cap in capacity.items():
         used = sum(rates[k] for k, (_, _, r) in flows.items() if resource in r)
         assert used <= cap * (1 + 1e-9)
-    for k, (_, cap, _) in flows.items():
+    for k, (weight, cap, resources) in flows.items():
         assert rates[k] <= cap * (1 + 1e-9)
         assert rates[k] > 0
+        # max-min fair: at its cap, or on a full resource where no user gets more per weight
+        at_cap = rates[k] >= cap * (1 - 1e-9)
+        bottlenecked = any(
+            sum(rates[j] for j, (_, _, rs) in flows.items() if r in rs) >= capacity[r] * (1 - 1e-9)
+            and all(rates[j] / w <= rates[k] / weight * (1 + 1e-9)
+                    for j, (w, _, rs) in flows.items() if r in rs)
+            for r in resources)
+        assert at_cap or bottlenecked
+
+
+def test_replicas_on_their_own_nics_share_a_link_as_one_group() -> None:
+    """Flows alike but for a resource each has alone are solved as a group: the same
+    rates as one by one, whatever their number."""
+    capacity = {"wan": 1e9, **{f"nic{i}": 4e8 if i % 2 else 1e8 for i in range(6)}}
+    flows = {i: (1.0, float("inf"), (f"nic{i}", "wan")) for i in range(6)}
+    rates = max_min(flows, capacity)
+    rest = (1e9 - 3 * 1e8) / 3  # the 1e8 NICs bind; the others split what is left
+    assert [rates[i] for i in range(6)] == pytest.approx([1e8, rest] * 3)
+
+
+def test_a_round_that_changes_no_rate_solves_nothing() -> None:
+    """Two unpaced flows sharing a link in slow start: once their windows outgrow a round's
+    share, their round boundaries reschedule only their own events (80 rounds here)."""
+    queue = Agenda()
+    network = FluidNetwork({"link": 1e9, "a": 1e10, "b": 1e10}, queue.at)
+    solves: list[float] = []
+    solve = network._solve
+
+    def counted(now: float, resources: tuple[str, ...]) -> set[str]:
+        solves.append(now)
+        return solve(now, resources)
+
+    network._solve = counted  # type: ignore[method-assign]
+    done: list[float] = []
+    for nic in ("a", "b"):
+        network.start(0.0, 50e6, (nic, "link"), Pair(1, 4e6, 0.01, False), 0.0, done.append)
+    queue.run()
+    assert len(done) == 2
+    assert done[1] == pytest.approx(100e6 * 8 / (1e9 * PAYLOAD_EFFICIENCY), rel=0.1)
+    # while windows are under a round's share, each round pauses and resumes them (solved);
+    # from ~0.08 s on (7 doublings) they send all round: nothing to solve until one ends
+    assert [t for t in solves if 0.1 < t < done[0]] == []
+    assert len(solves) < 20
 
 
 def _end(topology: Any, job: Job, policy: str) -> float:

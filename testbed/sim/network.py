@@ -111,6 +111,7 @@ class Flow:
     scheduled: bool = False
     steady: bool = False
     """The window is at its limit: ACK-clocked at window/RTT, no more rounds to track."""
+    round_end: float = float("inf")
 
     def progress(self, now: float) -> None:
         sent = self.rate / 8 * (now - self.updated)
@@ -183,27 +184,53 @@ class FluidNetwork:
     def _new_round(self, now: float, flow: Flow) -> None:
         """Slow start goes in rounds of one RTT; once the window reaches the socket
         buffers' limit the flow is steady and simply capped at window/RTT."""
+        self._open_round(now, flow)
+        self._share(now, flow)
+
+    def _open_round(self, now: float, flow: Flow) -> None:
         pair = flow.pair
         flow.paused = False
         flow.scheduled = False  # the window changed: its next event must be recomputed
         if pair.cwnd >= pair.window:
             flow.steady = True
-            flow.budget = flow.round_budget = float("inf")
+            flow.budget = flow.round_budget = flow.round_end = float("inf")
         else:
             flow.round_id += 1
             flow.budget = flow.round_budget = pair.round_budget()
+            flow.round_end = now + pair.rtt
             self.schedule(
-                now + pair.rtt,
+                flow.round_end,
                 functools.partial(self._round_over, flow=flow, round_id=flow.round_id),
             )
-        self._reallocate(now, flow.resources)
 
     def _round_over(self, now: float, flow: Flow, round_id: int) -> None:
+        """A round ended. A flow still sending at a rate its cap did not set, before and
+        after, leaves every share as it was (max-min shares depend on a cap only where it
+        binds): it reschedules only its own event. Otherwise its component shares anew."""
         if flow.id not in self.flows or flow.round_id != round_id:
             return
         flow.progress(now)
+        old_cap = _cap(flow)
         flow.pair.acked(flow.round_budget - flow.budget)
-        self._new_round(now, flow)
+        sending = not flow.paused and flow.rate > 0 and flow.pair.active == 1
+        self._open_round(now, flow)
+        if sending and flow.rate < min(old_cap, _cap(flow)):
+            self._schedule_event(now, flow)
+        else:
+            self._share(now, flow)
+
+    def _share(self, now: float, flow: Flow) -> None:
+        """The flow's rate changed: a flow alone on its links takes what they give at once
+        (max_min's answer for one flow); otherwise its component shares anew."""
+        if any(len(self.users[r]) > 1 for r in flow.resources):
+            self._reallocate(now, flow.resources)
+            return
+        rate = 0.0
+        if not flow.paused:
+            weight, cap = flow.pair.connections / max(1, flow.pair.active), _cap(flow)
+            level = min(self.capacity[r] * PAYLOAD_EFFICIENCY / weight for r in flow.resources)
+            rate = cap if cap / weight <= level else level * weight
+        self._set_rate(now, flow, rate)
 
     def _event(self, now: float, flow_id: int, version: int) -> None:
         """A flow ran out of bytes or out of this round's window."""
@@ -221,13 +248,15 @@ class FluidNetwork:
             for resource in flow.resources:
                 self.users[resource].discard(flow_id)
             flow.pair.end(now)
-            self._reallocate(now, flow.resources)
+            shared = tuple(r for r in flow.resources if self.users[r])
+            if shared:  # the flows left on its links share anew
+                self._reallocate(now, shared)
             self.schedule(now + flow.latency, flow.on_arrival)
             if flow.on_sent is not None:
                 flow.on_sent(now)
         else:
             flow.paused = True
-            self._reallocate(now, flow.resources)
+            self._share(now, flow)
 
     def _component(self, resources: tuple[str, ...]) -> tuple[list[Flow], set[str]]:
         """Flows and resources coupled to these resources through shared flows."""
@@ -269,66 +298,102 @@ class FluidNetwork:
             flow.progress(now)
         sending = [f for f in flows if not f.paused]
         rates = max_min(
-            {
-                f.id: (
-                    f.pair.connections / max(1, f.pair.active),
-                    f.pair.steady_cap() if f.steady
-                    else f.pair.paced_cap() if f.pair.paced else float("inf"),
-                    f.resources,
-                )
-                for f in sending
-            },
+            {f.id: (f.pair.connections / max(1, f.pair.active), _cap(f), f.resources)
+             for f in sending},
             {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in seen},
         )
         for flow in flows:
-            rate = rates.get(flow.id, 0.0)
-            if rate == flow.rate and flow.rate > 0 and flow.scheduled:
-                continue  # its pending event is still right
-            flow.rate = rate
-            flow.version += 1
-            flow.scheduled = flow.rate > 0
-            if flow.rate > 0:
-                left = min(flow.remaining, flow.budget)
-                done = now + left * 8 / flow.rate
-                self.schedule(
-                    done, functools.partial(self._event, flow_id=flow.id, version=flow.version)
-                )
+            self._set_rate(now, flow, rates.get(flow.id, 0.0))
         return seen
+
+    def _set_rate(self, now: float, flow: Flow, rate: float) -> None:
+        if rate == flow.rate and rate > 0 and flow.scheduled:
+            return  # its pending event is still right
+        flow.rate = rate
+        if rate > 0:
+            self._schedule_event(now, flow)
+        else:
+            flow.version += 1
+            flow.scheduled = False
+
+    def _schedule_event(self, now: float, flow: Flow) -> None:
+        """The flow's one pending event: when it runs out of bytes or of its round's window
+        at its rate (an earlier one, now stale, is ignored by version). None if the round
+        ends first: its end decides anew."""
+        flow.version += 1
+        flow.scheduled = True
+        done = now + min(flow.remaining, flow.budget) * 8 / flow.rate
+        if done > flow.round_end:
+            return
+        self.schedule(done, functools.partial(self._event, flow_id=flow.id, version=flow.version))
+
+
+def _cap(flow: Flow) -> float:
+    """bit/s the flow may not exceed whatever the links leave it: window per RTT once
+    steady, a multiple of its round's window while paced, none otherwise."""
+    pair = flow.pair
+    if flow.steady:
+        return pair.steady_cap()
+    return pair.paced_cap() if pair.paced else float("inf")
 
 
 def max_min(
     flows: dict[int, tuple[float, float, tuple[str, ...]]], capacity: dict[str, float]
 ) -> dict[int, float]:
-    """Weighted max-min fair rates by progressive filling: flow -> (weight, cap, resources).
-    Each round raises every unfrozen flow's rate per unit weight until a resource fills up
-    or a flow reaches its cap; those flows freeze."""
+    """Weighted max-min fair rates: flow -> (weight, cap, resources). A resource only one
+    flow uses is a cap on that flow; flows then alike (weight, cap, shared resources: the
+    data-parallel replicas of one transfer, on their own NICs) are solved once, as a group,
+    so the cost follows the distinct flows, not their number."""
+    users: dict[str, int] = {}
+    for _, _, resources in flows.values():
+        for resource in resources:
+            users[resource] = users.get(resource, 0) + 1
+    groups: dict[tuple[float, float, tuple[str, ...]], list[int]] = {}
+    for fid, (weight, cap, resources) in flows.items():
+        for resource in resources:
+            if users[resource] == 1:
+                cap = min(cap, capacity[resource])
+        shared = tuple(r for r in resources if users[r] > 1)
+        groups.setdefault((weight, cap, shared), []).append(fid)
+    keys = list(groups)
+    group_rates = _fill({g: (*key, len(groups[key])) for g, key in enumerate(keys)}, capacity)
+    return {fid: group_rates[g] for g, key in enumerate(keys) for fid in groups[key]}
+
+
+def _fill(
+    groups: dict[int, tuple[float, float, tuple[str, ...], int]], capacity: dict[str, float]
+) -> dict[int, float]:
+    """Progressive filling over groups of `count` identical flows: every unfrozen flow's
+    rate per unit weight rises until a resource fills up or a flow reaches its cap; those
+    flows freeze. The rate of one flow of each group."""
     rates: dict[int, float] = {}
     left = dict(capacity)
     weights: dict[str, float] = {}
     users: dict[str, list[int]] = {}
-    for fid, (weight, _, resources) in flows.items():
+    for gid, (weight, _, resources, count) in groups.items():
         for resource in resources:
-            weights[resource] = weights.get(resource, 0.0) + weight
-            users.setdefault(resource, []).append(fid)
-    active = dict(flows)
+            weights[resource] = weights.get(resource, 0.0) + weight * count
+            users.setdefault(resource, []).append(gid)
+    active = dict(groups)
     while active:
         level, bottleneck = float("inf"), None
         for resource, weight in weights.items():
             if weight > 1e-12 and left[resource] / weight < level:
                 level, bottleneck = left[resource] / weight, resource
-        capped = [fid for fid, (w, cap, _) in active.items() if cap / w <= level]
+        capped = [gid for gid, (w, cap, _, _) in active.items() if cap / w <= level]
         if capped:
-            frozen = [(fid, active[fid][1]) for fid in capped]
+            frozen = [(gid, active[gid][1]) for gid in capped]
         elif bottleneck is not None:
-            frozen = [(fid, level * active[fid][0]) for fid in users[bottleneck] if fid in active]
+            frozen = [(gid, level * active[gid][0]) for gid in users[bottleneck]
+                      if gid in active]
         else:
             break
-        for fid, rate in frozen:
-            rates[fid] = rate
-            weight, _, resources = active.pop(fid)
+        for gid, rate in frozen:
+            rates[gid] = rate
+            weight, _, resources, count = active.pop(gid)
             for resource in resources:
-                left[resource] = max(0.0, left[resource] - rate)
-                weights[resource] -= weight
-    for fid in active:
-        rates[fid] = 0.0
+                left[resource] = max(0.0, left[resource] - rate * count)
+                weights[resource] -= weight * count
+    for gid in active:
+        rates[gid] = 0.0
     return rates
