@@ -300,3 +300,43 @@ def test_the_connection_cap_comes_from_the_path_and_the_hosts() -> None:
     buffers = HostLimits(tcp_memory_bytes=2 * 7 * 4 * 2**20)
     assert connections_to_fill(topology, "east", "west", buffers) == 7
     assert connections_to_fill(topology, "east", "west", limit=5) == 5
+
+
+@pytest.mark.parametrize("name", ["paper-3dc", "wan-3dc"])
+def test_stopping_slower_candidates_early_changes_no_choice(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A candidate's simulation stops once it is sure to be slower than what it is compared
+    with; its time is then a lower bound ("at least") on the full simulation's, and the
+    search measures and chooses exactly what it would without stopping."""
+    from testbed_plugins.atlas import search as search_module
+
+    from testbed.sim.planning import planning_context
+
+    inputs = load_inputs(ROOT / "topologies" / f"{name}.yaml")
+    policy = training_policy("atlas")
+
+    def choose() -> tuple[Any, dict[Any, Any]]:
+        chosen, ranked, _ = policy.choose(  # type: ignore[attr-defined]
+            inputs.topology, inputs.job, planning_context(inputs.topology, inputs.job, policy, {}))
+        return chosen, {c.key: c for c in ranked}
+
+    bounded_choice, bounded = choose()
+    real_run = search_module.Search.run
+
+    def unbounded_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self.bounded = False
+        return real_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(search_module.Search, "run", unbounded_run)
+    full_choice, full = choose()
+    assert bounded_choice == full_choice
+    assert set(bounded) == set(full)
+    stopped = [k for k, c in bounded.items() if c.at_least]
+    assert stopped, "some candidate is slower than the leaders"
+    for key, candidate in bounded.items():
+        exact = full[key].simulated_s
+        if candidate.at_least:
+            assert candidate.simulated_s <= exact
+            assert candidate.tokens_per_s > full[key].tokens_per_s * (1 - 1e-12)
+        else:
+            assert candidate.simulated_s == exact

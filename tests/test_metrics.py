@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 
 from testbed.errors import PluginError
 from testbed.job_file import parse_job
-from testbed.metrics.summary import busy_time, iteration_ends, summarize
+from testbed.metrics.summary import (
+    busy_time,
+    iteration_ends,
+    median_at_least,
+    slower_after,
+    summarize,
+)
 from testbed.plan.model import Op
 from testbed.policy import Transfer, training_policy
 from testbed.policy.arbiter import Arbiter
@@ -138,3 +144,18 @@ def test_chrome_trace_has_tracks_and_flows() -> None:
     assert complete[0]["name"] == "0F0" and complete[0]["dur"] == pytest.approx(500000)
     assert [e["ph"] for e in events if e["ph"] in "sf"] == ["s", "f"]
     json.dumps(trace)
+
+
+def test_a_run_under_way_bounds_its_median_iteration_from_below() -> None:
+    # 3 iterations (the first does not count): after the first ended at 2 s, the median of
+    # the other two is at least half of what has passed since
+    assert median_at_least(0.0, [2.0], 3, 5.0) == 1.5
+    assert median_at_least(0.0, [], 3, 100.0) == 0.0  # only the uncounted one so far
+    assert median_at_least(0.0, [2.0, 3.0, 7.0], 3, 9.0) == 2.5  # done: the median itself
+    # the earliest time it is sure to exceed 1.5 s: 2 + 2 x 1.5
+    assert slower_after(0.0, [2.0], 3, 1.5) == pytest.approx(5.0)
+    assert median_at_least(0.0, [2.0], 3, slower_after(0.0, [2.0], 3, 1.5)) > 1.5
+    assert slower_after(0.0, [], 3, 1.0) == float("inf")
+    # 5 iterations, two counted ones known short: the remaining can't lift the median yet
+    assert slower_after(0.0, [1.0, 1.1, 1.2], 5, 10.0) == float("inf")
+    assert slower_after(0.0, [1.0], 2, 0.5) == pytest.approx(1.5)

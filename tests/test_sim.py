@@ -14,6 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from testbed.errors import InputError
+from testbed.inputs import load_inputs
 from testbed.job import Job, ModelShape
 from testbed.metrics.summary import summarize
 from testbed.net_events import parse_event_flag
@@ -29,6 +30,7 @@ from testbed.sim.network import (
 )
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.profile import profile_from_spans
+from testbed.sim.simulate import simulated_iteration_s
 from testbed.sim.simulator import Simulator
 from testbed.spans import Span, SpanKind
 from testbed.topology import parse_topology
@@ -344,3 +346,17 @@ def test_waiting_on_sends_slows_1f1b_where_transfers_outlast_compute() -> None:
         spans = Simulator(topology, job, plan, chosen).run().spans
         times[sends] = max(s["end"] for s in spans)
     assert times["torch"] > times["eager"]
+
+
+def test_a_run_told_where_to_stop_stops_there_with_a_true_bound() -> None:
+    inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml", sets=("iterations=3",))
+    policy = training_policy("1f1b")
+    plan = plan_with_simulator(policy, inputs.topology, inputs.job)
+    exact = simulated_iteration_s(inputs.topology, inputs.job, plan, policy)
+    assert exact is not None
+    assert simulated_iteration_s(inputs.topology, inputs.job, plan, policy, exact * 1.01) == exact
+    bound = simulated_iteration_s(inputs.topology, inputs.job, plan, policy, exact * 0.9)
+    assert bound is not None and exact * 0.9 < bound <= exact
+    result = Simulator(inputs.topology, inputs.job, plan, policy, stop_above=exact * 0.9).run()
+    assert result.stopped_at is not None and result.median_at_least == bound
+    assert min(s["start"] for s in result.spans if s["kind"] == "step") < result.stopped_at

@@ -110,7 +110,7 @@ class AtlasPolicy(TrainingPolicy):
         if not pool:
             raise InputError("selection off, and no placement uses every datacenter",
                              topology.source, "job")
-        state = search(pool, lambda c: self._simulate(topology, job, c, context),
+        state = search(pool, lambda c, floor: self._simulate(topology, job, c, context, floor),
                        self._mechanisms, every_dc, self.settings["search"])
         ranked = state.ranked()
         if not ranked:
@@ -120,7 +120,7 @@ class AtlasPolicy(TrainingPolicy):
 
     def _mechanisms(self, candidate: Candidate) -> list[Candidate]:
         """The candidate with fair sharing, each other DP-cell size, one connection."""
-        base = replace(candidate, simulated_s=None)
+        base = replace(candidate, simulated_s=None, at_least=False)
         out = []
         if self.settings["temporal"]:
             out.append(replace(base, temporal=False, cell=0))
@@ -224,19 +224,26 @@ class AtlasPolicy(TrainingPolicy):
         return best[1] if best else None
 
     def _simulate(self, topology: Topology, job: Job, candidate: Candidate,
-                  context: PlanningContext) -> Candidate | None:
+                  context: PlanningContext, floor: float | None) -> Candidate | None:
         """The candidate with its simulated iteration time (a warm-up and two measured
-        iterations, or one on large topologies), or None if it cannot run. Kept in the
-        context's cache: ablations re-run Atlas's own selection."""
+        iterations, or one on large topologies), or None if it cannot run; below `floor`
+        (tokens/s) only a lower bound on the time (`at_least`). Kept in the context's
+        cache: ablations re-run Atlas's own selection."""
         probe = replace(job, iterations=min(job.iterations, PROBE_ITERATIONS)
                         if topology.total_gpus <= LARGE else min(job.iterations, 2))
         key = ("atlas", repr(topology), repr(probe), repr(candidate.key),
                repr(sorted((k, v) for k, v in self.settings.items() if k != "search")))
-        if key not in context.cache:
+        stop_above = None if floor is None else candidate.tokens / floor
+        known: tuple[float | None, bool] | None = context.cache.get(key)
+        if known is None or (known[1] and (stop_above is None or known[0] is None
+                                           or known[0] <= stop_above)):
             plan = self._assemble(topology, probe, candidate)
-            context.cache[key] = context.simulate(plan, probe)
-        seconds: float | None = context.cache[key]
-        return None if seconds is None else replace(candidate, simulated_s=seconds)
+            seconds = context.simulate(plan, probe, stop_above)
+            at_least = seconds is not None and stop_above is not None and seconds > stop_above
+            known = context.cache[key] = (seconds, at_least)
+        seconds, at_least = known
+        return None if seconds is None else replace(candidate, simulated_s=seconds,
+                                                    at_least=at_least)
 
     # --- temporal sharing ---------------------------------------------------------------
 
@@ -253,8 +260,11 @@ class AtlasPolicy(TrainingPolicy):
         if order == "microbatch":
             return min(waiting, key=lambda t: (t.iteration, _needed_at(plan, receives, t),
                                                t.replica, t.id))
-        return min(waiting, key=lambda t: (t.iteration, t.replica,
-                                           _needed_at(plan, receives, t), t.id))
+        # the receiver's position only among the lowest iteration and replica's: the same
+        # choice as ranking every waiting transfer by all three, at a fraction of the cost
+        first = min((t.iteration, t.replica) for t in waiting)
+        return min((t for t in waiting if (t.iteration, t.replica) == first),
+                   key=lambda t: (_needed_at(plan, receives, t), t.id))
 
     def _receives(self, plan: Plan) -> dict[str, dict[Action, int]]:
         """Where each receive sits in its GPU's action list, filled in per GPU as asked,
@@ -330,7 +340,8 @@ class AtlasNoMultiConnection(_Ablation):
 
     def choose(self, topology: Topology, job: Job, context: PlanningContext
                ) -> tuple[Candidate, list[Candidate], str]:
-        chosen = replace(self.full_choice(topology, job, context), multi=False, simulated_s=None)
+        chosen = replace(self.full_choice(topology, job, context), multi=False, simulated_s=None,
+                         at_least=False)
         return chosen, [chosen], "atlas's placement, one connection per peer pair"
 
 
@@ -342,7 +353,8 @@ class AtlasNoTemporal(_Ablation):
 
     def choose(self, topology: Topology, job: Job, context: PlanningContext
                ) -> tuple[Candidate, list[Candidate], str]:
-        chosen = replace(self.full_choice(topology, job, context), temporal=False, simulated_s=None)
+        chosen = replace(self.full_choice(topology, job, context), temporal=False,
+                         simulated_s=None, at_least=False)
         return chosen, [chosen], "atlas's placement, fair WAN sharing"
 
 
@@ -377,10 +389,17 @@ def _why(ranked: Sequence[Candidate], pool: int, selection: bool, mode: str) -> 
                              "way (nothing else competes for the link)")
             else:
                 words.append(f"temporal sharing {verb}: {mode} {best.seconds:.4g} s against "
-                             f"{alt.seconds:.4g} s {'fair' if best.temporal else 'temporal'}")
+                             f"{_seconds(alt)} {'fair' if best.temporal else 'temporal'}")
         if best.temporal:
             cells = [c for c in same if c.temporal and c.cell != best.cell]
             if cells:
+                fastest = min(cells, key=lambda c: c.seconds)
                 words.append(f"DP-cells of {best.cell or best.dp} replicas (other sizes "
-                             f"{min(c.seconds for c in cells):.3g} s at best)")
+                             f"{_seconds(fastest, 3)} at best)")
     return "; ".join(words)
+
+
+def _seconds(candidate: Candidate, digits: int = 4) -> str:
+    """A simulated time in words: "at least" where the simulation stopped early."""
+    text = f"{candidate.seconds:.{digits}g} s"
+    return f"at least {text}" if candidate.at_least else text

@@ -51,6 +51,9 @@ class Candidate:
     per_crossing: bool = False
     """`extra_warmup` is per WAN crossing downstream of each stage: a stage whose
     microbatches cross more round trips before coming back keeps more of them in flight."""
+    at_least: bool = False
+    """`simulated_s` is a lower bound: its simulation stopped once it was sure to be
+    slower than plans that matter more."""
     temporal: bool = True
     cell: int = 0
     """Replicas per DP-cell (they take turns on a link; cells share it fairly); 0: all."""
@@ -101,29 +104,48 @@ class Candidate:
                 "dp_cell": (self.cell or self.dp) if self.temporal else None,
                 "multi_connection": self.multi, "predicted_s": round(self.predicted_s, 4),
                 "simulated_s": None if self.simulated_s is None else round(self.simulated_s, 4),
+                "at_least": self.at_least,
                 "tokens_per_s": round(self.tokens_per_s, 1)}
 
 
-Measure = Callable[[Candidate], Candidate | None]
+Measure = Callable[[Candidate, "float | None"], "Candidate | None"]
+"""A candidate measured; the second argument is a floor in tokens/s: a candidate sure to
+fall below it may be returned with a lower bound on its time (`at_least`)."""
 Mode = Literal["staged", "grid", "exhaustive"]
 
 
 @dataclass
 class Search:
-    """The candidates measured so far, by key."""
+    """The candidates measured so far, by key. With `bounded`, a measurement stops once the
+    candidate is sure to fall below a floor where it changes nothing the staged search
+    decides: the LEADERS-th best placement so far (only the best LEADERS placements lead
+    or are refined), in a local search also where it stands (only better neighbours
+    move it), and while refining a placement, that placement's best so far."""
 
     measure: Measure
     measured: dict[tuple[Any, ...], Candidate | None] = field(default_factory=dict)
+    bounded: bool = False
 
-    def run(self, candidates: Iterable[Candidate]) -> list[Candidate]:
+    def run(self, candidates: Iterable[Candidate],
+            floor: Callable[[], float | None] | None = None) -> list[Candidate]:
+        """Measure each; `floor` (tokens/s, asked before each) replaces `leaders_floor`."""
         out = []
         for candidate in candidates:
-            if candidate.key not in self.measured:
-                self.measured[candidate.key] = self.measure(candidate)
+            lowest = None if not self.bounded else (floor or self.leaders_floor)()
+            known = self.measured.get(candidate.key)
+            if candidate.key not in self.measured or (
+                    known is not None and known.at_least
+                    and (lowest is None or known.tokens_per_s >= lowest)):
+                self.measured[candidate.key] = self.measure(candidate, lowest)
             result = self.measured[candidate.key]
             if result is not None:
                 out.append(result)
         return out
+
+    def leaders_floor(self) -> float | None:
+        """The LEADERS-th best distinct placement's tokens/s; None while fewer are known."""
+        leaders = _distinct_placements(self.ranked())[:LEADERS]
+        return leaders[-1].tokens_per_s if len(leaders) == LEADERS else None
 
     def best(self, where: Callable[[Candidate], bool]) -> Candidate | None:
         done = [c for c in self.measured.values() if c is not None and where(c)]
@@ -138,7 +160,7 @@ def search(pool: Sequence[Candidate], measure: Measure,
            mechanisms: Callable[[Candidate], list[Candidate]], every_dc: int,
            mode: Mode = "staged") -> Search:
     """Measure the candidates worth measuring (see the module's docstring)."""
-    state = Search(measure)
+    state = Search(measure, bounded=mode == "staged")
     if mode in ("grid", "exhaustive"):
         state.run(pool)
         if mode == "exhaustive":
@@ -148,8 +170,10 @@ def search(pool: Sequence[Candidate], measure: Measure,
     probes = _probes(pool)
     first = list(by_placement.values())
 
-    def probe(placements: Iterable[Candidate]) -> list[Candidate]:
-        return state.run(c for p in placements for c in probes.get(p.placement_key, [p]))
+    def probe(placements: Iterable[Candidate],
+              floor: Callable[[], float | None] | None = None) -> list[Candidate]:
+        return state.run((c for p in placements for c in probes.get(p.placement_key, [p])),
+                         floor)
 
     probe(first[:SHORTLIST])
     probe([c for c in first if len(c.dcs) == every_dc][:SHORTLIST])
@@ -164,23 +188,42 @@ def search(pool: Sequence[Candidate], measure: Measure,
         current = leader
         for _ in range(MAX_STEPS):
             neighbours = [by_placement[k] for k in _neighbour_keys(current, by_placement)]
-            better = [c for c in probe(neighbours) if c.tokens_per_s > current.tokens_per_s]
+            better = [c for c in probe(neighbours, _below_both(state, current))
+                      if c.tokens_per_s > current.tokens_per_s]
             if not better:
                 break
             current = max(better, key=lambda c: c.tokens_per_s)
     # every schedule, then every mechanism, of the best placements
     for top in _distinct_placements(state.ranked())[:REFINED]:
         schedules = [c for c in pool if c.placement_key == top.placement_key]
-        state.run(schedules)
+        placement_best = _best_at(state, top)
+        state.run(schedules, placement_best)
         best_schedule = state.best(_at(top))
         if best_schedule is not None:
-            state.run(mechanisms(best_schedule))
+            state.run(mechanisms(best_schedule), placement_best)
             # and the best mechanism with every schedule
             best = state.best(_at(top))
             if best is not None:
-                state.run(replace(c, temporal=best.temporal, cell=best.cell, multi=best.multi,
-                                  simulated_s=None) for c in schedules)
+                state.run((replace(c, temporal=best.temporal, cell=best.cell, multi=best.multi,
+                                   simulated_s=None, at_least=False) for c in schedules),
+                          placement_best)
     return state
+
+
+def _below_both(state: Search, current: Candidate) -> Callable[[], float | None]:
+    """A local search's floor: below the leaders' and below where it stands."""
+    def floor() -> float | None:
+        leaders = state.leaders_floor()
+        return None if leaders is None else min(leaders, current.tokens_per_s)
+    return floor
+
+
+def _best_at(state: Search, top: Candidate) -> Callable[[], float | None]:
+    """While refining a placement: its best so far."""
+    def floor() -> float | None:
+        best = state.best(_at(top))
+        return None if best is None else best.tokens_per_s
+    return floor
 
 
 def _at(top: Candidate) -> Callable[[Candidate], bool]:

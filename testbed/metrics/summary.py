@@ -113,6 +113,44 @@ class Summary:
         }
 
 
+def median_at_least(start: float, ends: Sequence[float], iterations: int, now: float
+                    ) -> float:
+    """A lower bound on the median measured iteration of a run of `iterations` that has
+    finished `ends` by `now`: the iteration under way lasts at least until now, the ones
+    after it at least nothing (the median grows with each of them). 0 while only
+    uncounted iterations have run."""
+    times = iteration_times(start, ends)
+    if len(ends) >= iterations:
+        return statistics.median(measured(times))
+    if iterations > 1 and not ends:
+        return 0.0  # the first iteration does not count
+    counted = (times[1:] if iterations > 1 else times)
+    counted.append(now - (ends[-1] if ends else start))
+    counted += [0.0] * (iterations - len(ends) - 1)
+    return statistics.median(counted)
+
+
+def slower_after(start: float, ends: Sequence[float], iterations: int, limit: float
+                 ) -> float:
+    """The earliest time by which a run still short of its last iteration shows its median
+    measured iteration longer than `limit` (`median_at_least` above it); inf when no time
+    can show it before the next iteration ends."""
+    last = ends[-1] if ends else start
+    far = last + 4 * iterations * (limit + max(iteration_times(start, ends), default=0.0))
+    if median_at_least(start, ends, iterations, far) <= limit:
+        return float("inf")
+    low, high = last, far
+    for _ in range(200):
+        middle = (low + high) / 2
+        if middle in (low, high):
+            break
+        if median_at_least(start, ends, iterations, middle) > limit:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
 def median_iteration_s(spans: Sequence[Span], gpus: Sequence[str], start: float
                        ) -> float | None:
     """The median of the measured iterations alone, exactly as `summarize` has it: what a

@@ -93,7 +93,8 @@ def _selection_lines(selection: dict[str, Any], shown: int = 6) -> list[str]:
         used = " ".join(mechanisms) or "no mechanisms"
         return (f"{', '.join(c.get('dcs', []))}: dp {c.get('dp')} x pp {c.get('pp')} "
                 f"(stages per DC {stages}), {c.get('schedule')}, {used}; "
-                + (f"simulated {simulated:.2f} s" if simulated is not None else
+                + (f"simulated {'at least ' if c.get('at_least') else ''}{simulated:.2f} s"
+                   if simulated is not None else
                    f"estimated {c.get('predicted_s', 0):.2f} s"))
 
     candidates = selection.get("candidates", [])

@@ -15,8 +15,9 @@ from testbed.job import Job
 from testbed.plan.model import Plan
 from testbed.tcp_model import HostLimits
 
-Simulator = Callable[[Plan, Job], "float | None"]
-"""Seconds per iteration of a plan run for a job, or None when it cannot be simulated."""
+Simulator = Callable[[Plan, Job, "float | None"], "float | None"]
+"""Seconds per iteration of a plan run for a job, or None when it cannot be simulated;
+the third argument is `stop_above` (see `PlanningContext.simulate`)."""
 
 
 class PlanningContext:
@@ -36,13 +37,19 @@ class PlanningContext:
         keys must say everything the value depends on (and whose key it is)."""
         self._simulator = simulator
 
-    def simulate(self, plan: Plan, job: Job | None = None) -> float | None:
+    def simulate(self, plan: Plan, job: Job | None = None, stop_above: float | None = None
+                 ) -> float | None:
         """Simulated seconds per iteration of `plan` on the topology being planned, run
         for `job` (default: the job being planned; pass one with fewer iterations to
-        probe quickly); None when the plan cannot be simulated."""
+        probe quickly); None when the plan cannot be simulated.
+
+        `stop_above` (seconds): stop the run once its iteration time is sure to exceed
+        this (a candidate slower than the best so far needs no more); an answer above
+        `stop_above` is then only a lower bound ("at least"). Answers at or below it are
+        exact."""
         if self._simulator is None:
             return None
         run = job if job is not None else self.job
         if run is None:
             raise ValueError("simulate needs a job: this context was made without one")
-        return self._simulator(plan, run)
+        return self._simulator(plan, run, stop_above)

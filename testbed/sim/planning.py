@@ -46,9 +46,9 @@ def planning_context(topology: Topology, job: Job, policy: TrainingPolicy,
     """A context whose `simulate` runs the simulator on this topology, arbitrated by
     `policy` (its `next_transfer`), as a run of the plan would be."""
 
-    def simulate(plan: Plan, run: Job) -> float | None:
+    def simulate(plan: Plan, run: Job, stop_above: float | None) -> float | None:
         try:
-            return simulated_iteration_s(topology, run, plan, policy)
+            return simulated_iteration_s(topology, run, plan, policy, stop_above)
         except TestbedError:
             return None
 

@@ -28,11 +28,15 @@ def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPoli
                      wan_capacity_bps(topology, plan)), result.spans
 
 
-def simulated_iteration_s(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy
-                          ) -> float | None:
+def simulated_iteration_s(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,
+                          stop_above: float | None = None) -> float | None:
     """The plan's median iteration time only (what planning compares), without the rest
-    of the summary; the same figure `simulate_plan`'s summary has."""
-    result = _run(Simulator(topology, job, plan, policy))
+    of the summary; the same figure `simulate_plan`'s summary has. With `stop_above`, a
+    run whose median must exceed it stops there, and the answer is then a lower bound,
+    itself above `stop_above`."""
+    result = _run(Simulator(topology, job, plan, policy, stop_above=stop_above))
+    if result.median_at_least is not None:
+        return result.median_at_least
     return median_iteration_s(result.spans, plan.used_gpus(), result.start)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from testbed.bubbles import BubbleBroker
 from testbed.compute import stage_costs
 from testbed.job import Job
+from testbed.metrics.summary import median_at_least, slower_after
 from testbed.net_events import NetEvent, changes, event_spans
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.plan.interpret import (
@@ -44,6 +45,11 @@ from testbed.topology.model import Topology
 class SimResult:
     spans: list[Span]
     start: float
+    stopped_at: float | None = None
+    """Set when the run stopped early, once its median iteration was sure to exceed
+    `stop_above`: when; the spans are those recorded until then."""
+    median_at_least: float | None = None
+    """With `stopped_at`: what the median measured iteration was sure to exceed."""
 
 
 class Simulator:
@@ -58,7 +64,10 @@ class Simulator:
         bubbles: BubbleBroker | None = None,
         events: Sequence[NetEvent] = (),
         jitter: Jitter | None = None,
+        stop_above: float | None = None,
     ) -> None:
+        """`stop_above`: seconds; the run stops as soon as its median measured iteration
+        must be longer (a planner needs no more of a candidate slower than its best)."""
         topology = hosts_as_planned(topology, plan)
         self.topology, self.job, self.plan, self.policy = topology, job, plan, policy
         self.net_events = tuple(events)
@@ -84,6 +93,11 @@ class Simulator:
         self.prefills = None if bubbles is None or job.inference is None else Prefills(
             topology, job.inference, bubbles, self.network, self.links, self.agenda.at,
             self.spans, self.noise)
+        self.stop_above = stop_above
+        self.iteration_ends: list[float] = []
+        """When every worker had finished each iteration's step, so far."""
+        self._steps: dict[int, tuple[int, float]] = {}
+        """Per iteration under way: workers past their step, and the last step's end."""
         self.mailbox: set[MessageTag] = set()
         """Messages that arrived before their receive."""
         self.waiting: dict[MessageTag, SimWorker] = {}
@@ -94,13 +108,33 @@ class Simulator:
     def run(self) -> SimResult:
         for worker in self.workers.values():
             self.agenda.at(0.0, functools.partial(self._advance, worker))
+        self._watch()
         self.agenda.run()
+        if self.agenda.now > self.agenda.stop_after:
+            bound = median_at_least(0.0, self.iteration_ends, self.job.iterations,
+                                    self.agenda.now)
+            return SimResult(self.spans, 0.0, self.agenda.now, bound)
         stuck = [w.lead for w in self.workers.values() if not w.done]
         if stuck:
             raise RuntimeError(f"simulation stalled with {', '.join(stuck[:4])} unfinished")
         end = max((s["end"] for s in self.spans), default=0.0)
         self.spans.extend(event_spans(self.net_events, 0.0, end))
         return SimResult(self.spans, 0.0)
+
+    def _stepped(self, iteration: int, end: float) -> None:
+        done, last = self._steps.get(iteration, (0, 0.0))
+        done, last = done + 1, max(last, end)
+        self._steps[iteration] = (done, last)
+        if done == len(self.workers) and iteration == len(self.iteration_ends):
+            del self._steps[iteration]
+            self.iteration_ends.append(last)
+            self._watch()
+
+    def _watch(self) -> None:
+        """Stop at the earliest time the median iteration shows longer than `stop_above`."""
+        if self.stop_above is not None:
+            self.agenda.stop_after = slower_after(0.0, self.iteration_ends, self.job.iterations,
+                                                  self.stop_above)
 
     def compute_s(self, worker: SimWorker, phase: Phase, microbatch: int) -> float:
         """How long one forward or backward holds the worker's GPU."""
@@ -127,6 +161,7 @@ class Simulator:
                     return
                 case OptimizerStep():
                     worker.record(self.spans, "step", now, now + self.step_s)
+                    self._stepped(worker.iteration, now + self.step_s)
                     worker.pc += 1
                     if self.step_s:
                         self.agenda.at(now + self.step_s, functools.partial(self._advance, worker))
