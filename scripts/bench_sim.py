@@ -4,8 +4,10 @@
 `.venv/bin/python scripts/bench_sim.py [--repeat 3] [--skip-emulator] [--sizes 8192x8,...]
 [--json F]`
 (the emulator part needs root). Prints markdown tables:
-1. wall time to simulate one iteration of GPT-3 175B (tp 8, pp 16) on 128, 1,024 and
-   8,192 GPUs with 8, 32 and 128 microbatches;
+1. wall time to simulate one iteration of GPT-3 175B (tp 8, pp 16, 1F1B) from 128 to
+   32,768 GPUs with 8, 32 and 128 microbatches (up to a million GPU-microbatches), and how
+   the cost grows with the GPU count at 8 microbatches (the exponent of a power law fit
+   from 4,096 GPUs up);
 2. simulated vs emulated iteration time (emulated compute) for each shipped emulator
    topology and baseline policy, with the FLOP model and with a profile measured by the
    emulated run itself.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
 import tempfile
 import time
@@ -34,7 +37,8 @@ from testbed.sim.sweep import vary
 ROOT = Path(__file__).resolve().parent.parent
 
 
-DEFAULT_SIZES = tuple((4 * g, m) for g in (32, 256, 2048) for m in (8, 32, 128))
+DEFAULT_SIZES = tuple((gpus, m) for gpus in (128, 1024, 4096, 8192, 16384, 32768)
+                      for m in (8, 32, 128) if gpus * m <= 2**20)
 
 
 def scale_table(sizes: tuple[tuple[int, int], ...] = DEFAULT_SIZES) -> list[dict[str, Any]]:
@@ -52,9 +56,35 @@ def scale_table(sizes: tuple[tuple[int, int], ...] = DEFAULT_SIZES) -> list[dict
         started = time.perf_counter()
         result = Simulator(topology, job, plan, policy).run()
         rows.append({"gpus": gpus, "dp": dp, "microbatches": microbatches,
-                     "wall_s": time.perf_counter() - started, "spans": len(result.spans)})
+                     "wall_s": time.perf_counter() - started, "spans": len(result.spans),
+                     "events": result.events})
         print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def speed_table(rows: list[dict[str, Any]]) -> str:
+    """GPUs down, microbatches across; then the growth exponent at 8 microbatches."""
+    columns = sorted({r["microbatches"] for r in rows})
+    wall = {(r["gpus"], r["microbatches"]): r["wall_s"] for r in rows}
+    lines = ["| GPUs | " + " | ".join(f"{m} microbatches" for m in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    for gpus in sorted({r["gpus"] for r in rows}):
+        cells = [f"{wall[gpus, m]:.2f} s" if (gpus, m) in wall else "not run" for m in columns]
+        lines.append(f"| {gpus:,} | " + " | ".join(cells) + " |")
+    base = [r for r in sorted(rows, key=lambda r: r["gpus"])
+            if r["microbatches"] == 8 and r["gpus"] >= 4096]
+    if len(base) >= 2:
+        lines.append(f"\nGrowth at 8 microbatches, {base[0]['gpus']:,} to "
+                     f"{base[-1]['gpus']:,} GPUs: wall time ~ GPUs^{_slope(base, 'wall_s'):.2f}, "
+                     f"events ~ GPUs^{_slope(base, 'events'):.2f}; per event "
+                     + ", ".join(f"{r['wall_s'] / r['events'] * 1e6:.1f} us" for r in base))
+    return "\n".join(lines)
+
+
+def _slope(rows: list[dict[str, Any]], key: str) -> float:
+    """The exponent of a power law through (GPUs, rows[key]), least squares in logs."""
+    return statistics.linear_regression([math.log(r["gpus"]) for r in rows],
+                                        [math.log(r[key]) for r in rows]).slope
 
 
 def _sizes(text: str) -> tuple[tuple[int, int], ...]:
@@ -108,10 +138,8 @@ def main() -> None:
     args = parser.parse_args()
     results: dict[str, Any] = {"scale": [] if args.skip_scale else scale_table(
         _sizes(args.sizes) if args.sizes else DEFAULT_SIZES)}
-    print("\n| GPUs | dp | microbatches | wall time (s) | spans |\n|---|---|---|---|---|")
-    for r in results["scale"]:
-        print(f"| {r['gpus']} | {r['dp']} | {r['microbatches']} | {r['wall_s']:.2f} | "
-              f"{r['spans']} |")
+    if results["scale"]:
+        print(speed_table(results["scale"]))
     if not args.skip_emulator:
         results["agreement"] = agreement_table(args.repeat, args.topologies.split(","))
         print("\n| topology | policy | emulated (median of runs) | runs | simulated | error | "

@@ -50,6 +50,8 @@ class SimResult:
     `stop_above`: when; the spans are those recorded until then."""
     median_at_least: float | None = None
     """With `stopped_at`: what the median measured iteration was sure to exceed."""
+    events: int = 0
+    """Callbacks the run went through (what its wall time follows)."""
 
 
 class Simulator:
@@ -109,17 +111,17 @@ class Simulator:
         for worker in self.workers.values():
             self.agenda.at(0.0, functools.partial(self._advance, worker))
         self._watch()
-        self.agenda.run()
+        events = self.agenda.run()
         if self.agenda.now > self.agenda.stop_after:
             bound = median_at_least(0.0, self.iteration_ends, self.job.iterations,
                                     self.agenda.now)
-            return SimResult(self.spans, 0.0, self.agenda.now, bound)
+            return SimResult(self.spans, 0.0, self.agenda.now, bound, events)
         stuck = [w.lead for w in self.workers.values() if not w.done]
         if stuck:
             raise RuntimeError(f"simulation stalled with {', '.join(stuck[:4])} unfinished")
         end = max((s["end"] for s in self.spans), default=0.0)
         self.spans.extend(event_spans(self.net_events, 0.0, end))
-        return SimResult(self.spans, 0.0)
+        return SimResult(self.spans, 0.0, events=events)
 
     def _stepped(self, iteration: int, end: float) -> None:
         done, last = self._steps.get(iteration, (0, 0.0))
