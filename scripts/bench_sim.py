@@ -7,7 +7,7 @@
 1. wall time to simulate one iteration of GPT-3 175B (tp 8, pp 16, 1F1B) from 128 to
    32,768 GPUs with 8, 32 and 128 microbatches (up to a million GPU-microbatches), and how
    the cost grows with the GPU count at 8 microbatches (the exponent of a power law fit
-   from 4,096 GPUs up);
+   from 4,096 GPUs up); with `--atlas GPUS`, Atlas's planning and simulation there;
 2. simulated vs emulated iteration time (emulated compute) for each shipped emulator
    topology and baseline policy, with the FLOP model and with a profile measured by the
    emulated run itself.
@@ -87,6 +87,27 @@ def _slope(rows: list[dict[str, Any]], key: str) -> float:
                                         [math.log(r[key]) for r in rows]).slope
 
 
+def atlas_at(gpus: int, microbatches: int = 8) -> dict[str, Any]:
+    """Atlas's plan search and one simulation of its plan at `gpus` (the scale setup)."""
+    inputs = load_inputs(ROOT / "topologies" / "gpt3-4dc.yaml", sets=("iterations=2",))
+    topology = replace(inputs.topology, datacenters=tuple(
+        replace(dc, gpus=gpus // 4) for dc in inputs.topology.datacenters))
+    _, job = vary(topology, inputs.job, "dp", str(gpus // 128))
+    _, job = vary(topology, job, "microbatches", str(microbatches))
+    policy = training_policy("atlas")
+    started = time.perf_counter()
+    plan = plan_with_simulator(policy, topology, job)
+    planned = time.perf_counter()
+    summary, _ = simulate_plan(topology, job, plan, policy)
+    candidates = plan.notes["dc_selection"]["candidates"]
+    row = {"gpus": gpus, "planning_s": planned - started,
+           "simulation_s": time.perf_counter() - planned, "iteration_s": summary.median_s,
+           "candidates": len(candidates),
+           "stopped_early": sum(1 for c in candidates if c.get("at_least"))}
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def _sizes(text: str) -> tuple[tuple[int, int], ...]:
     pairs = [size.split("x") for size in text.split(",")]
     return tuple((int(gpus), int(microbatches)) for gpus, microbatches in pairs)
@@ -132,6 +153,8 @@ def main() -> None:
     parser.add_argument("--skip-scale", action="store_true")
     parser.add_argument("--sizes", help="GPUSxMICROBATCHES,... for the speed table "
                         "(default: 128, 1024 and 8192 GPUs with 8, 32 and 128)")
+    parser.add_argument("--atlas", type=int, metavar="GPUS",
+                        help="also time Atlas's planning and simulation at this many GPUs")
     parser.add_argument("--topologies", default="two-dc,paper-3dc",
                         help="emulator topologies to compare against (comma-separated)")
     parser.add_argument("--json", type=Path)
@@ -140,6 +163,8 @@ def main() -> None:
         _sizes(args.sizes) if args.sizes else DEFAULT_SIZES)}
     if results["scale"]:
         print(speed_table(results["scale"]))
+    if args.atlas:
+        results["atlas"] = atlas_at(args.atlas)
     if not args.skip_emulator:
         results["agreement"] = agreement_table(args.repeat, args.topologies.split(","))
         print("\n| topology | policy | emulated (median of runs) | runs | simulated | error | "
