@@ -18,6 +18,7 @@ from testbed.errors import NetworkError, TestbedError
 from testbed.net.layout import check_limits
 from testbed.net.state import RunState, all_states
 from testbed.topology import load_topology
+from testbed.topology.cluster import load_cluster, machine_at
 from testbed.units import human_rate
 
 SHAPERS = ["auto", "netem", "userspace"]
@@ -79,20 +80,36 @@ shaper_option = click.option(
 @click.option(
     "--detach", is_flag=True, help="Return once the network is ready; `testbed down` removes it."
 )
-def net_up(topology: Path, shaper: str, detach: bool) -> None:
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Cluster file: the machines one network spans and the DCs each carries; "
+              "bring up this machine's share (WAN links to other machines' DCs become "
+              "VXLAN tunnels over the cluster network).")
+@click.option("--machine", help="Which machine of --cluster this is (default: the one whose "
+              "address is on this machine).")
+def net_up(topology: Path, shaper: str, detach: bool, cluster_file: Path | None,
+           machine: str | None) -> None:
     """Bring up the topology's network and keep it until Ctrl-C (or --detach).
 
     Each GPU host is a namespace named like the host (east-0, west-1, ...; a second
     concurrent network gets a tb<k>- prefix); host names resolve in every namespace, so
-    `testbed net exec east-0 -- ping west-0` works.
+    `testbed net exec east-0 -- ping west-0` works. With --cluster, run it on each
+    machine of the cluster: each brings up its own DCs, and together they make one network.
     """
+    from testbed.net.netns import local_addresses
     from testbed.net.network import bring_up, tear_down
 
-    require_root()
     topo = load_topology(topology)
     check_limits(topo)
+    cluster = None if cluster_file is None else load_cluster(cluster_file, topo)
+    if cluster is not None:
+        machine = machine or machine_at(cluster, local_addresses())
+        cluster.machine(machine)  # an unknown name fails here, before anything is made
+    elif machine is not None:
+        raise click.UsageError("--machine needs --cluster")
+    require_root()
     with sigterm_raises():
-        network = bring_up(topo, shaper, progress=echo_err, detached=detach)
+        network = bring_up(topo, shaper, progress=echo_err, detached=detach, cluster=cluster,
+                           machine=machine)
         if detach:
             click.echo(
                 f"network {network.state.run_id} is up (shaper {network.shaper.value});"
@@ -142,6 +159,17 @@ def _print_listing(info: dict[str, Any]) -> None:
         )
     for note in info.get("notes", []):
         click.echo(f"note: {note}")
+    cluster = info.get("cluster")
+    if cluster:
+        click.echo(f"cluster {cluster['name']}: this is {cluster['machine']}; "
+                   f"coordinator {cluster['coordinator']}, MTU {cluster['mtu']}")
+        for machine in cluster["machines"]:
+            here = " (here)" if machine["name"] == cluster["machine"] else ""
+            click.echo(f"  machine {machine['name']}{here} at {machine['address']}: "
+                       f"{', '.join(machine['dcs'])}")
+        for tunnel in cluster["tunnels"]:
+            click.echo(f"  tunnel {tunnel['dc']} -> {tunnel['peer']}: VXLAN {tunnel['vni']} "
+                       f"to {tunnel['remote']}")
 
 
 @net.command("ls")

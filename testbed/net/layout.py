@@ -86,6 +86,24 @@ class WanPort:
 
 
 @dataclass(frozen=True)
+class Tunnel:
+    """A WAN port whose peer router is on another machine: a VXLAN interface named like
+    the port, over the cluster network (testbed.net.share)."""
+
+    dc: str
+    peer: str
+    ifname: str
+    vni: int
+    local: str
+    """This machine's address on the cluster network."""
+    remote: str
+    """The peer router's machine's."""
+    port: int
+    underlay_netns: str | None
+    """The namespace holding `local`; None: the machine's own network."""
+
+
+@dataclass(frozen=True)
 class Layout:
     slot: int
     prefix: str
@@ -94,6 +112,19 @@ class Layout:
     ports: tuple[WanPort, ...]
     routes: dict[str, dict[str, str]]
     """Per router DC: destination DC -> next-hop peer DC."""
+    tunnels: tuple[Tunnel, ...] = ()
+    mtu: int = DEFAULT_MTU
+    """Of every interface (lower under tunnels: a packet must fit in one tunnel packet)."""
+    hosts_text: str | None = None
+    """The hosts file, when it names more than this layout (a machine's share of one)."""
+    machine: str | None = None
+    """The cluster machine this share is for; None: the whole network, here."""
+    subnets: tuple[tuple[str, str], ...] = ()
+    """(DC, subnet) of every DC, when routers elsewhere are not in `routers`."""
+
+    def subnet(self, dc: str) -> str:
+        """The DC's host subnet, wherever its router is."""
+        return dict(self.subnets)[dc] if self.subnets else self.router(dc).subnet
 
     def node(self, name: str) -> Node:
         for node in self.nodes:
@@ -120,6 +151,8 @@ class Layout:
         return [n.netns for n in self.nodes] + [r.netns for r in self.routers]
 
     def hosts_file(self) -> str:
+        if self.hosts_text is not None:
+            return self.hosts_text
         lines = ["127.0.0.1 localhost", "::1 localhost"]
         lines += [f"{r.address} r-{r.dc}" for r in self.routers]
         lines += [f"{n.address} {n.name}" for n in self.nodes]

@@ -250,3 +250,19 @@ def netem_available() -> bool:
             return True
     finally:
         remove_namespace(name)
+
+
+def run_ip(command: list[str], what: str) -> None:
+    """Run an `ip` command the netlink calls above do not cover; fail naming `what`."""
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise NetworkError(f"{what}: {detail}")
+
+
+def local_addresses() -> set[str]:
+    """This machine's IPv4 addresses (its own network, not a namespace's)."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ip:
+        return {str(a.get_attr("IFA_ADDRESS")) for a in ip.get_addr(family=2)}

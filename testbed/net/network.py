@@ -23,6 +23,7 @@ from testbed.errors import NetworkError
 from testbed.net import netns as kernel
 from testbed.net.layout import HOST_IF, MAX_SLOTS, Layout, build_layout
 from testbed.net.shaping import Shaper, ShapingPlan, plan_shaping
+from testbed.net.share import describe_cluster, machine_share, vxlan_command
 from testbed.net.state import (
     ProcessRecord,
     RunState,
@@ -33,6 +34,7 @@ from testbed.net.state import (
 )
 from testbed.net.teardown import ALLOWED_CC, clean_state
 from testbed.pacing import PACING_RATIO
+from testbed.topology.cluster import Cluster
 from testbed.topology.model import Topology
 
 Progress = Callable[[str], None]
@@ -81,6 +83,8 @@ class Network:
     stats_dir: Path | None = None
     current: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     """Link settings changed by events, per direction."""
+    cluster: Cluster | None = None
+    """When this is one machine's share of a cluster's network."""
 
     def netns_of(self, node: str) -> str:
         return self.layout.node(node).netns
@@ -122,6 +126,8 @@ class Network:
                 for dc in self.topology.datacenters
             },
             "notes": list(self.shaping.notes),
+            **({} if self.cluster is None else {"cluster": describe_cluster(
+                self.cluster, self.layout)}),
         }
 
     def delay_line_stats(self) -> dict[str, Any]:
@@ -139,6 +145,18 @@ class Network:
             with contextlib.suppress(OSError, ValueError):
                 out[key] = json.loads(path.read_text())
         return out
+
+
+def _refuse_taken_names(layout: Layout) -> None:
+    """A cluster's slot is fixed (every machine must agree on names and addresses): refuse
+    if something here already holds one of its names."""
+    taken = sorted(set(layout.namespaces()) & (
+        set(kernel.list_namespaces()) | {n for s in all_states() for n in s.namespaces}))
+    if taken:
+        raise NetworkError(
+            f"namespaces {', '.join(taken[:4])} already exist here (slot {layout.slot}); "
+            "`testbed down` removes what killed runs left, or set another `slot:` in the "
+            "cluster file")
 
 
 def _free_slot(layout_for: Callable[[int], Layout]) -> int:
@@ -162,15 +180,24 @@ def bring_up(
     detached: bool = False,
     seed: int = 0,
     decode_dcs: tuple[str, ...] = (),
+    cluster: Cluster | None = None,
+    machine: str | None = None,
 ) -> Network:
-    """Create the whole network (with decode-server hosts in `decode_dcs`); on any failure
-    remove what was made and re-raise."""
+    """Create the whole network (with decode-server hosts in `decode_dcs`), or with a
+    `cluster`, `machine`'s share of it; on any failure remove what was made and
+    re-raise."""
     say = progress or (lambda _msg: None)
     started = time.monotonic()
     chosen = choose_shaper(shaper)
     with state_lock():
-        slot = _free_slot(lambda s: build_layout(topology, s, decode_dcs))
-        layout = build_layout(topology, slot, decode_dcs)
+        if cluster is not None and machine is not None:
+            layout = machine_share(topology, build_layout(topology, cluster.slot, decode_dcs),
+                                   cluster, machine)
+            _refuse_taken_names(layout)
+            slot = cluster.slot
+        else:
+            slot = _free_slot(lambda s: build_layout(topology, s, decode_dcs))
+            layout = build_layout(topology, slot, decode_dcs)
         shaping = plan_shaping(layout, chosen, seed)
         namespaces = layout.namespaces()
         state = RunState(
@@ -186,7 +213,7 @@ def bring_up(
             detached=detached,
         )
         state.save()
-    network = Network(topology, layout, chosen, shaping, state)
+    network = Network(topology, layout, chosen, shaping, state, cluster=cluster)
     try:
         _build(network, say)
     except BaseException:
@@ -213,13 +240,14 @@ def _build(network: Network, say: Progress) -> None:
     with kernel.Namespaces() as k:
         for ns in layout.namespaces():
             k.up(ns, "lo")
+        mtu = layout.mtu
         for router in layout.routers:
             kernel.set_sysctls(router.netns, ROUTER_SYSCTLS)
         for node in layout.nodes:
             router = layout.router(node.dc)
             k.veth(node.netns, HOST_IF, router.netns, node.router_if)
-            k.up(node.netns, HOST_IF)
-            k.up(router.netns, node.router_if)
+            k.up(node.netns, HOST_IF, mtu=mtu)
+            k.up(router.netns, node.router_if, mtu=mtu)
             k.address(node.netns, HOST_IF, node.address, 32)
             k.route(node.netns, f"{node.router_address}/32", HOST_IF, link_scope=True)
             k.route(node.netns, "0.0.0.0/0", HOST_IF, gateway=node.router_address)
@@ -227,8 +255,9 @@ def _build(network: Network, say: Progress) -> None:
             k.route(router.netns, f"{node.address}/32", node.router_if, link_scope=True)
             tcp = topology.tcp_for(node.dc)
             kernel.set_sysctls(node.netns, {**HOST_SYSCTLS, **_tcp_sysctls(tcp.sysctls())})
+        here = {router.dc for router in layout.routers}
         for port in layout.ports:
-            if port.dc < port.peer:
+            if port.dc < port.peer and port.peer in here:
                 peer = layout.port(port.peer, port.dc)
                 k.veth(
                     layout.router(port.dc).netns,
@@ -236,13 +265,17 @@ def _build(network: Network, say: Progress) -> None:
                     layout.router(port.peer).netns,
                     peer.ifname,
                 )
+        for tunnel in layout.tunnels:
+            say(f"tunnel {tunnel.dc} -> {tunnel.peer}: VXLAN {tunnel.vni} to {tunnel.remote}")
+            kernel.run_ip(vxlan_command(tunnel, layout.router(tunnel.dc).netns, mtu),
+                          f"tunnel {tunnel.dc} -> {tunnel.peer} to {tunnel.remote}")
         for port in layout.ports:
             ns = layout.router(port.dc).netns
-            k.up(ns, port.ifname)
+            k.up(ns, port.ifname, mtu=mtu)
             k.address(ns, port.ifname, port.address, 31)
             if network.shaper is Shaper.USERSPACE:
                 k.ns(ns).link("add", ifname=port.tun, kind="tuntap", mode="tun")
-                k.up(ns, port.tun, txqueuelen=TUN_TXQUEUELEN)
+                k.up(ns, port.tun, mtu=mtu, txqueuelen=TUN_TXQUEUELEN)
         _routes(network, k)
         say("shaping links")
         for qdisc in network.shaping.qdiscs:
@@ -264,7 +297,7 @@ def _routes(network: Network, k: kernel.Namespaces) -> None:
     for router in layout.routers:
         for dst_dc, hop in layout.routes[router.dc].items():
             port = layout.port(router.dc, hop)
-            subnet = layout.router(dst_dc).subnet
+            subnet = layout.subnet(dst_dc)
             if network.shaper is Shaper.USERSPACE:
                 k.route(router.netns, subnet, port.tun)
             else:
