@@ -80,7 +80,8 @@ class AtlasPolicy(TrainingPolicy):
 
     def __init__(self, **values: str) -> None:
         super().__init__(**values)
-        self._receive_index: dict[int, tuple[Plan, dict[str, dict[Action, int]]]] = {}
+        self._receive_index: dict[
+            int, tuple[Plan, dict[str, dict[Action, int]], dict[Any, int]]] = {}
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
         began = time.monotonic()
@@ -257,27 +258,36 @@ class AtlasPolicy(TrainingPolicy):
         order = self.settings["order"]
         if order == "fifo":
             return min(waiting, key=lambda t: (t.ready_at, t.id))
-        receives = self._receives(plan)
+        receives, known = self._receives(plan)
+
+        def needed(t: Transfer) -> int:
+            key = (t.kind, t.stage, t.replica, t.microbatch)
+            position = known.get(key)
+            if position is None:
+                position = known[key] = _needed_at(plan, receives, t)
+            return position
+
         if order == "microbatch":
-            return min(waiting, key=lambda t: (t.iteration, _needed_at(plan, receives, t),
-                                               t.replica, t.id))
+            return min(waiting, key=lambda t: (t.iteration, needed(t), t.replica, t.id))
         # the receiver's position only among the lowest iteration and replica's: the same
         # choice as ranking every waiting transfer by all three, at a fraction of the cost
         first = min((t.iteration, t.replica) for t in waiting)
         return min((t for t in waiting if (t.iteration, t.replica) == first),
-                   key=lambda t: (_needed_at(plan, receives, t), t.id))
+                   key=lambda t: (needed(t), t.id))
 
-    def _receives(self, plan: Plan) -> dict[str, dict[Action, int]]:
+    def _receives(self, plan: Plan) -> tuple[dict[str, dict[Action, int]], dict[Any, int]]:
         """Where each receive sits in its GPU's action list, filled in per GPU as asked,
-        for the last few plans this policy arbitrated (planning simulates many)."""
+        and each transfer's answer by what it depends on, for the last few plans this
+        policy arbitrated (planning simulates many)."""
         cached = self._receive_index.get(id(plan))
         if cached is not None and cached[0] is plan:
-            return cached[1]
+            return cached[1], cached[2]
         if len(self._receive_index) >= RECEIVE_INDEXES:
             self._receive_index.pop(next(iter(self._receive_index)))
         index: dict[str, dict[Action, int]] = {}
-        self._receive_index[id(plan)] = (plan, index)
-        return index
+        known: dict[Any, int] = {}
+        self._receive_index[id(plan)] = (plan, index, known)
+        return index, known
 
 
 PER_CROSSING = (1, 2, 3, 4)
