@@ -80,3 +80,34 @@ def test_two_machines_make_one_wan_and_each_removes_only_its_share(
     assert down.returncode == 0, down.stderr
     assert not ours & set(list_namespaces())
     assert {"tbcl-m1", "tbcl-m2", "tbcl-lan"} <= set(list_namespaces())  # not a run's
+
+
+def test_a_tunnel_that_cannot_be_made_fails_in_one_line_and_leaves_nothing(
+        tmp_path: Path, machines: dict[str, str]) -> None:
+    topology, cluster = _write(tmp_path, {"m1": "tbcl-absent", "m2": machines["m2"]})
+    before = set(list_namespaces())
+    up = _cli("net", "up", str(topology), "--cluster", str(cluster), "--machine", "m1",
+              "--detach")
+    assert up.returncode == 1, up.stderr
+    last = up.stderr.strip().splitlines()[-1]
+    assert last.startswith("testbed: error: tunnel east -> west to 10.251.0.2:"), up.stderr
+    assert "Traceback" not in up.stderr
+    assert set(list_namespaces()) == before
+
+
+def test_a_killed_share_is_removed_by_down(tmp_path: Path, machines: dict[str, str]) -> None:
+    topology, cluster = _write(tmp_path, machines)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from testbed.cli import main; main()", "net", "up",
+         str(topology), "--cluster", str(cluster), "--machine", "m2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "network is up" in line:
+            break
+    assert {"west-0", "r-west"} <= set(list_namespaces())
+    proc.kill()
+    proc.wait(timeout=10)
+    down = _cli("down")
+    assert down.returncode == 0, down.stderr
+    assert not {"west-0", "r-west"} & set(list_namespaces())
