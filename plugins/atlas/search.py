@@ -131,12 +131,11 @@ class Search:
         """Measure each; `floor` (tokens/s, asked before each) replaces `leaders_floor`."""
         out = []
         for candidate in candidates:
-            lowest = None if not self.bounded else (floor or self.leaders_floor)()
             known = self.measured.get(candidate.key)
-            if candidate.key not in self.measured or (
-                    known is not None and known.at_least
-                    and (lowest is None or known.tokens_per_s >= lowest)):
-                self.measured[candidate.key] = self.measure(candidate, lowest)
+            if candidate.key not in self.measured or (known is not None and known.at_least):
+                lowest = (floor or self.leaders_floor)() if self.bounded else None
+                if known is None or lowest is None or known.tokens_per_s >= lowest:
+                    self.measured[candidate.key] = self.measure(candidate, lowest)
             result = self.measured[candidate.key]
             if result is not None:
                 out.append(result)

@@ -119,12 +119,12 @@ class Layout:
     """The hosts file, when it names more than this layout (a machine's share of one)."""
     machine: str | None = None
     """The cluster machine this share is for; None: the whole network, here."""
-    subnets: tuple[tuple[str, str], ...] = ()
-    """(DC, subnet) of every DC, when routers elsewhere are not in `routers`."""
+    subnets: dict[str, str] | None = None
+    """Every DC's subnet, when routers elsewhere are not in `routers`."""
 
     def subnet(self, dc: str) -> str:
         """The DC's host subnet, wherever its router is."""
-        return dict(self.subnets)[dc] if self.subnets else self.router(dc).subnet
+        return self.subnets[dc] if self.subnets is not None else self.router(dc).subnet
 
     def node(self, name: str) -> Node:
         for node in self.nodes:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pyroute2 import NetNS, config, netns
+from pyroute2 import IPRoute, NetNS, config, netns
 from pyroute2.netlink.exceptions import NetlinkError
 
 from testbed.errors import NetworkError
@@ -262,7 +263,5 @@ def run_ip(command: list[str], what: str) -> None:
 
 def local_addresses() -> set[str]:
     """This machine's IPv4 addresses (its own network, not a namespace's)."""
-    from pyroute2 import IPRoute
-
     with IPRoute() as ip:
-        return {str(a.get_attr("IFA_ADDRESS")) for a in ip.get_addr(family=2)}
+        return {str(a.get_attr("IFA_ADDRESS")) for a in ip.get_addr(family=socket.AF_INET)}

@@ -50,7 +50,7 @@ def machine_share(topology: Topology, layout: Layout, cluster: Cluster, machine:
         mtu=cluster.inner_mtu,
         hosts_text=layout.hosts_file(),
         machine=machine,
-        subnets=tuple((r.dc, r.subnet) for r in layout.routers),
+        subnets={r.dc: r.subnet for r in layout.routers},
     )
 
 

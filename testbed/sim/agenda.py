@@ -25,8 +25,9 @@ class Agenda:
         """Run every callback in time order until none is left or the next is later than
         `stop_after` (`now` is then that next one's time); the number run. The cyclic
         garbage collector is off meanwhile: a large run allocates millions of spans and
-        events that live to its end, each full collection would scan them all again (half
-        the wall time at 32,768 GPUs); what cycles a run makes wait for its end."""
+        events that live to its end, each full collection would scan them all again (a
+        quarter to half the wall time at 32,768 GPUs); what cycles a run makes wait for
+        its end."""
         count = 0
         heap = self._heap
         collecting = gc.isenabled()

@@ -220,16 +220,13 @@ class FluidNetwork:
             self._share(now, flow)
 
     def _share(self, now: float, flow: Flow) -> None:
-        """The flow's rate changed: a flow alone on its links takes what they give at once
-        (max_min's answer for one flow); otherwise its component shares anew."""
+        """The flow's rate changed: a flow alone on its links takes at once what max_min
+        would give it (its cap or its slowest link); otherwise its component shares anew."""
         if any(len(self.users[r]) > 1 for r in flow.resources):
             self._reallocate(now, flow.resources)
             return
-        rate = 0.0
-        if not flow.paused:
-            weight, cap = flow.pair.connections / max(1, flow.pair.active), _cap(flow)
-            level = min(self.capacity[r] * PAYLOAD_EFFICIENCY / weight for r in flow.resources)
-            rate = cap if cap / weight <= level else level * weight
+        rate = 0.0 if flow.paused else min(
+            _cap(flow), *(self.capacity[r] * PAYLOAD_EFFICIENCY for r in flow.resources))
         self._set_rate(now, flow, rate)
 
     def _event(self, now: float, flow_id: int, version: int) -> None:

@@ -124,6 +124,8 @@ class Simulator:
         return SimResult(self.spans, 0.0, events=events)
 
     def _stepped(self, iteration: int, end: float) -> None:
+        if self.stop_above is None:
+            return  # only a run that may stop early watches its iterations end
         done, last = self._steps.get(iteration, (0, 0.0))
         done, last = done + 1, max(last, end)
         self._steps[iteration] = (done, last)
