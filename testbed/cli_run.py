@@ -25,12 +25,17 @@ from testbed.cli_options import (
 )
 from testbed.errors import InputError
 from testbed.inputs import load_inputs
+from testbed.net.netns import local_addresses
 from testbed.policy import parse_options
 from testbed.report.results import new_run_dir
 from testbed.report.table import run_summary
 from testbed.resume import load_resumption
 from testbed.run_spec import RunSpec
 from testbed.runtime.checkpoint import Progress
+from testbed.runtime.cluster_launch import ClusterRun
+from testbed.runtime.cluster_secret import read_secret
+from testbed.topology import Topology
+from testbed.topology.cluster import load_cluster, machine_at
 
 
 def echo_err(message: str) -> None:
@@ -109,6 +114,14 @@ def echo_err(message: str) -> None:
     "checkpoint, with its own topology, job and options (give no others); results are "
     "written back into RUN_DIR.",
 )
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Run across the machines of this cluster file, coordinated from this "
+              "machine (its coordinator): brings up this machine's share of the network, "
+              "starts its torchrun and prints the command for each other machine.")
+@click.option("--machine", help="Which machine of --cluster this is (default: the one whose "
+              "address is on this machine).")
+@click.option("--join-timeout", type=click.FloatRange(min=1), default=300.0,
+              show_default=True, help="Seconds the other machines get to join (--cluster).")
 def up(
     topology: Path | None,
     policy: str,
@@ -126,6 +139,9 @@ def up(
     force: bool,
     checkpoint_every: int | None,
     resume: Path | None,
+    cluster_file: Path | None,
+    machine: str | None,
+    join_timeout: float,
     **kwargs: Any,
 ) -> None:
     """Train over the emulated WAN: one worker process per GPU in its namespace.
@@ -134,6 +150,10 @@ def up(
     iterations, prints progress per iteration, and tears everything down. Writes
     results.json, trace.json (open in ui.perfetto.dev), plan.csv, topology.yaml and
     worker logs into the results directory, also when the run fails or is interrupted.
+
+    With --cluster, run it on the cluster's coordinator after `testbed net up TOPOLOGY
+    --cluster FILE --machine NAME --detach` on every other machine; then start there the
+    torchrun command it prints. Results stay on this machine.
     """
     require_root()
     progress: Progress | None = None
@@ -152,7 +172,8 @@ def up(
                        bubble_options=dict(parse_options(bubble_opts)), compute=compute,
                        shaper=shaper, allreduce=allreduce, stall_timeout_s=stall_timeout,
                        events=inputs.events, pacing=pacing == "on", activations=activations,
-                       dilation=parse_dilation(dilation), checkpoint_every=checkpoint_every or 0)
+                       dilation=parse_dilation(dilation), checkpoint_every=checkpoint_every or 0,
+                       cluster=cluster_run(cluster_file, machine, join_timeout, inputs.topology))
         directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, policy))
     outcome = run(spec, directory, echo_err, progress)
     for line in run_summary(outcome.results):
@@ -161,6 +182,23 @@ def up(
     if outcome.error is not None:
         click.echo(f"testbed: error: {outcome.error}", err=True)
         sys.exit(outcome.error.exit_code)
+
+
+def cluster_run(path: Path | None, machine: str | None, join_timeout: float,
+                topology: Topology) -> ClusterRun | None:
+    """--cluster's run, from this machine (which must be the coordinator)."""
+    if path is None:
+        if machine is not None:
+            raise click.UsageError("--machine needs --cluster")
+        return None
+    cluster = load_cluster(path, topology)
+    machine = machine or machine_at(cluster, local_addresses())
+    cluster.machine(machine)
+    if machine != cluster.coordinator:
+        raise InputError(f"this is machine {machine}; a run starts on the coordinator, "
+                         f"{cluster.coordinator}", str(path), "coordinator")
+    return ClusterRun(cluster, machine, read_secret(cluster), cluster.secret or Path(),
+                      join_timeout)
 
 
 def refuse_with_resume(topology: Path | None) -> None:

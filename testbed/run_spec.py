@@ -14,6 +14,7 @@ from testbed.choices import (
 )
 from testbed.job import Job
 from testbed.net_events import NetEvent
+from testbed.runtime.cluster_launch import ClusterRun
 from testbed.sim.jitter import Jitter
 from testbed.sim.profile import Profile
 from testbed.topology import Topology
@@ -48,3 +49,5 @@ class RunSpec:
     checkpoint_every: int = 0
     """Emulator: checkpoint every N iterations and at the end (testbed.runtime.checkpoint);
     0 for never."""
+    cluster: ClusterRun | None = None
+    """Emulator: run across the machines of a cluster, coordinated from this one."""

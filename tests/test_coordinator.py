@@ -56,6 +56,13 @@ class LocalHosts:
         self.processes.append(process)
         return process
 
+    async def launch(self, argv: list[str], netns: str | None, env: Mapping[str, str],
+                     log: TextIO, name: str) -> asyncio.subprocess.Process:
+        process = await asyncio.create_subprocess_exec(
+            *argv, env=dict(env), stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)
+        self.processes.append(process)
+        return process
+
     def change_link(self, a: str, b: str, latency_s: float | None,
                     bandwidth_bps: float | None, loss: float | None) -> None:
         pass

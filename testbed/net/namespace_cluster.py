@@ -38,9 +38,10 @@ def namespace_machines(names: list[str], prefix: str = "tbcl-", network: str = "
             _ip("netns", "add", machine.netns)
             _ip("-n", machine.netns, "link", "add", "lan", "mtu", str(mtu), "type", "veth",
                 "peer", "name", machine.name, "mtu", str(mtu), "netns", lan)
-            _ip("-n", lan, "link", "set", machine.name, "master", "br0", "up")
+            _ip("-n", lan, "link", "set", "dev", machine.name, "master", "br0", "up")
             _ip("-n", machine.netns, "addr", "add", f"{machine.address}/24", "dev", "lan")
-            _ip("-n", machine.netns, "link", "set", "lan", "up")
+            _ip("-n", machine.netns, "link", "set", "dev", "lan", "up")
+            _ip("-n", machine.netns, "link", "set", "dev", "lo", "up")
         yield machines
     finally:
         for netns in [*(m.netns for m in machines), lan]:

@@ -28,6 +28,7 @@ from testbed.report.results import RunRecord
 from testbed.resume import check_checkpointable, checkpoints_for, save_settings
 from testbed.run_spec import RunSpec
 from testbed.runtime.checkpoint import Progress
+from testbed.runtime.cluster_launch import check_across_machines, describe_run
 from testbed.runtime.coordinator import Coordinator, Interrupted, RunFailed, run_with_signals
 from testbed.runtime.preflight import check_emulable, choose_compute
 from testbed.runtime.run_config import RunConfig
@@ -52,6 +53,8 @@ class EmulatorBackend:
         check_emulable(spec, plan)
         if spec.checkpoint_every or resume:
             check_checkpointable(spec)
+        if spec.cluster is not None:
+            check_across_machines(spec, resume)
 
     def execute(self, spec: RunSpec, plan: Plan, policy: TrainingPolicy, directory: Path,
                 say: Say, resume: Progress | None) -> BackendRun:
@@ -94,7 +97,7 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
                        bubble_seed=modeled_waits(spec.topology, spec.job, plan, chosen,
                                                  spec.profile, k) if spec.bubble_policy else {},
                        events=dilate_events(spec.events, k), dilation=k,
-                       checkpoints=checkpoints)
+                       checkpoints=checkpoints, cluster=spec.cluster)
     coordinator = Coordinator(config, say=say)
     error: TestbedError | None = None
     try:
@@ -124,6 +127,7 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
                "activations": spec.activations, "events": [e.as_raw() for e in spec.events],
                "dilation": k, "dilation_requested": spec.dilation,
                "checkpoint_every": spec.checkpoint_every,
+               "cluster": None if spec.cluster is None else describe_run(spec.cluster),
                "resumed_at": resume.resumed_at if resume else [],
                **prediction_fields(predicted, summary.median_s),
                "emulation": None if health is None else health.as_dict(),

@@ -76,7 +76,7 @@ class ControlServer:
                     hello.token.encode(), self.token.encode()):
                 writer.close()  # not one of this run's workers
                 continue
-            worker.reader, worker.writer = reader, writer
+            worker.reader, worker.writer, worker.pid = reader, writer, hello.pid
             waiting.discard(worker.gpu)
             if not worker.decoder:
                 await worker.tell(config_for(worker))
@@ -100,7 +100,7 @@ async def read_from(worker: WorkerHandle, failure: Failure,
     assert worker.reader is not None
     try:
         message = await receive(worker.reader, *expected, WorkerError)
-    except (asyncio.IncompleteReadError, ConnectionError):
+    except (asyncio.IncompleteReadError, OSError):
         await asyncio.sleep(0.5)  # let the process watcher name the exit code
         if failure.reason is not None:
             raise RunFailed(failure.reason) from None

@@ -28,6 +28,8 @@ from testbed.net_events import NetEvent, changes, event_spans
 from testbed.plan.model import Plan
 from testbed.runtime.arbiter_bridge import ArbiterBridge, Granted
 from testbed.runtime.bubble_bridge import BubbleBridge
+from testbed.runtime.cluster_run import ClusterJoins, share_order, start_across_machines
+from testbed.runtime.cluster_secret import run_token
 from testbed.runtime.control_server import ControlServer
 from testbed.runtime.failure import Failure, Interrupted, RunFailed, to_the_end
 from testbed.runtime.health import (
@@ -86,10 +88,17 @@ class Coordinator:
                  say: Say = print) -> None:
         self.config = config
         self.say = say
-        self.hosts: Hosts = hosts or NamespaceHosts(config.shaper, say, config.job.seed)
-        self.token = secrets.token_hex(32)
+        across = config.cluster
+        self.hosts: Hosts = hosts or NamespaceHosts(
+            config.shaper, say, config.job.seed, across.cluster if across else None,
+            across.machine if across else None)
+        self.nonce = secrets.token_hex(16)
+        """In a run across machines, the token follows from it and the cluster's secret."""
+        self.token = run_token(across.secret, self.nonce) if across else secrets.token_hex(32)
         self.control = ControlServer(self.token)
-        self.pool = WorkerPool(self.hosts, config.log_dir, self.token, self._fail)
+        self.pool = WorkerPool(self.hosts, config.log_dir, self.token, self._fail,
+                               across.machine if across else None)
+        self._joins: ClusterJoins | None = None
         self.telemetry = Telemetry(len(list(config.plan.workers())), config.plan.dp,
                                    config.job.iterations, config.dilation)
         self.broker: BubbleBroker | None = None
@@ -157,20 +166,36 @@ class Coordinator:
                                   config.bubble_seed)
         decode_dcs = config.decode_dcs(self.broker is not None)
         await to_the_end(asyncio.to_thread(self.hosts.bring_up, config.topology, decode_dcs))
-        socket_path = self.hosts.control_dir() / "control.sock"
-        await self.control.listen(socket_path)
         self.pool.plan_workers(config.plan, decode_dcs)
         self.say(f"starting {len(self.pool.workers)} workers ({config.compute} compute)"
                  + (f" and {len(self.pool.decoders)} decode servers"
                     if self.pool.decoders else ""))
-        await self.pool.start(socket_path)
+        timeout = STARTUP_TIMEOUT_S
+        if config.cluster is None:
+            socket_path = self.hosts.control_dir() / "control.sock"
+            await self.control.listen(socket_path)
+            await self.pool.start(socket_path)
+        else:
+            if not isinstance(self.hosts, NamespaceHosts):
+                raise TestbedError("a run across machines needs the emulated network's hosts")
+            share = share_order(config.topology, decode_dcs, config.cluster, config.shaper,
+                                config.job.seed)
+            self._joins = await start_across_machines(
+                config.cluster, self.pool, self.control, self.hosts, share, self.nonce,
+                self.say, self._fail)
+            timeout = config.cluster.join_timeout_s
         assert self._failure is not None
         everyone = self.pool.workers
-        await asyncio.wait_for(self.control.handshake(
-            everyone, self.pool.decoders,
-            lambda w: worker_config(config, w, everyone, self.hosts.address_of, decode_dcs),
-            lambda w: worker_connections(config, w, everyone, self.hosts.address_of),
-            self._failure), STARTUP_TIMEOUT_S)
+        try:
+            await asyncio.wait_for(self.control.handshake(
+                everyone, self.pool.decoders,
+                lambda w: worker_config(config, w, everyone, self.hosts.address_of, decode_dcs),
+                lambda w: worker_connections(config, w, everyone, self.hosts.address_of),
+                self._failure), timeout)
+        except TimeoutError:
+            waiting = self._joins.missing() if self._joins else ""
+            raise RunFailed(f"the workers did not all start within {timeout:g} s"
+                            + (f"; not joined: {waiting}" if waiting else "")) from None
 
     async def _train(self) -> None:
         config, telemetry = self.config, self.telemetry
@@ -214,9 +239,11 @@ class Coordinator:
         while True:
             try:
                 message = await receive(worker.reader)
-            except (asyncio.IncompleteReadError, ConnectionError):
-                await asyncio.sleep(0.5)  # let the process watcher name the exit code
-                self._fail(f"worker {worker.describe()} closed its control connection")
+            except (asyncio.IncompleteReadError, OSError) as exc:
+                if worker.process is not None:
+                    await asyncio.sleep(0.5)  # let the process watcher name the exit code
+                how = "closed" if not isinstance(exc, TimeoutError) else "lost (timed out)"
+                self._fail(f"worker {worker.describe()} {how} its control connection")
                 return
             except ProtocolError as exc:
                 self._fail(f"worker {worker.describe()}: {exc}")
@@ -347,6 +374,8 @@ class Coordinator:
     async def _teardown(self) -> None:
         await self.pool.stop()
         self.control.close()
+        if self._joins is not None:
+            self._joins.close()
         for problem in await asyncio.to_thread(self.hosts.tear_down):
             self.say(f"teardown: {problem}")
 

@@ -11,8 +11,8 @@ import json
 import os
 import struct
 import sys
-import time
 
+from testbed.runtime import clock
 from testbed.runtime.messages import Hello, KvDelivered, Listening, send
 from testbed.runtime.protocol import TOKEN_ENV, read_message
 from testbed.runtime.stopping import until_signalled
@@ -23,7 +23,7 @@ DECODE_PORT = 7100
 
 async def write_kv(writer: asyncio.StreamWriter, request: int, payload: bytes) -> None:
     """The sender's half: one request's KV cache, framed."""
-    writer.write(HEADER.pack(request, len(payload), time.monotonic()))
+    writer.write(HEADER.pack(request, len(payload), clock.now()))
     if payload:
         writer.write(payload)
     await writer.drain()
@@ -31,6 +31,12 @@ async def write_kv(writer: asyncio.StreamWriter, request: int, payload: bytes) -
 
 async def serve(control_path: str, name: str, token: str, address: str, port: int) -> None:
     control_reader, control = await asyncio.open_unix_connection(control_path)
+    await serve_on(control_reader, control, name, token, address, port)
+
+
+async def serve_on(control_reader: asyncio.StreamReader, control: asyncio.StreamWriter,
+                   name: str, token: str, address: str, port: int) -> None:
+    """The decode server's life on an open control connection."""
     await send(control, Hello(name, token, os.getpid(), role="decode"))
     lock = asyncio.Lock()
 
@@ -45,7 +51,7 @@ async def serve(control_path: str, name: str, token: str, address: str, port: in
                         raise asyncio.IncompleteReadError(b"", remaining)
                     remaining -= len(chunk)
                 async with lock:
-                    await send(control, KvDelivered(request, time.monotonic(), size))
+                    await send(control, KvDelivered(request, clock.now(), size))
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
 

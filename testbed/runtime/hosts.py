@@ -13,11 +13,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol, TextIO
 
+from testbed.net.layout import Layout, Node, build_layout
 from testbed.net.link_changes import change_link
 from testbed.net.network import Network, bring_up, tear_down
 from testbed.net.network import Progress as Say
 from testbed.net.state import ProcessRecord, process_start_ticks
 from testbed.runtime.health import delay_line_lateness
+from testbed.topology.cluster import Cluster
 from testbed.topology.model import Topology
 
 
@@ -37,6 +39,11 @@ class Hosts(Protocol):
     async def spawn(self, host: str, module: str, args: list[str], env: Mapping[str, str],
                     log: TextIO, name: str) -> asyncio.subprocess.Process:
         """Start `python -m module args` as `host`, output to `log`."""
+
+    async def launch(self, argv: list[str], netns: str | None, env: Mapping[str, str],
+                     log: TextIO, name: str) -> asyncio.subprocess.Process:
+        """Start `argv` on this machine's own network (`netns`: the namespace that holds
+        it, if one does), output to `log`."""
 
     def change_link(self, a: str, b: str, latency_s: float | None,
                     bandwidth_bps: float | None, loss: float | None) -> None:
@@ -58,15 +65,23 @@ class Hosts(Protocol):
 class NamespaceHosts:
     """Hosts in network namespaces behind the shaped links of an emulated WAN."""
 
-    def __init__(self, shaper: str, say: Say, seed: int) -> None:
+    def __init__(self, shaper: str, say: Say, seed: int, cluster: Cluster | None = None,
+                 machine: str | None = None) -> None:
         self.requested_shaper = shaper
         self.say = say
         self.seed = seed
+        self.cluster = cluster
+        """With a cluster: only `machine`'s share of the network is made here."""
+        self.machine = machine
         self.network: Network | None = None
+        self.whole: Layout | None = None
+        """With a cluster: the whole network's layout (this machine made its share)."""
 
     def bring_up(self, topology: Topology, decode_dcs: tuple[str, ...]) -> None:
+        if self.cluster is not None:
+            self.whole = build_layout(topology, self.cluster.slot, decode_dcs)
         self.network = bring_up(topology, self.requested_shaper, self.say, False, self.seed,
-                                decode_dcs)
+                                decode_dcs, self.cluster, self.machine)
 
     def _up(self) -> Network:
         if self.network is None:
@@ -78,15 +93,32 @@ class NamespaceHosts:
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         return path
 
+    def _node(self, host: str) -> Node:
+        return (self.whole or self._up().layout).node(host)
+
     def address_of(self, host: str) -> str:
-        return self._up().address_of(host)
+        return self._node(host).address
+
+    def netns_of(self, host: str) -> str:
+        return self._node(host).netns
+
+    def dc_of(self, host: str) -> str:
+        return self._node(host).dc
 
     async def spawn(self, host: str, module: str, args: list[str], env: Mapping[str, str],
                     log: TextIO, name: str) -> asyncio.subprocess.Process:
+        return await self.launch([sys.executable, "-m", module, *args],
+                                 self._up().netns_of(host), env, log, name)
+
+    async def launch(self, argv: list[str], netns: str | None, env: Mapping[str, str],
+                     log: TextIO, name: str) -> asyncio.subprocess.Process:
+        """Start `argv` in namespace `netns` (None: this machine's own network), recorded
+        in the run's state so that `testbed down` finds it if this run is killed."""
         network = self._up()
+        inside = ["ip", "netns", "exec", netns] if netns else []
         process = await asyncio.create_subprocess_exec(
-            "ip", "netns", "exec", network.netns_of(host), sys.executable, "-m", module, *args,
-            env=dict(env), stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)
+            *inside, *argv, env=dict(env), stdin=asyncio.subprocess.DEVNULL, stdout=log,
+            stderr=log)
         pid = process.pid
         network.state.processes.append(ProcessRecord(pid, process_start_ticks(pid) or 0, name))
         network.state.save()  # `testbed down` finds it if this run is killed

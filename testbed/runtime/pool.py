@@ -29,18 +29,27 @@ class WorkerHandle:
     stage: int
     decoder: bool = False
     """A decode server (its `gpu` is the server's host name)."""
+    machine: str | None = None
+    """The cluster machine it runs on, in a run across machines."""
+    launcher: bool = False
+    """Not a worker: the torchrun that starts this machine's workers."""
     process: asyncio.subprocess.Process | None = None
     reader: asyncio.StreamReader | None = None
     writer: asyncio.StreamWriter | None = None
     port: int = 0
+    pid: int = 0
+    """As the process said in its hello."""
     log: TextIO | None = None
     log_path: Path | None = None
     finished: bool = False
 
     def describe(self) -> str:
+        where = f" on machine {self.machine}" if self.machine else ""
+        if self.launcher:
+            return f"torchrun{where}"
         if self.decoder:
-            return f"decode server {self.gpu}"
-        return f"{self.gpu} (replica {self.replica}, stage {self.stage})"
+            return f"decode server {self.gpu}{where}"
+        return f"{self.gpu} (replica {self.replica}, stage {self.stage}){where}"
 
     def last_log_line(self) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -60,8 +69,12 @@ class WorkerPool:
     token: str
     on_exit: Callable[[str], None]
     """Told why, when a process exits before it finished its work."""
+    machine: str | None = None
+    """This machine's name, in a run across machines."""
     workers: list[WorkerHandle] = field(default_factory=list)
     decoders: list[WorkerHandle] = field(default_factory=list)
+    launchers: list[WorkerHandle] = field(default_factory=list)
+    """In a run across machines: this machine's torchrun (the workers are its children)."""
     _watchers: list[asyncio.Task[None]] = field(default_factory=list)
 
     def plan_workers(self, plan: Plan, decode_dcs: tuple[str, ...]) -> None:
@@ -72,7 +85,20 @@ class WorkerPool:
 
     @property
     def everyone(self) -> list[WorkerHandle]:
-        return [*self.workers, *self.decoders]
+        return [*self.workers, *self.decoders, *self.launchers]
+
+    async def launch(self, machine: str, argv: list[str], netns: str | None) -> None:
+        """Start this machine's torchrun; its exit before the run ends fails the run."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        handle = WorkerHandle(-1, f"torchrun-{machine}", -1, -1, machine=machine,
+                              launcher=True)
+        handle.log_path = self.log_dir / f"torchrun-{machine}.log"
+        handle.log = handle.log_path.open("w")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        env.pop(TOKEN_ENV, None)
+        handle.process = await self.hosts.launch(argv, netns, env, handle.log, handle.gpu)
+        self.launchers.append(handle)
+        self._watchers.append(asyncio.create_task(self._watch(handle)))
 
     async def start(self, socket_path: Path) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -104,12 +130,15 @@ class WorkerPool:
                          + (f": {detail}" if detail else ""))
 
     def pids(self) -> list[int]:
-        return [w.process.pid for w in self.workers if w.process is not None]
+        """This machine's worker processes (their own or, joined by torchrun, as they
+        said in their hello)."""
+        return [w.process.pid if w.process is not None else w.pid for w in self.workers
+                if w.process is not None or (w.pid and w.machine == self.machine)]
 
     async def stop(self) -> None:
         """Every process gone: told to stop (or abort, if still training), then signalled."""
-        for decoder in self.decoders:
-            decoder.finished = True  # their exit now is expected
+        for handle in [*self.decoders, *self.launchers]:
+            handle.finished = True  # their exit now is expected
         for handle in self.everyone:
             if handle.writer is not None:  # a worker still training is told to give up
                 order = Stop() if handle.finished else Abort()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -22,24 +23,64 @@ HELLO_MAGIC = b"TBH1"
 MAX_TAG = 512
 
 
+LIVENESS = {"TCP_KEEPIDLE": 5, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 5, "TCP_USER_TIMEOUT": 15_000}
+"""A control connection across machines breaks within about 15 s of its peer's machine
+going silent: probes when idle, a bound on unacknowledged data when not."""
+
+
+def keep_alive(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in LIVENESS.items():
+        sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
 class ProtocolError(Exception):
     """A peer sent something that is not our protocol."""
 
 
 async def send_message(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
-    body = json.dumps(message, separators=(",", ":")).encode()
-    writer.write(_LENGTH.pack(len(body)) + body)
+    writer.write(frame(message))
     await writer.drain()
+
+
+def frame(message: dict[str, Any]) -> bytes:
+    body = json.dumps(message, separators=(",", ":")).encode()
+    return _LENGTH.pack(len(body)) + body
 
 
 async def read_message(reader: asyncio.StreamReader) -> dict[str, Any]:
     (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+    return _body(await reader.readexactly(_checked(length)))
+
+
+def read_message_blocking(sock: socket.socket) -> dict[str, Any]:
+    """The next control message from a blocking socket (before any event loop runs)."""
+    (length,) = _LENGTH.unpack(_exactly(sock, _LENGTH.size))
+    return _body(_exactly(sock, _checked(length)))
+
+
+def _checked(length: int) -> int:
     if length > MAX_CONTROL_BYTES:
         raise ProtocolError(f"control message of {length} bytes")
-    data = json.loads(await reader.readexactly(length))
+    return length
+
+
+def _body(raw: bytes) -> dict[str, Any]:
+    data = json.loads(raw)
     if not isinstance(data, dict):
         raise ProtocolError("control message is not an object")
     return data
+
+
+def _exactly(sock: socket.socket, size: int) -> bytes:
+    parts, left = [], size
+    while left:
+        part = sock.recv(left)
+        if not part:
+            raise ConnectionError("the coordinator closed the connection")
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from testbed.net_events import NetEvent
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.runtime.checkpoint import Checkpoints
+from testbed.runtime.cluster_launch import ClusterRun
 from testbed.topology.model import Topology
 
 
@@ -45,6 +46,8 @@ class RunConfig:
     """Real seconds per represented second; the topology and times given are dilated."""
     checkpoints: Checkpoints | None = None
     """Where and how often the run checkpoints, and what it resumed from (if it did)."""
+    cluster: ClusterRun | None = None
+    """A run across machines: the cluster, and this machine (its coordinator)."""
 
     def decode_dcs(self, with_bubbles: bool) -> tuple[str, ...]:
         """DCs that get a decode server: the workload's named one, else every DC used."""

@@ -26,6 +26,7 @@ from testbed.plan.interpret import (
     interpret,
 )
 from testbed.plan.model import Action, Op
+from testbed.runtime import clock
 from testbed.runtime.allreduce import ring_allreduce
 from testbed.runtime.engines import Engine
 from testbed.runtime.messages import BubbleAsk, Config, Idle, PeerInfo, Sent, TransferRequest
@@ -114,7 +115,7 @@ class StageRunner:
 
     async def compute(self, kind: SpanKind, iteration: int, fn: Callable[[], Any],
                       **detail: Unpack[SpanDetail]) -> Any:
-        start = time.monotonic()
+        start = clock.now()
         if self.engine.quick():
             result = fn()
             await asyncio.sleep(0)  # let the sends it made ready start, as a GPU stream would
@@ -122,9 +123,9 @@ class StageRunner:
             result = await asyncio.get_running_loop().run_in_executor(self.executor, fn)
         stretch = self.config.stretch
         if stretch > 1:  # real compute under dilation: the GPU stays busy K times as long
-            held = (stretch - 1) * (time.monotonic() - start)
+            held = (stretch - 1) * (clock.now() - start)
             await asyncio.get_running_loop().run_in_executor(self.executor, time.sleep, held)
-        self.span(kind, start, time.monotonic(), iteration, **detail)
+        self.span(kind, start, clock.now(), iteration, **detail)
         return result
 
     def link_key(self, peer: PeerInfo) -> str | None:
@@ -144,7 +145,7 @@ class StageRunner:
         """Send, first asking the arbiter for the link when the plan arbitrates it.
         `kind`: SEND_F or SEND_B for pipeline messages, ALLREDUCE for a ring's chunks."""
         link = self.link_key(peer)
-        queued = time.monotonic()
+        queued = clock.now()
         pipeline = kind.is_send  # only pipeline traffic is arbitrated
         if link is not None and pipeline and link in self.config.arbitrated:
             grant = asyncio.get_running_loop().create_future()
@@ -158,13 +159,13 @@ class StageRunner:
             self.span(
                 "wait_grant",
                 queued,
-                time.monotonic(),
+                clock.now(),
                 iteration,
                 microbatch=microbatch,
                 link=link,
                 peer=peer.gpu,
             )
-        start = time.monotonic()
+        start = clock.now()
         modeled_bps = self.config.intra_dc_bps if link is None and pipeline else None
         if modeled_bps:
             await self.send_modeled(peer, tag, len(payload), modeled_bps)
@@ -176,7 +177,7 @@ class StageRunner:
         self.span(
             "send",
             start,
-            time.monotonic(),
+            clock.now(),
             iteration,
             microbatch=microbatch,
             peer=peer.gpu,
@@ -209,23 +210,23 @@ class StageRunner:
 
     async def wait_send(self, step: SendWait, iteration: int) -> None:
         """Until the send has left and the receiving host has acknowledged its last byte."""
-        start = time.monotonic()
+        start = clock.now()
         peer = self.neighbour(step.to_stage)
         await self.sending.pop((step.phase, step.microbatch))
         await self.transport.acknowledged(peer.index)
-        self.span("wait_send", start, time.monotonic(), iteration, microbatch=step.microbatch,
+        self.span("wait_send", start, clock.now(), iteration, microbatch=step.microbatch,
                   peer=peer.gpu)
 
     async def receive(
         self, peer: PeerInfo, tag: str, iteration: int, microbatch: int | None
     ) -> bytearray:
-        start = time.monotonic()
+        start = clock.now()
         action = self.action
         if self.config.bubbles and not self.transport.has(tag):
             await self.fill_bubble(lambda: not self.transport.has(tag), action, iteration,
                                    start)
         got = await self.transport.recv(tag)
-        now = time.monotonic()
+        now = clock.now()
         self.span("recv", start, now, iteration, microbatch=microbatch, peer=peer.gpu,
                   action=action, waited=max(0.0, got.completed_at - start))
         link = self.link_key(peer)
@@ -269,7 +270,7 @@ class StageRunner:
     async def ship_kv(self, request: int, payload: bytes, iteration: int) -> None:
         from testbed.runtime.decode import write_kv
 
-        start = time.monotonic()
+        start = clock.now()
         async with self.decode_lock:  # one request's frame at a time on the connection
             if self.decode is None:
                 where = self.config.decode
@@ -277,13 +278,13 @@ class StageRunner:
                     raise RuntimeError("a prefill ran but the run has no decode server")
                 _, self.decode = await asyncio.open_connection(where.address, where.port)
             await write_kv(self.decode, request, payload)
-        self.span("kv_transfer", start, time.monotonic(), iteration, request=request,
+        self.span("kv_transfer", start, clock.now(), iteration, request=request,
                   bytes=len(payload))
 
     async def allreduce(self, iteration: int) -> None:
         """The stage's gradient all-reduce; with bubbles, prefills fill its wait once the
         gradients are out of the GPU's hands."""
-        start, action = time.monotonic(), self.action
+        start, action = clock.now(), self.action
         reducing = asyncio.Event()
         ring = asyncio.create_task(self.reduce(iteration, start, action, reducing))
         if self.config.bubbles:
@@ -306,10 +307,10 @@ class StageRunner:
                 token = bytearray(4 * len(cfg.ring))
                 await ring_allreduce(self.transport, self.engine, token, position,
                                      len(cfg.ring), successor.index, f"AR{cfg.stage}:{iteration}")
-                left = modeled - (time.monotonic() - start)
+                left = modeled - (clock.now() - start)
                 if left > 0:
                     await asyncio.sleep(left)
-                self.span("allreduce", start, time.monotonic(), iteration,
+                self.span("allreduce", start, clock.now(), iteration,
                           bytes=cfg.grad_bytes, modeled=True, action=action)
                 return
             data = await asyncio.get_running_loop().run_in_executor(
@@ -334,7 +335,7 @@ class StageRunner:
         await asyncio.get_running_loop().run_in_executor(
             self.executor, lambda: self.engine.apply_reduced(reduced, len(cfg.ring))
         )
-        self.span("allreduce", start, time.monotonic(), iteration, bytes=len(data),
+        self.span("allreduce", start, clock.now(), iteration, bytes=len(data),
                   action=action)
 
     async def flush_sends(self) -> None:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from testbed.runtime import clock
 from testbed.runtime.protocol import (
     CHUNK,
     CHUNK_MAGIC,
@@ -329,9 +330,9 @@ class Transport:
         # one message at a time per peer, in the order they were sent: the first
         # microbatch arrives first instead of all queued ones arriving late together
         async with self._send_locks.setdefault(peer, asyncio.Lock()):
-            sent_at = time.monotonic()
+            sent_at = clock.now()
             await asyncio.gather(*(pump(link) for link in links))
-        return time.monotonic()
+        return clock.now()
 
     async def acknowledged(self, peer: int) -> None:
         """Returns once every byte sent to `peer` so far is acknowledged by its host (every
@@ -368,7 +369,7 @@ class Transport:
         if entry.total < 0 or entry.got < entry.total:
             return
         if entry.arrived_at is None:
-            entry.arrived_at = time.monotonic()
+            entry.arrived_at = clock.now()
         if entry.future is not None and not entry.future.done():
             entry.future.set_result(Received(entry.buffer, entry.sent_at, entry.arrived_at))
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.runtime import clock
 from testbed.runtime.checkpoint import checkpoint_due, iteration_dir, save_stage, stage_file
 from testbed.runtime.engines import EmulatedEngine, Engine, make_real_engine
 from testbed.runtime.health import p99
@@ -92,6 +93,13 @@ async def control_loop(
 
 async def serve(control_path: str, gpu: str, token: str) -> int:
     reader, writer = await asyncio.open_unix_connection(control_path)
+    return await serve_on(reader, writer, gpu, token)
+
+
+async def serve_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, gpu: str,
+                   token: str) -> int:
+    """The worker's life on an open control connection (a Unix socket on the coordinator's
+    machine, or TCP from another machine: testbed.runtime.join)."""
     await send(writer, Hello(gpu, token, os.getpid()))
     config = await receive_as(reader, Config)
     transport = Transport(config.index, bytes.fromhex(token))
@@ -118,7 +126,7 @@ async def serve(control_path: str, gpu: str, token: str) -> int:
             await asyncio.get_running_loop().run_in_executor(runner.executor, engine.restore,
                                                              str(saved))
         for iteration in range(config.first_iteration, config.iterations):
-            started = time.monotonic()
+            started = clock.now()
             try:
                 loss = await runner.run_iteration(iteration)
             except Exception as exc:
@@ -126,7 +134,7 @@ async def serve(control_path: str, gpu: str, token: str) -> int:
                                                runner.spans))
                 raise
             spans, runner.spans = runner.spans, []
-            await send(writer, IterationDone(iteration, started, time.monotonic(), loss, spans,
+            await send(writer, IterationDone(iteration, started, clock.now(), loss, spans,
                                              p99(lags)))
             lags.clear()
             await checkpoint_if_due(runner, iteration + 1)

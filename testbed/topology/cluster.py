@@ -23,6 +23,10 @@ MACHINE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 VXLAN_OVERHEAD = 50
 """Bytes VXLAN adds to each packet (outer IPv4 20, UDP 8, VXLAN 8, inner Ethernet 14)."""
 VXLAN_PORT = 4789
+CONTROL_PORT = 29410
+"""TCP port of the coordinator's control channel on the cluster network."""
+RENDEZVOUS_PORT = 29400
+"""torchrun's c10d rendezvous port (torchrun's own default)."""
 MIN_MTU = 1280 + VXLAN_OVERHEAD
 
 
@@ -51,6 +55,10 @@ class Cluster:
     """UDP port of the tunnels."""
     slot: int = 0
     """Run slot of the cluster's network on every machine (names and addresses)."""
+    secret: Path | None = None
+    """A file every machine holds (mode 600): runs prove it on the control channel."""
+    control_port: int = CONTROL_PORT
+    rendezvous_port: int = RENDEZVOUS_PORT
     source: str | None = None
 
     def machine(self, name: str) -> Machine:
@@ -79,7 +87,8 @@ def load_cluster(path: str | Path, topology: Topology) -> Cluster:
 
 def parse_cluster(data: object, source: str | None, topology: Topology) -> Cluster:
     """A cluster file: `machines` (each `name`, `address`, `dcs`, optional `gpus` and
-    `netns`), optional `coordinator` (default: the first machine), `mtu`, `port`, `slot`."""
+    `netns`), optional `coordinator` (default: the first machine), `mtu`, `port`, `slot`,
+    `secret` (a path, relative to the file), `control_port`, `rendezvous_port`."""
     top = Fields(data, source)
     name = top.get("name", text, Path(source).stem if source else "cluster")
     machines: list[Machine] = []
@@ -105,12 +114,18 @@ def parse_cluster(data: object, source: str | None, topology: Topology) -> Clust
     if not MIN_MTU <= mtu <= 65535:
         raise top.error("mtu", f"must be {MIN_MTU}-65535 (a tunnel adds {VXLAN_OVERHEAD} "
                         "bytes to packets of at least 1280)")
-    port = top.get("port", positive(integer), VXLAN_PORT)
-    if port > 65535:
-        raise top.error("port", "must be a UDP port, 1-65535")
+    port = top.get("port", _port, VXLAN_PORT)
     slot = top.get("slot", _slot, 0)
+    secret = top.get("secret", text, None)
+    secret_path = None if secret is None else (
+        Path(source).parent / secret if source else Path(secret))
+    control_port = top.get("control_port", _port, CONTROL_PORT)
+    rendezvous_port = top.get("rendezvous_port", _port, RENDEZVOUS_PORT)
+    if control_port == rendezvous_port:
+        raise top.error("control_port", f"is also the rendezvous_port ({rendezvous_port})")
     top.done()
-    return Cluster(name, tuple(machines), coordinator, mtu, port, slot, source)
+    return Cluster(name, tuple(machines), coordinator, mtu, port, slot, secret_path,
+                   control_port, rendezvous_port, source)
 
 
 def _machine(fields: Fields, topology: Topology, placed: dict[str, str]) -> Machine:
@@ -153,10 +168,28 @@ def _names(value: object) -> list[str]:
     return value
 
 
+def _port(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 65535:
+        raise ValueError("expected a port, 1-65535")
+    return value
+
+
 def _slot(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < MAX_SLOTS:
         raise ValueError(f"expected a run slot, 0-{MAX_SLOTS - 1}")
     return value
+
+
+def dump_cluster(cluster: Cluster) -> dict[str, object]:
+    """Plain data that `parse_cluster` reads back to an equal Cluster (but its secret,
+    which each machine names for itself)."""
+    return {"name": cluster.name, "coordinator": cluster.coordinator, "mtu": cluster.mtu,
+            "port": cluster.port, "slot": cluster.slot, "control_port": cluster.control_port,
+            "rendezvous_port": cluster.rendezvous_port,
+            "machines": [{"name": m.name, "address": m.address, "dcs": list(m.dcs),
+                          **({"gpus": m.gpus} if m.gpus is not None else {}),
+                          **({"netns": m.netns} if m.netns is not None else {})}
+                         for m in cluster.machines]}
 
 
 def machine_at(cluster: Cluster, addresses: set[str]) -> str:

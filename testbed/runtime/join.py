@@ -1,0 +1,194 @@
+"""A process torchrun started on one machine of a cluster: it joins the run's coordinator
+over the cluster network and becomes the worker (or decode server) it is given.
+
+Before any event loop or thread exists it connects (on the machine's own network),
+answers the coordinator's challenge with an HMAC of the cluster's secret, learns its seat,
+measures its clock against the coordinator's (so every time it reports is on one clock),
+then enters its host's namespace and runs the worker on the connection it already has.
+
+    torchrun ... -m testbed.runtime.join --coordinator ADDR:PORT --secret FILE --machine M
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import ctypes.util
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from testbed.errors import TestbedError
+from testbed.net.enter import enter_netns
+from testbed.net.network import Network, bring_up, tear_down
+from testbed.runtime import clock
+from testbed.runtime.cluster_secret import proof, run_token
+from testbed.runtime.codec import to_json
+from testbed.runtime.messages import (
+    Assign,
+    Challenge,
+    Join,
+    Message,
+    Refused,
+    ShareOrder,
+    ShareUp,
+    TimeAsk,
+    TimeIs,
+    WorkerError,
+    decode,
+    decode_as,
+)
+from testbed.runtime.protocol import ProtocolError, frame, keep_alive, read_message_blocking
+from testbed.runtime.stopping import until_signalled
+from testbed.runtime.worker import run_loop
+from testbed.topology import parse_topology
+from testbed.topology.cluster import parse_cluster
+
+CONNECT_TIMEOUT_S = 30.0
+CLOCK_SAMPLES = 8
+class JoinFailed(Exception):
+    pass
+
+
+def die_with_parent() -> None:
+    """A torchrun killed outright takes its processes with it (PR_SET_PDEATHSIG)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(1, signal.SIGTERM)
+
+
+def connect(address: str, port: int) -> socket.socket:
+    """The control connection, retried while the coordinator is not listening yet."""
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    while True:
+        try:
+            sock = socket.create_connection((address, port), timeout=10.0)
+            break
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise JoinFailed(f"cannot reach the coordinator at {address}:{port}: "
+                                 f"{exc.strerror or exc}") from None
+            time.sleep(0.5)
+    keep_alive(sock)
+    return sock
+
+
+def tell(sock: socket.socket, message: Message) -> None:
+    sock.sendall(frame(to_json(message)))
+
+
+def clock_offset(sock: socket.socket) -> float:
+    """How far this machine's monotonic clock is ahead of the coordinator's: the midpoint
+    of the quickest of a few round trips (off by at most half that round trip)."""
+    best: tuple[float, float] | None = None
+    for _ in range(CLOCK_SAMPLES):
+        before = time.monotonic()
+        tell(sock, TimeAsk())
+        theirs = decode_as(read_message_blocking(sock), TimeIs).now
+        after = time.monotonic()
+        if best is None or after - before < best[0]:
+            best = (after - before, (before + after) / 2 - theirs)
+    assert best is not None
+    return best[1]
+
+
+def join(sock: socket.socket, secret: bytes, machine: str, local_rank: int
+         ) -> tuple[Assign, Network | None]:
+    """Challenge answered, seat given, the machine's share of the network up (the first
+    process's task), clock measured, host's namespace entered."""
+    challenge = decode_as(read_message_blocking(sock), Challenge)
+    tell(sock, Join(machine, local_rank, os.getpid(), proof(secret, challenge.nonce)))
+    answer = decode(read_message_blocking(sock), Assign, Refused)
+    if isinstance(answer, Refused):
+        raise JoinFailed(f"the coordinator refused machine {machine} rank {local_rank}: "
+                         f"{answer.reason}")
+    assert isinstance(answer, Assign)
+    network = None if answer.share is None else share_up(sock, answer.share, machine)
+    try:
+        clock.set_offset(clock_offset(sock))
+        enter_netns(answer.netns)
+    except BaseException as exc:
+        if network is not None:
+            tear_down(network)
+        if isinstance(exc, FileNotFoundError):
+            raise JoinFailed(f"machine {machine} has no namespace {answer.netns} for "
+                             f"{answer.host}") from None
+        raise
+    return answer, network
+
+
+def share_up(sock: socket.socket, order: ShareOrder, machine: str) -> Network:
+    """Bring up this machine's share of the run's network and say so (or why not)."""
+    started = time.monotonic()
+    try:
+        topology = parse_topology(json.loads(order.topology), "the run's topology")
+        cluster = parse_cluster(json.loads(order.cluster), "the run's cluster", topology)
+        network = bring_up(topology, order.shaper, say, False, order.seed,
+                           tuple(order.decode_dcs), cluster, machine)
+    except (TestbedError, OSError) as exc:
+        problem = f"machine {machine}: its share of the network could not be made: {exc}"
+        tell(sock, WorkerError(problem, -1, []))
+        raise JoinFailed(problem) from None
+    tell(sock, ShareUp(time.monotonic() - started))
+    return network
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+async def become(sock: socket.socket, seat: Assign, token: str) -> int | None:
+    """Run as the seat's worker or decode server on the joined connection."""
+    reader, writer = await asyncio.open_connection(sock=sock)
+    if seat.role == "decode":
+        from testbed.runtime.decode import DECODE_PORT, serve_on
+
+        await serve_on(reader, writer, seat.host, token, seat.address, DECODE_PORT)
+        return 0
+    from testbed.runtime.worker import serve_on as serve_worker
+
+    return await serve_worker(reader, writer, seat.host, token)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="join a testbed run from a machine of its cluster (started by torchrun)")
+    parser.add_argument("--coordinator", required=True, metavar="ADDRESS:PORT",
+                        help="the coordinator's control channel on the cluster network")
+    parser.add_argument("--secret", required=True, type=Path,
+                        help="the cluster's secret file (the cluster file's `secret`)")
+    parser.add_argument("--machine", required=True, help="this machine's name in the cluster")
+    args = parser.parse_args(argv)
+    die_with_parent()
+    rank = os.environ.get("LOCAL_RANK")
+    name = f"testbed join ({args.machine}, rank {rank})"
+    if rank is None or not rank.isdigit():
+        sys.exit(f"{name}: LOCAL_RANK is not set: start this with torchrun")
+    address, _, port = args.coordinator.rpartition(":")
+    try:
+        secret = args.secret.read_bytes().strip()
+        sock = connect(address, int(port))
+        seat, network = join(sock, secret, args.machine, int(rank))
+    except (OSError, JoinFailed, ProtocolError, ValueError) as exc:
+        sys.exit(f"{name}: {exc}")
+    sock.settimeout(None)
+    try:
+        code = run_loop(until_signalled(become(sock, seat, run_token(secret, seat.nonce))))
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        code = 1
+    except Exception as exc:
+        say(f"{seat.role} {seat.host}: {type(exc).__name__}: {exc}")
+        code = 1
+    finally:
+        if network is not None:
+            for problem in tear_down(network):
+                say(f"teardown: {problem}")
+    sys.exit(code or 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""A training run across machines, on this one machine: each "machine" is a network
+namespace on a bridge (testbed.net.namespace_cluster); the other machine brings up its
+share with `testbed net up --cluster` and runs the torchrun command the coordinator
+prints, as a user would.
+
+Needs root."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from testbed.choices import EmulatedCompute
+from testbed.inputs import load_inputs
+from testbed.net.namespace_cluster import namespace_machines
+from testbed.plan.host_tcp import hosts_as_planned
+from testbed.policy import training_policy
+from testbed.runtime.cluster_launch import ClusterRun
+from testbed.runtime.cluster_secret import read_secret
+from testbed.runtime.coordinator import Coordinator, RunFailed, run_with_signals
+from testbed.runtime.reference import merge_stages, train_one_process
+from testbed.runtime.run_config import RunConfig
+from testbed.sim.planning import plan_with_simulator
+from testbed.topology.cluster import load_cluster
+
+pytestmark = [pytest.mark.root, pytest.mark.usefixtures("clean_host")]
+ROOT = Path(__file__).resolve().parent.parent
+TWO_DC = ROOT / "topologies" / "two-dc.yaml"
+ON = "  on "
+
+
+@pytest.fixture
+def machines() -> Iterator[dict[str, str]]:
+    with namespace_machines(["m1", "m2"]) as made:
+        yield {m.name: m.netns for m in made}
+
+
+def _cluster(tmp_path: Path, machines: dict[str, str]) -> Path:
+    secret = tmp_path / "secret"
+    secret.write_text(secrets.token_hex(32))
+    secret.chmod(0o600)
+    path = tmp_path / "cluster.yaml"
+    path.write_text(json.dumps({"secret": "secret", "machines": [
+        {"name": "m1", "address": "10.251.0.1", "netns": machines["m1"], "dcs": ["east"]},
+        {"name": "m2", "address": "10.251.0.2", "netns": machines["m2"], "dcs": ["west"]},
+    ]}))
+    return path
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", "from testbed.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+class OtherMachine:
+    """Machine m2 as its user runs it: the command the coordinator prints for it."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.torchrun: subprocess.Popen[str] | None = None
+
+    def say(self, line: str) -> None:
+        self.lines.append(line)
+        if line.startswith(ON + "m2: "):
+            env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+            self.torchrun = subprocess.Popen(shlex.split(line[len(ON + "m2: "):]), env=env,
+                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                             text=True, start_new_session=True)
+
+    def output(self, wait_s: float = 30) -> str:
+        """What its torchrun printed, once it has ended (killed if it had not)."""
+        if self.torchrun is None:
+            return ""
+        if self.torchrun.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.torchrun.wait(timeout=wait_s)
+        if self.torchrun.poll() is None:
+            os.killpg(self.torchrun.pid, signal.SIGKILL)
+        return self.torchrun.communicate(timeout=30)[0]
+
+
+def _coordinator(tmp_path: Path, cluster_path: Path, other: OtherMachine,
+                 compute: EmulatedCompute = "real", **sets: object) -> Coordinator:
+    inputs = load_inputs(TWO_DC, sets=tuple(f"{k}={v}" for k, v in sets.items()))
+    chosen = training_policy("1f1b")
+    plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
+    cluster = load_cluster(cluster_path, inputs.topology)
+    across = ClusterRun(cluster, "m1", read_secret(cluster), cluster.secret or Path(),
+                        join_timeout_s=120)
+    config = RunConfig(hosts_as_planned(inputs.topology, plan), inputs.job, plan, chosen,
+                       compute, tmp_path / "logs", stall_timeout_s=60, save_dir=tmp_path,
+                       cluster=across)
+    return Coordinator(config, say=other.say)
+
+
+def test_two_machines_train_to_the_same_parameters_as_one(
+        tmp_path: Path, machines: dict[str, str]) -> None:
+    cluster = _cluster(tmp_path, machines)
+    other = OtherMachine()
+    coordinator = _coordinator(tmp_path, cluster, other, iterations=3)
+    try:
+        outcome = asyncio.run(run_with_signals(coordinator))
+    finally:
+        printed = other.output()
+    assert outcome.status == "ok", other.lines
+    assert other.torchrun is not None and other.torchrun.returncode == 0, printed
+    assert any(line.startswith("machine m2: its share of the network is up")
+               for line in other.lines)
+    plan, job = coordinator.plan, coordinator.job
+    assert {w.machine for w in coordinator.workers} == {"m1", "m2"}
+    reference = train_one_process(job, plan.dp, plan.microbatches)
+    for replica in range(plan.dp):
+        stages = [torch.load(tmp_path / f"r{replica}-s{s}.pt") for s in range(plan.pp)]
+        trained = merge_stages(stages, plan.layers)
+        for name, value in reference.items():
+            torch.testing.assert_close(trained[name], value, atol=2e-5, rtol=1e-4,
+                                       msg=f"{name} of replica {replica}")
+
+
+def test_a_machine_whose_torchrun_is_killed_ends_the_run_naming_it(
+        tmp_path: Path, machines: dict[str, str]) -> None:
+    cluster = _cluster(tmp_path, machines)
+    other = OtherMachine()
+
+    def kill_once_training(line: str) -> None:
+        OtherMachine.say(other, line)
+        if line.startswith("iteration 1"):
+            assert other.torchrun is not None
+            os.killpg(other.torchrun.pid, signal.SIGKILL)
+
+    try:
+        coordinator = _coordinator(tmp_path, cluster, other, "emulated", iterations=200)
+        coordinator.say = kill_once_training
+        with pytest.raises(RunFailed, match="on machine m2 ") as failed:
+            asyncio.run(run_with_signals(coordinator))
+        print(failed.value)
+        assert coordinator.outcome is not None and coordinator.outcome.status == "failed"
+        # well within the stall timeout (60 s): the closed connections name the machine
+        assert coordinator.outcome.wall_s < 60
+    finally:
+        other.output()
+    # as after a crash on a real machine: `testbed down` there removes what it left
+    assert _cli("down").returncode == 0
+
+
+def test_a_machine_cut_off_the_cluster_network_ends_the_run_naming_it(
+        tmp_path: Path, machines: dict[str, str]) -> None:
+    cluster = _cluster(tmp_path, machines)
+    other = OtherMachine()
+
+    def cut_once_training(line: str) -> None:
+        OtherMachine.say(other, line)
+        if line.startswith("iteration 1"):
+            subprocess.run(["ip", "-n", machines["m2"], "link", "set", "dev", "lan", "down"],
+                           check=True)
+
+    try:
+        coordinator = _coordinator(tmp_path, cluster, other, "emulated", iterations=200)
+        coordinator.say = cut_once_training
+        with pytest.raises(RunFailed, match="on machine m2 ") as failed:
+            asyncio.run(run_with_signals(coordinator))
+        print(failed.value)
+        assert coordinator.outcome is not None
+        # the control connections' liveness bound (about 15 s) ends it before the stall
+        # timeout (60 s) would
+        assert coordinator.outcome.wall_s < 60
+    finally:
+        other.output(wait_s=0)  # a machine cut off is not waited for
+    # as after a crash on a real machine: `testbed down` there removes what it left
+    assert _cli("down").returncode == 0
