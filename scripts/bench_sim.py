@@ -114,7 +114,8 @@ def _sizes(text: str) -> tuple[tuple[int, int], ...]:
 
 
 def agreement_table(repeat: int, topologies: list[str]) -> list[dict[str, Any]]:
-    from testbed.runtime.coordinator import Coordinator, run_with_signals
+    from testbed.runtime.coordinator import Coordinator
+    from testbed.runtime.signals import run_with_signals
 
     rows = []
     for name, iterations in (("two-dc", 8), ("paper-3dc", 4)):

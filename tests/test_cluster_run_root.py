@@ -29,9 +29,10 @@ from testbed.plan.host_tcp import hosts_as_planned
 from testbed.policy import training_policy
 from testbed.runtime.cluster_launch import ClusterRun
 from testbed.runtime.cluster_secret import read_secret
-from testbed.runtime.coordinator import Coordinator, RunFailed, run_with_signals
+from testbed.runtime.coordinator import Coordinator, RunFailed
 from testbed.runtime.reference import merge_stages, train_one_process
 from testbed.runtime.run_config import RunConfig
+from testbed.runtime.signals import run_with_signals
 from testbed.sim.planning import plan_with_simulator
 from testbed.topology.cluster import load_cluster
 

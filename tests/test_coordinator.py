@@ -16,8 +16,9 @@ import pytest
 from testbed.inputs import load_inputs
 from testbed.plan.model import Plan
 from testbed.policy import TrainingPolicy, Transfer, training_policy
-from testbed.runtime.coordinator import Coordinator, RunFailed, RunOutcome, run_with_signals
+from testbed.runtime.coordinator import Coordinator, RunFailed, RunOutcome
 from testbed.runtime.run_config import RunConfig
+from testbed.runtime.signals import run_with_signals
 from testbed.sim.planning import plan_with_simulator
 from testbed.topology.model import Topology
 

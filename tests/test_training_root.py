@@ -22,10 +22,11 @@ import torch
 from testbed.inputs import load_inputs
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.policy import training_policy
-from testbed.runtime.coordinator import Coordinator, RunFailed, run_with_signals
+from testbed.runtime.coordinator import Coordinator, RunFailed
 from testbed.runtime.hosts import NamespaceHosts
 from testbed.runtime.reference import merge_stages, train_one_process
 from testbed.runtime.run_config import RunConfig
+from testbed.runtime.signals import run_with_signals
 from testbed.sim.planning import plan_with_simulator
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("clean_host")]

@@ -29,9 +29,10 @@ from testbed.resume import check_checkpointable, checkpoints_for, save_settings
 from testbed.run_spec import RunSpec
 from testbed.runtime.checkpoint import Progress
 from testbed.runtime.cluster_launch import check_across_machines, describe_run
-from testbed.runtime.coordinator import Coordinator, Interrupted, RunFailed, run_with_signals
+from testbed.runtime.coordinator import Coordinator, Interrupted, RunFailed
 from testbed.runtime.preflight import check_emulable, choose_compute
 from testbed.runtime.run_config import RunConfig
+from testbed.runtime.signals import run_with_signals
 from testbed.runtime.worker import run_loop
 from testbed.sim.bubble_seed import modeled_waits
 from testbed.sim.simulate import simulate_plan, tokens_per_iteration, wan_capacity_bps

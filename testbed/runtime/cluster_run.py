@@ -30,16 +30,18 @@ from testbed.runtime.cluster_launch import (
 from testbed.runtime.cluster_secret import proves
 from testbed.runtime.control_server import HELLO_TIMEOUT_S, ControlServer
 from testbed.runtime.hosts import NamespaceHosts
-from testbed.runtime.messages import (
+from testbed.runtime.join_messages import (
     Assign,
     Challenge,
-    Hello,
     Join,
     Refused,
     ShareOrder,
     ShareUp,
     TimeAsk,
     TimeIs,
+)
+from testbed.runtime.messages import (
+    Hello,
     WorkerError,
     receive,
     receive_as,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import signal
 import time
 from dataclasses import dataclass
 
@@ -64,7 +63,7 @@ from testbed.sim.simulate import tokens_per_iteration, wan_capacity_bps
 from testbed.spans import Span
 from testbed.topology.model import Topology
 
-__all__ = ["Coordinator", "Interrupted", "RunFailed", "RunOutcome", "run_with_signals"]
+__all__ = ["Coordinator", "Interrupted", "RunFailed", "RunOutcome"]
 
 STARTUP_TIMEOUT_S = 120.0
 
@@ -384,33 +383,3 @@ async def _grant(granted: Granted | None) -> None:
     if granted is not None:
         worker, tag = granted
         await worker.tell(Grant(tag))
-
-
-async def run_with_signals(coordinator: Coordinator) -> RunOutcome:
-    """Run, turning SIGINT/SIGTERM into an orderly teardown and Interrupted."""
-    loop = asyncio.get_running_loop()
-    received: list[int] = []
-
-    def on_signal(signum: int) -> None:
-        if not received:
-            received.append(signum)
-            coordinator.say("stopping: tearing down")
-            inner.cancel()
-
-    inner = asyncio.ensure_future(coordinator.run())
-    handled = []
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(RuntimeError, ValueError):  # not the main thread
-            loop.add_signal_handler(signum, on_signal, signum)
-            handled.append(signum)
-    try:
-        return await asyncio.shield(inner)
-    except asyncio.CancelledError:
-        with contextlib.suppress(asyncio.CancelledError, TestbedError):
-            await inner
-        if received:
-            raise Interrupted(received[0]) from None
-        raise
-    finally:
-        for signum in handled:
-            loop.remove_signal_handler(signum)

@@ -29,16 +29,18 @@ from testbed.net.network import Network, bring_up, tear_down
 from testbed.runtime import clock
 from testbed.runtime.cluster_secret import proof, run_token
 from testbed.runtime.codec import to_json
-from testbed.runtime.messages import (
+from testbed.runtime.join_messages import (
     Assign,
     Challenge,
     Join,
-    Message,
     Refused,
     ShareOrder,
     ShareUp,
     TimeAsk,
     TimeIs,
+)
+from testbed.runtime.messages import (
+    Message,
     WorkerError,
     decode,
     decode_as,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any, ClassVar, TypeVar
 
 from testbed.choices import EmulatedCompute
@@ -24,6 +23,13 @@ class Message:
     op: ClassVar[str] = ""
     wire_names: ClassVar[dict[str, str]] = {}
     """Fields whose key on the wire differs from their name (`bytes` is a builtin)."""
+    by_op: ClassVar[dict[str, type[Message]]] = {}
+    """Every message class by its operation, as each is defined (here or elsewhere:
+    testbed.runtime.join_messages)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        Message.by_op[cls.op] = cls
 
 
 # --- worker or decode server to coordinator -------------------------------------------
@@ -210,82 +216,6 @@ class Abort(Message):
     op = "abort"
 
 
-# --- joining from another machine (testbed.runtime.join) --------------------------------
-
-
-@dataclass(frozen=True)
-class Challenge(Message):
-    """First words on a TCP control connection: prove the cluster's secret on this nonce."""
-
-    op = "challenge"
-    nonce: str
-
-
-@dataclass(frozen=True)
-class Join(Message):
-    """A process torchrun started on `machine`, with its HMAC of the challenge."""
-
-    op = "join"
-    machine: str
-    local_rank: int
-    pid: int
-    proof: str
-
-
-@dataclass(frozen=True)
-class ShareOrder:
-    """The network share the first process on a machine brings up there and removes when
-    it ends: the topology as emulated (dilated, host TCP as planned) and the cluster, as
-    JSON of their dumps."""
-
-    topology: str
-    cluster: str
-    decode_dcs: list[str]
-    shaper: str
-    seed: int
-
-
-@dataclass(frozen=True)
-class Assign(Message):
-    """Who the joining process is to be: a host's worker or decode server, in `netns`;
-    `nonce` gives it the run's token (derived from the secret, never sent)."""
-
-    op = "assign"
-    host: str
-    netns: str
-    role: str
-    address: str
-    nonce: str
-    share: ShareOrder | None = None
-
-
-@dataclass(frozen=True)
-class ShareUp(Message):
-    """The machine's share of the network is up: its other processes may enter it."""
-
-    op = "share_up"
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Refused(Message):
-    op = "refused"
-    reason: str
-
-
-@dataclass(frozen=True)
-class TimeAsk(Message):
-    """A joining process measures its clock against the coordinator's."""
-
-    op = "time_ask"
-
-
-@dataclass(frozen=True)
-class TimeIs(Message):
-    op = "time_is"
-    now: float
-
-
 # --- what a worker is told before it starts --------------------------------------------
 
 
@@ -369,21 +299,10 @@ class Config(Message):
 # --- encoding (testbed.runtime.codec) ---------------------------------------------------
 
 
-@cache
-def _message_classes() -> dict[str, type[Message]]:
-    found: dict[str, type[Message]] = {}
-    pending = list(Message.__subclasses__())
-    while pending:
-        cls = pending.pop()
-        found[cls.op] = cls
-        pending += cls.__subclasses__()
-    return found
-
-
 def decode(data: dict[str, Any], *expected: type[Message]) -> Message:
     """The message `data` carries; ProtocolError if it is none of `expected` (any message
     when none are given) or a field is missing or of the wrong type."""
-    cls = _message_classes().get(str(data.get("op")))
+    cls = Message.by_op.get(str(data.get("op")))
     if cls is None or (expected and cls not in expected):
         wanted = " or ".join(c.op for c in expected) or "a message"
         raise ProtocolError(f"expected {wanted}, got {str(data.get('op'))[:40]!r}")

@@ -1,0 +1,81 @@
+"""Messages of a process joining a run from another machine (testbed.runtime.join and
+testbed.runtime.cluster_run), in the order they are sent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.runtime.messages import Message
+
+
+@dataclass(frozen=True)
+class Challenge(Message):
+    """First words on a TCP control connection: prove the cluster's secret on this nonce."""
+
+    op = "challenge"
+    nonce: str
+
+
+@dataclass(frozen=True)
+class Join(Message):
+    """A process torchrun started on `machine`, with its HMAC of the challenge."""
+
+    op = "join"
+    machine: str
+    local_rank: int
+    pid: int
+    proof: str
+
+
+@dataclass(frozen=True)
+class ShareOrder:
+    """The network share the first process on a machine brings up there and removes when
+    it ends: the topology as emulated (dilated, host TCP as planned) and the cluster, as
+    JSON of their dumps."""
+
+    topology: str
+    cluster: str
+    decode_dcs: list[str]
+    shaper: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class Assign(Message):
+    """Who the joining process is to be: a host's worker or decode server, in `netns`;
+    `nonce` gives it the run's token (derived from the secret, never sent)."""
+
+    op = "assign"
+    host: str
+    netns: str
+    role: str
+    address: str
+    nonce: str
+    share: ShareOrder | None = None
+
+
+@dataclass(frozen=True)
+class ShareUp(Message):
+    """The machine's share of the network is up: its other processes may enter it."""
+
+    op = "share_up"
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Refused(Message):
+    op = "refused"
+    reason: str
+
+
+@dataclass(frozen=True)
+class TimeAsk(Message):
+    """A joining process measures its clock against the coordinator's."""
+
+    op = "time_ask"
+
+
+@dataclass(frozen=True)
+class TimeIs(Message):
+    op = "time_is"
+    now: float
