@@ -52,6 +52,9 @@ def test_a_cluster_places_every_dc_once() -> None:
     (lambda c: c.update(coordinator="m9"), "c.yaml: coordinator: 'm9' is not one of"),
     (lambda c: c.update(mtu=1000), "c.yaml: mtu: must be 1330-65535"),
     (lambda c: c["machines"][0].update(colour="red"), "c.yaml: machines[0]"),
+    (lambda c: c.update(control_port=29400), "c.yaml: control_port: is also the "
+     "rendezvous_port"),
+    (lambda c: c.update(rendezvous_port=70000), "c.yaml: rendezvous_port: expected a port"),
 ])
 def test_a_bad_cluster_file_says_where(change: Any, message: str) -> None:
     data = _cluster()
