@@ -17,8 +17,8 @@ import click
 from testbed.errors import NetworkError, TestbedError
 from testbed.net.layout import check_limits
 from testbed.net.state import RunState, all_states
-from testbed.topology import load_topology
-from testbed.topology.cluster import load_cluster, machine_at
+from testbed.topology import Topology, load_topology
+from testbed.topology.cluster import Cluster, load_cluster, machine_at
 from testbed.units import human_rate
 
 SHAPERS = ["auto", "netem", "userspace"]
@@ -95,17 +95,11 @@ def net_up(topology: Path, shaper: str, detach: bool, cluster_file: Path | None,
     `testbed net exec east-0 -- ping west-0` works. With --cluster, run it on each
     machine of the cluster: each brings up its own DCs, and together they make one network.
     """
-    from testbed.net.netns import local_addresses
     from testbed.net.network import bring_up, tear_down
 
     topo = load_topology(topology)
     check_limits(topo)
-    cluster = None if cluster_file is None else load_cluster(cluster_file, topo)
-    if cluster is not None:
-        machine = machine or machine_at(cluster, local_addresses())
-        cluster.machine(machine)  # an unknown name fails here, before anything is made
-    elif machine is not None:
-        raise click.UsageError("--machine needs --cluster")
+    cluster, machine = this_machine(cluster_file, machine, topo)
     require_root()
     with sigterm_raises():
         network = bring_up(topo, shaper, progress=echo_err, detached=detach, cluster=cluster,
@@ -311,3 +305,19 @@ def down(run: str | None, stop_live: bool) -> None:
         )
     if any("still present" in p or p.startswith("no run ") for p in report.problems):
         sys.exit(1)
+
+
+def this_machine(path: Path | None, machine: str | None, topology: Topology
+                 ) -> tuple[Cluster | None, str | None]:
+    """--cluster's file and which of its machines this is (`--machine`, else the one
+    whose address is here); an unknown name fails here, before anything is made."""
+    if path is None:
+        if machine is not None:
+            raise click.UsageError("--machine needs --cluster")
+        return None, None
+    from testbed.net.netns import local_addresses
+
+    cluster = load_cluster(path, topology)
+    machine = machine or machine_at(cluster, local_addresses())
+    cluster.machine(machine)
+    return cluster, machine

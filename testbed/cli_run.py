@@ -11,7 +11,7 @@ from click.core import ParameterSource
 
 from testbed.api import run
 from testbed.choices import ActivationsChoice, AllReduceChoice, ComputeChoice, ShaperChoice
-from testbed.cli_net import SHAPERS, require_root
+from testbed.cli_net import SHAPERS, require_root, this_machine
 from testbed.cli_options import (
     bubble_options,
     emulation_options,
@@ -25,7 +25,6 @@ from testbed.cli_options import (
 )
 from testbed.errors import InputError
 from testbed.inputs import load_inputs
-from testbed.net.netns import local_addresses
 from testbed.policy import parse_options
 from testbed.report.results import new_run_dir
 from testbed.report.table import run_summary
@@ -35,7 +34,6 @@ from testbed.runtime.checkpoint import Progress
 from testbed.runtime.cluster_launch import ClusterRun
 from testbed.runtime.cluster_secret import read_secret
 from testbed.topology import Topology
-from testbed.topology.cluster import load_cluster, machine_at
 
 
 def echo_err(message: str) -> None:
@@ -151,9 +149,9 @@ def up(
     results.json, trace.json (open in ui.perfetto.dev), plan.csv, topology.yaml and
     worker logs into the results directory, also when the run fails or is interrupted.
 
-    With --cluster, run it on the cluster's coordinator after `testbed net up TOPOLOGY
-    --cluster FILE --machine NAME --detach` on every other machine; then start there the
-    torchrun command it prints. Results stay on this machine.
+    With --cluster, run it on the cluster's coordinator, then start on every other
+    machine the torchrun command it prints (each brings up its own share of the network).
+    Results stay on this machine.
     """
     require_root()
     progress: Progress | None = None
@@ -187,13 +185,9 @@ def up(
 def cluster_run(path: Path | None, machine: str | None, join_timeout: float,
                 topology: Topology) -> ClusterRun | None:
     """--cluster's run, from this machine (which must be the coordinator)."""
-    if path is None:
-        if machine is not None:
-            raise click.UsageError("--machine needs --cluster")
+    cluster, machine = this_machine(path, machine, topology)
+    if cluster is None or machine is None:
         return None
-    cluster = load_cluster(path, topology)
-    machine = machine or machine_at(cluster, local_addresses())
-    cluster.machine(machine)
     if machine != cluster.coordinator:
         raise InputError(f"this is machine {machine}; a run starts on the coordinator, "
                          f"{cluster.coordinator}", str(path), "coordinator")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from testbed.errors import InputError
-from testbed.runtime.cluster_launch import ClusterRun, command_line, machine_seats
+from testbed.runtime.cluster_launch import ClusterRun, Seat, command_line, machine_seats
 from testbed.runtime.cluster_run import ClusterJoins
 from testbed.runtime.cluster_secret import proof, proves, read_secret, run_token
 from testbed.runtime.control_server import ControlServer
@@ -47,9 +47,15 @@ def test_seats_put_each_process_on_its_dcs_machine_coordinator_first() -> None:
     cluster = parse_cluster(_cluster(coordinator="m3"), "c.yaml", PAPER)
     seats = machine_seats(cluster, PAPER.dc_of, ["east-0", "west-1", "east-1", "west-0"],
                           [])
-    assert [m.machine.name for m in seats] == ["m3", "m1"]  # m2 has no process: no torchrun
+    assert [m.machine.name for m in seats] == ["m3", "m1", "m2"]
     assert [s.host for s in seats[0].seats] == ["west-1", "west-0"]
     assert [s.host for s in seats[1].seats] == ["east-0", "east-1"]
+    # no worker on m2: one process holds its share of the network (a path may cross it)
+    assert seats[2].seats == (Seat("m2-network", "network"),)
+    # the coordinator holds its own share: without workers it runs no torchrun
+    alone = machine_seats(cluster, PAPER.dc_of, ["east-0"], [])
+    assert [(m.machine.name, [s.role for s in m.seats]) for m in alone] == \
+        [("m1", ["worker"]), ("m2", ["network"])]
 
 
 def test_each_machine_gets_one_torchrun_with_the_rendezvous_at_the_first() -> None:

@@ -21,7 +21,9 @@ from testbed.topology.cluster import Cluster, Machine
 if TYPE_CHECKING:
     from testbed.run_spec import RunSpec
 
-Role = Literal["worker", "decode"]
+Role = Literal["worker", "decode", "network"]
+"""A seat's job; "network": hold the machine's share of the network while the run lasts
+(a machine that carries DCs no process of the plan runs on)."""
 JOIN_MODULE = "testbed.runtime.join"
 
 
@@ -54,12 +56,17 @@ class MachineSeats:
 def machine_seats(cluster: Cluster, dc_of: Callable[[str], str], workers: list[str],
                   decoders: list[str]) -> list[MachineSeats]:
     """The machines that run processes, the coordinator's first, each with its seats:
-    its DCs' workers in the order given, then its decode servers."""
+    its DCs' workers in the order given, then its decode servers. Every other machine
+    runs at least the process that holds its share of the network, so the whole network
+    exists (a path may cross DCs the plan does not use); the coordinator holds its own."""
     seats: dict[str, list[Seat]] = {m.name: [] for m in cluster.machines}
     roles: list[tuple[Role, list[str]]] = [("worker", workers), ("decode", decoders)]
     for role, hosts in roles:
         for host in hosts:
             seats[cluster.machine_of(dc_of(host)).name].append(Seat(host, role))
+    for machine in cluster.machines:
+        if not seats[machine.name] and machine.name != cluster.coordinator:
+            seats[machine.name].append(Seat(f"{machine.name}-network", "network"))
     order = sorted(cluster.machines, key=lambda m: m.name != cluster.coordinator)
     return [MachineSeats(m, tuple(seats[m.name])) for m in order if seats[m.name]]
 

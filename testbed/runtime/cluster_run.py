@@ -55,6 +55,8 @@ from testbed.topology.model import Topology
 
 JOIN_STEP_TIMEOUT_S = 60.0
 """How long a joined process may take between its clock questions and its hello."""
+
+
 class ClusterJoins:
     """The TCP side of the control channel: turns joining processes into hellos."""
 
@@ -77,6 +79,8 @@ class ClusterJoins:
         self.fail = fail
         self.joined: set[tuple[str, int]] = set()
         self._server: asyncio.AbstractServer | None = None
+        self._holders: list[asyncio.StreamWriter] = []
+        self._closing = False
 
     async def listen(self) -> None:
         cluster = self.run.cluster
@@ -85,8 +89,26 @@ class ClusterJoins:
         self._server = await asyncio.start_server(self.on_connect, sock=sock)
 
     def close(self) -> None:
+        self._closing = True
         if self._server is not None:
             self._server.close()
+        for writer in self._holders:  # the run is over: their shares may go
+            writer.close()
+
+    async def shares_ready(self) -> None:
+        """Every machine's share of the network is up."""
+        for event in self.shares_up.values():
+            await event.wait()
+
+    async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    machine: str) -> None:
+        """A process that only holds its machine's share: the run fails if it leaves."""
+        self._holders.append(writer)
+        with contextlib.suppress(OSError):
+            await reader.read()
+        if not self._closing:
+            self.fail(f"machine {machine}, which holds its share of the network, left the "
+                      "run (its torchrun ended or its connection was lost)")
 
     def missing(self) -> str:
         """Machines whose processes have not all joined, with how many are missing."""
@@ -120,9 +142,13 @@ class ClusterJoins:
         first = join.local_rank == 0 and join.machine != self.run.machine
         if not first:  # the machine's first process brings up its share: wait for it
             await self.shares_up[join.machine].wait()
-        await send(writer, Assign(seat.host, self.netns_of(seat.host), seat.role,
-                                  self.address_of(seat.host), self.nonce,
-                                  self.share if first else None))
+        if seat.role == "network":
+            assign = Assign(seat.host, "", seat.role, "", self.nonce, self.share)
+        else:
+            assign = Assign(seat.host, self.netns_of(seat.host), seat.role,
+                            self.address_of(seat.host), self.nonce,
+                            self.share if first else None)
+        await send(writer, assign)
         await self._until_hello(reader, writer, join, seat)
 
     def _seat(self, join: Join, nonce: str) -> tuple[Seat | None, str]:
@@ -158,6 +184,9 @@ class ClusterJoins:
                     self.say(f"machine {join.machine}: its share of the network is up "
                              f"({seconds:.1f} s)")
                     self.shares_up[join.machine].set()
+                    if seat.role == "network":
+                        await self._hold(reader, writer, join.machine)
+                        return
                 case Hello():
                     await self.control.hellos.put((reader, writer, message))
                     return

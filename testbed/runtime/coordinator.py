@@ -186,6 +186,11 @@ class Coordinator:
         assert self._failure is not None
         everyone = self.pool.workers
         try:
+            if self._joins is not None:  # no data connection before every path exists
+                started = time.monotonic()
+                await asyncio.wait_for(self._failure.race(self._joins.shares_ready()),
+                                       timeout)
+                timeout -= time.monotonic() - started
             await asyncio.wait_for(self.control.handshake(
                 everyone, self.pool.decoders,
                 lambda w: worker_config(config, w, everyone, self.hosts.address_of, decode_dcs),

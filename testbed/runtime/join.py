@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import json
@@ -110,6 +111,8 @@ def join(sock: socket.socket, secret: bytes, machine: str, local_rank: int
                          f"{answer.reason}")
     assert isinstance(answer, Assign)
     network = None if answer.share is None else share_up(sock, answer.share, machine)
+    if answer.role == "network":
+        return answer, network
     try:
         clock.set_offset(clock_offset(sock))
         enter_netns(answer.netns)
@@ -137,6 +140,17 @@ def share_up(sock: socket.socket, order: ShareOrder, machine: str) -> Network:
         raise JoinFailed(problem) from None
     tell(sock, ShareUp(time.monotonic() - started))
     return network
+
+
+def hold(sock: socket.socket) -> int:
+    """Keep this machine's share of the network up until the coordinator ends the run
+    (closes the connection) or a signal ends this process."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda number, _frame: sys.exit(128 + number))
+    with contextlib.suppress(OSError):
+        while sock.recv(4096):
+            pass
+    return 0
 
 
 def say(line: str) -> None:
@@ -179,7 +193,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"{name}: {exc}")
     sock.settimeout(None)
     try:
-        code = run_loop(until_signalled(become(sock, seat, run_token(secret, seat.nonce))))
+        if seat.role == "network":
+            code = hold(sock)
+        else:
+            code = run_loop(until_signalled(become(sock, seat,
+                                                   run_token(secret, seat.nonce))))
     except (asyncio.CancelledError, KeyboardInterrupt):
         code = 1
     except Exception as exc:
