@@ -28,7 +28,7 @@ from testbed.report.results import RunRecord
 from testbed.resume import check_checkpointable, checkpoints_for, save_settings
 from testbed.run_spec import RunSpec
 from testbed.runtime.checkpoint import Progress
-from testbed.runtime.cluster_launch import check_across_machines, describe_run
+from testbed.runtime.cluster_launch import describe_run
 from testbed.runtime.coordinator import Coordinator, Interrupted, RunFailed
 from testbed.runtime.preflight import check_emulable, choose_compute
 from testbed.runtime.run_config import RunConfig
@@ -60,6 +60,15 @@ class EmulatorBackend:
     def execute(self, spec: RunSpec, plan: Plan, policy: TrainingPolicy, directory: Path,
                 say: Say, resume: Progress | None) -> BackendRun:
         return _emulate(spec, plan, policy, directory, say, resume)
+
+
+def check_across_machines(spec: RunSpec, resume: Progress | None) -> None:
+    """What a run across machines does not do yet, refused before anything starts."""
+    if spec.checkpoint_every or resume is not None:
+        raise InputError("checkpoints and --resume are for runs on one machine", "--cluster")
+    if spec.events:
+        raise InputError("network events are applied on one machine only: a link's "
+                         "sending router may be on another", "--cluster")
 
 
 def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path, say: Say,

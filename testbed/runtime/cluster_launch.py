@@ -13,13 +13,9 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from testbed.errors import InputError
 from testbed.topology.cluster import Cluster, Machine
-
-if TYPE_CHECKING:
-    from testbed.run_spec import RunSpec
 
 Role = Literal["worker", "decode", "network"]
 """A seat's job; "network": hold the machine's share of the network while the run lasts
@@ -93,15 +89,6 @@ def command_line(cluster: Cluster, everyone: list[MachineSeats], one: MachineSea
     inside = ["ip", "netns", "exec", one.machine.netns] if one.machine.netns else []
     return shlex.join([*inside, "torchrun",
                        *torchrun_args(cluster, everyone, one, run_id, secret)])
-
-
-def check_across_machines(spec: RunSpec, resume: object) -> None:
-    """What a run across machines does not do yet, refused before anything starts."""
-    if spec.checkpoint_every or resume is not None:
-        raise InputError("checkpoints and --resume are for runs on one machine", "--cluster")
-    if spec.events:
-        raise InputError("network events are applied on one machine only: a link's "
-                         "sending router may be on another", "--cluster")
 
 
 def describe_run(run: ClusterRun) -> dict[str, object]:
