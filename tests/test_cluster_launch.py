@@ -195,9 +195,7 @@ def test_up_across_machines_starts_only_on_the_coordinator(tmp_path: Path) -> No
     assert len(err.strip().splitlines()) == 1
     (tmp_path / "secret").write_bytes(SECRET)
     (tmp_path / "secret").chmod(0o600)
-    for extra, refused in ((["--checkpoint-every", "2"], "checkpoints and --resume"),
-                           (["--event", "at=1s,link=east-west,down=1s"], "network events")):
-        code, _out, err = call(["up", two_dc, "--cluster", str(cluster), "--machine", "m1",
-                                "--out", str(tmp_path / "run"), *extra])
-        assert code == 2 and f"--cluster: {refused}" in err, err
-        assert not (tmp_path / "run").exists()
+    code, _out, err = call(["up", two_dc, "--cluster", str(cluster), "--machine", "m1",
+                            "--out", str(tmp_path / "run"), "--checkpoint-every", "2"])
+    assert code == 2 and "--cluster: checkpoints and --resume" in err, err
+    assert not (tmp_path / "run").exists()

@@ -16,6 +16,8 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +26,7 @@ import torch
 
 from testbed.choices import EmulatedCompute
 from testbed.inputs import load_inputs
+from testbed.net.check import ping_rtts
 from testbed.net.namespace_cluster import namespace_machines
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.policy import training_policy
@@ -93,8 +96,10 @@ class OtherMachine:
 
 
 def _coordinator(tmp_path: Path, cluster_path: Path, other: OtherMachine,
-                 compute: EmulatedCompute = "real", **sets: object) -> Coordinator:
-    inputs = load_inputs(TWO_DC, sets=tuple(f"{k}={v}" for k, v in sets.items()))
+                 compute: EmulatedCompute = "real", events: tuple[str, ...] = (),
+                 **sets: object) -> Coordinator:
+    inputs = load_inputs(TWO_DC, sets=tuple(f"{k}={v}" for k, v in sets.items()),
+                         events=events)
     chosen = training_policy("1f1b")
     plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
     cluster = load_cluster(cluster_path, inputs.topology)
@@ -102,7 +107,7 @@ def _coordinator(tmp_path: Path, cluster_path: Path, other: OtherMachine,
                         join_timeout_s=120)
     config = RunConfig(hosts_as_planned(inputs.topology, plan), inputs.job, plan, chosen,
                        compute, tmp_path / "logs", stall_timeout_s=60, save_dir=tmp_path,
-                       cluster=across)
+                       events=inputs.events, cluster=across)
     return Coordinator(config, say=other.say)
 
 
@@ -181,3 +186,35 @@ def test_a_machine_cut_off_the_cluster_network_ends_the_run_naming_it(
         other.output(wait_s=0)  # a machine cut off is not waited for
     # as after a crash on a real machine: `testbed down` there removes what it left
     assert _cli("down").returncode == 0
+
+
+def test_a_network_event_changes_both_directions_of_a_link_across_machines(
+        tmp_path: Path, machines: dict[str, str]) -> None:
+    """east (m1) -> west (m2) is changed by m1's router, west -> east by m2's: a ping's
+    round trip holds both."""
+    cluster = _cluster(tmp_path, machines)
+    other = OtherMachine()
+    rtts: list[float] = []
+
+    def ping_once_changed(line: str) -> None:
+        OtherMachine.say(other, line)
+        if line.startswith("network event starts"):
+            address = coordinator.hosts.address_of("west-0")
+
+            def ping() -> None:
+                time.sleep(0.3)  # said before it is applied, here and on m2
+                rtts.extend(ping_rtts("east-0", address, count=5, interval_s=0.2))
+
+            threading.Thread(target=ping, daemon=True).start()
+
+    coordinator = _coordinator(tmp_path, cluster, other, "emulated",
+                               ("at=0s,link=east-west,latency=100ms",), iterations=10)
+    coordinator.say = ping_once_changed
+    try:
+        outcome = asyncio.run(run_with_signals(coordinator))
+    finally:
+        other.output()
+    assert outcome.status == "ok", other.lines
+    assert len(rtts) == 5
+    # 100 ms each way (20 ms each way before; 120 ms if only m1's direction changed)
+    assert min(rtts) >= 0.195, rtts

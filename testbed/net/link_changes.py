@@ -17,10 +17,15 @@ from testbed.net.shaping import Shaper, netem_link, tbf_queue
 def change_link(network: Network, a: str, b: str, latency_s: float | None = None,
                 bandwidth_bps: float | None = None, loss: float | None = None) -> None:
     """Change a WAN link (both directions) while the network runs: rate through tc,
-    delay and loss through netem or the delay lines."""
+    delay and loss through netem or the delay lines. A machine's share of a network
+    across machines changes the directions its own routers send (the other machine
+    changes the rest)."""
     link = network.topology.link(a, b)
+    here = {router.dc for router in network.layout.routers}
     with kernel.Namespaces() as k:
         for src, dst in ((a, b), (b, a)):
+            if src not in here:
+                continue
             port = network.layout.port(src, dst)
             ns = network.layout.router(src).netns
             current = network.current.setdefault((src, dst), {

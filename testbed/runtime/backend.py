@@ -66,9 +66,6 @@ def check_across_machines(spec: RunSpec, resume: Progress | None) -> None:
     """What a run across machines does not do yet, refused before anything starts."""
     if spec.checkpoint_every or resume is not None:
         raise InputError("checkpoints and --resume are for runs on one machine", "--cluster")
-    if spec.events:
-        raise InputError("network events are applied on one machine only: a link's "
-                         "sending router may be on another", "--cluster")
 
 
 def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path, say: Say,

@@ -34,6 +34,7 @@ from testbed.runtime.join_messages import (
     Assign,
     Challenge,
     Join,
+    LinkChange,
     Refused,
     ShareOrder,
     ShareUp,
@@ -80,6 +81,8 @@ class ClusterJoins:
         self.joined: set[tuple[str, int]] = set()
         self._server: asyncio.AbstractServer | None = None
         self._holders: list[asyncio.StreamWriter] = []
+        self._share_holders: dict[str, asyncio.StreamWriter] = {}
+        """Each other machine's first process, which holds its share: network events."""
         self._closing = False
 
     async def listen(self) -> None:
@@ -94,6 +97,15 @@ class ClusterJoins:
             self._server.close()
         for writer in self._holders:  # the run is over: their shares may go
             writer.close()
+
+    async def change_link(self, a: str, b: str, latency_s: float | None,
+                          bandwidth_bps: float | None, loss: float | None) -> None:
+        """A network event on link a-b, to the other machines whose routers send on it."""
+        cluster = self.run.cluster
+        for machine in dict.fromkeys(cluster.machine_of(dc).name for dc in (a, b)):
+            writer = self._share_holders.get(machine)
+            if writer is not None:
+                await send(writer, LinkChange(a, b, latency_s, bandwidth_bps, loss))
 
     async def shares_ready(self) -> None:
         """Every machine's share of the network is up."""
@@ -149,6 +161,8 @@ class ClusterJoins:
                             self.address_of(seat.host), self.nonce,
                             self.share if first else None)
         await send(writer, assign)
+        if assign.share is not None:
+            self._share_holders[join.machine] = writer
         await self._until_hello(reader, writer, join, seat)
 
     def _seat(self, join: Join, nonce: str) -> tuple[Seat | None, str]:

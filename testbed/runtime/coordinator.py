@@ -320,6 +320,9 @@ class Coordinator:
             try:
                 await asyncio.to_thread(self.hosts.change_link, change.a, change.b,
                                         change.latency_s, change.bandwidth_bps, change.loss)
+                if self._joins is not None:  # the directions other machines' routers send
+                    await self._joins.change_link(change.a, change.b, change.latency_s,
+                                                  change.bandwidth_bps, change.loss)
             except (TestbedError, OSError) as exc:
                 self._fail(f"network event {change.event.describe() if change.event else ''}"
                            f" could not be applied: {exc}")

@@ -13,8 +13,10 @@ import struct
 import sys
 
 from testbed.runtime import clock
-from testbed.runtime.messages import Hello, KvDelivered, Listening, send
-from testbed.runtime.protocol import TOKEN_ENV, read_message
+from testbed.runtime.join_messages import LinkChange
+from testbed.runtime.messages import Hello, KvDelivered, Listening, decode, send
+from testbed.runtime.protocol import TOKEN_ENV, ProtocolError, read_message
+from testbed.runtime.share_events import LinkChanger, apply_link_change
 from testbed.runtime.stopping import until_signalled
 
 HEADER = struct.Struct("!QQd")  # request id, KV bytes, sender's clock
@@ -35,8 +37,10 @@ async def serve(control_path: str, name: str, token: str, address: str, port: in
 
 
 async def serve_on(control_reader: asyncio.StreamReader, control: asyncio.StreamWriter,
-                   name: str, token: str, address: str, port: int) -> None:
-    """The decode server's life on an open control connection."""
+                   name: str, token: str, address: str, port: int,
+                   links: LinkChanger | None = None) -> None:
+    """The decode server's life on an open control connection (network events for this
+    machine's share too, when it holds it)."""
     await send(control, Hello(name, token, os.getpid(), role="decode"))
     lock = asyncio.Lock()
 
@@ -58,8 +62,14 @@ async def serve_on(control_reader: asyncio.StreamReader, control: asyncio.Stream
     server = await asyncio.start_server(on_sender, address, port)
     await send(control, Listening(port))
     try:
-        await read_message(control_reader)  # "stop", or the coordinator going away
-    except (asyncio.IncompleteReadError, ConnectionError):
+        while links is not None:  # anything else: "stop"
+            order = decode(await read_message(control_reader))
+            if not isinstance(order, LinkChange):
+                break
+            await apply_link_change(links, order, control)
+        else:
+            await read_message(control_reader)  # "stop", or the coordinator going away
+    except (asyncio.IncompleteReadError, OSError, ProtocolError):
         pass
     finally:
         server.close()

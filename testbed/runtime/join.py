@@ -26,6 +26,7 @@ from pathlib import Path
 
 from testbed.errors import TestbedError
 from testbed.net.enter import enter_netns
+from testbed.net.link_changes import change_link
 from testbed.net.network import Network, bring_up, tear_down
 from testbed.runtime import clock
 from testbed.runtime.cluster_secret import proof, run_token
@@ -34,6 +35,7 @@ from testbed.runtime.join_messages import (
     Assign,
     Challenge,
     Join,
+    LinkChange,
     Refused,
     ShareOrder,
     ShareUp,
@@ -47,6 +49,7 @@ from testbed.runtime.messages import (
     decode_as,
 )
 from testbed.runtime.protocol import ProtocolError, frame, keep_alive, read_message_blocking
+from testbed.runtime.share_events import LinkChanger
 from testbed.runtime.stopping import until_signalled
 from testbed.runtime.worker import run_loop
 from testbed.topology import parse_topology
@@ -142,32 +145,46 @@ def share_up(sock: socket.socket, order: ShareOrder, machine: str) -> Network:
     return network
 
 
-def hold(sock: socket.socket) -> int:
-    """Keep this machine's share of the network up until the coordinator ends the run
-    (closes the connection) or a signal ends this process."""
+def hold(sock: socket.socket, network: Network | None) -> int:
+    """Keep this machine's share of the network up, applying network events to it, until
+    the coordinator ends the run (closes the connection) or a signal ends this process."""
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda number, _frame: sys.exit(128 + number))
+    links = link_changer(network)
     with contextlib.suppress(OSError):
-        while sock.recv(4096):
-            pass
+        while links is not None:
+            change = decode_as(read_message_blocking(sock), LinkChange)
+            try:
+                links(change)
+            except Exception as exc:
+                tell(sock, WorkerError(f"network event on {change.a}-{change.b} could not "
+                                       f"be applied on this machine: {exc}", -1, []))
     return 0
+
+
+def link_changer(network: Network | None) -> LinkChanger | None:
+    """How this process applies network events: to the share it holds, if it holds one."""
+    if network is None:
+        return None
+    return lambda c: change_link(network, c.a, c.b, c.latency_s, c.bandwidth_bps, c.loss)
 
 
 def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-async def become(sock: socket.socket, seat: Assign, token: str) -> int | None:
+async def become(sock: socket.socket, seat: Assign, token: str,
+                 links: LinkChanger | None) -> int | None:
     """Run as the seat's worker or decode server on the joined connection."""
     reader, writer = await asyncio.open_connection(sock=sock)
     if seat.role == "decode":
         from testbed.runtime.decode import DECODE_PORT, serve_on
 
-        await serve_on(reader, writer, seat.host, token, seat.address, DECODE_PORT)
+        await serve_on(reader, writer, seat.host, token, seat.address, DECODE_PORT, links)
         return 0
     from testbed.runtime.worker import serve_on as serve_worker
 
-    return await serve_worker(reader, writer, seat.host, token)
+    return await serve_worker(reader, writer, seat.host, token, links)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -194,10 +211,10 @@ def main(argv: list[str] | None = None) -> None:
     sock.settimeout(None)
     try:
         if seat.role == "network":
-            code = hold(sock)
+            code = hold(sock, network)
         else:
-            code = run_loop(until_signalled(become(sock, seat,
-                                                   run_token(secret, seat.nonce))))
+            code = run_loop(until_signalled(become(
+                sock, seat, run_token(secret, seat.nonce), link_changer(network))))
     except (asyncio.CancelledError, KeyboardInterrupt):
         code = 1
     except Exception as exc:

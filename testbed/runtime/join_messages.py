@@ -79,3 +79,16 @@ class TimeAsk(Message):
 class TimeIs(Message):
     op = "time_is"
     now: float
+
+
+@dataclass(frozen=True)
+class LinkChange(Message):
+    """A network event, to the process that holds a machine's share: change the
+    directions of WAN link a-b whose sending router is on that machine."""
+
+    op = "link_change"
+    a: str
+    b: str
+    latency_s: float | None
+    bandwidth_bps: float | None
+    loss: float | None

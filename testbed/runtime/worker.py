@@ -22,6 +22,7 @@ from testbed.runtime import clock
 from testbed.runtime.checkpoint import checkpoint_due, iteration_dir, save_stage, stage_file
 from testbed.runtime.engines import EmulatedEngine, Engine, make_real_engine
 from testbed.runtime.health import p99
+from testbed.runtime.join_messages import LinkChange
 from testbed.runtime.messages import (
     Abort,
     CheckpointWritten,
@@ -43,6 +44,7 @@ from testbed.runtime.messages import (
     send,
 )
 from testbed.runtime.protocol import TOKEN_ENV, ProtocolError
+from testbed.runtime.share_events import LinkChanger, apply_link_change
 from testbed.runtime.stage_runner import StageRunner
 from testbed.runtime.stopping import until_signalled
 from testbed.runtime.transport import Transport
@@ -68,12 +70,17 @@ async def control_loop(
     runner: StageRunner,
     stop: asyncio.Event,
     main_task: asyncio.Task[Any],
+    links: LinkChanger | None = None,
 ) -> None:
-    """Grants, prefill answers and stop/abort orders from the coordinator, while the
-    worker runs. Anything else from the coordinator is a protocol error: the run ends."""
+    """Grants, prefill answers, network events for this machine's share and stop/abort
+    orders from the coordinator, while the worker runs. Anything else from the
+    coordinator is a protocol error: the run ends."""
+    expected = (Grant, Prefill, Idle, Stop, Abort, *((LinkChange,) if links else ()))
     try:
         while True:
-            match await receive(reader, Grant, Prefill, Idle, Stop, Abort):
+            match await receive(reader, *expected):
+                case LinkChange() as change if links is not None:
+                    await apply_link_change(links, change, runner.control)
                 case Grant(tag=tag):
                     future = runner.grants.pop(tag, None)
                     if future is not None and not future.done():
@@ -87,7 +94,7 @@ async def control_loop(
                 case Abort():
                     main_task.cancel()
                     return
-    except (asyncio.IncompleteReadError, ConnectionError, ProtocolError):
+    except (asyncio.IncompleteReadError, OSError, ProtocolError):
         main_task.cancel()  # the coordinator is gone or speaks nonsense: so are we
 
 
@@ -97,7 +104,7 @@ async def serve(control_path: str, gpu: str, token: str) -> int:
 
 
 async def serve_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, gpu: str,
-                   token: str) -> int:
+                   token: str, links: LinkChanger | None = None) -> int:
     """The worker's life on an open control connection (a Unix socket on the coordinator's
     machine, or TCP from another machine: testbed.runtime.join)."""
     await send(writer, Hello(gpu, token, os.getpid()))
@@ -117,7 +124,7 @@ async def serve_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, g
     stop = asyncio.Event()
     main_task = asyncio.current_task()
     assert main_task is not None
-    controller = asyncio.create_task(control_loop(reader, runner, stop, main_task))
+    controller = asyncio.create_task(control_loop(reader, runner, stop, main_task, links))
     lags: list[float] = []
     watch_lag = asyncio.create_task(lag_monitor(lags))
     try:
