@@ -97,14 +97,14 @@ class OtherMachine:
 
 def _coordinator(tmp_path: Path, cluster_path: Path, other: OtherMachine,
                  compute: EmulatedCompute = "real", events: tuple[str, ...] = (),
-                 **sets: object) -> Coordinator:
+                 join_timeout_s: float = 120, **sets: object) -> Coordinator:
     inputs = load_inputs(TWO_DC, sets=tuple(f"{k}={v}" for k, v in sets.items()),
                          events=events)
     chosen = training_policy("1f1b")
     plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
     cluster = load_cluster(cluster_path, inputs.topology)
     across = ClusterRun(cluster, "m1", read_secret(cluster), cluster.secret or Path(),
-                        join_timeout_s=120)
+                        join_timeout_s)
     config = RunConfig(hosts_as_planned(inputs.topology, plan), inputs.job, plan, chosen,
                        compute, tmp_path / "logs", stall_timeout_s=60, save_dir=tmp_path,
                        events=inputs.events, cluster=across)
@@ -218,3 +218,41 @@ def test_a_network_event_changes_both_directions_of_a_link_across_machines(
     assert len(rtts) == 5
     # 100 ms each way (20 ms each way before; 120 ms if only m1's direction changed)
     assert min(rtts) >= 0.195, rtts
+
+
+def test_bubbletea_across_machines_serves_prefills_to_both_decode_servers(
+        tmp_path: Path, machines: dict[str, str]) -> None:
+    """Each DC's decode server sits on its DC's machine, after its workers (m2: rank 2)."""
+    from testbed.run_spec import RunSpec
+    from testbed.runs import run
+
+    cluster_path = _cluster(tmp_path, machines)
+    other = OtherMachine()
+    inputs = load_inputs(TWO_DC, sets=(
+        "iterations=4", "inference.model=tiny", "inference.arrival_rate=100",
+        "inference.prompt_length.distribution=fixed", "inference.prompt_length.value=16"))
+    cluster = load_cluster(cluster_path, inputs.topology)
+    across = ClusterRun(cluster, "m1", read_secret(cluster), cluster.secret or Path(), 120)
+    spec = RunSpec("emulate", inputs.topology, inputs.job, "1f1b", {},
+                   bubble_policy="bubbletea", compute="emulated", cluster=across)
+    try:
+        results = run(spec, tmp_path / "run", other.say).results
+    finally:
+        printed = other.output()
+    assert results["status"] == "ok", (results["error"], printed[-2000:])
+    assert "--nproc-per-node 3" in next(line for line in other.lines if "on m2:" in line)
+    assert results["inference"]["served"] > 10
+    assert results["cluster"]["machines"][1]["dcs"] == ["west"]
+
+
+def test_a_machine_that_never_joins_is_named_when_the_join_timeout_ends(
+        tmp_path: Path, machines: dict[str, str]) -> None:
+    cluster = _cluster(tmp_path, machines)
+    silent = OtherMachine()
+    silent.say = silent.lines.append  # type: ignore[method-assign]  # m2's user never runs it
+    coordinator = _coordinator(tmp_path, cluster, silent, "emulated", join_timeout_s=5,
+                               iterations=2)
+    # m1's torchrun waits at the rendezvous for m2's: neither machine's processes start
+    with pytest.raises(RunFailed, match=r"did not all start within 5 s; not joined: "
+                                        r"m1 \(2 of 2\), m2 \(2 of 2\) \(torchrun starts"):
+        asyncio.run(run_with_signals(coordinator))

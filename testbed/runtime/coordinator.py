@@ -199,7 +199,9 @@ class Coordinator:
         except TimeoutError:
             waiting = self._joins.missing() if self._joins else ""
             raise RunFailed(f"the workers did not all start within {timeout:g} s"
-                            + (f"; not joined: {waiting}" if waiting else "")) from None
+                            + (f"; not joined: {waiting} (torchrun starts a machine's "
+                               "processes only once every machine has met at its "
+                               "rendezvous)" if waiting else "")) from None
 
     async def _train(self) -> None:
         config, telemetry = self.config, self.telemetry
