@@ -126,8 +126,8 @@ class WorkerPool:
         code = await handle.process.wait()
         if not handle.finished:
             detail = handle.last_log_line()
-            self.on_exit(f"worker {handle.describe()} exited with code {code}"
-                         + (f": {detail}" if detail else ""))
+            who = handle.describe() if handle.launcher else f"worker {handle.describe()}"
+            self.on_exit(f"{who} exited with code {code}" + (f": {detail}" if detail else ""))
 
     def pids(self) -> list[int]:
         """This machine's worker processes (their own or, joined by torchrun, as they
