@@ -250,9 +250,9 @@ def test_a_machine_that_never_joins_is_named_when_the_join_timeout_ends(
     cluster = _cluster(tmp_path, machines)
     silent = OtherMachine()
     silent.say = silent.lines.append  # type: ignore[method-assign]  # m2's user never runs it
-    coordinator = _coordinator(tmp_path, cluster, silent, "emulated", join_timeout_s=5,
+    coordinator = _coordinator(tmp_path, cluster, silent, "emulated", join_timeout_s=2,
                                iterations=2)
     # m1's torchrun waits at the rendezvous for m2's: neither machine's processes start
-    with pytest.raises(RunFailed, match=r"did not all start within 5 s; not joined: "
+    with pytest.raises(RunFailed, match=r"did not all start within 2 s; not joined: "
                                         r"m1 \(2 of 2\), m2 \(2 of 2\) \(torchrun starts"):
         asyncio.run(run_with_signals(coordinator))
