@@ -79,7 +79,8 @@ def connect(address: str, port: int) -> socket.socket:
                 raise JoinFailed(f"cannot reach the coordinator at {address}:{port}: "
                                  f"{exc.strerror or exc}") from None
             time.sleep(0.5)
-    keep_alive(sock)
+    sock.settimeout(None)  # its seat may wait for the machine's share: the coordinator
+    keep_alive(sock)  # bounds the wait (--join-timeout), liveness bounds a dead machine
     return sock
 
 
@@ -208,7 +209,6 @@ def main(argv: list[str] | None = None) -> None:
         seat, network = join(sock, secret, args.machine, int(rank))
     except (OSError, JoinFailed, ProtocolError, ValueError) as exc:
         sys.exit(f"{name}: {exc}")
-    sock.settimeout(None)
     try:
         if seat.role == "network":
             code = hold(sock, network)
