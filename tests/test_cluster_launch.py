@@ -4,7 +4,6 @@ and the join handshake's refusals (the coordinator's side on loopback)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import threading
 from pathlib import Path
@@ -180,7 +179,8 @@ def test_joining_takes_the_secret_a_seat_and_a_namespace() -> None:
     assert failures[1:] == ["east-0 on machine m1 left while joining"]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="testbed up needs root")
+@pytest.mark.root
+@pytest.mark.usefixtures("clean_host")  # `testbed up` needs root; CI runs as root
 def test_up_across_machines_starts_only_on_the_coordinator(tmp_path: Path) -> None:
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(

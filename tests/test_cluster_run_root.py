@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -135,57 +135,55 @@ def test_two_machines_train_to_the_same_parameters_as_one(
                                        msg=f"{name} of replica {replica}")
 
 
-def test_a_machine_whose_torchrun_is_killed_ends_the_run_naming_it(
-        tmp_path: Path, machines: dict[str, str]) -> None:
+def _lose_m2_in_training(tmp_path: Path, machines: dict[str, str],
+                        lose: Callable[[OtherMachine], None], wait_s: float) -> Coordinator:
+    """A long run in which m2 is lost (`lose`) once the first iteration is done; it must
+    fail naming m2. `wait_s`: how long m2's torchrun gets to end afterwards."""
     cluster = _cluster(tmp_path, machines)
     other = OtherMachine()
 
-    def kill_once_training(line: str) -> None:
+    def lose_once_training(line: str) -> None:
         OtherMachine.say(other, line)
         if line.startswith("iteration 1"):
-            assert other.torchrun is not None
-            os.killpg(other.torchrun.pid, signal.SIGKILL)
+            lose(other)
 
     try:
         coordinator = _coordinator(tmp_path, cluster, other, "emulated", iterations=200)
-        coordinator.say = kill_once_training
+        coordinator.say = lose_once_training
         with pytest.raises(RunFailed, match="on machine m2 ") as failed:
             asyncio.run(run_with_signals(coordinator))
         print(failed.value)
-        assert coordinator.outcome is not None and coordinator.outcome.status == "failed"
-        # well within the stall timeout (60 s): the closed connections name the machine
-        assert coordinator.outcome.wall_s < 60
     finally:
-        other.output()
+        other.output(wait_s)
     # as after a crash on a real machine: `testbed down` there removes what it left
     assert _cli("down").returncode == 0
+    return coordinator
+
+
+def test_a_machine_whose_torchrun_is_killed_ends_the_run_naming_it(
+        tmp_path: Path, machines: dict[str, str]) -> None:
+    def kill(other: OtherMachine) -> None:
+        assert other.torchrun is not None
+        os.killpg(other.torchrun.pid, signal.SIGKILL)
+
+    coordinator = _lose_m2_in_training(tmp_path, machines, kill, wait_s=30)
+    assert coordinator.outcome is not None and coordinator.outcome.status == "failed"
+    # well within the stall timeout (60 s): the closed connections name the machine
+    assert coordinator.outcome.wall_s < 60
 
 
 def test_a_machine_cut_off_the_cluster_network_ends_the_run_naming_it(
         tmp_path: Path, machines: dict[str, str]) -> None:
-    cluster = _cluster(tmp_path, machines)
-    other = OtherMachine()
+    def cut(_other: OtherMachine) -> None:
+        subprocess.run(["ip", "-n", machines["m2"], "link", "set", "dev", "lan", "down"],
+                       check=True)
 
-    def cut_once_training(line: str) -> None:
-        OtherMachine.say(other, line)
-        if line.startswith("iteration 1"):
-            subprocess.run(["ip", "-n", machines["m2"], "link", "set", "dev", "lan", "down"],
-                           check=True)
-
-    try:
-        coordinator = _coordinator(tmp_path, cluster, other, "emulated", iterations=200)
-        coordinator.say = cut_once_training
-        with pytest.raises(RunFailed, match="on machine m2 ") as failed:
-            asyncio.run(run_with_signals(coordinator))
-        print(failed.value)
-        assert coordinator.outcome is not None
-        # the control connections' liveness bound (about 15 s) ends it before the stall
-        # timeout (60 s) would
-        assert coordinator.outcome.wall_s < 60
-    finally:
-        other.output(wait_s=0)  # a machine cut off is not waited for
-    # as after a crash on a real machine: `testbed down` there removes what it left
-    assert _cli("down").returncode == 0
+    # a machine cut off is not waited for
+    coordinator = _lose_m2_in_training(tmp_path, machines, cut, wait_s=0)
+    assert coordinator.outcome is not None
+    # the control connections' liveness bound (about 15 s) ends it before the stall
+    # timeout (60 s) would
+    assert coordinator.outcome.wall_s < 60
 
 
 def test_a_network_event_changes_both_directions_of_a_link_across_machines(
