@@ -108,7 +108,7 @@ def main() -> None:
             {"name": m.name, "address": m.address, "netns": m.netns, "dcs": dcs}
             for m, dcs in zip(machines, groups, strict=True)]}))
         cluster = load_cluster(path, topology)
-        across = ClusterRun(cluster, cluster.coordinator, read_secret(cluster), secret)
+        across = ClusterRun(cluster, cluster.coordinator, read_secret(cluster))
         for policy in args.policies.split(","):
             row: dict[str, Any] = {"policy": policy}
             simulated = run(RunSpec("simulate", topology, job, policy, {}), scratch / "sim")

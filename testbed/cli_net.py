@@ -22,6 +22,9 @@ from testbed.topology.cluster import Cluster, load_cluster, machine_at
 from testbed.units import human_rate
 
 SHAPERS = ["auto", "netem", "userspace"]
+machine_option = click.option(
+    "--machine", help="Which machine of --cluster this is (default: the one whose address "
+    "is on this machine).")
 
 
 class Terminated(Exception):
@@ -84,8 +87,7 @@ shaper_option = click.option(
               help="Cluster file: the machines one network spans and the DCs each carries; "
               "bring up this machine's share (WAN links to other machines' DCs become "
               "VXLAN tunnels over the cluster network).")
-@click.option("--machine", help="Which machine of --cluster this is (default: the one whose "
-              "address is on this machine).")
+@machine_option
 def net_up(topology: Path, shaper: str, detach: bool, cluster_file: Path | None,
            machine: str | None) -> None:
     """Bring up the topology's network and keep it until Ctrl-C (or --detach).

@@ -11,7 +11,7 @@ from click.core import ParameterSource
 
 from testbed.api import run
 from testbed.choices import ActivationsChoice, AllReduceChoice, ComputeChoice, ShaperChoice
-from testbed.cli_net import SHAPERS, require_root, this_machine
+from testbed.cli_net import SHAPERS, machine_option, require_root, this_machine
 from testbed.cli_options import (
     bubble_options,
     emulation_options,
@@ -116,8 +116,7 @@ def echo_err(message: str) -> None:
               help="Run across the machines of this cluster file, coordinated from this "
               "machine (its coordinator): brings up this machine's share of the network, "
               "starts its torchrun and prints the command for each other machine.")
-@click.option("--machine", help="Which machine of --cluster this is (default: the one whose "
-              "address is on this machine).")
+@machine_option
 @click.option("--join-timeout", type=click.FloatRange(min=1), default=300.0,
               show_default=True, help="Seconds the other machines get to join (--cluster).")
 def up(
@@ -191,8 +190,7 @@ def cluster_run(path: Path | None, machine: str | None, join_timeout: float,
     if machine != cluster.coordinator:
         raise InputError(f"this is machine {machine}; a run starts on the coordinator, "
                          f"{cluster.coordinator}", str(path), "coordinator")
-    return ClusterRun(cluster, machine, read_secret(cluster), cluster.secret or Path(),
-                      join_timeout)
+    return ClusterRun(cluster, machine, read_secret(cluster), join_timeout)
 
 
 def refuse_with_resume(topology: Path | None) -> None:

@@ -114,7 +114,7 @@ def _joining(cluster_data: dict[str, Any], attempts: list[tuple[bytes, str, int]
     """The coordinator's side listening on loopback while `attempts` (secret, machine,
     rank) join one after another; what each attempt ended with, and the run's failures."""
     cluster = parse_cluster(cluster_data, "c.yaml", PAPER)
-    run = ClusterRun(cluster, "m1", SECRET, Path("secret"))
+    run = ClusterRun(cluster, "m1", SECRET)
     seats = machine_seats(cluster, PAPER.dc_of, ["east-0", "central-0"], [])
     failures: list[str] = []
     outcomes: list[str] = []

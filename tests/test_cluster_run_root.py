@@ -103,8 +103,7 @@ def _coordinator(tmp_path: Path, cluster_path: Path, other: OtherMachine,
     chosen = training_policy("1f1b")
     plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
     cluster = load_cluster(cluster_path, inputs.topology)
-    across = ClusterRun(cluster, "m1", read_secret(cluster), cluster.secret or Path(),
-                        join_timeout_s)
+    across = ClusterRun(cluster, "m1", read_secret(cluster), join_timeout_s)
     config = RunConfig(hosts_as_planned(inputs.topology, plan), inputs.job, plan, chosen,
                        compute, tmp_path / "logs", stall_timeout_s=60, save_dir=tmp_path,
                        events=inputs.events, cluster=across)
@@ -230,7 +229,7 @@ def test_bubbletea_across_machines_serves_prefills_to_both_decode_servers(
         "iterations=4", "inference.model=tiny", "inference.arrival_rate=100",
         "inference.prompt_length.distribution=fixed", "inference.prompt_length.value=16"))
     cluster = load_cluster(cluster_path, inputs.topology)
-    across = ClusterRun(cluster, "m1", read_secret(cluster), cluster.secret or Path(), 120)
+    across = ClusterRun(cluster, "m1", read_secret(cluster), 120)
     spec = RunSpec("emulate", inputs.topology, inputs.job, "1f1b", {},
                    bubble_policy="bubbletea", compute="emulated", cluster=across)
     try:

@@ -45,6 +45,9 @@ measured): the first alone starts with cold windows and ranks plans by their sta
 PROBE_ITERATIONS = 3
 """Enough for the staggered rhythm of temporal sharing to settle after the first."""
 RECEIVE_INDEXES = 8
+TransferKey = tuple[Op, int, int, int]
+"""What a transfer's receive position depends on: kind, sending stage, replica,
+microbatch."""
 """Plans whose receive positions the policy keeps at once."""
 
 
@@ -81,7 +84,7 @@ class AtlasPolicy(TrainingPolicy):
     def __init__(self, **values: str) -> None:
         super().__init__(**values)
         self._receive_index: dict[
-            int, tuple[Plan, dict[str, dict[Action, int]], dict[Any, int]]] = {}
+            int, tuple[Plan, dict[str, dict[Action, int]], dict[TransferKey, int]]] = {}
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
         began = time.monotonic()
@@ -261,7 +264,7 @@ class AtlasPolicy(TrainingPolicy):
         receives, known = self._receives(plan)
 
         def needed(t: Transfer) -> int:
-            key = (t.kind, t.stage, t.replica, t.microbatch)
+            key: TransferKey = (t.kind, t.stage, t.replica, t.microbatch)
             position = known.get(key)
             if position is None:
                 position = known[key] = _needed_at(plan, receives, t)
@@ -275,7 +278,8 @@ class AtlasPolicy(TrainingPolicy):
         return min((t for t in waiting if (t.iteration, t.replica) == first),
                    key=lambda t: (needed(t), t.id))
 
-    def _receives(self, plan: Plan) -> tuple[dict[str, dict[Action, int]], dict[Any, int]]:
+    def _receives(self, plan: Plan
+                  ) -> tuple[dict[str, dict[Action, int]], dict[TransferKey, int]]:
         """Where each receive sits in its GPU's action list, filled in per GPU as asked,
         and each transfer's answer by what it depends on, for the last few plans this
         policy arbitrated (planning simulates many)."""
@@ -285,7 +289,7 @@ class AtlasPolicy(TrainingPolicy):
         if len(self._receive_index) >= RECEIVE_INDEXES:
             self._receive_index.pop(next(iter(self._receive_index)))
         index: dict[str, dict[Action, int]] = {}
-        known: dict[Any, int] = {}
+        known: dict[TransferKey, int] = {}
         self._receive_index[id(plan)] = (plan, index, known)
         return index, known
 

@@ -16,18 +16,22 @@ import ctypes.util
 import os
 import socket
 import threading
-from pathlib import Path
 
-NETNS_DIR = Path("/run/netns")
+from testbed.net.netns import NETNS_DIR
+
 CLONE_NEWNET = 0x40000000
+
+
+def libc() -> ctypes.CDLL:
+    """The C library, for the system calls Python 3.11 lacks (setns, prctl)."""
+    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
 def enter_netns(name: str) -> None:
     """Move the calling thread into namespace `name`; FileNotFoundError if there is none."""
     fd = os.open(NETNS_DIR / name, os.O_RDONLY)
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        if libc.setns(fd, CLONE_NEWNET) != 0:
+        if libc().setns(fd, CLONE_NEWNET) != 0:
             code = ctypes.get_errno()
             raise OSError(code, f"setns into {name}: {os.strerror(code)}")
     finally:

@@ -122,6 +122,11 @@ class Layout:
     subnets: dict[str, str] | None = None
     """Every DC's subnet, when routers elsewhere are not in `routers`."""
 
+    @property
+    def router_dcs(self) -> set[str]:
+        """The DCs whose routers this layout makes (a machine's share: its own)."""
+        return {router.dc for router in self.routers}
+
     def subnet(self, dc: str) -> str:
         """The DC's host subnet, wherever its router is."""
         return self.subnets[dc] if self.subnets is not None else self.router(dc).subnet

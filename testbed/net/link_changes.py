@@ -21,7 +21,7 @@ def change_link(network: Network, a: str, b: str, latency_s: float | None = None
     across machines changes the directions its own routers send (the other machine
     changes the rest)."""
     link = network.topology.link(a, b)
-    here = {router.dc for router in network.layout.routers}
+    here = network.layout.router_dcs
     with kernel.Namespaces() as k:
         for src, dst in ((a, b), (b, a)):
             if src not in here:

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from testbed.net.netns import run_ip
+
 
 @dataclass(frozen=True)
 class NamespaceMachine:
@@ -19,7 +21,7 @@ class NamespaceMachine:
 
 
 def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+    run_ip(["ip", *args], "cluster network")
 
 
 @contextmanager

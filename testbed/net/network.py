@@ -255,7 +255,7 @@ def _build(network: Network, say: Progress) -> None:
             k.route(router.netns, f"{node.address}/32", node.router_if, link_scope=True)
             tcp = topology.tcp_for(node.dc)
             kernel.set_sysctls(node.netns, {**HOST_SYSCTLS, **_tcp_sysctls(tcp.sysctls())})
-        here = {router.dc for router in layout.routers}
+        here = layout.router_dcs
         for port in layout.ports:
             if port.dc < port.peer and port.peer in here:
                 peer = layout.port(port.peer, port.dc)

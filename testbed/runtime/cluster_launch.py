@@ -31,9 +31,16 @@ class ClusterRun:
     machine: str
     """This machine: the cluster's coordinator."""
     secret: bytes
-    secret_path: Path
+    """What the cluster file's `secret` file holds (testbed.runtime.cluster_secret)."""
     join_timeout_s: float = 300.0
     """How long the other machines get to start their torchrun."""
+
+    @property
+    def secret_path(self) -> Path:
+        """The secret's file, as every machine's command names it."""
+        if self.cluster.secret is None:
+            raise ValueError("a run across machines needs the cluster file's `secret`")
+        return self.cluster.secret
 
 
 @dataclass(frozen=True)

@@ -80,9 +80,9 @@ class ClusterJoins:
         self.fail = fail
         self.joined: set[tuple[str, int]] = set()
         self._server: asyncio.AbstractServer | None = None
-        self._holders: list[asyncio.StreamWriter] = []
         self._share_holders: dict[str, asyncio.StreamWriter] = {}
-        """Each other machine's first process, which holds its share: network events."""
+        """Each other machine's first process, which holds its share: network events go
+        to it, and closing its connection ends the run there."""
         self._closing = False
 
     async def listen(self) -> None:
@@ -95,7 +95,7 @@ class ClusterJoins:
         self._closing = True
         if self._server is not None:
             self._server.close()
-        for writer in self._holders:  # the run is over: their shares may go
+        for writer in self._share_holders.values():  # the run is over: shares may go
             writer.close()
 
     async def change_link(self, a: str, b: str, latency_s: float | None,
@@ -112,10 +112,8 @@ class ClusterJoins:
         for event in self.shares_up.values():
             await event.wait()
 
-    async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    machine: str) -> None:
+    async def _hold(self, reader: asyncio.StreamReader, machine: str) -> None:
         """A process that only holds its machine's share: the run fails if it leaves."""
-        self._holders.append(writer)
         with contextlib.suppress(OSError):
             await reader.read()
         if not self._closing:
@@ -199,7 +197,7 @@ class ClusterJoins:
                              f"({seconds:.1f} s)")
                     self.shares_up[join.machine].set()
                     if seat.role == "network":
-                        await self._hold(reader, writer, join.machine)
+                        await self._hold(reader, join.machine)
                         return
                 case Hello():
                     await self.control.hellos.put((reader, writer, message))

@@ -62,13 +62,11 @@ async def serve_on(control_reader: asyncio.StreamReader, control: asyncio.Stream
     server = await asyncio.start_server(on_sender, address, port)
     await send(control, Listening(port))
     try:
-        while links is not None:  # anything else: "stop"
+        while True:  # until "stop" (or anything else), or the coordinator goes away
             order = decode(await read_message(control_reader))
-            if not isinstance(order, LinkChange):
+            if links is None or not isinstance(order, LinkChange):
                 break
             await apply_link_change(links, order, control)
-        else:
-            await read_message(control_reader)  # "stop", or the coordinator going away
     except (asyncio.IncompleteReadError, OSError, ProtocolError):
         pass
     finally:

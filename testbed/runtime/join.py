@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import json
 import os
 import signal
@@ -25,7 +23,7 @@ import time
 from pathlib import Path
 
 from testbed.errors import TestbedError
-from testbed.net.enter import enter_netns
+from testbed.net.enter import enter_netns, libc
 from testbed.net.link_changes import change_link
 from testbed.net.network import Network, bring_up, tear_down
 from testbed.runtime import clock
@@ -63,8 +61,7 @@ class JoinFailed(Exception):
 
 def die_with_parent() -> None:
     """A torchrun killed outright takes its processes with it (PR_SET_PDEATHSIG)."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.prctl(1, signal.SIGTERM)
+    libc().prctl(1, signal.SIGTERM)
 
 
 def connect(address: str, port: int) -> socket.socket:
