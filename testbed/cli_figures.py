@@ -71,6 +71,10 @@ def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: 
         from testbed.cli_net import require_root
 
         require_root()
+    if not topologies and not SHIPPED.is_dir():
+        raise InputError("the shipped topologies are not installed with the package (they "
+                         "are in the repository's topologies/): give --conditions FILE",
+                         "--conditions")
     paths = topologies or tuple(SHIPPED / name for name in DEFAULT_CONDITIONS)
     conditions = [_conditions(path) for path in paths]
     wanted = _wanted(only, conditions)
