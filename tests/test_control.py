@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import struct
 import time
 from pathlib import Path
 
+import pytest
+
 from testbed.runtime.control_server import ControlServer
 from testbed.runtime.messages import Hello
-from testbed.runtime.protocol import send_message
+from testbed.runtime.protocol import MAX_UNPROVEN_BYTES, send_message
 
 
 def test_silent_connections_do_not_hold_up_a_hello(tmp_path: Path) -> None:
@@ -35,16 +40,30 @@ def test_silent_connections_do_not_hold_up_a_hello(tmp_path: Path) -> None:
     assert asyncio.run(scenario()) < 2.0
 
 
-def test_garbage_on_the_control_socket_is_dropped(tmp_path: Path) -> None:
+def _frame(body: bytes) -> bytes:
+    return struct.pack("!I", len(body)) + body
+
+
+HELLO = json.dumps({"op": "hello", "gpu": "east-0", "token": "x"}).encode()
+
+
+@pytest.mark.parametrize("data", [
+    b"\xff\xff\xff\xffnot json",
+    _frame(b"[" * 4000),  # deeper than json's recursion limit
+    _frame(HELLO.ljust(MAX_UNPROVEN_BYTES + 1)),  # a good hello, but longer than the bound
+], ids=["huge length", "deep nesting", "a hello past the bound"])
+def test_garbage_on_the_control_socket_is_dropped(
+        tmp_path: Path, data: bytes, caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> bool:
         control = ControlServer("x")
         path = str(tmp_path / "control.sock")
         server = await asyncio.start_unix_server(control.on_connect, path=path)
         reader, writer = await asyncio.open_unix_connection(path)
-        writer.write(b"\xff\xff\xff\xffnot json")
+        writer.write(data)
         await writer.drain()
         closed = await asyncio.wait_for(reader.read(), 3) == b""
         server.close()
         return closed and control.hellos.empty()
 
     assert asyncio.run(scenario())
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -23,7 +23,7 @@ from testbed.runtime.messages import (
     receive,
 )
 from testbed.runtime.pool import WorkerHandle
-from testbed.runtime.protocol import ProtocolError, read_message
+from testbed.runtime.protocol import MAX_UNPROVEN_BYTES, ProtocolError, read_message
 
 HELLO_TIMEOUT_S = 5.0
 """How long a new control connection may take to say hello."""
@@ -53,7 +53,8 @@ class ControlServer:
             writer.close()  # every worker has joined: nobody else may
             return
         try:  # each connection on its own clock: a silent one holds up nobody
-            raw = await asyncio.wait_for(read_message(reader), HELLO_TIMEOUT_S)
+            raw = await asyncio.wait_for(read_message(reader, MAX_UNPROVEN_BYTES),
+                                         HELLO_TIMEOUT_S)
             hello = decode_as(raw, Hello)
         except (TimeoutError, asyncio.IncompleteReadError, ValueError, ProtocolError,
                 ConnectionError):

@@ -14,7 +14,12 @@ from typing import Any, ClassVar, TypeVar
 from testbed.choices import EmulatedCompute
 from testbed.job import ModelShape
 from testbed.runtime.codec import build, to_json
-from testbed.runtime.protocol import ProtocolError, read_message, send_message
+from testbed.runtime.protocol import (
+    MAX_CONTROL_BYTES,
+    ProtocolError,
+    read_message,
+    send_message,
+)
 from testbed.spans import Span
 
 
@@ -328,6 +333,7 @@ async def receive(reader: asyncio.StreamReader, *expected: type[Message]) -> Mes
     return decode(await read_message(reader), *expected)
 
 
-async def receive_as(reader: asyncio.StreamReader, cls: type[M]) -> M:
-    """The next message, which must be a `cls`."""
-    return decode_as(await read_message(reader), cls)
+async def receive_as(reader: asyncio.StreamReader, cls: type[M],
+                     limit: int = MAX_CONTROL_BYTES) -> M:
+    """The next message, which must be a `cls` (of at most `limit` bytes)."""
+    return decode_as(await read_message(reader, limit), cls)

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_CONTROL_BYTES = 64 * 1024 * 1024
+MAX_UNPROVEN_BYTES = 4096
+"""The longest frame read from a peer that has not proven the run's secret yet (a hello or
+a join, a few hundred bytes); a longer one is refused from its length alone, unread."""
 TOKEN_ENV = "TESTBED_RUN_TOKEN"
 """How a worker learns the run's secret: never on a command line, where `ps` shows it."""
 _LENGTH = struct.Struct("!I")
@@ -48,25 +51,32 @@ def frame(message: dict[str, Any]) -> bytes:
     return _LENGTH.pack(len(body)) + body
 
 
-async def read_message(reader: asyncio.StreamReader) -> dict[str, Any]:
+async def read_message(reader: asyncio.StreamReader, limit: int = MAX_CONTROL_BYTES
+                       ) -> dict[str, Any]:
+    """The next control message; ProtocolError for one longer than `limit` (before its
+    body is read) or one that is not a JSON object."""
     (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
-    return _body(await reader.readexactly(_checked(length)))
+    return _body(await reader.readexactly(_checked(length, limit)))
 
 
-def read_message_blocking(sock: socket.socket) -> dict[str, Any]:
+def read_message_blocking(sock: socket.socket, limit: int = MAX_CONTROL_BYTES
+                          ) -> dict[str, Any]:
     """The next control message from a blocking socket (before any event loop runs)."""
     (length,) = _LENGTH.unpack(_exactly(sock, _LENGTH.size))
-    return _body(_exactly(sock, _checked(length)))
+    return _body(_exactly(sock, _checked(length, limit)))
 
 
-def _checked(length: int) -> int:
-    if length > MAX_CONTROL_BYTES:
-        raise ProtocolError(f"control message of {length} bytes")
+def _checked(length: int, limit: int) -> int:
+    if length > limit:
+        raise ProtocolError(f"control message of {length} bytes (at most {limit})")
     return length
 
 
 def _body(raw: bytes) -> dict[str, Any]:
-    data = json.loads(raw)
+    try:  # UTF-8 only; bad UTF-8 and bad JSON are ValueErrors, deep nesting recursion
+        data = json.loads(raw.decode())
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"control message is not JSON: {str(exc)[:80]}") from None
     if not isinstance(data, dict):
         raise ProtocolError("control message is not an object")
     return data
