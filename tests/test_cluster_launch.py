@@ -3,37 +3,25 @@ and the join handshake's refusals (the coordinator's side on loopback)."""
 
 from __future__ import annotations
 
-import asyncio
-import socket
-import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from testbed.errors import InputError
-from testbed.runtime.cluster_launch import ClusterRun, Seat, command_line, machine_seats
-from testbed.runtime.cluster_run import ClusterJoins
-from testbed.runtime.cluster_secret import proof, proves, read_secret, run_token
-from testbed.runtime.control_server import ControlServer
+from testbed.runtime.cluster_launch import Seat, command_line, machine_seats
+from testbed.runtime.cluster_secret import (
+    coordinator_proof,
+    join_proof,
+    proves,
+    read_secret,
+    run_token,
+)
 from testbed.runtime.join import JoinFailed, connect, join
-from testbed.runtime.join_messages import ShareOrder
-from testbed.topology import load_topology
 from testbed.topology.cluster import dump_cluster, parse_cluster
 
+from .loopback_coordinator import PAPER, ROOT, SECRET, loopback_coordinator
+from .loopback_coordinator import cluster_data as _cluster
 from .test_cli import call
-
-ROOT = Path(__file__).resolve().parent.parent
-PAPER = load_topology(ROOT / "topologies" / "paper-3dc.yaml")
-SECRET = b"0123456789abcdef0123456789abcdef"
-
-
-def _cluster(**extra: Any) -> dict[str, Any]:
-    return {"machines": [
-        {"name": "m1", "address": "127.0.0.1", "dcs": ["east"]},
-        {"name": "m2", "address": "10.251.0.2", "dcs": ["central"], "netns": "tbcl-m2"},
-        {"name": "m3", "address": "10.251.0.3", "dcs": ["west"]},
-    ], **extra}
 
 
 def test_a_cluster_dumps_to_what_parses_back() -> None:
@@ -96,50 +84,27 @@ def test_a_cluster_without_a_secret_cannot_run() -> None:
 
 
 def test_proofs_and_tokens_follow_from_the_secret_alone() -> None:
-    assert proves(SECRET, "n1", proof(SECRET, "n1"))
-    assert not proves(SECRET, "n2", proof(SECRET, "n1"))
-    assert not proves(b"another secret, just as long", "n1", proof(SECRET, "n1"))
-    assert run_token(SECRET, "n1") != proof(SECRET, "n1")
+    mine = join_proof(SECRET, "c1", "n1", "m2", 0)
+    assert proves(mine, join_proof(SECRET, "c1", "n1", "m2", 0))
+    assert not proves(mine, join_proof(SECRET, "c2", "n1", "m2", 0))  # another challenge
+    assert not proves(mine, join_proof(SECRET, "c1", "n1", "m2", 1))  # another seat
+    assert not proves(mine, join_proof(b"another secret, just as long", "c1", "n1", "m2", 0))
+    # one side's proof never passes as the other's, nor for another joiner's nonce
+    theirs = coordinator_proof(SECRET, "c1", "n1", "m2", 0, "run")
+    assert theirs != mine and not proves(theirs, coordinator_proof(SECRET, "c1", "n2", "m2", 0,
+                                                                   "run"))
+    assert not proves(mine, "\ud800")  # a peer's odd string is only a wrong answer
+    assert run_token(SECRET, "n1") != mine
     assert len(bytes.fromhex(run_token(SECRET, "n1"))) == 32  # a data connection's token
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _joining(cluster_data: dict[str, Any], attempts: list[tuple[bytes, str, int]]
-             ) -> tuple[list[str], list[str]]:
+def _joining(attempts: list[tuple[bytes, str, int]]) -> tuple[list[str], list[str]]:
     """The coordinator's side listening on loopback while `attempts` (secret, machine,
     rank) join one after another; what each attempt ended with, and the run's failures."""
-    cluster = parse_cluster(cluster_data, "c.yaml", PAPER)
-    run = ClusterRun(cluster, "m1", SECRET)
-    seats = machine_seats(cluster, PAPER.dc_of, ["east-0", "central-0"], [])
-    failures: list[str] = []
     outcomes: list[str] = []
-    ready = threading.Event()
-    stop: asyncio.Event | None = None
-
-    async def serve() -> None:
-        nonlocal stop
-        stop = asyncio.Event()
-        joins = ClusterJoins(ControlServer("token"), run, "nonce", seats,
-                             lambda host: f"no-such-namespace-{host}", lambda _h: "10.0.0.1",
-                             failures.append, ShareOrder("{}", "{}", [], "auto", 0),
-                             lambda _m: None)
-        await joins.listen()
-        ready.set()
-        await stop.wait()
-        joins.close()
-
-    loop = asyncio.new_event_loop()
-    server = threading.Thread(target=loop.run_until_complete, args=(serve(),))
-    server.start()
-    ready.wait(10)
-    try:
+    with loopback_coordinator() as coordinator:
         for secret, machine, rank in attempts:
-            sock = connect("127.0.0.1", cluster.control_port)
+            sock = connect("127.0.0.1", coordinator.port)
             try:
                 join(sock, secret, machine, rank)
                 outcomes.append("joined")
@@ -147,17 +112,11 @@ def _joining(cluster_data: dict[str, Any], attempts: list[tuple[bytes, str, int]
                 outcomes.append(str(exc))
             finally:
                 sock.close()
-    finally:
-        assert stop is not None
-        loop.call_soon_threadsafe(stop.set)
-        server.join(10)
-        loop.close()
-    return outcomes, failures
+    return outcomes, coordinator.failures
 
 
 def test_joining_takes_the_secret_a_seat_and_a_namespace() -> None:
-    data = _cluster(control_port=_free_port())
-    outcomes, failures = _joining(data, [
+    outcomes, failures = _joining([
         (b"not the secret but long enough", "m2", 0),
         (SECRET, "m2", 5),
         (SECRET, "m4", 0),

@@ -2,10 +2,11 @@
 (who may join, which seat each joining process takes, its clock), the torchrun this
 machine starts for its own seats, and the commands printed for the others.
 
-Every process joins over TCP (testbed.runtime.join): it proves the cluster's secret on a
-fresh nonce, is told its seat and the run's nonce (its token follows from the secret),
-asks the time a few times, enters its host's namespace and says hello there; from then
-on it is an ordinary worker of ControlServer's handshake.
+Every process joins over TCP (testbed.runtime.join): past the gate (testbed.runtime.
+join_gate) it has proven the cluster's secret on a fresh nonce; it is told its seat and
+the run's nonce (its token follows from the secret) with the coordinator's own proof on
+its nonce, asks the time a few times, enters its host's namespace and says hello there;
+from then on it is an ordinary worker of ControlServer's handshake.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import secrets
 import sys
 import time
 from collections.abc import Callable
@@ -27,12 +27,12 @@ from testbed.runtime.cluster_launch import (
     machine_seats,
     torchrun_args,
 )
-from testbed.runtime.cluster_secret import proves
-from testbed.runtime.control_server import HELLO_TIMEOUT_S, ControlServer
+from testbed.runtime.cluster_secret import coordinator_proof
+from testbed.runtime.control_server import ControlServer
 from testbed.runtime.hosts import NamespaceHosts
+from testbed.runtime.join_gate import JoinGate, Proven
 from testbed.runtime.join_messages import (
     Assign,
-    Challenge,
     Join,
     LinkChange,
     Refused,
@@ -45,11 +45,10 @@ from testbed.runtime.messages import (
     Hello,
     WorkerError,
     receive,
-    receive_as,
     send,
 )
 from testbed.runtime.pool import WorkerPool
-from testbed.runtime.protocol import ProtocolError, keep_alive
+from testbed.runtime.protocol import ProtocolError
 from testbed.topology.cluster import dump_cluster
 from testbed.topology.load import dump_topology
 from testbed.topology.model import Topology
@@ -79,7 +78,7 @@ class ClusterJoins:
         self.address_of = address_of
         self.fail = fail
         self.joined: set[tuple[str, int]] = set()
-        self._server: asyncio.AbstractServer | None = None
+        self.gate = JoinGate(run.secret, self.on_join, lambda: not control.closed_to_newcomers)
         self._share_holders: dict[str, asyncio.StreamWriter] = {}
         """Each other machine's first process, which holds its share: network events go
         to it, and closing its connection ends the run there."""
@@ -88,13 +87,11 @@ class ClusterJoins:
     async def listen(self) -> None:
         cluster = self.run.cluster
         here = cluster.machine(self.run.machine)
-        sock = listening_socket(here.netns, here.address, cluster.control_port)
-        self._server = await asyncio.start_server(self.on_connect, sock=sock)
+        self.gate.open(listening_socket(here.netns, here.address, cluster.control_port))
 
-    def close(self) -> None:
+    async def close(self) -> None:
         self._closing = True
-        if self._server is not None:
-            self._server.close()
+        await self.gate.close()
         for writer in self._share_holders.values():  # the run is over: shares may go
             writer.close()
 
@@ -129,21 +126,10 @@ class ClusterJoins:
         return ", ".join(f"{name} ({count} of {sum(k[0] == name for k in self.seats)})"
                          for name, count in absent.items())
 
-    async def on_connect(self, reader: asyncio.StreamReader,
-                         writer: asyncio.StreamWriter) -> None:
-        if self.control.closed_to_newcomers:
-            writer.close()
-            return
-        with contextlib.suppress(OSError):
-            keep_alive(writer.get_extra_info("socket"))
-        nonce = secrets.token_hex(16)
-        try:
-            await send(writer, Challenge(nonce))
-            join = await asyncio.wait_for(receive_as(reader, Join), HELLO_TIMEOUT_S)
-        except (TimeoutError, asyncio.IncompleteReadError, ProtocolError, ConnectionError):
-            writer.close()  # not our protocol: not one of ours
-            return
-        seat, reason = self._seat(join, nonce)
+    async def on_join(self, proven: Proven) -> None:
+        """A process that proved the secret: its seat, with the coordinator's proof."""
+        reader, writer, join = proven.reader, proven.writer, proven.join
+        seat, reason = self._seat(join)
         if seat is None:
             with contextlib.suppress(ConnectionError):
                 await send(writer, Refused(reason))
@@ -152,20 +138,19 @@ class ClusterJoins:
         first = join.local_rank == 0 and join.machine != self.run.machine
         if not first:  # the machine's first process brings up its share: wait for it
             await self.shares_up[join.machine].wait()
+        proof = coordinator_proof(self.run.secret, proven.challenge, join.nonce, join.machine,
+                                  join.local_rank, self.nonce)
         if seat.role == "network":
-            assign = Assign(seat.host, "", seat.role, "", self.nonce, self.share)
+            assign = Assign(seat.host, "", seat.role, "", self.nonce, proof, self.share)
         else:
             assign = Assign(seat.host, self.netns_of(seat.host), seat.role,
-                            self.address_of(seat.host), self.nonce,
+                            self.address_of(seat.host), self.nonce, proof,
                             self.share if first else None)
-        await send(writer, assign)
         if assign.share is not None:
             self._share_holders[join.machine] = writer
-        await self._until_hello(reader, writer, join, seat)
+        await self._until_hello(reader, writer, join, seat, assign)
 
-    def _seat(self, join: Join, nonce: str) -> tuple[Seat | None, str]:
-        if not proves(self.run.secret, nonce, join.proof):
-            return None, "wrong secret (every machine needs the same secret file)"
+    def _seat(self, join: Join) -> tuple[Seat | None, str]:
         key = (join.machine, join.local_rank)
         seat = self.seats.get(key)
         if seat is None:
@@ -178,10 +163,14 @@ class ClusterJoins:
         return seat, ""
 
     async def _until_hello(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                           join: Join, seat: Seat) -> None:
-        """Answer clock questions until the process says hello from its host."""
+                           join: Join, seat: Seat, assign: Assign) -> None:
+        """Give the seat, then answer clock questions until the process says hello from
+        its host."""
+        answer: Assign | TimeIs | None = assign
         while True:
             try:
+                if answer is not None:
+                    await send(writer, answer)
                 message = await asyncio.wait_for(
                     receive(reader, TimeAsk, ShareUp, Hello, WorkerError), JOIN_STEP_TIMEOUT_S)
             except (TimeoutError, asyncio.IncompleteReadError, ProtocolError,
@@ -189,9 +178,10 @@ class ClusterJoins:
                 writer.close()
                 self.fail(f"{seat.host} on machine {join.machine} left while joining")
                 return
+            answer = None
             match message:
                 case TimeAsk():
-                    await send(writer, TimeIs(time.monotonic()))
+                    answer = TimeIs(time.monotonic())
                 case ShareUp(seconds=seconds):
                     self.say(f"machine {join.machine}: its share of the network is up "
                              f"({seconds:.1f} s)")

@@ -384,7 +384,7 @@ class Coordinator:
         await self.pool.stop()
         self.control.close()
         if self._joins is not None:
-            self._joins.close()
+            await self._joins.close()
         for problem in await asyncio.to_thread(self.hosts.tear_down):
             self.say(f"teardown: {problem}")
 

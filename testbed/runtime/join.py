@@ -1,10 +1,12 @@
 """A process torchrun started on one machine of a cluster: it joins the run's coordinator
 over the cluster network and becomes the worker (or decode server) it is given.
 
-Before any event loop or thread exists it connects (on the machine's own network),
-answers the coordinator's challenge with an HMAC of the cluster's secret, learns its seat,
-measures its clock against the coordinator's (so every time it reports is on one clock),
-then enters its host's namespace and runs the worker on the connection it already has.
+Before any event loop or thread exists it checks the secret file's mode, connects (on
+the machine's own network), answers the coordinator's challenge with an HMAC of the
+cluster's secret, learns its seat from a coordinator that proves the secret in turn (on
+this process's own nonce), measures its clock against the coordinator's (so every time
+it reports is on one clock), then enters its host's namespace and runs the worker on the
+connection it already has.
 
     torchrun ... -m testbed.runtime.join --coordinator ADDR:PORT --secret FILE --machine M
 """
@@ -16,18 +18,25 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import sys
 import time
 from pathlib import Path
 
-from testbed.errors import TestbedError
+from testbed.errors import TestbedError, one_line
 from testbed.net.enter import enter_netns, libc
 from testbed.net.link_changes import change_link
 from testbed.net.network import Network, bring_up, tear_down
 from testbed.runtime import clock
-from testbed.runtime.cluster_secret import proof, run_token
+from testbed.runtime.cluster_secret import (
+    coordinator_proof,
+    join_proof,
+    proves,
+    read_secret_file,
+    run_token,
+)
 from testbed.runtime.codec import to_json
 from testbed.runtime.join_messages import (
     Assign,
@@ -46,7 +55,13 @@ from testbed.runtime.messages import (
     decode,
     decode_as,
 )
-from testbed.runtime.protocol import ProtocolError, frame, keep_alive, read_message_blocking
+from testbed.runtime.protocol import (
+    MAX_UNPROVEN_BYTES,
+    ProtocolError,
+    frame,
+    keep_alive,
+    read_message_blocking,
+)
 from testbed.runtime.share_events import LinkChanger
 from testbed.runtime.stopping import until_signalled
 from testbed.runtime.worker import run_loop
@@ -102,15 +117,9 @@ def clock_offset(sock: socket.socket) -> float:
 
 def join(sock: socket.socket, secret: bytes, machine: str, local_rank: int
          ) -> tuple[Assign, Network | None]:
-    """Challenge answered, seat given, the machine's share of the network up (the first
-    process's task), clock measured, host's namespace entered."""
-    challenge = decode_as(read_message_blocking(sock), Challenge)
-    tell(sock, Join(machine, local_rank, os.getpid(), proof(secret, challenge.nonce)))
-    answer = decode(read_message_blocking(sock), Assign, Refused)
-    if isinstance(answer, Refused):
-        raise JoinFailed(f"the coordinator refused machine {machine} rank {local_rank}: "
-                         f"{answer.reason}")
-    assert isinstance(answer, Assign)
+    """Seat given by a coordinator that proved the secret, the machine's share of the
+    network up (the first process's task), clock measured, host's namespace entered."""
+    answer = seat_from(sock, secret, machine, local_rank)
     network = None if answer.share is None else share_up(sock, answer.share, machine)
     if answer.role == "network":
         return answer, network
@@ -125,6 +134,32 @@ def join(sock: socket.socket, secret: bytes, machine: str, local_rank: int
                              f"{answer.host}") from None
         raise
     return answer, network
+
+
+def seat_from(sock: socket.socket, secret: bytes, machine: str, local_rank: int) -> Assign:
+    """Each side proves the secret on the other's fresh nonce; nothing the coordinator
+    says is acted on before its proof holds. JoinFailed names the coordinator otherwise."""
+    host, port = sock.getpeername()[:2]
+    coordinator = f"the coordinator at {host}:{port}"
+    nonce = secrets.token_hex(16)
+    try:
+        challenge = decode_as(read_message_blocking(sock, MAX_UNPROVEN_BYTES), Challenge).nonce
+        tell(sock, Join(machine, local_rank, os.getpid(), nonce,
+                        join_proof(secret, challenge, nonce, machine, local_rank)))
+        answer = decode(read_message_blocking(sock), Assign, Refused)
+    except ProtocolError as exc:
+        raise JoinFailed(f"{coordinator}: {exc}") from None
+    except ConnectionError:  # reset or closed: either way it turned us away
+        raise JoinFailed(f"{coordinator} closed the connection") from None
+    if isinstance(answer, Refused):
+        raise JoinFailed(f"{coordinator} refused machine {machine} rank {local_rank}: "
+                         f"{one_line(answer.reason)[:200]}")
+    assert isinstance(answer, Assign)
+    expected = coordinator_proof(secret, challenge, nonce, machine, local_rank, answer.nonce)
+    if not proves(expected, answer.proof):
+        raise JoinFailed(f"{coordinator} did not prove the cluster's secret: another "
+                         "process listens there, or it holds another secret")
+    return answer
 
 
 def share_up(sock: socket.socket, order: ShareOrder, machine: str) -> Network:
@@ -201,10 +236,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"{name}: LOCAL_RANK is not set: start this with torchrun")
     address, _, port = args.coordinator.rpartition(":")
     try:
-        secret = args.secret.read_bytes().strip()
+        secret = read_secret_file(args.secret)
         sock = connect(address, int(port))
         seat, network = join(sock, secret, args.machine, int(rank))
-    except (OSError, JoinFailed, ProtocolError, ValueError) as exc:
+    except (OSError, JoinFailed, ProtocolError, ValueError, TestbedError) as exc:
         sys.exit(f"{name}: {exc}")
     try:
         if seat.role == "network":

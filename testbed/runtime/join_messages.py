@@ -10,7 +10,8 @@ from testbed.runtime.messages import Message
 
 @dataclass(frozen=True)
 class Challenge(Message):
-    """First words on a TCP control connection: prove the cluster's secret on this nonce."""
+    """First words on a TCP control connection: prove the cluster's secret on this fresh
+    nonce (testbed.runtime.cluster_secret.join_proof)."""
 
     op = "challenge"
     nonce: str
@@ -18,12 +19,14 @@ class Challenge(Message):
 
 @dataclass(frozen=True)
 class Join(Message):
-    """A process torchrun started on `machine`, with its HMAC of the challenge."""
+    """A process torchrun started on `machine`, with its proof of the secret on the
+    challenge and its own fresh nonce, which the coordinator's proof must cover."""
 
     op = "join"
     machine: str
     local_rank: int
     pid: int
+    nonce: str
     proof: str
 
 
@@ -43,7 +46,8 @@ class ShareOrder:
 @dataclass(frozen=True)
 class Assign(Message):
     """Who the joining process is to be: a host's worker or decode server, in `netns`;
-    `nonce` gives it the run's token (derived from the secret, never sent)."""
+    `nonce` gives it the run's token (derived from the secret, never sent); `proof` is
+    the coordinator's proof of the secret (cluster_secret.coordinator_proof)."""
 
     op = "assign"
     host: str
@@ -51,6 +55,7 @@ class Assign(Message):
     role: str
     address: str
     nonce: str
+    proof: str
     share: ShareOrder | None = None
 
 
