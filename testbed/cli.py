@@ -79,7 +79,8 @@ def validate(topology: Path, **kwargs: Any) -> None:
         )
     m = job.model
     click.echo(
-        f"  job: model {m.layers} layers x {m.hidden} hidden, seq {m.seq_len}, "
+        f"  job: model {m.layers} layers x {m.hidden} hidden, {m.mlp} MLP, "
+        f"{'tied' if m.tied_embeddings else 'untied'} embeddings, seq {m.seq_len}, "
         f"{m.params / 1e6:.1f}M parameters; microbatch {job.microbatch_size}, "
         f"{job.iterations} iterations, seed {job.seed}"
     )

@@ -1,14 +1,15 @@
 """How long a stage's forward and backward take, from FLOPs and a GPU's sustained rate.
 
 Per layer forward: 2 x tokens x parameters + 4 x batch x seq^2 x hidden (attention scores),
-which for a standard GPT layer is the familiar 24*b*s*h^2 + 4*b*s^2*h. Backward costs twice
-the forward. The last stage adds the LM head (2 x tokens x hidden x vocab).
+which for a standard GPT layer is the familiar 24*b*s*h^2 + 4*b*s^2*h (a SwiGLU MLP's third
+matrix counts as parameters do). Backward costs twice the forward. The last stage adds the
+LM head (2 x tokens x hidden x vocab).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from testbed.job import Job, ModelShape
 from testbed.plan.model import Plan
@@ -33,11 +34,15 @@ def stage_forward_flops(model: ModelShape, batch: int, layers: int, last: bool) 
 
 
 def stage_params(model: ModelShape, layers: int, first: bool, last: bool) -> int:
+    """The weight matrices a stage holds: its layers', the token embedding on the first
+    stage and the output layer on the last. A tied output layer is the embedding's
+    matrix: held once by a stage that is both, and by each end of a pipeline (as
+    Megatron does: its gradient, too, is reduced on both)."""
     params = layers * model.params_per_layer
     if first:
-        params += model.vocab * model.hidden
-    if last:
-        params += model.vocab * model.hidden
+        params += model.embedding_params
+    if last and not (first and model.tied_embeddings):
+        params += model.embedding_params
     return params
 
 
@@ -98,12 +103,9 @@ def prefill_flops(model: ModelShape, end: int, start: int = 0) -> float:
     def layers_upto(tokens: int) -> float:
         if tokens <= 0:
             return 0.0
-        shape = ModelShape(model.layers, model.hidden, model.heads, tokens, model.vocab,
-                           model.kv_heads, model.ffn)
-        return model.layers * layer_forward_flops(shape, 1)
+        return model.layers * layer_forward_flops(replace(model, seq_len=tokens), 1)
 
-    head = head_forward_flops(ModelShape(model.layers, model.hidden, model.heads, 1,
-                                         model.vocab), 1)
+    head = head_forward_flops(replace(model, seq_len=1), 1)
     return layers_upto(end) - layers_upto(start) + head
 
 

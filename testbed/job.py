@@ -6,8 +6,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from testbed.errors import InputError
+
+MlpKind = Literal["gelu", "swiglu"]
+MLP_MATRICES: Mapping[MlpKind, int] = {"gelu": 2, "swiglu": 3}
+"""Weight matrices of a layer's MLP: up and down (GPT's GELU MLP), or gate, up and down
+(Llama's SwiGLU)."""
 
 
 @dataclass(frozen=True)
@@ -21,6 +27,11 @@ class ModelShape:
     vocab: int
     kv_heads: int | None = None
     ffn: int | None = None
+    mlp: MlpKind = "gelu"
+    tied_embeddings: bool = False
+    """The output layer reuses the token embedding's matrix (GPT-2, GPT-3) instead of
+    having its own (Llama 2). Under pipeline parallelism the first and the last stage
+    each hold it, as Megatron does; a model in one piece holds it once."""
 
     @property
     def head_dim(self) -> int:
@@ -36,24 +47,47 @@ class ModelShape:
 
     @property
     def params_per_layer(self) -> int:
+        """A layer's weight matrices: query and output projections, keys and values (fewer
+        heads under grouped-query attention), and the MLP's. Norms and biases, a few
+        thousandths of a layer, are left out."""
         kv = 2 * self.hidden * self.n_kv_heads * self.head_dim
-        return 2 * self.hidden * self.hidden + kv + 2 * self.hidden * self.ffn_hidden
+        mlp = MLP_MATRICES[self.mlp] * self.hidden * self.ffn_hidden
+        return 2 * self.hidden * self.hidden + kv + mlp
+
+    @property
+    def embedding_params(self) -> int:
+        """The token embedding; an untied output layer has as many again."""
+        return self.vocab * self.hidden
 
     @property
     def params(self) -> int:
-        return self.layers * self.params_per_layer + self.vocab * self.hidden
+        """The whole model's weight matrices, a tied embedding counted once."""
+        heads = 1 if self.tied_embeddings else 2
+        return self.layers * self.params_per_layer + heads * self.embedding_params
 
 
 MODEL_PRESETS: Mapping[str, ModelShape] = {
+    # Ours, small enough to train on a CPU: GELU and untied, the shape they have always
+    # been costed and trained as (their results do not move)
     "tiny": ModelShape(layers=4, hidden=64, heads=4, seq_len=32, vocab=256),
     "small": ModelShape(layers=6, hidden=256, heads=8, seq_len=128, vocab=1024),
-    "gpt2": ModelShape(layers=12, hidden=768, heads=12, seq_len=1024, vocab=50257),
-    "gpt2-xl": ModelShape(layers=48, hidden=1600, heads=25, seq_len=1024, vocab=50257),
-    "gpt3-175b": ModelShape(layers=96, hidden=12288, heads=96, seq_len=2048, vocab=50257),
-    "llama2-7b": ModelShape(layers=32, hidden=4096, heads=32, seq_len=4096, vocab=32000, ffn=11008),
-    "llama2-70b": ModelShape(
-        layers=80, hidden=8192, heads=64, seq_len=4096, vocab=32000, kv_heads=8, ffn=28672
-    ),
+    # GPT-2 (Radford et al. 2019; Hugging Face `gpt2`, `gpt2-xl` config.json: n_layer,
+    # n_embd, n_head, n_ctx, vocab_size 50257, tied output layer): 124M and 1,558M
+    "gpt2": ModelShape(layers=12, hidden=768, heads=12, seq_len=1024, vocab=50257,
+                       tied_embeddings=True),
+    "gpt2-xl": ModelShape(layers=48, hidden=1600, heads=25, seq_len=1024, vocab=50257,
+                          tied_embeddings=True),
+    # GPT-3 175B (Brown et al. 2020, Table 2.1: 96 layers, d_model 12288, 96 heads,
+    # context 2048; GPT-2's tokenizer and tied embeddings): 175.0B
+    "gpt3-175b": ModelShape(layers=96, hidden=12288, heads=96, seq_len=2048, vocab=50257,
+                            tied_embeddings=True),
+    # Llama 2 (Touvron et al. 2023; Hugging Face `meta-llama/Llama-2-7b-hf`, `-70b-hf`
+    # config.json: intermediate_size, num_key_value_heads, vocab_size 32000,
+    # tie_word_embeddings false; SwiGLU MLP): 6,738M and 68,977M
+    "llama2-7b": ModelShape(layers=32, hidden=4096, heads=32, seq_len=4096, vocab=32000,
+                            ffn=11008, mlp="swiglu"),
+    "llama2-70b": ModelShape(layers=80, hidden=8192, heads=64, seq_len=4096, vocab=32000,
+                             kv_heads=8, ffn=28672, mlp="swiglu"),
 }
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}

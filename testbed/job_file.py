@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import InputError
-from testbed.fields import Fields, integer, number, positive, text
+from testbed.fields import Fields, boolean, integer, number, positive, text
 from testbed.job import (
     DTYPE_BYTES,
+    MLP_MATRICES,
     MODEL_PRESETS,
     InferenceWorkload,
     Job,
+    MlpKind,
     ModelShape,
     PromptLengths,
 )
@@ -127,14 +129,9 @@ def parse_job(data: object, source: str | None = None, prefix: str = "job") -> J
 def _parse_model(fields: Fields, name: str) -> ModelShape:
     value = fields.raw(name, "tiny")
     if isinstance(value, str):
-        if value not in MODEL_PRESETS:
-            raise fields.error(
-                name,
-                f"unknown model preset {value!r} (one of {', '.join(MODEL_PRESETS)}, or a mapping)",
-            )
-        return MODEL_PRESETS[value]
+        return fields.get(name, _preset, MODEL_PRESETS["tiny"])
     spec = Fields(value, fields.source, fields.key(name))
-    base = MODEL_PRESETS[spec.get("preset", text, "tiny")] if spec.has("preset") else None
+    base = spec.get("preset", _preset, None)
 
     def pick(key: str, default: int | None) -> Any:
         return spec.get(key, positive(integer), default)
@@ -153,6 +150,9 @@ def _parse_model(fields: Fields, name: str) -> ModelShape:
         vocab=required("vocab"),
         kv_heads=pick("kv_heads", base.kv_heads if base else None),
         ffn=pick("ffn", base.ffn if base else None),
+        mlp=spec.get("mlp", _mlp_kind, base.mlp if base else "gelu"),
+        tied_embeddings=spec.get("tied_embeddings", boolean,
+                                 base.tied_embeddings if base else False),
     )
     if shape.hidden % shape.heads:
         raise spec.error("heads", f"{shape.heads} heads do not divide hidden {shape.hidden}")
@@ -164,13 +164,30 @@ def _parse_model(fields: Fields, name: str) -> ModelShape:
     return shape
 
 
+def _preset(value: Any) -> ModelShape:
+    name = text(value)
+    if name not in MODEL_PRESETS:
+        raise ValueError(
+            f"unknown model preset {name!r} (one of {', '.join(MODEL_PRESETS)}, or a mapping)")
+    return MODEL_PRESETS[name]
+
+
+def _mlp_kind(value: Any) -> MlpKind:
+    for kind in MLP_MATRICES:
+        if value == kind:
+            return kind
+    raise ValueError(f"unknown MLP {value!r} (one of {', '.join(MLP_MATRICES)})")
+
+
 def _dump_model(shape: ModelShape) -> dict[str, Any]:
-    out = {
+    out: dict[str, Any] = {
         "layers": shape.layers,
         "hidden": shape.hidden,
         "heads": shape.heads,
         "seq_len": shape.seq_len,
         "vocab": shape.vocab,
+        "mlp": shape.mlp,
+        "tied_embeddings": shape.tied_embeddings,
     }
     if shape.kv_heads is not None:
         out["kv_heads"] = shape.kv_heads

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
+from testbed.compute import stage_params
 from testbed.errors import InputError
 from testbed.job import MODEL_PRESETS
-from testbed.job_file import load_job, parse_job
+from testbed.job_file import dump_job, load_job, parse_job
 
 
 def test_defaults_and_presets() -> None:
@@ -110,3 +112,81 @@ def test_model_shape_checks() -> None:
         parse_job({"model": "gpt9"})
     with pytest.raises(InputError, match="a stage needs a layer"):
         parse_job({"model": "tiny", "pp": 5})
+
+
+# Published parameter counts of the released models, and the parameters they have that
+# the formula leaves out (norms, biases, learned positions), from their architectures
+PUBLISHED = {
+    # Hugging Face `gpt2` (Radford et al. 2019 call it 117M): learned positions, and per
+    # layer two LayerNorms (2h each) and the biases of QKV (3h), projection (h), MLP up
+    # (4h) and down (h), plus the final LayerNorm (2h)
+    "gpt2": (124_439_808, lambda m: m.seq_len * m.hidden + 13 * m.hidden * m.layers
+             + 2 * m.hidden),
+    "gpt2-xl": (1_557_611_200, lambda m: m.seq_len * m.hidden + 13 * m.hidden * m.layers
+                + 2 * m.hidden),  # Hugging Face `gpt2-xl` (the paper's 1542M)
+    # Hugging Face `meta-llama/Llama-2-7b-hf` and `-70b-hf`: RMSNorm weights only, two per
+    # layer and the final one; no biases, rotary positions
+    "llama2-7b": (6_738_415_616, lambda m: (2 * m.layers + 1) * m.hidden),
+    "llama2-70b": (68_976_648_192, lambda m: (2 * m.layers + 1) * m.hidden),
+}
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_presets_count_their_published_parameters(name: str) -> None:
+    shape = MODEL_PRESETS[name]
+    published, not_matrices = PUBLISHED[name]
+    assert shape.params == published - not_matrices(shape)
+    assert shape.params == pytest.approx(published, rel=0.02)
+
+
+def test_gpt3_counts_175b() -> None:
+    # Brown et al. 2020, Table 2.1: 175.0B parameters
+    assert MODEL_PRESETS["gpt3-175b"].params == pytest.approx(175.0e9, rel=0.01)
+
+
+def test_the_mlp_kind_and_tied_embeddings_shape_the_count() -> None:
+    llama, gpt2 = MODEL_PRESETS["llama2-7b"], MODEL_PRESETS["gpt2"]
+    h, f = llama.hidden, llama.ffn_hidden
+    assert llama.params_per_layer == 4 * h * h + 3 * h * f  # gate, up and down
+    assert dataclasses.replace(llama, mlp="gelu").params_per_layer == 4 * h * h + 2 * h * f
+    layers = gpt2.layers * gpt2.params_per_layer
+    assert gpt2.params == layers + gpt2.vocab * gpt2.hidden  # tied: counted once
+    untied = dataclasses.replace(gpt2, tied_embeddings=False)
+    assert untied.params == layers + 2 * gpt2.vocab * gpt2.hidden
+    # one stage holds a tied matrix once; each end of a pipeline holds it
+    assert stage_params(gpt2, gpt2.layers, True, True) == gpt2.params
+    assert stage_params(untied, untied.layers, True, True) == untied.params
+    ends = stage_params(gpt2, 6, True, False) + stage_params(gpt2, 6, False, True)
+    assert ends == gpt2.params + gpt2.vocab * gpt2.hidden
+
+
+def test_tiny_and_small_are_costed_as_they_always_were() -> None:
+    for name in ("tiny", "small"):
+        m = MODEL_PRESETS[name]
+        assert (m.mlp, m.tied_embeddings) == ("gelu", False)
+        per_layer = 12 * m.hidden * m.hidden
+        assert stage_params(m, m.layers, True, True) == m.layers * per_layer \
+            + 2 * m.vocab * m.hidden
+
+
+def test_mlp_and_tied_embeddings_in_a_model_mapping() -> None:
+    base = {"layers": 2, "hidden": 16, "heads": 2, "seq_len": 8, "vocab": 32}
+    job = parse_job({"model": {**base, "mlp": "swiglu", "tied_embeddings": True}})
+    assert (job.model.mlp, job.model.tied_embeddings) == ("swiglu", True)
+    plain = parse_job({"model": base}).model
+    assert (plain.mlp, plain.tied_embeddings) == ("gelu", False)
+    from_preset = parse_job({"model": {"preset": "llama2-7b", "layers": 4}}).model
+    assert (from_preset.mlp, from_preset.tied_embeddings, from_preset.layers) == \
+        ("swiglu", False, 4)
+    assert load_job({"model": "gpt2"}, "t.yaml", overrides=["model.mlp=swiglu"]).model == \
+        dataclasses.replace(MODEL_PRESETS["gpt2"], mlp="swiglu")
+    assert parse_job(dump_job(job), prefix="") == job
+    with pytest.raises(InputError, match=r"^t.yaml: job.model.mlp: unknown MLP 'relu' "
+                       r"\(one of gelu, swiglu\)$"):
+        load_job({"model": {**base, "mlp": "relu"}}, "t.yaml")
+    with pytest.raises(InputError, match=r"^--set: model.tied_embeddings: expected true or "
+                       r"false, got 'no way'$"):
+        load_job({"model": "tiny"}, "t.yaml", overrides=["model.tied_embeddings=no way"])
+    with pytest.raises(InputError, match=r"^t.yaml: job.model.preset: unknown model preset "
+                       r"'gpt9'"):
+        load_job({"model": {"preset": "gpt9"}}, "t.yaml")
