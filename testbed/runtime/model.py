@@ -16,7 +16,8 @@ KeysValues = tuple[torch.Tensor, torch.Tensor]
 
 
 class Block(nn.Module):
-    """Pre-norm attention + MLP block, causal."""
+    """Pre-norm attention + MLP block, causal. The MLP is the shape's: GELU(up) then down,
+    or SwiGLU, SiLU(gate) x up then down."""
 
     def __init__(self, shape: ModelShape) -> None:
         super().__init__()
@@ -26,8 +27,16 @@ class Block(nn.Module):
         self.kv = nn.Linear(shape.hidden, 2 * self.kv_heads * self.head_dim)
         self.out = nn.Linear(shape.hidden, shape.hidden)
         self.norm2 = nn.LayerNorm(shape.hidden)
+        self.gate = nn.Linear(shape.hidden, shape.ffn_hidden) if shape.mlp == "swiglu" else None
         self.up = nn.Linear(shape.hidden, shape.ffn_hidden)
         self.down = nn.Linear(shape.ffn_hidden, shape.hidden)
+
+    def mlp(self, h: torch.Tensor) -> torch.Tensor:
+        if self.gate is not None:
+            out: torch.Tensor = self.down(F.silu(self.gate(h)) * self.up(h))
+        else:
+            out = self.down(F.gelu(self.up(h)))
+        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out, _ = self.attend(x, None)
@@ -58,8 +67,7 @@ class Block(nn.Module):
                     <= offset + torch.arange(seq, device=x.device)[:, None])
             attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         x = x + self.out(attn.transpose(1, 2).reshape(batch, seq, hidden))
-        out: torch.Tensor = x + self.down(F.gelu(self.up(self.norm2(x))))
-        return out, cache
+        return x + self.mlp(self.norm2(x)), cache
 
 
 class Stage(nn.Module):
@@ -90,12 +98,17 @@ class Stage(nn.Module):
 
 def build_stages(shape: ModelShape, layers: tuple[int, ...], seed: int) -> list[Stage]:
     """Every stage of the model, initialized exactly as the whole model would be with
-    `seed`; each worker keeps its own stage, so the pipeline equals one process."""
+    `seed`; each worker keeps its own stage, so the pipeline equals one process. A tied
+    output layer is the embedding's weight: the first and the last stage share it here,
+    and hold a copy each in their own processes."""
     torch.manual_seed(seed)
     embed = nn.Embedding(shape.vocab, shape.hidden)
     position = nn.Embedding(shape.seq_len, shape.hidden)
     blocks = [Block(shape) for _ in range(shape.layers)]
-    head = nn.Sequential(nn.LayerNorm(shape.hidden), nn.Linear(shape.hidden, shape.vocab))
+    output = nn.Linear(shape.hidden, shape.vocab)
+    if shape.tied_embeddings:
+        output.weight = embed.weight
+    head = nn.Sequential(nn.LayerNorm(shape.hidden), output)
     stages, first = [], 0
     for index, count in enumerate(layers):
         last = index == len(layers) - 1

@@ -26,6 +26,12 @@ def check_emulable(spec: RunSpec, plan: Plan) -> None:
                          "job.tp")
     check_limits(spec.topology)
     mode = choose_compute(spec.compute, len(plan.used_gpus()))
+    if mode == "real" and spec.job.model.tied_embeddings and plan.pp > 1:
+        raise InputError(
+            f"a tied output layer split over {plan.pp} stages needs its first and last "
+            "stage's gradients summed every step, which real compute does not do: use "
+            "--set model.tied_embeddings=false or --compute emulated", source,
+            "job.model.tied_embeddings")
     need = 0
     for stage, layers in enumerate(plan.layers):
         params = stage_params(spec.job.model, layers, stage == 0, stage == plan.pp - 1)
