@@ -69,8 +69,9 @@ def test_the_example_plans_with_its_connections(example_path: Path) -> None:
 
 def test_the_example_simulates_with_its_bubble_policy(example_path: Path,
                                                       tmp_path: Path) -> None:
+    # four stages: a stage of three cannot hold the 7B inference model beside training
     results = _simulate(example_path, tmp_path, "paper-3dc.yaml", "-b", "shortest-first",
-                        "--iterations", "2")
+                        "--iterations", "2", "--pp", "4")
     assert results["status"] == "ok" and results["error"] is None
     assert results["plan"]["policy"] == "striped-pipeline"
     assert results["bubble_policy"] == "shortest-first"
