@@ -26,7 +26,8 @@ BUBBLES = ("none", "greedy", "bubbletea")
 PAPER_SCALE_INFERENCE = (
     "inference.model.layers=32", "inference.model.hidden=4096", "inference.model.heads=32",
     "inference.model.kv_heads=1", "inference.model.seq_len=4096",
-    "inference.model.vocab=32000", "inference.model.ffn=11008",
+    "inference.model.vocab=32000", "inference.model.ffn=11008", "inference.model.mlp=swiglu",
+    "inference.model.tied_embeddings=false",
     "inference.prompt_length.distribution=uniform", "inference.prompt_length.min=128",
     "inference.prompt_length.max=512", "inference.decode_dc=local", "inference.deadline=10s")
 
