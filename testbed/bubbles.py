@@ -152,7 +152,9 @@ class BubbleBroker:
         """A policy's answer within the contract of `BubblePolicy.admit_batch`."""
         ids = [c.request.id for c in chunks]
         problem = None
-        if len(set(ids)) != len(ids):
+        if chunks and not self.policy.fills:
+            problem = "a prefill, though it declares it never fills (fills = False)"
+        elif len(set(ids)) != len(ids):
             problem = "the same request twice in one pass"
         elif not all(self._offered(c.request, gpu) for c in chunks):
             problem = "a request that is not queued for this GPU"

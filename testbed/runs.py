@@ -18,7 +18,7 @@ from testbed.fsutil import write_atomic
 from testbed.inference_memory import check_inference_memory
 from testbed.job_file import dump_job
 from testbed.plan.host_tcp import hosts_as_planned
-from testbed.policy import training_policy
+from testbed.policy import bubble_policy, training_policy
 from testbed.report.results import RunRecord, write_run
 from testbed.run_spec import RunSpec
 from testbed.runtime.checkpoint import Progress
@@ -45,7 +45,8 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
     plan = plan_with_simulator(chosen, spec.topology, spec.job)
     # the host TCP settings the plan asks for, on both backends and in the run's topology.yaml
     spec = replace(spec, topology=hosts_as_planned(spec.topology, plan))
-    if spec.bubble_policy is not None:
+    if spec.bubble_policy is not None and bubble_policy(spec.bubble_policy,
+                                                       spec.bubble_options).fills:
         check_inference_memory(spec.topology, spec.job, plan)
     backend = backend_for(spec.backend)
     backend.check(spec, plan, resume)

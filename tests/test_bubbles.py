@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from testbed.bubbles import BubbleBroker, make_broker
+from testbed.errors import PluginError
 from testbed.inference import (
     PrefillModel,
     arrivals,
@@ -22,9 +25,11 @@ from testbed.inference import (
 from testbed.inputs import load_inputs
 from testbed.job_file import parse_job
 from testbed.metrics.overruns import prefill_overruns
-from testbed.policy import Bubble, Request, bubble_policy, training_policy
+from testbed.policy import Bubble, BubblePolicy, Request, bubble_policy, training_policy
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
+
+from .test_cli import call
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -140,3 +145,35 @@ def test_bubbletea_fills_bubbles_without_slowing_training_in_the_simulator() -> 
     # iteration depends on what else waits; staggering replicas can even shorten it)
     assert greedy_overruns.overran > 0
     assert greedy.iteration_times != pytest.approx(none.iteration_times, rel=1e-6)
+
+
+def test_a_policy_that_never_fills_needs_no_room_for_the_inference_model(
+        tmp_path: Path) -> None:
+    paper = ROOT / "topologies" / "paper-3dc.yaml"
+    assert not bubble_policy("none").fills and bubble_policy("greedy").fills
+    # GPipe's first stage on paper-3dc cannot hold the inference model beside training
+    code, _, err = call(["simulate", str(paper), "-p", "gpipe", "-b", "greedy",
+                         "--iterations", "2", "--out", str(tmp_path / "greedy")])
+    assert code == 2 and "filling bubbles does not fit" in err
+    code, _, err = call(["simulate", str(paper), "-p", "gpipe", "-b", "none",
+                         "--iterations", "2", "--out", str(tmp_path / "none")])
+    assert code == 0, err
+    results = json.loads((tmp_path / "none" / "results.json").read_text())
+    assert results["status"] == "ok" and results["bubble_policy"] == "none"
+    assert results["inference"]["requests"] > 0 and results["inference"]["served"] == 0
+
+
+def test_the_broker_refuses_a_prefill_from_a_policy_that_never_fills() -> None:
+    class Liar(BubblePolicy):
+        name = "liar"
+        fills = False
+
+        def admit(self, bubble: Bubble, queue: Sequence[Request], now: float,
+                  prefill_time: Callable[[int], float]) -> Request | None:
+            return queue[0]
+
+    broker = BubbleBroker(Liar(), iter([Request(0, 0.0, 100)]),
+                          PrefillModel({"a": 0.1, "b": 0.0, "c": 0.0}), deadline_s=2.0)
+    with pytest.raises(PluginError, match="bubble policy 'liar' admitted a prefill, though "
+                       r"it declares it never fills \(fills = False\)"):
+        broker.on_idle("g", 3, 0.2, 0.2)

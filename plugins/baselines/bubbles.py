@@ -10,6 +10,7 @@ from testbed.policy.api import Bubble, BubblePolicy, Request
 class NoFilling(BubblePolicy):
     name = "none"
     summary = "never fills bubbles (the training-only reference)"
+    fills = False
 
     def admit(self, bubble: Bubble, queue: Sequence[Request], now: float,
               prefill_time: Callable[[int], float]) -> Request | None:

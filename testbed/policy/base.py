@@ -162,6 +162,11 @@ class TrainingPolicy(_Configurable, ABC):
 class BubblePolicy(_Configurable, ABC):
     """Decides which inference prefill, if any, runs in a GPU's idle window."""
 
+    fills: ClassVar[bool] = True
+    """Whether this policy ever runs a prefill. One that never does (the training-only
+    reference) keeps no room for the inference model on the training GPUs, and the broker
+    refuses a prefill it admits all the same."""
+
     @abstractmethod
     def admit(
         self,
