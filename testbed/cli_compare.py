@@ -86,8 +86,9 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
     Prints a table (iteration time with its spread over repeats, speed-up against the
     first policy, tokens/s, GPU and WAN utilization, TTFT when bubbles are filled) and
     writes compare.json, compare.csv, every run's own directory, and plots
-    (iterations.png, gantt.png, wan.png). A run that fails is reported as failed; the
-    others still run. `testbed report DIR` redraws all of it from the files.
+    (iterations.png, gantt.png, wan.png). A run that fails is reported as failed, with why
+    under the table; the others still run. `testbed report DIR` redraws all of it from
+    the files.
     """
     if repeat < 1:
         raise InputError("must be at least 1", "--repeat")

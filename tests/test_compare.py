@@ -6,6 +6,13 @@ import csv
 import json
 from pathlib import Path
 
+from testbed.report.compare import (
+    NOTE_CHARS,
+    RunEntry,
+    markdown_table,
+    table_rows,
+    table_text,
+)
 from testbed.report.plots import gantt_spans
 
 from .test_plugins import run_testbed
@@ -60,3 +67,48 @@ def test_gantt_spans_match_the_trace(tmp_path: Path) -> None:
     assert computes and all(s in shown for s in computes)
     assert all(s["end"] > lo and s["start"] < hi for s in shown)
     assert max(steps) >= hi
+
+
+def test_compare_runs_gpipe_without_filling_and_says_why_a_row_failed(tmp_path: Path) -> None:
+    paper = str(ROOT / "topologies" / "paper-3dc.yaml")
+    result = run_testbed(["compare", paper, "-p", "gpipe", "-p", "atlas", "-b", "none",
+                          "--iterations", "2", "--out", str(tmp_path / "none")], None)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line for line in result.stdout.splitlines()[2:4]}
+    assert "failed" not in rows["gpipe+none"] and "1.00x" in rows["gpipe+none"]
+    assert rows["atlas+none"].split()[3].endswith("x")  # a speed-up against GPipe
+    # with a policy that fills, GPipe's first stage cannot hold the inference model
+    out = tmp_path / "greedy"
+    result = run_testbed(["compare", paper, "-p", "gpipe", "-p", "atlas", "-b", "greedy",
+                          "--iterations", "2", "--out", str(out)], None)
+    assert result.returncode == 0, result.stderr
+    why = ("gpipe+greedy failed: " + paper + ": job.inference: filling bubbles does not fit: "
+           "stage 0 (14 layers) needs 72.7 GiB per GPU")
+    baseline = "no speed-ups: the baseline gpipe+greedy has no iteration time"
+    for text in (result.stdout, (out / "table.md").read_text()):
+        lines = text.splitlines()
+        assert any(line.startswith(why) for line in lines)
+        assert baseline in lines
+
+
+def _entry(combo: str, repeat: int, error: str | None) -> RunEntry:
+    policy, _, bubble = combo.partition("+")
+    results = None if error else {
+        "iteration_time_s": {"median": 2.0}, "tokens_per_s": 1.0,
+        "gpu_utilization": {"training": 0.5, "total": 0.5}, "wan": {"utilization": 0.1},
+        "inference": {"ttft_s": {"p50": None, "p99": None}}}
+    return RunEntry(policy, bubble or None, repeat, f"runs/{combo}-r{repeat + 1}",
+                    "failed" if error else "ok", error, results)
+
+
+def test_every_failed_row_says_why_in_one_line() -> None:
+    long_error = "plugin said:\nTraceback (most recent call last):\n" + "x" * 1000
+    rows = table_rows([_entry("a", 0, None), _entry("a", 1, "a: link down"),
+                       _entry("b", 0, long_error), _entry("b", 1, long_error)])
+    lines = table_text(rows).splitlines()
+    assert "a: 1 of 2 runs failed: a: link down" in lines
+    [note] = [line for line in lines if line.startswith("b failed: ")]
+    assert note.startswith("b failed: plugin said:\\nTraceback (most recent call last):\\nxxx")
+    assert note.endswith("...") and len(note) == len("b failed: ") + NOTE_CHARS
+    assert not any("no speed-ups" in line for line in lines)  # the baseline has a time
+    assert markdown_table(rows).splitlines()[-2:] == lines[-2:]

@@ -10,7 +10,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from testbed.errors import one_line
 from testbed.metrics.interval import Interval, mean_interval
+
+NOTE_CHARS = 300
+"""A failed run's error as the table's note shows it, at most (compare.json has it all)."""
 
 
 @dataclass
@@ -83,6 +87,7 @@ class Row:
     ttft_p50: float | None
     ttft_p99: float | None
     error: str | None
+    """Why the first of its failed runs failed, as one line; None when none failed."""
     slowdown: float | None = None
     """Training iteration time against the same policy with bubble policy `none`: the mean
     over repeats paired by number (the same seed), with its 95% interval from two on."""
@@ -126,7 +131,7 @@ def table_rows(entries: Sequence[RunEntry]) -> list[Row]:
             wan_util=_median([r["wan"]["utilization"] for r in ok]),
             ttft_p50=_median([r["inference"]["ttft_s"]["p50"] for r in ok]),
             ttft_p99=_median([r["inference"]["ttft_s"]["p99"] for r in ok]),
-            error=failed[0].error if failed and not ok else None,
+            error=_short(failed[0].error or failed[0].status) if failed else None,
             predicted=_median([r.get("predicted_iteration_s") for r in ok]),
             dilation=max((int(r.get("dilation") or 1) for r in ok), default=None),
             machine_bound=any((r.get("emulation") or {}).get("cpu_bound") for r in ok),
@@ -172,6 +177,27 @@ def _fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
+def _short(error: str) -> str:
+    line = one_line(error)
+    return line if len(line) <= NOTE_CHARS else line[:NOTE_CHARS - 3] + "..."
+
+
+def notes(rows: Sequence[Row]) -> list[str]:
+    """Why a row shows `failed` or `-`: each failed run's reason (the first of a row's),
+    and a baseline without an iteration time, which leaves every speed-up out."""
+    out = []
+    for row in rows:
+        if row.error is None:
+            continue
+        if row.failed == row.runs:
+            out.append(f"{row.combo} failed: {row.error}")
+        else:
+            out.append(f"{row.combo}: {row.failed} of {row.runs} runs failed: {row.error}")
+    if len(rows) > 1 and rows[0].iteration_median is None:
+        out.append(f"no speed-ups: the baseline {rows[0].combo} has no iteration time")
+    return out
+
+
 def table_text(rows: Sequence[Row]) -> str:
     """A plain-text table a terminal, a log and a paper draft can all take."""
     header = ["policy", "iteration (s)", "spread (s)", "speed-up", "tokens/s", "GPU train",
@@ -203,7 +229,7 @@ def table_text(rows: Sequence[Row]) -> str:
     out.append("  ".join("-" * w for w in widths))
     out += ["  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
             for line in lines]
-    out += [f"{row.combo} failed: {row.error}" for row in rows if row.error]
+    out += notes(rows)
     return "\n".join(out)
 
 
@@ -226,4 +252,5 @@ def markdown_table(rows: Sequence[Row]) -> str:
             f"{_fmt(row.ttft_p50, '{:.3f} s')} | {_fmt(row.ttft_p99, '{:.3f} s')} | "
             f"{slowdown_text(row)} |"
             + ("".join(f" {cell} |" for cell in row.emulation_cells()) if emulated else ""))
-    return "\n".join(lines)
+    explained = notes(rows)
+    return "\n".join(lines + (["", *explained] if explained else []))
