@@ -47,9 +47,11 @@ def _coordinator(
     return Coordinator(config, say=lambda _m: None)
 
 
-@pytest.mark.parametrize("policy", ["1f1b", "gpipe"])
-def test_pipeline_and_data_parallel_equal_one_process(tmp_path: Path, policy: str) -> None:
-    coordinator = _coordinator(tmp_path, policy, iterations=4)
+@pytest.mark.parametrize(("policy", "mlp"), [("1f1b", "gelu"), ("gpipe", "gelu"),
+                                             ("1f1b", "swiglu")])
+def test_pipeline_and_data_parallel_equal_one_process(tmp_path: Path, policy: str,
+                                                      mlp: str) -> None:
+    coordinator = _coordinator(tmp_path, policy, iterations=4, **{"model.mlp": mlp})
     outcome = asyncio.run(run_with_signals(coordinator))
     assert outcome.status == "ok"
     plan, job = coordinator.plan, coordinator.job
