@@ -44,6 +44,16 @@ def test_a_prompts_chunks_add_up_to_the_whole_prompt() -> None:
     assert prefill_flops(model, 2000, 1000) > prefill_flops(model, 1000)  # attention grows
 
 
+def test_a_prefill_costs_the_model_s_own_mlp() -> None:
+    swiglu = MODEL_PRESETS["llama2-7b"]
+    gelu = dataclasses.replace(swiglu, mlp="gelu")
+    n, h = 1000, swiglu.hidden
+    third_matrix = swiglu.layers * 2 * n * h * swiglu.ffn_hidden
+    assert prefill_flops(swiglu, n) - prefill_flops(gelu, n) == pytest.approx(third_matrix)
+    layers = swiglu.layers * (2 * n * swiglu.params_per_layer + 4 * n * n * h)
+    assert prefill_flops(swiglu, n) == pytest.approx(layers + 2 * h * swiglu.vocab)
+
+
 def test_the_prefill_model_times_chunks_and_batches_and_learns_from_them() -> None:
     truth = (0.01, 2e-4, 1e-8)
     model = PrefillModel({"a": 0.0, "b": 1e-4, "c": 0.0})
