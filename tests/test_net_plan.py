@@ -150,3 +150,29 @@ def test_window_limit_arithmetic() -> None:
     from testbed.net.check import window_limit_bps
 
     assert math.isclose(window_limit_bps(4 * 1024**2, 0.1), 335544320.0)
+
+
+@given(topologies(), st.integers(0, 63))
+def test_no_topology_names_a_scratch_namespace(topology: Any, slot: int) -> None:
+    """`down` removes scratch namespaces of exited makers; a topology cannot name one."""
+    from testbed.net.state import PROBE_PREFIX
+
+    assert not any(ns.startswith(PROBE_PREFIX) for ns in build_layout(topology, slot)
+                   .namespaces())
+
+
+def test_a_scratch_namespace_is_stale_only_once_its_maker_is_gone() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from testbed.net.state import probe_namespace, stale_probe
+
+    mine = probe_namespace()
+    assert not stale_probe(mine)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    assert stale_probe(f"tb.probe-{gone.stdout.strip()}-1")
+    assert stale_probe(f"tb.probe-{os.getpid()}-1")  # same pid, another process's start
+    for name in ("tbprobe", "tbprobe-0", "tbprobe4242", "tb.probe-x-1", "east-0"):
+        assert not stale_probe(name)

@@ -401,3 +401,34 @@ def test_down_leaves_a_live_run_alone() -> None:
             live.wait()
             _cli(["down"])
     assert not any(s.run_id == run_id for s in all_states())
+
+
+def test_down_removes_no_namespace_of_a_live_run_whatever_its_names(tmp_path: Path) -> None:
+    """Ownership comes from state: a DC named like an internal scratch namespace keeps its
+    hosts while its run lives; a scratch namespace whose maker exited goes."""
+    from testbed.net.netns import create_namespace, remove_namespace
+
+    topology = tmp_path / "probe.yaml"
+    topology.write_text("datacenters:\n  - {name: tbprobe, gpus: 1}\n  - {name: west, gpus: 1}\n"
+                        "wan:\n  - {between: [tbprobe, west], latency: 1ms, bandwidth: 1Gbit}\n")
+    live = subprocess.Popen([sys.executable, "-c", "from testbed.cli import main; main()",
+                             "net", "up", str(topology)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stale = "tb.probe-999999999-1"  # no process has that pid
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+                s.ready and s.owner_pid == live.pid for s in all_states()):
+            assert live.poll() is None
+            time.sleep(0.1)
+        state = next(s for s in all_states() if s.owner_pid == live.pid)
+        create_namespace(stale)
+        down = _cli(["down"])
+        assert down.returncode == 0, down.stderr
+        assert set(state.namespaces) <= set(list_namespaces()), down.stdout + down.stderr
+        assert stale not in list_namespaces()
+        assert "1 namespaces" in down.stdout, down.stdout
+    finally:
+        remove_namespace(stale)
+        live.send_signal(signal.SIGTERM)
+        live.wait(timeout=60)

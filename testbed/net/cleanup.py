@@ -11,11 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.net import netns as kernel
-from testbed.net.state import RunState, all_states, damaged_state_files, owner_alive
+from testbed.net.state import (
+    RunState,
+    all_states,
+    damaged_state_files,
+    owner_alive,
+    stale_probe,
+)
 from testbed.net.teardown import clean_state
 
 OUR_MODULES = ("testbed.net.delayline", "testbed.runtime.worker", "testbed.runtime.decode")
-PROBE_PREFIX = "tbprobe"
 
 
 @dataclass
@@ -62,7 +67,8 @@ def down(say: Callable[[str], None] = lambda _m: None, grace_s: float = 5.0,
          run: str | None = None, stop_live: bool = False) -> DownReport:
     """Remove what runs left behind. A live run is left alone unless it is named (`run`)
     or `stop_live` is set; then it is asked to stop first. With no `run` named, stray
-    processes of ours that belong to no live run and probe namespaces go too."""
+    processes of ours that belong to no live run and scratch namespaces whose maker has
+    exited go too. Nothing is ours by its name alone: a topology chooses its names."""
     report = DownReport()
     chosen = [s for s in all_states() if run is None or s.run_id == run]
     if run is not None and not chosen:
@@ -102,7 +108,7 @@ def down(say: Callable[[str], None] = lambda _m: None, grace_s: float = 5.0,
     if run is not None:
         return report
     for name in kernel.list_namespaces():
-        if name.startswith(PROBE_PREFIX) and kernel.remove_namespace(name):
+        if stale_probe(name) and kernel.remove_namespace(name):
             report.namespaces.append(name)
     owners = {s.owner_pid for s in all_states() if owner_alive(s)}
     for pid in stray_processes(owners):

@@ -20,6 +20,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from testbed.errors import NetworkError
 from testbed.net.shaping import Qdisc
+from testbed.net.state import probe_namespace
 
 # pyroute2 forks helper processes; they must not run our signal handlers (which tear
 # the network down) when pyroute2 stops them with SIGTERM.
@@ -236,7 +237,7 @@ def opened() -> Iterator[Namespaces]:
 
 def netem_available() -> bool:
     """Try a netem qdisc in a scratch namespace; ENOENT means the kernel lacks it."""
-    name = f"tbprobe{os.getpid()}"
+    name = probe_namespace()
     create_namespace(name)
     try:
         with Namespaces() as handles:

@@ -130,3 +130,25 @@ def alive(record: ProcessRecord) -> bool:
 def owner_alive(state: RunState) -> bool:
     """Whether the process that made this run is still the one running under its pid."""
     return process_start_ticks(state.owner_pid) == state.owner_ticks
+
+
+PROBE_PREFIX = "tb.probe-"
+"""Scratch namespaces (a netem probe) are named `tb.probe-<pid>-<start ticks>` of the
+process that made them: the dot is in no name a topology can give (DC names are letters
+and digits), and the owner in the name is the probe's whole state, so `testbed down`
+removes one only once its maker is gone."""
+
+
+def probe_namespace() -> str:
+    """A scratch namespace's name for this process."""
+    pid = os.getpid()
+    return f"{PROBE_PREFIX}{pid}-{process_start_ticks(pid) or 0}"
+
+
+def stale_probe(name: str) -> bool:
+    """Whether `name` is a scratch namespace whose maker has exited."""
+    owner = name.removeprefix(PROBE_PREFIX)
+    pid, _, ticks = owner.partition("-")
+    if owner == name or not (pid.isdigit() and ticks.isdigit()):
+        return False
+    return process_start_ticks(int(pid)) != int(ticks)
