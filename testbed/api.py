@@ -27,6 +27,7 @@ from testbed.inputs import Inputs, load_inputs
 from testbed.plan.model import Plan
 from testbed.policy import training_policy
 from testbed.report.results import RunRecord, new_run_dir
+from testbed.run_dirs import remove_if_empty
 from testbed.run_spec import RunSpec
 from testbed.runs import run as run_spec
 from testbed.runtime.checkpoint import Progress
@@ -81,7 +82,12 @@ def run(spec: RunSpec, out: str | Path | None = None, say: Say = lambda _m: None
     directory (default: a new one under runs/); `resume`: go on from that checkpoint of
     the run in `out` (testbed.resume.load_resumption)."""
     directory = Path(out) if out is not None else new_run_dir(spec.topology.name, spec.policy)
-    outcome = run_spec(spec, directory, say, resume)
+    try:
+        outcome = run_spec(spec, directory, say, resume)
+    except BaseException:
+        if out is None:
+            remove_if_empty(directory)  # refused before it wrote anything
+        raise
     assert outcome.record is not None
     return Result(outcome.directory, outcome.record, outcome.results, outcome.error)
 

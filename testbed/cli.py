@@ -23,6 +23,7 @@ from testbed.plan import load_plan_csv, plan_grid, plan_to_csv, validate_plan
 from testbed.plan.describe import describe_plan
 from testbed.policy import discover, parse_options
 from testbed.policy.registry import BUBBLE_GROUP, TRAINING_GROUP
+from testbed.run_dirs import released
 from testbed.sim.planning import shared_cache
 from testbed.units import human_duration, human_rate
 
@@ -228,7 +229,8 @@ cli.add_command(figures)
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning known failures into one line and an exit code."""
     try:
-        with shared_cache():  # plans of one command share simulations (compare, sweep)
+        # plans of one command share simulations (compare, sweep); it holds its directories
+        with shared_cache(), released():
             code = cli.main(args=argv, prog_name="testbed", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("testbed: interrupted", err=True)

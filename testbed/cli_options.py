@@ -11,6 +11,7 @@ import click
 from testbed.dilation import MAX_DILATION
 from testbed.errors import InputError
 from testbed.inputs import JOB_FLAGS
+from testbed.run_dirs import claim
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -153,16 +154,22 @@ def force_option(func: F) -> F:
 
 
 def results_dir(out: Path | None, force: bool, default: Callable[[], Path]) -> Path:
-    """Where a command writes: a fresh directory, or `--out` when it is safe to use. An
-    `--out` that is a symbolic link is never followed; one that holds files (another
-    run's results, perhaps) is refused unless `force`."""
+    """Where a command writes, held by this process until it exits (testbed.run_dirs): a
+    fresh directory, or `--out` when it is safe to use. An `--out` that is a symbolic link
+    is never followed; one that another process holds is refused; one that holds files
+    (another run's results, perhaps) is refused unless `force`."""
     if out is None:
-        return default()
+        directory = default()
+        claim(directory, None, made=True)
+        return directory
     if out.is_symlink():
         raise InputError(f"{out} is a symbolic link; give the directory itself", "--out")
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a directory", "--out")
-    if out.is_dir() and any(out.iterdir()) and not force:
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    claim(out, "--out", made)
+    if any(out.iterdir()) and not force:
         raise InputError(f"{out} already holds files (another run's results?); give an "
                          "empty or new directory, or --force to write over them", "--out")
     return out

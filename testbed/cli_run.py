@@ -29,6 +29,7 @@ from testbed.policy import parse_options
 from testbed.report.results import new_run_dir
 from testbed.report.table import run_summary
 from testbed.resume import load_resumption
+from testbed.run_dirs import claim
 from testbed.run_spec import RunSpec
 from testbed.runtime.checkpoint import Progress
 from testbed.runtime.cluster_launch import ClusterRun
@@ -156,6 +157,7 @@ def up(
     progress: Progress | None = None
     if resume is not None:
         refuse_with_resume(topology)
+        claim(resume, "--resume")  # taken over before anything is read: one resumer at a time
         spec, progress = load_resumption(resume)
         directory = resume
         echo_err(f"resuming {resume} after iteration {progress.completed} of "

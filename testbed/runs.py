@@ -20,6 +20,7 @@ from testbed.job_file import dump_job
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.policy import bubble_policy, training_policy
 from testbed.report.results import RunRecord, write_run
+from testbed.run_dirs import holding
 from testbed.run_spec import RunSpec
 from testbed.runtime.checkpoint import Progress
 from testbed.sim.planning import plan_with_simulator
@@ -52,11 +53,12 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
     backend.check(spec, plan, resume)
     started = time.monotonic()
     directory.mkdir(parents=True, exist_ok=True)
-    write_atomic(directory / "job.yaml", to_yaml(dump_job(spec.job)), 0o644)
-    outcome = backend.execute(spec, plan, chosen, directory, say, resume)
-    record, error = outcome.record, outcome.error
-    record.wall_s = time.monotonic() - started
-    write_run(directory, record)
+    with holding(directory):  # one process at a time writes here (testbed.run_dirs)
+        write_atomic(directory / "job.yaml", to_yaml(dump_job(spec.job)), 0o644)
+        outcome = backend.execute(spec, plan, chosen, directory, say, resume)
+        record, error = outcome.record, outcome.error
+        record.wall_s = time.monotonic() - started
+        write_run(directory, record)
     return RunResult(record.results(), directory, error, record)
 
 

@@ -58,9 +58,16 @@ def test_a_killed_run_resumes_to_the_same_end(tmp_path: Path, compute: str) -> N
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     assert _testbed(*_up_args(whole, compute)).returncode == 0
     done = _kill_after_first_checkpoint(resumed, compute)
-    result = _testbed("up", "--resume", str(resumed))
-    assert result.returncode == 0, result.stderr
-    assert f"resuming {resumed} after iteration {done} of {ITERATIONS}" in result.stderr
+    first = subprocess.Popen([*CLI, "up", "--resume", str(resumed)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    assert first.stderr is not None
+    said = first.stderr.readline()
+    assert f"resuming {resumed} after iteration {done} of {ITERATIONS}" in said
+    second = _testbed("up", "--resume", str(resumed))  # while the first one runs
+    assert second.returncode == 2 and "in use by another testbed process" in second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1
+    _, rest = first.communicate(timeout=300)
+    assert first.returncode == 0, said + rest
     a = json.loads((whole / "results.json").read_text())
     b = json.loads((resumed / "results.json").read_text())
     assert b["status"] == "ok" and b["iterations"] == ITERATIONS

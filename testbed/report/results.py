@@ -17,6 +17,7 @@ from testbed.metrics.summary import Summary
 from testbed.plan.model import Plan
 from testbed.plan.text import plan_to_csv
 from testbed.report.chrome import chrome_trace
+from testbed.run_dirs import fresh_directory
 from testbed.spans import Span
 from testbed.topology import Topology, dump_topology
 from testbed.yamlio import to_yaml
@@ -26,13 +27,9 @@ RUNS_DIR = Path("runs")
 
 
 def new_run_dir(topology: str, policy: str, base: Path = RUNS_DIR) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = base / f"{stamp}-{topology}-{policy}"
-    suffix = 1
-    while path.exists():
-        suffix += 1
-        path = base / f"{stamp}-{topology}-{policy}-{suffix}"
-    return path
+    """A new directory `base/<time>-<topology>-<policy>[-N]`, created here: runs started
+    in the same second each get their own."""
+    return fresh_directory(base, f"{time.strftime('%Y%m%d-%H%M%S')}-{topology}-{policy}")
 
 
 def versions() -> dict[str, str]:
