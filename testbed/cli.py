@@ -18,6 +18,7 @@ from testbed.cli_options import job_flags, job_options, policy_options, topology
 from testbed.cli_run import up
 from testbed.cli_sim import profile, simulate, sweep
 from testbed.errors import EXIT_INPUT, InputError, PlanError, TestbedError, one_line
+from testbed.fsutil import write_atomic
 from testbed.inputs import load_inputs
 from testbed.plan import load_plan_csv, plan_grid, plan_to_csv, validate_plan
 from testbed.plan.describe import describe_plan
@@ -160,7 +161,7 @@ def plan(
     for line in describe_plan(the_plan, inputs.topology, inputs.job):
         click.echo(line)
     if csv_out is not None:
-        csv_out.write_text(plan_to_csv(the_plan), encoding="utf-8")
+        write_atomic(csv_out, plan_to_csv(the_plan), 0o644)
         click.echo(f"plan written to {csv_out}")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from testbed.cli_options import (
     results_dir,
 )
 from testbed.errors import TestbedError
+from testbed.fsutil import write_atomic
 from testbed.inputs import load_inputs
 from testbed.policy import parse_options, training_policy
 from testbed.report.results import new_run_dir
@@ -149,10 +151,11 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, "sweep"))
     directory.mkdir(parents=True, exist_ok=True)
     fields = list(dict.fromkeys(k for row in rows for k in row))
-    with (directory / "sweep.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(directory / "sweep.csv", table.getvalue(), 0o644)
     from testbed.report.plots import sweep_plot
 
     sweep_plot(rows, [k for k, _ in parsed], directory / "sweep.png")

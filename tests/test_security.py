@@ -111,3 +111,47 @@ def test_policies_load_only_from_installed_entry_points(name: str) -> None:
     assert result.returncode == 2
     assert "unknown training policy" in result.stderr or "unknown policy" in result.stderr, \
         result.stderr
+
+
+def _main(args: list[str]) -> int:
+    from testbed.cli import main
+
+    try:
+        main(args)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+def test_outputs_replace_links_and_never_write_through_them(tmp_path: Path) -> None:
+    """As root, an output name in a results directory that is a link to another file
+    must not overwrite that file: `report`, `profile`, `plan --csv`, logs, checkpoints."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    compare, sweep = tmp_path / "compare", tmp_path / "sweep"
+    assert _main(["compare", str(TWO_DC), "-p", "gpipe", "-p", "1f1b", "--out",
+                  str(compare)]) == 0
+    run = compare / "runs" / "gpipe-r1"
+    outputs = [compare / name for name in ("iterations.png", "gantt.png", "wan.png",
+                                           "table.md")]
+    outputs += [run / "profile.json", tmp_path / "plan.csv", sweep / "sweep.csv",
+                sweep / "sweep.png", tmp_path / "worker.log", tmp_path / "r0-s0.pt"]
+    sweep.mkdir()
+    for path in outputs:
+        path.unlink(missing_ok=True)
+        path.symlink_to(victim)
+    assert _main(["report", str(compare)]) == 0
+    assert _main(["profile", str(run)]) == 0
+    assert _main(["plan", str(TWO_DC), "-p", "gpipe", "--csv", str(tmp_path / "plan.csv")]) == 0
+    assert _main(["sweep", str(TWO_DC), "-p", "gpipe", "--vary", "microbatches=4,8",
+                  "--out", str(sweep), "--force"]) == 0
+    assert victim.read_text() == "precious\n"
+    from testbed.fsutil import open_fresh
+    from testbed.runtime.checkpoint import save_stage
+
+    with open_fresh(tmp_path / "worker.log") as log:
+        log.write("a worker's output\n")
+    save_stage(lambda path: Path(path).write_bytes(b"state"), tmp_path, 0, 0)
+    assert victim.read_text() == "precious\n"
+    for path in outputs:
+        assert not path.is_symlink() and path.is_file() and path.stat().st_size > 0, path

@@ -13,7 +13,18 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
+from testbed.fsutil import atomic_output
 from testbed.spans import Span
+
+
+def save_png(fig: Any, path: Path, dpi: int) -> None:
+    """Write a figure as `path` (never through a link there: testbed.fsutil) and close it."""
+    try:
+        with atomic_output(path) as handle:
+            fig.savefig(handle, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+
 
 MARKERS = ["o", "s", "^", "D", "v", "x", "*", "P"]
 LINES = ["-", "--", ":", "-."]
@@ -40,8 +51,7 @@ def sweep_plot(rows: Sequence[dict[str, Any]], keys: Sequence[str], path: Path) 
     ax.grid(True, color="0.85")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_png(fig, path, 120)
 
 
 HATCH = {"forward": "", "backward": "", "step": "", "allreduce": "xx", "recv": "..",
@@ -68,8 +78,7 @@ def iteration_plot(rows: Sequence[Any], path: Path) -> None:
     ax.set_ylabel("iteration time (s)")
     ax.grid(True, axis="y", color="0.85")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_png(fig, path, 120)
 
 
 def gantt_spans(spans: Sequence[Span], start: float, iteration: int
@@ -118,8 +127,7 @@ def gantt_plot(panels: Sequence[tuple[str, Sequence[Span], float, int]],
                for k in GANTT_KINDS]
     fig.legend(handles, GANTT_KINDS, loc="lower center", ncol=len(GANTT_KINDS), fontsize=8)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_png(fig, path, 110)
 
 
 def _gpu_order(gpu: str) -> tuple[str, int]:
@@ -167,5 +175,4 @@ def wan_plot(panels: Sequence[tuple[str, Sequence[Span], float, dict[str, float]
             ax.legend(fontsize=7, ncol=3, loc="upper right")
     axes[-1, 0].set_xlabel("seconds since the run started")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_png(fig, path, 110)

@@ -11,9 +11,11 @@ saved states are a consistent cut whatever the workers were doing when it was ta
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,10 +154,18 @@ def read_progress(checkpoint: Path) -> Progress | None:
 
 
 def save_stage(save: Any, directory: Path, replica: int, stage: int) -> None:
-    """Write one stage's part through `save(path)`, never leaving half a file."""
+    """Write one stage's part through `save(path)` into a new file of ours renamed into
+    place: never half a file, never through a link (testbed.fsutil); an engine with
+    nothing to save leaves no file."""
     directory.mkdir(parents=True, exist_ok=True)
     final = stage_file(directory, replica, stage)
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    save(str(tmp))
-    if tmp.exists():
-        os.replace(tmp, final)
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=directory)
+    os.fchmod(fd, 0o644)
+    os.close(fd)
+    try:
+        save(tmp)
+        if os.path.getsize(tmp):
+            os.replace(tmp, final)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)

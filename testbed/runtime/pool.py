@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from testbed.fsutil import open_fresh
 from testbed.plan.model import Plan
 from testbed.runtime.hosts import Hosts
 from testbed.runtime.messages import Abort, Message, Stop, send
@@ -93,7 +94,7 @@ class WorkerPool:
         handle = WorkerHandle(-1, f"torchrun-{machine}", -1, -1, machine=machine,
                               launcher=True)
         handle.log_path = self.log_dir / f"torchrun-{machine}.log"
-        handle.log = handle.log_path.open("w")
+        handle.log = open_fresh(handle.log_path)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         env.pop(TOKEN_ENV, None)
         handle.process = await self.hosts.launch(argv, netns, env, handle.log, handle.gpu)
@@ -107,7 +108,7 @@ class WorkerPool:
 
     async def _spawn(self, handle: WorkerHandle, socket_path: Path) -> None:
         handle.log_path = self.log_dir / f"{handle.gpu}.log"
-        handle.log = handle.log_path.open("w")
+        handle.log = open_fresh(handle.log_path)
         env = {**os.environ, TOKEN_ENV: self.token, "PYTHONUNBUFFERED": "1",
                "OMP_NUM_THREADS": "1"}
         if handle.decoder:

@@ -146,8 +146,9 @@ async def serve_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, g
             lags.clear()
             await checkpoint_if_due(runner, iteration + 1)
         if config.save_dir:
-            path = os.path.join(config.save_dir, f"r{config.replica}-s{config.stage}.pt")
-            await asyncio.get_running_loop().run_in_executor(runner.executor, engine.save, path)
+            await asyncio.get_running_loop().run_in_executor(
+                runner.executor, save_stage, engine.save, Path(config.save_dir),
+                config.replica, config.stage)
         await send(writer, Done())
         await stop.wait()
     finally:

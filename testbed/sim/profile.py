@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import InputError
+from testbed.fsutil import write_atomic
 
 Profile = dict[int, dict[str, float]]
 
@@ -68,11 +69,11 @@ def write_profile(run_dir: Path, output: Path) -> Profile:
                          str(spans_path))
     results = run_dir / "results.json"
     source = json.loads(results.read_text()) if results.exists() else {}
-    output.write_text(json.dumps({
+    write_atomic(output, json.dumps({
         "source": str(run_dir), "compute": source.get("compute"),
         "topology": source.get("topology"), "policy": source.get("policy"),
         "spread": measured_spread(spans),
-        "stages": {str(k): v for k, v in profile.items()}}, indent=1))
+        "stages": {str(k): v for k, v in profile.items()}}, indent=1), 0o644)
     return profile
 
 
