@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from testbed.errors import InputError, TestbedError
 from testbed.fsutil import write_atomic
 from testbed.inputs import load_inputs
 from testbed.report.compare import RunEntry, csv_text, markdown_table, table_rows, table_text
-from testbed.report.results import new_run_dir
+from testbed.report.results import new_run_dir, strict_json
 from testbed.report.saved import load_compare, load_spans
 from testbed.run_spec import RunSpec
 from testbed.sim.jitter import Jitter
@@ -158,7 +157,7 @@ def _run_one(spec: RunSpec, directory: Path, name: str, repeat: int) -> RunEntry
 
 
 def write_compare(directory: Path, config: dict[str, Any], entries: list[RunEntry]) -> None:
-    write_atomic(directory / "compare.json", json.dumps(
+    write_atomic(directory / "compare.json", strict_json(
         {**config, "runs": [e.as_dict() for e in entries]}, indent=1, default=str), 0o644)
     write_atomic(directory / "compare.csv", csv_text(entries), 0o644)
 

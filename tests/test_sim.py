@@ -360,3 +360,56 @@ def test_a_run_told_where_to_stop_stops_there_with_a_true_bound() -> None:
     result = Simulator(inputs.topology, inputs.job, plan, policy, stop_above=exact * 0.9).run()
     assert result.stopped_at is not None and result.median_at_least == bound
     assert min(s["start"] for s in result.spans if s["kind"] == "step") < result.stopped_at
+
+
+def _spans_run(directory: Path, span: dict[str, object], results: str | None = None) -> Path:
+    spans = [{"gpu": "east-0", "kind": "forward", "stage": 0, "iteration": i, "start": 0.0,
+              "end": 1.0} for i in range(3)]
+    spans[2] = {**spans[2], **span}
+    directory.mkdir()
+    (directory / "spans.json").write_text(
+        json.dumps({"start": 0.0, "spans": spans}).replace('"NAN"', "NaN"))
+    if results is not None:
+        (directory / "results.json").write_text(results)
+    return directory
+
+
+@pytest.mark.parametrize(("span", "results", "expected"), [
+    ({"stage": "x"}, None, "spans.json: spans[2].stage: expected integer, got str"),
+    ({"end": "NAN"}, None, "spans.json: spans[2].end: expected number, got nan"),
+    ({"end": -1.0}, None, "spans.json: spans[2].end: ends (-1.0) before it starts (0.0)"),
+    ({}, "{not json", "results.json: unreadable: Expecting property name"),
+    ({}, '{"compute": 3, "topology": null, "policy": "gpipe"}',
+     "results.json: compute: expected text or null, got int"),
+])
+def test_profile_of_a_damaged_run_is_one_line_exit_2(
+        tmp_path: Path, span: dict[str, object], results: str | None, expected: str) -> None:
+    run = _spans_run(tmp_path / "run", span, results)
+    code, _, err = _cli(["profile", str(run)])
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], err
+    assert str(run) in lines[0]
+    assert not (run / "profile.json").exists()
+
+
+def test_results_files_are_strict_json_a_nan_loss_is_null(tmp_path: Path) -> None:
+    """A diverged model's loss is NaN; results.json holds null, which every reader takes."""
+    from dataclasses import replace
+
+    from testbed import api
+    from testbed.report.results import write_run
+
+    result = api.simulate(api.load(ROOT / "topologies" / "two-dc.yaml"), "gpipe",
+                          out=tmp_path / "run")
+    record = replace(result.record, losses={0: 2.5, 1: float("nan"), 2: float("inf")},
+                     start=float("nan"))
+    write_run(tmp_path / "nan", record)
+
+    def refuse(constant: str) -> float:
+        raise AssertionError(f"{constant} in a results file")
+
+    for name in ("results.json", "spans.json", "trace.json"):
+        json.loads((tmp_path / "nan" / name).read_text(), parse_constant=refuse)
+    results = json.loads((tmp_path / "nan" / "results.json").read_text())
+    assert results["loss"] == {"0": 2.5, "1": None, "2": None}

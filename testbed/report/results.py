@@ -4,6 +4,7 @@ needed to run it again. Backend-neutral: `up` and `simulate` write the same file
 from __future__ import annotations
 
 import json
+import math
 import platform
 import time
 from dataclasses import dataclass
@@ -111,11 +112,29 @@ def write_run(directory: Path, record: RunRecord) -> Path:
     write_atomic(directory / "topology.yaml", to_yaml(dump_topology(record.topology)), 0o644)
     write_atomic(directory / "plan.csv", plan_to_csv(record.plan), 0o644)
     trace = chrome_trace(record.spans, record.start, record.topology)
-    write_atomic(directory / "trace.json", json.dumps(trace), 0o644)
-    write_atomic(
-        directory / "spans.json", json.dumps({"start": record.start, "spans": record.spans}), 0o644
-    )
-    write_atomic(
-        directory / "results.json", json.dumps(record.results(), indent=1, default=str), 0o644
-    )
+    write_atomic(directory / "trace.json", strict_json(trace), 0o644)
+    write_atomic(directory / "spans.json",
+                 strict_json({"start": record.start, "spans": record.spans}), 0o644)
+    write_atomic(directory / "results.json",
+                 strict_json(record.results(), indent=1, default=str), 0o644)
     return directory / "results.json"
+
+
+def strict_json(value: Any, **options: Any) -> str:
+    """JSON any reader takes: a number JSON cannot hold (NaN or an infinity, as the loss
+    of a diverged model) is written as null, never as the non-standard `NaN`."""
+    try:
+        return json.dumps(value, allow_nan=False, **options)
+    except ValueError:  # only then is the copy worth making
+        return json.dumps(finite(value), allow_nan=False, **options)
+
+
+def finite(value: Any) -> Any:
+    """`value` with every NaN and infinity inside it replaced by None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(item) for item in value]
+    return value

@@ -69,6 +69,8 @@ def _join(key: str, name: str) -> str:
 
 
 def _kind(value: Any) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # nan, inf: not a number JSON can hold
     return "null" if value is None else type(value).__name__
 
 

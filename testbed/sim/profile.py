@@ -10,6 +10,7 @@ from typing import Any
 
 from testbed.errors import InputError
 from testbed.fsutil import write_atomic
+from testbed.report.saved import INTEGER, OPTIONAL_TEXT, SPANS, check, read_json
 
 Profile = dict[int, dict[str, float]]
 
@@ -56,25 +57,46 @@ def measured_spread(spans: Sequence[Mapping[str, Any]]) -> dict[str, float | Non
 
 def write_profile(run_dir: Path, output: Path) -> Profile:
     spans_path = run_dir / "spans.json"
-    try:
-        spans = json.loads(spans_path.read_text())["spans"]
-    except FileNotFoundError:
+    if not spans_path.exists():
         raise InputError("no spans.json: not a results directory of `testbed up` or "
-                         "`testbed simulate`", str(run_dir)) from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"unreadable spans.json: {exc}", str(spans_path)) from None
+                         "`testbed simulate`", str(run_dir))
+    spans = read_spans(spans_path)
     profile = profile_from_spans(spans)
     if not profile:
         raise InputError("no forward/backward spans after the first iteration to profile",
                          str(spans_path))
     results = run_dir / "results.json"
-    source = json.loads(results.read_text()) if results.exists() else {}
+    source: dict[str, Any] = {}
+    if results.exists():
+        source = read_json(results)
+        check(source, {key: OPTIONAL_TEXT for key in SOURCE_KEYS}, str(results))
     write_atomic(output, json.dumps({
-        "source": str(run_dir), "compute": source.get("compute"),
-        "topology": source.get("topology"), "policy": source.get("policy"),
+        "source": str(run_dir), **{key: source.get(key) for key in SOURCE_KEYS},
         "spread": measured_spread(spans),
-        "stages": {str(k): v for k, v in profile.items()}}, indent=1), 0o644)
+        "stages": {str(k): v for k, v in profile.items()}}, indent=1, allow_nan=False), 0o644)
     return profile
+
+
+SOURCE_KEYS = ("compute", "topology", "policy")
+TIMED = {"stage": INTEGER, "iteration": INTEGER}
+"""What a compute span needs beyond SPAN's keys to be profiled."""
+
+
+def read_spans(path: Path) -> list[Mapping[str, Any]]:
+    """A run's spans.json, checked where a profile reads it: one located error (exit 2)
+    for a damaged file, never a traceback or a NaN carried into the profile."""
+    data = read_json(path)
+    check(data, SPANS, str(path))
+    spans: list[Mapping[str, Any]] = data["spans"]
+    for i, span in enumerate(spans):
+        if span["kind"] in ("forward", "backward", "prefill"):
+            check(span, TIMED if span["kind"] != "prefill" else {}, str(path), f"spans[{i}]")
+            if "tokens" in span:
+                check(span["tokens"], INTEGER, str(path), f"spans[{i}].tokens")
+            if span["end"] < span["start"]:
+                raise InputError(f"ends ({span['end']}) before it starts ({span['start']})",
+                                 str(path), f"spans[{i}].end")
+    return spans
 
 
 def load_profile(path: Path) -> Profile:
