@@ -121,6 +121,13 @@ def text(value: Any) -> str:
     return value
 
 
+def string(value: Any) -> str:
+    """Any text, the empty one included."""
+    if not isinstance(value, str):
+        raise ValueError(f"expected text, got {value!r}")
+    return value
+
+
 def boolean(value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"expected true or false, got {value!r}")

@@ -6,11 +6,26 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any, get_args
 
+from testbed.choices import ActivationsChoice, AllReduceChoice, EmulatedCompute, ShaperChoice
+from testbed.dilation import MAX_DILATION
 from testbed.errors import InputError
+from testbed.fields import (
+    Fields,
+    boolean,
+    bounded,
+    integer,
+    number,
+    positive,
+    string,
+    text,
+)
 from testbed.fsutil import write_atomic
 from testbed.job_file import dump_job, load_job
 from testbed.net.state import process_start_ticks
+from testbed.policy.option_parsers import one_of
+from testbed.report.saved import read_json
 from testbed.run_spec import RunSpec
 from testbed.runtime.checkpoint import (
     CHECKPOINT_DIR,
@@ -57,20 +72,15 @@ def checkpoints_for(directory: Path, every: int, workers: int,
 
 
 def load_resumption(directory: Path) -> tuple[RunSpec, Progress]:
-    """The run's spec and the progress it resumes from, or a located InputError."""
+    """The run's spec and the progress it resumes from, every saved file checked (types
+    and ranges) before anything is made; a located InputError where one is not right."""
     folder = directory / CHECKPOINT_DIR
     settings_path = folder / SETTINGS_FILE
     if not settings_path.is_file():
         raise InputError(f"{directory} holds no checkpointed run (no {CHECKPOINT_DIR}/"
                          f"{SETTINGS_FILE}; was it started with --checkpoint-every?)", "--resume")
-    try:
-        settings = json.loads(settings_path.read_text())
-        progress = read_progress(folder)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"unreadable checkpoint: {exc}", str(folder)) from None
-    if settings.get("format") != FORMAT:
-        raise InputError(f"format {settings.get('format')!r} is not {FORMAT}", str(settings_path),
-                         "format")
+    settings = read_settings(settings_path)
+    progress = read_progress(folder)
     if progress is None:
         raise InputError("no checkpoint was completed before the run ended; start it again",
                          str(folder))
@@ -85,7 +95,30 @@ def load_resumption(directory: Path) -> tuple[RunSpec, Progress]:
     saved = iteration_dir(folder, progress.completed)
     if settings["compute"] == "real" and not saved.is_dir():
         raise InputError(f"{saved} is missing", str(folder / "state.json"), "completed")
-    values = {name: settings[name] for name in _SETTINGS}
-    spec = RunSpec("emulate", topology, job, **values)
+    spec = RunSpec("emulate", topology, job, **settings)
     progress.resumed_at.append(progress.completed)
     return spec, progress
+
+
+def read_settings(path: Path) -> dict[str, Any]:
+    """run.json: every setting `save_settings` wrote, each of its type and range."""
+    top = Fields(read_json(path), str(path))
+    version = top.get("format", integer)
+    if version != FORMAT:
+        raise top.error("format", f"format {version} is not {FORMAT}")
+    options = top.section("policy_options", required=True)
+    assert options is not None
+    settings = {
+        "policy": top.get("policy", text),
+        "policy_options": {key: options.get(key, string) for key in options.data},
+        "compute": top.get("compute", one_of(*get_args(EmulatedCompute))),
+        "shaper": top.get("shaper", one_of(*get_args(ShaperChoice))),
+        "allreduce": top.get("allreduce", one_of(*get_args(AllReduceChoice))),
+        "stall_timeout_s": top.get("stall_timeout_s", positive(number)),
+        "pacing": top.get("pacing", boolean),
+        "activations": top.get("activations", one_of(*get_args(ActivationsChoice))),
+        "dilation": top.get("dilation", bounded(integer, 1, MAX_DILATION, str)),
+        "checkpoint_every": top.get("checkpoint_every", positive(integer)),
+    }
+    top.done()
+    return settings

@@ -7,7 +7,11 @@ worker's message are plain JSON objects with these keys.
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+import typing
+from collections.abc import Callable
+from typing import Any, Literal, TypedDict
+
+from testbed.fields import Fields, boolean, integer, number, string
 
 SpanKind = Literal[
     "forward",
@@ -73,3 +77,46 @@ class Span(SpanDetail):
     iteration: int
     """-1 for a network event."""
 
+
+
+def read_span(fields: Fields) -> Span:
+    """A span read back from a file, checked against Span's own types (one located
+    InputError for a missing, mistyped or unknown key, or an end before its start)."""
+    hints = typing.get_type_hints(Span)
+    span: dict[str, Any] = {}
+    for name, hint in hints.items():
+        if name in Span.__required_keys__ or fields.raw(name, None) is not None:
+            span[name] = fields.get(name, _parser(hint))
+        elif fields.has(name):  # given as null: only where the type says so
+            if type(None) not in typing.get_args(hint):
+                raise fields.error(name, "expected a value, got null")
+            span[name] = None
+    fields.done()
+    if span["end"] < span["start"]:
+        raise fields.error("end", f"{span['end']} is before the span's start, {span['start']}")
+    return typing.cast(Span, span)
+
+
+def _parser(hint: Any) -> Callable[[Any], Any]:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return lambda value: _one_of(value, args)
+    if origin is list:
+        item = _parser(args[0])
+        return lambda value: [item(v) for v in _list(value)]
+    if args:  # X | None
+        return _parser(args[0])
+    return {int: integer, float: number, bool: boolean, str: string}[hint]
+
+
+def _one_of(value: Any, choices: list[Any]) -> Any:
+    if value not in choices:
+        raise ValueError(f"expected one of {', '.join(map(str, choices))}, got {value!r}")
+    return value
+
+
+def _list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list, got {value!r}")
+    return value

@@ -4,6 +4,7 @@ what resuming refuses."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -64,10 +65,15 @@ def test_a_resumed_run_carries_the_earlier_iterations_first(tmp_path: Path) -> N
     assert progress.resumed_at == [2]
 
 
+SETTINGS = {"format": 1, "policy": "gpipe", "policy_options": {}, "compute": "emulated",
+            "shaper": "auto", "allreduce": "auto", "stall_timeout_s": 120.0, "pacing": True,
+            "activations": "auto", "dilation": 1, "checkpoint_every": 2}
+
+
 def _run_dir(tmp_path: Path, progress: Progress, settings_format: int = 1) -> Path:
     folder = tmp_path / "checkpoint"
     folder.mkdir(parents=True)
-    (folder / "run.json").write_text(json.dumps({"format": settings_format}))
+    (folder / "run.json").write_text(json.dumps({**SETTINGS, "format": settings_format}))
     (folder / "state.json").write_text(progress.as_json())
     return tmp_path
 
@@ -84,5 +90,86 @@ def test_resuming_refuses_a_live_run_and_an_unknown_format(tmp_path: Path) -> No
     broken = tmp_path / "broken" / "checkpoint"
     broken.mkdir(parents=True)
     (broken / "run.json").write_text("{")
-    with pytest.raises(InputError, match="unreadable checkpoint"):
+    with pytest.raises(InputError, match=r"run\.json: unreadable"):
         load_resumption(broken.parent)
+
+
+def _saved(tmp_path: Path, state: dict[str, object] | None = None,
+           settings: dict[str, object] | None = None, raw_state: str | None = None) -> Path:
+    good = Progress(3, {0: 5.0, 1: 4.0, 2: 3.0}, [_span("east-0", i, i, i + 0.5)
+                                                  for i in range(3)], 1, 1, [])
+    folder = tmp_path / "checkpoint"
+    folder.mkdir(parents=True)
+    data = {**json.loads(good.as_json()), **(state or {})}
+    (folder / "state.json").write_text(raw_state or json.dumps(data))
+    (folder / "run.json").write_text(json.dumps(SETTINGS if settings is None else settings))
+    return tmp_path
+
+
+@pytest.mark.parametrize(("state", "settings", "where", "problem"), [
+    ({"spans": [{"gpu": "east-0", "kind": "step", "iteration": 0, "start": 0}]}, None,
+     "state.json: spans[0].end", "missing value"),
+    ({"spans": [_span("east-0", 0, 2.0, 1.0)]}, None, "state.json: spans[0].end",
+     "before the span's start"),
+    ({"spans": [_span("east-0", 7, 0, 1)]}, None, "state.json: spans[0].iteration",
+     "not an iteration before 3"),
+    ({"spans": [{**_span("east-0", 0, 0, 1), "kind": "nap"}]}, None,
+     "state.json: spans[0].kind", "expected one of forward"),
+    ({"completed": -3}, None, "state.json: completed", "must be positive"),
+    ({"completed": "3"}, None, "state.json: completed", "expected a whole number"),
+    ({"losses": {"x": 1.0}}, None, "state.json: losses.x", "expected a whole number"),
+    ({"losses": {"3": 1.0}}, None, "state.json: losses.3", "not an iteration from 0"),
+    ({"losses": {"0": "low"}}, None, "state.json: losses.0", "expected a number"),
+    ({"owner": {"pid": 1}}, None, "state.json: owner.start_ticks", "missing value"),
+    ({"resumed_at": [0]}, None, "state.json: resumed_at[0]", "not an iteration from 1"),
+    ({"extra": 1}, None, "state.json: extra", "unknown key"),
+    ({"format": 2}, None, "state.json: format", "format 2 is not 1"),
+    (None, {k: v for k, v in SETTINGS.items() if k != "pacing"}, "run.json: pacing",
+     "missing value"),
+    (None, {**SETTINGS, "dilation": -4}, "run.json: dilation", "must be from 1 to 64, got -4"),
+    (None, {**SETTINGS, "compute": "gpu"}, "run.json: compute", "one of emulated, real"),
+    (None, {**SETTINGS, "stall_timeout_s": 0}, "run.json: stall_timeout_s", "must be positive"),
+    (None, {**SETTINGS, "pacing": "yes"}, "run.json: pacing", "expected true or false"),
+    (None, {**SETTINGS, "policy_options": {"connections": 4}},
+     "run.json: policy_options.connections", "expected text"),
+    (None, {**SETTINGS, "spare": 1}, "run.json: spare", "unknown key"),
+])
+def test_damaged_saved_state_is_refused_naming_file_and_key(
+        tmp_path: Path, state: dict[str, object] | None, settings: dict[str, object] | None,
+        where: str, problem: str) -> None:
+    run = _saved(tmp_path, state, settings)
+    with pytest.raises(InputError) as caught:
+        load_resumption(run)
+    message = str(caught.value)
+    assert f"{run / 'checkpoint'}/{where}: " in message and problem in message, message
+    assert "\n" not in message
+
+
+def test_a_nan_span_end_is_refused_and_a_nan_loss_is_kept(tmp_path: Path) -> None:
+    good = _saved(tmp_path / "a")
+    state = good / "checkpoint" / "state.json"
+    state.write_text(state.read_text().replace('"0": 5.0', '"0": NaN'))
+    progress = read_progress(good / "checkpoint")
+    assert progress is not None and math.isnan(progress.losses[0])
+    assert json.loads(progress.as_json())["losses"]["0"] is None  # written back as null
+    bad = _saved(tmp_path / "b")
+    state = bad / "checkpoint" / "state.json"
+    state.write_text(state.read_text().replace('"end": 0.5', '"end": NaN', 1))
+    with pytest.raises(InputError, match=r"spans\[0\]\.end: expected a finite number"):
+        read_progress(bad / "checkpoint")
+
+
+def test_run_json_reads_back_what_a_run_saved(tmp_path: Path) -> None:
+    from testbed.inputs import load_inputs
+    from testbed.resume import read_settings, save_settings
+    from testbed.run_spec import RunSpec
+
+    inputs = load_inputs(Path(__file__).resolve().parent.parent / "topologies" / "two-dc.yaml")
+    spec = RunSpec("emulate", inputs.topology, inputs.job, "atlas", {"connections": "4"},
+                   stall_timeout_s=30.0, pacing=False, checkpoint_every=3)
+    save_settings(tmp_path, spec, "real", 4)
+    settings = read_settings(tmp_path / "checkpoint" / "run.json")
+    assert settings == {"policy": "atlas", "policy_options": {"connections": "4"},
+                        "compute": "real", "shaper": "auto", "allreduce": "auto",
+                        "stall_timeout_s": 30.0, "pacing": False, "activations": "auto",
+                        "dilation": 4, "checkpoint_every": 3}

@@ -104,3 +104,63 @@ def test_resume_refuses_what_it_cannot_do(tmp_path: Path) -> None:
                       "--event", "at=1s,link=east-west,down=1s")
     assert result.returncode == 2 and "network events is not supported" in result.stderr
     assert not (tmp_path / "x").exists()
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpointed run that went to its end, for copies to damage."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    assert _testbed(*_up_args(run, "emulated")).returncode == 0
+    return run
+
+
+@pytest.mark.parametrize(("damage", "expected"), [
+    ("span-end", "state.json: spans[0].end: missing value"),
+    ("completed", "state.json: completed: must be positive, got -3"),
+    ("pacing", "run.json: pacing: missing value"),
+    ("dilation", "run.json: dilation: must be from 1 to 64, got -4"),
+])
+def test_damaged_saved_state_is_refused_before_anything_is_made(
+        tmp_path: Path, finished: Path, damage: str, expected: str) -> None:
+    import shutil
+
+    from testbed.net.netns import list_namespaces
+    from testbed.net.state import all_states
+
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    namespaces = set(list_namespaces())
+    folder = run / "checkpoint"
+    state, settings = (json.loads((folder / name).read_text())
+                       for name in ("state.json", "run.json"))
+    state["completed"] = 3  # as if killed after the first checkpoint
+    state["spans"] = [s for s in state["spans"] if s["iteration"] < 3]
+    state["losses"] = {}
+    if damage == "span-end":
+        del state["spans"][0]["end"]
+    elif damage == "completed":
+        state["completed"] = -3
+    elif damage == "pacing":
+        del settings["pacing"]
+    else:
+        settings["dilation"] = -4
+    (folder / "state.json").write_text(json.dumps(state))
+    (folder / "run.json").write_text(json.dumps(settings))
+    before = (run / "results.json").read_text()
+    result = _testbed("up", "--resume", str(run))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [f"testbed: error: {folder}/{expected}"]
+    assert set(list_namespaces()) == namespaces and not all_states()
+    assert (run / "results.json").read_text() == before
+
+
+def test_a_damaged_stage_checkpoint_is_named(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    done = _kill_after_first_checkpoint(run, "real")
+    part = run / "checkpoint" / f"it{done}" / "r0-s0.pt"
+    part.write_bytes(b"not a checkpoint")
+    result = _testbed("up", "--resume", str(run))
+    assert result.returncode == 1, result.stderr
+    error = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(error) == 1 and f"cannot resume from {part}: UnpicklingError" in error[0], \
+        result.stderr

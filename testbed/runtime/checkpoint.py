@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -20,8 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testbed.errors import InputError
+from testbed.fields import Fields, integer, number, positive
 from testbed.fsutil import write_atomic
-from testbed.spans import Span
+from testbed.report.saved import read_json
+from testbed.spans import Span, read_span
 
 CHECKPOINT_DIR = "checkpoint"
 STATE_FILE = "state.json"
@@ -58,18 +62,62 @@ class Progress:
     def as_json(self) -> str:
         return json.dumps({
             "format": FORMAT, "completed": self.completed,
-            "losses": {str(k): v for k, v in self.losses.items()}, "spans": self.spans,
+            "losses": {str(k): v if math.isfinite(v) else None  # a diverged model's NaN
+                       for k, v in self.losses.items()},
+            "spans": self.spans,
             "owner": {"pid": self.owner_pid, "start_ticks": self.owner_ticks},
-            "resumed_at": self.resumed_at})
+            "resumed_at": self.resumed_at}, allow_nan=False)
 
-    @classmethod
-    def from_json(cls, text: str) -> Progress:
-        data = json.loads(text)
-        if data.get("format") != FORMAT:
-            raise ValueError(f"checkpoint format {data.get('format')!r}, expected {FORMAT}")
-        return cls(int(data["completed"]), {int(k): float(v) for k, v in data["losses"].items()},
-                   list(data["spans"]), int(data["owner"]["pid"]),
-                   int(data["owner"]["start_ticks"]), [int(i) for i in data["resumed_at"]])
+
+def parse_progress(data: Any, source: str) -> Progress:
+    """state.json checked whole, types and ranges, before a resumed run makes anything:
+    a damaged file is one InputError naming it and the key, never a failure mid-run."""
+    top = Fields(data, source)
+    version = top.get("format", integer)
+    if version != FORMAT:
+        raise top.error("format", f"format {version} is not {FORMAT}")
+    completed = top.get("completed", positive(integer))
+    losses: dict[int, float] = {}
+    saved = top.section("losses", required=True)
+    assert saved is not None
+    for key in saved.data:
+        try:
+            iteration = _iteration(key, completed)
+        except ValueError as exc:
+            raise saved.error(key, str(exc)) from None
+        losses[iteration] = saved.get(key, _loss, math.nan)  # null: not a number
+    spans: list[Span] = []
+    for key, item in top.items("spans", required=True):
+        span = read_span(Fields(item, source, key))
+        if not 0 <= span["iteration"] < completed:
+            raise InputError(f"{span['iteration']} is not an iteration before {completed}",
+                             source, f"{key}.iteration")
+        spans.append(span)
+    owner = top.section("owner", required=True)
+    assert owner is not None
+    pid = owner.get("pid", positive(integer))
+    ticks = owner.get("start_ticks", positive(integer, allow_zero=True))
+    owner.done()
+    resumed: list[int] = []
+    for key, value in top.items("resumed_at", required=True):
+        try:
+            resumed.append(_iteration(value, completed, first=1))
+        except ValueError as exc:
+            raise InputError(str(exc), source, key) from None
+    top.done()
+    return Progress(completed, losses, spans, pid, ticks, resumed)
+
+
+def _iteration(value: Any, completed: int, first: int = 0) -> int:
+    """An iteration number (or a key holding one) from `first` to before `completed`."""
+    number = int(value) if isinstance(value, str) and value.isdigit() else integer(value)
+    if not first <= number < completed:
+        raise ValueError(f"{value!r} is not an iteration from {first} to before {completed}")
+    return number
+
+
+def _loss(value: Any) -> float:
+    return value if isinstance(value, float) and math.isnan(value) else number(value)
 
 
 @dataclass
@@ -147,10 +195,11 @@ def prior_elapsed(prior: Progress | None) -> float:
 
 
 def read_progress(checkpoint: Path) -> Progress | None:
+    """The newest complete checkpoint, checked (parse_progress); None before the first."""
     path = checkpoint / STATE_FILE
     if not path.exists():
         return None
-    return Progress.from_json(path.read_text())
+    return parse_progress(read_json(path), str(path))
 
 
 def save_stage(save: Any, directory: Path, replica: int, stage: int) -> None:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.errors import one_line
 from testbed.runtime import clock
 from testbed.runtime.checkpoint import checkpoint_due, iteration_dir, save_stage, stage_file
 from testbed.runtime.engines import EmulatedEngine, Engine, make_real_engine
@@ -129,9 +130,8 @@ async def serve_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, g
     watch_lag = asyncio.create_task(lag_monitor(lags))
     try:
         if config.restore_dir:
-            saved = stage_file(Path(config.restore_dir), config.replica, config.stage)
-            await asyncio.get_running_loop().run_in_executor(runner.executor, engine.restore,
-                                                             str(saved))
+            await restore(runner, stage_file(Path(config.restore_dir), config.replica,
+                                             config.stage))
         for iteration in range(config.first_iteration, config.iterations):
             started = clock.now()
             try:
@@ -159,6 +159,19 @@ async def serve_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, g
         await transport.close()
         runner.executor.shutdown(wait=False, cancel_futures=True)
     return 0
+
+
+async def restore(runner: StageRunner, saved: Path) -> None:
+    """Load this stage's part of the checkpoint a run resumes from; a damaged or missing
+    file is told to the coordinator by name, so the run ends saying which and why."""
+    try:
+        await asyncio.get_running_loop().run_in_executor(runner.executor,
+                                                         runner.engine.restore, str(saved))
+    except Exception as exc:
+        problem = one_line(f"{type(exc).__name__}: {exc}")[:300]
+        await send(runner.control, WorkerError(f"cannot resume from {saved}: {problem}",
+                                               runner.config.first_iteration, []))
+        raise
 
 
 async def checkpoint_if_due(runner: StageRunner, done: int) -> None:
