@@ -13,13 +13,14 @@ import click
 from testbed import __version__, api
 from testbed.cli_compare import compare, report
 from testbed.cli_figures import figures
-from testbed.cli_net import Terminated, down, net
+from testbed.cli_net import down, net
 from testbed.cli_options import job_flags, job_options, policy_options, topology_argument
 from testbed.cli_run import up
 from testbed.cli_sim import profile, simulate, sweep
 from testbed.errors import EXIT_INPUT, InputError, PlanError, TestbedError, one_line
 from testbed.fsutil import write_atomic
 from testbed.inputs import load_inputs
+from testbed.net.interrupts import Terminated
 from testbed.plan import load_plan_csv, plan_grid, plan_to_csv, validate_plan
 from testbed.plan.describe import describe_plan
 from testbed.policy import discover, parse_options

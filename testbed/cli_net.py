@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import click
 
 from testbed.errors import NetworkError, TestbedError
+from testbed.net.interrupts import Terminated, critical, stop_point, stop_signals
 from testbed.net.layout import check_limits
 from testbed.net.state import RunState, all_states
 from testbed.topology import Topology, load_topology
@@ -25,30 +23,6 @@ SHAPERS = ["auto", "netem", "userspace"]
 machine_option = click.option(
     "--machine", help="Which machine of --cluster this is (default: the one whose address "
     "is on this machine).")
-
-
-class Terminated(Exception):
-    """SIGTERM, turned into an exception so teardown runs."""
-
-    exit_code = 143
-
-
-_MAIN_PID = os.getpid()
-
-
-def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    if os.getpid() != _MAIN_PID:
-        os._exit(143)  # a forked helper (pyroute2's) must not unwind our stack
-    raise Terminated()
-
-
-@contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def require_root() -> None:
@@ -97,31 +71,33 @@ def net_up(topology: Path, shaper: str, detach: bool, cluster_file: Path | None,
     `testbed net exec east-0 -- ping west-0` works. With --cluster, run it on each
     machine of the cluster: each brings up its own DCs, and together they make one network.
     """
-    from testbed.net.network import bring_up, tear_down
+    from testbed.net.network import bring_up
+    from testbed.net.teardown import clean_own_states
 
     topo = load_topology(topology)
     check_limits(topo)
     cluster, machine = this_machine(cluster_file, machine, topo)
     require_root()
-    with sigterm_raises():
-        network = bring_up(topo, shaper, progress=echo_err, detached=detach, cluster=cluster,
-                           machine=machine)
-        if detach:
-            click.echo(
-                f"network {network.state.run_id} is up (shaper {network.shaper.value});"
-                " `testbed net ls` shows it, `testbed down` removes it"
-            )
-            return
+    with stop_signals():
         try:
+            network = bring_up(topo, shaper, progress=echo_err, detached=detach,
+                               cluster=cluster, machine=machine)
+            stop_point()  # one that came as bring-up ended: the network goes again
+            if detach:
+                click.echo(
+                    f"network {network.state.run_id} is up (shaper {network.shaper.value});"
+                    " `testbed net ls` shows it, `testbed down` removes it"
+                )
+                return
             _print_listing(network.describe())
             echo_err("network is up; Ctrl-C tears it down")
             while True:
                 signal.pause()
         except (KeyboardInterrupt, Terminated) as exc:
             echo_err("tearing down")
-            problems = tear_down(network)
-            for problem in problems:
-                echo_err(f"teardown: {problem}")
+            with critical():
+                for problem in clean_own_states():
+                    echo_err(f"teardown: {problem}")
             sys.exit(143 if isinstance(exc, Terminated) else 130)
 
 
@@ -234,22 +210,24 @@ def net_check(topology: Path, shaper: str, seconds: float, flows: int, as_json: 
     long link caps it at window/RTT), and several parallel flows (which should fill it).
     """
     from testbed.net.check import check_link
-    from testbed.net.network import bring_up, tear_down
+    from testbed.net.network import bring_up
+    from testbed.net.teardown import clean_own_states
 
     require_root()
     topo = load_topology(topology)
     check_limits(topo)
     results = []
-    with sigterm_raises():
-        network = bring_up(topo, shaper, progress=echo_err)
+    with stop_signals():
         try:
+            network = bring_up(topo, shaper, progress=echo_err)
             for link in topo.links:
                 echo_err(f"measuring {link.a} <-> {link.b}")
                 results.append(check_link(network, link.a, link.b, seconds, flows))
             cpu = network.delay_line_stats()
         finally:
-            for problem in tear_down(network):
-                echo_err(f"teardown: {problem}")
+            with critical():
+                for problem in clean_own_states():
+                    echo_err(f"teardown: {problem}")
     if as_json:
         click.echo(
             json.dumps(

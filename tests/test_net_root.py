@@ -432,3 +432,44 @@ def test_down_removes_no_namespace_of_a_live_run_whatever_its_names(tmp_path: Pa
         remove_namespace(stale)
         live.send_signal(signal.SIGTERM)
         live.wait(timeout=60)
+
+
+@pytest.mark.parametrize(("signum", "delays"), [
+    (signal.SIGTERM, (0.0, 0.05, 0.1, 0.2, 0.3, 0.5)),
+    (signal.SIGINT, (0.0, 0.2)),
+])
+def test_a_stop_signal_during_bring_up_ends_it_with_nothing_left(
+        tmp_path: Path, signum: int, delays: tuple[float, ...]) -> None:
+    """A signal 0-0.5 s after "creating ... namespaces" ends `net up` with 143 (130) and
+    nothing left, or, if the network was up already, leaves it whole; never swallowed,
+    never half a network."""
+    topology = tmp_path / "three.yaml"
+    topology.write_text(
+        "datacenters:\n" + "".join(f"  - {{name: {n}, gpus: 6}}\n" for n in ("a", "b", "c"))
+        + "wan:\n" + "".join(f"  - {{between: [{x}, {y}], latency: 5ms, bandwidth: 1Gbit}}\n"
+                             for x, y in (("a", "b"), ("b", "c"), ("a", "c"))))
+    stopped = 0
+    before = set(list_namespaces())
+    for delay in delays:
+        proc = subprocess.Popen([sys.executable, "-c", "from testbed.cli import main; main()",
+                                 "net", "up", str(topology), "--detach"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        said = [proc.stderr.readline()]
+        while said[-1] and "creating" not in said[-1]:
+            said.append(proc.stderr.readline())
+        time.sleep(delay)
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=60)
+        err = "".join(said) + err
+        assert "Traceback" not in err and "ignored" not in err, err
+        mine = [s for s in all_states() if s.owner_pid == proc.pid]
+        if proc.returncode == 128 + signum:
+            stopped += 1
+            assert not mine, f"after {delay} s: {err}"
+            assert set(list_namespaces()) == before, f"after {delay} s: {err}"
+        else:  # the signal came once the command was done: the network is whole
+            assert "is up" in out and len(mine) == 1 and mine[0].ready, err
+            assert set(mine[0].namespaces) <= set(list_namespaces())
+            assert _cli(["down"]).returncode == 0
+    assert stopped, "no signal landed during a bring-up"

@@ -21,13 +21,14 @@ from typing import Any
 
 from testbed.errors import NetworkError
 from testbed.net import netns as kernel
-from testbed.net.layout import HOST_IF, MAX_SLOTS, Layout, build_layout
+from testbed.net.interrupts import critical, stop_point
+from testbed.net.layout import HOST_IF, Layout, build_layout
 from testbed.net.shaping import Shaper, ShapingPlan, plan_shaping
 from testbed.net.share import describe_cluster, machine_share, vxlan_command
+from testbed.net.slots import free_slot, refuse_taken_names
 from testbed.net.state import (
     ProcessRecord,
     RunState,
-    all_states,
     new_run_id,
     process_start_ticks,
     state_lock,
@@ -147,32 +148,6 @@ class Network:
         return out
 
 
-def _refuse_taken_names(layout: Layout) -> None:
-    """A cluster's slot is fixed (every machine must agree on names and addresses): refuse
-    if something here already holds one of its names."""
-    taken = sorted(set(layout.namespaces()) & (
-        set(kernel.list_namespaces()) | {n for s in all_states() for n in s.namespaces}))
-    if taken:
-        raise NetworkError(
-            f"namespaces {', '.join(taken[:4])} already exist here (slot {layout.slot}); "
-            "`testbed down` removes what killed runs left, or set another `slot:` in the "
-            "cluster file")
-
-
-def _free_slot(layout_for: Callable[[int], Layout]) -> int:
-    taken = {s.slot for s in all_states()}
-    existing = set(kernel.list_namespaces())
-    for slot in range(MAX_SLOTS):
-        if slot in taken:
-            continue
-        if existing & set(layout_for(slot).namespaces()):
-            continue  # names held by something that is not a run of ours
-        return slot
-    raise NetworkError(
-        f"all {MAX_SLOTS} run slots are in use; `testbed down` removes what killed runs left"
-    )
-
-
 def bring_up(
     topology: Topology,
     shaper: str = "auto",
@@ -188,15 +163,38 @@ def bring_up(
     re-raise."""
     say = progress or (lambda _msg: None)
     started = time.monotonic()
-    chosen = choose_shaper(shaper)
+    with critical():  # a stop signal lands between steps, never in one (net.interrupts)
+        chosen = choose_shaper(shaper)
+        stop_point()
+        network = _recorded(topology, chosen, detached, seed, decode_dcs, cluster, machine)
+        try:
+            _build(network, say)
+            network.state.ready = True
+            # what bring-up saved for teardown (the host's sysctl before ours) stays
+            network.state.info = {**network.state.info, **network.describe()}
+            network.state.save()
+        except BaseException:
+            tear_down(network)
+            raise
+    say(
+        f"network up in {time.monotonic() - started:.1f} s: {len(network.layout.nodes)} "
+        f"hosts, {len(network.layout.routers)} routers, shaper {chosen.value}"
+    )
+    return network
+
+
+def _recorded(topology: Topology, chosen: Shaper, detached: bool, seed: int,
+              decode_dcs: tuple[str, ...], cluster: Cluster | None, machine: str | None
+              ) -> Network:
+    """The network to make, its state file written before anything is made."""
     with state_lock():
         if cluster is not None and machine is not None:
             layout = machine_share(topology, build_layout(topology, cluster.slot, decode_dcs),
                                    cluster, machine)
-            _refuse_taken_names(layout)
+            refuse_taken_names(layout)
             slot = cluster.slot
         else:
-            slot = _free_slot(lambda s: build_layout(topology, s, decode_dcs))
+            slot = free_slot(lambda s: build_layout(topology, s, decode_dcs))
             layout = build_layout(topology, slot, decode_dcs)
         shaping = plan_shaping(layout, chosen, seed)
         namespaces = layout.namespaces()
@@ -213,27 +211,14 @@ def bring_up(
             detached=detached,
         )
         state.save()
-    network = Network(topology, layout, chosen, shaping, state, cluster=cluster)
-    try:
-        _build(network, say)
-    except BaseException:
-        tear_down(network)
-        raise
-    network.state.ready = True
-    # what bring-up saved for teardown (the host's sysctl before ours) stays
-    network.state.info = {**network.state.info, **network.describe()}
-    network.state.save()
-    say(
-        f"network up in {time.monotonic() - started:.1f} s: {len(layout.nodes)} hosts, "
-        f"{len(layout.routers)} routers, shaper {chosen.value}"
-    )
-    return network
+    return Network(topology, layout, chosen, shaping, state, cluster=cluster)
 
 
 def _build(network: Network, say: Progress) -> None:
     layout, topology = network.layout, network.topology
     say(f"creating {len(layout.namespaces())} namespaces (shaper {network.shaper.value})")
     for ns in layout.namespaces():
+        stop_point()
         kernel.create_namespace(ns)
         kernel.write_hosts_file(ns, layout.hosts_file())
     _allow_congestion_controls(network)
@@ -244,6 +229,7 @@ def _build(network: Network, say: Progress) -> None:
         for router in layout.routers:
             kernel.set_sysctls(router.netns, ROUTER_SYSCTLS)
         for node in layout.nodes:
+            stop_point()
             router = layout.router(node.dc)
             k.veth(node.netns, HOST_IF, router.netns, node.router_if)
             k.up(node.netns, HOST_IF, mtu=mtu)
@@ -277,13 +263,16 @@ def _build(network: Network, say: Progress) -> None:
                 k.ns(ns).link("add", ifname=port.tun, kind="tuntap", mode="tun")
                 k.up(ns, port.tun, mtu=mtu, txqueuelen=TUN_TXQUEUELEN)
         _routes(network, k)
+        stop_point()
         say("shaping links")
         for qdisc in network.shaping.qdiscs:
             k.qdisc(qdisc)
     if network.shaping.delay_lines:
+        stop_point()
         _start_delay_lines(network, say)
     for note in network.shaping.notes:
         say(f"note: {note}")
+    stop_point()
 
 
 def _tcp_sysctls(values: dict[str, str]) -> dict[str, str]:
@@ -323,6 +312,7 @@ def _start_delay_lines(network: Network, say: Progress) -> None:
     say(f"starting {len(network.shaping.delay_lines)} delay lines")
     parent = 0 if network.state.detached else os.getpid()
     for spec in network.shaping.delay_lines:
+        stop_point()
         port = {
             "name": spec.tun,
             "delay_s": spec.delay_s,
@@ -395,5 +385,5 @@ def tear_down(network: Network) -> list[str]:
         rec.pid: network.delay_lines.get(rec.role.split(":", 1)[-1])
         for rec in network.state.processes
     }
-    problems = clean_state(network.state, procs)
-    return problems
+    with critical():  # a second signal does not cut teardown short
+        return clean_state(network.state, procs)

@@ -78,3 +78,15 @@ def clean_state(
     else:
         state.remove()
     return problems
+
+
+def clean_own_states() -> list[str]:
+    """Undo every run this process made, from its state files: also one that a stop
+    signal caught between its bring-up returning and the caller holding the network."""
+    me = os.getpid()
+    ticks = process_start_ticks(me)
+    problems: list[str] = []
+    for state in all_states():
+        if state.owner_pid == me and state.owner_ticks == ticks:
+            problems += clean_state(state)
+    return problems
