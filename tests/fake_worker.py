@@ -2,9 +2,10 @@
 protocol, moves no data, and misbehaves on request (FAKE_WORKERS: JSON by GPU name).
 
 Behaviours: {"die_at": N} exits with code 3 in iteration N; {"stall_at": N} stops
-reporting in iteration N; {"requests": [[tag, replica, microbatch], ...]} asks for those
-WAN transfers in iteration 0, sending each as soon as it is granted, and writes the grant
-order to {"grants_to": FILE}.
+reporting in iteration N; {"kill_at": N} SIGKILLs itself; {"grow_at": N, "mb": M} grows
+by M MiB (written, so resident) and holds them; {"requests": [[tag, replica, microbatch],
+...]} asks for those WAN transfers in iteration 0, sending each as soon as it is granted,
+and writes the grant order to {"grants_to": FILE}.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -68,6 +70,14 @@ async def serve(control: str, gpu: str, token: str, behaviour: dict[str, Any]) -
             print(f"fake crash in iteration {iteration}", flush=True)
             return 3
         if iteration == behaviour.get("stall_at"):
+            await asyncio.sleep(3600)
+        if iteration == behaviour.get("kill_at"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if iteration == behaviour.get("grow_at"):
+            hoard = []
+            for _ in range(behaviour["mb"]):  # every page written: resident
+                hoard.append(b"\1" * 2**20)
+                await asyncio.sleep(0.005)
             await asyncio.sleep(3600)
         if iteration == 0 and "requests" in behaviour:
             await transfers(reader, writer, config, behaviour["requests"],

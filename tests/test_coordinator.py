@@ -4,10 +4,12 @@ that speak the real control protocol (tests/fake_worker.py) and misbehave on req
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -30,9 +32,12 @@ ROOT = Path(__file__).resolve().parent.parent
 class LocalHosts:
     """Hosts that are plain local processes: the fake worker in place of the real one."""
 
-    def __init__(self, directory: Path, behaviours: Mapping[str, Any]) -> None:
+    def __init__(self, directory: Path, behaviours: Mapping[str, Any],
+                 cgroups: Mapping[str, Path] | None = None) -> None:
         self.directory = directory
         self.behaviours = dict(behaviours)
+        self.cgroups = dict(cgroups or {})
+        """Host -> the cgroup its worker starts in."""
         self.up = False
         self.torn_down = False
         self.broken_because: str | None = None
@@ -50,10 +55,12 @@ class LocalHosts:
     async def spawn(self, host: str, module: str, args: list[str], env: Mapping[str, str],
                     log: TextIO, name: str) -> asyncio.subprocess.Process:
         assert module == "testbed.runtime.worker"
+        cgroup = self.cgroups.get(host)
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tests.fake_worker", *args, cwd=ROOT,
             env={**env, "FAKE_WORKERS": json.dumps(self.behaviours)},
-            stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)
+            stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+            preexec_fn=None if cgroup is None else lambda: _join(cgroup))
         self.processes.append(process)
         return process
 
@@ -82,6 +89,10 @@ class LocalHosts:
         return []
 
 
+def _join(cgroup: Path) -> None:
+    (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+
 class LowestReplicaFirst(TrainingPolicy):
     name = "lowest-replica-first"
 
@@ -95,12 +106,13 @@ class LowestReplicaFirst(TrainingPolicy):
 
 def _run(tmp: Path, behaviours: Mapping[str, Any] | None = None,
          policy: TrainingPolicy | None = None, stall_timeout_s: float = 60,
-         iterations: int = 3, broken_after: float | None = None
+         iterations: int = 3, broken_after: float | None = None,
+         cgroups: Mapping[str, Path] | None = None
          ) -> tuple[Coordinator, LocalHosts, RunOutcome | BaseException]:
     inputs = load_inputs(TOPOLOGIES / "two-dc.yaml", sets=(f"iterations={iterations}",))
     chosen = training_policy("1f1b")
     plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
-    hosts = LocalHosts(tmp, behaviours or {})
+    hosts = LocalHosts(tmp, behaviours or {}, cgroups)
     config = RunConfig(inputs.topology, inputs.job, plan, policy or chosen, "emulated",
                        tmp / "logs", stall_timeout_s=stall_timeout_s)
     coordinator = Coordinator(config, hosts, say=lambda _m: None)
@@ -138,6 +150,61 @@ def test_a_worker_dying_ends_the_run_naming_it(tmp_path: Path) -> None:
         in str(outcome)
     assert coordinator.outcome is not None and coordinator.outcome.status == "failed"
     assert 0 in coordinator.outcome.losses  # what was measured is kept
+
+
+def test_a_killed_worker_is_named_with_its_signal(tmp_path: Path) -> None:
+    _, _, outcome = _run(tmp_path, {"west-1": {"kill_at": 1}})
+    assert isinstance(outcome, RunFailed)
+    assert "worker west-1 (replica 1, stage 1) was killed by SIGKILL (exit code -9)" \
+        in str(outcome), outcome
+
+
+@pytest.fixture
+def small_memory() -> Iterator[Path]:
+    """A memory cgroup of 160 MiB without swap, beside this process's own (cgroup v1's
+    memory controller, or v2 where the memory controller is on): root only."""
+    if os.geteuid() != 0:
+        pytest.skip("a memory cgroup needs root")
+    own = Path("/proc/self/cgroup").read_text().splitlines()
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+    if v2.exists() and "memory" in v2.read_text().split():
+        base, limits = Path("/sys/fs/cgroup"), ("memory.max", "memory.swap.max")
+        relative = next(line.split(":", 2)[2] for line in own if line.startswith("0::"))
+    else:
+        base = Path("/sys/fs/cgroup/memory")
+        limits = ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
+        relative = next((line.split(":", 2)[2] for line in own
+                         if line.split(":")[1] == "memory"), "/")
+    group = base / relative.lstrip("/") / f"testbed-oom-{os.getpid()}"
+    try:
+        group.mkdir()
+        for name, value in zip(limits, (160 * 2**20, 0 if v2.exists() else 160 * 2**20),
+                               strict=True):
+            with contextlib.suppress(FileNotFoundError):  # no swap accounting
+                (group / name).write_text(str(value))
+    except OSError as exc:
+        pytest.skip(f"no memory cgroup to limit here: {exc}")
+    try:
+        yield group
+    finally:
+        for _ in range(50):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def test_a_worker_killed_for_memory_is_named_so(tmp_path: Path, small_memory: Path) -> None:
+    """A real OOM kill: the worker grows past its cgroup's limit."""
+    _, _, outcome = _run(tmp_path, {"west-1": {"grow_at": 1, "mb": 400}},
+                         cgroups={"west-1": small_memory})
+    assert isinstance(outcome, RunFailed)
+    message = str(outcome)
+    assert "worker west-1 (replica 1, stage 1) was killed: out of memory (the kernel's OOM " \
+        "killer, " in message, message
+    resident = float(message.split("killer, ")[1].split(" MB")[0])
+    assert 20 <= resident <= 168, message  # sampled on its way to the 160 MiB limit
 
 
 def test_a_stall_names_the_worker_behind(tmp_path: Path) -> None:
@@ -193,3 +260,23 @@ def test_a_killed_coordinator_leaves_no_worker(tmp_path: Path) -> None:
     assert all(p.returncode is not None for p in hosts.processes)
     assert not any(os.path.exists(f"/proc/{p.pid}") and p.returncode is None
                    for p in hosts.processes)
+
+
+def test_why_a_process_ended_in_words(tmp_path: Path) -> None:
+    from testbed.runtime.exits import exit_reason, oom_kills, resident_bytes
+
+    assert exit_reason(3) == "exited with code 3"
+    assert exit_reason(-11) == "was killed by SIGSEGV (exit code -11)"
+    assert exit_reason(-9) == "was killed by SIGKILL (exit code -9)"  # no count to go by
+    assert exit_reason(-9, 4, 4, 2**30) == "was killed by SIGKILL (exit code -9)"
+    assert exit_reason(-15, 4, 5) == "was killed by SIGTERM (exit code -15)"
+    assert exit_reason(-9, 4, 5, 2_500_000_000) == (
+        "was killed: out of memory (the kernel's OOM killer, 2.5 GB resident when last seen)")
+    assert exit_reason(-9, 4, 5) == "was killed: out of memory (the kernel's OOM killer)"
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("pgfault 10\noom_kill 7\n")
+    assert oom_kills(vmstat) == 7
+    vmstat.write_text("pgfault 10\n")  # a kernel that does not count them
+    assert oom_kills(vmstat) is None
+    assert (resident_bytes(os.getpid()) or 0) > 1_000_000
+    assert resident_bytes(2**22 + 7) is None

@@ -18,6 +18,7 @@ from testbed.net.link_changes import change_link
 from testbed.net.network import Network, bring_up, tear_down
 from testbed.net.network import Progress as Say
 from testbed.net.state import ProcessRecord, process_start_ticks
+from testbed.runtime.exits import exit_reason
 from testbed.runtime.health import delay_line_lateness
 from testbed.topology.cluster import Cluster
 from testbed.topology.model import Topology
@@ -134,7 +135,7 @@ class NamespaceHosts:
         for key, proc in self.network.delay_lines.items():
             code = proc.poll()
             if code is not None:
-                return (f"the delay line for WAN link {key} exited with code {code}: the "
+                return (f"the delay line for WAN link {key} {exit_reason(code)}: the "
                         f"emulated network is broken")
         return None
 

@@ -14,6 +14,7 @@ from typing import TextIO
 
 from testbed.fsutil import open_fresh
 from testbed.plan.model import Plan
+from testbed.runtime.exits import SAMPLE_S, exit_reason, oom_kills, resident_bytes
 from testbed.runtime.hosts import Hosts
 from testbed.runtime.messages import Abort, Message, Stop, send
 from testbed.runtime.protocol import TOKEN_ENV
@@ -123,12 +124,21 @@ class WorkerPool:
         self._watchers.append(asyncio.create_task(self._watch(handle)))
 
     async def _watch(self, handle: WorkerHandle) -> None:
-        assert handle.process is not None
-        code = await handle.process.wait()
+        """Wait for the process, reading its size as it runs (testbed.runtime.exits)."""
+        process = handle.process
+        assert process is not None
+        oom_before, resident = oom_kills(), None
+        exited = asyncio.ensure_future(process.wait())
+        try:
+            while not (await asyncio.wait({exited}, timeout=SAMPLE_S))[0]:
+                resident = resident_bytes(process.pid) or resident
+        finally:
+            exited.cancel()  # stopped watching (the run is ending): no task left behind
         if not handle.finished:
             detail = handle.last_log_line()
             who = handle.describe() if handle.launcher else f"worker {handle.describe()}"
-            self.on_exit(f"{who} exited with code {code}" + (f": {detail}" if detail else ""))
+            why = exit_reason(exited.result(), oom_before, oom_kills(), resident)
+            self.on_exit(f"{who} {why}" + (f": {detail}" if detail else ""))
 
     def pids(self) -> list[int]:
         """This machine's worker processes (their own or, joined by torchrun, as they
