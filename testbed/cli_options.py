@@ -154,7 +154,7 @@ def force_option(func: F) -> F:
 
 
 def results_dir(out: Path | None, force: bool, default: Callable[[], Path]) -> Path:
-    """Where a command writes, held by this process until it exits (testbed.run_dirs): a
+    """Where a command writes, held by it until it ends (testbed.run_dirs): a
     fresh directory, or `--out` when it is safe to use. An `--out` that is a symbolic link
     is never followed; one that another process holds is refused; one that holds files
     (another run's results, perhaps) is refused unless `force`."""
