@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 EXIT_RUNTIME = 1
 EXIT_INPUT = 2
 
@@ -66,3 +69,9 @@ def one_line(text: str) -> str:
     """A message as one printable line: newlines and control characters escaped, so a
     key or value from a broken file cannot break the one-line error contract."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text.strip())
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """` (did you mean 'x'?)` when one of `choices` is close to a mistyped `word`, else ``."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, TypeVar
 
-from testbed.errors import InputError, join_key
+from testbed.errors import InputError, did_you_mean, join_key
 
 T = TypeVar("T")
 _MISSING: Any = object()
 
 
 class Fields:
-    """A mapping being read: every read is checked, every unread key is an error."""
+    """A mapping being read: every read is checked, every unread key is an error.
 
-    def __init__(self, data: object, source: str | None, path: str = "") -> None:
+    `keys`, every key the mapping may hold, lets a misspelled key be named as such even
+    when the key it stands for is required and reported first ("bandwith: unknown key
+    (did you mean 'bandwidth'?)", not "bandwidth: missing value")."""
+
+    def __init__(self, data: object, source: str | None, path: str = "",
+                 keys: Collection[str] = ()) -> None:
         if not isinstance(data, Mapping):
             raise InputError(f"expected a mapping, got {_kind(data)}", source, path or None)
         for key in data:
@@ -24,6 +29,7 @@ class Fields:
         self.data: Mapping[str, Any] = data
         self.source = source
         self.path = path
+        self.keys = frozenset(keys)
         self._read: set[str] = set()
 
     def key(self, name: str | int) -> str:
@@ -39,6 +45,7 @@ class Fields:
         self._read.add(name)
         if name not in self.data or self.data[name] is None:
             if default is _MISSING:
+                self._misspelling_of(name)
                 raise self.error(name, "missing value")
             return default
         return self.data[name]
@@ -55,11 +62,12 @@ class Fields:
         except (ValueError, TypeError) as exc:
             raise self.error(name, str(exc)) from None
 
-    def section(self, name: str, required: bool = False) -> Fields | None:
+    def section(self, name: str, required: bool = False,
+                keys: Collection[str] = ()) -> Fields | None:
         value = self.raw(name, _MISSING if required else None)
         if value is None:
             return None
-        return Fields(value, self.source, self.key(name))
+        return Fields(value, self.source, self.key(name), keys)
 
     def items(self, name: str, required: bool = False) -> Iterator[tuple[str, Any]]:
         """(key path, value) for each element of a list under `name`."""
@@ -75,8 +83,29 @@ class Fields:
         """Reject keys nobody read: a typo must not pass silently."""
         unknown = [key for key in self.data if key not in self._read]
         if unknown:
-            known = ", ".join(sorted(self._read)) or "none"
-            raise self.error(unknown[0], f"unknown key (known keys: {known})")
+            raise self._unknown(unknown[0], self._read | self.keys)
+
+    def _unknown(self, key: str, known: Collection[str]) -> InputError:
+        hint = did_you_mean(key, known)
+        listed = ", ".join(sorted(known)) or "none"
+        return self.error(key, f"unknown key{hint or f' (known keys: {listed})'}")
+
+    def check_keys(self) -> None:
+        """Refuse now a key outside `keys`, for a reader that must know which keys are
+        given before it has read them all."""
+        strangers = [key for key in self.data if key not in self.keys | self._read]
+        if strangers:
+            raise self._unknown(strangers[0], self.keys | self._read)
+
+    def _misspelling_of(self, name: str) -> None:
+        """A required `name` is missing: if a key this mapping cannot hold is close to
+        it, that key is the error (a typo), not the missing one."""
+        if not self.keys:
+            return
+        strangers = [key for key in self.data if key not in self.keys | self._read]
+        for key in strangers:
+            if did_you_mean(key, [name]):
+                raise self.error(key, f"unknown key{did_you_mean(key, [name])}")
 
 
 def positive(parse: Callable[[Any], T], allow_zero: bool = False) -> Callable[[Any], T]:

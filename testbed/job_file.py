@@ -89,7 +89,9 @@ _BATCH_SHAPE = ("microbatches",)
 
 
 def parse_job(data: object, source: str | None = None, prefix: str = "job") -> Job:
-    fields = Fields(data, source, prefix)
+    fields = Fields(data, source, prefix, ("model", "microbatch_size", "microbatches",
+                                           "global_batch", "dp", "pp", "tp", "iterations",
+                                           "seed", "dtype", "inference"))
     model = _parse_model(fields, "model")
     microbatch_size = fields.get("microbatch_size", positive(integer), 1)
     microbatches = fields.get("microbatches", positive(integer), None)
@@ -108,7 +110,9 @@ def parse_job(data: object, source: str | None = None, prefix: str = "job") -> J
         raise fields.error(
             "tp", f"tp {tp} must divide hidden {model.hidden} and heads {model.heads}"
         )
-    inference = _parse_inference(fields.section("inference"), source)
+    inference = _parse_inference(fields.section("inference", keys=(
+        "model", "arrival_rate", "prompt_length", "trace", "trace_rows", "decode_dc",
+        "deadline", "max_batch_tokens")), source)
     fields.done()
     return Job(
         model,
@@ -130,7 +134,9 @@ def _parse_model(fields: Fields, name: str) -> ModelShape:
     value = fields.raw(name, "tiny")
     if isinstance(value, str):
         return fields.get(name, _preset, MODEL_PRESETS["tiny"])
-    spec = Fields(value, fields.source, fields.key(name))
+    spec = Fields(value, fields.source, fields.key(name),
+                  ("preset", "layers", "hidden", "heads", "seq_len", "vocab", "kv_heads", "ffn",
+                   "mlp", "tied_embeddings"))
     base = spec.get("preset", _preset, None)
 
     def pick(key: str, default: int | None) -> Any:
@@ -201,7 +207,8 @@ def _parse_inference(fields: Fields | None, source: str | None) -> InferenceWork
         return None
     model = _parse_model(fields, "model")
     rate = fields.get("arrival_rate", _parse_per_second, 0.0)
-    prompt = _parse_prompt(fields.section("prompt_length"))
+    prompt = _parse_prompt(fields.section("prompt_length", keys=(
+        "distribution", "value", "min", "max", "median", "sigma")))
     trace = None
     if fields.has("trace_rows"):
         trace = _trace_rows(fields)

@@ -78,7 +78,8 @@ def parse_events(
 
 
 def parse_event(item: Any, topology: Topology, source: str | None, key: str) -> NetEvent:
-    fields = Fields(item, source, key)
+    fields = Fields(item, source, key, ("at", "link", "for", *KINDS))
+    fields.check_keys()  # a misspelled kind is named as such, not as no kind given
     at = fields.get("at", _nonnegative(parse_duration))
     link = fields.raw("link")
     if isinstance(link, str):

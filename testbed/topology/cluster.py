@@ -89,12 +89,14 @@ def parse_cluster(data: object, source: str | None, topology: Topology) -> Clust
     """A cluster file: `machines` (each `name`, `address`, `dcs`, optional `gpus` and
     `netns`), optional `coordinator` (default: the first machine), `mtu`, `port`, `slot`,
     `secret` (a path, relative to the file), `control_port`, `rendezvous_port`."""
-    top = Fields(data, source)
+    top = Fields(data, source, keys=("name", "machines", "coordinator", "mtu", "port", "slot",
+                                     "secret", "control_port", "rendezvous_port"))
     name = top.get("name", text, Path(source).stem if source else "cluster")
     machines: list[Machine] = []
     placed: dict[str, str] = {}
     for key, item in top.items("machines", required=True):
-        machine = _machine(Fields(item, source, key), topology, placed)
+        machine = _machine(Fields(item, source, key, ("name", "address", "dcs", "gpus", "netns")),
+                           topology, placed)
         if any(m.name == machine.name for m in machines):
             raise InputError(f"machine {machine.name!r} given twice", source, f"{key}.name")
         if any(m.address == machine.address and m.netns == machine.netns for m in machines):

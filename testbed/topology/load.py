@@ -32,6 +32,10 @@ from testbed.units import (
 )
 from testbed.yamlio import read_yaml
 
+TOPOLOGY_KEYS = ("name", "tcp", "gpu_types", "datacenters", "wan", "job", "events")
+DATACENTER_KEYS = ("name", "gpus", "gpu", "bandwidth", "latency", "tcp")
+LINK_KEYS = ("between", "latency", "bandwidth", "jitter", "loss", "queue")
+
 
 def load_topology(path: str | Path) -> Topology:
     data = read_yaml(path)
@@ -42,7 +46,7 @@ def load_topology(path: str | Path) -> Topology:
 def parse_topology(
     data: object, source: str | None = None, default_name: str = "topology"
 ) -> Topology:
-    top = Fields(data, source)
+    top = Fields(data, source, keys=TOPOLOGY_KEYS)
     name = top.get("name", text, default_name)
     if not TOPOLOGY_NAME.match(name):
         raise top.error("name", f"{name!r} is not a usable name (letters, digits, '_', '.', '-')")
@@ -110,7 +114,7 @@ def _parse_gpu_types(fields: Fields | None) -> dict[str, GpuType]:
     for name in fields.data:
         if not GPU_TYPE_NAME.match(name):
             raise fields.error(name, f"{name!r} is not a usable GPU type name")
-        spec = fields.section(name, required=True)
+        spec = fields.section(name, required=True, keys=("peak", "memory", "efficiency"))
         assert spec is not None
         types[name] = _gpu_type(name, spec)
     fields.done()
@@ -131,7 +135,7 @@ def _parse_datacenters(top: Fields, gpu_types: dict[str, GpuType]) -> list[Datac
     datacenters: list[Datacenter] = []
     seen: set[str] = set()
     for key, item in top.items("datacenters", required=True):
-        fields = Fields(item, top.source, key)
+        fields = Fields(item, top.source, key, DATACENTER_KEYS)
         name = fields.get("name", text)
         if not DC_NAME.match(name):
             raise fields.error(
@@ -167,7 +171,7 @@ def _dc_gpu(fields: Fields, gpu_types: dict[str, GpuType]) -> GpuType:
 def _parse_links(top: Fields, dc_names: set[str]) -> list[WanLink]:
     links: list[WanLink] = []
     for key, item in top.items("wan"):
-        fields = Fields(item, top.source, key)
+        fields = Fields(item, top.source, key, LINK_KEYS)
         between = fields.raw("between")
         if (
             not isinstance(between, list)
