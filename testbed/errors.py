@@ -7,6 +7,9 @@ from collections.abc import Iterable
 
 EXIT_RUNTIME = 1
 EXIT_INPUT = 2
+MAX_PROBLEM = 400
+"""Characters of a problem kept in a message: a value quoted from a hostile file (an
+expanded YAML alias, megabytes of one string) must not become a megabyte error line."""
 
 
 class TestbedError(Exception):
@@ -21,7 +24,7 @@ class InputError(TestbedError):
     exit_code = EXIT_INPUT
 
     def __init__(self, problem: str, source: str | None = None, key: str | None = None) -> None:
-        self.problem = problem
+        self.problem = clip(problem)
         self.source = source
         self.key = key
         super().__init__(self._format())
@@ -66,9 +69,17 @@ def join_key(*parts: str | int | None) -> str:
 
 
 def one_line(text: str) -> str:
-    """A message as one printable line: newlines and control characters escaped, so a
-    key or value from a broken file cannot break the one-line error contract."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text.strip())
+    """A message as one printable line of bounded length: newlines and control characters
+    escaped, so a key or value from a broken file cannot break the one-line error
+    contract."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in clip(text.strip(), 1000))
+
+
+def clip(text: str, limit: int = MAX_PROBLEM) -> str:
+    """`text` cut to about `limit` characters, saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit:,} more characters)"
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

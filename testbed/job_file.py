@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 from testbed.errors import InputError
 from testbed.fields import Fields, boolean, integer, number, positive, text
+from testbed.input_files import MAX_CSV_BYTES, read_input
 from testbed.job import (
     DTYPE_BYTES,
     MLP_MATRICES,
@@ -284,10 +286,9 @@ def _parse_prompt(fields: Fields | None) -> PromptLengths:
 def _read_trace(path: Path, key: str) -> tuple[tuple[float, int], ...]:
     """CSV rows of `arrival_s,prompt_len`; a header row is allowed."""
     try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            rows = list(csv.reader(handle))
-    except OSError as exc:
-        raise InputError(f"cannot read trace: {exc.strerror}", str(path)) from None
+        rows = list(csv.reader(io.StringIO(read_input(path, MAX_CSV_BYTES), newline="")))
+    except csv.Error as exc:
+        raise InputError(f"not CSV: {exc}", str(path)) from None
     out: list[tuple[float, int]] = []
     for line, row in enumerate(rows, start=1):
         if not row or (line == 1 and not _is_number(row[0])):

@@ -1,4 +1,5 @@
-"""YAML in and out, strict: duplicate keys and syntax errors are located one-line errors."""
+"""YAML in and out, strict: duplicate keys and syntax errors are located one-line errors,
+and a document is bounded: the file's size, and how far its aliases expand."""
 
 from __future__ import annotations
 
@@ -8,10 +9,49 @@ from typing import Any
 import yaml
 
 from testbed.errors import InputError
+from testbed.input_files import MAX_YAML_BYTES, read_input
+
+MAX_ALIAS_NODES = 100_000
+"""Nodes that aliases may stand for in one document, counted expanded. Aliases share
+what they name, so a few hundred bytes of nested aliases ("billion laughs") stand for
+billions of values; anything that walks them (an error quoting one, a copy) would take
+minutes and gigabytes. Templates for a hundred datacenters need a few thousand."""
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last)."""
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last),
+    an alias inside its own anchor, and aliases standing for more than MAX_ALIAS_NODES."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._nodes = 0
+        """Nodes composed so far, an alias counting as the nodes it stands for."""
+        self._aliased = 0
+        self._anchored: dict[str, int] = {}
+        """Nodes each finished anchor stands for."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event: yaml.Event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent):
+            size = self._anchored.get(event.anchor or "")
+            if size is None and event.anchor in self.anchors:
+                raise _refused(f"alias {event.anchor!r} inside its own anchor", event)
+            self._nodes += size or 0
+            self._aliased += size or 0
+            if self._aliased > MAX_ALIAS_NODES:
+                raise _refused(f"aliases expand to more than {MAX_ALIAS_NODES:,} values", event)
+            return super().compose_node(parent, index)
+        before = self._nodes
+        node = super().compose_node(parent, index)
+        self._nodes += 1
+        if isinstance(event, yaml.NodeEvent) and event.anchor is not None:
+            self._anchored[event.anchor] = self._nodes - before
+        return node
+
+
+def _refused(problem: str, event: yaml.Event) -> yaml.composer.ComposerError:
+    mark: Any = event.start_mark
+    return yaml.composer.ComposerError(None, None, problem, mark)
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -49,16 +89,7 @@ def parse_yaml(text: str, source: str | None) -> Any:
 
 
 def read_yaml(path: str | Path) -> Any:
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("no such file", source) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, expected a YAML file", source) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read: {exc}", source) from None
-    return parse_yaml(text, source)
+    return parse_yaml(read_input(path, MAX_YAML_BYTES), str(path))
 
 
 def to_yaml(data: Any) -> str:

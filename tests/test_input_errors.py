@@ -8,13 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from testbed.errors import InputError
+from testbed.inputs import load_inputs
 from testbed.job_file import load_job
 from testbed.net_events import parse_event
 from testbed.topology import load_topology
 from testbed.topology.cluster import parse_cluster
 from testbed.topology.load import parse_topology
+from tests.test_cli import call
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO_DC = ROOT / "topologies" / "two-dc.yaml"
@@ -89,3 +92,84 @@ def test_a_misspelled_key_in_an_event_and_a_cluster_is_named() -> None:
     cluster = {"machines": [{"name": "m1", "adress": "10.0.0.1", "dcs": ["east", "west"]}]}
     assert _error(parse_cluster, cluster, "c.yaml", topology) == \
         "c.yaml: machines[0].adress: unknown key (did you mean 'address'?)"
+
+
+# Hostile files: bounded time, bounded message.
+
+def _bomb(levels: int, at: str) -> str:
+    """A "billion laughs": each level nine aliases of the one before."""
+    lines = ['l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for level in range(1, levels + 1):
+        lines.append(f"l{level}: &l{level} [{','.join([f'*l{level - 1}'] * 9)}]")
+    lines.append(f"{at}: *l{levels}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("levels", [7, 9])
+def test_an_alias_bomb_is_refused_in_one_short_line(tmp_path: Path, levels: int) -> None:
+    """Seven levels once printed a 35 MB "line" quoting the expanded value; nine reached a
+    MemoryError. Aliases may stand for at most MAX_ALIAS_NODES values."""
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_bomb(levels, "name"))
+    assert path.stat().st_size < 600
+    code, out, err = call(["validate", str(path)])
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and len(err) < 300, err[:300]
+    assert "YAML error: aliases expand to more than 100,000 values" in err
+
+
+def test_aliases_used_as_templates_still_load(tmp_path: Path) -> None:
+    path = tmp_path / "anchors.yaml"
+    path.write_text("datacenters:\n"
+                    "  - &dc {name: east, gpus: 2, gpu: a100, latency: 50us}\n"
+                    "  - {name: west, gpus: *gpus, gpu: a100}\n"
+                    "wan:\n  - &link {between: [east, west], latency: 20ms, bandwidth: 1Gbit}\n"
+                    .replace("gpus: 2", "gpus: &gpus 2"))
+    topology = load_topology(path)
+    assert [dc.gpus for dc in topology.datacenters] == [2, 2]
+
+
+def test_an_alias_inside_its_own_anchor_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "loop.yaml"
+    path.write_text("name: &a [*a]\n")
+    assert _error(load_topology, path) == \
+        f"{path}: line 1: YAML error: alias 'a' inside its own anchor"
+
+
+def test_a_huge_quoted_value_is_cut_in_the_message(tmp_path: Path) -> None:
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(_topology(name="x" * 1_000_000)))
+    code, _, err = call(["validate", str(path)])
+    assert code == 2 and err.count("\n") == 1 and len(err) < 600
+    assert err.startswith(f"testbed: error: {path}: name: 'xxxx")
+    assert err.endswith("... (999,656 more characters)\n")
+
+
+def test_devices_and_huge_files_are_refused_before_reading(tmp_path: Path) -> None:
+    code, _, err = call(["validate", "/dev/zero"])
+    assert (code, err) == (2, "testbed: error: /dev/zero: is not a regular file (a device or "
+                              "socket?)\n")
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (4 * 1024 * 1024 + 1))
+    code, _, err = call(["validate", str(big)])
+    assert (code, err) == (2, f"testbed: error: {big}: larger than 4 MiB: not an input file of "
+                              "testbed\n")
+    code, _, err = call(["plan", str(TWO_DC), "--load", "/dev/zero"])
+    assert code == 2 and "is not a regular file" in err
+    trace = {"model": "tiny", "inference": {"trace": "/dev/zero"}}
+    assert _error(load_job, trace, "t.yaml") == \
+        "/dev/zero: is not a regular file (a device or socket?)"
+
+
+def test_a_piped_topology_is_read(tmp_path: Path) -> None:
+    """A pipe (`validate <(...)`) is read like a file, within the same bound."""
+    import os
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(TWO_DC.read_text()))
+    writer.start()
+    inputs = load_inputs(fifo)
+    writer.join()
+    assert inputs.topology.total_gpus == 4

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import InputError
+from testbed.input_files import MAX_CSV_BYTES, read_input
 from testbed.plan.model import Action, HostTcp, Plan, Sharing, Worker
 
 _INT_META = ("dp", "pp", "tp", "microbatches", "microbatch_size")
@@ -45,14 +46,7 @@ def plan_to_csv(plan: Plan) -> str:
 
 
 def load_plan_csv(path: str | Path) -> Plan:
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("no such file", source) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read: {exc}", source) from None
-    return parse_plan_csv(text, source)
+    return parse_plan_csv(read_input(path, MAX_CSV_BYTES), str(path))
 
 
 def parse_plan_csv(text: str, source: str | None = None) -> Plan:
