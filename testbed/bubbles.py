@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from testbed.errors import InputError, PluginError, TestbedError
+from testbed.errors import InputError, PluginError
 from testbed.inference import (
     PrefillModel,
     arrivals,
@@ -28,6 +28,7 @@ from testbed.job import Job
 from testbed.plan.model import Plan
 from testbed.policy import bubble_policy as bubble_policy_named
 from testbed.policy.base import Bubble, BubblePolicy, Chunk, Request
+from testbed.policy.guard import plugin_code
 from testbed.topology import Topology
 
 HISTORY = 3
@@ -117,14 +118,10 @@ class BubbleBroker:
             return ()
         predicted = self.predicted(gpu, action)
         bubble = Bubble(gpu, since, since + (predicted or 0.0))
-        try:
+        with plugin_code(f"bubble policy {self.policy.name!r} failed in admit",
+                         type(self.policy).__module__):
             chunks = tuple(self.policy.admit_batch(bubble, tuple(queue), now, self.prefill,
                                                    self.max_batch_tokens))
-        except TestbedError:
-            raise
-        except Exception as exc:
-            raise PluginError(f"bubble policy {self.policy.name!r} failed in admit: "
-                              f"{type(exc).__name__}: {exc}") from None
         self._check(chunks, gpu)
         for chunk in chunks:
             request = chunk.request
@@ -173,13 +170,9 @@ class BubbleBroker:
 
     def _observe(self, kind: Literal["bubble", "prefill"], predicted: float,
                  actual: float) -> None:
-        try:
+        with plugin_code(f"bubble policy {self.policy.name!r} failed in observe",
+                         type(self.policy).__module__):
             self.policy.observe(kind, predicted, actual)
-        except TestbedError:
-            raise
-        except Exception as exc:
-            raise PluginError(f"bubble policy {self.policy.name!r} failed in observe: "
-                              f"{type(exc).__name__}: {exc}") from None
 
     def delivered(self, request_id: int, at: float, nbytes: int = 0) -> None:
         """The decode server has the KV cache: the first token can go out."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +41,24 @@ Examples:
 """
 
 
+DEBUG_VARIABLE = "TESTBED_DEBUG"
+_debug: list[bool] = []
+"""Whether this command was given --debug (or TESTBED_DEBUG=1), for main()."""
+
+
 @click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="testbed")
-def cli() -> None:
+@click.option("--debug", is_flag=True, envvar=DEBUG_VARIABLE,
+              help=f"On an error, print the whole traceback (with its causes, a plugin's "
+              f"included) before the one-line message. Also {DEBUG_VARIABLE}=1.")
+def cli(debug: bool) -> None:
     """Geo-distributed LLM training on one machine.
 
     Describe datacenters and the WAN between them in a topology file, pick a scheduling
     policy, and see how training behaves: as a plan, over an emulated WAN with real
     processes, or in a simulator at paper scale.
     """
+    _debug.append(debug)
 
 
 @cli.command()
@@ -230,30 +240,42 @@ cli.add_command(figures)
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning known failures into one line and an exit code."""
+    _debug.clear()
     try:
         # plans of one command share simulations (compare, sweep); it holds its directories
         with shared_cache(), released():
             code = cli.main(args=argv, prog_name="testbed", standalone_mode=False)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
+        _traceback(exc)
         click.echo("testbed: interrupted", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()
         sys.exit(EXIT_INPUT if isinstance(exc, click.UsageError) else exc.exit_code)
     except TestbedError as exc:
+        _traceback(exc)
         click.echo(f"testbed: error: {one_line(str(exc))}", err=True)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        _traceback(exc)
         click.echo("testbed: interrupted", err=True)
         sys.exit(130)
-    except Terminated:
+    except Terminated as exc:
+        _traceback(exc)
         click.echo("testbed: terminated", err=True)
         sys.exit(143)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
+        _traceback(exc)
         where = f" writing {exc.filename}" if exc.filename else ""
         click.echo(f"testbed: error: no space left on the device{where}", err=True)
         sys.exit(1)
     if isinstance(code, int) and code:
         sys.exit(code)
+
+
+def _traceback(exc: BaseException) -> None:
+    """With --debug (or TESTBED_DEBUG=1), the whole traceback of an error, causes first."""
+    if any(_debug):
+        traceback.print_exception(exc, file=sys.stderr)

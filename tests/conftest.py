@@ -29,6 +29,17 @@ def topologies_dir() -> Path:
 def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The sample plugin (tests/fixtures/sample_plugin, its own pyproject) installed into a
     private folder, as `pip install` would for a user; put it on PYTHONPATH to use it."""
+    return _install_plugin("sample_plugin", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def hostile_plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/fixtures/hostile_plugin installed as `plugin_path` is: policies that exit,
+    interrupt or crash from plugin code."""
+    return _install_plugin("hostile_plugin", tmp_path_factory)
+
+
+def _install_plugin(name: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     import subprocess
     import sys
 
@@ -36,8 +47,7 @@ def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build = tmp_path_factory.mktemp("build")
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(target),
-         str(Path(__file__).parent / "fixtures" / "sample_plugin")],
+         "--no-index", "--target", str(target), str(Path(__file__).parent / "fixtures" / name)],
         check=True, cwd=build, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
     )
     return target

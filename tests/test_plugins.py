@@ -179,3 +179,123 @@ def test_the_api_exports_what_it_lists() -> None:
     assert all(hasattr(api, name) for name in api.__all__)
     assert {"build_plan", "Schedule", "LinkKind", "PlanningContext", "TrainingPolicy",
             "BubblePolicy", "Plan", "Topology", "Job", "InputError"} <= set(api.__all__)
+
+
+# Plugin code that ends, interrupts or crashes the command (tests/fixtures/hostile_plugin).
+
+def _hostile_file(hostile: Path, module: str = "__init__") -> Path:
+    return hostile / "hostile_policies" / f"{module}.py"
+
+
+def _line_of(path: Path, text: str) -> int:
+    return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def test_a_plugin_crash_names_the_plugin_file_and_line(hostile_plugin_path: Path) -> None:
+    """The innermost frame in the plugin's package: here a helper `plan` calls."""
+    result = _testbed(["plan", str(TWO_DC), "-p", "oops"], hostile_plugin_path)
+    source = _hostile_file(hostile_plugin_path)
+    line = _line_of(source, "return table[key]")
+    assert result.returncode == 1
+    assert result.stderr == ("testbed: error: policy 'oops' failed while planning: "
+                             f"KeyError: 'oops' (at {source}:{line})\n")
+
+
+@pytest.mark.parametrize("how", [["--debug"], []])
+def test_debug_shows_the_whole_traceback(hostile_plugin_path: Path, how: list[str]) -> None:
+    env = dict(os.environ, TESTBED_DEBUG="1") if not how else dict(os.environ)
+    env["PYTHONPATH"] = str(hostile_plugin_path)
+    result = subprocess.run([sys.executable, "-c", "from testbed.cli import main; main()",
+                             *how, "plan", str(TWO_DC), "-p", "oops"],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert "KeyError: 'oops'" in lines
+    assert "The above exception was the direct cause of the following exception:" in lines
+    assert lines[-1].startswith("testbed: error: policy 'oops' failed while planning")
+    plain = _testbed(["plan", str(TWO_DC), "-p", "oops"], hostile_plugin_path)
+    assert "Traceback" not in plain.stderr
+
+
+def test_the_python_api_keeps_the_plugins_exception(hostile_plugin_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from testbed import api as testbed_api
+
+    monkeypatch.syspath_prepend(str(hostile_plugin_path))
+    inputs = testbed_api.load(TWO_DC)
+    with pytest.raises(PluginError, match=r"KeyError: 'oops' \(at .*__init__.py:\d+\)") as caught:
+        testbed_api.plan(inputs, "oops")
+    assert isinstance(caught.value.__cause__, KeyError)
+
+
+@pytest.mark.parametrize(("policy", "expected"), [
+    ("exits", "policy 'exits' failed while planning: SystemExit: 0 (at {init}:{exit})"),
+    ("interrupts", "policy 'interrupts' failed while planning: KeyboardInterrupt "
+                   "(at {init}:{interrupt})"),
+    ("exits-on-import", "training policy 'exits-on-import' from hostile-policies is broken: "
+                        "SystemExit: 0 (at {on_import}:3)"),
+    ("interrupts-on-import", "training policy 'interrupts-on-import' from hostile-policies is "
+                             "broken: KeyboardInterrupt (at {interrupts}:1)"),
+])
+def test_a_plugins_exit_or_interrupt_is_its_error(hostile_plugin_path: Path, policy: str,
+                                                  expected: str) -> None:
+    """Not exit status 0 and silence (SystemExit), nor 130 (a KeyboardInterrupt that no
+    Ctrl-C sent): exit 1, naming the plugin and the line."""
+    init = _hostile_file(hostile_plugin_path)
+    places = {"init": init, "exit": _line_of(init, "sys.exit(0)"),
+              "interrupt": _line_of(init, "raise KeyboardInterrupt"),
+              "on_import": _hostile_file(hostile_plugin_path, "exits_on_import"),
+              "interrupts": _hostile_file(hostile_plugin_path, "interrupts_on_import")}
+    result = _testbed(["plan", str(TWO_DC), "-p", policy], hostile_plugin_path)
+    assert (result.returncode, result.stderr) == (
+        1, f"testbed: error: {expected.format(**places)}\n")
+
+
+def test_plugins_lists_a_plugin_that_exits_on_import_and_every_other(
+        hostile_plugin_path: Path) -> None:
+    result = _testbed(["plugins", "--json"], hostile_plugin_path)
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert rows["exits-on-import"]["status"].startswith("broken: SystemExit: 0 (at ")
+    assert rows["interrupts-on-import"]["status"].startswith("broken: KeyboardInterrupt (at ")
+    assert rows["gpipe"]["status"] == rows["oops"]["status"] == "ok"
+    text = _testbed(["plugins"], hostile_plugin_path)
+    assert text.returncode == 0 and "gpipe" in text.stdout and "exits-on-import" in text.stdout
+
+
+def test_a_plugins_exit_in_a_hook_fails_the_run(hostile_plugin_path: Path,
+                                                tmp_path: Path) -> None:
+    paper = ROOT / "topologies" / "paper-3dc.yaml"
+    result = _testbed(["simulate", str(paper), "-p", "1f1b", "-b", "exits-in-admit",
+                       "--out", str(tmp_path / "a")], hostile_plugin_path)
+    assert result.returncode == 1
+    assert "bubble policy 'exits-in-admit' failed in admit: SystemExit (at " in result.stderr
+    result = _testbed(["simulate", str(TWO_DC), "-p", "exits-in-next-transfer",
+                       "--out", str(tmp_path / "b")], hostile_plugin_path)
+    assert result.returncode == 1
+    assert "failed in next_transfer: SystemExit: 3 (at " in result.stderr
+    result = _testbed(["compare", str(TWO_DC), "-p", "gpipe", "-p", "exits",
+                       "--out", str(tmp_path / "c")], hostile_plugin_path)
+    assert "exits failed: policy 'exits' failed while planning: SystemExit: 0" in result.stdout
+    assert json.loads((tmp_path / "c" / "compare.json").read_text())["runs"][0]["status"] == "ok"
+
+
+def test_a_real_ctrl_c_in_plugin_code_still_interrupts(hostile_plugin_path: Path,
+                                                       tmp_path: Path) -> None:
+    import signal
+    import time
+
+    ready = tmp_path / "ready"
+    env = dict(os.environ, PYTHONPATH=str(hostile_plugin_path), HOSTILE_READY=str(ready))
+    process = subprocess.Popen([sys.executable, "-c", "from testbed.cli import main; main()",
+                                "plan", str(TWO_DC), "-p", "waits"], env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not ready.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), process.communicate()
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert err.splitlines()[-1] == "testbed: interrupted"

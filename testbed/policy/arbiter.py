@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from testbed.errors import PluginError, TestbedError
+from testbed.errors import PluginError
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy, Transfer
+from testbed.policy.guard import plugin_code
 
 Link = tuple[str, str]
 Lane = tuple[str, str, int]
@@ -49,14 +50,9 @@ class Arbiter:
         if not queue:
             return None
         link = (lane[0], lane[1])
-        try:
+        with plugin_code(f"policy {self.policy.name!r} failed in next_transfer",
+                         type(self.policy).__module__):
             chosen = self.policy.next_transfer(self.plan, link, tuple(queue))
-        except TestbedError:
-            raise
-        except Exception as exc:
-            raise PluginError(
-                f"policy {self.policy.name!r} failed in next_transfer: {type(exc).__name__}: {exc}"
-            ) from None
         if chosen not in queue:
             raise PluginError(
                 f"policy {self.policy.name!r} chose a transfer that is not "

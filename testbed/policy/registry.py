@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from testbed.errors import InputError, PluginError, TestbedError
+from testbed.errors import InputError, PluginError
 from testbed.job import Job
 from testbed.plan.model import Plan
 from testbed.plan.validate import validate_plan
 from testbed.policy.base import API_VERSION, BubblePolicy, TrainingPolicy
 from testbed.policy.context import PlanningContext
+from testbed.policy.guard import PluginCrash, plugin_code
 from testbed.topology.model import Topology
 
 TRAINING_GROUP = "testbed.policies"
@@ -68,9 +69,10 @@ def _load(entry: EntryPoint, group: str) -> PluginInfo:
         return PluginInfo(entry.name, group, entry.value, dist, error=error)
 
     try:
-        obj = entry.load()
-    except Exception as exc:  # a broken plugin must not break the CLI
-        return broken(f"{type(exc).__name__}: {exc}")
+        with plugin_code("", entry.module):
+            obj = entry.load()
+    except PluginCrash as exc:  # a broken plugin must not break the CLI
+        return broken(exc.detail)
     base = _BASES[group]
     if not (isinstance(obj, type) and issubclass(obj, base)):
         return broken(f"{entry.value} is not a subclass of {base.__name__}")
@@ -109,27 +111,16 @@ def bubble_policy(name: str, options: dict[str, str] | None = None) -> BubblePol
 
 
 def _construct(cls: type[Any], name: str, options: dict[str, str]) -> Any:
-    try:
-        instance = cls(**options)
-    except TestbedError:
-        raise
-    except Exception as exc:
-        raise PluginError(f"policy {name!r} failed to start: {type(exc).__name__}: {exc}") from None
-    return instance
+    with plugin_code(f"policy {name!r} failed to start", cls.__module__):
+        return cls(**options)
 
 
 def make_plan(policy: TrainingPolicy, topology: Topology, job: Job,
               context: PlanningContext) -> Plan:
     """Ask a policy for its plan and dry-run it; a policy's crash is reported by its name.
     Callers normally go through testbed.sim.planning, which supplies the simulator."""
-    try:
+    with plugin_code(f"policy {policy.name!r} failed while planning", type(policy).__module__):
         plan = policy.plan(topology, job, context)
-    except TestbedError:
-        raise
-    except Exception as exc:
-        raise PluginError(
-            f"policy {policy.name!r} failed while planning: {type(exc).__name__}: {exc}"
-        ) from None
     if not isinstance(plan, Plan):
         raise PluginError(f"policy {policy.name!r} returned {type(plan).__name__}, not a Plan")
     validate_plan(plan, topology)

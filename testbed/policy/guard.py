@@ -1,0 +1,112 @@
+"""Running a plugin's code: whatever it raises is a PluginError naming the plugin, what it
+was doing and the file and line in the plugin where it raised; a real Ctrl-C still
+stops the command.
+
+`SystemExit` from a plugin is a plugin error like any other: a policy must not end the
+command (with exit status 0 and nothing said). `KeyboardInterrupt` is the hard case: a
+Ctrl-C arriving while plugin code runs raises it inside the plugin's frames, exactly as
+a plugin raising it would. While plugin code runs in the main thread under Python's
+default SIGINT handler, a handler of ours raises `SignalInterrupt` (a KeyboardInterrupt)
+instead, so that one that came from a signal is passed on (exit 130) and any other is
+the plugin's error (exit 1). Under any other SIGINT handler (the emulator's event loop
+takes the signal itself) a signal raises no KeyboardInterrupt, so one raised is the
+plugin's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType, TracebackType
+
+from testbed.errors import PluginError, TestbedError
+
+
+class SignalInterrupt(KeyboardInterrupt):
+    """A real SIGINT (Ctrl-C) that arrived while plugin code ran."""
+
+
+class PluginCrash(PluginError):
+    """Plugin code raised; `detail` is the exception and where in the plugin it was."""
+
+    def __init__(self, what: str, detail: str) -> None:
+        self.detail = detail
+        super().__init__(f"{what}: {detail}" if what else detail)
+
+
+@contextlib.contextmanager
+def plugin_code(what: str, module: str) -> Iterator[None]:
+    """Run the block as the plugin from `module` (its top-level package is the plugin's
+    code); anything it raises but a TestbedError (a policy's own InputError, say) or a
+    real Ctrl-C becomes a PluginCrash "`what`: KeyError: 'x' (at FILE:LINE)", chained to
+    the plugin's exception."""
+    swapped = _watch_sigint()
+    try:
+        yield
+    except TestbedError:
+        raise
+    except KeyboardInterrupt as exc:
+        if _from_signal(exc):
+            raise
+        raise PluginCrash(what, describe(exc, module)) from exc
+    except (Exception, SystemExit) as exc:
+        raise PluginCrash(what, describe(exc, module)) from exc
+    finally:
+        if swapped:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def describe(exc: BaseException, module: str) -> str:
+    """`KeyError: 'x' (at plugin/file.py:12)`: the innermost frame in the plugin's
+    package, or the file a SyntaxError is in; no place when none is the plugin's."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    place = _place(exc, module.split(".")[0])
+    return f"{text} (at {place})" if place else text
+
+
+def _place(exc: BaseException, package: str) -> str | None:
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{_shown(exc.filename)}:{exc.lineno}"
+    found: FrameType | None = None
+    line = 0
+    trace: TracebackType | None = exc.__traceback__
+    while trace is not None:
+        name = trace.tb_frame.f_globals.get("__name__", "")
+        if name == package or name.startswith(package + "."):
+            found, line = trace.tb_frame, trace.tb_lineno
+        trace = trace.tb_next
+    return None if found is None else f"{_shown(found.f_code.co_filename)}:{line}"
+
+
+def _shown(filename: str) -> str:
+    """A path relative to the working directory when it is below it."""
+    relative = os.path.relpath(filename)
+    return filename if relative.startswith("..") else relative
+
+
+def _raise_signal_interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise SignalInterrupt()
+
+
+def _watch_sigint() -> bool:
+    """Have SIGINT raise SignalInterrupt while plugin code runs, where it would raise a
+    plain KeyboardInterrupt (the main thread, under Python's default handler)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return False
+    signal.signal(signal.SIGINT, _raise_signal_interrupt)
+    return True
+
+
+def _from_signal(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is, or was raised while handling, a real Ctrl-C."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, SignalInterrupt):
+            return True
+        seen = seen.__context__
+    return False
