@@ -5,21 +5,19 @@ stops the command.
 `SystemExit` from a plugin is a plugin error like any other: a policy must not end the
 command (with exit status 0 and nothing said). `KeyboardInterrupt` is the hard case: a
 Ctrl-C arriving while plugin code runs raises it inside the plugin's frames, exactly as
-a plugin raising it would. While plugin code runs in the main thread under Python's
-default SIGINT handler, a handler of ours raises `SignalInterrupt` (a KeyboardInterrupt)
-instead, so that one that came from a signal is passed on (exit 130) and any other is
-the plugin's error (exit 1). Under any other SIGINT handler (the emulator's event loop
-takes the signal itself) a signal raises no KeyboardInterrupt, so one raised is the
-plugin's.
+a plugin raising it would. Entering plugin code in the main thread under Python's
+default SIGINT handler puts in its place one of ours that raises `SignalInterrupt` (a
+KeyboardInterrupt) instead, so that one that came from a signal is passed on (exit 130)
+and any other is the plugin's error (exit 1). Under any other SIGINT handler (the
+emulator's event loop takes the signal itself) a signal raises no KeyboardInterrupt, so
+one raised is the plugin's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterator
 from types import FrameType, TracebackType
 
 from testbed.errors import PluginError, TestbedError
@@ -37,26 +35,28 @@ class PluginCrash(PluginError):
         super().__init__(f"{what}: {detail}" if what else detail)
 
 
-@contextlib.contextmanager
-def plugin_code(what: str, module: str) -> Iterator[None]:
+class plugin_code:
     """Run the block as the plugin from `module` (its top-level package is the plugin's
     code); anything it raises but a TestbedError (a policy's own InputError, say) or a
     real Ctrl-C becomes a PluginCrash "`what`: KeyError: 'x' (at FILE:LINE)", chained to
-    the plugin's exception."""
-    swapped = _watch_sigint()
-    try:
-        yield
-    except TestbedError:
-        raise
-    except KeyboardInterrupt as exc:
-        if _from_signal(exc):
-            raise
-        raise PluginCrash(what, describe(exc, module)) from exc
-    except (Exception, SystemExit) as exc:
-        raise PluginCrash(what, describe(exc, module)) from exc
-    finally:
-        if swapped:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+    the plugin's exception. A class, not a generator: a simulation enters it for every
+    arbitrated transfer."""
+
+    def __init__(self, what: str, module: str) -> None:
+        self.what = what
+        self.module = module
+
+    def __enter__(self) -> None:
+        _watch_sigint()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 _trace: TracebackType | None) -> None:
+        if not isinstance(exc, Exception | SystemExit | KeyboardInterrupt):
+            return
+        if isinstance(exc, TestbedError) or (isinstance(exc, KeyboardInterrupt)
+                                             and _from_signal(exc)):
+            return
+        raise PluginCrash(self.what, describe(exc, self.module)) from exc
 
 
 def describe(exc: BaseException, module: str) -> str:
@@ -91,15 +91,14 @@ def _raise_signal_interrupt(_signum: int, _frame: FrameType | None) -> None:
     raise SignalInterrupt()
 
 
-def _watch_sigint() -> bool:
-    """Have SIGINT raise SignalInterrupt while plugin code runs, where it would raise a
-    plain KeyboardInterrupt (the main thread, under Python's default handler)."""
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return False
-    signal.signal(signal.SIGINT, _raise_signal_interrupt)
-    return True
+def _watch_sigint() -> None:
+    """Have SIGINT raise SignalInterrupt where it would raise a plain KeyboardInterrupt
+    (the main thread, under Python's default handler). Left in place afterwards: it acts
+    as the default does, and an event loop that took SIGINT puts the default back when
+    done, to be replaced again at the next plugin call."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler and \
+            threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _raise_signal_interrupt)
 
 
 def _from_signal(exc: BaseException) -> bool:
