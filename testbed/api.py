@@ -26,6 +26,7 @@ from testbed.errors import TestbedError
 from testbed.inputs import Inputs, load_inputs
 from testbed.plan.model import Plan
 from testbed.policy import training_policy
+from testbed.policy.registry import DEFAULT_POLICY, check_policies
 from testbed.report.results import RunRecord, new_run_dir
 from testbed.run_dirs import remove_if_empty
 from testbed.run_spec import RunSpec
@@ -69,7 +70,7 @@ def load(topology: str | Path, job: str | Path | None = None, *,
     return load_inputs(Path(topology), Path(job) if job else None, overrides, tuple(events))
 
 
-def plan(inputs: Inputs, policy: str = "1f1b",
+def plan(inputs: Inputs, policy: str = DEFAULT_POLICY,
          options: Mapping[str, str] | None = None) -> Plan:
     """The policy's validated plan, as `testbed plan` shows it."""
     chosen = training_policy(policy, dict(options or {}))
@@ -81,6 +82,8 @@ def run(spec: RunSpec, out: str | Path | None = None, say: Say = lambda _m: None
     """Any run, every setting spelled out (testbed.run_spec.RunSpec); `out`: its
     directory (default: a new one under runs/); `resume`: go on from that checkpoint of
     the run in `out` (testbed.resume.load_resumption)."""
+    check_policies([(spec.policy, spec.policy_options)],
+                   [(spec.bubble_policy, spec.bubble_options or {})] if spec.bubble_policy else [])
     directory = Path(out) if out is not None else new_run_dir(spec.topology.name, spec.policy)
     try:
         outcome = run_spec(spec, directory, say, resume)
@@ -92,7 +95,7 @@ def run(spec: RunSpec, out: str | Path | None = None, say: Say = lambda _m: None
     return Result(outcome.directory, outcome.record, outcome.results, outcome.error)
 
 
-def simulate(inputs: Inputs, policy: str = "1f1b", options: Mapping[str, str] | None = None,
+def simulate(inputs: Inputs, policy: str = DEFAULT_POLICY, options: Mapping[str, str] | None = None,
              *, bubble: str | None = None, bubble_options: Mapping[str, str] | None = None,
              profile: Profile | None = None, out: str | Path | None = None) -> Result:
     """`testbed simulate`: the plan at any scale, modeled compute, flow-level network."""
@@ -101,7 +104,7 @@ def simulate(inputs: Inputs, policy: str = "1f1b", options: Mapping[str, str] | 
                        events=inputs.events), out)
 
 
-def emulate(inputs: Inputs, policy: str = "1f1b", options: Mapping[str, str] | None = None,
+def emulate(inputs: Inputs, policy: str = DEFAULT_POLICY, options: Mapping[str, str] | None = None,
             *, bubble: str | None = None, bubble_options: Mapping[str, str] | None = None,
             compute: ComputeChoice = "auto", shaper: ShaperChoice = "auto",
             dilation: int | None = 1, out: str | Path | None = None,
@@ -118,6 +121,7 @@ def compare(inputs: Inputs, policies: Sequence[str], *, backend: BackendName = "
             out: str | Path | None = None, say: Say = lambda _m: None) -> dict[str, Result]:
     """Each policy on the same inputs, by one backend, planned with one shared cache (so
     ablations reuse their parent's search); `out`: a directory holding one per policy."""
+    check_policies([(name, {}) for name in policies])
     base = Path(out) if out is not None else new_run_dir(inputs.topology.name, "compare")
     results: dict[str, Result] = {}
     with shared_cache():

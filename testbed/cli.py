@@ -15,7 +15,13 @@ from testbed import __version__, api
 from testbed.cli_compare import compare, report
 from testbed.cli_figures import figures
 from testbed.cli_net import down, net
-from testbed.cli_options import job_flags, job_options, policy_options, topology_argument
+from testbed.cli_options import (
+    job_flags,
+    job_options,
+    policy_option,
+    policy_options,
+    topology_argument,
+)
 from testbed.cli_run import up
 from testbed.cli_sim import profile, simulate, sweep
 from testbed.errors import EXIT_INPUT, InputError, PlanError, TestbedError, one_line
@@ -108,13 +114,7 @@ def validate(topology: Path, **kwargs: Any) -> None:
 
 @cli.command()
 @topology_argument
-@click.option(
-    "-p",
-    "--policy",
-    default="gpipe",
-    show_default=True,
-    help="Training policy (see `testbed plugins`).",
-)
+@policy_option
 @policy_options
 @job_options
 @click.option(

@@ -20,9 +20,10 @@ from testbed.cli_options import (
     parse_dilation,
     results_dir,
 )
-from testbed.errors import InputError, TestbedError
+from testbed.errors import InputError, TestbedError, did_you_mean
 from testbed.fsutil import write_atomic
 from testbed.inputs import load_inputs
+from testbed.policy.registry import DEFAULT_COMPARISON, check_policies
 from testbed.report.compare import RunEntry, csv_text, markdown_table, table_rows, table_text
 from testbed.report.results import new_run_dir, strict_json
 from testbed.report.saved import load_compare, load_spans
@@ -52,12 +53,21 @@ def _options_for(name: str, pairs: tuple[str, ...], unprefixed: bool = True) -> 
     return out
 
 
+def _check_owners(pairs: tuple[str, ...], chosen: tuple[str, ...]) -> None:
+    """`-o gpip.connections=2`: an option for a policy that is not in the comparison."""
+    for pair in pairs:
+        owner, dot, _ = pair.partition("=")[0].partition(".")
+        if dot and owner not in chosen:
+            raise InputError(f"{pair!r} is for {owner!r}, which is not compared here"
+                             f"{did_you_mean(owner, chosen)}", "--option")
+
+
 @click.command()
 @click.argument("topology", metavar="TOPOLOGY.yaml",
                 type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-p", "--policy", "policies", multiple=True, required=True,
-              help="Training policy; repeat to compare several. The first is the baseline "
-              "for speed-ups.")
+@click.option("-p", "--policy", "policies", multiple=True, default=DEFAULT_COMPARISON,
+              show_default=True, help="Training policy; repeat to compare several. The first "
+              "is the baseline for speed-ups. Default: the default policy against Atlas.")
 @click.option("-b", "--bubble", "bubbles", multiple=True,
               help="Bubble policy; repeat for several. Every policy runs with each.")
 @click.option("-o", "--option", "policy_opts", multiple=True, metavar="[POLICY.]KEY=VALUE",
@@ -103,6 +113,9 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
         raise InputError("applies to --backend simulate only (an emulated run has its own "
                          "noise)", "--jitter")
     inputs = load_inputs(topology, **job_flags(kwargs))
+    _check_owners(policy_opts, policies + bubbles)
+    check_policies([(p, _options_for(p, policy_opts)) for p in policies],
+                   [(b, _options_for(b, policy_opts, False)) for b in bubbles])
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, "compare"))
     directory.mkdir(parents=True, exist_ok=True)
     write_atomic(directory / "topology.yaml", to_yaml(dump_topology(inputs.topology)), 0o644)

@@ -11,6 +11,7 @@ import click
 from testbed.dilation import MAX_DILATION
 from testbed.errors import InputError
 from testbed.inputs import JOB_FLAGS
+from testbed.policy.registry import DEFAULT_POLICY
 from testbed.run_dirs import claim
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -98,6 +99,12 @@ def bubble_options(func: F) -> F:
     return click.option("-b", "--bubble", "bubble", help="Bubble policy filling training "
                         "bubbles with prefill requests from the job's inference workload "
                         "(see `testbed plugins`).")(func)
+
+
+def policy_option(func: F) -> F:
+    """-p: the one training policy of a command that runs one."""
+    return click.option("-p", "--policy", default=DEFAULT_POLICY, show_default=True,
+                        help="Training policy (see `testbed plugins`).")(func)
 
 
 def policy_options(func: F) -> F:

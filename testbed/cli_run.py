@@ -20,6 +20,7 @@ from testbed.cli_options import (
     job_flags,
     job_options,
     parse_dilation,
+    policy_option,
     policy_options,
     results_dir,
 )
@@ -46,13 +47,7 @@ def echo_err(message: str) -> None:
     "topology", metavar="TOPOLOGY.yaml", required=False,
     type=click.Path(dir_okay=False, path_type=Path)
 )
-@click.option(
-    "-p",
-    "--policy",
-    default="1f1b",
-    show_default=True,
-    help="Training policy (see `testbed plugins`).",
-)
+@policy_option
 @policy_options
 @bubble_options
 @job_options

@@ -19,6 +19,7 @@ from testbed.cli_options import (
     jitter_option,
     job_flags,
     job_options,
+    policy_option,
     policy_options,
     results_dir,
 )
@@ -26,6 +27,7 @@ from testbed.errors import TestbedError
 from testbed.fsutil import write_atomic
 from testbed.inputs import load_inputs
 from testbed.policy import parse_options, training_policy
+from testbed.policy.registry import DEFAULT_POLICY, check_policies
 from testbed.report.results import new_run_dir
 from testbed.report.table import run_summary
 from testbed.run_spec import RunSpec
@@ -44,8 +46,7 @@ profile_option = click.option(
 @click.command()
 @click.argument("topology", metavar="TOPOLOGY.yaml",
                 type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-p", "--policy", default="1f1b", show_default=True,
-              help="Training policy (see `testbed plugins`).")
+@policy_option
 @policy_options
 @bubble_options
 @job_options
@@ -103,7 +104,7 @@ def profile(run_dir: Path, output: Path | None) -> None:
 @click.command()
 @click.argument("topology", metavar="TOPOLOGY.yaml",
                 type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-p", "--policy", "policies", multiple=True, default=("1f1b",),
+@click.option("-p", "--policy", "policies", multiple=True, default=(DEFAULT_POLICY,),
               show_default=True, help="Policies to compare. Repeatable.")
 @click.option("--vary", "varies", multiple=True, required=True, metavar="KEY=V1,V2,...",
               help="What to change: wan.latency, wan.bandwidth, dcs (first N datacenters), "
@@ -123,6 +124,7 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
     --vary wan.latency=10ms,20ms,40ms,80ms
     """
     inputs = load_inputs(topology, **job_flags(kwargs))
+    check_policies([(name, {}) for name in policies])
     parsed = [parse_vary(v) for v in varies]
     profile_data = load_profile(profile_path) if profile_path else None
     points = grid(parsed)

@@ -129,3 +129,21 @@ def test_a_full_disk_is_one_line(tmp_path: Path) -> None:
     lines = err.strip().splitlines()
     assert code == 1 and len(lines) == 1, err
     assert lines[0].startswith("testbed: error: no space left on the device")
+
+
+@pytest.mark.parametrize("command", ["plan", "simulate", "up", "sweep"])
+def test_one_default_policy_shown_in_every_help(command: str) -> None:
+    """plan used gpipe, simulate, up and sweep 1f1b, and compare needed -p."""
+    code, out, _ = call([command, "--help"])
+    assert code == 0 and "[default: 1f1b]" in " ".join(out.split())
+
+
+def test_compare_help_shows_its_default_pair() -> None:
+    code, out, _ = call(["compare", "--help"])
+    assert code == 0 and "[default: 1f1b, atlas]" in " ".join(out.split())
+
+
+def test_plan_without_a_policy_plans_the_default() -> None:
+    code, out, err = call(["plan", str(TOPOLOGIES / "two-dc.yaml"), "--rows", "1"])
+    assert code == 0, err
+    assert "policy 1f1b:" in out

@@ -6,6 +6,8 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
+
 from testbed.report.compare import (
     NOTE_CHARS,
     RunEntry,
@@ -15,6 +17,7 @@ from testbed.report.compare import (
 )
 from testbed.report.plots import gantt_spans
 
+from .test_cli import call
 from .test_plugins import run_testbed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,8 +34,8 @@ def test_compare_writes_rows_files_and_plots_and_report_reproduces_them(
     table = "\n".join(lines[:5])
     assert "gpipe" in table and "1f1b" in table
     assert any(line.startswith("failing ") and "failed" in line for line in lines)
-    assert "failing failed: policy 'failing' failed while planning: RuntimeError: this policy " \
-           "always fails" in lines
+    assert any(line.startswith("failing failed: policy 'failing' failed while planning: "
+                               "RuntimeError: this policy always fails (at ") for line in lines)
     for name in ("compare.json", "compare.csv", "table.md", "iterations.png", "gantt.png",
                  "wan.png", "topology.yaml"):
         assert (out / name).stat().st_size > 0, name
@@ -112,3 +115,68 @@ def test_every_failed_row_says_why_in_one_line() -> None:
     assert note.endswith("...") and len(note) == len("b failed: ") + NOTE_CHARS
     assert not any("no speed-ups" in line for line in lines)  # the baseline has a time
     assert markdown_table(rows).splitlines()[-2:] == lines[-2:]
+
+
+PAPER = str(ROOT / "topologies" / "paper-3dc.yaml")
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["-p", "gpipe", "-p", "atlass"], "unknown training policy 'atlass' (did you mean 'atlas'?)"),
+    (["-p", "atlas", "-o", "atlas.conections=4"],
+     "--option: conections: unknown option 'conections' for atlas (did you mean "
+     "'connections'?)"),
+    (["-p", "atlas", "-o", "atlass.connections=4"],
+     "--option: 'atlass.connections=4' is for 'atlass', which is not compared here (did you "
+     "mean 'atlas'?)"),
+    (["-p", "atlas", "-o", "atlas.temporal=of"], "bad value 'of' for atlas: on or off"),
+    (["-p", "gpipe", "-b", "greedy", "-b", "bubbletee"],
+     "unknown bubble policy 'bubbletee' (did you mean 'bubbletea'?)"),
+    (["-p", "gpipe", "-b", "greedy", "-o", "greedy.deadline=1"],
+     "unknown option 'deadline' for greedy"),
+])
+def test_a_mistyped_policy_or_option_stops_compare_before_anything_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], expected: str) -> None:
+    """Not a `failed` row after the other runs (minutes, emulated): exit 2 at once, with
+    nothing made (no comparison directory, no run directory)."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = call(["compare", PAPER, *args])
+    assert (code, out) == (2, "")
+    assert err.startswith("testbed: error: ") and err.count("\n") == 1
+    assert expected in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["simulate"], ["plan"], ["sweep", "--vary", "dcs=2,3"]])
+def test_every_command_refuses_a_mistyped_policy_before_anything_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = call([command[0], PAPER, "-p", "gpip", *command[1:]])
+    assert code == 2 and "unknown training policy 'gpip' (did you mean 'gpipe'?)" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_simulate_refuses_a_mistyped_bubble_policy_before_writing(tmp_path: Path) -> None:
+    """The bubble policy was built only once the run had started, after its job.yaml."""
+    out = tmp_path / "run"
+    code, _, err = call(["simulate", PAPER, "-b", "bubbletee", "--out", str(out)])
+    assert code == 2 and "unknown bubble policy 'bubbletee'" in err
+    assert not out.exists()
+    code, _, err = call(["simulate", PAPER, "-b", "greedy", "-B", "x=1", "--out", str(out)])
+    assert code == 2 and "unknown option 'x' for greedy" in err
+    assert not out.exists()
+
+
+@pytest.mark.usefixtures("clean_host")  # root: a mistake must stop `up` before any namespace
+def test_up_refuses_a_mistyped_policy_before_the_network(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    code, _, err = call(["up", str(ROOT / "topologies" / "two-dc.yaml"), "-p", "gpipe",
+                         "-o", "conections=2", "--out", str(out)])
+    assert code == 2 and "unknown option 'conections' for gpipe" in err
+    assert not out.exists()
+
+
+def test_compare_without_policies_runs_the_default_against_atlas(tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    code, _, err = call(["compare", str(ROOT / "topologies" / "two-dc.yaml"), "--out", str(out)])
+    assert code == 0, err
+    assert json.loads((out / "compare.json").read_text())["policies"] == ["1f1b", "atlas"]

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
-from testbed.errors import InputError
+from testbed.errors import InputError, did_you_mean
 from testbed.job import Job
 from testbed.plan.model import Op, Plan
 from testbed.policy.context import PlanningContext
@@ -133,9 +133,8 @@ class _Configurable:
         for key, raw in values.items():
             if key not in known:
                 names = ", ".join(known) or "none"
-                raise InputError(
-                    f"unknown option {key!r} for {self.name} (options: {names})", "--option", key
-                )
+                raise InputError(f"unknown option {key!r} for {self.name}"
+                                 f"{did_you_mean(key, known)}; options: {names}", "--option", key)
             try:
                 self.settings[key] = known[key].parse(raw)
             except ValueError as exc:

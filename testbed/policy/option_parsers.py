@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from testbed.errors import did_you_mean
+
 _TRUE = ("on", "true", "yes", "1")
 _FALSE = ("off", "false", "no", "0")
 
@@ -51,7 +53,7 @@ def one_of(*choices: str) -> Callable[[str], str]:
 
     def parse(text: str) -> str:
         if text not in choices:
-            raise ValueError(f"one of {', '.join(choices)}")
+            raise ValueError(f"one of {', '.join(choices)}{did_you_mean(text, choices)}")
         return text
 
     return parse

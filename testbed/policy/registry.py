@@ -8,11 +8,12 @@ listing and every other policy keep working; only choosing it fails.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from testbed.errors import InputError, PluginError
+from testbed.errors import InputError, PluginError, did_you_mean
 from testbed.job import Job
 from testbed.plan.model import Plan
 from testbed.plan.validate import validate_plan
@@ -21,6 +22,11 @@ from testbed.policy.context import PlanningContext
 from testbed.policy.guard import PluginCrash, plugin_code
 from testbed.topology.model import Topology
 
+DEFAULT_POLICY = "1f1b"
+"""The training policy of every command and API call that is not told one: the pipeline
+schedule most training systems run."""
+DEFAULT_COMPARISON = (DEFAULT_POLICY, "atlas")
+"""What `compare` runs when not told: the default baseline, then Atlas against it."""
 TRAINING_GROUP = "testbed.policies"
 BUBBLE_GROUP = "testbed.bubbles"
 _BASES: dict[str, type[Any]] = {TRAINING_GROUP: TrainingPolicy, BUBBLE_GROUP: BubblePolicy}
@@ -90,8 +96,9 @@ def _pick(group: str, name: str, what: str) -> type[Any]:
     registered = sorted(entry_points(group=group), key=lambda e: e.name)
     entries = [e for e in registered if e.name == name]
     if not entries:
-        names = ", ".join(dict.fromkeys(e.name for e in registered)) or "none"
-        raise InputError(f"unknown {what} {name!r} (installed: {names}; see `testbed plugins`)")
+        names = list(dict.fromkeys(e.name for e in registered))
+        raise InputError(f"unknown {what} {name!r}{did_you_mean(name, names)}; installed: "
+                         f"{', '.join(names) or 'none'} (see `testbed plugins`)")
     info = _resolve(name, group, entries)
     if info.cls is None:
         raise PluginError(f"{what} {name!r} from {info.distribution} is broken: {info.error}")
@@ -108,6 +115,17 @@ def bubble_policy(name: str, options: dict[str, str] | None = None) -> BubblePol
     cls = _pick(BUBBLE_GROUP, name, "bubble policy")
     policy: BubblePolicy = _construct(cls, name, options or {})
     return policy
+
+
+def check_policies(training: Sequence[tuple[str, Mapping[str, str]]],
+                   bubbles: Sequence[tuple[str, Mapping[str, str]]] = ()) -> None:
+    """Every chosen policy built with its options, as a run builds it, so that a mistyped
+    name or option is a one-line error before anything runs (not a failed run, minutes
+    into a comparison)."""
+    for name, options in training:
+        training_policy(name, dict(options))
+    for name, options in bubbles:
+        bubble_policy(name, dict(options))
 
 
 def _construct(cls: type[Any], name: str, options: dict[str, str]) -> Any:
