@@ -32,12 +32,8 @@ def load_inputs(
 ) -> Inputs:
     """Topology and job with every override applied, or a located InputError."""
     topology = load_topology(topology_path)
-    overrides = list(sets)
-    for key in JOB_FLAGS:
-        value = flags.get(key)
-        if value is not None:
-            overrides.append(f"{key}={value}")
-    job = load_job(topology.job, topology.source, job_file, overrides)
+    given = [f"{key}={flags[key]}" for key in JOB_FLAGS if flags.get(key) is not None]
+    job = load_job(topology.job, topology.source, job_file, sets, given)
     parsed = parse_events(list(topology.events or ()), topology, topology.source)
     parsed += tuple(parse_event_flag(text, topology) for text in events)
     return Inputs(topology, job, parsed)

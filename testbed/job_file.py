@@ -33,8 +33,11 @@ def load_job(
     topology_source: str | None,
     job_file: str | Path | None = None,
     overrides: Sequence[str] = (),
+    flags: Sequence[str] = (),
 ) -> Job:
-    """The topology's `job` section, replaced by a job file, then single values overridden."""
+    """The topology's `job` section, replaced by a job file, then single values overridden:
+    `overrides` as `--set` gives them, then `flags` (`key=value` of a key that has its
+    own flag, `--microbatches`); an error in an overridden value names what gave it."""
     source: str | None
     if job_file is not None:
         raw = read_yaml(job_file)
@@ -50,14 +53,33 @@ def load_job(
         prefix = "job"
     if not isinstance(raw, dict):
         raise InputError("expected a mapping of job settings", source)
-    overridden = apply_overrides(raw, overrides)
+    overridden = apply_overrides(raw, [*overrides, *flags])
+    flagged = {item.partition("=")[0].strip() for item in flags}
     try:
         return parse_job(raw, source, prefix)
     except InputError as exc:
         key = (exc.key or "").removeprefix(prefix).lstrip(".")
-        if any(key == k or key.startswith(k + ".") or key.startswith(k + "[") for k in overridden):
-            raise InputError(exc.problem, "--set", key) from None
+        for given in reversed(overridden):  # the last one given is in force
+            if given in flagged and key == given:
+                raise InputError(exc.problem, f"--{given.replace('_', '-')}") from None
+            if key == given or key.startswith((given + ".", given + "[")) \
+                    or given.startswith(key + "."):  # under a section the job lacks: `wan.x`
+                topology_key = _topology_key(given)
+                raise InputError(topology_key or exc.problem, "--set",
+                                 given if topology_key else key) from None
         raise
+
+
+def _topology_key(key: str) -> str | None:
+    """Why `--set KEY` is refused when KEY is the topology's, not the job's."""
+    from testbed.sim.sweep import TOPOLOGY_KEYS as VARIED
+    from testbed.topology.load import TOPOLOGY_KEYS
+
+    section = key.split(".")[0]
+    if section not in TOPOLOGY_KEYS:
+        return None
+    return (f"--set takes job keys; {section!r} is the topology's: edit the topology file"
+            f" (`testbed sweep --vary` varies {', '.join(VARIED)})")
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> list[str]:
@@ -65,7 +87,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> list[str]:
     keys = []
     for item in overrides:
         key, sep, value_text = item.partition("=")
-        key = key.strip()
+        key = key.strip().removeprefix("job.")  # `job.microbatches`, as the file nests it
         if not sep or not key:
             raise InputError(f"expected KEY=VALUE, got {item!r}", "--set")
         value = parse_yaml(value_text, "--set") if value_text.strip() else None

@@ -116,7 +116,8 @@ def parse_fraction(text: object) -> float:
     elif unit != "":
         raise ValueError(f"expected a percentage like '1%', got {text!r}")
     if value > 1.0:
-        raise ValueError(f"must be at most 100%, got {text!r}")
+        bare = "" if unit else f" (a bare number is a fraction: {value:g}% or {value / 100:g})"
+        raise ValueError(f"must be at most 100%, got {text!r}{bare}")
     return value
 
 

@@ -173,3 +173,35 @@ def test_a_piped_topology_is_read(tmp_path: Path) -> None:
     inputs = load_inputs(fifo)
     writer.join()
     assert inputs.topology.total_gpus == 4
+
+
+# Flags: the error names what the user typed.
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--set", "wan.bandwidth=10Gbit"],
+     "--set: wan.bandwidth: --set takes job keys; 'wan' is the topology's: edit the topology "
+     "file (`testbed sweep --vary` varies wan.latency, wan.bandwidth, dcs)"),
+    (["--set", "modle.layers=2"], "--set: modle: unknown key (did you mean 'model'?)"),
+    (["--microbatches", "0"], "--microbatches: must be positive, got 0"),
+    (["--set", "microbatches=0"], "--set: microbatches: must be positive, got 0"),
+    (["--dp", "0"], "--dp: must be positive, got 0"),
+])
+def test_a_flag_error_names_the_flag(args: list[str], expected: str) -> None:
+    code, _, err = call(["validate", str(TWO_DC), *args])
+    assert (code, err) == (2, f"testbed: error: {expected}\n")
+
+
+def test_set_takes_job_keys_as_the_file_nests_them_too() -> None:
+    assert load_inputs(TWO_DC, sets=("job.microbatches=3",)).job.microbatches == 3
+
+
+def test_a_bare_number_above_one_is_explained_as_a_fraction(tmp_path: Path) -> None:
+    code, _, err = call(["simulate", str(TWO_DC), "--jitter", "10", "--out", str(tmp_path / "r")])
+    assert (code, err) == (2, "testbed: error: --jitter: must be at most 100%, got '10' (a bare "
+                              "number is a fraction: 10% or 0.1)\n")
+    data = _topology()
+    data["wan"][0]["loss"] = 5
+    assert _error(parse_topology, data, "t.yaml").endswith("(a bare number is a fraction: 5% "
+                                                          "or 0.05)")
+    code, _, err = call(["simulate", str(TWO_DC), "--jitter", "150%", "--out", str(tmp_path)])
+    assert err == "testbed: error: --jitter: must be at most 100%, got '150%'\n"
