@@ -31,10 +31,11 @@ from testbed.net.interrupts import Terminated
 from testbed.plan import load_plan_csv, plan_grid, plan_to_csv, validate_plan
 from testbed.plan.describe import describe_plan
 from testbed.policy import discover, parse_options
+from testbed.policy.option_parsers import option_text
 from testbed.policy.registry import BUBBLE_GROUP, TRAINING_GROUP
 from testbed.run_dirs import released
 from testbed.sim.planning import shared_cache
-from testbed.units import human_duration, human_rate
+from testbed.units import human_duration, human_rate, plural
 
 EPILOG = """\b
 Examples:
@@ -78,8 +79,9 @@ def validate(topology: Path, **kwargs: Any) -> None:
     inputs = load_inputs(topology, **job_flags(kwargs))
     topo, job = inputs.topology, inputs.job
     click.echo(
-        f"{topo.source}: ok: topology {topo.name!r}, {len(topo.datacenters)} "
-        f"datacenters, {topo.total_gpus} GPUs, {len(topo.links)} WAN links"
+        f"{topo.source}: ok: topology {topo.name!r}, "
+        f"{plural(len(topo.datacenters), 'datacenter')}, {plural(topo.total_gpus, 'GPU')}, "
+        f"{plural(len(topo.links), 'WAN link')}"
     )
     for dc in topo.datacenters:
         click.echo(
@@ -98,14 +100,14 @@ def validate(topology: Path, **kwargs: Any) -> None:
         )
     m = job.model
     click.echo(
-        f"  job: model {m.layers} layers x {m.hidden} hidden, {m.mlp} MLP, "
+        f"  job: model {plural(m.layers, 'layer')} x {m.hidden} hidden, {m.mlp} MLP, "
         f"{'tied' if m.tied_embeddings else 'untied'} embeddings, seq {m.seq_len}, "
         f"{m.params / 1e6:.1f}M parameters; microbatch {job.microbatch_size}, "
-        f"{job.iterations} iterations, seed {job.seed}"
+        f"{plural(job.iterations, 'iteration')}, seed {job.seed}"
     )
     if job.inference is not None:
         inf = job.inference
-        load = "trace" if inf.trace else f"{inf.arrival_rate:g} requests/s"
+        load = "trace" if inf.trace else f"{inf.arrival_rate:g} requests/s"  # a rate
         click.echo(
             f"  inference: {load}, prompts {inf.prompt.distribution} "
             f"(mean {inf.prompt.mean:.0f} tokens)"
@@ -211,7 +213,7 @@ def plugins(as_json: bool) -> None:
         return
     name_w = max((len(r["name"]) for r in rows), default=0)
     dist_w = max((len(r["distribution"]) for r in rows), default=0)
-    settings = [f"{k}={v}" for r in rows for k, v in
+    settings = [f"{k}={option_text(v)}" for r in rows for k, v in
                 [*((k, o["default"]) for k, o in r["options"].items()), *r["fixed"].items()]]
     setting_w = max((len(t) for t in settings), default=0)
     for row in rows:
@@ -220,10 +222,10 @@ def plugins(as_json: bool) -> None:
             f"{row['status'] if row['status'] != 'ok' else row['summary']}"
         )
         for opt, spec in row["options"].items():
-            setting = f"{opt}={spec['default']}"
+            setting = f"{opt}={option_text(spec['default'])}"
             click.echo(f"{'':<10}-o {setting:<{setting_w}}  {spec['help']}")
         for key, value in row["fixed"].items():
-            setting = f"{key}={value}"
+            setting = f"{key}={option_text(value)}"
             click.echo(f"{'':<10}   {setting:<{setting_w}}  fixed by this policy")
 
 

@@ -32,6 +32,7 @@ from testbed.sim.jitter import Jitter
 from testbed.sim.planning import shared_cache
 from testbed.topology import dump_topology, load_topology
 from testbed.topology.model import Topology
+from testbed.units import plural
 from testbed.yamlio import to_yaml
 
 COMPARE_SCHEMA = 1
@@ -123,7 +124,7 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
     entries: list[RunEntry] = []
     total = len(combos) * repeat
     with shared_cache(), click.progressbar(  # ablations reuse their parent's simulations
-            length=total, label=f"{backend}: {total} runs", file=sys.stderr,
+            length=total, label=f"{backend}: {plural(total, 'run')}", file=sys.stderr,
             item_show_func=lambda x: x) as bar:
         for policy, bubble in combos:
             for k in range(repeat):

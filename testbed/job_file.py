@@ -24,7 +24,7 @@ from testbed.job import (
     ModelShape,
     PromptLengths,
 )
-from testbed.units import parse_duration
+from testbed.units import parse_duration, plural
 from testbed.yamlio import parse_yaml, read_yaml
 
 
@@ -129,7 +129,8 @@ def parse_job(data: object, source: str | None = None, prefix: str = "job") -> J
     if dtype not in DTYPE_BYTES:
         raise fields.error("dtype", f"unknown dtype {dtype!r} (one of {', '.join(DTYPE_BYTES)})")
     if pp is not None and pp > model.layers:
-        raise fields.error("pp", f"{pp} stages for {model.layers} layers: a stage needs a layer")
+        raise fields.error("pp", f"{plural(pp, 'stage')} for {plural(model.layers, 'layer')}: "
+                           "a stage needs a layer")
     if model.hidden % tp or model.heads % tp:
         raise fields.error(
             "tp", f"tp {tp} must divide hidden {model.hidden} and heads {model.heads}"

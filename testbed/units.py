@@ -199,3 +199,8 @@ def human_duration(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.3g} ms"
     return f"{seconds * 1e6:.3g} us"
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """`1 datacenter`, `2 datacenters` (`many` where adding an s is wrong)."""
+    return f"{count:,} {word if count == 1 else many or word + 's'}"

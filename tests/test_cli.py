@@ -147,3 +147,21 @@ def test_plan_without_a_policy_plans_the_default() -> None:
     code, out, err = call(["plan", str(TOPOLOGIES / "two-dc.yaml"), "--rows", "1"])
     assert code == 0, err
     assert "policy 1f1b:" in out
+
+
+def test_counts_are_singular_for_one(tmp_path: Path) -> None:
+    path = tmp_path / "one.yaml"
+    path.write_text("datacenters:\n  - {name: east, gpus: 1}\njob: {model: tiny, pp: 1}\n")
+    code, out, err = call(["validate", str(path), "--iterations", "1"])
+    assert code == 0, err
+    assert "1 datacenter, 1 GPU, 0 WAN links" in out and "1 iteration," in out
+    code, out, err = call(["plan", str(path), "--microbatches", "1", "--rows", "1"])
+    assert code == 0, err
+    assert "1 of 1 GPU, 1 microbatch of" in out and "(1 GPU)" in out
+
+
+def test_a_simulation_names_no_shaper(tmp_path: Path) -> None:
+    code, out, err = call(["simulate", str(TOPOLOGIES / "two-dc.yaml"), "--out",
+                           str(tmp_path / "run")])
+    assert code == 0, err
+    assert "shaper" not in out and "compute modeled" in out

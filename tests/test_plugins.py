@@ -101,7 +101,8 @@ def test_an_ablation_lists_what_it_pins_and_refuses_it_as_an_option() -> None:
     assert rows["atlas-no-selection"]["fixed"] == {"selection": False}
     assert rows["atlas"]["fixed"] == {} and rows["atlas"]["options"]["temporal"]["default"]
     text = _testbed(["plugins"], None).stdout
-    assert "temporal=False" in text and "fixed by this policy" in text
+    assert "temporal=off" in text and "fixed by this policy" in text
+    assert "-o temporal=on " in text and "True" not in text and "False" not in text
     refused = _testbed(["plan", str(TWO_DC), "-p", "atlas-no-temporal", "-o", "temporal=on"],
                        None)
     assert refused.returncode == 2 and "unknown option 'temporal'" in refused.stderr

@@ -12,6 +12,7 @@ from testbed.job import Job
 from testbed.plan.model import Action, HostTcp, Plan, Sharing, Worker, pair_key, split_layers
 from testbed.plan.schedules import Sends, parse_schedule, stage_actions
 from testbed.topology.model import Topology
+from testbed.units import plural
 
 
 class LinkKind(StrEnum):
@@ -90,7 +91,8 @@ def file_order_placement(
     need = dp * pp * tp
     if need > len(gpus):
         raise InputError(
-            f"dp {dp} x pp {pp} x tp {tp} needs {need} GPUs, the topology has {len(gpus)}",
+            f"dp {dp} x pp {pp} x tp {tp} needs {plural(need, 'GPU')}, the topology has "
+            f"{len(gpus)}",
             topology.source,
             "job",
         )
@@ -128,7 +130,7 @@ def check_memory(topology: Topology, job: Job, placement: Mapping[Worker, tuple[
                                   in_flight(label, stage, pp, microbatches))
         if need > gpu.memory_bytes:
             raise InputError(
-                f"stage {stage} ({layers[stage]} layers, tp {job.tp}) needs "
+                f"stage {stage} ({plural(layers[stage], 'layer')}, tp {job.tp}) needs "
                 f"{need / 2**30:.1f} GiB per GPU, {gpus[0]} ({gpu.name}) has "
                 f"{gpu.memory_bytes / 2**30:.0f} GiB: use more stages or tensor parallelism",
                 topology.source, "job")

@@ -8,7 +8,7 @@ from testbed.compute import stage_cost
 from testbed.job import Job
 from testbed.plan.model import Plan
 from testbed.topology.model import Topology
-from testbed.units import human_bytes, human_duration
+from testbed.units import human_bytes, human_duration, plural
 
 
 def wan_crossings(plan: Plan, topology: Topology) -> int:
@@ -38,8 +38,9 @@ def ideal_bubble_fraction(plan: Plan) -> float:
 def describe_plan(plan: Plan, topology: Topology, job: Job) -> list[str]:
     lines = [
         f"policy {plan.policy}: dp {plan.dp} x pp {plan.pp} x tp {plan.tp} = "
-        f"{plan.dp * plan.pp * plan.tp} of {topology.total_gpus} GPUs, "
-        f"{plan.microbatches} microbatches of {plan.microbatch_size} per replica",
+        f"{plan.dp * plan.pp * plan.tp} of {plural(topology.total_gpus, 'GPU')}, "
+        f"{plural(plan.microbatches, 'microbatch', 'microbatches')} of {plan.microbatch_size} "
+        "per replica",
     ]
     dcs = plan.stage_dcs(topology.dc_of)
     for stage in range(plan.pp):
@@ -49,9 +50,10 @@ def describe_plan(plan: Plan, topology: Topology, job: Job) -> list[str]:
             job, plan.layers[stage], stage == 0, stage == plan.pp - 1, gpu_type, plan.tp
         )
         lines.append(
-            f"  stage {stage}: {plan.layers[stage]} layers in {', '.join(sorted(dcs[stage]))} "
-            f"({len(gpus)} GPUs), forward {human_duration(cost.forward_s)}, backward "
-            f"{human_duration(cost.backward_s)} per microbatch (modeled on {gpu_type.name})"
+            f"  stage {stage}: {plural(plan.layers[stage], 'layer')} in "
+            f"{', '.join(sorted(dcs[stage]))} ({plural(len(gpus), 'GPU')}), forward "
+            f"{human_duration(cost.forward_s)}, backward {human_duration(cost.backward_s)} "
+            f"per microbatch (modeled on {gpu_type.name})"
         )
     wan = [f"{a}->{b} {s.value}" for (a, b), s in sorted(plan.sharing.items())]
     reduce_note = "; gradient all-reduce crosses it" if allreduce_spans_wan(plan, topology) else ""

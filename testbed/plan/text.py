@@ -13,6 +13,7 @@ from typing import Any
 from testbed.errors import InputError
 from testbed.input_files import MAX_CSV_BYTES, read_input
 from testbed.plan.model import Action, HostTcp, Plan, Sharing, Worker
+from testbed.units import plural
 
 _INT_META = ("dp", "pp", "tp", "microbatches", "microbatch_size")
 
@@ -193,7 +194,7 @@ def plan_grid(
     note = ""
     if len(workers) > max_columns:
         workers = [w for w in workers if w[0][0] == 0][:max_columns]
-        note = f"(showing {len(workers)} of {len(plan.placement)} workers: replica 0)"
+        note = f"(showing {len(workers)} of {plural(len(plan.placement), 'worker')}: replica 0)"
     columns = []
     for (replica, stage), gpus in workers:
         steps = [

@@ -48,6 +48,13 @@ def on_off(text: str) -> bool:
     raise ValueError("on or off")
 
 
+def option_text(value: object) -> str:
+    """A setting as `-o name=value` takes it: `on`/`off` for a switch (on_off's values)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
 def one_of(*choices: str) -> Callable[[str], str]:
     """A parser accepting exactly `choices`."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from testbed.units import human_bytes
+from testbed.units import human_bytes, plural
 
 
 def _pct(value: float | None) -> str:
@@ -42,8 +42,10 @@ def run_summary(results: dict[str, Any]) -> list[str]:
     lines = [
         f"{results['backend']} run of {results['policy']} on {results['topology']}: "
         f"{results['status']}" + (f" ({results['error']})" if results.get("error") else ""),
-        f"  plan          dp {plan['dp']} x pp {plan['pp']}, {plan['microbatches']} "
-        f"microbatches; compute {results['compute']}; shaper {results['shaper']}",
+        f"  plan          dp {plan['dp']} x pp {plan['pp']}, "
+        f"{plural(plan['microbatches'], 'microbatch', 'microbatches')}; compute "
+        f"{results['compute']}" + (f"; shaper {results['shaper']}" if results.get("shaper")
+                                   else ""),
         f"  iterations    {results['iterations']} of {results['iterations_requested']} completed",
         f"  iteration     median {_secs(it['median'])}, min {_secs(it['min'])}, "
         f"max {_secs(it['max'])}" + (" (first excluded)" if len(it.get("all", [])) > 1 else ""),

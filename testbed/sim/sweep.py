@@ -11,7 +11,7 @@ from testbed.job import Job
 from testbed.job_file import apply_overrides, dump_job, parse_job
 from testbed.topology.load import dump_topology, parse_topology
 from testbed.topology.model import Topology
-from testbed.units import parse_duration, parse_rate
+from testbed.units import parse_duration, parse_rate, plural
 
 TOPOLOGY_KEYS = ("wan.latency", "wan.bandwidth", "dcs")
 
@@ -48,7 +48,7 @@ def vary(topology: Topology, job: Job, key: str, value: str) -> tuple[Topology, 
 def first_dcs(topology: Topology, count: int) -> Topology:
     """The first `count` datacenters in file order and the links among them."""
     if not 1 <= count <= len(topology.datacenters):
-        raise ValueError(f"the topology has {len(topology.datacenters)} datacenters")
+        raise ValueError(f"the topology has {plural(len(topology.datacenters), 'datacenter')}")
     keep = {dc.name for dc in topology.datacenters[:count]}
     data = dump_topology(topology)
     data["datacenters"] = [d for d in data["datacenters"] if d["name"] in keep]
