@@ -123,6 +123,18 @@ def positive(parse: Callable[[Any], T], allow_zero: bool = False) -> Callable[[A
     return check
 
 
+def at_most(parse: Callable[[Any], int], limit: int) -> Callable[[Any], int]:
+    """Wrap a parser so that counts above `limit` (one of testbed.sizes) are refused."""
+
+    def check(value: Any) -> int:
+        result = parse(value)
+        if result > limit:
+            raise ValueError(f"must be at most {limit:,} (testbed's limit), got {value!r}")
+        return result
+
+    return check
+
+
 def bounded(parse: Callable[[Any], float], low: float, high: float,
             show: Callable[[float], str]) -> Callable[[Any], float]:
     """Wrap a parser so that values outside [low, high] are refused, naming the range."""

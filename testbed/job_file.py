@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import InputError
-from testbed.fields import Fields, boolean, integer, number, positive, text
+from testbed.fields import Fields, at_most, boolean, integer, number, positive, text
 from testbed.input_files import MAX_CSV_BYTES, read_input
 from testbed.job import (
     DTYPE_BYTES,
@@ -24,6 +24,7 @@ from testbed.job import (
     ModelShape,
     PromptLengths,
 )
+from testbed.sizes import MAX_GLOBAL_BATCH, MAX_ITERATIONS, MAX_MICROBATCHES
 from testbed.units import parse_duration, plural
 from testbed.yamlio import parse_yaml, read_yaml
 
@@ -118,12 +119,12 @@ def parse_job(data: object, source: str | None = None, prefix: str = "job") -> J
                                            "seed", "dtype", "inference"))
     model = _parse_model(fields, "model")
     microbatch_size = fields.get("microbatch_size", positive(integer), 1)
-    microbatches = fields.get("microbatches", positive(integer), None)
-    global_batch = fields.get("global_batch", positive(integer), None)
+    microbatches = fields.get("microbatches", at_most(positive(integer), MAX_MICROBATCHES), None)
+    global_batch = fields.get("global_batch", at_most(positive(integer), MAX_GLOBAL_BATCH), None)
     dp = fields.get("dp", positive(integer), None)
     pp = fields.get("pp", positive(integer), None)
     tp = fields.get("tp", positive(integer), 1)
-    iterations = fields.get("iterations", positive(integer), 5)
+    iterations = fields.get("iterations", at_most(positive(integer), MAX_ITERATIONS), 5)
     seed = fields.get("seed", positive(integer, allow_zero=True), 0)
     dtype = fields.get("dtype", text, "bf16")
     if dtype not in DTYPE_BYTES:

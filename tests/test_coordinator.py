@@ -238,7 +238,7 @@ def test_grants_follow_the_policy_one_at_a_time(tmp_path: Path, policy: Training
 
 def test_a_killed_coordinator_leaves_no_worker(tmp_path: Path) -> None:
     """Cancelled mid-run (as by Ctrl-C): workers are stopped and the hosts torn down."""
-    inputs = load_inputs(TOPOLOGIES / "two-dc.yaml", sets=("iterations=100000",))
+    inputs = load_inputs(TOPOLOGIES / "two-dc.yaml", sets=("iterations=10000",))
     chosen = training_policy("1f1b")
     hosts = LocalHosts(tmp_path, {})
     config = RunConfig(inputs.topology, inputs.job, plan_with_simulator(chosen, inputs.topology,

@@ -205,3 +205,55 @@ def test_a_bare_number_above_one_is_explained_as_a_fraction(tmp_path: Path) -> N
                                                           "or 0.05)")
     code, _, err = call(["simulate", str(TWO_DC), "--jitter", "150%", "--out", str(tmp_path)])
     assert err == "testbed: error: --jitter: must be at most 100%, got '150%'\n"
+
+
+# Absurd sizes: a limit, named with the key and value, well above paper scale.
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--microbatches", "2000000"],
+     "--microbatches: must be at most 1,024 (testbed's limit), got 2000000"),
+    (["--iterations", "100000"],
+     "--iterations: must be at most 10,000 (testbed's limit), got 100000"),
+    (["--set", "global_batch=99999999999"],
+     "--set: global_batch: must be at most 16,777,216 (testbed's limit), got 99999999999"),
+])
+def test_an_absurd_count_is_refused_naming_key_value_and_limit(
+        args: list[str], expected: str) -> None:
+    """`plan two-dc -p gpipe --microbatches 2000000` passed the memory check and planned
+    for minutes at 3.7 GB."""
+    code, out, err = call(["plan", str(TWO_DC), "-p", "gpipe", *args])
+    assert (code, out, err) == (2, "", f"testbed: error: {expected}\n")
+
+
+def test_microbatches_a_global_batch_makes_are_limited_once_dp_is_known() -> None:
+    code, _, err = call(["plan", str(TWO_DC), "-p", "gpipe", "--set", "microbatches=",
+                         "--set", "global_batch=2000000", "--set", "microbatch_size=1"])
+    assert (code, err) == (2, f"testbed: error: {TWO_DC}: job.global_batch: global_batch "
+                              "2000000 at dp 2 and microbatch_size 1 is 1,000,000 microbatches "
+                              "per replica, more than testbed's limit of 1,024\n")
+
+
+def test_gpus_are_limited_per_datacenter_and_in_all() -> None:
+    data = _topology()
+    data["datacenters"][0]["gpus"] = 100_000
+    assert _error(parse_topology, data, "t.yaml") == \
+        "t.yaml: datacenters[0].gpus: must be at most 16,384 (testbed's limit), got 100000"
+    data["datacenters"][0]["gpus"] = data["datacenters"][1]["gpus"] = 10_000
+    assert _error(parse_topology, data, "t.yaml") == \
+        "t.yaml: datacenters: 20,000 GPUs in all, more than testbed's limit of 16,384"
+
+
+def test_paper_scale_is_well_inside_the_limits(tmp_path: Path) -> None:
+    """gpt3-4dc (1,024 GPUs, 32 microbatches per replica) grown 16 times, with the most
+    microbatches and iterations allowed, still loads; the smallest topology plans at
+    the microbatch limit."""
+    text = (ROOT / "topologies" / "gpt3-4dc.yaml").read_text()
+    grown = tmp_path / "grown.yaml"
+    grown.write_text(text.replace("gpus: 256", "gpus: 4096"))
+    inputs = load_inputs(grown, iterations=10_000, microbatches=1024)
+    assert inputs.topology.total_gpus == 16_384
+    assert (inputs.job.iterations, inputs.job.microbatches) == (10_000, 1024)
+    code, out, err = call(["plan", str(TWO_DC), "-p", "gpipe", "--microbatches", "1024",
+                           "--rows", "1"])
+    assert code == 0, err
+    assert "1,024 microbatches of 2 per replica" in out

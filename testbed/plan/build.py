@@ -11,6 +11,7 @@ from testbed.errors import InputError
 from testbed.job import Job
 from testbed.plan.model import Action, HostTcp, Plan, Sharing, Worker, pair_key, split_layers
 from testbed.plan.schedules import Sends, parse_schedule, stage_actions
+from testbed.sizes import MAX_MICROBATCHES
 from testbed.topology.model import Topology
 from testbed.units import plural
 
@@ -173,6 +174,11 @@ def build_plan(
     dp, pp = placement_shape(placement)
     label = schedule.label(extra_warmup)
     microbatches = job.microbatches_for(dp)
+    if microbatches > MAX_MICROBATCHES:  # from global_batch: job.microbatches is checked
+        raise InputError(f"global_batch {job.global_batch} at dp {dp} and microbatch_size "
+                         f"{job.microbatch_size} is {microbatches:,} microbatches per replica, "
+                         f"more than testbed's limit of {MAX_MICROBATCHES:,}", job.source,
+                         "job.global_batch")
     check_memory(topology, job, placement, schedule, extra_warmup)
     count = connections if callable(connections) else _every_pair(connections)
     actions: dict[str, tuple[Action, ...]] = {}

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from testbed.fields import Fields, boolean, integer, number, positive, text
+from testbed.fields import Fields, at_most, boolean, integer, number, positive, text
+from testbed.sizes import MAX_GPUS
 from testbed.topology.limits import DC_LATENCY, RATE, WAN_LATENCY
 from testbed.topology.model import (
     BUILTIN_GPU_TYPES,
@@ -146,7 +147,7 @@ def _parse_datacenters(top: Fields, gpu_types: dict[str, GpuType]) -> list[Datac
         if name in seen:
             raise fields.error("name", f"duplicate datacenter name {name!r}")
         seen.add(name)
-        gpus = fields.get("gpus", positive(integer))
+        gpus = fields.get("gpus", at_most(positive(integer), MAX_GPUS))
         gpu = _dc_gpu(fields, gpu_types)
         bandwidth = fields.get("bandwidth", RATE, 100e9)
         latency = fields.get("latency", DC_LATENCY, 0.0)
@@ -155,6 +156,10 @@ def _parse_datacenters(top: Fields, gpu_types: dict[str, GpuType]) -> list[Datac
         datacenters.append(Datacenter(name, gpus, gpu, bandwidth, latency, tcp))
     if not datacenters:
         raise top.error("datacenters", "at least one datacenter is needed")
+    total = sum(dc.gpus for dc in datacenters)
+    if total > MAX_GPUS:
+        raise top.error("datacenters", f"{total:,} GPUs in all, more than testbed's limit of "
+                        f"{MAX_GPUS:,}")
     return datacenters
 
 
