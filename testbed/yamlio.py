@@ -55,9 +55,12 @@ def _refused(problem: str, event: yaml.Event) -> yaml.composer.ComposerError:
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
+    """A key given twice in the mapping's own text is refused; one that a merge (`<<:
+    *template`) brings in may be given again, and the mapping's own value wins."""
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
         key = loader.construct_object(key_node)
         try:
             hash(key)

@@ -121,12 +121,25 @@ def test_an_alias_bomb_is_refused_in_one_short_line(tmp_path: Path, levels: int)
 def test_aliases_used_as_templates_still_load(tmp_path: Path) -> None:
     path = tmp_path / "anchors.yaml"
     path.write_text("datacenters:\n"
-                    "  - &dc {name: east, gpus: 2, gpu: a100, latency: 50us}\n"
+                    "  - &dc {name: east, gpus: &gpus 2, gpu: a100, latency: 50us}\n"
                     "  - {name: west, gpus: *gpus, gpu: a100}\n"
-                    "wan:\n  - &link {between: [east, west], latency: 20ms, bandwidth: 1Gbit}\n"
-                    .replace("gpus: 2", "gpus: &gpus 2"))
+                    "wan:\n  - {between: [east, west], latency: 20ms, bandwidth: 1Gbit}\n")
     topology = load_topology(path)
     assert [dc.gpus for dc in topology.datacenters] == [2, 2]
+
+
+def test_a_merged_template_may_be_overridden_but_not_a_key_given_twice(tmp_path: Path) -> None:
+    path = tmp_path / "merge.yaml"
+    path.write_text("datacenters:\n"
+                    "  - &dc {name: east, gpus: 2, gpu: a100, latency: 50us}\n"
+                    "  - {<<: *dc, name: west, gpus: 4}\n"
+                    "wan:\n  - {between: [east, west], latency: 20ms, bandwidth: 1Gbit}\n")
+    topology = load_topology(path)
+    assert [(dc.name, dc.gpus, dc.gpu.name) for dc in topology.datacenters] == [
+        ("east", 2, "a100"), ("west", 4, "a100")]
+    assert topology.datacenters[1].latency_s == topology.datacenters[0].latency_s > 0
+    path.write_text(path.read_text().replace("gpus: 4}", "gpus: 4, gpus: 5}"))
+    assert _error(load_topology, path) == f"{path}: line 3: YAML error: duplicate key 'gpus'"
 
 
 def test_an_alias_inside_its_own_anchor_is_refused(tmp_path: Path) -> None:
