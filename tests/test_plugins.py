@@ -300,3 +300,11 @@ def test_a_real_ctrl_c_in_plugin_code_still_interrupts(hostile_plugin_path: Path
     _, err = process.communicate(timeout=60)
     assert process.returncode == 130, err
     assert err.splitlines()[-1] == "testbed: interrupted"
+
+
+@pytest.mark.usefixtures("clean_host")  # root: `up` plans before it makes any namespace
+def test_up_reports_a_plugins_exit(hostile_plugin_path: Path, tmp_path: Path) -> None:
+    result = _testbed(["up", str(TWO_DC), "-p", "exits", "--out", str(tmp_path / "run")],
+                      hostile_plugin_path)
+    assert result.returncode == 1, result.stderr
+    assert "policy 'exits' failed while planning: SystemExit: 0 (at " in result.stderr
