@@ -84,5 +84,5 @@ def clip(text: str, limit: int = MAX_PROBLEM) -> str:
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """` (did you mean 'x'?)` when one of `choices` is close to a mistyped `word`, else ``."""
-    close = difflib.get_close_matches(word, list(choices), n=1)
+    close = difflib.get_close_matches(word, [str(choice) for choice in choices], n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""

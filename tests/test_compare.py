@@ -129,6 +129,8 @@ PAPER = str(ROOT / "topologies" / "paper-3dc.yaml")
      "--option: 'atlass.connections=4' is for 'atlass', which is not compared here (did you "
      "mean 'atlas'?)"),
     (["-p", "atlas", "-o", "atlas.temporal=of"], "bad value 'of' for atlas: on or off"),
+    (["-p", "gpipe", "-o", "gpipe.sends=eagr"],
+     "bad value 'eagr' for gpipe: one of torch, eager (did you mean 'eager'?)"),
     (["-p", "gpipe", "-b", "greedy", "-b", "bubbletee"],
      "unknown bubble policy 'bubbletee' (did you mean 'bubbletea'?)"),
     (["-p", "gpipe", "-b", "greedy", "-o", "greedy.deadline=1"],
