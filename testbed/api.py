@@ -77,13 +77,19 @@ def plan(inputs: Inputs, policy: str = DEFAULT_POLICY,
     return plan_with_simulator(chosen, inputs.topology, inputs.job)
 
 
+def check(spec: RunSpec) -> None:
+    """The run's policies built with their options: a mistyped name or option is a
+    one-line error before anything is made."""
+    check_policies([(spec.policy, spec.policy_options)],
+                   [(spec.bubble_policy, spec.bubble_options or {})] if spec.bubble_policy else [])
+
+
 def run(spec: RunSpec, out: str | Path | None = None, say: Say = lambda _m: None,
         resume: Progress | None = None) -> Result:
     """Any run, every setting spelled out (testbed.run_spec.RunSpec); `out`: its
     directory (default: a new one under runs/); `resume`: go on from that checkpoint of
     the run in `out` (testbed.resume.load_resumption)."""
-    check_policies([(spec.policy, spec.policy_options)],
-                   [(spec.bubble_policy, spec.bubble_options or {})] if spec.bubble_policy else [])
+    check(spec)
     directory = Path(out) if out is not None else new_run_dir(spec.topology.name, spec.policy)
     try:
         outcome = run_spec(spec, directory, say, resume)

@@ -9,7 +9,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from testbed.api import run
+from testbed.api import check, run
 from testbed.choices import ActivationsChoice, AllReduceChoice, ComputeChoice, ShaperChoice
 from testbed.cli_net import SHAPERS, machine_option, require_root, this_machine
 from testbed.cli_options import (
@@ -168,6 +168,7 @@ def up(
                        events=inputs.events, pacing=pacing == "on", activations=activations,
                        dilation=parse_dilation(dilation), checkpoint_every=checkpoint_every or 0,
                        cluster=cluster_run(cluster_file, machine, join_timeout, inputs.topology))
+        check(spec)
         directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, policy))
     outcome = run(spec, directory, echo_err, progress)
     for line in run_summary(outcome.results):

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from testbed.api import run
+from testbed.api import check, run
 from testbed.cli_options import (
     bubble_options,
     event_options,
@@ -73,6 +73,7 @@ def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], bubble: 
                    profile=load_profile(profile_path) if profile_path else None,
                    events=inputs.events,
                    jitter=jitter.with_seed(inputs.job.seed) if jitter else None)
+    check(spec)
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, policy))
     outcome = run(spec, directory)
     for line in run_summary(outcome.results):

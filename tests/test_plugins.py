@@ -268,7 +268,7 @@ def test_plugins_lists_a_plugin_that_exits_on_import_and_every_other(
 def test_a_plugins_exit_in_a_hook_fails_the_run(hostile_plugin_path: Path,
                                                 tmp_path: Path) -> None:
     paper = ROOT / "topologies" / "paper-3dc.yaml"
-    result = _testbed(["simulate", str(paper), "-p", "1f1b", "-b", "exits-in-admit",
+    result = _testbed(["simulate", str(paper), "-p", "1f1b", "--pp", "4", "-b", "exits-in-admit",
                        "--out", str(tmp_path / "a")], hostile_plugin_path)
     assert result.returncode == 1
     assert "bubble policy 'exits-in-admit' failed in admit: SystemExit (at " in result.stderr
