@@ -375,7 +375,7 @@ def test_an_outage_longer_than_the_stall_timeout_fails_clearly(tmp_path: Path) -
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signalled_run_tears_down_and_keeps_its_results(tmp_path: Path, signum: int,
                                                           code: int) -> None:
-    proc = _up(tmp_path, "--iterations", "100000")
+    proc = _up(tmp_path, "--iterations", "10000")
     assert proc.stderr is not None
     for line in proc.stderr:
         if line.startswith("iteration 3/"):
