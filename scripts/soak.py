@@ -69,7 +69,7 @@ def kill_down(cycles: int, topology: Path) -> dict[str, Any]:
     for i in range(cycles):
         started = time.monotonic()
         proc = subprocess.Popen([*TESTBED, "up", str(topology), "-p", "gpipe", "--compute",
-                                 "emulated", "--iterations", "1000000", "--out",
+                                 "emulated", "--iterations", "10000", "--out",
                                  f"/tmp/testbed-soak-kill-{os.getpid()}"],
                                 stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                                 cwd=ROOT)
