@@ -105,6 +105,8 @@ def validate(topology: Path, **kwargs: Any) -> None:
         f"{m.params / 1e6:.1f}M parameters; microbatch {job.microbatch_size}, "
         f"{plural(job.iterations, 'iteration')}, seed {job.seed}"
     )
+    click.echo(f"  data: {job.data.path} ({job.data.format}, {job.data.tokens:,} tokens)"
+               if job.data else "  data: synthetic (seeded)")
     if job.inference is not None:
         inf = job.inference
         load = "trace" if inf.trace else f"{inf.arrival_rate:g} requests/s"  # a rate

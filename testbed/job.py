@@ -92,6 +92,22 @@ MODEL_PRESETS: Mapping[str, ModelShape] = {
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
+DataFormat = Literal["text", "uint16"]
+DATA_FORMATS: Mapping[str, DataFormat] = {".txt": "text", ".bin": "uint16"}
+"""A data file's format when only its path is given, by extension."""
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """A corpus on disk for real compute to train on instead of the synthetic one: text
+    read byte by byte (each byte a token: 256 of them), or little-endian uint16 token ids
+    (as nanoGPT's prepare scripts write `train.bin`)."""
+
+    path: str
+    """Absolute: every worker opens it by this path (on every machine of a cluster)."""
+    format: DataFormat
+    tokens: int
+
 
 @dataclass(frozen=True)
 class PromptLengths:
@@ -145,6 +161,8 @@ class Job:
     dtype: str = "bf16"
     inference: InferenceWorkload | None = None
     source: str | None = field(default=None, compare=False)
+    data: DataFile | None = None
+    """None: the seeded synthetic corpus (testbed.runtime.model.Corpus)."""
 
     @property
     def dtype_bytes(self) -> int:

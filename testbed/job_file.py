@@ -24,6 +24,7 @@ from testbed.job import (
     ModelShape,
     PromptLengths,
 )
+from testbed.job_data import dump_data, parse_data
 from testbed.sizes import MAX_GLOBAL_BATCH, MAX_ITERATIONS, MAX_MICROBATCHES
 from testbed.units import parse_duration, plural
 from testbed.yamlio import parse_yaml, read_yaml
@@ -56,8 +57,9 @@ def load_job(
         raise InputError("expected a mapping of job settings", source)
     overridden = apply_overrides(raw, [*overrides, *flags])
     flagged = {item.partition("=")[0].strip() for item in flags}
+    base = Path.cwd() if {"data", "data.path"} & set(overridden) else None
     try:
-        return parse_job(raw, source, prefix)
+        return parse_job(raw, source, prefix, base)
     except InputError as exc:
         key = (exc.key or "").removeprefix(prefix).lstrip(".")
         for given in reversed(overridden):  # the last one given is in force
@@ -113,10 +115,13 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> list[str]:
 _BATCH_SHAPE = ("microbatches",)
 
 
-def parse_job(data: object, source: str | None = None, prefix: str = "job") -> Job:
+def parse_job(data: object, source: str | None = None, prefix: str = "job",
+              base: Path | None = None) -> Job:
+    """`base`: where relative paths start (default: the folder of `source`)."""
     fields = Fields(data, source, prefix, ("model", "microbatch_size", "microbatches",
                                            "global_batch", "dp", "pp", "tp", "iterations",
-                                           "seed", "dtype", "inference"))
+                                           "seed", "dtype", "inference", "data"))
+    base = base if base is not None else source_folder(source)
     model = _parse_model(fields, "model")
     microbatch_size = fields.get("microbatch_size", positive(integer), 1)
     microbatches = fields.get("microbatches", at_most(positive(integer), MAX_MICROBATCHES), None)
@@ -139,6 +144,7 @@ def parse_job(data: object, source: str | None = None, prefix: str = "job") -> J
     inference = _parse_inference(fields.section("inference", keys=(
         "model", "arrival_rate", "prompt_length", "trace", "trace_rows", "decode_dc",
         "deadline", "max_batch_tokens")), source)
+    corpus = parse_data(fields, "data", model, base)
     fields.done()
     return Job(
         model,
@@ -153,7 +159,13 @@ def parse_job(data: object, source: str | None = None, prefix: str = "job") -> J
         dtype,
         inference,
         source,
+        corpus,
     )
+
+
+def source_folder(source: str | None) -> Path:
+    """The folder of the file a value came from, or the working directory for `--set`."""
+    return Path(source).parent if source and source != "--set" else Path(".")
 
 
 def _parse_model(fields: Fields, name: str) -> ModelShape:
@@ -240,8 +252,7 @@ def _parse_inference(fields: Fields | None, source: str | None) -> InferenceWork
         trace = _trace_rows(fields)
     elif fields.has("trace"):
         trace_path = fields.get("trace", text)
-        base = Path(source).parent if source and source != "--set" else Path(".")
-        trace = _read_trace(base / trace_path, fields.key("trace"))
+        trace = _read_trace(source_folder(source) / trace_path, fields.key("trace"))
     elif rate <= 0:
         raise fields.error("arrival_rate", "give a positive arrival_rate or a trace file")
     decode_dc = fields.get("decode_dc", text, None)
@@ -347,6 +358,8 @@ def dump_job(job: Job) -> dict[str, Any]:
     for key in ("microbatches", "global_batch", "dp", "pp"):
         if getattr(job, key) is not None:
             out[key] = getattr(job, key)
+    if job.data is not None:
+        out["data"] = dump_data(job.data)
     if job.inference is not None:
         inf = job.inference
         workload: dict[str, Any] = {"model": _dump_model(inf.model), "deadline": inf.deadline_s,

@@ -1,0 +1,152 @@
+"""Real text: the job's `data` names a text or uint16 token file, checked when read; its
+samples are deterministic windows, distinct across replicas and microbatches."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from testbed.errors import InputError
+from testbed.job import DataFile
+from testbed.job_file import dump_job, load_job, parse_job
+from testbed.runtime.model import sample_index
+from testbed.token_file import TokenWindows, open_tokens, window_start
+
+TINY = {"model": "tiny"}  # seq_len 32, vocab 256
+
+
+def words(count: int, seed: int = 0) -> str:
+    """English-like text with a non-ASCII letter (two bytes in UTF-8)."""
+    pick = random.Random(seed).choice
+    vocabulary = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "near",
+                  "the", "café", "by", "the", "river"]
+    return " ".join(pick(vocabulary) for _ in range(count))
+
+
+@pytest.fixture
+def corpus_dir(tmp_path: Path) -> Path:
+    """book.txt, and tokens.bin holding the same bytes as uint16 token ids."""
+    text = words(3000).encode()
+    (tmp_path / "book.txt").write_bytes(text)
+    np.frombuffer(text, np.uint8).astype("<u2").tofile(tmp_path / "tokens.bin")
+    return tmp_path
+
+
+def test_data_is_a_path_or_a_mapping_relative_to_the_file_naming_it(
+        corpus_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    topology = str(corpus_dir / "topo.yaml")
+    size = (corpus_dir / "book.txt").stat().st_size
+    book = DataFile(str(corpus_dir / "book.txt"), "text", size)
+    assert load_job(TINY, topology).data is None  # the synthetic corpus
+    assert load_job({**TINY, "data": "book.txt"}, topology).data == book
+    assert load_job({**TINY, "data": "tokens.bin"}, topology).data == \
+        DataFile(str(corpus_dir / "tokens.bin"), "uint16", size)
+    (corpus_dir / "tokens.dat").write_bytes((corpus_dir / "tokens.bin").read_bytes())
+    mapped = load_job({**TINY, "data": {"path": "tokens.dat", "format": "uint16"}}, topology)
+    assert mapped.data == DataFile(str(corpus_dir / "tokens.dat"), "uint16", size)
+    job_file = corpus_dir / "jobs" / "job.yaml"  # relative to the job file, not the topology
+    job_file.parent.mkdir()
+    job_file.write_text("model: tiny\ndata: ../book.txt\n")
+    assert load_job(None, None, job_file).data == book
+    monkeypatch.chdir(corpus_dir)  # --set: relative to where the command runs
+    assert load_job(TINY, "elsewhere/t.yaml", overrides=["data=book.txt"]).data == book
+    assert load_job(TINY, "elsewhere/t.yaml", overrides=["data.path=book.txt"]).data == book
+    assert load_job({**TINY, "data": "book.txt"}, topology, overrides=["data="]).data is None
+    job = load_job({**TINY, "data": "book.txt"}, topology)
+    assert parse_job(dump_job(job), "elsewhere.yaml", prefix="") == job  # absolute when dumped
+
+
+BAD = [
+    ({"data": "missing.txt"}, "job.data: cannot read {dir}/missing.txt: No such file or "
+     "directory"),
+    ({"data": "."}, "job.data: cannot tell the format of {dir} from its extension"),
+    ({"data": {"path": ".", "format": "text"}}, "job.data.path: {dir} is not a file"),
+    ({"data": "book.md"}, "job.data: cannot tell the format of {dir}/book.md from its "
+     "extension (.txt is text, .bin uint16 tokens)"),
+    ({"data": {"path": "book.txt", "format": "utf8"}},
+     "job.data.format: unknown format 'utf8' (text or uint16)"),
+    ({"data": {"path": "book.txt", "encoding": "utf8"}}, "job.data.encoding: unknown key"),
+    ({"data": {"format": "text"}}, "job.data.path: missing value"),
+    ({"data": 5}, "job.data: expected a mapping, got int 5"),
+    ({"data": ""}, "job.data: expected a path, got ''"),
+    ({"data": "odd.bin"}, "job.data: {dir}/odd.bin has an odd size (3 bytes): uint16 "
+     "tokens take 2 bytes each"),
+    ({"data": "short.txt"}, "job.data: {dir}/short.txt: holds 32 tokens; one sequence "
+     "needs seq_len + 1 = 33"),
+    ({"data": "empty.bin"}, "job.data: {dir}/empty.bin: holds 0 tokens; one sequence "
+     "needs seq_len + 1 = 33"),
+    ({"data": "book.txt", "model": {"preset": "tiny", "vocab": 255}},
+     "job.data: {dir}/book.txt: text is read as bytes (256 token values); model vocab 255 "
+     "is too small: set model.vocab to 256 or more"),
+    ({"data": "large.bin"}, "job.data: {dir}/large.bin: holds token id 256; model vocab "
+     "256 must be above it (set model.vocab)"),
+]
+
+
+@pytest.mark.parametrize(("section", "message"), BAD, ids=range(len(BAD)))
+def test_bad_data_is_refused_in_one_line_naming_file_and_key(
+        corpus_dir: Path, section: dict[str, object], message: str) -> None:
+    (corpus_dir / "odd.bin").write_bytes(b"abc")
+    (corpus_dir / "short.txt").write_bytes(b"x" * 32)
+    (corpus_dir / "empty.bin").write_bytes(b"")
+    np.array([1] * 40 + [256], "<u2").tofile(corpus_dir / "large.bin")
+    topology = str(corpus_dir / "topo.yaml")
+    with pytest.raises(InputError) as error:
+        load_job({**TINY, **section}, topology)
+    assert error.value.exit_code == 2 and "\n" not in str(error.value)
+    assert str(error.value).startswith(f"{topology}: {message.format(dir=corpus_dir)}"), \
+        str(error.value)
+
+
+def test_a_bad_data_override_is_blamed_on_set(corpus_dir: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(corpus_dir)
+    with pytest.raises(InputError, match=rf"^--set: data: cannot read {corpus_dir}/nope.txt"):
+        load_job(TINY, "t.yaml", overrides=["data=nope.txt"])
+    with pytest.raises(InputError, match=rf"^--set: data: {corpus_dir}/book.txt: text is "
+                       r"read as bytes \(256 token values\); model vocab 100 is too small"):
+        load_job({"model": {"preset": "tiny", "vocab": 100}}, "t.yaml",
+                 overrides=["data=book.txt"])
+
+
+def test_samples_are_deterministic_and_distinct_until_the_corpus_is_used_up(
+        tmp_path: Path) -> None:
+    path = tmp_path / "counting.bin"
+    np.arange(1000, dtype="<u2").tofile(path)  # each window known by its first token
+    seq_len = 8
+    windows = TokenWindows(open_tokens(str(path), "uint16"), seq_len, seed=3)
+    count = 999 // seq_len  # windows seq_len apart, each seq_len + 1 long
+    epoch = [windows.sample(i) for i in range(count)]
+    for sample in epoch:
+        assert sample.tolist() == list(range(sample[0], sample[0] + seq_len + 1))
+    assert sorted(int(s[0]) for s in epoch) == list(range(0, count * seq_len, seq_len))
+    assert [int(s[0]) for s in epoch] != sorted(int(s[0]) for s in epoch)  # shuffled
+    again = TokenWindows(open_tokens(str(path), "uint16"), seq_len, seed=3)
+    assert all(np.array_equal(again.sample(i), epoch[i]) for i in range(count))
+    second = [window_start(count + i, 3, 1000, seq_len) for i in range(count)]
+    assert sorted(second) == sorted(int(s[0]) for s in epoch)  # the next epoch, anew
+    assert second != [int(s[0]) for s in epoch]
+    other_seed = [window_start(i, 4, 1000, seq_len) for i in range(count)]
+    assert other_seed != [int(s[0]) for s in epoch]
+    # replicas and microbatches take distinct samples as sample_index lays them out
+    firsts = {int(windows.sample(sample_index(it, r, j, 2, 3, 4) + e)[0])
+              for it in range(2) for r in range(2) for j in range(3) for e in range(4)}
+    assert len(firsts) == 48
+
+
+def test_validate_shows_the_data_and_refuses_a_bad_file_in_one_line(corpus_dir: Path) -> None:
+    from tests.test_cli import TOPOLOGIES, call
+
+    two_dc = str(TOPOLOGIES / "two-dc.yaml")
+    code, out, err = call(["validate", two_dc, "--set", f"data={corpus_dir / 'tokens.bin'}"])
+    size = (corpus_dir / "tokens.bin").stat().st_size // 2
+    assert code == 0, err
+    assert f"  data: {corpus_dir / 'tokens.bin'} (uint16, {size:,} tokens)\n" in out
+    assert "  data: synthetic (seeded)\n" in call(["validate", two_dc])[1]
+    code, out, err = call(["validate", two_dc, "--set", f"data={corpus_dir / 'none.txt'}"])
+    assert (code, out) == (2, "")
+    assert err == (f"testbed: error: --set: data: cannot read {corpus_dir / 'none.txt'}: "
+                   "No such file or directory\n")
