@@ -1,18 +1,26 @@
 """Real text: the job's `data` names a text or uint16 token file, checked when read; its
-samples are deterministic windows, distinct across replicas and microbatches."""
+samples are deterministic windows, distinct across replicas and microbatches; real
+compute trains on them, and a worker without the file says so."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from testbed.choices import EmulatedCompute
 from testbed.errors import InputError
-from testbed.job import DataFile
+from testbed.job import DataFile, ModelShape
 from testbed.job_file import dump_job, load_job, parse_job
-from testbed.runtime.model import sample_index
+from testbed.runtime.failure import Failure, RunFailed
+from testbed.runtime.messages import Config, EmulatedTiming, Hello, Listening, receive_as
+from testbed.runtime.model import FileCorpus, make_corpus, sample_index
+from testbed.runtime.pool import WorkerHandle
 from testbed.token_file import TokenWindows, open_tokens, window_start
 
 TINY = {"model": "tiny"}  # seq_len 32, vocab 256
@@ -135,6 +143,113 @@ def test_samples_are_deterministic_and_distinct_until_the_corpus_is_used_up(
     firsts = {int(windows.sample(sample_index(it, r, j, 2, 3, 4) + e)[0])
               for it in range(2) for r in range(2) for j in range(3) for e in range(4)}
     assert len(firsts) == 48
+
+
+def test_a_text_file_and_a_uint16_file_read_the_same_tokens(corpus_dir: Path) -> None:
+    text = (corpus_dir / "book.txt").read_bytes()
+    assert "é".encode() in text  # a byte per token: é is two of them
+    book = load_job({**TINY, "data": "book.txt"}, str(corpus_dir / "t.yaml"))
+    ids = load_job({**TINY, "data": "tokens.bin"}, str(corpus_dir / "t.yaml"))
+    assert book.data is not None and ids.data is not None
+    as_text = make_corpus(book.model, 7, book.data)
+    as_ids = make_corpus(ids.model, 7, ids.data)
+    for index in (0, 1, 5, 500):
+        start = window_start(index, 7, len(text), 32)
+        expected = torch.tensor(list(text[start : start + 33]))
+        assert torch.equal(as_text.sample(index), expected)
+        assert torch.equal(as_ids.sample(index), expected)
+    inputs, targets = as_text.batch(3, 2)
+    assert torch.equal(inputs[0], as_text.sample(3)[:-1])
+    assert torch.equal(targets[1], as_text.sample(4)[1:])
+
+
+def _config(data: DataFile | None, stage: int = 0) -> Config:
+    """One replica of a one-stage byte-level model (real compute)."""
+    return Config(
+        index=0, gpu="east-0", dc="east", address="127.0.0.1", replica=0, stage=stage,
+        actions=[], prev=None, next=None, ring=[], arbitrated=[], iterations=1,
+        compute="real", model=ModelShape(2, 32, 2, 16, 256), layers=[2], seed=0, dp=1,
+        microbatches=2, microbatch_size=4, activation_bytes=0, grad_bytes=0,
+        emulated=EmulatedTiming(0.0, 0.0), local_rank=0, data=data)
+
+
+def test_the_real_engine_trains_on_the_file(corpus_dir: Path) -> None:
+    from testbed.runtime.real_engine import RealEngine
+
+    path = corpus_dir / "book.txt"
+    data = DataFile(str(path), "text", path.stat().st_size)
+    engine = RealEngine.from_config(_config(data))
+    inputs, _ = engine._tokens(1, 1)
+    expected, _ = FileCorpus(data, 16, 0).batch(sample_index(1, 0, 1, 1, 2, 4), 4)
+    assert torch.equal(inputs, expected)  # the file's bytes, as the layout numbers them
+    losses = []
+    for iteration in range(30):
+        for microbatch in range(2):
+            engine.forward(iteration, microbatch, None)
+            engine.backward(iteration, microbatch, None)
+        engine.step()
+        loss = engine.take_loss()
+        assert loss is not None
+        losses.append(loss)
+    assert losses[-1] < losses[0] - 1.0, losses  # ln 256 = 5.5 at the start
+    with open(path, "ab") as handle:
+        handle.write(b"more")  # not the file the job was checked against
+    with pytest.raises(Exception, match=r"cannot be used on this machine: .*book.txt holds "
+                       rf"{data.tokens + 4} tokens, not the {data.tokens}"):
+        RealEngine.from_config(_config(data))
+
+
+def test_a_worker_without_the_data_file_names_its_machine_and_the_path(tmp_path: Path) -> None:
+    """The coordinator's start-up exchange with a real worker on machine m2 that lacks the
+    file (a socket pair for the control connection)."""
+    from testbed.errors import TestbedError
+    from testbed.runtime.control_server import read_from
+    from testbed.runtime.worker import serve_on
+
+    missing = str(tmp_path / "book.txt")
+
+    async def scenario() -> tuple[str, list[BaseException | int]]:
+        left, right = socket.socketpair()
+        worker_side = await asyncio.open_connection(sock=left)
+        reader, writer = await asyncio.open_connection(sock=right)
+        worker = asyncio.create_task(serve_on(*worker_side, "east-0", "ab" * 32))
+        hello = await receive_as(reader, Hello)
+        handle = WorkerHandle(0, hello.gpu, 0, 0, machine="m2", reader=reader, writer=writer)
+        await handle.tell(_config(DataFile(missing, "text", 1000)))
+        with pytest.raises(RunFailed) as failed:
+            await asyncio.wait_for(read_from(handle, Failure(), Listening), 30)
+        ended = await asyncio.wait_for(asyncio.gather(worker, return_exceptions=True), 30)
+        writer.close()
+        return str(failed.value), ended
+
+    failed, ended = asyncio.run(scenario())
+    assert failed == (
+        f"worker east-0 (replica 0, stage 0) on machine m2: cannot start: the job's data "
+        f"cannot be used on this machine: cannot read {missing}: No such file or directory "
+        "(a run across machines needs it at the same path on each)")
+    assert isinstance(ended[0], TestbedError)  # and the worker ends
+
+
+def test_only_real_compute_workers_are_given_the_data(corpus_dir: Path) -> None:
+    from testbed.inputs import load_inputs
+    from testbed.policy import training_policy
+    from testbed.runtime.run_config import RunConfig
+    from testbed.runtime.worker_setup import worker_config
+    from testbed.sim.planning import plan_with_simulator
+
+    root = Path(__file__).resolve().parent.parent
+    inputs = load_inputs(root / "topologies" / "two-dc.yaml",
+                         sets=(f"data={corpus_dir / 'book.txt'}",))
+    assert inputs.job.data is not None
+    chosen = training_policy("1f1b")
+    plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
+    handles = [WorkerHandle(r * plan.pp + s, plan.lead_gpu(r, s), r, s)
+               for r in range(plan.dp) for s in range(plan.pp)]
+    computes: tuple[EmulatedCompute, ...] = ("real", "emulated")
+    for compute, given in zip(computes, (inputs.job.data, None), strict=True):
+        run = RunConfig(inputs.topology, inputs.job, plan, chosen, compute, corpus_dir / "l")
+        for handle in handles:
+            assert worker_config(run, handle, handles, lambda _g: "10.0.0.1", ()).data == given
 
 
 def test_validate_shows_the_data_and_refuses_a_bad_file_in_one_line(corpus_dir: Path) -> None:

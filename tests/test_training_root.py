@@ -4,6 +4,7 @@ cleanly. Needs root (CI runs as root)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import os
@@ -77,6 +78,29 @@ def test_pipeline_and_data_parallel_equal_one_process(tmp_path: Path, policy: st
     for span in waits:
         assert span["end"] >= arrived[
             (span["iteration"], span["gpu"], span["peer"], span["microbatch"])]
+
+
+def test_pipeline_and_data_parallel_equal_one_process_on_a_text_file(tmp_path: Path) -> None:
+    """Every worker reads the job's text file, as the single-process reference does."""
+    book = tmp_path / "book.txt"
+    book.write_text("".join(f"{i} green bottles hanging on the wall.\n" for i in range(400)))
+    coordinator = _coordinator(tmp_path, "1f1b", iterations=3, data=book)
+    outcome = asyncio.run(run_with_signals(coordinator))
+    assert outcome.status == "ok"
+    plan, job = coordinator.plan, coordinator.job
+    assert (plan.dp, plan.pp) == (2, 2) and job.data is not None
+    assert (job.data.path, job.data.format) == (str(book), "text")
+    reference = train_one_process(job, plan.dp, plan.microbatches)
+    synthetic = train_one_process(dataclasses.replace(job, data=None), plan.dp,
+                                  plan.microbatches)
+    assert any(not torch.allclose(reference[k], synthetic[k]) for k in reference)
+    for replica in range(plan.dp):
+        stages = [torch.load(tmp_path / f"r{replica}-s{s}.pt") for s in range(plan.pp)]
+        trained = merge_stages(stages, plan.layers)
+        for name, value in reference.items():
+            torch.testing.assert_close(
+                trained[name], value, atol=2e-5, rtol=1e-4, msg=f"{name} of replica {replica}"
+            )
 
 
 def test_loss_goes_down_on_a_tiny_model(tmp_path: Path) -> None:

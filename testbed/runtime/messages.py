@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from testbed.choices import EmulatedCompute
-from testbed.job import ModelShape
+from testbed.job import DataFile, ModelShape
 from testbed.runtime.codec import build, to_json
 from testbed.runtime.protocol import (
     MAX_CONTROL_BYTES,
@@ -294,6 +294,9 @@ class Config(Message):
     bubbles: bool = False
     decode: DecodeAddress | None = None
     inference_model: ModelShape | None = None
+    data: DataFile | None = None
+    """The corpus real compute trains on (None: the synthetic one); emulated compute
+    has none."""
 
     @property
     def pp(self) -> int:

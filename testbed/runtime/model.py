@@ -1,5 +1,6 @@
-"""A small decoder-only transformer in torch, cut into pipeline stages, and the seeded
-synthetic corpus it learns from. The only training code that imports torch."""
+"""A small decoder-only transformer in torch, cut into pipeline stages, and the corpus it
+learns from: seeded synthetic sequences, or a token file's. The only training code that
+imports torch."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from testbed.job import ModelShape
+from testbed.job import DataFile, ModelShape
+from testbed.token_file import TokenWindows, open_tokens
 
 KeysValues = tuple[torch.Tensor, torch.Tensor]
 """One layer's keys and values, (batch, kv heads, positions, head dim) each."""
@@ -134,7 +136,22 @@ def loss_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-class Corpus:
+class Samples:
+    """Numbered training sequences: sample `index` is the same wherever it is asked for,
+    so a pipeline's first and last stage, every replica and the single-process reference
+    see the same tokens."""
+
+    def sample(self, index: int) -> torch.Tensor:
+        """Sequence `index` (seq_len + 1 tokens: inputs and shifted targets)."""
+        raise NotImplementedError
+
+    def batch(self, first: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets of samples first .. first + size - 1."""
+        rows = torch.stack([self.sample(first + i) for i in range(size)])
+        return rows[:, :-1], rows[:, 1:]
+
+
+class Corpus(Samples):
     """Seeded synthetic token sequences with learnable structure: mostly each token follows
     from the previous one by a fixed permutation, sometimes a random token instead."""
 
@@ -144,7 +161,6 @@ class Corpus:
         self.successor = torch.randperm(vocab, generator=generator)
 
     def sample(self, index: int) -> torch.Tensor:
-        """Sequence `index` (seq_len + 1 tokens: inputs and shifted targets)."""
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
         tokens = torch.empty(self.seq_len + 1, dtype=torch.long)
         tokens[0] = int(torch.randint(self.vocab, (1,), generator=generator))
@@ -155,10 +171,27 @@ class Corpus:
             tokens[i + 1] = random_tokens[i] if noise[i] else nxt
         return tokens
 
-    def batch(self, first: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs and targets of samples first .. first + size - 1."""
-        rows = torch.stack([self.sample(first + i) for i in range(size)])
-        return rows[:, :-1], rows[:, 1:]
+
+class FileCorpus(Samples):
+    """A token file's windows (testbed.token_file), memory-mapped."""
+
+    def __init__(self, data: DataFile, seq_len: int, seed: int) -> None:
+        tokens = open_tokens(data.path, data.format)
+        if len(tokens) != data.tokens:
+            raise ValueError(f"{data.path} holds {len(tokens)} tokens, not the "
+                             f"{data.tokens} it held when the job was read")
+        self.windows = TokenWindows(tokens, seq_len, seed)
+
+    def sample(self, index: int) -> torch.Tensor:
+        return torch.from_numpy(self.windows.sample(index))
+
+
+def make_corpus(shape: ModelShape, seed: int, data: DataFile | None) -> Samples:
+    """The job's corpus: its data file's, or else the synthetic one. ValueError when the
+    file cannot be read (here: a run across machines needs it on each)."""
+    if data is None:
+        return Corpus(shape.vocab, shape.seq_len, seed)
+    return FileCorpus(data, shape.seq_len, seed)
 
 
 def sample_index(

@@ -8,9 +8,10 @@ from typing import Any
 
 import torch
 
+from testbed.errors import TestbedError
 from testbed.job import ModelShape
 from testbed.runtime.messages import Config, PrefillPart
-from testbed.runtime.model import Corpus, Stage, build_stages, loss_of, sample_index
+from testbed.runtime.model import Samples, Stage, build_stages, loss_of, make_corpus, sample_index
 
 LEARNING_RATE = 3e-3
 
@@ -31,7 +32,7 @@ class RealEngine:
     microbatch_size: int
     shape: ModelShape
     module: Stage
-    corpus: Corpus
+    corpus: Samples
     device: torch.device
     optimizer: torch.optim.Optimizer
     seed: int = 0
@@ -43,12 +44,16 @@ class RealEngine:
     @classmethod
     def from_config(cls, config: Config) -> RealEngine:
         shape = config.model
+        try:
+            corpus = make_corpus(shape, config.seed, config.data)
+        except ValueError as exc:
+            raise TestbedError(f"the job's data cannot be used on this machine: {exc} (a run "
+                               "across machines needs it at the same path on each)") from None
         torch.set_num_threads(1)  # one worker per GPU; on a CPU its cores are shared
         stages = build_stages(shape, tuple(config.layers), config.seed)
         device = pick_device(config.local_rank)
         module = stages[config.stage].to(device)
         optimizer = torch.optim.Adam(module.parameters(), lr=LEARNING_RATE)
-        corpus = Corpus(shape.vocab, shape.seq_len, config.seed)
         return cls(config.stage, config.pp, config.replica, config.dp, config.microbatches,
                    config.microbatch_size, shape, module, corpus, device, optimizer,
                    config.seed, config.inference_model)

@@ -7,7 +7,7 @@ import re
 import torch
 
 from testbed.job import Job
-from testbed.runtime.model import Corpus, build_model, loss_of, sample_index
+from testbed.runtime.model import build_model, loss_of, make_corpus, sample_index
 from testbed.runtime.real_engine import LEARNING_RATE
 
 
@@ -17,7 +17,7 @@ def train_one_process(job: Job, dp: int, microbatches: int) -> dict[str, torch.T
     torch.set_num_threads(1)
     model = build_model(job.model, job.seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
-    corpus = Corpus(job.model.vocab, job.model.seq_len, job.seed)
+    corpus = make_corpus(job.model, job.seed, job.data)
     for iteration in range(job.iterations):
         grads: list[torch.Tensor] | None = None
         for replica in range(dp):

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.errors import one_line
+from testbed.errors import TestbedError, one_line
 from testbed.runtime import clock
 from testbed.runtime.checkpoint import checkpoint_due, iteration_dir, save_stage, stage_file
 from testbed.runtime.engines import EmulatedEngine, Engine, make_real_engine
@@ -112,7 +112,12 @@ async def serve_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, g
     config = await receive_as(reader, Config)
     transport = Transport(config.index, bytes.fromhex(token))
     port = await transport.listen(config.address, 0)
-    engine = await asyncio.get_running_loop().run_in_executor(None, make_engine, config)
+    try:
+        engine = await asyncio.get_running_loop().run_in_executor(None, make_engine, config)
+    except Exception as exc:  # told by name, as the run's error (a data file not here)
+        problem = str(exc) if isinstance(exc, TestbedError) else f"{type(exc).__name__}: {exc}"
+        await send(writer, WorkerError(f"cannot start: {one_line(problem)[:400]}"))
+        raise
     await send(writer, Listening(port))
     connect = await receive_as(reader, Connect)
     transport.set_pacing({int(k): v for k, v in connect.pacing.items()})

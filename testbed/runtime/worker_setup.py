@@ -65,6 +65,7 @@ def worker_config(run: RunConfig, worker: WorkerHandle, workers: Sequence[Worker
         if run.activations == "auto" and run.compute == "emulated" else None,
         bubbles=bool(decode_dcs), decode=decode,
         inference_model=job.inference.model if job.inference else None,
+        data=job.data if run.compute == "real" else None,
     )
 
 
