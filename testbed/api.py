@@ -7,7 +7,7 @@ gets the same runs, files and typed results:
     inputs = api.load("topologies/paper-3dc.yaml", iterations=3)
     print(api.plan(inputs, "atlas").placement)
     runs = api.compare(inputs, ["gpipe", "atlas"])
-    speedup = runs["gpipe"].iteration_s / runs["atlas"].iteration_s
+    speedup = runs["atlas"].speedup(runs["gpipe"])   # a ratio of tokens/s
 
 Errors are the commands' errors: `testbed.errors.InputError` (bad input, naming the file
 and key), `TestbedError` for the rest.
@@ -24,6 +24,7 @@ from testbed.backend import Say
 from testbed.choices import BackendName, ComputeChoice, ShaperChoice
 from testbed.errors import TestbedError
 from testbed.inputs import Inputs, load_inputs
+from testbed.metrics.summary import speedup
 from testbed.plan.model import Plan
 from testbed.policy import training_policy
 from testbed.policy.registry import DEFAULT_POLICY, check_policies
@@ -56,6 +57,22 @@ class Result:
         if median is None:
             raise ValueError(f"the run in {self.directory} measured no iteration")
         return median
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Tokens of the measured iterations over the time they took (the first
+        iteration, warm-up, left out): what runs are compared by."""
+        rate = self.record.summary.tokens_per_s
+        if rate is None:
+            raise ValueError(f"the run in {self.directory} measured no iteration")
+        return rate
+
+    def speedup(self, baseline: Result) -> float:
+        """How many times the baseline's throughput (tokens/s) this run had: not a ratio
+        of iteration times, which would charge a policy for doing more per iteration."""
+        ratio = speedup(self.tokens_per_s, baseline.tokens_per_s)
+        assert ratio is not None  # both rates are positive
+        return ratio
 
 
 def load(topology: str | Path, job: str | Path | None = None, *,

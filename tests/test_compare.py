@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed.metrics.summary import summarize
 from testbed.report.compare import (
     NOTE_CHARS,
     RunEntry,
@@ -18,6 +19,7 @@ from testbed.report.compare import (
 from testbed.report.plots import gantt_spans
 
 from .test_cli import call
+from .test_metrics import uneven_spans
 from .test_plugins import run_testbed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,7 +89,7 @@ def test_compare_runs_gpipe_without_filling_and_says_why_a_row_failed(tmp_path: 
     assert result.returncode == 0, result.stderr
     why = ("gpipe+greedy failed: " + paper + ": job.inference: filling bubbles does not fit: "
            "stage 0 (14 layers) needs 72.7 GiB per GPU")
-    baseline = "no speed-ups: the baseline gpipe+greedy has no iteration time"
+    baseline = "no speed-ups: the baseline gpipe+greedy has no tokens/s"
     for text in (result.stdout, (out / "table.md").read_text()):
         lines = text.splitlines()
         assert any(line.startswith(why) for line in lines)
@@ -182,3 +184,22 @@ def test_compare_without_policies_runs_the_default_against_atlas(tmp_path: Path)
     code, _, err = call(["compare", str(ROOT / "topologies" / "two-dc.yaml"), "--out", str(out)])
     assert code == 0, err
     assert json.loads((out / "compare.json").read_text())["policies"] == ["1f1b", "atlas"]
+def _measured(policy: str, lengths: list[float], tokens: int) -> RunEntry:
+    """A run whose results come from iterations of these lengths, as `summarize` has them."""
+    summary = summarize(uneven_spans(lengths), ["a", "b"], 0.0, tokens, 0.0)
+    results = {**summary.as_results(), "status": "ok", "compute": "modeled",
+               "inference": {"ttft_s": {"p50": None, "p99": None}}}
+    return RunEntry(policy, None, 0, f"runs/{policy}-r1", "ok", None, results)
+
+
+def test_speedup_is_the_ratio_of_tokens_per_s_when_iterations_differ() -> None:
+    every_step = _measured("dp", [3.0] * 11, 8000)  # 1 s per step
+    # nine short inner steps and one long sync: half the median time, a third the rate
+    rarely = _measured("diloco", [2.0] + ([0.5] * 9 + [10.0]) * 2, 1000)
+    rows = table_rows([every_step, rarely])
+    tokens = [e.results["tokens_per_s"] for e in (every_step, rarely) if e.results]
+    assert rows[1].speedup == pytest.approx(tokens[1] / tokens[0])  # 0.26x
+    medians = rows[0].iteration_median / rows[1].iteration_median  # type: ignore[operator]
+    assert medians == pytest.approx(6.0) and rows[1].speedup < 0.3
+    assert table_text(rows).splitlines()[3].split()[3] == f"{tokens[1] / tokens[0]:.2f}x"
+

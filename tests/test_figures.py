@@ -30,8 +30,11 @@ JOB = parse_job({"model": "tiny", "microbatch_size": 1, "global_batch": 48})
 COND = Conditions("three.yaml", "three DCs")
 
 
-def _run(seconds: float, tokens: float = 1.0, training: float = 0.5,
+def _run(seconds: float, tokens: float | None = None, training: float = 0.5,
          total: float = 0.5) -> RunFigures:
+    """A run's figures; tokens/s as for a fixed batch per iteration unless given."""
+    if tokens is None and seconds:
+        tokens = 1000 / seconds
     return RunFigures(seconds, tokens, training, total, "dp 1 x pp 1 on a")
 
 
@@ -70,6 +73,17 @@ def test_atlas_is_compared_with_the_better_baseline() -> None:
     assert spec.value(runs) == pytest.approx(3.0)  # type: ignore[attr-defined]
     runs["1f1b"] = _run(None)  # type: ignore[arg-type]
     assert spec.value(runs) == pytest.approx(4.5)  # type: ignore[attr-defined]
+
+
+def test_speedups_are_ratios_of_tokens_per_s() -> None:
+    """A run whose iterations differ in length: its median iteration says 5x, what it
+    processed says 2x."""
+    spec = _spec("atlas_vs_dp")
+    runs = {"atlas": _run(2.0, tokens=200), "dp-across-dc": _run(10.0, tokens=100)}
+    assert spec.value(runs) == pytest.approx(2.0)  # type: ignore[attr-defined]
+    slow = _spec("bubbletea_slowdown")
+    runs = {"none": _run(10.0, tokens=100), "bubbletea": _run(10.0, tokens=80)}
+    assert slow.value(runs) == pytest.approx(25.0)  # type: ignore[attr-defined]
 
 
 def test_slowdown_and_utilization_in_percent() -> None:

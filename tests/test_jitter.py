@@ -106,7 +106,7 @@ def test_t_quantiles_and_the_interval() -> None:
 
 def _entry(bubble: str, repeat: int, seconds: float) -> RunEntry:
     results: dict[str, Any] = {
-        "iteration_time_s": {"median": seconds}, "tokens_per_s": 1.0,
+        "iteration_time_s": {"median": seconds}, "tokens_per_s": 1000 / seconds,
         "gpu_utilization": {"training": 0.5, "total": 0.5}, "wan": {"utilization": 0.1},
         "inference": {"ttft_s": {"p50": None, "p99": None}}}
     return RunEntry("atlas", bubble, repeat, f"r{repeat}", "ok", None, results)

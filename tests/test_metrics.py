@@ -71,6 +71,34 @@ def test_summary_numbers() -> None:
     assert summary.wan_utilization == pytest.approx(0.4)
 
 
+def uneven_spans(lengths: Sequence[float], gpus: Sequence[str] = ("a", "b")
+                 ) -> list[dict[str, Any]]:
+    """Iterations of these lengths back to back from 0, each ending in a step per GPU: a
+    plan that syncs every few steps has a long iteration among short ones."""
+    spans, end = [], 0.0
+    for it, length in enumerate(lengths):
+        end += length
+        spans += [span(gpu, "step", end - 0.01, end, it) for gpu in gpus]
+    return spans
+
+
+def test_tokens_per_s_is_tokens_over_time_when_iterations_differ() -> None:
+    # a warm-up iteration, then nine short inner steps and one long one with a sync
+    lengths = [2.0] + [0.5] * 9 + [10.0]
+    summary = summarize(uneven_spans(lengths), ["a", "b"], start=0.0,
+                        tokens_per_iteration=1000, wan_capacity_bps=0.0)
+    assert summary.median_s == pytest.approx(0.5)  # 2,000 tokens/s by the median
+    assert summary.tokens_per_s == pytest.approx(10 * 1000 / (9 * 0.5 + 10.0))  # 690
+    assert summary.tokens_measured == 10_000 and summary.tokens_total == 11_000
+    assert summary.measured_s == pytest.approx(14.5)
+    assert summary.iteration_ends_s == pytest.approx([2.0 + 0.5 * i for i in range(10)]
+                                                     + [16.5])
+    assert summary.as_results()["tokens"] == {"measured": 10_000, "total": 11_000,
+                                              "measured_s": pytest.approx(14.5)}
+    one = summarize(uneven_spans([4.0]), ["a", "b"], 0.0, 1000, 0.0)  # nothing to exclude
+    assert one.tokens_per_s == pytest.approx(250) and one.tokens_measured == 1000
+
+
 @given(st.lists(st.tuples(st.floats(0, 10), st.floats(0, 2)), max_size=20))
 def test_busy_time_merges_overlaps(intervals: Sequence[tuple[float, float]]) -> None:
     spans = [span("a", "forward", s, s + d) for s, d in intervals]

@@ -10,6 +10,7 @@ from typing import Literal
 
 from testbed.choices import BackendName
 from testbed.job import Job
+from testbed.metrics.summary import speedup
 from testbed.topology.model import Topology
 
 Backend = BackendName
@@ -95,13 +96,12 @@ class Conditions:
 
 
 def _ratio(slow: str | tuple[str, ...], fast: str) -> Value:
-    """Iteration time of the best of `slow` over `fast`'s."""
+    """`fast`'s speed-up over the best of `slow`: a ratio of tokens/s, as `compare` has it."""
     names = (slow,) if isinstance(slow, str) else slow
 
     def value(runs: Measured) -> float | None:
-        times = [t for t in (runs[n].iteration_s for n in names) if t is not None]
-        mine = runs[fast].iteration_s
-        return min(times) / mine if times and mine else None
+        rates = [r for r in (runs[n].tokens_per_s for n in names) if r]
+        return speedup(runs[fast].tokens_per_s, max(rates, default=None))
 
     return value
 
@@ -118,10 +118,10 @@ def _percent(key: str, field: Literal["idle", "total"]) -> Value:
 
 
 def _slowdown(filled: str, reference: str) -> Value:
-    """How much longer an iteration takes with bubbles filled, in percent."""
+    """How much longer the same tokens take with bubbles filled, in percent."""
     def value(runs: Measured) -> float | None:
-        mine, base = runs[filled].iteration_s, runs[reference].iteration_s
-        return 100 * (mine / base - 1) if mine and base else None
+        ratio = speedup(runs[reference].tokens_per_s, runs[filled].tokens_per_s)
+        return None if ratio is None else 100 * (ratio - 1)
 
     return value
 

@@ -5,6 +5,7 @@ Spans are testbed.spans.Span: what each GPU did and when, on one clock in second
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -91,10 +92,30 @@ class Summary:
     min_s: float | None
     max_s: float | None
     tokens_per_s: float | None
+    """Tokens of the measured iterations over the time they took (`throughput`)."""
+    tokens_per_iteration: int
+    measured_s: float | None
+    """The time the measured iterations took: the end of the first (uncounted) iteration
+    to the end of the last, or the run's start to the end of its only one."""
     utilization_training: float | None
     utilization_total: float | None
     wan_bytes: int
     wan_utilization: float | None
+
+    @property
+    def iteration_ends_s(self) -> list[float]:
+        """When each completed iteration ended, in seconds since the run's start."""
+        return list(itertools.accumulate(self.iteration_times))
+
+    @property
+    def tokens_total(self) -> int:
+        """Tokens of every completed iteration, the first included."""
+        return self.tokens_per_iteration * len(self.iteration_times)
+
+    @property
+    def tokens_measured(self) -> int:
+        """Tokens of the iterations `tokens_per_s` counts."""
+        return self.tokens_per_iteration * len(measured(self.iteration_times))
 
     def as_results(self) -> dict[str, Any]:
         return {
@@ -105,12 +126,27 @@ class Summary:
                 "all": self.iteration_times,
             },
             "tokens_per_s": self.tokens_per_s,
+            "tokens": {"measured": self.tokens_measured, "total": self.tokens_total,
+                       "measured_s": self.measured_s},
             "gpu_utilization": {
                 "training": self.utilization_training,
                 "total": self.utilization_total,
             },
             "wan": {"bytes": self.wan_bytes, "utilization": self.wan_utilization},
         }
+
+
+def throughput(tokens: int, lo: float, hi: float) -> float | None:
+    """Tokens per second over a window: total tokens over total time, never a typical
+    iteration's, so a run whose iterations differ in length (a sync every H steps) is
+    measured by what it processed."""
+    return tokens / (hi - lo) if tokens and hi > lo else None
+
+
+def speedup(tokens_per_s: float | None, baseline: float | None) -> float | None:
+    """How many times the baseline's throughput: the one yardstick runs are compared by
+    (a ratio of iteration times would charge a policy for doing more per iteration)."""
+    return tokens_per_s / baseline if tokens_per_s and baseline else None
 
 
 def median_at_least(start: float, ends: Sequence[float], iterations: int, now: float
@@ -171,6 +207,7 @@ def summarize(
     counted = measured(times)
     lo, hi = window(start, ends)
     length = hi - lo
+    tokens_measured = tokens_per_iteration * len(counted)
     median = statistics.median(counted) if counted else None
     training = total = wan_util = None
     if length > 0 and gpus:
@@ -184,7 +221,9 @@ def summarize(
         median_s=median,
         min_s=min(counted) if counted else None,
         max_s=max(counted) if counted else None,
-        tokens_per_s=tokens_per_iteration / median if median else None,
+        tokens_per_s=throughput(tokens_measured, lo, hi),
+        tokens_per_iteration=tokens_per_iteration,
+        measured_s=length if ends else None,
         utilization_training=training,
         utilization_total=total,
         wan_bytes=wan_bytes(spans),

@@ -12,6 +12,7 @@ from typing import Any
 
 from testbed.errors import one_line
 from testbed.metrics.interval import Interval, mean_interval
+from testbed.metrics.summary import speedup
 
 NOTE_CHARS = 300
 """A failed run's error as the table's note shows it, at most (compare.json has it all)."""
@@ -89,8 +90,9 @@ class Row:
     error: str | None
     """Why the first of its failed runs failed, as one line; None when none failed."""
     slowdown: float | None = None
-    """Training iteration time against the same policy with bubble policy `none`: the mean
-    over repeats paired by number (the same seed), with its 95% interval from two on."""
+    """Training against the same policy with bubble policy `none`, by tokens/s (how much
+    longer the same tokens take): the mean over repeats paired by number (the same
+    seed), with its 95% interval from two on."""
     slowdown_interval: Interval | None = None
     predicted: float | None = None
     """Emulated runs: the simulator's iteration time for the same plan."""
@@ -110,7 +112,8 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 def table_rows(entries: Sequence[RunEntry]) -> list[Row]:
     """One row per policy combination, in first-seen order; spread is min..max over
-    repeats of each run's median iteration time."""
+    repeats of each run's median iteration time; the speed-up is the row's tokens/s over
+    the first row's (medians over repeats)."""
     combos = list(dict.fromkeys(e.combo for e in entries))
     rows: list[Row] = []
     for combo in combos:
@@ -136,11 +139,10 @@ def table_rows(entries: Sequence[RunEntry]) -> list[Row]:
             dilation=max((int(r.get("dilation") or 1) for r in ok), default=None),
             machine_bound=any((r.get("emulation") or {}).get("cpu_bound") for r in ok),
         ))
-    base = rows[0].iteration_median if rows else None
+    base = rows[0].tokens_per_s if rows else None
     by_combo = {row.combo: row for row in rows}
     for row in rows:
-        if base and row.iteration_median:
-            row.speedup = base / row.iteration_median
+        row.speedup = speedup(row.tokens_per_s, base)
         policy, plus, bubble = row.combo.partition("+")
         if plus and bubble != "none" and f"{policy}+none" in by_combo:
             paired = _paired_slowdowns(entries, row.combo, f"{policy}+none")
@@ -151,14 +153,15 @@ def table_rows(entries: Sequence[RunEntry]) -> list[Row]:
 
 
 def _paired_slowdowns(entries: Sequence[RunEntry], combo: str, reference: str) -> list[float]:
-    """Per repeat number, the combination's iteration time over the reference's - 1."""
-    def medians(name: str) -> dict[int, float]:
-        return {e.repeat: e.results["iteration_time_s"]["median"] for e in entries
+    """Per repeat number, the reference's tokens/s over the combination's - 1: how much
+    longer the same tokens take."""
+    def rates(name: str) -> dict[int, float]:
+        return {e.repeat: e.results["tokens_per_s"] for e in entries
                 if e.combo == name and e.status == "ok" and e.results is not None
-                and e.results["iteration_time_s"]["median"]}
+                and e.results["tokens_per_s"]}
 
-    mine, base = medians(combo), medians(reference)
-    return [mine[k] / base[k] - 1 for k in sorted(mine) if k in base]
+    mine, base = rates(combo), rates(reference)
+    return [base[k] / mine[k] - 1 for k in sorted(mine) if k in base]
 
 
 def slowdown_text(row: Row) -> str:
@@ -184,7 +187,7 @@ def _short(error: str) -> str:
 
 def notes(rows: Sequence[Row]) -> list[str]:
     """Why a row shows `failed` or `-`: each failed run's reason (the first of a row's),
-    and a baseline without an iteration time, which leaves every speed-up out."""
+    and a baseline without tokens/s, which leaves every speed-up out."""
     out = []
     for row in rows:
         if row.error is None:
@@ -193,8 +196,8 @@ def notes(rows: Sequence[Row]) -> list[str]:
             out.append(f"{row.combo} failed: {row.error}")
         else:
             out.append(f"{row.combo}: {row.failed} of {row.runs} runs failed: {row.error}")
-    if len(rows) > 1 and rows[0].iteration_median is None:
-        out.append(f"no speed-ups: the baseline {rows[0].combo} has no iteration time")
+    if len(rows) > 1 and rows[0].tokens_per_s is None:
+        out.append(f"no speed-ups: the baseline {rows[0].combo} has no tokens/s")
     return out
 
 

@@ -15,6 +15,19 @@ def _secs(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f} s"
 
 
+def _throughput(results: dict[str, Any]) -> str:
+    """Tokens/s, and what it divides: the measured iterations' tokens over their time."""
+    if not results.get("tokens_per_s"):
+        return "  throughput    -"
+    tokens = results.get("tokens") or {}
+    over = ""
+    if tokens.get("measured_s"):
+        over = (f" ({tokens['measured']:,} tokens in {tokens['measured_s']:.3f} s"
+                + (", first iteration excluded)" if len(results["iteration_time_s"]["all"]) > 1
+                   else ")"))
+    return f"  throughput    {results['tokens_per_s']:.0f} tokens/s{over}"
+
+
 def _prediction(results: dict[str, Any]) -> list[str]:
     """The simulator's figure beside an emulated run's, and how the run was emulated."""
     lines = []
@@ -50,9 +63,7 @@ def run_summary(results: dict[str, Any]) -> list[str]:
         f"  iteration     median {_secs(it['median'])}, min {_secs(it['min'])}, "
         f"max {_secs(it['max'])}" + (" (first excluded)" if len(it.get("all", [])) > 1 else ""),
         *_prediction(results),
-        f"  throughput    {results['tokens_per_s']:.0f} tokens/s"
-        if results.get("tokens_per_s")
-        else "  throughput    -",
+        _throughput(results),
         f"  GPU util      training {_pct(util['training'])}, total {_pct(util['total'])}",
         f"  WAN           {human_bytes(wan['bytes'])} moved, utilization "
         f"{_pct(wan['utilization'])}",
