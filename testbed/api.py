@@ -24,6 +24,7 @@ from testbed.backend import Say
 from testbed.choices import BackendName, ComputeChoice, ShaperChoice
 from testbed.errors import TestbedError
 from testbed.inputs import Inputs, load_inputs
+from testbed.metrics.loss import TimeToLoss
 from testbed.metrics.summary import speedup
 from testbed.plan.model import Plan
 from testbed.policy import training_policy
@@ -74,6 +75,13 @@ class Result:
         assert ratio is not None  # both rates are positive
         return ratio
 
+    @property
+    def time_to_loss(self) -> TimeToLoss | None:
+        """Time and tokens to the target loss (`target_loss=`), or why there are none;
+        None when no target was given."""
+        found: TimeToLoss | None = self.results.get("time_to_loss")
+        return found
+
 
 def load(topology: str | Path, job: str | Path | None = None, *,
          sets: Mapping[str, object] | None = None, events: Sequence[str] = (),
@@ -120,36 +128,44 @@ def run(spec: RunSpec, out: str | Path | None = None, say: Say = lambda _m: None
 
 def simulate(inputs: Inputs, policy: str = DEFAULT_POLICY, options: Mapping[str, str] | None = None,
              *, bubble: str | None = None, bubble_options: Mapping[str, str] | None = None,
-             profile: Profile | None = None, out: str | Path | None = None) -> Result:
-    """`testbed simulate`: the plan at any scale, modeled compute, flow-level network."""
+             profile: Profile | None = None, out: str | Path | None = None,
+             target_loss: float | None = None) -> Result:
+    """`testbed simulate`: the plan at any scale, modeled compute, flow-level network (no
+    loss: a `target_loss` is answered with the reason)."""
     return run(RunSpec("simulate", inputs.topology, inputs.job, policy, dict(options or {}),
                        bubble, dict(bubble_options or {}), profile=profile,
-                       events=inputs.events), out)
+                       events=inputs.events, target_loss=target_loss), out)
 
 
 def emulate(inputs: Inputs, policy: str = DEFAULT_POLICY, options: Mapping[str, str] | None = None,
             *, bubble: str | None = None, bubble_options: Mapping[str, str] | None = None,
             compute: ComputeChoice = "auto", shaper: ShaperChoice = "auto",
             dilation: int | None = 1, out: str | Path | None = None,
-            say: Say = print) -> Result:
+            say: Say = print, target_loss: float | None = None) -> Result:
     """`testbed up`: real processes over the emulated WAN (needs root). `dilation`: run K
-    times slower than represented time, None to choose K from this machine."""
+    times slower than represented time, None to choose K from this machine;
+    `target_loss`: report the time to reach it (`Result.time_to_loss`)."""
     return run(RunSpec("emulate", inputs.topology, inputs.job, policy, dict(options or {}),
                        bubble, dict(bubble_options or {}), compute=compute, shaper=shaper,
                        events=inputs.events,
-                       dilation="auto" if dilation is None else dilation), out, say)
+                       dilation="auto" if dilation is None else dilation,
+                       target_loss=target_loss), out, say)
 
 
 def compare(inputs: Inputs, policies: Sequence[str], *, backend: BackendName = "simulate",
-            out: str | Path | None = None, say: Say = lambda _m: None) -> dict[str, Result]:
+            out: str | Path | None = None, say: Say = lambda _m: None,
+            compute: ComputeChoice = "auto", target_loss: float | None = None
+            ) -> dict[str, Result]:
     """Each policy on the same inputs, by one backend, planned with one shared cache (so
-    ablations reuse their parent's search); `out`: a directory holding one per policy."""
+    ablations reuse their parent's search); `out`: a directory holding one per policy;
+    `compute`: the emulator's (loss needs "real"). Compare them by `Result.speedup`
+    (tokens/s) and `Result.time_to_loss`."""
     check_policies([(name, {}) for name in policies])
     base = Path(out) if out is not None else new_run_dir(inputs.topology.name, "compare")
     results: dict[str, Result] = {}
     with shared_cache():
         for name in policies:
             spec = RunSpec(backend, inputs.topology, inputs.job, name, {},
-                           events=inputs.events)
+                           compute=compute, events=inputs.events, target_loss=target_loss)
             results[name] = run(spec, base / name, say)
     return results

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from testbed.cli_options import (
     job_options,
     parse_dilation,
     results_dir,
+    target_loss_option,
 )
 from testbed.errors import InputError, TestbedError, did_you_mean
 from testbed.fsutil import write_atomic
@@ -83,6 +85,7 @@ def _check_owners(pairs: tuple[str, ...], chosen: tuple[str, ...]) -> None:
 @event_options
 @emulation_options
 @jitter_option
+@target_loss_option
 @force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the comparison (default: a new one under runs/).")
@@ -90,15 +93,16 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
             policy_opts: tuple[str, ...], backend: BackendName, repeat: int,
             compute: ComputeChoice, out: Path | None, pacing: str,
             activations: ActivationsChoice, dilation: str, jitter: Jitter | None,
-            force: bool, **kwargs: Any) -> None:
+            target_loss: float | None, force: bool, **kwargs: Any) -> None:
     """Run policies on the same topology, job and seed, one after another, and compare.
 
     Prints a table (iteration time with its spread over repeats, speed-up against the
-    first policy, tokens/s, GPU and WAN utilization, TTFT when bubbles are filled) and
-    writes compare.json, compare.csv, every run's own directory, and plots
-    (iterations.png, gantt.png, wan.png). A run that fails is reported as failed, with why
-    under the table; the others still run. `testbed report DIR` redraws all of it from
-    the files.
+    first policy as a ratio of tokens/s, tokens/s, the time to --target-loss, GPU and WAN
+    utilization, TTFT when bubbles are filled) and writes compare.json, compare.csv, every
+    run's own directory, and plots (iterations.png, gantt.png, wan.png, and loss.png: loss
+    against time, where the runs measured a loss). A run that fails is reported as
+    failed, with why under the table; the others still run. `testbed report DIR` redraws
+    all of it from the files.
     """
     if repeat < 1:
         raise InputError("must be at least 1", "--repeat")
@@ -137,13 +141,14 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
                                events=inputs.events, pacing=pacing == "on",
                                activations=activations, dilation=factor,
                                # every combination meets the same noise in its k-th repeat
-                               jitter=jitter.with_seed(inputs.job.seed + k) if jitter else None)
+                               jitter=jitter.with_seed(inputs.job.seed + k) if jitter else None,
+                               target_loss=target_loss)
                 entries.append(_run_one(spec, directory, name, k))
                 bar.update(1, name)
     config = {"schema": COMPARE_SCHEMA, "topology": str(topology), "backend": backend,
               "policies": list(policies), "bubbles": list(bubbles), "repeat": repeat,
               "options": list(policy_opts), "job_overrides": _overrides(kwargs),
-              "jitter": jitter.as_dict() if jitter else None}
+              "jitter": jitter.as_dict() if jitter else None, "target_loss": target_loss}
     write_compare(directory, config, entries)
     if jitter:
         click.echo(f"jitter (CV): compute {jitter.compute:.0%}, prefill {jitter.prefill:.0%}, "
@@ -171,15 +176,19 @@ def _run_one(spec: RunSpec, directory: Path, name: str, repeat: int) -> RunEntry
 
 
 def write_compare(directory: Path, config: dict[str, Any], entries: list[RunEntry]) -> None:
+    """compare.json: the settings, each combination's row as the table shows it (speed-up,
+    time to loss), and every run with its results; compare.csv: one line per run."""
+    rows = [asdict(row) for row in table_rows(entries)]
     write_atomic(directory / "compare.json", strict_json(
-        {**config, "runs": [e.as_dict() for e in entries]}, indent=1, default=str), 0o644)
+        {**config, "rows": rows, "runs": [e.as_dict() for e in entries]}, indent=1,
+        default=str), 0o644)
     write_atomic(directory / "compare.csv", csv_text(entries), 0o644)
 
 
 def show(directory: Path, entries: list[RunEntry], topology: Topology,
          plots: bool = True) -> None:
     """Print the table and draw every plot from the runs' files."""
-    from testbed.report.plots import gantt_plot, iteration_plot, wan_plot
+    from testbed.report.plots import gantt_plot, iteration_plot, loss_plot, wan_plot
 
     rows = table_rows(entries)
     firsts: dict[str, RunEntry] = {}
@@ -206,6 +215,11 @@ def show(directory: Path, entries: list[RunEntry], topology: Topology,
     if panels:
         gantt_plot(panels, directory / "gantt.png")
         wan_plot(wan, directory / "wan.png")
+    curves = [(combo, entry.results["loss_curve"]) for combo, entry in firsts.items()
+              if entry.results and entry.results.get("loss_curve")]
+    if curves:
+        target = next((row.to_loss.target for row in rows if row.to_loss), None)
+        loss_plot(curves, directory / "loss.png", target)
     click.echo(f"wrote compare.json, compare.csv, table.md and plots in {directory}")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -12,6 +13,7 @@ from testbed.dilation import MAX_DILATION
 from testbed.errors import InputError
 from testbed.inputs import JOB_FLAGS
 from testbed.policy.registry import DEFAULT_POLICY
+from testbed.metrics.loss import check_target_loss
 from testbed.run_dirs import claim
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -90,6 +92,26 @@ def _parse_jitter(_ctx: click.Context, _param: click.Parameter, value: str | Non
         return parse_jitter(value)
     except ValueError as exc:
         raise InputError(str(exc), "--jitter") from None
+
+
+def target_loss_option(func: F) -> F:
+    """--target-loss: report the represented time (and tokens) to reach this loss."""
+    return click.option(
+        "--target-loss", "target_loss", metavar="L", callback=_parse_target_loss,
+        help="Report the time and tokens until the first step whose training loss is at "
+        "most L (time_to_loss in results.json), or that it was not reached. Loss needs "
+        "real compute: the simulator and emulated compute model none.")(func)
+
+
+def _parse_target_loss(_ctx: click.Context, _param: click.Parameter, value: str | None
+                       ) -> float | None:
+    if value is None:
+        return None
+    try:
+        target = float(value)
+    except ValueError:
+        target = math.nan
+    return check_target_loss(target, "--target-loss", value)
 
 
 def bubble_options(func: F) -> F:

@@ -23,6 +23,7 @@ from testbed.cli_options import (
     policy_option,
     policy_options,
     results_dir,
+    target_loss_option,
 )
 from testbed.errors import InputError
 from testbed.inputs import load_inputs
@@ -53,6 +54,7 @@ def echo_err(message: str) -> None:
 @job_options
 @event_options
 @emulation_options
+@target_loss_option
 @force_option
 @click.option(
     "--compute",
@@ -135,6 +137,7 @@ def up(
     cluster_file: Path | None,
     machine: str | None,
     join_timeout: float,
+    target_loss: float | None,
     **kwargs: Any,
 ) -> None:
     """Train over the emulated WAN: one worker process per GPU in its namespace.
@@ -167,7 +170,8 @@ def up(
                        shaper=shaper, allreduce=allreduce, stall_timeout_s=stall_timeout,
                        events=inputs.events, pacing=pacing == "on", activations=activations,
                        dilation=parse_dilation(dilation), checkpoint_every=checkpoint_every or 0,
-                       cluster=cluster_run(cluster_file, machine, join_timeout, inputs.topology))
+                       cluster=cluster_run(cluster_file, machine, join_timeout, inputs.topology),
+                       target_loss=target_loss)
         check(spec)
         directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, policy))
     outcome = run(spec, directory, echo_err, progress)

@@ -22,6 +22,7 @@ from testbed.cli_options import (
     policy_option,
     policy_options,
     results_dir,
+    target_loss_option,
 )
 from testbed.errors import TestbedError
 from testbed.fsutil import write_atomic
@@ -53,12 +54,14 @@ profile_option = click.option(
 @event_options
 @profile_option
 @jitter_option
+@target_loss_option
 @force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Results directory (default: a new one under runs/).")
 def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], bubble: str | None,
              bubble_opts: tuple[str, ...], profile_path: Path | None, out: Path | None,
-             force: bool, jitter: Jitter | None, **kwargs: Any) -> None:
+             force: bool, jitter: Jitter | None, target_loss: float | None,
+             **kwargs: Any) -> None:
     """Simulate the plan at any scale: modeled compute, flow-level network.
 
     Compute times come from FLOPs and the GPU type's sustained rate (or --profile);
@@ -72,7 +75,8 @@ def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], bubble: 
                    bubble_options=dict(parse_options(bubble_opts)),
                    profile=load_profile(profile_path) if profile_path else None,
                    events=inputs.events,
-                   jitter=jitter.with_seed(inputs.job.seed) if jitter else None)
+                   jitter=jitter.with_seed(inputs.job.seed) if jitter else None,
+                   target_loss=target_loss)
     check(spec)
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, policy))
     outcome = run(spec, directory)

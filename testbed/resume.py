@@ -40,7 +40,7 @@ from testbed.yamlio import to_yaml
 
 SETTINGS_FILE = "run.json"
 _SETTINGS = ("policy", "policy_options", "compute", "shaper", "allreduce", "stall_timeout_s",
-             "pacing", "activations", "dilation", "checkpoint_every")
+             "pacing", "activations", "dilation", "checkpoint_every", "target_loss")
 
 
 def check_checkpointable(spec: RunSpec) -> None:
@@ -119,6 +119,7 @@ def read_settings(path: Path) -> dict[str, Any]:
         "activations": top.get("activations", one_of(*get_args(ActivationsChoice))),
         "dilation": top.get("dilation", bounded(integer, 1, MAX_DILATION, str)),
         "checkpoint_every": top.get("checkpoint_every", positive(integer)),
+        "target_loss": top.get("target_loss", positive(number), None),  # absent: none
     }
     top.done()
     return settings

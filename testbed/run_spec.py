@@ -51,3 +51,6 @@ class RunSpec:
     0 for never."""
     cluster: ClusterRun | None = None
     """Emulator: run across the machines of a cluster, coordinated from this one."""
+    target_loss: float | None = None
+    """Report the represented time and tokens to the first step whose loss is at most this
+    (results' `time_to_loss`); a run without real compute says it has no loss."""

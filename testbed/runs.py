@@ -17,6 +17,7 @@ from testbed.errors import TestbedError
 from testbed.fsutil import write_atomic
 from testbed.inference_memory import check_inference_memory
 from testbed.job_file import dump_job
+from testbed.metrics.loss import check_target_loss
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.policy import bubble_policy, training_policy
 from testbed.report.results import RunRecord, write_run
@@ -42,6 +43,8 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
         resume: Progress | None = None) -> RunResult:
     """Execute one run; its directory is complete (results.json last) even if it fails.
     `resume`: go on from that checkpoint of this directory's run (emulator)."""
+    if spec.target_loss is not None:
+        check_target_loss(spec.target_loss, "target_loss")
     chosen = training_policy(spec.policy, spec.policy_options)
     plan = plan_with_simulator(chosen, spec.topology, spec.job)
     # the host TCP settings the plan asks for, on both backends and in the run's topology.yaml
@@ -58,6 +61,7 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
         outcome = backend.execute(spec, plan, chosen, directory, say, resume)
         record, error = outcome.record, outcome.error
         record.wall_s = time.monotonic() - started
+        record.target_loss = spec.target_loss
         write_run(directory, record)
     return RunResult(record.results(), directory, error, record)
 

@@ -166,10 +166,14 @@ def test_run_json_reads_back_what_a_run_saved(tmp_path: Path) -> None:
 
     inputs = load_inputs(Path(__file__).resolve().parent.parent / "topologies" / "two-dc.yaml")
     spec = RunSpec("emulate", inputs.topology, inputs.job, "atlas", {"connections": "4"},
-                   stall_timeout_s=30.0, pacing=False, checkpoint_every=3)
+                   stall_timeout_s=30.0, pacing=False, checkpoint_every=3, target_loss=2.5)
     save_settings(tmp_path, spec, "real", 4)
     settings = read_settings(tmp_path / "checkpoint" / "run.json")
     assert settings == {"policy": "atlas", "policy_options": {"connections": "4"},
                         "compute": "real", "shaper": "auto", "allreduce": "auto",
                         "stall_timeout_s": 30.0, "pacing": False, "activations": "auto",
-                        "dilation": 4, "checkpoint_every": 3}
+                        "dilation": 4, "checkpoint_every": 3, "target_loss": 2.5}
+    saved = json.loads((tmp_path / "checkpoint" / "run.json").read_text())
+    del saved["target_loss"]  # saved before runs had a target: none
+    (tmp_path / "checkpoint" / "run.json").write_text(json.dumps(saved))
+    assert read_settings(tmp_path / "checkpoint" / "run.json")["target_loss"] is None

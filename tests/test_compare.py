@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from testbed.cli_compare import write_compare
+from testbed.metrics.loss import SIMULATED, loss_curve, time_to_loss
 from testbed.metrics.summary import summarize
 from testbed.report.compare import (
     NOTE_CHARS,
@@ -16,7 +18,7 @@ from testbed.report.compare import (
     table_rows,
     table_text,
 )
-from testbed.report.plots import gantt_spans
+from testbed.report.plots import gantt_spans, loss_plot
 
 from .test_cli import call
 from .test_metrics import uneven_spans
@@ -203,3 +205,80 @@ def test_speedup_is_the_ratio_of_tokens_per_s_when_iterations_differ() -> None:
     assert medians == pytest.approx(6.0) and rows[1].speedup < 0.3
     assert table_text(rows).splitlines()[3].split()[3] == f"{tokens[1] / tokens[0]:.2f}x"
 
+
+def test_a_target_loss_in_the_simulator_is_a_note_not_a_number(tmp_path: Path) -> None:
+    two_dc = str(ROOT / "topologies" / "two-dc.yaml")
+    out = tmp_path / "cmp"
+    result = run_testbed(["compare", two_dc, "-p", "gpipe", "-p", "1f1b", "--iterations", "3",
+                          "--target-loss", "3", "--out", str(out)], None)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "time to loss 3" in lines[0]
+    assert all("n/a (simulated)" in line for line in lines[2:4])
+    assert lines.count(f"time to loss n/a: {SIMULATED}") == 1
+    saved = json.loads((out / "compare.json").read_text())
+    assert saved["target_loss"] == 3.0
+    assert [row["to_loss"]["reached"] for row in saved["rows"]] == [0, 0]
+    for run in saved["runs"]:
+        assert run["results"]["loss_curve"] is None
+        assert run["results"]["time_to_loss"] == {
+            "target": 3.0, "reached": None, "iteration": None, "time_s": None,
+            "tokens": None, "reason": SIMULATED}
+    rows = list(csv.DictReader((out / "compare.csv").open()))
+    assert {r["time_to_loss.reason"] for r in rows} == {SIMULATED}
+    assert {r["time_to_loss.time_s"] for r in rows} == {""}
+    assert not (out / "loss.png").exists()  # nothing to draw
+    again = run_testbed(["report", str(out)], None)
+    assert again.returncode == 0 and again.stdout.splitlines()[:4] == lines[:4]
+    one = run_testbed(["simulate", two_dc, "--target-loss", "2.5", "--out",
+                       str(tmp_path / "one")], None)
+    assert one.returncode == 0, one.stderr
+    said = one.stdout.splitlines()
+    assert [line for line in said if "loss" in line.split(";")[0]] == [
+        f"  time to loss  n/a: {SIMULATED}"]  # one line, and no loss curve
+
+
+def test_a_bad_target_loss_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    two_dc = str(ROOT / "topologies" / "two-dc.yaml")
+    for bad in ("nan", "-1", "0", "low"):
+        result = run_testbed(["simulate", two_dc, "--target-loss", bad, "--out",
+                              str(tmp_path / bad)], None)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == ("testbed: error: --target-loss: must be a number above 0 "
+                                 f"(a cross-entropy loss), got {bad!r}\n")
+        assert not (tmp_path / bad).exists()
+
+
+def _trained(policy: str, losses: list[float], target: float) -> RunEntry:
+    """A run with real compute: one iteration per second after a 2 s warm-up."""
+    summary = summarize(uneven_spans([2.0] + [1.0] * (len(losses) - 1)), ["a", "b"], 0.0,
+                        100, 0.0)
+    curve = loss_curve(dict(enumerate(losses)), summary.iteration_ends_s, 100)
+    results = {**summary.as_results(), "status": "ok", "compute": "real",
+               "inference": {"ttft_s": {"p50": None, "p99": None}}, "loss_curve": curve,
+               "time_to_loss": time_to_loss(curve, target)}
+    return RunEntry(policy, None, 0, f"runs/{policy}-r1", "ok", None, results)
+
+
+def test_compare_files_table_and_plot_carry_the_time_to_loss(tmp_path: Path) -> None:
+    entries = [_trained("fast", [5.0, 4.0, 2.9, 2.0], 3.0),
+               _trained("slow", [5.0, 4.5, 4.0, 3.5], 3.0)]
+    write_compare(tmp_path, {"target_loss": 3.0}, entries)
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert saved["rows"][0]["to_loss"]["time_s"] == pytest.approx(4.0)
+    assert saved["rows"][1]["to_loss"] == {
+        "target": 3.0, "time_s": None, "tokens": None, "reached": 0, "not_reached": 1,
+        "why": "not reached in 4 iterations; lowest loss 3.5000", "compute": "real"}
+    rows = {r["policy"]: r for r in csv.DictReader((tmp_path / "compare.csv").open())}
+    assert float(rows["fast"]["time_to_loss.time_s"]) == pytest.approx(4.0)
+    assert rows["fast"]["time_to_loss.tokens"] == "300"
+    assert rows["slow"]["time_to_loss.reached"] == "False"
+    assert "loss_curve" not in rows["fast"]  # in each run's results.json
+    lines = table_text(table_rows(entries)).splitlines()
+    assert lines[0].split()[7:11] == ["time", "to", "loss", "3"]
+    assert lines[2].split()[5] == "4.000s" and lines[3].split()[5:7] == ["not", "reached"]
+    assert "slow: loss <= 3 not reached in 4 iterations; lowest loss 3.5000" in lines
+    assert "| 4.000 s |" in markdown_table(table_rows(entries))
+    loss_plot([(e.combo, e.results["loss_curve"]) for e in entries if e.results],
+              tmp_path / "loss.png", 3.0)
+    assert (tmp_path / "loss.png").read_bytes().startswith(b"\x89PNG")

@@ -4,6 +4,7 @@ cleanly. Needs root (CI runs as root)."""
 from __future__ import annotations
 
 import asyncio
+import csv
 import dataclasses
 import itertools
 import json
@@ -21,14 +22,17 @@ import pytest
 import torch
 
 from testbed.inputs import load_inputs
+from testbed.job import Job
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.policy import training_policy
 from testbed.runtime.coordinator import Coordinator, RunFailed
 from testbed.runtime.hosts import NamespaceHosts
+from testbed.runtime.model import Corpus, build_model, loss_of, sample_index
 from testbed.runtime.reference import merge_stages, train_one_process
 from testbed.runtime.run_config import RunConfig
 from testbed.runtime.signals import run_with_signals
 from testbed.sim.planning import plan_with_simulator
+from testbed.sim.simulate import tokens_per_iteration
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("clean_host")]
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,6 +182,86 @@ def test_up_writes_results_and_trace(tmp_path: Path) -> None:
     assert 0 <= results["emulation"]["cpu_busy"] <= 1
     assert 0 <= results["emulation"]["workers_cpu"] <= 1
     assert "simulated" in result.stdout and "dilation 2" in result.stdout
+
+
+def _first_loss(job: Job, dp: int, microbatches: int) -> float:
+    """Iteration 0's loss as the workers report it (the mean over replicas and
+    microbatches), from the untrained model in one process: known before the run."""
+    model = build_model(job.model, job.seed)
+    corpus = Corpus(job.model.vocab, job.model.seq_len, job.seed)
+    losses = []
+    with torch.no_grad():
+        for replica, microbatch in itertools.product(range(dp), range(microbatches)):
+            first = sample_index(0, replica, microbatch, dp, microbatches, job.microbatch_size)
+            inputs, targets = corpus.batch(first, job.microbatch_size)
+            losses.append(float(loss_of(model(inputs), targets)))
+    return statistics.fmean(losses)
+
+
+def test_up_reports_every_steps_loss_and_the_time_to_loss_in_represented_time(
+        tmp_path: Path) -> None:
+    inputs = load_inputs(TWO_DC, sets=("iterations=12",))
+    plan = plan_with_simulator(training_policy("1f1b"), inputs.topology, inputs.job)
+    first = _first_loss(inputs.job, plan.dp, plan.microbatches)
+    target = round(first - 0.5, 4)  # 12 iterations get below it (test_loss_goes_down...)
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-c", "from testbed.cli import main; main()", "up", str(TWO_DC),
+         "-p", "1f1b", "--compute", "real", "--iterations", "12", "--dilation", "2",
+         "--target-loss", str(target), "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    results = json.loads((out / "results.json").read_text())
+    curve = results["loss_curve"]
+    per_iteration = tokens_per_iteration(inputs.job, plan)
+    assert [p["iteration"] for p in curve] == list(range(12))
+    assert [p["tokens"] for p in curve] == [per_iteration * (i + 1) for i in range(12)]
+    assert curve[0]["loss"] == pytest.approx(first, rel=1e-4)
+    assert {str(p["iteration"]): p["loss"] for p in curve} == results["loss"]
+    # each step's end in represented time (wall / 2): where the trace's last step ends
+    spans = json.loads((out / "spans.json").read_text())
+    ends = [max(s["end"] for s in spans["spans"] if s["kind"] == "step"
+                and s["iteration"] == i) - spans["start"] for i in range(12)]
+    assert [p["time_s"] for p in curve] == pytest.approx(ends)
+    assert [p["time_s"] for p in curve] == pytest.approx(
+        list(itertools.accumulate(results["iteration_time_s"]["all"])))
+    reached = next(p for p in curve if p["loss"] <= target)
+    assert reached["iteration"] > 0
+    assert results["time_to_loss"] == {
+        "target": target, "reached": True, "iteration": reached["iteration"],
+        "time_s": reached["time_s"], "tokens": reached["tokens"], "reason": None}
+    assert (f"  time to loss  {reached['time_s']:.3f} s, {reached['tokens']:,} tokens "
+            f"(iteration {reached['iteration'] + 1}) to loss <= {target:g}"
+            ) in result.stdout.splitlines()
+    tokens = results["tokens"]
+    assert tokens == {"measured": 11 * per_iteration, "total": 12 * per_iteration,
+                      "measured_s": pytest.approx(ends[-1] - ends[0])}
+    assert results["tokens_per_s"] == pytest.approx(tokens["measured"] / tokens["measured_s"])
+
+
+def test_compare_with_real_compute_plots_loss_and_writes_the_time_to_loss(
+        tmp_path: Path) -> None:
+    inputs = load_inputs(TWO_DC, sets=("iterations=3",))
+    plan = plan_with_simulator(training_policy("gpipe"), inputs.topology, inputs.job)
+    first = _first_loss(inputs.job, plan.dp, plan.microbatches)  # same data, seed, model
+    out = tmp_path / "cmp"
+    result = subprocess.run(
+        [sys.executable, "-c", "from testbed.cli import main; main()", "compare",
+         str(TWO_DC), "-p", "gpipe", "-p", "1f1b", "--backend", "emulate", "--compute",
+         "real", "--iterations", "3", "--target-loss", f"{first + 0.01:.4f}", "--out",
+         str(out)], capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    saved = json.loads((out / "compare.json").read_text())
+    for run in saved["runs"]:  # both start from the same loss, at their own pace
+        curve = run["results"]["loss_curve"]
+        assert len(curve) == 3 and curve[0]["loss"] == pytest.approx(first, rel=1e-4)
+        assert run["results"]["time_to_loss"]["time_s"] == curve[0]["time_s"] > 0
+    assert [row["to_loss"]["reached"] for row in saved["rows"]] == [1, 1]
+    rows = list(csv.DictReader((out / "compare.csv").open()))
+    assert all(float(r["time_to_loss.time_s"]) > 0 for r in rows)
+    lines = result.stdout.splitlines()
+    assert "time to loss" in lines[0] and lines[2].split()[5].endswith("s")
+    assert (out / "loss.png").read_bytes().startswith(b"\x89PNG")
 
 
 def _run_in_thread(coordinator: Coordinator) -> tuple[threading.Thread, list[BaseException]]:

@@ -54,6 +54,8 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def csv_text(entries: Sequence[RunEntry]) -> str:
+    """One line per run, every results field a column but the long lists (placement, loss
+    curve), which stay in each run's results.json."""
     rows = []
     for entry in entries:
         row = {"policy": entry.policy, "bubble_policy": entry.bubble_policy or "",
@@ -62,6 +64,7 @@ def csv_text(entries: Sequence[RunEntry]) -> str:
         if entry.results is not None:
             flat = flatten(entry.results)
             flat.pop("plan.placement", None)
+            flat.pop("loss_curve", None)  # a list per step: in the run's results.json
             row.update({k: v for k, v in flat.items() if k not in row})
         rows.append(row)
     fields = list(dict.fromkeys(k for row in rows for k in row))
@@ -70,6 +73,43 @@ def csv_text(entries: Sequence[RunEntry]) -> str:
     writer.writeheader()
     writer.writerows(rows)
     return out.getvalue()
+
+
+@dataclass
+class ToLoss:
+    """A row's time to the target loss over its repeats (results' `time_to_loss`)."""
+
+    target: float
+    time_s: float | None
+    """The median over the repeats that reached it."""
+    tokens: float | None
+    reached: int
+    not_reached: int
+    why: str | None
+    """Why the row has no time: each run's reason (not reached, or no loss measured)."""
+    compute: str
+    """How the runs computed: a modeled or emulated run has no loss to reach."""
+
+    def cell(self, unit: str = "") -> str:
+        if self.reached == 0 and self.not_reached == 0:
+            return "n/a (simulated)" if self.compute == "modeled" else f"n/a ({self.compute})"
+        if self.time_s is None:
+            return "not reached"
+        missed = f" ({self.not_reached} not reached)" if self.not_reached else ""
+        return f"{self.time_s:.3f}{unit}s{missed}"
+
+
+def to_loss(ok: Sequence[dict[str, Any]]) -> ToLoss | None:
+    """The row's time to loss from its runs' results; None when none had a target."""
+    blocks = [r["time_to_loss"] for r in ok if r.get("time_to_loss")]
+    if not blocks:
+        return None
+    reached = [b for b in blocks if b["reached"]]
+    return ToLoss(target=blocks[0]["target"], time_s=_median([b["time_s"] for b in reached]),
+                  tokens=_median([b["tokens"] for b in reached]), reached=len(reached),
+                  not_reached=sum(b["reached"] is False for b in blocks),
+                  why=next((b["reason"] for b in blocks if b["reason"]), None),
+                  compute=str(ok[0].get("compute")))
 
 
 @dataclass
@@ -99,6 +139,8 @@ class Row:
     dilation: int | None = None
     machine_bound: bool = False
     """An emulated run whose pace this machine set (results' emulation.cpu_bound)."""
+    to_loss: ToLoss | None = None
+    """The time to the target loss over repeats; None when no target was given."""
 
     def emulation_cells(self) -> list[str]:
         bound = " machine-bound" if self.machine_bound else ""
@@ -138,6 +180,7 @@ def table_rows(entries: Sequence[RunEntry]) -> list[Row]:
             predicted=_median([r.get("predicted_iteration_s") for r in ok]),
             dilation=max((int(r.get("dilation") or 1) for r in ok), default=None),
             machine_bound=any((r.get("emulation") or {}).get("cpu_bound") for r in ok),
+            to_loss=to_loss(ok),
         ))
     base = rows[0].tokens_per_s if rows else None
     by_combo = {row.combo: row for row in rows}
@@ -187,7 +230,8 @@ def _short(error: str) -> str:
 
 def notes(rows: Sequence[Row]) -> list[str]:
     """Why a row shows `failed` or `-`: each failed run's reason (the first of a row's),
-    and a baseline without tokens/s, which leaves every speed-up out."""
+    a baseline without tokens/s, which leaves every speed-up out, and why a row has no
+    time to loss (not reached, or no loss measured: said once)."""
     out = []
     for row in rows:
         if row.error is None:
@@ -198,35 +242,55 @@ def notes(rows: Sequence[Row]) -> list[str]:
             out.append(f"{row.combo}: {row.failed} of {row.runs} runs failed: {row.error}")
     if len(rows) > 1 and rows[0].tokens_per_s is None:
         out.append(f"no speed-ups: the baseline {rows[0].combo} has no tokens/s")
+    said: set[str] = set()
+    for row in rows:  # why a row has no time to loss, each reason once
+        if row.to_loss and row.to_loss.why and row.to_loss.reached == 0:
+            why = row.to_loss.why
+            line = (f"time to loss n/a: {why}" if row.to_loss.not_reached == 0
+                    else f"{row.combo}: loss <= {row.to_loss.target:g} {why}")
+            if line not in said:
+                said.add(line)
+                out.append(line)
     return out
+
+
+def _header(rows: Sequence[Row]) -> list[str]:
+    header = ["policy", "iteration (s)", "spread (s)", "speed-up", "tokens/s"]
+    target = next((row.to_loss.target for row in rows if row.to_loss), None)
+    if target is not None:
+        header.append(f"time to loss {target:g}")
+    header += ["GPU train", "GPU total", "WAN", "TTFT p50", "TTFT p99", "slowdown"]
+    if any(row.predicted is not None for row in rows):
+        header += ["simulated (s)", "dilation"]
+    return header
+
+
+def _cells(row: Row, header: Sequence[str], unit: str) -> list[str]:
+    """The row's cells under `header`; `unit` goes between a number and its unit."""
+    if row.iteration_median is None:
+        return [row.combo, "failed"] + ["-"] * (len(header) - 2)
+    targeted = any(h.startswith("time to loss") for h in header)
+    return [
+        row.combo + (f" ({row.failed} failed)" if row.failed else ""),
+        _fmt(row.iteration_median, "{:.3f}"),
+        f"{row.iteration_low:.3f}-{row.iteration_high:.3f}",
+        _fmt(row.speedup, "{:.2f}x"),
+        _fmt(row.tokens_per_s, "{:.0f}"),
+        *([row.to_loss.cell(unit) if row.to_loss else "-"] if targeted else []),
+        _fmt(row.util_training, "{:.1%}"),
+        _fmt(row.util_total, "{:.1%}"),
+        _fmt(row.wan_util, "{:.1%}"),
+        _fmt(row.ttft_p50, "{:.3f}" + unit + "s"),
+        _fmt(row.ttft_p99, "{:.3f}" + unit + "s"),
+        slowdown_text(row),
+        *(row.emulation_cells() if "dilation" in header else []),
+    ]
 
 
 def table_text(rows: Sequence[Row]) -> str:
     """A plain-text table a terminal, a log and a paper draft can all take."""
-    header = ["policy", "iteration (s)", "spread (s)", "speed-up", "tokens/s", "GPU train",
-              "GPU total", "WAN", "TTFT p50", "TTFT p99", "slowdown"]
-    emulated = any(row.predicted is not None for row in rows)
-    if emulated:
-        header += ["simulated (s)", "dilation"]
-    lines = []
-    for row in rows:
-        if row.iteration_median is None:
-            lines.append([row.combo, "failed"] + ["-"] * (len(header) - 2))
-            continue
-        lines.append([
-            row.combo + (f" ({row.failed} failed)" if row.failed else ""),
-            _fmt(row.iteration_median, "{:.3f}"),
-            f"{row.iteration_low:.3f}-{row.iteration_high:.3f}",
-            _fmt(row.speedup, "{:.2f}x"),
-            _fmt(row.tokens_per_s, "{:.0f}"),
-            _fmt(row.util_training, "{:.1%}"),
-            _fmt(row.util_total, "{:.1%}"),
-            _fmt(row.wan_util, "{:.1%}"),
-            _fmt(row.ttft_p50, "{:.3f}s"),
-            _fmt(row.ttft_p99, "{:.3f}s"),
-            slowdown_text(row),
-            *(row.emulation_cells() if emulated else []),
-        ])
+    header = _header(rows)
+    lines = [_cells(row, header, "") for row in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines, strict=True)]
     out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
     out.append("  ".join("-" * w for w in widths))
@@ -237,23 +301,15 @@ def table_text(rows: Sequence[Row]) -> str:
 
 
 def markdown_table(rows: Sequence[Row]) -> str:
-    emulated = any(row.predicted is not None for row in rows)
-    extra = " simulated (s) | dilation |" if emulated else ""
-    lines = ["| policy | iteration (s) | spread | speed-up | tokens/s | GPU util (train) | "
-             "GPU util (total) | WAN util | TTFT p50 | TTFT p99 | slowdown |" + extra,
-             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if emulated else "")]
+    header = _header(rows)
+    names = {"spread (s)": "spread", "GPU train": "GPU util (train)",
+             "GPU total": "GPU util (total)", "WAN": "WAN util"}
+    lines = ["| " + " | ".join(names.get(h, h) for h in header) + " |",
+             "|" + "---|" * len(header)]
     for row in rows:
+        cells = _cells(row, header, " ")
         if row.iteration_median is None:
-            lines.append(f"| {row.combo} | failed | | | | | | | | | |" + (" | |" if emulated
-                                                                         else ""))
-            continue
-        lines.append(
-            f"| {row.combo} | {row.iteration_median:.3f} | {row.iteration_low:.3f}-"
-            f"{row.iteration_high:.3f} | {_fmt(row.speedup, '{:.2f}x')} | "
-            f"{_fmt(row.tokens_per_s, '{:.0f}')} | {_fmt(row.util_training, '{:.1%}')} | "
-            f"{_fmt(row.util_total, '{:.1%}')} | {_fmt(row.wan_util, '{:.1%}')} | "
-            f"{_fmt(row.ttft_p50, '{:.3f} s')} | {_fmt(row.ttft_p99, '{:.3f} s')} | "
-            f"{slowdown_text(row)} |"
-            + ("".join(f" {cell} |" for cell in row.emulation_cells()) if emulated else ""))
+            cells = [row.combo, "failed"] + [""] * (len(header) - 2)
+        lines.append("| " + " | ".join(cells) + " |")
     explained = notes(rows)
     return "\n".join(lines + (["", *explained] if explained else []))

@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
 from testbed.fsutil import atomic_output
+from testbed.metrics.loss import LossPoint
 from testbed.spans import Span
 
 
@@ -77,6 +78,33 @@ def iteration_plot(rows: Sequence[Any], path: Path) -> None:
     ax.set_xticks(xs, [r.combo for r in ok], rotation=20, ha="right")
     ax.set_ylabel("iteration time (s)")
     ax.grid(True, axis="y", color="0.85")
+    fig.tight_layout()
+    save_png(fig, path, 120)
+
+
+def loss_plot(curves: Sequence[tuple[str, Sequence[LossPoint]]], path: Path,
+              target: float | None = None) -> None:
+    """Training loss against represented time, one line per policy combination; the
+    target loss dotted when one was given. A log-scale loss axis when the losses span
+    more than a decade (a loss falling from its start to near zero), else linear."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    values = [p["loss"] for _, curve in curves for p in curve
+              if p["loss"] is not None and math.isfinite(p["loss"])]
+    for i, (label, curve) in enumerate(curves):
+        points = [(p["time_s"], p["loss"]) for p in curve
+                  if p["loss"] is not None and math.isfinite(p["loss"])]
+        ax.plot([t for t, _ in points], [v for _, v in points], color="black",
+                marker=MARKERS[i % len(MARKERS)], markevery=max(1, len(points) // 12),
+                markersize=4, linestyle=LINES[i % len(LINES)], linewidth=1, label=label)
+    if target is not None:
+        ax.axhline(target, color="0.4", linestyle=":", linewidth=1,
+                   label=f"target loss {target:g}")
+    if values and min(values) > 0 and max(values) / min(values) > 10:
+        ax.set_yscale("log")
+    ax.set_xlabel("represented time since the run started (s)")
+    ax.set_ylabel("training loss (cross-entropy, nats)")
+    ax.grid(True, color="0.85")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     save_png(fig, path, 120)
 

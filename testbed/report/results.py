@@ -14,6 +14,7 @@ from typing import Any
 
 from testbed.fsutil import write_atomic
 from testbed.job import Job
+from testbed.metrics.loss import loss_curve, no_loss_reason, time_to_loss
 from testbed.metrics.summary import Summary
 from testbed.plan.model import Plan
 from testbed.plan.text import plan_to_csv
@@ -69,6 +70,8 @@ class RunRecord:
     policy_options: dict[str, str] | None = None
     wall_s: float | None = None
     extra: dict[str, Any] | None = None
+    target_loss: float | None = None
+    """Report the time to reach this loss (`time_to_loss`)."""
 
     def results(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -94,6 +97,7 @@ class RunRecord:
             "status": self.status,
             "error": self.error,
             "loss": {str(k): v for k, v in sorted((self.losses or {}).items())},
+            **self.loss_results(),
             "policy_options": self.policy_options or {},
             "tcp": {
                 dc.name: self.topology.tcp_for(dc.name).sysctls()
@@ -104,6 +108,20 @@ class RunRecord:
         }
         out.update(self.extra or {})
         return out
+
+    def loss_results(self) -> dict[str, Any]:
+        """Loss against represented time, and the time to the target loss when one is set;
+        a run that measured no loss says why instead of showing a curve."""
+        no_loss = no_loss_reason(self.compute)
+        curve = None if no_loss else loss_curve(
+            self.losses or {}, self.summary.iteration_ends_s,
+            self.summary.tokens_per_iteration)
+        return {
+            "loss_curve": curve,
+            "loss_note": no_loss,
+            "time_to_loss": None if self.target_loss is None
+            else time_to_loss(curve or [], self.target_loss, no_loss),
+        }
 
 
 def write_run(directory: Path, record: RunRecord) -> Path:

@@ -18,6 +18,7 @@ OPTIONAL_NUMBER = "number or null"
 TEXT = "text"
 OPTIONAL_TEXT = "text or null"
 INTEGER = "integer"
+OPTIONAL_FLAG = "true, false or null"
 
 ENTRY = {"policy": TEXT, "bubble_policy": OPTIONAL_TEXT, "repeat": INTEGER,
          "directory": TEXT, "status": TEXT, "error": OPTIONAL_TEXT}
@@ -29,6 +30,13 @@ RESULTS = {
     "wan": {"utilization": OPTIONAL_NUMBER},
     "inference": {"ttft_s": {"p50": OPTIONAL_NUMBER, "p99": OPTIONAL_NUMBER}},
 }
+LATER_RESULTS = {
+    "loss_curve": [{"iteration": INTEGER, "time_s": NUMBER, "tokens": INTEGER,
+                    "loss": OPTIONAL_NUMBER}],
+    "time_to_loss": {"target": NUMBER, "reached": OPTIONAL_FLAG, "time_s": OPTIONAL_NUMBER,
+                     "tokens": OPTIONAL_NUMBER, "reason": OPTIONAL_TEXT},
+}
+"""Results keys that older runs do not have: checked where present and not null."""
 SPAN = {"gpu": TEXT, "kind": TEXT, "start": NUMBER, "end": NUMBER}
 TRANSFER = {"link": OPTIONAL_TEXT, "bytes": NUMBER}
 SPANS = {"start": NUMBER, "spans": [SPAN]}
@@ -55,7 +63,9 @@ def check(value: Any, shape: Any, path: str, key: str = "") -> None:
 
 def _fits(value: Any, shape: str) -> bool:
     if value is None:
-        return shape in (OPTIONAL_NUMBER, OPTIONAL_TEXT)
+        return shape in (OPTIONAL_NUMBER, OPTIONAL_TEXT, OPTIONAL_FLAG)
+    if shape == OPTIONAL_FLAG:
+        return isinstance(value, bool)
     if shape in (NUMBER, OPTIONAL_NUMBER):
         return isinstance(value, int | float) and not isinstance(value, bool) \
             and math.isfinite(value)
@@ -102,6 +112,9 @@ def load_compare(directory: Path) -> tuple[dict[str, Any], list[RunEntry]]:
         if results.exists():  # results on disk are the record; re-read them
             entry.results = read_json(results)
             check(entry.results, RESULTS, str(results))
+            for key, shape in LATER_RESULTS.items():
+                if entry.results.get(key) is not None:
+                    check(entry.results[key], shape, str(results), key)
         entries.append(entry)
     return data, entries
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from testbed.metrics.loss import time_to_loss_text
 from testbed.units import human_bytes, plural
 
 
@@ -26,6 +27,10 @@ def _throughput(results: dict[str, Any]) -> str:
                 + (", first iteration excluded)" if len(results["iteration_time_s"]["all"]) > 1
                    else ")"))
     return f"  throughput    {results['tokens_per_s']:.0f} tokens/s{over}"
+
+
+def _loss(value: float | None) -> str:
+    return "nan" if value is None else f"{value:.4f}"  # a diverged loss is null in JSON
 
 
 def _prediction(results: dict[str, Any]) -> list[str]:
@@ -68,10 +73,12 @@ def run_summary(results: dict[str, Any]) -> list[str]:
         f"  WAN           {human_bytes(wan['bytes'])} moved, utilization "
         f"{_pct(wan['utilization'])}",
     ]
-    losses = results.get("loss") or {}
-    if losses:
-        values = list(losses.values())
-        lines.append(f"  loss          {values[0]:.4f} -> {values[-1]:.4f}")
+    curve = results.get("loss_curve") or []
+    if curve:
+        lines.append(f"  loss          {_loss(curve[0]['loss'])} -> {_loss(curve[-1]['loss'])} "
+                     f"over {len(curve)} iterations")
+    if results.get("time_to_loss"):
+        lines.append(f"  time to loss  {time_to_loss_text(results['time_to_loss'])}")
     inference = results.get("inference") or {}
     if inference.get("requests"):
         ttft = inference["ttft_s"]

@@ -1,0 +1,98 @@
+"""Loss against time: every step's loss with the represented time and tokens at which it
+ended, and the time to reach a target loss. Pure: the run's losses and iteration ends in,
+typed records out.
+
+Times are represented seconds since the run's start (an emulated run slowed K-fold by time
+dilation reports wall / K, testbed.dilation), so curves from runs at different dilations,
+and from different policies, share one axis.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TypedDict
+
+from testbed.errors import InputError
+
+
+class LossPoint(TypedDict):
+    """One training step (iteration): its loss, and when it ended."""
+
+    iteration: int
+    time_s: float
+    """Represented seconds from the run's start to the end of this step's optimizer step."""
+    tokens: int
+    """Tokens processed up to and including this step."""
+    loss: float
+    """Mean over the replicas of the mean over microbatches (NaN: diverged; null in JSON)."""
+
+
+class TimeToLoss(TypedDict):
+    """How long a run took to reach `target`: the first step whose loss is at most it."""
+
+    target: float
+    reached: bool | None
+    """None: the run measured no loss at all (`reason` says why)."""
+    iteration: int | None
+    time_s: float | None
+    tokens: int | None
+    reason: str | None
+    """Why there is no time: not reached (and the lowest loss), or no loss measured."""
+
+
+SIMULATED = "the simulator models no loss: loss needs real compute (the emulator's --compute real)"
+EMULATED = "emulated compute trains no model: loss needs real compute (--compute real)"
+
+
+def check_target_loss(target: float, where: str, given: object = None) -> float:
+    """A target a loss can reach: a finite number above 0 (a cross-entropy is never
+    below), else a located InputError quoting what was `given`."""
+    if not math.isfinite(target) or target <= 0:
+        shown = target if given is None else given
+        raise InputError(f"must be a number above 0 (a cross-entropy loss), got {shown!r}",
+                         where)
+    return target
+
+
+def no_loss_reason(compute: str) -> str | None:
+    """Why a run in this compute mode has no loss to report; None when it has."""
+    if compute == "real":
+        return None
+    return SIMULATED if compute == "modeled" else EMULATED
+
+
+def loss_curve(losses: Mapping[int, float], ends_s: Sequence[float],
+               tokens_per_iteration: int) -> list[LossPoint]:
+    """The loss of every completed step (iteration `i` ended at `ends_s[i]`), in order;
+    a loss reported for an iteration that did not complete on every GPU is left out."""
+    return [LossPoint(iteration=i, time_s=end, tokens=tokens_per_iteration * (i + 1),
+                      loss=losses[i])
+            for i, end in enumerate(ends_s) if i in losses]
+
+
+def time_to_loss(curve: Sequence[LossPoint], target: float,
+                 no_loss: str | None = None) -> TimeToLoss:
+    """The first step of `curve` whose loss is at most `target`; `no_loss`: why the run
+    has no curve (the answer is then unknown, not "not reached")."""
+    if no_loss is not None:
+        return TimeToLoss(target=target, reached=None, iteration=None, time_s=None,
+                          tokens=None, reason=no_loss)
+    for point in curve:
+        if point["loss"] <= target:  # NaN never is
+            return TimeToLoss(target=target, reached=True, iteration=point["iteration"],
+                              time_s=point["time_s"], tokens=point["tokens"], reason=None)
+    finite = [p["loss"] for p in curve if math.isfinite(p["loss"])]
+    lowest = f"; lowest loss {min(finite):.4f}" if finite else ""
+    return TimeToLoss(target=target, reached=False, iteration=None, time_s=None, tokens=None,
+                      reason=f"not reached in {len(curve)} iterations{lowest}")
+
+
+def time_to_loss_text(result: TimeToLoss) -> str:
+    """One line for the console: the time and tokens, or why there are none."""
+    if result["reached"] and result["time_s"] is not None:
+        return (f"{result['time_s']:.3f} s, {result['tokens']:,} tokens (iteration "
+                f"{(result['iteration'] or 0) + 1}) to loss <= {result['target']:g}")
+    if result["reached"] is None:
+        return f"n/a: {result['reason']}"
+    return f"loss <= {result['target']:g} {result['reason']}"
