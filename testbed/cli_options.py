@@ -12,8 +12,8 @@ import click
 from testbed.dilation import MAX_DILATION
 from testbed.errors import InputError
 from testbed.inputs import JOB_FLAGS
-from testbed.policy.registry import DEFAULT_POLICY
 from testbed.metrics.loss import check_target_loss
+from testbed.policy.registry import DEFAULT_POLICY
 from testbed.run_dirs import claim
 
 F = TypeVar("F", bound=Callable[..., Any])
