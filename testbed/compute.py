@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from testbed.fragments import fragment_params
 from testbed.job import Job, ModelShape
+from testbed.plan.collective import Collective, payload_bytes
 from testbed.plan.model import Plan
 from testbed.plan.schedules import extra_warmup_of
 from testbed.topology.model import GpuType, Topology
@@ -44,6 +46,17 @@ def stage_params(model: ModelShape, layers: int, first: bool, last: bool) -> int
     if last and not (first and model.tied_embeddings):
         params += model.embedding_params
     return params
+
+
+def collective_bytes(job: Job, layers: tuple[int, ...], stage: int, collective: Collective,
+                     tp: int = 1) -> int:
+    """What one member of the stage's collective contributes: its parameters' gradients
+    or deltas (a fragment's, when it names one; a tensor-parallel GPU's 1/tp), in the
+    collective's payload."""
+    first, last = stage == 0, stage == len(layers) - 1
+    params = stage_params(job.model, layers[stage], first, last) if collective.whole else \
+        fragment_params(job.model, layers, stage, collective.fragment, collective.fragments)
+    return payload_bytes(params // tp, collective.payload, job.dtype_bytes)
 
 
 @dataclass(frozen=True)

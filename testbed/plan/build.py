@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from enum import StrEnum
 from typing import Any
 
 from testbed.compute import in_flight, stage_memory_bytes
 from testbed.errors import InputError
 from testbed.job import Job
-from testbed.plan.model import Action, HostTcp, Plan, Sharing, Worker, pair_key, split_layers
+from testbed.plan.collective import EVERY_STEP, Collective
+from testbed.plan.model import (
+    Action,
+    HostTcp,
+    OuterOptimizer,
+    Plan,
+    Sharing,
+    Worker,
+    pair_key,
+    split_layers,
+)
 from testbed.plan.schedules import Sends, parse_schedule, stage_actions
 from testbed.sizes import MAX_MICROBATCHES
 from testbed.topology.model import Topology
@@ -166,11 +177,14 @@ def build_plan(
     host_tcp: HostTcp | None = None,
     sends: Sends = Sends.EAGER,
     notes: Mapping[str, Any] | None = None,
+    gradients: Collective | None = EVERY_STEP,
 ) -> Plan:
     """A Plan named after `policy` from a placement (which fixes dp and pp): every GPU's
     actions under the schedule, connection counts, and how pipeline traffic shares each
     WAN direction (gradient all-reduces always share fairly). Refuses what does not fit
-    in memory. `sends`: whether stages wait for their sends as torch's schedules do."""
+    in memory. `sends`: whether stages wait for their sends as torch's schedules do.
+    `gradients`: how replicas reduce their gradients before each step (None: they do not,
+    as DiLoCo's workers step apart; see `cycled` for their syncs)."""
     dp, pp = placement_shape(placement)
     label = schedule.label(extra_warmup)
     microbatches = job.microbatches_for(dp)
@@ -183,7 +197,7 @@ def build_plan(
     count = connections if callable(connections) else _every_pair(connections)
     actions: dict[str, tuple[Action, ...]] = {}
     for (_, stage), gpus in placement.items():
-        lst = tuple(stage_actions(label, stage, pp, microbatches, dp, sends))
+        lst = tuple(stage_actions(label, stage, pp, microbatches, dp, sends, gradients))
         for gpu in gpus:
             actions[gpu] = lst
     conns: dict[tuple[str, str], int] = {}
@@ -212,6 +226,32 @@ def build_plan(
         host_tcp=host_tcp or HostTcp(),
         notes=dict(notes or {}),
     )
+
+
+Tail = Callable[[int], Sequence[Action]]
+"""What a stage does after its step in one iteration of a cycle (given the stage)."""
+
+
+def cycled(plan: Plan, tails: Sequence[Tail], outer: OuterOptimizer | None = None) -> Plan:
+    """`plan` as a cycle of len(tails) iterations: iteration i runs every GPU's actions
+    followed by tails[i](its stage) (a sync every H steps: H - 1 empty tails, then the
+    sync). Iterations with the same tails share one program."""
+    if not tails:
+        raise ValueError("a cycle needs at least one iteration")
+    stage_of = {gpu: stage for (_, stage), gpus in plan.placement.items() for gpu in gpus}
+    programs: dict[tuple[tuple[Action, ...], ...], int] = {}
+    bodies: list[dict[str, tuple[Action, ...]]] = []
+    cycle = []
+    for tail in tails:
+        key = tuple(tuple(tail(stage)) for stage in range(plan.pp))
+        if key not in programs:
+            programs[key] = len(bodies)
+            bodies.append({gpu: (*actions, *key[stage_of[gpu]])
+                           for gpu, actions in plan.actions.items()})
+        cycle.append(programs[key])
+    return replace(plan, actions=bodies[0], programs=tuple(bodies[1:]),
+                   cycle=tuple(cycle) if len(bodies) > 1 else (),
+                   outer=outer or plan.outer)
 
 
 def _every_pair(n: int) -> Callable[[str, str, LinkKind], int]:

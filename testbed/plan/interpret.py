@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal, NamedTuple
 
+from testbed.plan.collective import EVERY_STEP, Collective
 from testbed.plan.model import Action, Op
 
 _TAG = re.compile(r"([FB]):(-?\d+):(-?\d+):(-?\d+):(-?\d+)")
@@ -105,12 +106,36 @@ class Receive:
 
 @dataclass(frozen=True, slots=True)
 class AllReduce:
-    """Sum the stage's gradients with its replicas'; every replica waits for all."""
+    """Reduce with the stage's replicas (what and among whom: the collective); every
+    member waits for all."""
+
+    collective: Collective = EVERY_STEP
+
+
+@dataclass(frozen=True, slots=True)
+class ReduceStart:
+    """Start reducing with the stage's replicas and go on; a ReduceWait with the same
+    collective (in this iteration or a later one of the cycle) waits for the result."""
+
+    collective: Collective
+
+
+@dataclass(frozen=True, slots=True)
+class ReduceWait:
+    collective: Collective
 
 
 @dataclass(frozen=True, slots=True)
 class OptimizerStep:
-    """Apply the iteration's gradients; the iteration ends here."""
+    """Apply the iteration's gradients (the inner step, under DiLoCo)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OuterStep:
+    """Apply the reduced deltas of one fragment with the outer optimizer; the fragment's
+    local parameters take the outer ones."""
+
+    collective: Collective
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +144,8 @@ class Prefill:
     prefills are decided at run time, at receives)."""
 
 
-Step = Compute | Send | SendWait | Receive | AllReduce | OptimizerStep | Prefill
+Step = (Compute | Send | SendWait | Receive | AllReduce | ReduceStart | ReduceWait
+        | OptimizerStep | OuterStep | Prefill)
 
 
 def interpret(actions: Sequence[Action], stage: int, pp: int) -> tuple[Step, ...]:
@@ -144,6 +170,10 @@ def _interpret(actions: tuple[Action, ...], stage: int, pp: int) -> tuple[Step, 
         if fixed is not None:
             steps.append(fixed)
             continue
+        collective = _COLLECTIVE.get(op)
+        if collective is not None:
+            steps.append(collective(action.subject))
+            continue
         if mb is None:
             raise ValueError(f"{action} needs a microbatch number")
         phase = _PHASE[op]
@@ -162,8 +192,10 @@ def _interpret(actions: tuple[Action, ...], stage: int, pp: int) -> tuple[Step, 
     return tuple(steps)
 
 
-_FIXED: dict[Op, Step] = {Op.ALLREDUCE: AllReduce(), Op.STEP: OptimizerStep(),
-                          Op.PREFILL: Prefill()}
+_FIXED: dict[Op, Step] = {Op.STEP: OptimizerStep(), Op.PREFILL: Prefill()}
+_COLLECTIVE: dict[Op, type[AllReduce | ReduceStart | ReduceWait | OuterStep]] = {
+    Op.ALLREDUCE: AllReduce, Op.ALLREDUCE_START: ReduceStart,
+    Op.ALLREDUCE_WAIT: ReduceWait, Op.OUTER_STEP: OuterStep}
 _PHASE = {Op.F: Phase.FORWARD, Op.SEND_F: Phase.FORWARD, Op.RECV_F: Phase.FORWARD,
           Op.WAIT_F: Phase.FORWARD, Op.B: Phase.BACKWARD, Op.SEND_B: Phase.BACKWARD,
           Op.RECV_B: Phase.BACKWARD, Op.WAIT_B: Phase.BACKWARD}

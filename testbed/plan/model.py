@@ -3,7 +3,11 @@
 Actions follow torch.distributed.pipelining's text form: `2F0` is stage 2, forward,
 microbatch 0; `1SEND_B3` sends microbatch 3's input gradient from stage 1 to stage 0, and
 `1WAIT_B3` waits until that send has completed (a stage that never waits on its sends
-leaves them out).
+leaves them out). An all-reduce may say what it reduces in brackets (testbed.plan.
+collective): `0ALLREDUCE[delta,f1/4,int4]`.
+
+A plan is one iteration's program, repeated, or a cycle of programs (`programs`, `cycle`):
+DiLoCo steps locally for H iterations and syncs in the H-th.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from testbed.plan.collective import EVERY_STEP, Collective, Reduces, Scope
 
 
 class Op(StrEnum):
@@ -25,7 +31,16 @@ class Op(StrEnum):
     WAIT_F = "WAIT_F"
     WAIT_B = "WAIT_B"
     ALLREDUCE = "ALLREDUCE"
+    """Reduce with the stage's replicas and wait for the result."""
+    ALLREDUCE_START = "ALLREDUCE_START"
+    """Start a reduction; the stage goes on while it runs (Streaming DiLoCo's overlap)."""
+    ALLREDUCE_WAIT = "ALLREDUCE_WAIT"
+    """Wait for the reduction this stage started with the same collective."""
     STEP = "STEP"
+    """The (inner) optimizer step on this iteration's gradients."""
+    OUTER_STEP = "OUTER_STEP"
+    """The outer optimizer step on reduced parameter deltas (DiLoCo): the fragment's outer
+    parameters move, and the local ones take them."""
     PREFILL = "PREFILL"
 
     @property
@@ -46,14 +61,24 @@ class Op(StrEnum):
         return self in (Op.WAIT_F, Op.WAIT_B)
 
     @property
-    def needs_microbatch(self) -> bool:
-        return self not in (Op.ALLREDUCE, Op.STEP, Op.PREFILL)
+    def is_collective(self) -> bool:
+        """Takes a collective (between brackets in the text form)."""
+        return self in _COLLECTIVE_OPS
 
+    @property
+    def needs_microbatch(self) -> bool:
+        return self not in _WHOLE_ITERATION_OPS
+
+
+_COLLECTIVE_OPS = frozenset({Op.ALLREDUCE, Op.ALLREDUCE_START, Op.ALLREDUCE_WAIT, Op.OUTER_STEP})
+_WHOLE_ITERATION_OPS = frozenset({*_COLLECTIVE_OPS, Op.STEP, Op.PREFILL})
 
 # Longest names first so that `SEND_F` is not read as `S` + ...
 _ACTION = re.compile(
-    r"^(\d+)(" + "|".join(sorted((op.value for op in Op), key=len, reverse=True)) + r")(\d*)$"
+    r"^(\d+)(" + "|".join(sorted((op.value for op in Op), key=len, reverse=True))
+    + r")(\d*)(?:\[([^\]]*)\])?$"
 )
+_WHOLE_DELTAS = Collective(Reduces.DELTAS)
 
 
 @dataclass(frozen=True, order=True)
@@ -61,24 +86,68 @@ class Action:
     stage: int
     op: Op
     microbatch: int | None = None
+    collective: Collective | None = None
+    """For the all-reduce ops and OUTER_STEP: what, which fragment, which payload, among
+    whom. None: the whole gradient (the whole deltas for OUTER_STEP), as every-step data
+    parallelism all-reduces it."""
+
+    def __post_init__(self) -> None:
+        if self.collective is not None:
+            if not self.op.is_collective:
+                raise ValueError(f"{self.op.value} takes no collective")
+            if self.op is Op.OUTER_STEP and (self.collective.reduces is not Reduces.DELTAS
+                                             or self.collective.payload
+                                             or self.collective.scope is not Scope.ALL):
+                raise ValueError("an OUTER_STEP names only its fragment (fK/N)")
+            if self.collective == self.implied:  # one spelling per action
+                object.__setattr__(self, "collective", None)
+
+    @property
+    def implied(self) -> Collective | None:
+        """The collective an action without brackets stands for."""
+        return _implied(self.op)
+
+    @property
+    def subject(self) -> Collective:
+        """This collective action's collective, spelt or implied."""
+        subject = self.collective or self.implied
+        if subject is None:
+            raise ValueError(f"{self} is not a collective action")
+        return subject
 
     def __str__(self) -> str:
         mb = "" if self.microbatch is None else str(self.microbatch)
-        return f"{self.stage}{self.op.value}{mb}"
+        implied = self.implied
+        spec = "" if self.collective is None or implied is None else (
+            f"[{self.collective.spelled(implied)}]")
+        return f"{self.stage}{self.op.value}{mb}{spec}"
 
     @classmethod
     def parse(cls, text: str) -> Action:
         match = _ACTION.match(text.strip())
         if not match:
-            raise ValueError(f"not an action: {text!r} (expected like 0F1, 2SEND_B0, 1ALLREDUCE)")
-        stage, op_text, mb_text = match.groups()
+            raise ValueError(f"not an action: {text!r} (expected like 0F1, 2SEND_B0, "
+                             "1ALLREDUCE, 0ALLREDUCE_START[delta,f1/4,int4])")
+        stage, op_text, mb_text, spec = match.groups()
         op = Op(op_text)
         microbatch = int(mb_text) if mb_text else None
         if op.needs_microbatch and microbatch is None:
             raise ValueError(f"{text!r}: {op.value} needs a microbatch number")
         if not op.needs_microbatch and microbatch is not None:
             raise ValueError(f"{text!r}: {op.value} takes no microbatch number")
-        return cls(int(stage), op, microbatch)
+        if spec is not None and not op.is_collective:
+            raise ValueError(f"{text!r}: {op.value} takes nothing in brackets")
+        try:
+            collective = Collective.parse(spec, _implied(op)) if spec is not None else None
+            return cls(int(stage), op, microbatch, collective)
+        except ValueError as exc:
+            raise ValueError(f"{text!r}: {exc}") from None
+
+
+def _implied(op: Op) -> Collective | None:
+    if not op.is_collective:
+        return None
+    return _WHOLE_DELTAS if op is Op.OUTER_STEP else EVERY_STEP
 
 
 @dataclass(frozen=True)
@@ -109,8 +178,28 @@ class Sharing(StrEnum):
     """One transfer at a time, in the order the policy's `next_transfer` chooses."""
 
 
+@dataclass(frozen=True)
+class OuterOptimizer:
+    """How OUTER_STEP moves the outer parameters (DiLoCo, arXiv 2311.08105: SGD with
+    Nesterov momentum on the averaged deltas, learning rate 0.7, momentum 0.9)."""
+
+    lr: float = 0.7
+    momentum: float = 0.9
+    nesterov: bool = True
+    mixing: float = 0.0
+    """Weight the local parameters keep when the outer ones arrive after inner steps went
+    on (Streaming DiLoCo's overlap, arXiv 2501.18512: alpha, 0.5 there); 0 replaces them."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lr": self.lr, "momentum": self.momentum, "nesterov": self.nesterov,
+                "mixing": self.mixing}
+
+
 Worker = tuple[int, int]
 """(replica, stage)."""
+
+Program = Mapping[str, tuple[Action, ...]]
+"""One iteration's ordered actions per GPU."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +225,34 @@ class Plan:
     host_tcp: HostTcp = HostTcp()
     notes: Mapping[str, Any] = field(default_factory=dict)
     """Free-form facts a policy records: candidates considered, why one won."""
+    programs: tuple[Program, ...] = ()
+    """Iteration programs besides `actions` (which is program 0), for plans whose
+    iterations differ."""
+    cycle: tuple[int, ...] = ()
+    """The program each iteration of a cycle runs (0 is `actions`, i is programs[i - 1]);
+    iteration n runs cycle[n % len(cycle)]. Empty: every iteration runs `actions`."""
+    outer: OuterOptimizer = OuterOptimizer()
+    """What OUTER_STEP actions do, where the plan has any."""
+
+    @property
+    def has_outer_steps(self) -> bool:
+        return any(a.op is Op.OUTER_STEP for program in self.all_programs()
+                   for actions in program.values() for a in actions)
+
+    @property
+    def period(self) -> int:
+        """Iterations in one cycle."""
+        return len(self.cycle) or 1
+
+    def all_programs(self) -> tuple[Program, ...]:
+        return (self.actions, *self.programs)
+
+    def program_of(self, iteration: int) -> int:
+        """Which program iteration `iteration` runs."""
+        return self.cycle[iteration % len(self.cycle)] if self.cycle else 0
+
+    def actions_at(self, iteration: int) -> Program:
+        return self.all_programs()[self.program_of(iteration)]
 
     def gpus_of(self, replica: int, stage: int) -> tuple[str, ...]:
         return self.placement[(replica, stage)]
@@ -181,6 +298,8 @@ class Plan:
             "dp_cells": [list(cell) for cell in self.dp_cells],
             "host_tcp": self.host_tcp.to_dict(),
             "notes": dict(self.notes),
+            "period": self.period,
+            **({"outer": self.outer.to_dict()} if self.has_outer_steps else {}),
         }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from enum import StrEnum
 
+from testbed.plan.collective import EVERY_STEP, Collective
 from testbed.plan.model import Action, Op
 
 
@@ -149,9 +150,12 @@ def torch_1f1b(stage: int, stages: int, microbatches: int, extra_warmup: int = 0
     return post.out
 
 
-def with_update(actions: list[Action], stage: int, replicas: int) -> list[Action]:
-    """Gradient all-reduce across the replicas of a stage (if any), then the optimizer step."""
-    tail = [Action(stage, Op.ALLREDUCE)] if replicas > 1 else []
+def with_update(actions: list[Action], stage: int, replicas: int,
+                gradients: Collective | None = EVERY_STEP) -> list[Action]:
+    """Gradient all-reduce across the replicas of a stage (if any, and as `gradients` says;
+    None: none), then the optimizer step."""
+    tail = [Action(stage, Op.ALLREDUCE, None, gradients)] \
+        if replicas > 1 and gradients is not None else []
     return [*actions, *tail, Action(stage, Op.STEP)]
 
 
@@ -193,7 +197,7 @@ def schedule_compute(schedule: str, stage: int, stages: int, microbatches: int) 
 
 def stage_actions(
     schedule: str, stage: int, stages: int, microbatches: int, replicas: int,
-    sends: Sends = Sends.EAGER,
+    sends: Sends = Sends.EAGER, gradients: Collective | None = EVERY_STEP,
 ) -> list[Action]:
     if sends is Sends.EAGER:
         actions = with_communication(schedule_compute(schedule, stage, stages, microbatches),
@@ -203,4 +207,4 @@ def stage_actions(
     else:
         actions = torch_1f1b(stage, stages, microbatches,
                              extra_warmup_of(schedule, stage, stages))
-    return with_update(actions, stage, replicas)
+    return with_update(actions, stage, replicas, gradients)

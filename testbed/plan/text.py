@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -12,7 +14,7 @@ from typing import Any
 
 from testbed.errors import InputError
 from testbed.input_files import MAX_CSV_BYTES, read_input
-from testbed.plan.model import Action, HostTcp, Plan, Sharing, Worker
+from testbed.plan.model import Action, HostTcp, OuterOptimizer, Plan, Sharing, Worker
 from testbed.units import plural
 
 _INT_META = ("dp", "pp", "tp", "microbatches", "microbatch_size")
@@ -30,6 +32,11 @@ def plan_to_csv(plan: Plan) -> str:
         writer.writerow(["place", replica, stage, *gpus])
     for gpu in plan.used_gpus():
         writer.writerow(["actions", gpu, *map(str, plan.actions[gpu])])
+    if plan.cycle:
+        writer.writerow(["meta", "cycle", format_cycle(plan.cycle)])
+    for index, program in enumerate(plan.programs, start=1):
+        for gpu in plan.used_gpus():
+            writer.writerow(["program", index, gpu, *map(str, program[gpu])])
     for (a, b), n in sorted(plan.connections.items()):
         writer.writerow(["conn", a, b, n])
     for (src, dst), sharing in sorted(plan.sharing.items()):
@@ -41,6 +48,9 @@ def plan_to_csv(plan: Plan) -> str:
                          "on" if plan.host_tcp.slow_start_after_idle else "off"])
     if plan.host_tcp.buffer_bytes is not None:
         writer.writerow(["tcp", "buffer_bytes", plan.host_tcp.buffer_bytes])
+    if plan.outer != OuterOptimizer():
+        for key, value in plan.outer.to_dict().items():
+            writer.writerow(["outer", key, _format_outer(value)])
     for key, value in plan.notes.items():
         writer.writerow(["note", key, json.dumps(value, sort_keys=True)])
     return out.getvalue()
@@ -54,10 +64,12 @@ def parse_plan_csv(text: str, source: str | None = None) -> Plan:
     meta: dict[str, Any] = {}
     placement: dict[Worker, tuple[str, ...]] = {}
     actions: dict[str, tuple[Action, ...]] = {}
+    programs: dict[int, dict[str, tuple[Action, ...]]] = {}
     connections: dict[tuple[str, str], int] = {}
     sharing: dict[tuple[str, str], Sharing] = {}
     cells: list[tuple[int, ...]] = []
     host_tcp = HostTcp()
+    outer = OuterOptimizer()
     notes: dict[str, Any] = {}
     try:
         rows = list(csv.reader(io.StringIO(text)))
@@ -91,6 +103,8 @@ def parse_plan_csv(text: str, source: str | None = None) -> Plan:
                 meta[key] = cell(2, _natural, key)
             elif key == "layers":
                 meta[key] = cell(2, lambda v: tuple(_natural(x) for x in v.split()), "layers")
+            elif key == "cycle":
+                meta[key] = cell(2, parse_cycle, "cycle")
             else:
                 raise InputError(f"unknown meta key {key!r}", source, where)
         elif kind == "place":
@@ -110,6 +124,15 @@ def parse_plan_csv(text: str, source: str | None = None) -> Plan:
             actions[gpu] = tuple(
                 cell(i, Action.parse, "action") for i in range(2, len(row)) if row[i].strip()
             )
+        elif kind == "program":
+            index = cell(1, _natural, "program number")
+            gpu = cell(2, _nonempty, "GPU")
+            program = programs.setdefault(index, {})
+            if gpu in program:
+                raise InputError(f"program {index} of {gpu} given twice", source, where)
+            program[gpu] = tuple(
+                cell(i, Action.parse, "action") for i in range(3, len(row)) if row[i].strip()
+            )
         elif kind == "conn":
             a, b = cell(1, _nonempty, "GPU"), cell(2, _nonempty, "GPU")
             connections[(a, b) if a <= b else (b, a)] = cell(3, _natural, "connection count")
@@ -128,17 +151,33 @@ def parse_plan_csv(text: str, source: str | None = None) -> Plan:
             else:
                 raise InputError(f"unknown tcp key {key!r} (slow_start_after_idle, "
                                  "buffer_bytes)", source, where)
+        elif kind == "outer":
+            key = cell(1, str, "key")
+            if key not in OuterOptimizer.__dataclass_fields__:
+                raise InputError(f"unknown outer key {key!r} "
+                                 f"({', '.join(OuterOptimizer.__dataclass_fields__)})",
+                                 source, where)
+            parse_value = _on_off if key == "nesterov" else _finite
+            outer = replace(outer, **{key: cell(2, parse_value, key)})
         elif kind == "note":
             notes[cell(1, str, "key")] = cell(2, json.loads, "JSON value")
         else:
             raise InputError(
-                f"unknown row kind {kind!r} (meta, place, actions, conn, share, cell, tcp, note)",
+                f"unknown row kind {kind!r} (meta, place, actions, program, conn, share, cell, "
+                "tcp, outer, note)",
                 source,
                 where,
             )
     for key in ("policy", *_INT_META, "layers"):
         if key not in meta:
             raise InputError(f"missing meta row for {key!r}", source)
+    if sorted(programs) != list(range(1, len(programs) + 1)):
+        raise InputError(f"programs are numbered {sorted(programs)}: expected 1 to "
+                         f"{len(programs)}", source)
+    cycle: tuple[int, ...] = meta.get("cycle", ())
+    if any(index > len(programs) for index in cycle):
+        raise InputError(f"the cycle names program {max(cycle)}, the file has "
+                         f"{len(programs)} besides the actions rows", source)
     return Plan(
         policy=meta["policy"],
         dp=meta["dp"],
@@ -154,7 +193,44 @@ def parse_plan_csv(text: str, source: str | None = None) -> Plan:
         dp_cells=tuple(cells),
         host_tcp=host_tcp,
         notes=notes,
+        programs=tuple(programs[index] for index in sorted(programs)),
+        cycle=cycle,
+        outer=outer,
     )
+
+
+def format_cycle(cycle: tuple[int, ...]) -> str:
+    """`0x9 1`: program 0 nine times, then program 1."""
+    runs = [(program, len(list(group))) for program, group in itertools.groupby(cycle)]
+    return " ".join(str(p) if n == 1 else f"{p}x{n}" for p, n in runs)
+
+
+def parse_cycle(text: str) -> tuple[int, ...]:
+    out: list[int] = []
+    for token in text.split():
+        program, _, count = token.partition("x")
+        repeat = _natural(count) if count else 1
+        out.extend([_whole(program)] * repeat)
+        if len(out) > MAX_PERIOD:
+            raise ValueError(f"longer than {MAX_PERIOD} iterations")
+    if not out:
+        raise ValueError("empty")
+    return tuple(out)
+
+
+MAX_PERIOD = 100_000
+"""Iterations in one cycle, at most (DiLoCo's H runs to hundreds or a few thousand)."""
+
+
+def _format_outer(value: float | bool) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else repr(value)
+
+
+def _finite(value: str) -> float:
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"must be a finite number, zero or more, got {value!r}")
+    return number
 
 
 def _on_off(value: str) -> bool:
