@@ -79,7 +79,7 @@ def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], bubble: 
                    target_loss=target_loss)
     check(spec)
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, policy))
-    outcome = run(spec, directory)
+    outcome = run(spec, directory, lambda message: click.echo(message, err=True))
     for line in run_summary(outcome.results):
         click.echo(line)
     click.echo(f"simulated in {outcome.results['wall_s']:.2f} s; results in {directory}")

@@ -47,6 +47,7 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
         check_target_loss(spec.target_loss, "target_loss")
     chosen = training_policy(spec.policy, spec.policy_options)
     plan = plan_with_simulator(chosen, spec.topology, spec.job)
+    spec = whole_cycles(spec, plan.period, say)
     # the host TCP settings the plan asks for, on both backends and in the run's topology.yaml
     spec = replace(spec, topology=hosts_as_planned(spec.topology, plan))
     if spec.bubble_policy is not None and bubble_policy(spec.bubble_policy,
@@ -64,6 +65,18 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
         record.target_loss = spec.target_loss
         write_run(directory, record)
     return RunResult(record.results(), directory, error, record)
+
+
+def whole_cycles(spec: RunSpec, period: int, say: Say) -> RunSpec:
+    """A plan whose iterations differ (a sync every H) runs whole cycles: tokens per second
+    over part of a cycle would leave the sync out, or count it too often."""
+    iterations = spec.job.iterations
+    if iterations % period == 0:
+        return spec
+    whole = -(-iterations // period) * period
+    say(f"running {whole} iterations, not {iterations}: the plan's cycle is {period} "
+        "iterations long, and a run measures whole cycles")
+    return replace(spec, job=replace(spec.job, iterations=whole))
 
 
 def backend_for(name: BackendName) -> Backend:

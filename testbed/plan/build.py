@@ -158,6 +158,33 @@ def fits_memory(topology: Topology, job: Job, placement: Mapping[Worker, tuple[s
     return True
 
 
+def dc_pipelines(topology: Topology, job: Job) -> dict[Worker, tuple[str, ...]]:
+    """Whole pipelines inside datacenters, as many as fit (or `job.dp`), in file order:
+    replicas that cross no WAN except to sync. Stages: `job.pp`, else as many as the
+    smallest DC has GPUs (over tp), so one pipeline fits in every DC."""
+    tp = job.tp
+    smallest = min(dc.gpus for dc in topology.datacenters) // tp
+    pp = job.pp if job.pp is not None else max(1, min(smallest, job.model.layers))
+    placement: dict[Worker, tuple[str, ...]] = {}
+    replica = 0
+    for dc in topology.datacenters:
+        hosts = dc.host_names()
+        for first in range(0, dc.gpus - pp * tp + 1, pp * tp):
+            if job.dp is not None and replica >= job.dp:
+                break
+            for stage in range(pp):
+                start = first + stage * tp
+                placement[(replica, stage)] = tuple(hosts[start : start + tp])
+            replica += 1
+    if replica == 0:
+        raise InputError(f"a pipeline of pp {pp} x tp {tp} = {pp * tp} GPUs fits in no "
+                         "datacenter", topology.source, "job.pp")
+    if job.dp is not None and replica < job.dp:
+        raise InputError(f"only {replica} whole pipelines of {pp * tp} GPUs fit inside "
+                         f"datacenters, job asks dp {job.dp}", topology.source, "job.dp")
+    return placement
+
+
 def default_pp(topology: Topology, job: Job) -> int:
     """One stage per datacenter unless the job says otherwise (and never more than layers)."""
     return job.pp if job.pp is not None else min(len(topology.datacenters), job.model.layers)

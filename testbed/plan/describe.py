@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from testbed.compute import stage_cost
+from testbed.compute import collective_bytes, stage_cost
 from testbed.job import Job
-from testbed.plan.model import Plan
+from testbed.plan.collective import Reduces, Scope
+from testbed.plan.model import Op, Plan
+from testbed.plan.text import format_cycle
 from testbed.topology.model import Topology
 from testbed.units import human_bytes, human_duration, plural
 
@@ -24,10 +26,45 @@ def wan_crossings(plan: Plan, topology: Topology) -> int:
 
 
 def allreduce_spans_wan(plan: Plan, topology: Topology) -> bool:
-    return any(
+    """Whether some stage all-reduces its gradients with replicas in other DCs."""
+    reduces_all = any(
+        a.op.is_collective and a.subject.reduces is Reduces.GRADIENTS
+        and a.subject.scope is Scope.ALL
+        for program in plan.all_programs() for actions in program.values() for a in actions)
+    return reduces_all and any(
         len({topology.dc_of(plan.lead_gpu(r, s)) for r in range(plan.dp)}) > 1
         for s in range(plan.pp)
     )
+
+
+def cycle_lines(plan: Plan, job: Job) -> list[str]:
+    """What a plan whose iterations differ does over one cycle, and what each sync moves."""
+    if plan.period == 1 and not plan.has_outer_steps:
+        return []
+    lines = [f"  cycle of {plan.period} iterations (programs {format_cycle(plan.cycle)})"
+             if plan.cycle else "  every iteration alike"]
+    counts: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    for iteration in range(plan.period):
+        for stage in range(plan.pp):
+            for action in plan.actions_at(iteration)[plan.lead_gpu(0, stage)]:
+                if action.op in (Op.ALLREDUCE, Op.ALLREDUCE_START):
+                    key = str(action.subject) or "grad"
+                    counts[key] = counts.get(key, 0) + (stage == 0)
+                    sizes[key] = sizes.get(key, 0) + (
+                        collective_bytes(job, plan.layers, stage, action.subject, plan.tp)
+                        * (iteration < plan.period))
+    for key in sorted(counts):
+        per_cycle = sizes[key] // max(1, counts[key])
+        lines.append(f"  all-reduce [{key}]: {counts[key]} per cycle, "
+                     f"{human_bytes(per_cycle)} from each replica each time")
+    if plan.has_outer_steps:
+        outer = plan.outer
+        lines.append(f"  outer step: SGD lr {outer.lr}, momentum {outer.momentum}"
+                     f"{' (Nesterov)' if outer.nesterov else ''}"
+                     + (f", local parameters keep {outer.mixing:g} when a sync lands"
+                        if outer.mixing else ""))
+    return lines
 
 
 def ideal_bubble_fraction(plan: Plan) -> float:
@@ -67,6 +104,7 @@ def describe_plan(plan: Plan, topology: Topology, job: Job) -> list[str]:
         f"activations {human_bytes(job.activation_bytes)} per microbatch"
     )
     lines.append(f"  ideal bubble fraction (p-1)/(m+p-1) = {ideal_bubble_fraction(plan):.1%}")
+    lines += cycle_lines(plan, job)
     if plan.dp_cells:
         cells = "; ".join(",".join(map(str, c)) for c in plan.dp_cells)
         lines.append(f"  DP-cells (replicas taking turns on the WAN): {cells}")

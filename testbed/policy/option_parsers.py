@@ -32,6 +32,22 @@ def non_negative(text: str) -> float:
     return value
 
 
+def positive(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise ValueError("must be a positive number")
+    return value
+
+
+def payload(text: str) -> str:
+    """A compressed payload for an all-reduce: int8, int4 or topP%."""
+    from testbed.plan.collective import check_payload
+
+    if text in ("", "fp32", "bf16", "fp16"):
+        raise ValueError("a compressed payload: int8, int4 or topP% (P from 0 to 100)")
+    return check_payload(text)
+
+
 def fraction(text: str) -> float:
     """At least 0 and below 1."""
     value = float(text)

@@ -1,0 +1,36 @@
+"""Every-step data parallelism across datacenters with compressed gradients: int8 or int4
+(blockwise absmax) or top-k, each with error feedback (the part of a gradient a member
+did not send is added to its next one: Karimireddy et al. 2019, "Error Feedback Fixes
+SignSGD"; for top-k, Stich et al. 2018, "Sparsified SGD with Memory", and Deep Gradient
+Compression, Lin et al. 2018, which keeps 0.1%). Placement as dp-across-dc."""
+
+from __future__ import annotations
+
+from testbed.policy.api import (
+    Collective,
+    Job,
+    Option,
+    Plan,
+    PlanningContext,
+    Schedule,
+    Topology,
+    TrainingPolicy,
+    build_plan,
+    dc_pipelines,
+    payload,
+)
+
+
+class DpCompressedPolicy(TrainingPolicy):
+    name = "dp-compressed"
+    summary = ("DP across DCs, gradients compressed (int8, int4 or top-k) with error feedback "
+               "before every all-reduce")
+    options = (
+        Option("payload", "int8", "int8 or int4 (blockwise absmax), or topP% (the largest "
+               "P% of values with their indices; DGC keeps 0.1%)", payload),
+    )
+
+    def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
+        gradients = Collective(payload=self.settings["payload"])
+        return build_plan(self.name, topology, job, dc_pipelines(topology, job),
+                          Schedule.ONE_F_ONE_B, gradients=gradients)
