@@ -135,6 +135,14 @@ def ring_allreduce_s(nbytes: int, members: int, bandwidth_bps: float, latency_s:
     return steps * (nbytes / members * 8 / bandwidth_bps + latency_s)
 
 
+def ring_allgather_s(nbytes: int, members: int, bandwidth_bps: float, latency_s: float) -> float:
+    """Ring all-gather of every member's `nbytes` (a sparse payload, which does not add up
+    on the way): n-1 steps, each moving one member's bytes over one link."""
+    if members <= 1:
+        return 0.0
+    return (members - 1) * (nbytes * 8 / bandwidth_bps + latency_s)
+
+
 OPTIMIZER_BYTES_PER_PARAM = 16
 """Mixed-precision Adam: bf16 weights and gradients, fp32 master weights and two moments."""
 

@@ -8,7 +8,7 @@ worker's message are plain JSON objects with these keys.
 from __future__ import annotations
 
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypedDict
 
 from testbed.fields import Fields, boolean, integer, number, string
@@ -17,7 +17,9 @@ SpanKind = Literal[
     "forward",
     "backward",
     "step",
+    "outer_step",
     "allreduce",
+    "wait_reduce",
     "send",
     "recv",
     "transfer",
@@ -27,7 +29,9 @@ SpanKind = Literal[
     "kv_transfer",
     "net_event",
 ]
-"""Compute (forward, backward, step, prefill), the gradient all-reduce, the pipeline's
+"""Compute (forward, backward, step, outer_step: DiLoCo's outer optimizer step, prefill),
+an all-reduce (from the member's join to the result, whether it waited or went on),
+wait_reduce: a stage waiting for an all-reduce it started earlier, the pipeline's
 messages (send, recv, transfer: the bytes on their way, wait_grant: an arbitrated link not
 yet granted, wait_send: a stage waiting for its own send to complete), a KV cache on its
 way to decode, and a network event (`gpu` is "network")."""
@@ -50,8 +54,12 @@ class SpanDetail(TypedDict, total=False):
     """The message's name on the wire; for a pipeline message, its MessageTag
     (testbed.plan.interpret)."""
     action: int
-    """Position of a receive or all-reduce in its action list, which bubble predictions
-    key on."""
+    """Position of a receive, all-reduce or wait for one in its iteration's action list,
+    which bubble predictions key on; an all-reduce that ran while the stage went on
+    (ALLREDUCE_START) has none: the GPU did not wait there."""
+    collective: str
+    """An all-reduce's subject in the plan's text form (testbed.plan.collective: `delta,
+    f1/4,int4`); '' for the whole gradient across all replicas."""
     waited: float
     """How long a receive waited for its data to complete (the emulator's)."""
     modeled: bool
@@ -77,6 +85,14 @@ class Span(SpanDetail):
     iteration: int
     """-1 for a network event."""
 
+
+def is_wait(span: Mapping[str, Any]) -> bool:
+    """A GPU idle at one of its actions until something arrives: a receive, or an
+    all-reduce or the wait for one that carries its action (one started to run while the
+    stage went on carries none)."""
+    kind = span["kind"]
+    return kind == "recv" or (kind in ("allreduce", "wait_reduce")
+                              and span.get("action") is not None)
 
 
 def read_span(fields: Fields) -> Span:

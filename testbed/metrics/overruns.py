@@ -10,13 +10,13 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from testbed.inference import percentile
-from testbed.spans import Span
+from testbed.spans import Span, is_wait
 
 
 @dataclass(frozen=True)
 class Overruns:
     prefills: int
-    """Prefills started inside a receive's or an all-reduce's wait."""
+    """Prefills started inside a receive's or an all-reduce's wait (testbed.spans.is_wait)."""
     overran: int
     mean_s: float | None
     """Of the overruns."""
@@ -32,7 +32,7 @@ def prefill_overruns(spans: Iterable[Span]) -> Overruns:
     waits: dict[str, list[tuple[float, float]]] = {}
     prefills: list[Span] = []
     for span in spans:
-        if span["kind"] in ("recv", "allreduce") and span["end"] > span["start"]:
+        if is_wait(span) and span["end"] > span["start"]:
             waited = span.get("waited", span["end"] - span["start"])
             waits.setdefault(span["gpu"], []).append((span["start"], span["start"] + waited))
         elif span["kind"] == "prefill":

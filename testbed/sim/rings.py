@@ -1,91 +1,163 @@
-"""The gradient all-reduce of each stage across its replicas: a closed form inside one DC,
-and a ring of real transfers through the network model when the replicas span DCs."""
+"""All-reduces among the replicas of a stage (testbed.plan.collective says what, which
+part, in which payload and among whom): a closed form inside one DC, and a ring of real
+transfers through the network model when the members span DCs.
+
+Members meet by order: the k-th all-reduce a replica joins in its group is the k-th of
+every other member (the validator has checked they are the same collective in the same
+iteration). Dense payloads go round a ring all-reduce, 2(n-1) steps of 1/n of the bytes
+each; sparse ones (top-k) a ring all-gather, n-1 steps of one member's bytes each. A
+member that started its all-reduce and went on computing (ALLREDUCE_START) shares the
+network with its pipeline's traffic meanwhile."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from testbed.compute import StageCost, ring_allreduce_s
-from testbed.plan.model import Op
+from testbed.compute import collective_bytes, ring_allgather_s, ring_allreduce_s
+from testbed.job import Job
+from testbed.plan.collective import Collective, Scope
+from testbed.plan.model import Op, Plan
 from testbed.sim.network import Schedule
 from testbed.sim.transfers import Transfers
-from testbed.sim.workers import SimWorker
+from testbed.sim.workers import Joined, Resume, SimWorker
 from testbed.spans import Span
 from testbed.topology.model import Topology
 
-RingKey = tuple[int, int]
-"""(stage, iteration)."""
-Resume = Callable[[SimWorker, float], None]
+GroupKey = tuple[int, Scope, str]
+"""(stage, scope, datacenter or '' for all replicas)."""
 
 
 @dataclass
-class _Ring:
-    """One stage's all-reduce in progress."""
+class _Reduce:
+    """One all-reduce of one group in progress."""
 
-    resume: Resume
-    """What runs a member's next steps once the all-reduce is done."""
-    arrived: dict[int, float] = field(default_factory=dict)
-    """When each replica reached it."""
+    collective: Collective
+    members: list[SimWorker]
+    nbytes: int
+    """What each member contributes, in the collective's payload."""
+    joined: dict[int, Joined] = field(default_factory=dict)
+    """Each replica's part, once it joined."""
     step: int = 0
     landed: int = 0
 
 
 class AllReduces:
-    def __init__(self, topology: Topology, dp: int, costs: Sequence[StageCost],
+    def __init__(self, topology: Topology, job: Job, plan: Plan,
                  workers: Mapping[tuple[int, int], SimWorker], transfers: Transfers,
                  at: Schedule, spans: list[Span]) -> None:
-        self.topology, self.dp, self.costs, self.workers = topology, dp, costs, workers
+        self.topology, self.job, self.plan, self.workers = topology, job, plan, workers
         self.transfers, self.at, self.spans = transfers, at, spans
-        self.rings: dict[RingKey, _Ring] = {}
+        self._joins: dict[tuple[GroupKey, int], int] = {}
+        """All-reduces each replica joined so far in each group."""
+        self._under_way: dict[tuple[GroupKey, int], _Reduce] = {}
+        """By group and index in it."""
+        self._groups: dict[GroupKey, list[SimWorker]] = {}
+        self._bytes: dict[tuple[int, Collective], int] = {}
 
-    def arrive(self, worker: SimWorker, now: float, resume: Resume) -> None:
-        """The worker waits here until every replica of its stage has arrived; then
-        `resume(member, t)` for each. (Passed per call and dropped with the ring, so
-        that the simulator and this do not hold each other, which would leave freeing a
-        finished simulation to the cycle collector.)"""
-        key = (worker.stage, worker.iteration)
-        ring = self.rings.setdefault(key, _Ring(resume))
-        ring.arrived[worker.replica] = now
-        if len(ring.arrived) < self.dp:
-            return
-        members = [self.workers[(r, worker.stage)] for r in range(self.dp)]
+    def join(self, worker: SimWorker, collective: Collective, now: float, action: int | None,
+             resume: Resume | None) -> Joined:
+        """The worker's next all-reduce in its group for `collective`. `action`: the
+        ALLREDUCE it waits at, with `resume(member, t)` to carry on once the result is in
+        (passed per call and dropped with the all-reduce, so that the simulator and this
+        do not hold each other); None for one it started and goes on from. A group of one
+        is done at once (nothing moves): the caller moves on itself."""
+        key = self._group_key(worker, collective)
+        members = self._group(key)
+        index = self._joins.get((key, worker.replica), 0)
+        self._joins[(key, worker.replica)] = index + 1
+        joined = Joined(worker, now, worker.iteration, action, resume=resume)
+        nbytes = self._bytes_of(worker.stage, collective)
+        if len(members) == 1:
+            self._record(joined, collective, nbytes, now)
+            joined.done, joined.resume = True, None
+            return joined
+        reduce = self._under_way.setdefault((key, index), _Reduce(collective, members, nbytes))
+        if reduce.collective != collective:
+            raise RuntimeError(
+                f"{worker.lead} joins all-reduce [{collective}] where its group's #{index} is "
+                f"[{reduce.collective}]: replicas must reduce the same collective in the same "
+                "iteration")
+        reduce.joined[worker.replica] = joined
+        if len(reduce.joined) < len(members):
+            return joined
         dcs = {m.dc for m in members}
-        grad = self.costs[worker.stage].grad_bytes
         if len(dcs) == 1:
             dc = self.topology.dc(worker.dc)
-            duration = ring_allreduce_s(
-                grad, self.dp, dc.bandwidth_bps * len(worker.gpus), dc.latency_s
-            )
-            self.at(now + duration, lambda t: self._done(key, members, t))
+            model = ring_allgather_s if collective.gathers else ring_allreduce_s
+            duration = model(nbytes, len(members), dc.bandwidth_bps * len(worker.gpus),
+                             dc.latency_s)
+            self.at(now + duration, lambda t: self._done((key, index), t))
         else:
-            self._ring_step(key, members, now)
+            self._ring_step((key, index), now)
+        return joined
 
-    def _ring_step(self, key: RingKey, members: list[SimWorker], now: float) -> None:
-        """One step of a ring that crosses DCs: every member sends 1/n to its successor."""
-        ring = self.rings[key]
+    def _group_key(self, worker: SimWorker, collective: Collective) -> GroupKey:
+        return (worker.stage, collective.scope, worker.dc if collective.scope is Scope.DC else "")
+
+    def _group(self, key: GroupKey) -> list[SimWorker]:
+        """The stage's replicas in the group, by replica: all of them, or those whose
+        stage's lead GPU is in the datacenter."""
+        members = self._groups.get(key)
+        if members is None:
+            stage, scope, dc = key
+            members = self._groups[key] = [
+                self.workers[(r, stage)] for r in range(self.plan.dp)
+                if scope is Scope.ALL or self.workers[(r, stage)].dc == dc]
+        return members
+
+    def _bytes_of(self, stage: int, collective: Collective) -> int:
+        known = self._bytes.get((stage, collective))
+        if known is None:
+            known = self._bytes[(stage, collective)] = collective_bytes(
+                self.job, self.plan.layers, stage, collective, self.plan.tp)
+        return known
+
+    def _ring_step(self, key: tuple[GroupKey, int], now: float) -> None:
+        """One step of a ring that crosses DCs: every member sends to its successor 1/n of
+        the bytes (all-reduce) or one member's bytes (all-gather)."""
+        reduce = self._under_way[key]
+        members = reduce.members
         n = len(members)
-        if ring.step == 2 * (n - 1):
-            self._done(key, members, now)
+        gathers = reduce.collective.gathers
+        if reduce.step == (n - 1 if gathers else 2 * (n - 1)):
+            self._done(key, now)
             return
-        ring.landed = 0
-        chunk = self.costs[key[0]].grad_bytes // n
+        reduce.landed = 0
+        chunk = reduce.nbytes if gathers else reduce.nbytes // n
+        iteration = max(j.iteration for j in reduce.joined.values())
 
         def landed(t: float) -> None:
-            ring.landed += 1
-            if ring.landed == n:
-                ring.step += 1
-                self._ring_step(key, members, t)
+            reduce.landed += 1
+            if reduce.landed == n:
+                reduce.step += 1
+                self._ring_step(key, t)
 
         for i, member in enumerate(members):
             successor = members[(i + 1) % n]
-            self.transfers.send(now, member, successor, chunk, landed, Op.ALLREDUCE, None, key[1])
+            self.transfers.send(now, member, successor, chunk, landed, Op.ALLREDUCE, None,
+                                iteration)
 
-    def _done(self, key: RingKey, members: list[SimWorker], now: float) -> None:
-        ring = self.rings.pop(key)
-        for member in members:
-            member.record(self.spans, "allreduce", ring.arrived[member.replica], now,
-                          bytes=self.costs[key[0]].grad_bytes, action=member.pc)
-            member.pc += 1
-            self.at(now, functools.partial(ring.resume, member))
+    def _done(self, key: tuple[GroupKey, int], now: float) -> None:
+        reduce = self._under_way.pop(key)
+        for member in reduce.members:
+            joined = reduce.joined[member.replica]
+            self._record(joined, reduce.collective, reduce.nbytes, now)
+            joined.done = True
+            if joined.resume is not None:
+                member.pc += 1
+                self.at(now, functools.partial(joined.resume, member))
+                joined.resume = None
+
+    def _record(self, joined: Joined, collective: Collective, nbytes: int, now: float) -> None:
+        """The member's all-reduce, from its join to the result; a blocking one is a wait
+        at its action (which bubble predictions key on)."""
+        if joined.action is None:
+            joined.worker.record(self.spans, "allreduce", joined.at, now,
+                                 iteration=joined.iteration, bytes=nbytes,
+                                 collective=str(collective))
+        else:
+            joined.worker.record(self.spans, "allreduce", joined.at, now,
+                                 iteration=joined.iteration, bytes=nbytes,
+                                 collective=str(collective), action=joined.action)

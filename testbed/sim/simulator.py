@@ -13,15 +13,19 @@ from testbed.compute import stage_costs
 from testbed.job import Job
 from testbed.metrics.summary import median_at_least, slower_after
 from testbed.net_events import NetEvent, changes, event_spans
+from testbed.plan.collective import Collective
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.plan.interpret import (
     AllReduce,
     Compute,
     MessageTag,
     OptimizerStep,
+    OuterStep,
     Phase,
     Prefill,
     Receive,
+    ReduceStart,
+    ReduceWait,
     Send,
     SendWait,
     interpret,
@@ -69,7 +73,10 @@ class Simulator:
         stop_above: float | None = None,
     ) -> None:
         """`stop_above`: seconds; the run stops as soon as its median measured iteration
-        must be longer (a planner needs no more of a candidate slower than its best)."""
+        must be longer (a planner needs no more of a candidate slower than its best).
+        Ignored for a plan whose iterations differ (period > 1): the median of unlike
+        iterations says nothing of the run (its syncs are a few long ones), so such a
+        plan runs to its end and is judged over whole cycles (testbed.metrics.summary)."""
         topology = hosts_as_planned(topology, plan)
         self.topology, self.job, self.plan, self.policy = topology, job, plan, policy
         self.net_events = tuple(events)
@@ -82,20 +89,21 @@ class Simulator:
         self.spans: list[Span] = []
         self.workers: dict[tuple[int, int], SimWorker] = {}
         for index, ((replica, stage), gpus) in enumerate(plan.workers()):
-            steps = interpret(plan.actions[gpus[0]], stage, plan.pp)
+            programs = tuple(interpret(program[gpus[0]], stage, plan.pp)
+                             for program in plan.all_programs())
             self.workers[(replica, stage)] = SimWorker(
-                index, replica, stage, gpus, topology.dc_of(gpus[0]), steps
-            )
+                index, replica, stage, gpus, topology.dc_of(gpus[0]), programs,
+                plan.program_of)
         self.network = FluidNetwork(capacities(topology, self.workers.values()), self.agenda.at)
         self.links = Links(topology, self.network, self.agenda.at)
         self.transfers = Transfers(topology, plan, self.network, self.links,
                                    Arbiter(policy, plan), self.spans, self.noise)
-        self.allreduces = AllReduces(topology, plan.dp, self.costs, self.workers,
-                                     self.transfers, self.agenda.at, self.spans)
+        self.allreduces = AllReduces(topology, job, plan, self.workers, self.transfers,
+                                     self.agenda.at, self.spans)
         self.prefills = None if bubbles is None or job.inference is None else Prefills(
             topology, job.inference, bubbles, self.network, self.links, self.agenda.at,
             self.spans, self.noise)
-        self.stop_above = stop_above
+        self.stop_above = stop_above if plan.period == 1 else None
         self.iteration_ends: list[float] = []
         """When every worker had finished each iteration's step, so far."""
         self._steps: dict[int, tuple[int, float]] = {}
@@ -151,11 +159,11 @@ class Simulator:
         steps = worker.steps
         while True:
             if worker.pc == len(steps):
-                worker.iteration += 1
-                worker.pc = 0
+                worker.begin(worker.iteration + 1)
                 if worker.iteration == self.job.iterations:
                     worker.done = True
                     return
+                steps = worker.steps
             match steps[worker.pc]:
                 case Compute(phase=phase, microbatch=mb):
                     duration = self.compute_s(worker, phase, mb)
@@ -206,14 +214,45 @@ class Simulator:
                     if self.prefills is not None:
                         self.prefills.fill(worker, now, self._advance)
                     return
-                case AllReduce():
+                case AllReduce(collective=collective):
                     worker.waiting_since = now
-                    self.allreduces.arrive(worker, now, self._after_allreduce)
+                    joined = self.allreduces.join(worker, collective, now, worker.pc,
+                                                  self._after_allreduce)
+                    if joined.done:  # a group of one
+                        worker.pc += 1
+                        continue
                     if self.prefills is not None:
                         self.prefills.fill(worker, now, self._advance)
                     return
+                case ReduceStart(collective=collective):
+                    worker.under_way[collective] = self.allreduces.join(
+                        worker, collective, now, None, None)
+                    worker.pc += 1
+                case ReduceWait(collective=collective):
+                    if collective not in worker.under_way:
+                        raise RuntimeError(f"{worker.lead} waits for all-reduce [{collective}], "
+                                           "which it has not started")
+                    joined = worker.under_way.pop(collective)
+                    if joined.done:
+                        worker.record(self.spans, "wait_reduce", now, now, action=worker.pc,
+                                      collective=str(collective))
+                        worker.pc += 1
+                        continue
+                    worker.waiting_since = now
+                    joined.resume = functools.partial(self._after_reduce_wait, collective)
+                    if self.prefills is not None:
+                        self.prefills.fill(worker, now, self._advance)
+                    return
+                case OuterStep():
+                    worker.record(self.spans, "outer_step", now, now + self.step_s)
+                    worker.pc += 1
+                    if self.step_s:
+                        self.agenda.at(now + self.step_s, functools.partial(self._advance, worker))
+                        return
                 case Prefill():
                     worker.pc += 1  # nothing runs there (see testbed.plan.interpret)
+                case step:
+                    raise RuntimeError(f"{worker.lead}: the simulator cannot run {step!r}")
 
     def _deliver_and_ack(self, tag: MessageTag, sender: SimWorker, key: SendKey,
                          latency: float, now: float) -> None:
@@ -243,6 +282,14 @@ class Simulator:
             worker.resume_after_prefill = True
             return
         self._advance(worker, now)
+
+    def _after_reduce_wait(self, collective: Collective, worker: SimWorker, now: float
+                           ) -> None:
+        """The all-reduce it waited for is done: the time it was blocked, then as after an
+        all-reduce."""
+        worker.record(self.spans, "wait_reduce", worker.waiting_since, now,
+                      action=worker.pc - 1, collective=str(collective))
+        self._after_allreduce(worker, now)
 
     def _lead(self, replica: int, stage: int) -> str:
         return self.workers[(replica, stage)].lead

@@ -1,11 +1,14 @@
-"""A (replica, stage) as the simulator runs it: its interpreted steps and where it is in
-them; the transfers, all-reduces and prefills modules all move it along."""
+"""A (replica, stage) as the simulator runs it: its interpreted steps, per program of the
+plan, and where it is in them; the transfers, all-reduces and prefills modules all move it
+along."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Unpack
 
+from testbed.plan.collective import Collective
 from testbed.plan.interpret import Phase, SendWait, Step
 from testbed.spans import Span, SpanDetail, SpanKind
 
@@ -21,7 +24,14 @@ class SimWorker:
     gpus: tuple[str, ...]
     """More than one when tensor parallel: each gets the group's compute spans."""
     dc: str
-    steps: tuple[Step, ...]
+    programs: tuple[tuple[Step, ...], ...]
+    """Its steps in each of the plan's programs (Plan.all_programs)."""
+    program_of: Callable[[int], int] = field(default=lambda _iteration: 0, repr=False)
+    """The program an iteration runs (Plan.program_of)."""
+    steps: tuple[Step, ...] = field(init=False)
+    """The steps of the iteration under way."""
+    program: int = field(init=False)
+    """Which program that iteration runs."""
     pc: int = 0
     """Index of the next step, which is also its action's index."""
     iteration: int = 0
@@ -35,9 +45,21 @@ class SimWorker:
     awaiting_send: SendKey | None = None
     waits_for_sends: bool = field(init=False)
     """Whether its steps wait on sends: only then are completions tracked."""
+    under_way: dict[Collective, Joined] = field(default_factory=dict)
+    """All-reduces it started (ALLREDUCE_START) and has not yet waited for."""
 
     def __post_init__(self) -> None:
-        self.waits_for_sends = any(isinstance(step, SendWait) for step in self.steps)
+        self.waits_for_sends = any(isinstance(step, SendWait) for steps in self.programs
+                                   for step in steps)
+        self.begin(self.iteration)
+
+    def begin(self, iteration: int) -> None:
+        """Start `iteration` at its first step, in the program the plan gives it (each
+        worker switches at its own iteration boundary: there is no barrier between
+        iterations)."""
+        self.iteration, self.pc = iteration, 0
+        self.program = self.program_of(iteration)
+        self.steps = self.programs[self.program]
 
     @property
     def lead(self) -> str:
@@ -52,10 +74,33 @@ class SimWorker:
         end: float,
         microbatch: int | None = None,
         /,
+        *,
+        iteration: int | None = None,
         **detail: Unpack[SpanDetail],
     ) -> None:
-        """The same span on every GPU of the group, in this iteration."""
+        """The same span on every GPU of the group, in `iteration` (default: the one
+        under way)."""
+        when = self.iteration if iteration is None else iteration
         for gpu in self.gpus:
             spans.append({"gpu": gpu, "kind": kind, "start": start, "end": end,
-                          "iteration": self.iteration, "stage": self.stage,
+                          "iteration": when, "stage": self.stage,
                           "microbatch": microbatch, **detail})
+
+
+Resume = Callable[[SimWorker, float], None]
+"""What carries on with a worker's steps once what it waited for is done."""
+
+
+@dataclass
+class Joined:
+    """A worker's part in one all-reduce."""
+
+    worker: SimWorker
+    at: float
+    """When it joined."""
+    iteration: int
+    action: int | None
+    """The index of the ALLREDUCE it waits at; None when it went on (ALLREDUCE_START)."""
+    done: bool = False
+    resume: Resume | None = None
+    """While the worker waits for the result: what carries on once it is in."""
