@@ -1,28 +1,30 @@
 """Filling training bubbles with prefill requests: the bookkeeping both backends share.
 
 The backend reports when a GPU is about to wait (at a receive or an all-reduce); the
-broker predicts how long (the same wait in recent iterations, or the plan's modeled wait
-before any was measured), asks the bubble policy what to prefill meanwhile (whole
-prompts, batched, or chunks of a long one whose KV cache stays on that GPU), and keeps
-score: served, rejected after their deadline, time to first token. Pure: the backend
-supplies the clock."""
+broker predicts how long (the same wait in recent iterations of the same program, or the
+plan's modeled wait before any was measured), asks the bubble policy what to prefill
+meanwhile (whole prompts, batched, or chunks of a long one whose KV cache stays on that
+GPU), and keeps score: served, rejected after their deadline, time to first token. Pure:
+the backend supplies the clock."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from testbed.errors import InputError, PluginError
 from testbed.inference import (
     PrefillModel,
+    WaitKey,
     arrivals,
     dedicated_ttft,
     kv_bytes,
     modeled_prefill_s,
     percentile,
+    wait_key,
 )
 from testbed.job import Job
 from testbed.plan.model import Plan
@@ -33,8 +35,6 @@ from testbed.topology import Topology
 
 HISTORY = 3
 
-WaitKey = tuple[str, int]
-"""(GPU, index of the action it waits at)."""
 
 
 @dataclass
@@ -47,6 +47,9 @@ class BubbleBroker:
     max_batch_tokens: int = 8192
     modeled_waits: Mapping[WaitKey, float] = field(default_factory=dict)
     """The plan's waits as the simulator models them: predictions until one is measured."""
+    program_of: Callable[[int], int] = field(default=lambda _iteration: 0, repr=False)
+    """The program each iteration runs (Plan.program_of), so that one program's waits
+    never predict another's."""
     requests: list[Request] = field(default_factory=list)
     started: dict[int, tuple[str, float]] = field(default_factory=dict)
     """Request id: the GPU and time its (first chunk's) prefill started."""
@@ -70,19 +73,21 @@ class BubbleBroker:
 
     def record_wait(self, gpu: str, action: int, iteration: int, seconds: float) -> None:
         """A measured bubble: how long `gpu` waited at `action` in `iteration`."""
-        predicted = self.predicted(gpu, action)
+        program = self.program_of(iteration)
+        predicted = self.predicted(gpu, action, program)
         if predicted is not None:
             self._observe("bubble", predicted, seconds)
-        history = self.waits.setdefault((gpu, action), [])
+        history = self.waits.setdefault(wait_key(gpu, action, program), [])
         history.append((iteration, seconds))
         del history[:-HISTORY]
 
-    def predicted(self, gpu: str, action: int) -> float | None:
-        """The shortest of the last few waits at this action, and of the modeled one until
-        two were measured (the first iteration's waits are long: connections warm up);
-        None when there is neither."""
-        waits = [s for _, s in self.waits.get((gpu, action), [])]
-        modeled = self.modeled_waits.get((gpu, action))
+    def predicted(self, gpu: str, action: int, program: int = 0) -> float | None:
+        """The shortest of the last few waits at this action of this program, and of the
+        modeled one until two were measured (the first iteration's waits are long:
+        connections warm up); None when there is neither."""
+        key = wait_key(gpu, action, program)
+        waits = [s for _, s in self.waits.get(key, [])]
+        modeled = self.modeled_waits.get(key)
         if modeled is not None and len(waits) < 2:
             waits.append(modeled)
         return min(waits) if waits else None
@@ -107,16 +112,17 @@ class BubbleBroker:
             self.rejected.add(expired.id)
         return list(self._queue)
 
-    def on_idle(self, gpu: str, action: int, now: float, since: float) -> tuple[Chunk, ...]:
-        """`gpu` has waited at `action` since `since`: what to prefill now, in one pass
-        (empty for nothing). The bubble is predicted to end `since` plus the usual wait.
-        The policy sees the requests chunked on this GPU first, then the queue oldest
-        first."""
+    def on_idle(self, gpu: str, action: int, now: float, since: float, iteration: int = 0
+                ) -> tuple[Chunk, ...]:
+        """`gpu` has waited at `action` of `iteration` since `since`: what to prefill now,
+        in one pass (empty for nothing). The bubble is predicted to end `since` plus the
+        usual wait there. The policy sees the requests chunked on this GPU first, then the
+        queue oldest first."""
         mine = [r for r in self._partial.values() if self.started[r.id][0] == gpu]
         queue = mine + self.queue(now)
         if not queue:
             return ()
-        predicted = self.predicted(gpu, action)
+        predicted = self.predicted(gpu, action, self.program_of(iteration))
         bubble = Bubble(gpu, since, since + (predicted or 0.0))
         with plugin_code(f"bubble policy {self.policy.name!r} failed in admit",
                          type(self.policy).__module__):
@@ -215,7 +221,8 @@ def make_broker(topology: Topology, job: Job, plan: Plan, bubble_policy: str | N
     return BubbleBroker(bubble_policy_named(bubble_policy, options or {}),
                         arrivals(job.inference, job.seed),
                         PrefillModel.from_flops(job.inference, gpu), job.inference.deadline_s,
-                        job.inference.max_batch_tokens, dict(modeled_waits or {}))
+                        job.inference.max_batch_tokens, dict(modeled_waits or {}),
+                        plan.program_of)
 
 
 def inference_results(topology: Topology, job: Job, plan: Plan, broker: BubbleBroker | None,

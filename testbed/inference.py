@@ -8,14 +8,24 @@ import math
 import random
 import statistics
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from testbed.compute import kv_cache_bytes, prefill_flops
 from testbed.job import InferenceWorkload
 from testbed.policy.base import Chunk, Request
+from testbed.spans import is_wait
 from testbed.topology.model import GpuType
+
+WaitKey = tuple[str, int] | tuple[str, int, int]
+"""Where a GPU waits: (GPU, index of the action) in program 0, as plans of one program
+have always keyed their waits; (GPU, action, program) in another program of a cycle,
+whose actions and waits are its own."""
+
+
+def wait_key(gpu: str, action: int, program: int = 0) -> WaitKey:
+    return (gpu, action) if program == 0 else (gpu, action, program)
 
 
 def arrivals(workload: InferenceWorkload, seed: int) -> Iterator[Request]:
@@ -167,17 +177,19 @@ def _solve3(m: list[list[float]], v: list[float], ys: Sequence[float]
     return (a[0][3] / a[0][0], a[1][3] / a[1][1], a[2][3] / a[2][2])
 
 
-def predicted_bubbles(spans: Iterable[Mapping[str, Any]], history: int = 3
-                      ) -> dict[tuple[str, int], float]:
+def predicted_bubbles(spans: Iterable[Mapping[str, Any]], history: int = 3,
+                      program_of: Callable[[int], int] | None = None) -> dict[WaitKey, float]:
     """How long each GPU waits at each receive and all-reduce (keyed by its position in
-    the action list), from the last `history` iterations measured: the shortest, so a
-    prefill that fits the prediction fits the bubble. Bubbles repeat every iteration
-    because the schedule does."""
-    waits: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    the action list of its program: testbed.bubbles.wait_key), from the last `history`
+    iterations measured: the shortest, so a prefill that fits the prediction fits the
+    bubble. Bubbles repeat every iteration that runs the same program because the
+    schedule does. `program_of`: the plan's (Plan.program_of), for a plan of several."""
+    waits: dict[WaitKey, list[tuple[int, float]]] = {}
     for span in spans:
-        if span["kind"] in ("recv", "allreduce") and span.get("action") is not None:
+        if is_wait(span) and span.get("action") is not None:
             waited = span.get("waited", span["end"] - span["start"])
-            waits.setdefault((span["gpu"], span["action"]), []).append(
+            program = program_of(span["iteration"]) if program_of is not None else 0
+            waits.setdefault(wait_key(span["gpu"], span["action"], program), []).append(
                 (span["iteration"], waited))
     out = {}
     for key, values in waits.items():

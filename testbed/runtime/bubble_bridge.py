@@ -12,7 +12,7 @@ from testbed.inference import kv_bytes, modeled_batch_s
 from testbed.job import Job
 from testbed.policy.base import Chunk
 from testbed.runtime.messages import BubbleAsk, Idle, KvDelivered, Prefill, PrefillPart
-from testbed.spans import Span
+from testbed.spans import Span, is_wait
 from testbed.topology.model import Topology
 
 
@@ -30,7 +30,8 @@ class BubbleBridge:
         workload = self.job.inference
         if workload is None:
             return Idle()
-        chunks = self.broker.on_idle(gpu, ask.action, now - self.start, ask.since - self.start)
+        chunks = self.broker.on_idle(gpu, ask.action, now - self.start, ask.since - self.start,
+                                     ask.iteration)
         if not chunks:
             return Idle()
         self._ordered.setdefault(gpu, []).append(chunks)
@@ -43,7 +44,7 @@ class BubbleBridge:
         """Measured waits refresh the bubble predictions; measured passes the time model
         (a worker's prefill spans come in the order its passes were ordered)."""
         for span in spans:
-            if span["kind"] in ("recv", "allreduce") and span.get("action") is not None:
+            if is_wait(span) and span.get("action") is not None:
                 self.broker.record_wait(span["gpu"], int(span["action"]), int(span["iteration"]),
                                         float(span.get("waited", span["end"] - span["start"])))
             elif span["kind"] == "prefill" and self._ordered.get(span["gpu"]):

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.choices import ActivationsChoice, AllReduceChoice, EmulatedCompute, ShaperChoice
+from testbed.inference import WaitKey
 from testbed.job import Job
 from testbed.net_events import NetEvent
 from testbed.plan.model import Plan
@@ -38,7 +39,7 @@ class RunConfig:
     the DC's bandwidth; "real": they cross the network as real bytes."""
     bubble_policy: str | None = None
     bubble_options: dict[str, str] | None = None
-    bubble_seed: dict[tuple[str, int], float] = field(default_factory=dict)
+    bubble_seed: dict[WaitKey, float] = field(default_factory=dict)
     """Modeled waits per (GPU, action), dilated: bubble predictions before any is measured."""
     events: tuple[NetEvent, ...] = ()
     """Network events applied during training, at times from its start."""

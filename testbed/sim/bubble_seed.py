@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from testbed.errors import TestbedError
-from testbed.inference import predicted_bubbles
+from testbed.inference import WaitKey, predicted_bubbles
 from testbed.job import Job
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
@@ -18,13 +18,15 @@ from testbed.topology.model import Topology
 
 def modeled_waits(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,
                   profile: Profile | None = None, scale: float = 1.0
-                  ) -> dict[tuple[str, int], float]:
-    """Each GPU's wait at each receive and all-reduce, the shorter of the plan's first two
-    iterations as the simulator models them without bubble filling; times `scale` (a
-    dilation). Empty when the plan cannot be simulated (the broker then waits for
-    measurements)."""
+                  ) -> dict[WaitKey, float]:
+    """Each GPU's wait at each receive and all-reduce of each program, the shorter of the
+    first two iterations that run it (two cycles of the plan) as the simulator models
+    them without bubble filling; times `scale` (a dilation). Empty when the plan cannot
+    be simulated (the broker then waits for measurements)."""
     try:
-        _, spans = simulate_plan(topology, replace(job, iterations=2), plan, policy, profile)
+        _, spans = simulate_plan(topology, replace(job, iterations=2 * plan.period), plan,
+                                 policy, profile)
     except TestbedError:
         return {}
-    return {key: wait * scale for key, wait in predicted_bubbles(spans, history=2).items()}
+    return {key: wait * scale
+            for key, wait in predicted_bubbles(spans, 2, plan.program_of).items()}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable
 
 from testbed.bubbles import BubbleBroker
 from testbed.inference import kv_bytes, modeled_batch_s
@@ -15,11 +14,9 @@ from testbed.policy.base import Chunk, Request
 from testbed.sim.jitter import Noise
 from testbed.sim.links import Links
 from testbed.sim.network import WINDOW_EFFICIENCY, FluidNetwork, Pair, Schedule
-from testbed.sim.workers import SimWorker
+from testbed.sim.workers import Resume, SimWorker
 from testbed.spans import Span
 from testbed.topology.model import Topology
-
-Resume = Callable[[SimWorker, float], None]
 
 
 class Prefills:
@@ -35,7 +32,8 @@ class Prefills:
         """The GPU is about to wait: let the bubble policy start a prefill pass.
         `resume(worker, t)` carries on with the worker's steps when a pass outlasts its
         wait (passed per call, so that the simulator and this do not hold each other)."""
-        chunks = self.broker.on_idle(worker.lead, worker.pc, now, worker.waiting_since)
+        chunks = self.broker.on_idle(worker.lead, worker.pc, now, worker.waiting_since,
+                                     worker.iteration)
         if not chunks:
             return
         gpu = self.topology.gpu(worker.lead).type
