@@ -14,14 +14,17 @@ from testbed.topology import Topology
 
 def in_flight_of(plan: Plan, gpu: str) -> int:
     """Most microbatches whose activations the GPU holds at once: forwards run whose
-    backward has not (read from its action list, so any schedule counts right)."""
-    held = most = 0
-    for action in plan.actions[gpu]:
-        if action.op is Op.F:
-            held += 1
-            most = max(most, held)
-        elif action.op is Op.B:
-            held -= 1
+    backward has not (read from its action lists, so any schedule counts right), in the
+    program of the plan's cycle that holds most."""
+    most = 0
+    for program in plan.all_programs():
+        held = 0
+        for action in program[gpu]:
+            if action.op is Op.F:
+                held += 1
+                most = max(most, held)
+            elif action.op is Op.B:
+                held -= 1
     return most
 
 
