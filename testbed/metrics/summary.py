@@ -13,22 +13,28 @@ from typing import Any
 
 from testbed.spans import Span, SpanKind
 
-TRAINING_KINDS: tuple[SpanKind, ...] = ("forward", "backward", "step")
+TRAINING_KINDS: tuple[SpanKind, ...] = ("forward", "backward", "step", "outer_step")
 BUSY_KINDS: tuple[SpanKind, ...] = (*TRAINING_KINDS, "prefill")
 
 
 def iteration_ends(spans: Iterable[Span], gpus: Sequence[str]) -> list[float]:
-    """When each iteration finished: the last optimizer step over all GPUs. Only iterations
-    every GPU completed count."""
-    ends: dict[int, dict[str, float]] = {}
+    """When each iteration finished: the last optimizer step over all GPUs, the outer
+    step where the iteration has one (a DiLoCo sync belongs to the iteration that runs
+    it). Only iterations every GPU stepped in count."""
+    stepped: dict[int, set[str]] = {}
+    ends: dict[int, float] = {}
     for span in spans:
-        if span["kind"] == "step":
-            ends.setdefault(span["iteration"], {})[span["gpu"]] = span["end"]
+        kind = span["kind"]
+        if kind == "step" or kind == "outer_step":
+            iteration = span["iteration"]
+            if kind == "step":
+                stepped.setdefault(iteration, set()).add(span["gpu"])
+            ends[iteration] = max(ends.get(iteration, span["end"]), span["end"])
     out: list[float] = []
-    for iteration in sorted(ends):
-        if iteration != len(out) or set(ends[iteration]) != set(gpus):
+    for iteration in sorted(stepped):
+        if iteration != len(out) or stepped[iteration] != set(gpus):
             break
-        out.append(max(ends[iteration].values()))
+        out.append(ends[iteration])
     return out
 
 
@@ -39,17 +45,31 @@ def iteration_times(start: float, ends: Sequence[float]) -> list[float]:
     return [end - before for before, end in zip(previous, ends, strict=True)]
 
 
-def measured(times: Sequence[float]) -> list[float]:
-    """Iterations that count: all but the first (connections warming up) when there are
-    more than one."""
-    return list(times[1:]) if len(times) > 1 else list(times)
+def counted_iterations(iterations: int, period: int = 1) -> range:
+    """Which of a run's `iterations` completed ones its figures count: all but the first
+    (connections warming up) when there are more than one. For a plan whose iterations
+    differ (a cycle of `period`), whole cycles only, so a long sync is neither left out
+    nor counted twice: the latest whole cycles after the first iteration (any `period`
+    consecutive iterations run each program once), or the first cycle, first iteration
+    included, when only that is whole; none before a cycle has completed."""
+    if iterations < period:
+        return range(0)
+    whole = (iterations - 1) // period * period
+    return range(iterations - whole, iterations) if whole else range(0, period)
 
 
-def window(start: float, ends: Sequence[float]) -> tuple[float, float]:
+def measured(times: Sequence[float], period: int = 1) -> list[float]:
+    """The iteration times that count (`counted_iterations`)."""
+    return [times[i] for i in counted_iterations(len(times), period)]
+
+
+def window(start: float, ends: Sequence[float], period: int = 1) -> tuple[float, float]:
     """The time span the utilization figures cover, matching `measured`."""
-    if len(ends) > 1:
-        return ends[0], ends[-1]
-    return start, ends[0] if ends else start
+    iterations = counted_iterations(len(ends), period)
+    if not iterations:
+        return start, start
+    first, last = iterations[0], iterations[-1]
+    return ends[first - 1] if first else start, ends[last]
 
 
 def busy_time(spans: Iterable[Span], kinds: Sequence[SpanKind], lo: float, hi: float) -> float:
@@ -101,6 +121,18 @@ class Summary:
     utilization_total: float | None
     wan_bytes: int
     wan_utilization: float | None
+    mean_s: float | None = None
+    """Of the counted iterations: for a plan whose iterations differ, the figure that
+    describes it (the median of a cycle with one long sync is an iteration without it)."""
+    period: int = 1
+    """Iterations in the plan's cycle (Plan.period)."""
+    cycles: int = 0
+    """Whole cycles counted."""
+
+    @property
+    def cycle_s(self) -> float | None:
+        """The mean time of one whole cycle."""
+        return None if self.mean_s is None else self.mean_s * self.period
 
     @property
     def iteration_ends_s(self) -> list[float]:
@@ -115,7 +147,7 @@ class Summary:
     @property
     def tokens_measured(self) -> int:
         """Tokens of the iterations `tokens_per_s` counts."""
-        return self.tokens_per_iteration * len(measured(self.iteration_times))
+        return self.tokens_per_iteration * len(measured(self.iteration_times, self.period))
 
     def as_results(self) -> dict[str, Any]:
         return {
@@ -123,8 +155,11 @@ class Summary:
                 "median": self.median_s,
                 "min": self.min_s,
                 "max": self.max_s,
+                "mean": self.mean_s,
                 "all": self.iteration_times,
             },
+            "cycle_time_s": {"mean": self.cycle_s, "period": self.period,
+                             "cycles": self.cycles},
             "tokens_per_s": self.tokens_per_s,
             "tokens": {"measured": self.tokens_measured, "total": self.tokens_total,
                        "measured_s": self.measured_s},
@@ -187,12 +222,21 @@ def slower_after(start: float, ends: Sequence[float], iterations: int, limit: fl
     return high
 
 
-def median_iteration_s(spans: Sequence[Span], gpus: Sequence[str], start: float
-                       ) -> float | None:
-    """The median of the measured iterations alone, exactly as `summarize` has it: what a
-    planner compares candidates by, without the utilization it would not read."""
-    counted = measured(iteration_times(start, iteration_ends(spans, gpus)))
-    return statistics.median(counted) if counted else None
+def typical_iteration_s(times: Sequence[float], period: int = 1) -> float | None:
+    """What one iteration takes, from the counted ones (`measured`): their median, or for
+    a plan whose iterations differ, their mean over whole cycles."""
+    kept = measured(times, period)
+    if not kept:
+        return None
+    return statistics.median(kept) if period == 1 else statistics.fmean(kept)
+
+
+def run_iteration_s(spans: Sequence[Span], gpus: Sequence[str], start: float,
+                    period: int = 1) -> float | None:
+    """The typical iteration alone (`typical_iteration_s`: the median, the mean over whole
+    cycles for a cycle), exactly as `summarize` has it: what a planner compares
+    candidates by, without the utilization it would not read."""
+    return typical_iteration_s(iteration_times(start, iteration_ends(spans, gpus)), period)
 
 
 def summarize(
@@ -201,14 +245,18 @@ def summarize(
     start: float,
     tokens_per_iteration: int,
     wan_capacity_bps: float,
+    period: int = 1,
 ) -> Summary:
+    """`period`: the plan's (Plan.period); a plan whose iterations differ is judged over
+    whole cycles (`counted_iterations`)."""
     ends = iteration_ends(spans, gpus)
     times = iteration_times(start, ends)
-    counted = measured(times)
-    lo, hi = window(start, ends)
+    counted_times = measured(times, period)
+    lo, hi = window(start, ends, period)
     length = hi - lo
-    tokens_measured = tokens_per_iteration * len(counted)
-    median = statistics.median(counted) if counted else None
+    tokens_measured = tokens_per_iteration * len(counted_times)
+    median = statistics.median(counted_times) if counted_times else None
+    mean = statistics.fmean(counted_times) if counted_times else None
     training = total = wan_util = None
     if length > 0 and gpus:
         capacity = length * len(gpus)
@@ -219,8 +267,8 @@ def summarize(
     return Summary(
         iteration_times=times,
         median_s=median,
-        min_s=min(counted) if counted else None,
-        max_s=max(counted) if counted else None,
+        min_s=min(counted_times) if counted_times else None,
+        max_s=max(counted_times) if counted_times else None,
         tokens_per_s=throughput(tokens_measured, lo, hi),
         tokens_per_iteration=tokens_per_iteration,
         measured_s=length if ends else None,
@@ -228,4 +276,7 @@ def summarize(
         utilization_total=total,
         wan_bytes=wan_bytes(spans),
         wan_utilization=wan_util,
+        mean_s=mean,
+        period=period,
+        cycles=len(counted_times) // period,
     )

@@ -33,6 +33,16 @@ def _loss(value: float | None) -> str:
     return "nan" if value is None else f"{value:.4f}"  # a diverged loss is null in JSON
 
 
+def _cycle(results: dict[str, Any]) -> list[str]:
+    """For a plan whose iterations differ: what a whole cycle takes, which tokens/s
+    follows (the median iteration is one without the cycle's sync)."""
+    cycle = results.get("cycle_time_s") or {}
+    if cycle.get("period", 1) <= 1:
+        return []
+    return [f"  cycle         {cycle['period']} iterations, mean {_secs(cycle['mean'])} over "
+            f"{cycle['cycles']} whole cycle{'' if cycle['cycles'] == 1 else 's'}"]
+
+
 def _prediction(results: dict[str, Any]) -> list[str]:
     """The simulator's figure beside an emulated run's, and how the run was emulated."""
     lines = []
@@ -67,6 +77,7 @@ def run_summary(results: dict[str, Any]) -> list[str]:
         f"  iterations    {results['iterations']} of {results['iterations_requested']} completed",
         f"  iteration     median {_secs(it['median'])}, min {_secs(it['min'])}, "
         f"max {_secs(it['max'])}" + (" (first excluded)" if len(it.get("all", [])) > 1 else ""),
+        *_cycle(results),
         *_prediction(results),
         _throughput(results),
         f"  GPU util      training {_pct(util['training'])}, total {_pct(util['total'])}",

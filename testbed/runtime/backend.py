@@ -117,7 +117,7 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
     spans = represented_spans(outcome.spans, outcome.start, k)
     summary = outcome.summary if k == 1 else summarize(
         spans, plan.used_gpus(), outcome.start, tokens_per_iteration(spec.job, plan),
-        wan_capacity_bps(spec.topology, plan))
+        wan_capacity_bps(spec.topology, plan), plan.period)
     health = outcome.health
     if health is not None and health.warning():
         say(f"warning: {health.warning()}")

@@ -363,7 +363,7 @@ class Coordinator:
             config.checkpoints.carried_over(own_start, telemetry.losses)
             if config.checkpoints else (own_start, [], telemetry.losses))
         summary = summarize(carried + telemetry.spans, config.plan.used_gpus(), start, tokens,
-                            capacity)
+                            capacity, config.plan.period)
         end = max((s["end"] for s in telemetry.spans), default=own_start) - own_start
         spans = telemetry.spans + event_spans(config.events, own_start, end) \
             if own_start else telemetry.spans

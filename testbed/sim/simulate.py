@@ -6,7 +6,7 @@ from __future__ import annotations
 from testbed.bubbles import BubbleBroker
 from testbed.errors import TestbedError
 from testbed.job import Job
-from testbed.metrics.summary import Summary, median_iteration_s, summarize
+from testbed.metrics.summary import Summary, run_iteration_s, summarize
 from testbed.net_events import NetEvent
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
@@ -25,19 +25,20 @@ def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPoli
     result = _run(Simulator(topology, job, plan, policy, profile, bubbles=broker,
                             events=events, jitter=jitter))
     return summarize(result.spans, plan.used_gpus(), result.start, tokens_per_iteration(job, plan),
-                     wan_capacity_bps(topology, plan)), result.spans
+                     wan_capacity_bps(topology, plan), plan.period), result.spans
 
 
 def simulated_iteration_s(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,
                           stop_above: float | None = None) -> float | None:
-    """The plan's median iteration time only (what planning compares), without the rest
-    of the summary; the same figure `simulate_plan`'s summary has. With `stop_above`, a
-    run whose median must exceed it stops there, and the answer is then a lower bound,
-    itself above `stop_above`."""
+    """The plan's typical iteration time only (what planning compares: the median, or for
+    a cycle the mean over whole cycles), without the rest of the summary; the same figure
+    `simulate_plan`'s summary gets its tokens/s from. With `stop_above`, a run whose
+    median must exceed it stops there, and the answer is then a lower bound, itself above
+    `stop_above` (a cycle runs to its end: see Simulator)."""
     result = _run(Simulator(topology, job, plan, policy, stop_above=stop_above))
     if result.median_at_least is not None:
         return result.median_at_least
-    return median_iteration_s(result.spans, plan.used_gpus(), result.start)
+    return run_iteration_s(result.spans, plan.used_gpus(), result.start, plan.period)
 
 
 def _run(simulator: Simulator) -> SimResult:
