@@ -201,7 +201,7 @@ def test_speedup_is_the_ratio_of_tokens_per_s_when_iterations_differ() -> None:
     rows = table_rows([every_step, rarely])
     tokens = [e.results["tokens_per_s"] for e in (every_step, rarely) if e.results]
     assert rows[1].speedup == pytest.approx(tokens[1] / tokens[0])  # 0.26x
-    medians = rows[0].iteration_median / rows[1].iteration_median  # type: ignore[operator]
+    medians = rows[0].iteration_s / rows[1].iteration_s  # type: ignore[operator]
     assert medians == pytest.approx(6.0) and rows[1].speedup < 0.3
     assert table_text(rows).splitlines()[3].split()[3] == f"{tokens[1] / tokens[0]:.2f}x"
 

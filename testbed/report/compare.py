@@ -117,7 +117,8 @@ class Row:
     combo: str
     runs: int
     failed: int
-    iteration_median: float | None
+    iteration_s: float | None
+    """The typical iteration (`typical_s`), median over repeats."""
     iteration_low: float | None
     iteration_high: float | None
     speedup: float | None
@@ -147,6 +148,15 @@ class Row:
         return [_fmt(self.predicted, "{:.3f}"), f"{self.dilation or 1}{bound}"]
 
 
+def typical_s(results: dict[str, Any]) -> float | None:
+    """A run's typical iteration: the median, or for a plan whose iterations differ the
+    mean over its whole cycles (a median would be a step without the cycle's sync)."""
+    times = results["iteration_time_s"]
+    if (results.get("cycle_time_s") or {}).get("period", 1) > 1:
+        return times.get("mean")  # type: ignore[no-any-return]
+    return times["median"]  # type: ignore[no-any-return]
+
+
 def _median(values: Sequence[float | None]) -> float | None:
     kept = [v for v in values if v is not None]
     return statistics.median(kept) if kept else None
@@ -154,19 +164,18 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 def table_rows(entries: Sequence[RunEntry]) -> list[Row]:
     """One row per policy combination, in first-seen order; spread is min..max over
-    repeats of each run's median iteration time; the speed-up is the row's tokens/s over
+    repeats of each run's typical iteration time; the speed-up is the row's tokens/s over
     the first row's (medians over repeats)."""
     combos = list(dict.fromkeys(e.combo for e in entries))
     rows: list[Row] = []
     for combo in combos:
         runs = [e for e in entries if e.combo == combo]
         ok = [e.results for e in runs if e.status == "ok" and e.results is not None]
-        medians = [r["iteration_time_s"]["median"] for r in ok
-                   if r["iteration_time_s"]["median"] is not None]
+        medians = [t for t in map(typical_s, ok) if t is not None]
         failed = [e for e in runs if e.status != "ok"]
         rows.append(Row(
             combo=combo, runs=len(runs), failed=len(failed),
-            iteration_median=_median(medians),
+            iteration_s=_median(medians),
             iteration_low=min(medians) if medians else None,
             iteration_high=max(medians) if medians else None,
             speedup=None,
@@ -267,12 +276,12 @@ def _header(rows: Sequence[Row]) -> list[str]:
 
 def _cells(row: Row, header: Sequence[str], unit: str) -> list[str]:
     """The row's cells under `header`; `unit` goes between a number and its unit."""
-    if row.iteration_median is None:
+    if row.iteration_s is None:
         return [row.combo, "failed"] + ["-"] * (len(header) - 2)
     targeted = any(h.startswith("time to loss") for h in header)
     return [
         row.combo + (f" ({row.failed} failed)" if row.failed else ""),
-        _fmt(row.iteration_median, "{:.3f}"),
+        _fmt(row.iteration_s, "{:.3f}"),
         f"{row.iteration_low:.3f}-{row.iteration_high:.3f}",
         _fmt(row.speedup, "{:.2f}x"),
         _fmt(row.tokens_per_s, "{:.0f}"),
@@ -308,7 +317,7 @@ def markdown_table(rows: Sequence[Row]) -> str:
              "|" + "---|" * len(header)]
     for row in rows:
         cells = _cells(row, header, " ")
-        if row.iteration_median is None:
+        if row.iteration_s is None:
             cells = [row.combo, "failed"] + [""] * (len(header) - 2)
         lines.append("| " + " | ".join(cells) + " |")
     explained = notes(rows)

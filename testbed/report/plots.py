@@ -65,12 +65,12 @@ GANTT_KINDS = tuple(HATCH)
 
 def iteration_plot(rows: Sequence[Any], path: Path) -> None:
     """Median iteration time per policy combination, whiskers from min to max over repeats."""
-    ok = [r for r in rows if r.iteration_median is not None]
+    ok = [r for r in rows if r.iteration_s is not None]
     fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(ok) + 1), 3.8))
     xs = list(range(len(ok)))
-    medians = [r.iteration_median for r in ok]
-    errors = [[r.iteration_median - r.iteration_low for r in ok],
-              [r.iteration_high - r.iteration_median for r in ok]]
+    medians = [r.iteration_s for r in ok]
+    errors = [[r.iteration_s - r.iteration_low for r in ok],
+              [r.iteration_high - r.iteration_s for r in ok]]
     hatches = ["", "//", "..", "xx", "\\\\", "--", "oo", "++"]
     for x, median in zip(xs, medians, strict=True):
         ax.bar(x, median, color="white", edgecolor="black", hatch=hatches[x % len(hatches)])
