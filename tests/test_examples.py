@@ -97,9 +97,12 @@ def test_the_readme_shows_the_examples_real_code() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme[readme.index("## Writing a policy plugin"):readme.index("## Layout")]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    source = (EXAMPLE / "testbed_example" / "training.py").read_text(encoding="utf-8")
-    assert blocks and all(block.strip() in source for block in blocks)
+    sources = [path.read_text(encoding="utf-8")
+               for path in sorted((EXAMPLE / "testbed_example").glob("*.py"))]
+    assert blocks and all(any(block.strip() in source for source in sources)
+                          for block in blocks)
     assert "class StripedPipeline" in blocks[0]
+    assert any("class LocalSgd" in block for block in blocks)
     entry_points = (EXAMPLE / "pyproject.toml").read_text(encoding="utf-8")
     for block in re.findall(r"```toml\n(.*?)```", section, re.S):
         assert block.strip() in entry_points
@@ -122,3 +125,20 @@ def test_the_example_imports_only_the_policy_api() -> None:
                 top = name.partition(".")[0]
                 assert name == "testbed.policy.api" or top in sys.stdlib_module_names, \
                     (path.name, name)
+
+
+def test_the_local_sgd_example_averages_every_n_steps(example_path: Path,
+                                                      tmp_path: Path) -> None:
+    """A third party's plan that spans iterations: its cycle runs in the simulator, moving
+    a whole replica's parameters across the WAN once per cycle."""
+    out = tmp_path / "run"
+    result = run_testbed(["simulate", str(TOPOLOGIES / "two-dc.yaml"), "-p", "local-sgd",
+                          "-o", "every=3", "--iterations", "5", "--out", str(out)],
+                         example_path)
+    assert result.returncode == 0, result.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["iterations"] == 6  # whole cycles
+    assert results["cycle_time_s"]["period"] == 3
+    assert results["plan"]["outer"] == {"lr": 1.0, "momentum": 0.0, "nesterov": False,
+                                        "mixing": 0.0}
+    assert results["wan"]["bytes"] > 0
