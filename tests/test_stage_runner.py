@@ -12,9 +12,10 @@ from collections import Counter
 from typing import Any, get_args
 
 from testbed.job import ModelShape
+from testbed.plan.model import Action, Op
 from testbed.plan.schedules import stage_actions
 from testbed.runtime.engines import EmulatedEngine
-from testbed.runtime.messages import Config, EmulatedTiming, Idle, PeerInfo
+from testbed.runtime.messages import CollectiveSetup, Config, EmulatedTiming, Idle, PeerInfo
 from testbed.runtime.stage_runner import StageRunner
 from testbed.runtime.transport import Transport
 from testbed.spans import Span, SpanKind
@@ -52,28 +53,41 @@ def _dc(stage: int) -> str:
     return "east" if stage == 0 else "west"
 
 
+Tails = list[list[str]]
+"""What every stage runs after its step in each iteration of a cycle ({s}: the stage)."""
+
+
 def _config(replica: int, stage: int, dp: int, pp: int, microbatches: int,
-            arbitrated: bool, bubbles: bool) -> Config:
+            arbitrated: bool, bubbles: bool, tails: Tails | None = None) -> Config:
     def peer(r: int, s: int) -> PeerInfo:
         return PeerInfo(r * pp + s, f"{_dc(s)}-{r * pp + s}", _dc(s))
 
     me = peer(replica, stage)
-    actions = stage_actions("1f1b", stage, pp, microbatches, dp)
+    if tails is None:
+        programs = [[str(a) for a in stage_actions("1f1b", stage, pp, microbatches, dp)]]
+    else:
+        body = [str(a) for a in stage_actions("1f1b", stage, pp, microbatches, dp,
+                                              gradients=None)]
+        programs = [body + [a.format(s=stage) for a in tail] for tail in tails]
+    joined = {Action.parse(a).subject for p in programs for a in p
+              if Action.parse(a).op.is_collective and Action.parse(a).op is not Op.OUTER_STEP}
     return Config(
         index=me.index, gpu=me.gpu, dc=me.dc, address="127.0.0.1", replica=replica,
-        stage=stage, actions=[str(a) for a in actions],
+        stage=stage, programs=programs, cycle=list(range(len(programs))) if tails else [],
         prev=peer(replica, stage - 1) if stage > 0 else None,
         next=peer(replica, stage + 1) if stage < pp - 1 else None,
-        ring=[peer(r, stage) for r in range(dp)],
+        collectives=[CollectiveSetup(str(c), 32, [peer(r, stage) for r in range(dp)])
+                     for c in sorted(joined)],
         arbitrated=["east>west", "west>east"] if arbitrated else [], iterations=2,
         compute="emulated", model=ModelShape(pp, 8, 1, 4, 16), layers=[1] * pp, seed=0,
         dp=dp, microbatches=microbatches, microbatch_size=1, activation_bytes=ACTIVATION,
-        grad_bytes=32, emulated=EmulatedTiming(0.0, 0.0), local_rank=0, bubbles=bubbles)
+        emulated=EmulatedTiming(0.0, 0.0), local_rank=0, bubbles=bubbles)
 
 
 async def _run(dp: int, pp: int, microbatches: int, arbitrated: bool = False,
-               bubbles: bool = False) -> tuple[list[StageRunner], list[Control]]:
-    configs = [_config(r, s, dp, pp, microbatches, arbitrated, bubbles)
+               bubbles: bool = False, tails: Tails | None = None,
+               iterations: int = 2) -> tuple[list[StageRunner], list[Control]]:
+    configs = [_config(r, s, dp, pp, microbatches, arbitrated, bubbles, tails)
                for r in range(dp) for s in range(pp)]
     transports = [Transport(c.index, TOKEN) for c in configs]
     ports = [await t.listen("127.0.0.1", 0) for t in transports]
@@ -84,7 +98,7 @@ async def _run(dp: int, pp: int, microbatches: int, arbitrated: bool = False,
         for i, t in enumerate(transports)))
     controls, runners = [], []
     for config, transport in zip(configs, transports, strict=True):
-        engine = EmulatedEngine(0.0, 0.0, 0.0, ACTIVATION, 32, config.stage == 0,
+        engine = EmulatedEngine(0.0, 0.0, 0.0, ACTIVATION, config.stage == 0,
                                 config.stage == pp - 1)
         control = Control()
         runner = StageRunner(config, engine, transport, control)  # type: ignore[arg-type]
@@ -92,9 +106,10 @@ async def _run(dp: int, pp: int, microbatches: int, arbitrated: bool = False,
         controls.append(control)
         runners.append(runner)
     try:
-        for iteration in range(2):
+        for iteration in range(iterations):
             await asyncio.wait_for(
                 asyncio.gather(*(r.run_iteration(iteration) for r in runners)), 30)
+        await asyncio.gather(*(r.collectives.drain() for r in runners))
     finally:
         await asyncio.gather(*(t.close() for t in transports))
         for runner in runners:
@@ -124,7 +139,7 @@ def test_a_pipeline_with_replicas_runs_every_step_and_names_messages_as_before()
                 assert span["link"] == (None if span["src"].split("-")[0] == _dc(cfg.stage)
                                         else f"{span['src'].split('-')[0]}>{_dc(cfg.stage)}")
             if span["kind"] == "recv":
-                assert str(cfg.actions[span["action"]]).startswith(f"{cfg.stage}RECV_")
+                assert str(cfg.programs[0][span["action"]]).startswith(f"{cfg.stage}RECV_")
     assert sent == received
     expected = {f"{d}:{i}:{r}:{s}:{mb}"
                 for i, r, mb in itertools.product(range(2), range(dp), range(microbatches))
@@ -146,3 +161,27 @@ def test_arbitrated_links_wait_for_a_grant_and_bubbles_ask_the_coordinator() -> 
     assert len(grants) == len(requests)
     bubbles = [m for c in controls for m in c.messages if m["op"] == "bubble"]
     assert bubbles and all(isinstance(m["action"], int) for m in bubbles)
+
+
+def test_a_cycle_runs_its_programs_in_turn_and_a_started_sync_ends_in_a_later_iteration(
+        ) -> None:
+    """Every iteration reduces gradients inside the DC; the deltas' all-reduce starts after
+    the step of the cycle's first iteration and is awaited in its third. Rings are named
+    by their group and the how-many-th join of it this is, so the two never mix."""
+    tails = [["{s}ALLREDUCE_START[delta]"], [], ["{s}ALLREDUCE_WAIT[delta]", "{s}OUTER_STEP"]]
+    runners, _ = asyncio.run(_run(2, 2, 2, tails=[["{s}ALLREDUCE[dc]", *t] for t in tails],
+                                  iterations=5))
+    for runner in runners:
+        stage = runner.config.stage
+        rings = [(s["iteration"], s["collective"]) for s in runner.spans
+                 if s["kind"] == "allreduce"]
+        assert sorted(rings) == sorted([(i, "dc") for i in range(5)] + [(0, "delta"),
+                                                                        (3, "delta")])
+        outer = [s["iteration"] for s in runner.spans if s.get("collective") == "delta"
+                 and s["kind"] == "step"]
+        assert outer == [2]  # the sync started in iteration 3 ends after the run
+        tags = {s["tag"].rsplit(":", 1)[0] for s in runner.spans if s["kind"] == "transfer"
+                and s["tag"].startswith("AR")}
+        dc = runner.config.dc
+        assert tags == {f"AR{stage}@{dc}:{k}" for k in range(5)} | {f"AR{stage}:{k}"
+                                                                  for k in range(2)}

@@ -6,14 +6,13 @@ import asyncio
 import contextlib
 import itertools
 import time
-from typing import Any
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.runtime.allreduce import chunk_bounds, ring_allreduce
+from testbed.runtime.allreduce import chunk_bounds
 from testbed.runtime.protocol import chunks
 from testbed.runtime.transport import PeerLost, Transport
 
@@ -142,44 +141,6 @@ def test_allreduce_chunks_are_whole_elements(total: int, parts: int) -> None:
     bounds = chunk_bounds(total - total % 4, parts)
     assert bounds[0][0] == 0 and bounds[-1][1] == total - total % 4
     assert all(start % 4 == 0 for start, _ in bounds)
-
-
-class _SumEngine:
-    def add_into(self, target: memoryview, incoming: Any) -> None:
-        mine = torch.frombuffer(target, dtype=torch.float32)
-        mine += torch.frombuffer(bytearray(incoming), dtype=torch.float32)
-
-
-@pytest.mark.parametrize("size", [2, 3, 4])
-def test_ring_allreduce_sums(size: int) -> None:
-    async def scenario() -> list[torch.Tensor]:
-        nodes = [Transport(i, TOKEN) for i in range(size)]
-        ports = [await n.listen("127.0.0.1", 0) for n in nodes]
-        await asyncio.gather(
-            *(
-                n.connect(
-                    {(i + 1) % size: ("127.0.0.1", ports[(i + 1) % size], 2)}
-                    if (i + 1) % size != i
-                    else {},
-                    {(i - 1) % size: 2} if (i - 1) % size != i else {},
-                )
-                for i, n in enumerate(nodes)
-            )
-        )
-        data = [bytearray(torch.full((1001,), float(i + 1)).numpy().tobytes()) for i in range(size)]
-        results = await asyncio.gather(
-            *(
-                ring_allreduce(n, _SumEngine(), data[i], i, size, (i + 1) % size, "ar")  # type: ignore[arg-type]
-                for i, n in enumerate(nodes)
-            )
-        )
-        for n in nodes:
-            await n.close()
-        return [torch.frombuffer(r, dtype=torch.float32) for r in results]
-
-    expected = sum(range(1, size + 1))
-    for result in asyncio.run(scenario()):
-        assert torch.all(result == expected)
 
 
 def test_strangers_are_dropped_without_touching_the_run() -> None:

@@ -12,7 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from testbed.runtime.allreduce import Bytes, Contribution
+
 if TYPE_CHECKING:
+    from testbed.plan.collective import Collective
     from testbed.runtime.messages import Config, PrefillPart
 
 
@@ -23,17 +26,22 @@ class Engine(Protocol):
     def backward(self, iteration: int, microbatch: int, received: bytearray | None) -> bytes | None:
         """Run the backward; return the input gradient to send back (None on stage 0)."""
 
-    def gradients(self) -> bytearray:
-        """This stage's gradients, flat, to all-reduce across replicas."""
+    def contribute(self, collective: Collective, nbytes: int, members: int) -> Contribution:
+        """This stage's part of `collective` as it joins (its gradients, or its deltas
+        from the outer parameters), for a group of `members`; `nbytes`: its size on the
+        wire as planned."""
 
-    def add_into(self, target: memoryview, incoming: bytes | bytearray) -> None:
-        """target += incoming, element-wise (the all-reduce's reduction)."""
-
-    def apply_reduced(self, reduced: bytearray, replicas: int) -> None:
-        """Take the all-reduced gradients (a sum over replicas) as this stage's gradients."""
+    def reduced(self, collective: Collective, contribution: Contribution,
+                members: int) -> None:
+        """Take the sum `contribution` now holds: averaged gradients for the step, or
+        averaged deltas for the fragment's outer step."""
 
     def step(self) -> None:
         """Optimizer step, then clear gradients for the next iteration."""
+
+    def outer_step(self, collective: Collective) -> None:
+        """The outer optimizer step of `collective`'s fragment on its averaged deltas;
+        the fragment's parameters take the outer ones."""
 
     def take_loss(self) -> float | None:
         """Mean training loss of the iteration just computed (last stage only)."""
@@ -68,13 +76,12 @@ class EmulatedEngine:
     backward_s: float
     step_s: float
     activation_bytes: int
-    grad_bytes: int
     first: bool
     last: bool
 
     def __post_init__(self) -> None:
         self._activation = bytes(self.activation_bytes)
-        self._grads: bytearray | None = None  # GBs for large stages: only when sent
+        self._buffers: dict[int, bytearray] = {}  # GBs for large stages: only when sent
 
     def forward(self, iteration: int, microbatch: int, received: bytearray | None) -> bytes | None:
         time.sleep(self.forward_s)
@@ -84,18 +91,19 @@ class EmulatedEngine:
         time.sleep(self.backward_s)
         return None if self.first else self._activation
 
-    def gradients(self) -> bytearray:
-        if self._grads is None:
-            self._grads = bytearray(self.grad_bytes)
-        return self._grads
+    def contribute(self, collective: Collective, nbytes: int, members: int) -> Contribution:
+        """Zeros of the planned size (one buffer per size: its content never matters)."""
+        buffer = self._buffers.setdefault(nbytes, bytearray(nbytes))
+        return Bytes(buffer, members)
 
-    def add_into(self, target: memoryview, incoming: bytes | bytearray) -> None:
-        """Nothing to add: the bytes are placeholders; only their size and timing matter."""
-
-    def apply_reduced(self, reduced: bytearray, replicas: int) -> None:
-        self._grads = reduced
+    def reduced(self, collective: Collective, contribution: Contribution,
+                members: int) -> None:
+        """Nothing to take: the bytes are placeholders."""
 
     def step(self) -> None:
+        time.sleep(self.step_s)
+
+    def outer_step(self, collective: Collective) -> None:
         time.sleep(self.step_s)
 
     def take_loss(self) -> float | None:

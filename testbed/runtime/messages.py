@@ -13,6 +13,7 @@ from typing import Any, ClassVar, TypeVar
 
 from testbed.choices import EmulatedCompute
 from testbed.job import DataFile, ModelShape
+from testbed.plan.model import OuterOptimizer
 from testbed.runtime.codec import build, to_json
 from testbed.runtime.protocol import (
     MAX_CONTROL_BYTES,
@@ -241,6 +242,21 @@ class EmulatedTiming:
 
 
 @dataclass(frozen=True)
+class CollectiveSetup:
+    """One collective this worker's stage joins: what moves and among whom."""
+
+    wire_names = {"nbytes": "bytes"}
+    collective: str
+    """Its text form (testbed.plan.collective.Collective; '' for every-step gradients)."""
+    nbytes: int
+    """What each member contributes (testbed.compute.collective_bytes)."""
+    group: list[PeerInfo]
+    """The members in ring order, this worker included."""
+    modeled_s: float | None = None
+    """Seconds it takes when modeled instead of sent (inside one DC, emulated compute)."""
+
+
+@dataclass(frozen=True)
 class DecodeAddress:
     address: str
     port: int
@@ -258,11 +274,16 @@ class Config(Message):
     """Where it listens for data connections."""
     replica: int
     stage: int
-    actions: list[str]
+    programs: list[list[str]]
+    """This GPU's distinct iteration programs (testbed.plan.model.Plan.programs), each its
+    ordered actions."""
+    cycle: list[int]
+    """The program each iteration of the plan's cycle runs here (iteration n: cycle[n %
+    len(cycle)]); empty when the plan repeats one iteration."""
     prev: PeerInfo | None
     next: PeerInfo | None
-    ring: list[PeerInfo]
-    """This stage's replicas in ring order (this worker included)."""
+    collectives: list[CollectiveSetup]
+    """Every collective this GPU's programs join."""
     arbitrated: list[str]
     """WAN link directions (`src>dst`) whose transfers need a grant."""
     iterations: int
@@ -275,7 +296,6 @@ class Config(Message):
     microbatches: int
     microbatch_size: int
     activation_bytes: int
-    grad_bytes: int
     emulated: EmulatedTiming
     local_rank: int
     save_dir: str | None = None
@@ -285,8 +305,6 @@ class Config(Message):
     restore_dir: str | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
-    allreduce_modeled_s: float | None = None
-    """Seconds of an intra-DC all-reduce that is modeled instead of sent."""
     stretch: int = 1
     """Real compute under dilation: the GPU stays busy this many times as long."""
     intra_dc_bps: float | None = None
@@ -297,11 +315,21 @@ class Config(Message):
     data: DataFile | None = None
     """The corpus real compute trains on (None: the synthetic one); emulated compute
     has none."""
+    outer: OuterOptimizer | None = None
+    """What OUTER_STEP does, where the programs have one."""
 
     @property
     def pp(self) -> int:
         """Stages in the pipeline."""
         return len(self.layers)
+
+    @property
+    def period(self) -> int:
+        """Iterations in one cycle of the plan."""
+        return len(self.cycle) or 1
+
+    def program_of(self, iteration: int) -> int:
+        return self.cycle[iteration % len(self.cycle)] if self.cycle else 0
 
 
 # --- encoding (testbed.runtime.codec) ---------------------------------------------------

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from testbed.fragments import block_fragment, embedding_fragment, head_fragment, stage_blocks
 from testbed.job import DataFile, ModelShape
 from testbed.token_file import TokenWindows, open_tokens
 
@@ -125,6 +126,27 @@ def build_stages(shape: ModelShape, layers: tuple[int, ...], seed: int) -> list[
         )
         first += count
     return stages
+
+
+def parameter_fragments(stage: Stage, layers: tuple[int, ...], index: int,
+                        fragments: int) -> dict[str, int]:
+    """The fragment (of `fragments`) each parameter of stage `index` belongs to, by name,
+    under testbed.fragments' rules: a block's parameters (its norms and biases too) with
+    the block, the token and position embeddings with block 0's fragment, the final norm
+    and output layer with the last block's."""
+    blocks = stage_blocks(layers, index)
+    out: dict[str, int] = {}
+    for name, _ in stage.named_parameters():
+        part, _, rest = name.partition(".")
+        if part == "blocks":
+            out[name] = block_fragment(blocks[int(rest.partition(".")[0])], fragments)
+        elif part in ("embed", "position"):
+            out[name] = embedding_fragment(fragments)
+        elif part == "head":
+            out[name] = head_fragment(sum(layers), fragments)
+        else:
+            raise ValueError(f"no fragment rule for parameter {name!r}")
+    return out
 
 
 def build_model(shape: ModelShape, seed: int) -> Stage:

@@ -10,8 +10,19 @@ import torch
 
 from testbed.errors import TestbedError
 from testbed.job import ModelShape
+from testbed.plan.collective import Collective
+from testbed.runtime.allreduce import Contribution
 from testbed.runtime.messages import Config, PrefillPart
-from testbed.runtime.model import Samples, Stage, build_stages, loss_of, make_corpus, sample_index
+from testbed.runtime.model import (
+    Samples,
+    Stage,
+    build_stages,
+    loss_of,
+    make_corpus,
+    parameter_fragments,
+    sample_index,
+)
+from testbed.runtime.syncs import Syncs
 
 LEARNING_RATE = 3e-3
 
@@ -35,6 +46,7 @@ class RealEngine:
     corpus: Samples
     device: torch.device
     optimizer: torch.optim.Optimizer
+    syncs: Syncs
     seed: int = 0
     inference_model: ModelShape | None = None
     _saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = field(default_factory=dict)
@@ -54,8 +66,12 @@ class RealEngine:
         device = pick_device(config.local_rank)
         module = stages[config.stage].to(device)
         optimizer = torch.optim.Adam(module.parameters(), lr=LEARNING_RATE)
+        layers = tuple(config.layers)
+        syncs = Syncs([(n, p) for n, p in module.named_parameters() if p.requires_grad],
+                      lambda n: parameter_fragments(module, layers, config.stage, n),
+                      config.outer, [Collective.parse(c.collective) for c in config.collectives])
         return cls(config.stage, config.pp, config.replica, config.dp, config.microbatches,
-                   config.microbatch_size, shape, module, corpus, device, optimizer,
+                   config.microbatch_size, shape, module, corpus, device, optimizer, syncs,
                    config.seed, config.inference_model)
 
     @property
@@ -107,28 +123,19 @@ class RealEngine:
         assert inputs is not None and inputs.grad is not None
         return _to_bytes(inputs.grad)
 
-    def _params(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.module.parameters() if p.requires_grad]
+    def contribute(self, collective: Collective, nbytes: int, members: int) -> Contribution:
+        return self.syncs.contribute(collective, members)
 
-    def gradients(self) -> bytearray:
-        flat = torch.cat([_grad(p).reshape(-1) for p in self._params()])
-        return bytearray(_to_bytes(flat))
-
-    def add_into(self, target: memoryview, incoming: bytes | bytearray) -> None:
-        mine = torch.frombuffer(target, dtype=torch.float32)
-        mine += torch.frombuffer(bytearray(incoming), dtype=torch.float32)
-
-    def apply_reduced(self, reduced: bytearray, replicas: int) -> None:
-        flat = torch.frombuffer(reduced, dtype=torch.float32).to(self.device) / replicas
-        offset = 0
-        for p in self._params():
-            n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p).clone()
-            offset += n
+    def reduced(self, collective: Collective, contribution: Contribution,
+                members: int) -> None:
+        self.syncs.reduced(collective, contribution, members)
 
     def step(self) -> None:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def outer_step(self, collective: Collective) -> None:
+        self.syncs.outer_step(collective)
 
     def quick(self) -> bool:
         return False
@@ -152,12 +159,15 @@ class RealEngine:
 
     def checkpoint(self, path: str) -> None:
         torch.save({"model": self.module.state_dict(),
-                    "optimizer": self.optimizer.state_dict()}, path)
+                    "optimizer": self.optimizer.state_dict(),
+                    "syncs": self.syncs.state_dict()}, path)
 
     def restore(self, path: str) -> None:
         state = torch.load(path, map_location=self.device)
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if "syncs" in state:  # saved before plans had syncs of their own
+            self.syncs.load_state_dict(state["syncs"])
 
     def take_loss(self) -> float | None:
         if not self.last or not self._losses:
@@ -165,10 +175,6 @@ class RealEngine:
         loss = sum(self._losses) / len(self._losses)
         self._losses.clear()
         return loss
-
-
-def _grad(p: torch.nn.Parameter) -> torch.Tensor:
-    return p.grad if p.grad is not None else torch.zeros_like(p)
 
 
 def _to_bytes(tensor: torch.Tensor) -> bytes:

@@ -17,9 +17,12 @@ from testbed.plan.interpret import (
     AllReduce,
     Compute,
     OptimizerStep,
+    OuterStep,
     Phase,
     Prefill,
     Receive,
+    ReduceStart,
+    ReduceWait,
     Send,
     SendWait,
     Step,
@@ -27,7 +30,7 @@ from testbed.plan.interpret import (
 )
 from testbed.plan.model import Action, Op
 from testbed.runtime import clock
-from testbed.runtime.allreduce import ring_allreduce
+from testbed.runtime.collectives import Collectives
 from testbed.runtime.engines import Engine
 from testbed.runtime.messages import BubbleAsk, Config, Idle, PeerInfo, Sent, TransferRequest
 from testbed.runtime.messages import Prefill as PrefillOrder
@@ -57,11 +60,15 @@ class StageRunner:
     executor: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1, "compute")
     )
-    steps: tuple[Step, ...] = field(init=False)
+    programs: list[tuple[Step, ...]] = field(init=False)
+    """Each iteration program's steps (Config.programs)."""
+    collectives: Collectives = field(init=False)
 
     def __post_init__(self) -> None:
         cfg = self.config
-        self.steps = interpret([Action.parse(a) for a in cfg.actions], cfg.stage, cfg.pp)
+        self.programs = [interpret([Action.parse(a) for a in actions], cfg.stage, cfg.pp)
+                         for actions in cfg.programs]
+        self.collectives = Collectives(self)
 
     def span(self, kind: SpanKind, start: float, end: float, iteration: int,
              **detail: Unpack[SpanDetail]) -> None:
@@ -69,11 +76,13 @@ class StageRunner:
                            "iteration": iteration, "stage": self.config.stage, **detail})
 
     async def run_iteration(self, iteration: int) -> float | None:
-        """Every step in order; sends go on in the background and all have left when this
-        returns. The loss, on the last stage with real compute."""
+        """Every step of the iteration's program in order; sends go on in the background
+        and all have left when this returns (an all-reduce started may go on). The loss,
+        on the last stage with real compute."""
         received: dict[Phase, dict[int, bytearray]] = {Phase.FORWARD: {}, Phase.BACKWARD: {}}
         computed: dict[Phase, dict[int, bytes | None]] = {Phase.FORWARD: {}, Phase.BACKWARD: {}}
-        for index, step in enumerate(self.steps):
+        steps = self.programs[self.config.program_of(iteration)]
+        for index, step in enumerate(steps):
             self.action = index
             match step:
                 case Receive(phase=phase, from_stage=stage, microbatch=mb):
@@ -96,10 +105,17 @@ class StageRunner:
                         self.neighbour(stage), tag, payload, iteration, mb, step.op)
                 case SendWait():
                     await self.wait_send(step, iteration)
-                case AllReduce():
-                    await self.allreduce(iteration)
+                case AllReduce(collective=collective):
+                    await self.collectives.allreduce(collective, iteration)
+                case ReduceStart(collective=collective):
+                    await self.collectives.start(collective, iteration)
+                case ReduceWait(collective=collective):
+                    await self.collectives.wait(collective, iteration)
                 case OptimizerStep():
                     await self.compute("step", iteration, self.engine.step)
+                case OuterStep(collective=collective):
+                    await self.compute("step", iteration, functools.partial(
+                        self.engine.outer_step, collective), collective=str(collective))
                 case Prefill():
                     pass  # nothing runs there (see testbed.plan.interpret)
         await self.flush_sends()
@@ -280,63 +296,6 @@ class StageRunner:
             await write_kv(self.decode, request, payload)
         self.span("kv_transfer", start, clock.now(), iteration, request=request,
                   bytes=len(payload))
-
-    async def allreduce(self, iteration: int) -> None:
-        """The stage's gradient all-reduce; with bubbles, prefills fill its wait once the
-        gradients are out of the GPU's hands."""
-        start, action = clock.now(), self.action
-        reducing = asyncio.Event()
-        ring = asyncio.create_task(self.reduce(iteration, start, action, reducing))
-        if self.config.bubbles:
-            await reducing.wait()
-            await self.fill_bubble(lambda: not ring.done(), action, iteration, start)
-        await ring
-
-    async def reduce(self, iteration: int, start: float, action: int,
-                     reducing: asyncio.Event) -> None:
-        cfg = self.config
-        position = next(i for i, p in enumerate(cfg.ring) if p.index == cfg.index)
-        successor = cfg.ring[(position + 1) % len(cfg.ring)]
-        modeled = cfg.allreduce_modeled_s
-        try:
-            if modeled is not None:
-                reducing.set()
-                # inside one DC, in emulated compute: a real ring over a token-sized buffer
-                # keeps the replicas in step as the collective does; the gradients' time is
-                # modeled (the token's own trip is part of it, not added to it)
-                token = bytearray(4 * len(cfg.ring))
-                await ring_allreduce(self.transport, self.engine, token, position,
-                                     len(cfg.ring), successor.index, f"AR{cfg.stage}:{iteration}")
-                left = modeled - (clock.now() - start)
-                if left > 0:
-                    await asyncio.sleep(left)
-                self.span("allreduce", start, clock.now(), iteration,
-                          bytes=cfg.grad_bytes, modeled=True, action=action)
-                return
-            data = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self.engine.gradients
-            )
-        finally:
-            reducing.set()
-
-        async def send(peer_index: int, tag: str, view: memoryview) -> None:
-            await self.send(successor, tag, view, iteration, None, Op.ALLREDUCE)
-
-        reduced = await ring_allreduce(
-            self.transport,
-            self.engine,
-            data,
-            position,
-            len(cfg.ring),
-            successor.index,
-            f"AR{cfg.stage}:{iteration}",
-            send,
-        )
-        await asyncio.get_running_loop().run_in_executor(
-            self.executor, lambda: self.engine.apply_reduced(reduced, len(cfg.ring))
-        )
-        self.span("allreduce", start, clock.now(), iteration, bytes=len(data),
-                  action=action)
 
     async def flush_sends(self) -> None:
         pending, self.pending_sends = self.pending_sends, []

@@ -60,7 +60,6 @@ def make_engine(config: Config) -> Engine:
         timing.backward_s,
         timing.step_s,
         config.activation_bytes,
-        config.grad_bytes,
         config.stage == 0,
         config.stage == config.pp - 1,
     )
@@ -150,6 +149,7 @@ async def serve_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, g
                                              p99(lags)))
             lags.clear()
             await checkpoint_if_due(runner, iteration + 1)
+        await runner.collectives.drain()
         if config.save_dir:
             await asyncio.get_running_loop().run_in_executor(
                 runner.executor, save_stage, engine.save, Path(config.save_dir),

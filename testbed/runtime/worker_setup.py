@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from testbed.compute import ring_allreduce_s, stage_cost
+from testbed.compute import collective_bytes, ring_allgather_s, ring_allreduce_s, stage_cost
 from testbed.pacing import GRADIENTS, paced, pair_pacing_bytes_per_s
-from testbed.plan.build import PIPELINE, communicating_pairs
-from testbed.plan.model import Sharing
+from testbed.plan.build import ALLREDUCE, PIPELINE, LinkKind, communicating_pairs
+from testbed.plan.collective import Collective, Scope
+from testbed.plan.model import Op, Plan, Sharing
 from testbed.runtime.decode import DECODE_PORT
 from testbed.runtime.messages import (
+    CollectiveSetup,
     Config,
     Connect,
     DecodeAddress,
@@ -41,36 +43,76 @@ def worker_config(run: RunConfig, worker: WorkerHandle, workers: Sequence[Worker
     if decode_dcs:
         target = dc if dc in decode_dcs else decode_dcs[0]
         decode = DecodeAddress(address_of(f"{target}-decode"), DECODE_PORT)
+    programs, cycle = gpu_programs(plan, worker.gpu)
+    collectives = [
+        CollectiveSetup(str(c), collective_bytes(job, plan.layers, stage, c, plan.tp),
+                        [peer(plan.lead_gpu(r, stage)) for r in members],
+                        modeled_collective(run, stage, c, members))
+        for c, members in gpu_collectives(run, worker.gpu)]
     return Config(
         index=worker.index, gpu=worker.gpu, dc=dc, address=address_of(worker.gpu),
-        replica=worker.replica, stage=stage,
-        actions=[str(a) for a in plan.actions[worker.gpu]],
+        replica=worker.replica, stage=stage, programs=programs, cycle=cycle,
         prev=None if first else peer(plan.lead_gpu(worker.replica, stage - 1)),
         next=None if last else peer(plan.lead_gpu(worker.replica, stage + 1)),
-        ring=[peer(plan.lead_gpu(r, stage)) for r in range(plan.dp)],
+        collectives=collectives,
         arbitrated=[f"{a}>{b}" for (a, b), s in plan.sharing.items()
                     if s is Sharing.ARBITRATED],
         iterations=job.iterations, compute=run.compute, model=job.model,
         layers=list(plan.layers), seed=job.seed, dp=plan.dp, microbatches=plan.microbatches,
         microbatch_size=plan.microbatch_size, activation_bytes=job.activation_bytes,
-        grad_bytes=cost.grad_bytes, emulated=EmulatedTiming(cost.forward_s, cost.backward_s),
+        emulated=EmulatedTiming(cost.forward_s, cost.backward_s),
         local_rank=worker.index, save_dir=str(run.save_dir) if run.save_dir else None,
         first_iteration=checkpoints.first_iteration if checkpoints else 0,
         restore_dir=checkpoints.restore_dir() if checkpoints else None,
         checkpoint_dir=str(checkpoints.directory) if checkpoints else None,
         checkpoint_every=checkpoints.every if checkpoints else 0,
-        allreduce_modeled_s=modeled_allreduce(run, stage, cost.grad_bytes),
         stretch=run.dilation if run.compute == "real" else 1,
         intra_dc_bps=topology.dc(dc).bandwidth_bps
         if run.activations == "auto" and run.compute == "emulated" else None,
         bubbles=bool(decode_dcs), decode=decode,
         inference_model=job.inference.model if job.inference else None,
         data=job.data if run.compute == "real" else None,
+        outer=plan.outer if plan.has_outer_steps else None,
     )
 
 
-def modeled_allreduce(run: RunConfig, stage: int, grad_bytes: int) -> float | None:
-    """Seconds for an intra-DC all-reduce that is modeled instead of sent, or None.
+def gpu_programs(plan: Plan, gpu: str) -> tuple[list[list[str]], list[int]]:
+    """`gpu`'s distinct programs, once each, and the cycle as indices into them."""
+    texts: list[list[str]] = []
+    index: dict[tuple[str, ...], int] = {}
+    of_program = []
+    for program in plan.all_programs():
+        actions = tuple(str(a) for a in program[gpu])
+        if actions not in index:
+            index[actions] = len(texts)
+            texts.append(list(actions))
+        of_program.append(index[actions])
+    return texts, [of_program[index] for index in plan.cycle]
+
+
+def gpu_collectives(run: RunConfig, gpu: str) -> list[tuple[Collective, list[int]]]:
+    """Every collective `gpu`'s programs join (an OUTER_STEP moves nothing), with the
+    replicas that meet in it."""
+    plan = run.plan
+    replica, stage = plan.worker_of(gpu)
+    joined = sorted({a.subject for program in plan.all_programs() for a in program[gpu]
+                     if a.op.is_collective and a.op is not Op.OUTER_STEP})
+    return [(c, group_of(run, replica, stage, c.scope)) for c in joined]
+
+
+def group_of(run: RunConfig, replica: int, stage: int, scope: Scope) -> list[int]:
+    """The replicas of `stage` that reduce with `replica`: all of them, or those whose
+    stage runs in its datacenter."""
+    plan, dc_of = run.plan, run.topology.dc_of
+    if scope is Scope.ALL:
+        return list(range(plan.dp))
+    mine = dc_of(plan.lead_gpu(replica, stage))
+    return [r for r in range(plan.dp) if dc_of(plan.lead_gpu(r, stage)) == mine]
+
+
+def modeled_collective(run: RunConfig, stage: int, collective: Collective,
+                       members: list[int]) -> float | None:
+    """Seconds for an intra-DC collective that is modeled instead of sent, or None.
 
     With emulated compute a stage's gradients (GBs for large models) would have to
     cross Python on this machine at intra-DC rates it cannot reach; inside one DC the
@@ -78,13 +120,27 @@ def modeled_allreduce(run: RunConfig, stage: int, grad_bytes: int) -> float | No
     cross the WAN always move real bytes.
     """
     plan, topology = run.plan, run.topology
-    if run.allreduce == "real" or run.compute == "real" or plan.dp < 2:
+    if run.allreduce == "real" or run.compute == "real" or len(members) < 2:
         return None
-    dcs = {topology.dc_of(plan.lead_gpu(r, stage)) for r in range(plan.dp)}
+    dcs = {topology.dc_of(plan.lead_gpu(r, stage)) for r in members}
     if len(dcs) != 1:
         return None
     dc = topology.dc(dcs.pop())
-    return ring_allreduce_s(grad_bytes, plan.dp, dc.bandwidth_bps, dc.latency_s)
+    nbytes = collective_bytes(run.job, plan.layers, stage, collective, plan.tp)
+    closed_form = ring_allgather_s if collective.gathers else ring_allreduce_s
+    return closed_form(nbytes, len(members), dc.bandwidth_bps, dc.latency_s)
+
+
+def ring_pairs(run: RunConfig) -> list[tuple[str, str, LinkKind]]:
+    """Every pair of GPUs that are neighbours in some collective's ring."""
+    plan = run.plan
+    pairs = []
+    for (replica, stage), gpus in plan.workers():
+        for _, members in gpu_collectives(run, gpus[0]):
+            if len(members) > 1:
+                successor = members[(members.index(replica) + 1) % len(members)]
+                pairs.append((gpus[0], plan.lead_gpu(successor, stage), ALLREDUCE))
+    return pairs
 
 
 def worker_connections(run: RunConfig, worker: WorkerHandle,
@@ -95,7 +151,12 @@ def worker_connections(run: RunConfig, worker: WorkerHandle,
     outbound: dict[str, Outbound] = {}
     inbound: dict[str, int] = {}
     pacing: dict[str, float] = {}
-    for a, b, kind in communicating_pairs(plan.placement, plan.dp, plan.pp, 1):
+    seen: set[frozenset[str]] = set()
+    for a, b, kind in [*communicating_pairs(plan.placement, plan.dp, plan.pp, 1),
+                       *ring_pairs(run)]:
+        if frozenset((a, b)) in seen:
+            continue
+        seen.add(frozenset((a, b)))
         n = plan.connections_between(a, b)
         wa, wb = by_gpu[a], by_gpu[b]
         low, high = (wa, wb) if wa.index < wb.index else (wb, wa)

@@ -1,0 +1,186 @@
+"""A stage's all-reduces on the worker: whom it meets (the collective's group, in ring
+order), under which name (the k-th join of that group: members meet by order), waited
+for at once (ALLREDUCE) or started on a task of its own while the stage computes on
+(ALLREDUCE_START) and awaited later (ALLREDUCE_WAIT).
+
+Across DCs the contribution's bytes cross real TCP, each chunk a transfer span; inside one
+DC with emulated compute a ring of tokens keeps the members in step and the collective's
+closed-form time is waited out (testbed.runtime.worker_setup.modeled_collective).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, Unpack
+
+from testbed.plan.collective import Collective, Scope
+from testbed.plan.model import Op
+from testbed.runtime import clock
+from testbed.runtime.allreduce import Bytes, Contribution, Wire, ring_allgather, ring_allreduce
+from testbed.runtime.engines import Engine
+from testbed.runtime.messages import CollectiveSetup, Config, PeerInfo
+from testbed.runtime.transport import Transport
+from testbed.spans import SpanDetail, SpanKind
+
+
+class Runner(Protocol):
+    """What of the stage runner (testbed.runtime.stage_runner) its collectives use."""
+
+    config: Config
+    engine: Engine
+    transport: Transport
+    executor: concurrent.futures.ThreadPoolExecutor
+    action: int
+
+    def span(self, kind: SpanKind, start: float, end: float, iteration: int,
+             **detail: Unpack[SpanDetail]) -> None: ...
+
+    async def send(self, peer: PeerInfo, tag: str, payload: bytes | bytearray | memoryview,
+                   iteration: int, microbatch: int | None, kind: Op) -> None: ...
+
+    async def fill_bubble(self, waiting: Callable[[], bool], action: int, iteration: int,
+                          since: float) -> None: ...
+
+    def link_key(self, peer: PeerInfo) -> str | None: ...
+
+
+@dataclass
+class Joined:
+    """A collective this stage has joined and not yet taken the result of."""
+
+    setup: CollectiveSetup
+    contribution: Contribution
+    moving: asyncio.Task[float]
+    """The ring; its result is when it ended."""
+    start: float
+    iteration: int
+    action: int | None
+    """The joining action's position, for a blocking one (bubble predictions key on it)."""
+
+
+class Collectives:
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.setups = {Collective.parse(s.collective): s for s in runner.config.collectives}
+        self.joins: collections.Counter[str] = collections.Counter()
+        self.started: dict[Collective, Joined] = {}
+
+    async def allreduce(self, collective: Collective, iteration: int) -> None:
+        """Join and wait for the result; with bubbles, prefills fill the wait once the
+        contribution is out of the GPU's hands."""
+        joined = await self.join(collective, iteration, self.runner.action)
+        await self.take(collective, joined)
+
+    async def start(self, collective: Collective, iteration: int) -> None:
+        if collective in self.started:
+            raise RuntimeError(f"{collective!r} is already under way")
+        self.started[collective] = await self.join(collective, iteration, None)
+
+    async def wait(self, collective: Collective, iteration: int) -> None:
+        joined = self.started.pop(collective, None)
+        if joined is None:
+            raise RuntimeError(f"{collective!r} was never started")
+        await self.take(collective, joined, iteration)
+
+    async def drain(self) -> None:
+        """Let rings started and never awaited (a run that ends mid-cycle) finish: their
+        members are still in them. Their results go unused."""
+        started, self.started = self.started, {}
+        for collective, joined in started.items():
+            self.record(collective, joined, await joined.moving)
+
+    def tag_of(self, collective: Collective) -> str:
+        """The next join's name in the collective's group: every member counts its joins
+        of the group alike."""
+        cfg = self.runner.config
+        group = f"AR{cfg.stage}" + (f"@{cfg.dc}" if collective.scope is Scope.DC else "")
+        k = self.joins[group]
+        self.joins[group] += 1
+        return f"{group}:{k}"
+
+    async def join(self, collective: Collective, iteration: int,
+                   action: int | None) -> Joined:
+        runner = self.runner
+        setup = self.setups[collective]
+        start = clock.now()
+        tag = self.tag_of(collective)
+        members = len(setup.group)
+        contribution = await asyncio.get_running_loop().run_in_executor(
+            runner.executor, runner.engine.contribute, collective, setup.nbytes, members)
+        moving = asyncio.create_task(self.move(collective, setup, contribution, tag, start,
+                                               iteration))
+        return Joined(setup, contribution, moving, start, iteration, action)
+
+    async def take(self, collective: Collective, joined: Joined,
+                   waiting_in: int | None = None) -> None:
+        """Wait for the ring and take its result (on the compute thread, in program
+        order); the span covers the ring from the join."""
+        runner = self.runner
+        if runner.config.bubbles:
+            since = clock.now() if waiting_in is not None else joined.start
+            await runner.fill_bubble(lambda: not joined.moving.done(), runner.action,
+                                     joined.iteration if waiting_in is None else waiting_in,
+                                     since)
+        ended = await joined.moving
+        members = len(joined.setup.group)
+        await asyncio.get_running_loop().run_in_executor(
+            runner.executor, runner.engine.reduced, collective, joined.contribution, members)
+        self.record(collective, joined, ended if joined.action is None else clock.now())
+
+    def record(self, collective: Collective, joined: Joined, end: float) -> None:
+        detail: SpanDetail = {"bytes": joined.setup.nbytes, "collective": str(collective)}
+        if joined.setup.modeled_s is not None:
+            detail["modeled"] = True
+        if joined.action is not None:
+            detail["action"] = joined.action
+        self.runner.span("allreduce", joined.start, end, joined.iteration, **detail)
+
+    async def move(self, collective: Collective, setup: CollectiveSetup,
+                   contribution: Contribution, tag: str, start: float, iteration: int) -> float:
+        """The ring itself; returns when it ended."""
+        runner, cfg = self.runner, self.runner.config
+        group = setup.group
+        position = next(i for i, p in enumerate(group) if p.index == cfg.index)
+        successor = group[(position + 1) % len(group)]
+        predecessor = group[(position - 1) % len(group)]
+        modeled = setup.modeled_s is not None
+
+        async def send(name: str, data: Wire) -> None:
+            await runner.send(successor, name, data, iteration, None, Op.ALLREDUCE)
+
+        async def receive(name: str) -> bytearray:
+            return await self.receive(predecessor, name, iteration, modeled)
+
+        if modeled:
+            # inside one DC, in emulated compute: a real ring over a token-sized buffer
+            # keeps the members in step as the collective does; its time is modeled (the
+            # token's own trip is part of it, not added to it)
+            token = Bytes(bytearray(4 * len(group)), len(group))
+            await ring_allreduce(token, position, len(group), tag, send, receive)
+            assert setup.modeled_s is not None
+            left = setup.modeled_s - (clock.now() - start)
+            if left > 0:
+                await asyncio.sleep(left)
+        elif collective.gathers:
+            await ring_allgather(contribution, position, len(group), tag, send, receive)
+        else:
+            await ring_allreduce(contribution, position, len(group), tag, send, receive)
+        return clock.now()
+
+    async def receive(self, peer: PeerInfo, tag: str, iteration: int,
+                      modeled: bool) -> bytearray:
+        """A ring message from the predecessor; a transfer span when its bytes are the
+        collective's own (not a modeled ring's token)."""
+        runner = self.runner
+        got = await runner.transport.recv(tag)
+        if not modeled:
+            link = runner.link_key(peer)
+            runner.span("transfer", got.sent_at, got.completed_at, iteration, microbatch=None,
+                        peer=peer.gpu, bytes=len(got.data),
+                        link=None if link is None else f"{peer.dc}>{runner.config.dc}",
+                        tag=tag, src=peer.gpu, dst=runner.config.gpu)
+        return got.data

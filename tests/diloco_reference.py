@@ -1,0 +1,171 @@
+"""The DiLoCo family in one process, in plain torch: the oracle the workers' real compute
+must equal. Written from the contract of plans that span iterations, not from the
+runtime's code: K replicas of the whole model, trained in turn on the samples each
+replica's workers read, each with its own Adam; syncs after the inner step of the
+iterations that have them.
+
+- Every-step gradients (optionally compressed, with error feedback: each replica adds its
+  residual before compressing and keeps what compression lost) are summed as a ring does:
+  chunk i of whole 256-element blocks starts at replica i and each replica after it adds
+  its own, the sum crossing the wire (compressed) at every hop; the replica that finishes
+  a chunk sends it round as the others read it.
+- Deltas (outer minus local parameters, when a sync starts) are summed the same way,
+  without error feedback; an outer step hands their average to the fragment's
+  torch.optim.SGD as the outer parameters' gradient; then local = mixing * local +
+  (1 - mixing) * outer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from testbed.job import Job
+from testbed.runtime.model import Corpus, build_model, loss_of, sample_index
+from testbed.runtime.real_engine import LEARNING_RATE
+
+BLOCK = 256
+
+
+@dataclass(frozen=True)
+class Sync:
+    """One thing replicas do after their inner step: `start` a sync of a fragment's deltas
+    (they are taken now), or take its `outer` step."""
+
+    kind: Literal["start", "outer"]
+    fragment: int = 0
+    fragments: int = 1
+    payload: str = ""
+
+
+@dataclass(frozen=True)
+class Outer:
+    lr: float = 0.7
+    momentum: float = 0.9
+    nesterov: bool = True
+    mixing: float = 0.0
+
+
+def fragment_of(name: str, layers: int, fragments: int) -> int:
+    """Streaming DiLoCo's strided fragments: block i in fragment i mod N, the embeddings
+    with block 0, the final norm and output layer with the last block."""
+    if name.startswith("blocks."):
+        return int(name.split(".")[1]) % fragments
+    if name.startswith(("embed.", "position.")):
+        return 0
+    assert name.startswith("head."), name
+    return (layers - 1) % fragments
+
+
+def wire(values: torch.Tensor, payload: str) -> torch.Tensor:
+    """`values` as the receiving end reads them."""
+    if payload in ("", "fp32"):
+        return values.clone()
+    if payload in ("bf16", "fp16"):
+        return values.to(torch.bfloat16 if payload == "bf16" else torch.float16).float()
+    levels = {"int8": 127, "int4": 7}[payload]
+    out = torch.empty_like(values)
+    for start in range(0, values.numel(), BLOCK):
+        block = values[start : start + BLOCK]
+        scale = block.abs().max() / levels
+        if scale == 0:
+            out[start : start + BLOCK] = 0.0
+        else:
+            out[start : start + BLOCK] = torch.round(block / scale).clamp(-levels, levels) * scale
+    return out
+
+
+def ring_sum(values: Sequence[torch.Tensor], payload: str) -> torch.Tensor:
+    n = len(values)
+    if n == 1:
+        return values[0].clone()
+    blocks = values[0].numel() // BLOCK
+    sizes = [(blocks // n + (1 if i < blocks % n else 0)) * BLOCK for i in range(n)]
+    sizes[-1] += values[0].numel() - sum(sizes)
+    out = torch.empty_like(values[0])
+    start = 0
+    for i, size in enumerate(sizes):
+        end = start + size
+        partial = values[i][start:end]
+        for hop in range(1, n):
+            partial = values[(i + hop) % n][start:end] + wire(partial, payload)
+        out[start:end] = wire(partial, payload)
+        start = end
+    return out
+
+
+def train(job: Job, replicas: int, microbatches: int, iterations: int,
+          syncs: Callable[[int], list[Sync]], outer: Outer = Outer(),
+          gradients: str | None = None) -> list[dict[str, torch.Tensor]]:
+    """Each replica's parameters after `iterations`; `gradients`: the payload of an
+    every-step gradient all-reduce (None: replicas step apart)."""
+    torch.set_num_threads(1)
+    shape = job.model
+    models = [build_model(shape, job.seed) for _ in range(replicas)]
+    inner = [torch.optim.Adam(m.parameters(), lr=LEARNING_RATE) for m in models]
+    corpus = Corpus(shape.vocab, shape.seq_len, job.seed)
+    names = [n for n, _ in models[0].named_parameters()]
+    outer_params = {n: p.detach().clone() for n, p in models[0].named_parameters()}
+    optimizers: dict[tuple[int, int], torch.optim.SGD] = {}
+    residuals = [torch.zeros(0) for _ in range(replicas)]
+    pending: dict[tuple[int, int], torch.Tensor] = {}
+
+    def fragment(sync: Sync) -> list[str]:
+        return [n for n in names if fragment_of(n, shape.layers, sync.fragments) == sync.fragment]
+
+    for iteration in range(iterations):
+        for r, model in enumerate(models):
+            for mb in range(microbatches):
+                first = sample_index(iteration, r, mb, replicas, microbatches,
+                                     job.microbatch_size)
+                inputs, targets = corpus.batch(first, job.microbatch_size)
+                (loss_of(model(inputs), targets) / microbatches).backward()  # type: ignore[no-untyped-call]
+        if gradients is not None:
+            flats = [torch.cat([p.grad.reshape(-1) for p in m.parameters()])  # type: ignore[union-attr]
+                     for m in models]
+            if gradients not in ("", "fp32", "bf16", "fp16"):  # error feedback
+                for r in range(replicas):
+                    if residuals[r].numel():
+                        flats[r] = flats[r] + residuals[r]
+                    residuals[r] = flats[r] - wire(flats[r], gradients)
+            average = ring_sum(flats, gradients) / replicas
+            for m in models:
+                offset = 0
+                for p in m.parameters():
+                    p.grad = average[offset : offset + p.numel()].view_as(p).clone()
+                    offset += p.numel()
+        for optimizer in inner:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        for sync in syncs(iteration):
+            key = (sync.fragment, sync.fragments)
+            chosen = fragment(sync)
+            if sync.kind == "start":
+                deltas = [torch.cat([(outer_params[n] - dict(m.named_parameters())[n].detach())
+                                     .reshape(-1) for n in chosen]) for m in models]
+                pending[key] = ring_sum(deltas, sync.payload) / replicas
+                continue
+            if key not in optimizers:
+                optimizers[key] = torch.optim.SGD(
+                    [outer_params[n] for n in chosen], lr=outer.lr, momentum=outer.momentum,
+                    nesterov=outer.nesterov)
+            average = pending.pop(key)
+            offset = 0
+            for n in chosen:
+                count = outer_params[n].numel()
+                outer_params[n].grad = average[offset : offset + count].view_as(outer_params[n])
+                offset += count
+            optimizers[key].step()
+            optimizers[key].zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for m in models:
+                    params = dict(m.named_parameters())
+                    for n in chosen:
+                        params[n].copy_(outer.mixing * params[n]
+                                        + (1 - outer.mixing) * outer_params[n])
+    assert not math.isnan(sum(float(p.detach().sum()) for m in models for p in m.parameters()))
+    return [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
