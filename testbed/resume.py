@@ -24,6 +24,7 @@ from testbed.fields import (
 from testbed.fsutil import write_atomic
 from testbed.job_file import dump_job, load_job
 from testbed.net.state import process_start_ticks
+from testbed.plan.model import Plan
 from testbed.policy.option_parsers import one_of
 from testbed.report.saved import read_json
 from testbed.run_spec import RunSpec
@@ -43,8 +44,12 @@ _SETTINGS = ("policy", "policy_options", "compute", "shaper", "allreduce", "stal
              "pacing", "activations", "dilation", "checkpoint_every", "target_loss")
 
 
-def check_checkpointable(spec: RunSpec) -> None:
+def check_checkpointable(spec: RunSpec, plan: Plan) -> None:
     """What a resumed run could not reproduce is refused before anything starts."""
+    if spec.checkpoint_every % plan.period:
+        raise InputError(f"{spec.checkpoint_every} is not a multiple of the plan's cycle of "
+                         f"{plan.period} iterations (checkpoints are taken between cycles, "
+                         "when no sync is under way)", "--checkpoint-every")
     if spec.events:
         raise InputError("checkpointing a run with network events is not supported (the "
                          "events' times would restart with the resumed run)", "--checkpoint-every")

@@ -29,6 +29,34 @@ def test_a_checkpoint_is_due_every_n_and_at_the_end() -> None:
     assert not any(checkpoint_due(done, 0, 10) for done in range(11))
 
 
+def test_a_plan_that_spans_iterations_checkpoints_between_its_cycles() -> None:
+    """A sync started in one iteration of a cycle may end in a later one: only a cycle's
+    end is a cut every worker can resume from."""
+    assert [done for done in range(12) if checkpoint_due(done, 4, 11, period=2)] == [4, 8]
+    from testbed.job import Job, ModelShape
+    from testbed.plan.build import Schedule, build_plan, cycled
+    from testbed.plan.collective import Collective, Reduces
+    from testbed.plan.model import Action, Op
+    from testbed.resume import check_checkpointable
+    from testbed.run_spec import RunSpec
+    from testbed.topology import load_topology
+    from tests.conftest import TOPOLOGIES
+
+    topology = load_topology(TOPOLOGIES / "two-dc.yaml")
+    job = Job(model=ModelShape(layers=4, hidden=64, heads=4, seq_len=32, vocab=256),
+              microbatches=2)
+    inner = build_plan("t", topology, job, {(0, 0): ("east-0",), (1, 0): ("west-0",)},
+                       Schedule.GPIPE, gradients=None)
+    sync = [Action(0, Op.ALLREDUCE, None, Collective(Reduces.DELTAS)), Action(0, Op.OUTER_STEP)]
+    plan = cycled(inner, [lambda s: [], lambda s: [], lambda s: sync])
+    spec = RunSpec("emulate", topology, job, "t", {}, checkpoint_every=6)
+    check_checkpointable(spec, plan)
+    with pytest.raises(InputError, match=r"^--checkpoint-every: 4 is not a multiple of the "
+                                         r"plan's cycle of 3 iterations"):
+        check_checkpointable(RunSpec("emulate", topology, job, "t", {}, checkpoint_every=4),
+                             plan)
+
+
 def _span(gpu: str, iteration: int, start: float, end: float, kind: str = "step") -> dict[
         str, object]:
     return {"gpu": gpu, "kind": kind, "iteration": iteration, "start": start, "end": end}

@@ -53,7 +53,7 @@ class EmulatorBackend:
                              "--jitter")
         check_emulable(spec, plan)
         if spec.checkpoint_every or resume:
-            check_checkpointable(spec)
+            check_checkpointable(spec, plan)
         if spec.cluster is not None:
             check_across_machines(spec, resume)
 

@@ -33,9 +33,12 @@ FORMAT = 1
 """Version of `state.json` and `run.json`; a newer one is refused, not misread."""
 
 
-def checkpoint_due(done: int, every: int, total: int) -> bool:
-    """After `done` iterations: is a checkpoint taken? Every `every`, and at the end."""
-    return every > 0 and done > 0 and (done % every == 0 or done == total)
+def checkpoint_due(done: int, every: int, total: int, period: int = 1) -> bool:
+    """After `done` iterations: is a checkpoint taken? Every `every`, and at the end, but
+    only between cycles of `period` iterations (a sync started in one iteration of a
+    cycle may end in a later one: mid-cycle, a stage's state is not all it holds)."""
+    return every > 0 and done > 0 and done % period == 0 and (done % every == 0
+                                                             or done == total)
 
 
 def iteration_dir(checkpoint: Path, done: int) -> Path:

@@ -183,7 +183,7 @@ async def checkpoint_if_due(runner: StageRunner, done: int) -> None:
     """Write this stage's part of the checkpoint after `done` iterations, then say so."""
     cfg = runner.config
     if cfg.checkpoint_dir is None or not checkpoint_due(done, cfg.checkpoint_every,
-                                                        cfg.iterations):
+                                                        cfg.iterations, cfg.period):
         return
     directory = iteration_dir(Path(cfg.checkpoint_dir), done)
     await asyncio.get_running_loop().run_in_executor(
