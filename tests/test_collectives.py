@@ -14,7 +14,7 @@ import torch
 
 from testbed.fragments import fragment_params
 from testbed.job import ModelShape
-from testbed.plan.collective import Collective, Reduces, payload_bytes
+from testbed.plan.collective import Collective, Reduces, Scope, payload_bytes
 from testbed.plan.model import OuterOptimizer
 from testbed.runtime.allreduce import Wire, chunk_bounds, ring_allgather, ring_allreduce
 from testbed.runtime.messages import CollectiveSetup, Config, EmulatedTiming, PeerInfo
@@ -164,6 +164,7 @@ def test_each_fragments_weight_matrices_are_the_ones_the_simulator_counts(
 
 TINY = ModelShape(layers=2, hidden=16, heads=2, seq_len=8, vocab=32)
 DELTAS = Collective(Reduces.DELTAS, 0, 2)
+DC_DELTAS = Collective(Reduces.DELTAS, 0, 2, scope=Scope.DC)
 GRADS = Collective(payload="int8")
 
 
@@ -173,7 +174,7 @@ def _engine(outer: OuterOptimizer) -> RealEngine:
         index=0, gpu="east-0", dc="east", address="127.0.0.1", replica=0, stage=0,
         programs=[["0F0", "0B0", "0STEP"]], cycle=[], prev=None, next=None,
         collectives=[CollectiveSetup(str(c), 0, [me, PeerInfo(1, "west-0", "west")])
-                     for c in (DELTAS, GRADS)],
+                     for c in (DELTAS, DC_DELTAS, GRADS)],
         arbitrated=[], iterations=1, compute="real", model=TINY, layers=[2], seed=0, dp=2,
         microbatches=1, microbatch_size=2, activation_bytes=0,
         emulated=EmulatedTiming(0.0, 0.0), local_rank=0, outer=outer)
@@ -230,3 +231,19 @@ def test_outer_state_and_residuals_survive_a_checkpoint(tmp_path: Path) -> None:
     for name, value in engine.syncs.outer.items():
         assert torch.equal(value, resumed.syncs.outer[name]), name
     assert not math.isnan(float(engine.syncs.residuals[GRADS].sum()))
+
+
+def test_an_outer_step_takes_the_last_average_over_all_replicas() -> None:
+    """A datacenter's own average of its deltas (two of four replicas) is not what the
+    outer step applies."""
+    engine = _engine(OuterOptimizer())
+    _train_once(engine, 0)
+    engine.step()
+    everyone = engine.contribute(DELTAS, 0, 2)
+    engine.reduced(DELTAS, everyone, 2)
+    expected = engine.syncs.averaged[(0, 2)].clone()
+    some = engine.contribute(DC_DELTAS, 0, 1)
+    assert isinstance(some, Dense)
+    some.values += 1.0
+    engine.reduced(DC_DELTAS, some, 1)
+    assert torch.equal(engine.syncs.averaged[(0, 2)], expected)

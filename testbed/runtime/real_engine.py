@@ -69,7 +69,8 @@ class RealEngine:
         layers = tuple(config.layers)
         syncs = Syncs([(n, p) for n, p in module.named_parameters() if p.requires_grad],
                       lambda n: parameter_fragments(module, layers, config.stage, n),
-                      config.outer, [Collective.parse(c.collective) for c in config.collectives])
+                      config.outer, [Collective.parse(c.collective) for c in config.collectives],
+                      config.dp)
         return cls(config.stage, config.pp, config.replica, config.dp, config.microbatches,
                    config.microbatch_size, shape, module, corpus, device, optimizer, syncs,
                    config.seed, config.inference_model)

@@ -27,10 +27,12 @@ Named = list[tuple[str, torch.nn.Parameter]]
 
 class Syncs:
     def __init__(self, named: Named, fragments_of: Callable[[int], dict[str, int]],
-                 outer: OuterOptimizer | None, collectives: list[Collective]) -> None:
+                 outer: OuterOptimizer | None, collectives: list[Collective],
+                 replicas: int) -> None:
         """`named`: the stage's parameters in order; `fragments_of(n)`: each one's
-        fragment of n; `collectives`: every collective the stage joins."""
-        self.named, self.config = named, outer or OuterOptimizer()
+        fragment of n; `collectives`: every collective the stage joins; `replicas`: of
+        the stage, all of them."""
+        self.named, self.config, self.replicas = named, outer or OuterOptimizer(), replicas
         self.members: dict[Fragment, Named] = {}
         self.outer: dict[str, torch.Tensor] = {}
         self.optimizers: dict[Fragment, torch.optim.SGD] = {}
@@ -74,7 +76,8 @@ class Syncs:
         assert isinstance(contribution, Dense | Sparse)
         average = contribution.values / members
         if collective.reduces is Reduces.DELTAS:
-            self.averaged[(collective.fragment, collective.fragments)] = average
+            if members == self.replicas:  # an outer step takes an average over all
+                self.averaged[(collective.fragment, collective.fragments)] = average
             return
         offset = 0
         for _, p in self.named:
