@@ -22,6 +22,7 @@ from testbed.spans import Span, SpanKind
 
 TOKEN = b"t" * 32
 ACTIVATION = 64
+GRADIENTS = 32
 
 
 class Control:
@@ -58,7 +59,8 @@ Tails = list[list[str]]
 
 
 def _config(replica: int, stage: int, dp: int, pp: int, microbatches: int,
-            arbitrated: bool, bubbles: bool, tails: Tails | None = None) -> Config:
+            arbitrated: bool, bubbles: bool, tails: Tails | None = None,
+            modeled_s: float | None = None) -> Config:
     def peer(r: int, s: int) -> PeerInfo:
         return PeerInfo(r * pp + s, f"{_dc(s)}-{r * pp + s}", _dc(s))
 
@@ -76,8 +78,8 @@ def _config(replica: int, stage: int, dp: int, pp: int, microbatches: int,
         stage=stage, programs=programs, cycle=list(range(len(programs))) if tails else [],
         prev=peer(replica, stage - 1) if stage > 0 else None,
         next=peer(replica, stage + 1) if stage < pp - 1 else None,
-        collectives=[CollectiveSetup(str(c), 32, [peer(r, stage) for r in range(dp)])
-                     for c in sorted(joined)],
+        collectives=[CollectiveSetup(str(c), GRADIENTS, [peer(r, stage) for r in range(dp)],
+                                     modeled_s) for c in sorted(joined)],
         arbitrated=["east>west", "west>east"] if arbitrated else [], iterations=2,
         compute="emulated", model=ModelShape(pp, 8, 1, 4, 16), layers=[1] * pp, seed=0,
         dp=dp, microbatches=microbatches, microbatch_size=1, activation_bytes=ACTIVATION,
@@ -85,9 +87,9 @@ def _config(replica: int, stage: int, dp: int, pp: int, microbatches: int,
 
 
 async def _run(dp: int, pp: int, microbatches: int, arbitrated: bool = False,
-               bubbles: bool = False, tails: Tails | None = None,
-               iterations: int = 2) -> tuple[list[StageRunner], list[Control]]:
-    configs = [_config(r, s, dp, pp, microbatches, arbitrated, bubbles, tails)
+               bubbles: bool = False, tails: Tails | None = None, iterations: int = 2,
+               modeled_s: float | None = None) -> tuple[list[StageRunner], list[Control]]:
+    configs = [_config(r, s, dp, pp, microbatches, arbitrated, bubbles, tails, modeled_s)
                for r in range(dp) for s in range(pp)]
     transports = [Transport(c.index, TOKEN) for c in configs]
     ports = [await t.listen("127.0.0.1", 0) for t in transports]
@@ -185,3 +187,17 @@ def test_a_cycle_runs_its_programs_in_turn_and_a_started_sync_ends_in_a_later_it
         dc = runner.config.dc
         assert tags == {f"AR{stage}@{dc}:{k}" for k in range(5)} | {f"AR{stage}:{k}"
                                                                   for k in range(2)}
+
+
+def test_a_modeled_ring_takes_its_time_without_making_the_stages_gradients() -> None:
+    """Inside one DC with emulated compute a collective's bytes (GBs for a large stage)
+    are never allocated: a token goes round and the modeled time is waited out."""
+    runners, _ = asyncio.run(_run(2, 1, 2, modeled_s=0.05))
+    for runner in runners:
+        assert runner.engine._buffers == {}  # type: ignore[attr-defined]
+        rings = [s for s in runner.spans if s["kind"] == "allreduce"]
+        assert len(rings) == 2
+        for ring in rings:
+            assert ring["end"] - ring["start"] >= 0.05
+            assert ring.get("modeled") is True and ring["bytes"] == GRADIENTS
+        assert not any(s["kind"] == "transfer" for s in runner.spans)  # a token is no bytes

@@ -109,8 +109,11 @@ class Collectives:
         start = clock.now()
         tag = self.tag_of(collective)
         members = len(setup.group)
-        contribution = await asyncio.get_running_loop().run_in_executor(
-            runner.executor, runner.engine.contribute, collective, setup.nbytes, members)
+        if setup.modeled_s is not None:  # emulated compute: no bytes move, GBs stay unmade
+            contribution: Contribution = Bytes(bytearray(4 * members), members)
+        else:
+            contribution = await asyncio.get_running_loop().run_in_executor(
+                runner.executor, runner.engine.contribute, collective, setup.nbytes, members)
         moving = asyncio.create_task(self.move(collective, setup, contribution, tag, start,
                                                iteration))
         return Joined(setup, contribution, moving, start, iteration, action)
@@ -159,8 +162,7 @@ class Collectives:
             # inside one DC, in emulated compute: a real ring over a token-sized buffer
             # keeps the members in step as the collective does; its time is modeled (the
             # token's own trip is part of it, not added to it)
-            token = Bytes(bytearray(4 * len(group)), len(group))
-            await ring_allreduce(token, position, len(group), tag, send, receive)
+            await ring_allreduce(contribution, position, len(group), tag, send, receive)
             assert setup.modeled_s is not None
             left = setup.modeled_s - (clock.now() - start)
             if left > 0:

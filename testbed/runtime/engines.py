@@ -93,8 +93,9 @@ class EmulatedEngine:
 
     def contribute(self, collective: Collective, nbytes: int, members: int) -> Contribution:
         """Zeros of the planned size (one buffer per size: its content never matters)."""
-        buffer = self._buffers.setdefault(nbytes, bytearray(nbytes))
-        return Bytes(buffer, members)
+        if nbytes not in self._buffers:
+            self._buffers[nbytes] = bytearray(nbytes)
+        return Bytes(self._buffers[nbytes], members)
 
     def reduced(self, collective: Collective, contribution: Contribution,
                 members: int) -> None:
