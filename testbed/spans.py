@@ -72,9 +72,6 @@ class SpanDetail(TypedDict, total=False):
     """Prompt tokens a prefill pass processed."""
     detail: str
     """What a network event did, in words."""
-    collective: str
-    """What an all-reduce (or an outer step) reduced: its collective's text form
-    (testbed.plan.collective; '' for every-step gradients)."""
 
 
 class Span(SpanDetail):

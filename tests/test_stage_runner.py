@@ -180,8 +180,10 @@ def test_a_cycle_runs_its_programs_in_turn_and_a_started_sync_ends_in_a_later_it
         assert sorted(rings) == sorted([(i, "dc") for i in range(5)] + [(0, "delta"),
                                                                         (3, "delta")])
         outer = [s["iteration"] for s in runner.spans if s.get("collective") == "delta"
-                 and s["kind"] == "step"]
-        assert outer == [2]  # the sync started in iteration 3 ends after the run
+                 and s["kind"] == "outer_step"]
+        assert outer == [2]
+        waits = [s["iteration"] for s in runner.spans if s["kind"] == "wait_reduce"]
+        assert waits == [2]  # the sync started in iteration 3 ends after the run
         tags = {s["tag"].rsplit(":", 1)[0] for s in runner.spans if s["kind"] == "transfer"
                 and s["tag"].startswith("AR")}
         dc = runner.config.dc

@@ -84,7 +84,11 @@ class Collectives:
         joined = self.started.pop(collective, None)
         if joined is None:
             raise RuntimeError(f"{collective!r} was never started")
+        blocked, action = clock.now(), self.runner.action
         await self.take(collective, joined, iteration)
+        # the time the stage actually waited, as the simulator records it
+        self.runner.span("wait_reduce", blocked, clock.now(), iteration, action=action,
+                         collective=str(collective))
 
     async def drain(self) -> None:
         """Let rings started and never awaited (a run that ends mid-cycle) finish: their

@@ -114,7 +114,7 @@ class StageRunner:
                 case OptimizerStep():
                     await self.compute("step", iteration, self.engine.step)
                 case OuterStep(collective=collective):
-                    await self.compute("step", iteration, functools.partial(
+                    await self.compute("outer_step", iteration, functools.partial(
                         self.engine.outer_step, collective), collective=str(collective))
                 case Prefill():
                     pass  # nothing runs there (see testbed.plan.interpret)

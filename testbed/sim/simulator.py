@@ -243,8 +243,9 @@ class Simulator:
                     if self.prefills is not None:
                         self.prefills.fill(worker, now, self._advance)
                     return
-                case OuterStep():
-                    worker.record(self.spans, "outer_step", now, now + self.step_s)
+                case OuterStep(collective=collective):
+                    worker.record(self.spans, "outer_step", now, now + self.step_s,
+                                  collective=str(collective))
                     worker.pc += 1
                     if self.step_s:
                         self.agenda.at(now + self.step_s, functools.partial(self._advance, worker))
