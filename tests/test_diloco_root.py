@@ -177,5 +177,5 @@ def test_a_started_sync_lets_the_stage_compute_while_its_ring_crosses_the_wan(
                       and s["iteration"] == ring["iteration"] + 1
                       and ring["start"] <= s["start"] and s["end"] <= ring["end"]]
             assert during, (gpu, ring)
-        outer = [s for s in mine if s["kind"] == "step" and s.get("collective") == "delta"]
+        outer = [s for s in mine if s["kind"] == "outer_step" and s.get("collective") == "delta"]
         assert [s["iteration"] for s in outer] == [1, 3]
