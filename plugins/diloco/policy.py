@@ -23,6 +23,7 @@ from testbed.policy.api import (
     Collective,
     InputError,
     Job,
+    LinkKind,
     Op,
     Option,
     OuterOptimizer,
@@ -59,10 +60,15 @@ def _nothing(stage: int) -> Sequence[Action]:
     return ()
 
 
-def inner_plan(name: str, topology: Topology, job: Job) -> Plan:
+CONNECTIONS = Option("connections", 1, "TCP connections per cross-DC pair of replicas for "
+                     "the syncs (1, as the baselines; one flow is capped at window / RTT)",
+                     at_least_one)
+
+
+def inner_plan(name: str, topology: Topology, job: Job, connections: int = 1) -> Plan:
     """Replicas inside datacenters that step on their own gradients, reduced among the
     replicas of one datacenter where it has several (a DiLoCo worker is itself data
-    parallel)."""
+    parallel); `connections` per pair of replicas in different DCs."""
     placement = dc_pipelines(topology, job)
     per_dc: dict[str, int] = {}
     for (_, stage), gpus in placement.items():
@@ -70,8 +76,13 @@ def inner_plan(name: str, topology: Topology, job: Job) -> Plan:
             dc = topology.dc_of(gpus[0])
             per_dc[dc] = per_dc.get(dc, 0) + 1
     gradients = Collective(scope=Scope.DC) if max(per_dc.values()) > 1 else None
+
+    def count(a: str, b: str, kind: LinkKind) -> int:
+        across = kind is LinkKind.ALLREDUCE and topology.dc_of(a) != topology.dc_of(b)
+        return connections if across else 1
+
     return build_plan(name, topology, job, placement, Schedule.ONE_F_ONE_B,
-                      gradients=gradients)
+                      gradients=gradients, connections=count)
 
 
 class DiLoCoPolicy(TrainingPolicy):
@@ -84,10 +95,11 @@ class DiLoCoPolicy(TrainingPolicy):
         Option("outer_momentum", 0.9, "outer Nesterov momentum (the paper: 0.9)", fraction),
         Option("outer_bits", "bf16", "bits per synced delta: 32, 16 (bf16, as OpenDiLoCo "
                "found lossless), 8 or 4 (int8/int4 blockwise)", _bits),
+        CONNECTIONS,
     )
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
-        inner = inner_plan(self.name, topology, job)
+        inner = inner_plan(self.name, topology, job, self.settings["connections"])
         deltas = Collective(Reduces.DELTAS, payload=self.settings["outer_bits"])
 
         def sync(stage: int) -> Sequence[Action]:
@@ -116,10 +128,11 @@ class StreamingDiLoCoPolicy(TrainingPolicy):
         Option("outer_momentum", 0.9, "outer Nesterov momentum (DiLoCo's 0.9)", fraction),
         Option("outer_bits", "bf16", "bits per synced delta: 32, 16, 8 or 4 (the paper: 4)",
                _bits),
+        CONNECTIONS,
     )
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
-        inner = inner_plan(self.name, topology, job)
+        inner = inner_plan(self.name, topology, job, self.settings["connections"])
         steps, overlap = self.settings["inner_steps"], self.settings["overlap"]
         fragments = self.settings["fragments"] or max(1, job.model.layers // 3)
         fragments = min(fragments, job.model.layers)
