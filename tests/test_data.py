@@ -167,9 +167,9 @@ def _config(data: DataFile | None, stage: int = 0) -> Config:
     """One replica of a one-stage byte-level model (real compute)."""
     return Config(
         index=0, gpu="east-0", dc="east", address="127.0.0.1", replica=0, stage=stage,
-        actions=[], prev=None, next=None, ring=[], arbitrated=[], iterations=1,
+        programs=[[]], cycle=[], prev=None, next=None, collectives=[], arbitrated=[], iterations=1,
         compute="real", model=ModelShape(2, 32, 2, 16, 256), layers=[2], seed=0, dp=1,
-        microbatches=2, microbatch_size=4, activation_bytes=0, grad_bytes=0,
+        microbatches=2, microbatch_size=4, activation_bytes=0,
         emulated=EmulatedTiming(0.0, 0.0), local_rank=0, data=data)
 
 

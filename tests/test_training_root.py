@@ -402,7 +402,9 @@ def test_simulator_agrees_with_the_emulator(tmp_path: Path, topology: str, polic
                                  coordinator.config.policy)
     assert emulated is not None and simulated.median_s is not None
     error = simulated.median_s / emulated - 1
-    assert abs(error) < (0.4 if topology == "two-dc" else 0.5), (emulated, simulated.median_s)
+    # A busy host slows the emulated run (its workers share two cores), never the
+    # simulated one: the bound is wider on the side where the emulator is slower.
+    assert -0.5 < error < 0.4, (emulated, simulated.median_s)
 
 
 def test_atlas_over_the_emulator_serves_one_transfer_at_a_time(tmp_path: Path) -> None:
