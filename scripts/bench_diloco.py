@@ -2,7 +2,9 @@
 """The DiLoCo family against every-step data parallelism and Atlas, by tokens per second
 (and, emulated with real compute, by time to a target loss).
 
-`.venv/bin/python scripts/bench_diloco.py [--parts simulate,bandwidth,emulate] [--json F]`.
+`.venv/bin/python scripts/bench_diloco.py [--parts simulate,bandwidth,emulate] [--json F]
+[--plot F.png] [--from-json F] [--readme README.md]` (`--parts ''` with `--from-json` only
+renders); simulate and bandwidth take a few minutes, emulate (root) about half an hour.
 
 - simulate: paper-3dc and wan-3dc in the simulator: tokens/s, WAN bytes per inner step,
   and the cycle time of dp-across-dc, diloco (H = 10, 50, 500), streaming-diloco
@@ -88,21 +90,150 @@ def bandwidth_part(work: Path, rates: tuple[str, ...] = ("100Mbit", "1Gbit", "10
     return out
 
 
+EMULATED: list[tuple[str, str, dict[str, str]]] = [
+    ("dp-across-dc", "dp-across-dc", {}),
+    ("diloco H=4", "diloco", {"inner_steps": "4"}),
+    ("diloco H=16", "diloco", {"inner_steps": "16"}),
+    ("streaming-diloco", "streaming-diloco", {"inner_steps": "8", "fragments": "2",
+                                              "overlap": "1"}),
+    ("gpipe", "gpipe", {}),
+    ("atlas", "atlas", {}),
+]
+
+
+def emulate_part(work: Path, iterations: int, target: float) -> dict[str, Any]:
+    """Real compute on this machine's CPU over the emulated two-dc WAN: every method
+    trains the same global batch (16 sequences a step) from the same seed."""
+    inputs = api.load(ROOT / "topologies" / "two-dc.yaml")
+    job = replace(inputs.job, microbatches=None, global_batch=16, iterations=iterations)
+    inputs = replace(inputs, job=job)
+    out: dict[str, Any] = {}
+    for label, policy, options in EMULATED:
+        result = api.emulate(inputs, policy, options, compute="real",
+                             out=work / label.replace(" ", "_"), say=lambda _m: None,
+                             target_loss=target)
+        results = result.results
+        reached = results.get("time_to_loss") or {}
+        out[label] = {
+            "tokens_per_s": results["tokens_per_s"],
+            "loss_curve": results["loss_curve"],
+            "time_to_loss_s": reached.get("time_s"),
+            "wan_bytes": results["wan"]["bytes"],
+            "machine_bound": (results.get("emulation") or {}).get("cpu_bound"),
+            "plan": {"dp": results["plan"]["dp"], "pp": results["plan"]["pp"]},
+        }
+        print(f"{label}: time to loss {target}: {out[label]['time_to_loss_s']} s, "
+              f"{out[label]['wan_bytes'] / 1e6:.1f} MB on the WAN", flush=True)
+    return {"target_loss": target, "iterations": iterations, "runs": out}
+
+
+def plot_losses(emulated: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.2), layout="constrained")
+    for label, run in emulated["runs"].items():
+        curve = run["loss_curve"] or []
+        axes.plot([p["time_s"] for p in curve], [p["loss"] for p in curve], label=label)
+    axes.axhline(emulated["target_loss"], color="grey", linestyle=":", label="target")
+    axes.set_xlabel("represented time (s)")
+    axes.set_ylabel("training loss (nats per token)")
+    axes.set_title("two-dc, real compute on CPU, 16 sequences per step")
+    axes.legend(fontsize=8)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+BEGIN = ("<!-- diloco:begin (scripts/bench_diloco.py --from-json benchmarks/diloco.json "
+         "--readme README.md) -->")
+END = "<!-- diloco:end -->"
+
+
+def tables(report: dict[str, Any]) -> str:
+    """The README's tables, from the benchmark's JSON alone."""
+    lines: list[str] = []
+    simulated = report.get("simulate", {})
+    if simulated:
+        names = list(simulated)
+        lines += ["| method | " + " | ".join(f"{n} tokens/s (x dp-across-dc)" for n in names)
+                  + f" | {names[0]} WAN bytes per step (x dp-across-dc) |",
+                  "| --- | " + " | ".join("---" for _ in names) + " | --- |"]
+        for label in simulated[names[0]]:
+            cells = [f"{simulated[n][label]['tokens_per_s']:,.0f} "
+                     f"({simulated[n][label]['speedup']:.2f}x)" for n in names]
+            row = simulated[names[0]][label]
+            lines.append(f"| {label} | " + " | ".join(cells)
+                         + f" | {row['wan_bytes_per_step'] / 1e9:.2f} GB "
+                         f"({row['wan_bytes_vs_dp']:.3f}x) |")
+        lines.append("")
+    bandwidth = report.get("bandwidth", {})
+    if bandwidth:
+        rates = list(bandwidth)
+        lines += ["| WAN link (paper-3dc) | " + " | ".join(rates) + " |",
+                  "| --- | " + " | ".join("---" for _ in rates) + " |"]
+        for label in bandwidth[rates[0]]["tokens_per_s"]:
+            cells = []
+            for rate in rates:
+                value = bandwidth[rate]["tokens_per_s"][label]
+                lead = bandwidth[rate]["leader"] == label
+                cells.append(f"**{value:,.0f}**" if lead else f"{value:,.0f}")
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    emulated = report.get("emulate")
+    if emulated:
+        lines += [f"| method (two-dc, real compute) | plan | tokens/s | time to loss "
+                  f"{emulated['target_loss']} | WAN bytes |", "| --- | --- | --- | --- | --- |"]
+        for label, run in emulated["runs"].items():
+            to_loss = run["time_to_loss_s"]
+            lines.append(
+                f"| {label} | dp {run['plan']['dp']} x pp {run['plan']['pp']} | "
+                f"{run['tokens_per_s']:,.0f} | "
+                + (f"{to_loss:.1f} s" if to_loss is not None else "not reached")
+                + f" | {run['wan_bytes'] / 1e6:,.1f} MB |")
+    return "\n".join(lines).rstrip()
+
+
+def write_readme(readme: Path, report: dict[str, Any]) -> None:
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise SystemExit(f"{readme}: no {BEGIN} ... {END} section to replace")
+    readme.write_text(text[: start + len(BEGIN)] + "\n" + tables(report) + "\n" + text[end:],
+                      encoding="utf-8")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="simulate,bandwidth")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--iterations", type=int, default=32,
+                        help="emulate: inner steps of every method (a multiple of 16)")
+    parser.add_argument("--target-loss", type=float, default=2.5,
+                        help="emulate: the loss whose time is compared")
+    parser.add_argument("--plot", type=Path, help="emulate: loss against time, as PNG")
+    parser.add_argument("--from-json", type=Path,
+                        help="start from this report (parts not run keep its figures)")
+    parser.add_argument("--readme", type=Path, help="rewrite the tables between its markers")
     args = parser.parse_args()
-    parts = args.parts.split(",")
-    report: dict[str, Any] = {}
+    parts = [p for p in args.parts.split(",") if p]
+    report: dict[str, Any] = json.loads(args.from_json.read_text()) if args.from_json else {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if "simulate" in parts:
             report["simulate"] = simulate_part(work / "simulate")
         if "bandwidth" in parts:
             report["bandwidth"] = bandwidth_part(work / "bandwidth")
+        if "emulate" in parts:
+            report["emulate"] = emulate_part(work / "emulate", args.iterations,
+                                             args.target_loss)
+            if args.plot:
+                plot_losses(report["emulate"], args.plot)
     if args.json:
-        args.json.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    if args.readme:
+        write_readme(args.readme, report)
 
 
 if __name__ == "__main__":
