@@ -99,6 +99,17 @@ def test_tokens_per_s_is_tokens_over_time_when_iterations_differ() -> None:
     assert one.tokens_per_s == pytest.approx(250) and one.tokens_measured == 1000
 
 
+def test_a_cycles_typical_iteration_is_its_mean_not_the_step_without_the_sync() -> None:
+    """The figure the emulator is compared with the simulator by: a DiLoCo-style cycle's
+    median is an inner step, which says nothing of the sync."""
+    lengths = [2.0] + ([0.5] * 4 + [10.0]) * 2
+    cycled = summarize(uneven_spans(lengths), ["a", "b"], 0.0, 1000, 0.0, period=5)
+    assert cycled.median_s == pytest.approx(0.5)
+    assert cycled.typical_s == pytest.approx(2.4) == cycled.mean_s
+    plain = summarize(uneven_spans(lengths), ["a", "b"], 0.0, 1000, 0.0)
+    assert plain.typical_s == plain.median_s
+
+
 @given(st.lists(st.tuples(st.floats(0, 10), st.floats(0, 2)), max_size=20))
 def test_busy_time_merges_overlaps(intervals: Sequence[tuple[float, float]]) -> None:
     spans = [span("a", "forward", s, s + d) for s, d in intervals]

@@ -130,6 +130,12 @@ class Summary:
     """Whole cycles counted."""
 
     @property
+    def typical_s(self) -> float | None:
+        """The iteration time that describes the run: the median, or for a plan whose
+        iterations differ the mean over whole cycles."""
+        return self.mean_s if self.period > 1 else self.median_s
+
+    @property
     def cycle_s(self) -> float | None:
         """The mean time of one whole cycle."""
         return None if self.mean_s is None else self.mean_s * self.period

@@ -73,10 +73,11 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
     mode = choose_compute(spec.compute, len(plan.used_gpus()))
     broker = make_broker(spec.topology, spec.job, plan, spec.bubble_policy, spec.bubble_options)
     try:
-        preview = replace(spec.job, iterations=min(spec.job.iterations, PREDICTED_ITERATIONS))
+        preview = replace(spec.job, iterations=min(
+            spec.job.iterations, max(PREDICTED_ITERATIONS, plan.period)))
         simulated, predicted_spans = simulate_plan(spec.topology, preview, plan, chosen,
                                                    spec.profile, broker, spec.events)
-        predicted = simulated.median_s
+        predicted = simulated.typical_s
     except TestbedError as exc:  # the emulator can still run the plan
         say(f"warning: no prediction for this run: {exc}")
         predicted, predicted_spans = None, []
@@ -136,7 +137,7 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
                "checkpoint_every": spec.checkpoint_every,
                "cluster": None if spec.cluster is None else describe_run(spec.cluster),
                "resumed_at": resume.resumed_at if resume else [],
-               **prediction_fields(predicted, summary.median_s),
+               **prediction_fields(predicted, summary.typical_s),
                "emulation": None if health is None else health.as_dict(),
                "inference": _with_overruns(represented_inference(inference, k), spans,
                                            coordinator.broker is not None)})
