@@ -4,7 +4,7 @@
 
 `.venv/bin/python scripts/bench_diloco.py [--parts simulate,bandwidth,emulate] [--json F]
 [--plot F.png] [--from-json F] [--readme README.md]` (`--parts ''` with `--from-json` only
-renders); simulate and bandwidth take a few minutes, emulate (root) about half an hour.
+renders); simulate and bandwidth take a few minutes, emulate (root) a few more.
 
 - simulate: paper-3dc and wan-3dc in the simulator: tokens/s, WAN bytes per inner step,
   and the cycle time of dp-across-dc, diloco (H = 10, 50, 500), streaming-diloco
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed import api
+from testbed.metrics.loss import time_to_loss
 from testbed.sim.sweep import vary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,29 +102,36 @@ EMULATED: list[tuple[str, str, dict[str, str]]] = [
 ]
 
 
-def emulate_part(work: Path, iterations: int, target: float) -> dict[str, Any]:
+def emulate_part(work: Path, iterations: int, target: float | None) -> dict[str, Any]:
     """Real compute on this machine's CPU over the emulated two-dc WAN: every method
-    trains the same global batch (16 sequences a step) from the same seed."""
+    trains the same global batch (16 sequences a step) from the same seed for the same
+    steps. The target loss, unless given, is the one every-step data parallelism (the
+    first method) reaches three quarters of the way through its run, so that it is
+    reachable and the methods that sync less are asked for the same model quality."""
     inputs = api.load(ROOT / "topologies" / "two-dc.yaml")
     job = replace(inputs.job, microbatches=None, global_batch=16, iterations=iterations)
     inputs = replace(inputs, job=job)
     out: dict[str, Any] = {}
     for label, policy, options in EMULATED:
         result = api.emulate(inputs, policy, options, compute="real",
-                             out=work / label.replace(" ", "_"), say=lambda _m: None,
-                             target_loss=target)
+                             out=work / label.replace(" ", "_"), say=lambda _m: None)
         results = result.results
-        reached = results.get("time_to_loss") or {}
+        curve = results["loss_curve"] or []
+        if target is None:
+            target = round(curve[(3 * len(curve)) // 4 - 1]["loss"], 2)
+        reached = time_to_loss(curve, target)
         out[label] = {
             "tokens_per_s": results["tokens_per_s"],
-            "loss_curve": results["loss_curve"],
-            "time_to_loss_s": reached.get("time_s"),
+            "loss_curve": curve,
+            "time_to_loss_s": reached["time_s"],
+            "final_loss": curve[-1]["loss"] if curve else None,
             "wan_bytes": results["wan"]["bytes"],
             "machine_bound": (results.get("emulation") or {}).get("cpu_bound"),
             "plan": {"dp": results["plan"]["dp"], "pp": results["plan"]["pp"]},
         }
-        print(f"{label}: time to loss {target}: {out[label]['time_to_loss_s']} s, "
-              f"{out[label]['wan_bytes'] / 1e6:.1f} MB on the WAN", flush=True)
+        print(f"{label}: {out[label]['tokens_per_s']:,.0f} tokens/s, time to loss {target}: "
+              f"{out[label]['time_to_loss_s']} s, {out[label]['wan_bytes'] / 1e6:.1f} MB on "
+              "the WAN", flush=True)
     return {"target_loss": target, "iterations": iterations, "runs": out}
 
 
@@ -134,9 +142,11 @@ def plot_losses(emulated: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(7, 4.2), layout="constrained")
-    for label, run in emulated["runs"].items():
+    styles = ["-", "--", "-.", (0, (1, 1)), (0, (5, 1, 1, 1, 1, 1)), (0, (3, 3))]
+    for index, (label, run) in enumerate(emulated["runs"].items()):
         curve = run["loss_curve"] or []
-        axes.plot([p["time_s"] for p in curve], [p["loss"] for p in curve], label=label)
+        axes.plot([p["time_s"] for p in curve], [p["loss"] for p in curve], label=label,
+                  linestyle=styles[index % len(styles)], linewidth=1.4)
     axes.axhline(emulated["target_loss"], color="grey", linestyle=":", label="target")
     axes.set_xlabel("represented time (s)")
     axes.set_ylabel("training loss (nats per token)")
@@ -183,15 +193,23 @@ def tables(report: dict[str, Any]) -> str:
         lines.append("")
     emulated = report.get("emulate")
     if emulated:
+        runs = emulated["runs"]
+        reference = next(iter(runs.values()))["time_to_loss_s"]
         lines += [f"| method (two-dc, real compute) | plan | tokens/s | time to loss "
-                  f"{emulated['target_loss']} | WAN bytes |", "| --- | --- | --- | --- | --- |"]
-        for label, run in emulated["runs"].items():
+                  f"{emulated['target_loss']} (speed-up) | loss at step "
+                  f"{emulated['iterations']} | WAN bytes | machine-bound |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for label, run in runs.items():
             to_loss = run["time_to_loss_s"]
+            reached = "not reached" if to_loss is None else f"{to_loss:.1f} s" + (
+                f" ({reference / to_loss:.2f}x)" if reference else "")
+            final = run.get("final_loss")
             lines.append(
                 f"| {label} | dp {run['plan']['dp']} x pp {run['plan']['pp']} | "
-                f"{run['tokens_per_s']:,.0f} | "
-                + (f"{to_loss:.1f} s" if to_loss is not None else "not reached")
-                + f" | {run['wan_bytes'] / 1e6:,.1f} MB |")
+                f"{run['tokens_per_s']:,.0f} | {reached} | "
+                + ("-" if final is None else f"{final:.2f}")
+                + f" | {run['wan_bytes'] / 1e6:,.1f} MB | "
+                + ("yes" if run["machine_bound"] else "no") + " |")
     return "\n".join(lines).rstrip()
 
 
@@ -208,10 +226,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="simulate,bandwidth")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--iterations", type=int, default=32,
+    parser.add_argument("--iterations", type=int, default=64,
                         help="emulate: inner steps of every method (a multiple of 16)")
-    parser.add_argument("--target-loss", type=float, default=2.5,
-                        help="emulate: the loss whose time is compared")
+    parser.add_argument("--target-loss", type=float,
+                        help="emulate: the loss whose time is compared (default: what "
+                        "dp-across-dc reaches 3/4 of the way through its run)")
     parser.add_argument("--plot", type=Path, help="emulate: loss against time, as PNG")
     parser.add_argument("--from-json", type=Path,
                         help="start from this report (parts not run keep its figures)")
@@ -228,8 +247,8 @@ def main() -> None:
         if "emulate" in parts:
             report["emulate"] = emulate_part(work / "emulate", args.iterations,
                                              args.target_loss)
-            if args.plot:
-                plot_losses(report["emulate"], args.plot)
+    if args.plot and "emulate" in report:
+        plot_losses(report["emulate"], args.plot)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     if args.readme:
