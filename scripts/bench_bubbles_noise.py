@@ -3,8 +3,8 @@
 paper-3dc with Atlas at 400 requests/s, 10% jitter on compute and prefill, 5 seeds, for
 BubbleTea's variants and greedy; and the long-prompt job (benchmarks/long-prompts/job.yaml)
 with chunked prefill on and off. Writes benchmarks/bubbles-noise.json (every run's
-iteration time, utilization, overruns, requests served and TTFT, and `compare`'s table
-with each variant's slowdown interval).
+iteration time, utilization, overruns, requests served and TTFT, `compare`'s table
+with each variant's slowdown interval, and the longest bubble the training-only runs leave).
 
 `.venv/bin/python scripts/bench_bubbles_noise.py [--out runs/bubbles-noise] [--reuse]`:
 about 15 minutes on 2 cores; `--reuse` keeps compare directories already in --out.
@@ -18,6 +18,9 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from testbed.inference import predicted_bubbles
+from testbed.sim.profile import read_spans
 
 ROOT = Path(__file__).resolve().parent.parent
 NOISE = ("--jitter", "compute=10%,prefill=10%", "--set", "inference.arrival_rate=400/s",
@@ -61,6 +64,14 @@ def runs_of(out: Path) -> dict[str, list[dict[str, Any]]]:
     return by_bubbles
 
 
+def longest_bubble_s(out: Path) -> float | None:
+    """The longest bubble BubbleTea would predict in the `none` runs (a GPU's shortest wait
+    at one receive or all-reduce over the last iterations): what a whole prompt must fit."""
+    waits = [wait for path in sorted(out.glob("runs/*+none-*/spans.json"))
+             for wait in predicted_bubbles(read_spans(path)).values()]
+    return max(waits, default=None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=Path("runs/bubbles-noise"))
@@ -74,7 +85,7 @@ def main() -> None:
         report[name] = {
             "command": "testbed compare topologies/paper-3dc.yaml -p atlas " + " ".join(extra),
             "table": (out / "table.md").read_text(),
-            "runs": runs_of(out)}
+            "runs": runs_of(out), "longest_bubble_s": longest_bubble_s(out)}
     target = ROOT / "benchmarks" / "bubbles-noise.json"
     target.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {target}")
