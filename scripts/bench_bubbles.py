@@ -5,7 +5,8 @@ training slowdown against `none`, and TTFT against a dedicated prefill GPU, as l
 `.venv/bin/python scripts/bench_bubbles.py [--rates 2,5,10,20,40] [--paper-scale]
  [--json F]`. Prints markdown tables. Every row is one simulated run of the job's
 iterations with Atlas on paper-3dc (and, with --paper-scale, GPT-3 on gpt3-4dc with a
-7B prefill workload); the slowdown is against the same run with bubble policy `none`.
+7B prefill workload); the slowdown is against the same run with bubble policy `none`: its
+tokens/s over the filled run's, minus one, as `compare` has it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.inputs import load_inputs
+from testbed.metrics.summary import speedup
 from testbed.run_spec import RunSpec
 from testbed.runs import run
 
@@ -41,6 +43,7 @@ def one(topology: str, policy: str, bubble: str, sets: tuple[str, ...]) -> dict[
     inference = results["inference"]
     return {
         "bubble": bubble, "iteration_s": results["iteration_time_s"]["median"],
+        "tokens_per_s": results["tokens_per_s"],
         "training_util": results["gpu_utilization"]["training"],
         "total_util": results["gpu_utilization"]["total"],
         "requests": inference["requests"], "served": inference["served"],
@@ -61,8 +64,9 @@ def sweep(topology: str, policy: str, rates: list[float], extra: tuple[str, ...]
         for bubble in BUBBLES:
             row = {"topology": topology, "rate": rate, **one(topology, policy, bubble, sets)}
             if bubble == "none":
-                reference = row["iteration_s"]
-            row["slowdown"] = row["iteration_s"] / reference - 1 if reference else None
+                reference = row["tokens_per_s"]
+            ratio = speedup(reference, row["tokens_per_s"])
+            row["slowdown"] = None if ratio is None else ratio - 1
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
