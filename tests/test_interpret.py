@@ -85,7 +85,7 @@ def test_compute_labels_and_send_ops() -> None:
 
 def test_prefill_is_a_step_of_its_own() -> None:
     steps = interpret([Action(0, Op.PREFILL), Action(0, Op.STEP)], 0, 1)
-    assert steps == (Prefill(), OptimizerStep())
+    assert steps == (Prefill(), OptimizerStep(0))
 
 
 def test_wire_form_is_unchanged() -> None:

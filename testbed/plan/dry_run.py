@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from testbed.errors import PlanError
 from testbed.plan.collective import Collective, Reduces, Scope
 from testbed.plan.model import Action, Op, Plan, Program, Worker
+from testbed.plan.stage_rules import Mail, StageState, apply, check_complete, fail
 from testbed.topology.model import Topology
 
 
@@ -21,10 +21,6 @@ def dry_run(plan: Plan, topology: Topology | None) -> None:
     """PlanError for the first hang or divergence; `topology` places the replicas of
     collectives scoped to a datacenter."""
     _CycleRun(plan, _groups(plan, topology)).run()
-
-
-def fail(message: str) -> PlanError:
-    return PlanError(f"invalid plan: {message}")
 
 
 GroupKey = tuple[int, Scope, str]
@@ -66,20 +62,13 @@ def _groups(plan: Plan, topology: Topology | None) -> _Groups:
 
 
 @dataclass
-class _State:
-    """A worker within one iteration."""
+class _Runner:
+    """A GPU (the lead of its tensor-parallel group) within one iteration: it runs the
+    actions of every stage it holds, in one list."""
 
+    replica: int
+    stages: tuple[int, ...]
     pc: int = 0
-    forward: set[int] = field(default_factory=set)
-    backward: set[int] = field(default_factory=set)
-    got_input: set[int] = field(default_factory=set)
-    got_grad: set[int] = field(default_factory=set)
-    sent: set[tuple[Op, int]] = field(default_factory=set)
-    """Sends not yet waited for."""
-    reduced: bool = False
-    """Its gradients were all-reduced across every replica before the step."""
-    reduced_any: bool = False
-    stepped: bool = False
     waiting: str = ""
     joined: int | None = None
     """The collective index a blocking action at `pc` has joined (so a retry does not
@@ -97,14 +86,18 @@ class _Cycle:
 
 
 class _CycleRun:
-    """Each worker runs its lists in order, iteration after iteration of one cycle;
-    receives and the waits of all-reduces block, sends do not (a send completes once
-    delivered, so waiting for one never deadlocks). All-reduces meet by their index in
-    their group: the k-th a replica starts is the k-th of every other member."""
+    """Each GPU runs its list in order, iteration after iteration of one cycle; receives
+    and the waits of all-reduces block, sends do not (a send completes once delivered, so
+    waiting for one never deadlocks). All-reduces meet by their index in their group: the
+    k-th a replica starts is the k-th of every other member."""
 
     def __init__(self, plan: Plan, groups: _Groups) -> None:
         self.plan, self.groups = plan, groups
         self.lead = {worker: gpus[0] for worker, gpus in plan.workers()}
+        self.held: dict[str, tuple[int, tuple[int, ...]]] = {
+            gpu: (replica, plan.stages_of(gpu)) for (replica, _), gpu in self.lead.items()}
+        """Per lead GPU: its replica and the stages it holds."""
+        self.name_stages = plan.stages_per_gpu > 1
         self.cycle = {worker: _Cycle() for worker in self.lead}
         self.joins: dict[GroupKey, dict[int, list[tuple[Collective, int]]]] = {}
         """Per group, per replica: the (collective, iteration) of each it started."""
@@ -113,15 +106,15 @@ class _CycleRun:
         self.synced: dict[int, set[int]] = {}
         """Per stage, the fragments an outer step brought together."""
         self.delta_syncs = {
-            stage for program in plan.all_programs() for (_, stage), gpus in plan.workers()
-            for a in program[gpus[0]]
+            a.stage for program in plan.all_programs() for gpu in self.held
+            for a in program[gpu]
             if a.op.is_collective and a.subject.reduces is Reduces.DELTAS
         }
         self.iteration = 0
-        self.where: dict[Worker, str] = {}
         self.program: Program = plan.actions
-        self.state: dict[Worker, _State] = {}
-        self.mail: set[tuple[Op, int, int, int]] = set()
+        self.runners: dict[str, _Runner] = {}
+        self.state: dict[Worker, StageState] = {}
+        self.mail: Mail = set()
 
     def run(self) -> None:
         seen: set[object] = set()
@@ -141,26 +134,21 @@ class _CycleRun:
 
     def _run_iteration(self, iteration: int, program: Program) -> None:
         self.iteration, self.program = iteration, program
-        self.where = {worker: self._where(gpu) for worker, gpu in self.lead.items()}
-        self.state = {worker: _State() for worker in self.lead}
+        self.runners = {gpu: _Runner(replica, stages)
+                        for gpu, (replica, stages) in self.held.items()}
+        self.state = {worker: StageState() for worker in self.lead}
         self.mail = set()
         while True:
             progressed = False
-            for worker in self.lead:
-                progressed |= self._advance(worker)
-            if all(self._finished(w) for w in self.lead):
+            for gpu in self.runners:
+                progressed |= self._advance(gpu)
+            if all(self._finished(gpu) for gpu in self.runners):
                 break
             if not progressed:
                 self._report_deadlock()
         for worker, state in self.state.items():
-            gpu = self._where(self.lead[worker])
-            for mb in range(self.plan.microbatches):
-                if mb not in state.forward:
-                    raise fail(f"{gpu} never runs the forward of microbatch {mb}")
-                if mb not in state.backward:
-                    raise fail(f"{gpu} never runs the backward of microbatch {mb}")
-            if not state.stepped:
-                raise fail(f"{gpu} never runs the optimizer step")
+            check_complete(state, self.plan.microbatches, self._where(self.lead[worker]),
+                           worker[1], self.name_stages)
 
     def _check_cycle_end(self) -> None:
         for worker, cycle in self.cycle.items():
@@ -185,127 +173,93 @@ class _CycleRun:
     def _fragment_count(self, stage: int) -> int:
         for program in self.plan.all_programs():
             for a in program[self.lead[(0, stage)]]:
-                if a.op.is_collective and a.subject.reduces is Reduces.DELTAS:
+                if a.op.is_collective and a.stage == stage \
+                        and a.subject.reduces is Reduces.DELTAS:
                     return a.subject.fragments
         return 1
 
-    def _finished(self, worker: Worker) -> bool:
-        return self.state[worker].pc >= len(self.program[self.lead[worker]])
+    def _finished(self, gpu: str) -> bool:
+        return self.runners[gpu].pc >= len(self.program[gpu])
 
-    def _advance(self, worker: Worker) -> bool:
-        actions = self.program[self.lead[worker]]
-        state = self.state[worker]
+    def _advance(self, gpu: str) -> bool:
+        actions = self.program[gpu]
+        runner = self.runners[gpu]
         moved = False
-        while state.pc < len(actions):
-            action = actions[state.pc]
-            if not self._execute(worker, state, action):
+        while runner.pc < len(actions):
+            action = actions[runner.pc]
+            if not self._execute(gpu, runner, action):
+                runner.waiting = str(action)
                 return moved
-            state.pc += 1
-            state.waiting = ""
-            state.joined = None
+            runner.pc += 1
+            runner.waiting = ""
+            runner.joined = None
             moved = True
         return moved
 
-    def _execute(self, worker: Worker, state: _State, action: Action) -> bool:
+    def _execute(self, gpu: str, runner: _Runner, action: Action) -> bool:
         """Apply one action; False when it must wait, PlanError when it is wrong."""
-        replica, stage = worker
-        gpu = self.where[worker]
-        last = self.plan.pp - 1
-        mb = action.microbatch
-        op = action.op
-        if op is Op.F:
-            assert mb is not None
-            if mb in state.forward:
-                raise fail(f"{gpu}: {action} runs a second time")
-            if stage > 0 and mb not in state.got_input:
-                raise fail(f"{gpu}: {action} runs before {Action(stage, Op.RECV_F, mb)}")
-            state.forward.add(mb)
-        elif op is Op.B:
-            assert mb is not None
-            if mb not in state.forward:
-                raise fail(
-                    f"{gpu}: backward before forward: {action} before {Action(stage, Op.F, mb)}"
-                )
-            if mb in state.backward:
-                raise fail(f"{gpu}: {action} runs a second time")
-            if stage < last and mb not in state.got_grad:
-                raise fail(f"{gpu}: {action} runs before {Action(stage, Op.RECV_B, mb)}")
-            state.backward.add(mb)
-        elif op is Op.SEND_F:
-            assert mb is not None
-            if mb not in state.forward:
-                raise fail(f"{gpu}: {action} sends before {Action(stage, Op.F, mb)} computed it")
-            self.mail.add((Op.F, replica, stage + 1, mb))
-            state.sent.add((Op.SEND_F, mb))
-        elif op is Op.SEND_B:
-            assert mb is not None
-            if mb not in state.backward:
-                raise fail(f"{gpu}: {action} sends before {Action(stage, Op.B, mb)} computed it")
-            self.mail.add((Op.B, replica, stage - 1, mb))
-            state.sent.add((Op.SEND_B, mb))
-        elif op in (Op.WAIT_F, Op.WAIT_B):
-            assert mb is not None
-            send = Op.SEND_F if op is Op.WAIT_F else Op.SEND_B
-            if (send, mb) not in state.sent:
-                raise fail(f"{gpu}: {action} waits for {Action(stage, send, mb)}, which is not "
-                            "sent before it or was already waited for")
-            state.sent.discard((send, mb))
-        elif op in (Op.RECV_F, Op.RECV_B):
-            assert mb is not None
-            kind = Op.F if op is Op.RECV_F else Op.B
-            key = (kind, replica, stage, mb)
-            if key not in self.mail:
-                state.waiting = str(action)
-                return False
-            self.mail.discard(key)
-            (state.got_input if kind is Op.F else state.got_grad).add(mb)
-        elif op in (Op.ALLREDUCE, Op.ALLREDUCE_START, Op.ALLREDUCE_WAIT):
-            return self._collective(worker, state, action, gpu)
-        elif op is Op.OUTER_STEP:
-            fragment = (action.subject.fragment, action.subject.fragments)
-            cycle = self.cycle[worker]
-            if fragment not in cycle.reduced_deltas:
-                raise fail(f"{gpu}: {action} before an all-reduce of fragment "
-                            f"{fragment[0]} of {fragment[1]}'s deltas across all replicas "
-                            "has ended")
-            cycle.reduced_deltas.discard(fragment)
-            self.synced.setdefault(stage, set()).add(fragment[0])
-        elif op is Op.STEP:
-            if len(state.backward) < self.plan.microbatches:
-                raise fail(f"{gpu}: {action} before all backwards finished")
-            if state.stepped:
-                raise fail(f"{gpu}: {action} runs a second time in one iteration")
-            if self.plan.dp > 1 and not state.reduced:
-                self.apart.setdefault(stage, action)
-            state.stepped = True
+        where = self._where(gpu)
+        if action.op.is_collective and action.op is not Op.OUTER_STEP:
+            return self._collective(gpu, runner, action, where)
+        if action.op is Op.PREFILL:
+            return True
+        if action.op is Op.OUTER_STEP:
+            self._outer_step((runner.replica, action.stage), action, where)
+        elif action.op is Op.STEP:
+            self._step((runner.replica, action.stage), action, where)
+        else:
+            last = self.plan.pp - 1
+            return all([apply(self.state[(runner.replica, leaf.stage)], leaf, runner.replica,
+                              last, where, self.mail) for leaf in action.leaves])
         return True
 
-    def _collective(self, worker: Worker, state: _State, action: Action, gpu: str) -> bool:
+    def _outer_step(self, worker: Worker, action: Action, where: str) -> None:
+        fragment = (action.subject.fragment, action.subject.fragments)
+        cycle = self.cycle[worker]
+        if fragment not in cycle.reduced_deltas:
+            raise fail(f"{where}: {action} before an all-reduce of fragment "
+                        f"{fragment[0]} of {fragment[1]}'s deltas across all replicas "
+                        "has ended")
+        cycle.reduced_deltas.discard(fragment)
+        self.synced.setdefault(worker[1], set()).add(fragment[0])
+
+    def _step(self, worker: Worker, action: Action, where: str) -> None:
+        state = self.state[worker]
+        if len(state.backward) < self.plan.microbatches:
+            raise fail(f"{where}: {action} before all backwards finished")
+        if state.stepped:
+            raise fail(f"{where}: {action} runs a second time in one iteration")
+        if self.plan.dp > 1 and not state.reduced:
+            self.apart.setdefault(worker[1], action)
+        state.stepped = True
+
+    def _collective(self, gpu: str, runner: _Runner, action: Action, where: str) -> bool:
         """Join, start or await an all-reduce; False while it waits for other members."""
+        worker = (runner.replica, action.stage)
+        state = self.state[worker]
         subject = action.subject
         cycle = self.cycle[worker]
         if subject.reduces is Reduces.GRADIENTS and action.op is not Op.ALLREDUCE_WAIT and (
                 len(state.backward) < self.plan.microbatches):
-            raise fail(f"{gpu}: {action} before all backwards finished")
+            raise fail(f"{where}: {action} before all backwards finished")
         if action.op is Op.ALLREDUCE_WAIT:
             if subject not in cycle.started:
-                raise fail(f"{gpu}: {action} waits for an all-reduce this stage has not "
+                raise fail(f"{where}: {action} waits for an all-reduce this stage has not "
                             "started (or already waited for)")
             group, index = cycle.started[subject]
-        elif state.joined is not None:
-            group, index = self.groups.key(worker, subject, self.lead[worker]), state.joined
+        elif runner.joined is not None:
+            group, index = self.groups.key(worker, subject, gpu), runner.joined
         else:
             if subject in cycle.started:
-                raise fail(f"{gpu}: {action} starts an all-reduce already under way")
-            group = self.groups.key(worker, subject, self.lead[worker])
-            index = self._join(worker, group, subject, gpu, action)
-            state.joined = index
+                raise fail(f"{where}: {action} starts an all-reduce already under way")
+            group = self.groups.key(worker, subject, gpu)
+            index = self._join(worker, group, subject, where, action)
+            runner.joined = index
             if action.op is Op.ALLREDUCE_START:
                 cycle.started[subject] = (group, index)
                 return True
         arrived = self.joins[group]
         if any(len(arrived.get(r, [])) <= index for r in self.groups.members(group)):
-            state.waiting = str(action)
             return False
         cycle.started.pop(subject, None)
         if subject.reduces is Reduces.GRADIENTS:
@@ -315,7 +269,7 @@ class _CycleRun:
             cycle.reduced_deltas.add((subject.fragment, subject.fragments))
         return True
 
-    def _join(self, worker: Worker, group: GroupKey, subject: Collective, gpu: str,
+    def _join(self, worker: Worker, group: GroupKey, subject: Collective, where: str,
               action: Action) -> int:
         """This replica's next all-reduce in `group`: the same as every other member's
         in the same place, or a PlanError saying how they differ."""
@@ -328,36 +282,33 @@ class _CycleRun:
                 other, when = theirs[index]
                 peer = self.lead[(replica, worker[1])]
                 raise fail(
-                    f"{gpu}: {action} meets {peer}'s "
+                    f"{where}: {action} meets {peer}'s "
                     f"{Action(worker[1], Op.ALLREDUCE, None, other)} (iteration {when}): "
                     "replicas must reduce the same collective in the same iteration")
         return index
 
     def _report_deadlock(self) -> None:
-        stuck = [(w, s) for w, s in self.state.items() if not self._finished(w)]
-        worker, state = stuck[0]
-        gpu = self._where(self.lead[worker])
-        action = self.program[self.lead[worker]][state.pc]
+        gpu = next(g for g in self.runners if not self._finished(g))
+        runner = self.runners[gpu]
+        action = self.program[gpu][runner.pc]
+        worker = (runner.replica, action.stage)
         if action.op.is_collective:
             subject = action.subject
             if action.op is Op.ALLREDUCE_WAIT:
                 group, index = self.cycle[worker].started[subject]
             else:
-                group = self.groups.key(worker, subject, self.lead[worker])
-                index = state.joined if state.joined is not None else 0
+                group = self.groups.key(worker, subject, gpu)
+                index = runner.joined if runner.joined is not None else 0
             arrived = self.joins.get(group, {})
             absent = [r for r in self.groups.members(group) if len(arrived.get(r, [])) <= index]
-            other = (absent[0], worker[1])
-            other_state = self.state[other]
+            other = self.lead[(absent[0], worker[1])]
             raise fail(
-                f"deadlock: {gpu} waits at {action} for {self.lead[other]}, which waits at "
-                f"{other_state.waiting or 'an earlier action'}"
+                f"deadlock: {self._where(gpu)} waits at {action} for {other}, which waits at "
+                f"{self.runners[other].waiting or 'an earlier action'}"
             )
         step = -1 if action.op is Op.RECV_F else 1
-        peer = (worker[0], worker[1] + step)
-        peer_gpu = self.lead[peer]
-        peer_state = self.state[peer]
-        peer_at = (
-            self.program[peer_gpu][peer_state.pc] if not self._finished(peer) else "its end"
-        )
-        raise fail(f"deadlock: {gpu} waits at {action} for {peer_gpu}, which waits at {peer_at}")
+        peer_gpu = self.lead[(runner.replica, action.stage + step)]
+        peer_at = (self.program[peer_gpu][self.runners[peer_gpu].pc]
+                   if not self._finished(peer_gpu) else "its end")
+        raise fail(f"deadlock: {self._where(gpu)} waits at {action} for {peer_gpu}, which "
+                   f"waits at {peer_at}")

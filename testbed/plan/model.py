@@ -1,10 +1,8 @@
 """The Plan: where each (replica, stage) runs, what each GPU does in order, how links are used.
 
-Actions follow torch.distributed.pipelining's text form: `2F0` is stage 2, forward,
-microbatch 0; `1SEND_B3` sends microbatch 3's input gradient from stage 1 to stage 0, and
-`1WAIT_B3` waits until that send has completed (a stage that never waits on its sends
-leaves them out). An all-reduce may say what it reduces in brackets (testbed.plan.
-collective): `0ALLREDUCE[delta,f1/4,int4]`.
+Actions (testbed.plan.action) follow torch.distributed.pipelining's text form. A GPU may
+hold several stages of its replica (virtual stages: torch's interleaved and V-shaped
+schedules); its list then names the actions of all of them.
 
 A plan is one iteration's program, repeated, or a cycle of programs (`programs`, `cycle`):
 DiLoCo steps locally for H iterations and syncs in the H-th.
@@ -12,142 +10,15 @@ DiLoCo steps locally for H iterations and syncs in the H-th.
 
 from __future__ import annotations
 
-import re
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from testbed.plan.collective import EVERY_STEP, Collective, Reduces, Scope
-
-
-class Op(StrEnum):
-    F = "F"
-    B = "B"
-    SEND_F = "SEND_F"
-    RECV_F = "RECV_F"
-    SEND_B = "SEND_B"
-    RECV_B = "RECV_B"
-    WAIT_F = "WAIT_F"
-    WAIT_B = "WAIT_B"
-    ALLREDUCE = "ALLREDUCE"
-    """Reduce with the stage's replicas and wait for the result."""
-    ALLREDUCE_START = "ALLREDUCE_START"
-    """Start a reduction; the stage goes on while it runs (Streaming DiLoCo's overlap)."""
-    ALLREDUCE_WAIT = "ALLREDUCE_WAIT"
-    """Wait for the reduction this stage started with the same collective."""
-    STEP = "STEP"
-    """The (inner) optimizer step on this iteration's gradients."""
-    OUTER_STEP = "OUTER_STEP"
-    """The outer optimizer step on reduced parameter deltas (DiLoCo): the fragment's outer
-    parameters move, and the local ones take them."""
-    PREFILL = "PREFILL"
-
-    @property
-    def is_compute(self) -> bool:
-        return self in (Op.F, Op.B)
-
-    @property
-    def is_send(self) -> bool:
-        return self in (Op.SEND_F, Op.SEND_B)
-
-    @property
-    def is_recv(self) -> bool:
-        return self in (Op.RECV_F, Op.RECV_B)
-
-    @property
-    def is_wait(self) -> bool:
-        """Waits until this stage's own send of that microbatch has completed."""
-        return self in (Op.WAIT_F, Op.WAIT_B)
-
-    @property
-    def is_collective(self) -> bool:
-        """Takes a collective (between brackets in the text form)."""
-        return self in _COLLECTIVE_OPS
-
-    @property
-    def needs_microbatch(self) -> bool:
-        return self not in _WHOLE_ITERATION_OPS
-
-
-_COLLECTIVE_OPS = frozenset({Op.ALLREDUCE, Op.ALLREDUCE_START, Op.ALLREDUCE_WAIT, Op.OUTER_STEP})
-_WHOLE_ITERATION_OPS = frozenset({*_COLLECTIVE_OPS, Op.STEP, Op.PREFILL})
-
-# Longest names first so that `SEND_F` is not read as `S` + ...
-_ACTION = re.compile(
-    r"^(\d+)(" + "|".join(sorted((op.value for op in Op), key=len, reverse=True))
-    + r")(\d*)(?:\[([^\]]*)\])?$"
-)
-_WHOLE_DELTAS = Collective(Reduces.DELTAS)
-
-
-@dataclass(frozen=True, order=True)
-class Action:
-    stage: int
-    op: Op
-    microbatch: int | None = None
-    collective: Collective | None = None
-    """For the all-reduce ops and OUTER_STEP: what, which fragment, which payload, among
-    whom. None: the whole gradient (the whole deltas for OUTER_STEP), as every-step data
-    parallelism all-reduces it."""
-
-    def __post_init__(self) -> None:
-        if self.collective is not None:
-            if not self.op.is_collective:
-                raise ValueError(f"{self.op.value} takes no collective")
-            if self.op is Op.OUTER_STEP and (self.collective.reduces is not Reduces.DELTAS
-                                             or self.collective.payload
-                                             or self.collective.scope is not Scope.ALL):
-                raise ValueError("an OUTER_STEP names only its fragment (fK/N)")
-            if self.collective == self.implied:  # one spelling per action
-                object.__setattr__(self, "collective", None)
-
-    @property
-    def implied(self) -> Collective | None:
-        """The collective an action without brackets stands for."""
-        return _implied(self.op)
-
-    @property
-    def subject(self) -> Collective:
-        """This collective action's collective, spelt or implied."""
-        subject = self.collective or self.implied
-        if subject is None:
-            raise ValueError(f"{self} is not a collective action")
-        return subject
-
-    def __str__(self) -> str:
-        mb = "" if self.microbatch is None else str(self.microbatch)
-        implied = self.implied
-        spec = "" if self.collective is None or implied is None else (
-            f"[{self.collective.spelled(implied)}]")
-        return f"{self.stage}{self.op.value}{mb}{spec}"
-
-    @classmethod
-    def parse(cls, text: str) -> Action:
-        match = _ACTION.match(text.strip())
-        if not match:
-            raise ValueError(f"not an action: {text!r} (expected like 0F1, 2SEND_B0, "
-                             "1ALLREDUCE, 0ALLREDUCE_START[delta,f1/4,int4])")
-        stage, op_text, mb_text, spec = match.groups()
-        op = Op(op_text)
-        microbatch = int(mb_text) if mb_text else None
-        if op.needs_microbatch and microbatch is None:
-            raise ValueError(f"{text!r}: {op.value} needs a microbatch number")
-        if not op.needs_microbatch and microbatch is not None:
-            raise ValueError(f"{text!r}: {op.value} takes no microbatch number")
-        if spec is not None and not op.is_collective:
-            raise ValueError(f"{text!r}: {op.value} takes nothing in brackets")
-        try:
-            collective = Collective.parse(spec, _implied(op)) if spec is not None else None
-            return cls(int(stage), op, microbatch, collective)
-        except ValueError as exc:
-            raise ValueError(f"{text!r}: {exc}") from None
-
-
-def _implied(op: Op) -> Collective | None:
-    if not op.is_collective:
-        return None
-    return _WHOLE_DELTAS if op is Op.OUTER_STEP else EVERY_STEP
+from testbed.errors import InputError
+from testbed.plan.action import Action as Action
+from testbed.plan.action import Op as Op
 
 
 @dataclass(frozen=True)
@@ -207,14 +78,19 @@ class Plan:
     policy: str
     dp: int
     pp: int
+    """Pipeline stages, each with its layers: under virtual stages, a multiple of the GPUs
+    in a pipeline (`gpus_per_pipeline`)."""
     microbatches: int
     microbatch_size: int
     layers: tuple[int, ...]
     """Transformer layers per stage."""
     placement: Mapping[Worker, tuple[str, ...]]
-    """GPUs of each (replica, stage); more than one when tensor parallel."""
+    """GPUs of each (replica, stage); more than one when tensor parallel. Stages of one
+    replica may share their GPUs (virtual stages: GPU g of a looped pipeline holds stages
+    g, g + P, ...; of a V-shaped one g and 2P - 1 - g)."""
     actions: Mapping[str, tuple[Action, ...]]
-    """Ordered actions per GPU; every GPU of a tensor-parallel group has the same list."""
+    """Ordered actions per GPU (of all the stages it holds); every GPU of a
+    tensor-parallel group has the same list."""
     connections: Mapping[tuple[str, str], int]
     """TCP connections per communicating GPU pair (names sorted)."""
     sharing: Mapping[tuple[str, str], Sharing]
@@ -258,10 +134,44 @@ class Plan:
         return self.placement[(replica, stage)]
 
     def worker_of(self, gpu: str) -> Worker:
-        for worker, gpus in self.placement.items():
+        """The (replica, stage) a GPU runs; its first stage if it holds several."""
+        for worker, gpus in self.workers():
             if gpu in gpus:
                 return worker
         raise KeyError(gpu)
+
+    def stages_of(self, gpu: str) -> tuple[int, ...]:
+        """The stages a GPU holds, in order: one, or several under virtual stages."""
+        return self._stages_by_gpu.get(gpu, ())
+
+    @functools.cached_property
+    def _stages_by_gpu(self) -> dict[str, tuple[int, ...]]:
+        found: dict[str, list[int]] = {}
+        for (_, stage), gpus in self.workers():
+            for gpu in gpus:
+                found.setdefault(gpu, []).append(stage)
+        return {gpu: tuple(stages) for gpu, stages in found.items()}
+
+    @property
+    def stages_per_gpu(self) -> int:
+        """1, or the virtual stages every GPU holds (the validator sees that all hold as
+        many)."""
+        return max(map(len, self._stages_by_gpu.values()), default=1)
+
+    @property
+    def gpus_per_pipeline(self) -> int:
+        """What `--pp` and the job's `pp` count: `pp` over the stages per GPU."""
+        return self.pp // self.stages_per_gpu
+
+    @property
+    def features(self) -> frozenset[Feature]:
+        """What of torch's schedule language the plan uses beyond one stage per GPU and
+        whole backwards (a backend refuses what it does not run: `refuse_features`)."""
+        ops = {leaf.op for program in self.all_programs() for actions in program.values()
+               for a in actions for leaf in (a, *a.parts)}
+        return frozenset(
+            {Feature.VIRTUAL} if self.stages_per_gpu > 1 else set()) | frozenset(
+            feature for feature, uses in _FEATURE_OPS.items() if uses & ops)
 
     def workers(self) -> Iterator[tuple[Worker, tuple[str, ...]]]:
         yield from sorted(self.placement.items())
@@ -270,7 +180,8 @@ class Plan:
         return self.placement[(replica, stage)][0]
 
     def used_gpus(self) -> list[str]:
-        return [gpu for _, gpus in self.workers() for gpu in gpus]
+        """Every GPU of the plan once, in stage order."""
+        return list(dict.fromkeys(gpu for _, gpus in self.workers() for gpu in gpus))
 
     def connections_between(self, a: str, b: str) -> int:
         return self.connections.get(pair_key(a, b), 1)
@@ -299,8 +210,30 @@ class Plan:
             "host_tcp": self.host_tcp.to_dict(),
             "notes": dict(self.notes),
             "period": self.period,
+            **({"stages_per_gpu": self.stages_per_gpu} if self.stages_per_gpu > 1 else {}),
             **({"outer": self.outer.to_dict()} if self.has_outer_steps else {}),
         }
+
+
+class Feature(StrEnum):
+    """Parts of torch's schedule language a backend may not run yet."""
+
+    VIRTUAL = "virtual stages (several stages per GPU)"
+    SPLIT_BACKWARD = "split backwards (I and W)"
+    OVERLAP = "overlapped forward and backward (OVERLAP_F_B)"
+
+
+_FEATURE_OPS = {Feature.SPLIT_BACKWARD: {Op.I, Op.W}, Feature.OVERLAP: {Op.OVERLAP_F_B}}
+
+
+def refuse_features(plan: Plan, runs: frozenset[Feature], backend: str,
+                    where: str | None = None) -> None:
+    """InputError naming what of the plan `backend` does not run (it runs `runs`), located
+    at `where` (the plan's file; by default the policy that made it)."""
+    missing = sorted(plan.features - runs)
+    if missing:
+        raise InputError(f"its plan uses {' and '.join(missing)}: not yet run by {backend}",
+                         where or f"-p {plan.policy}")
 
 
 def pair_key(a: str, b: str) -> tuple[str, str]:

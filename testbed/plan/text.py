@@ -262,24 +262,31 @@ def _nonempty(value: str) -> str:
 def plan_grid(
     plan: Plan, communication: bool = False, max_rows: int | None = None, max_columns: int = 16
 ) -> str:
-    """One column per (replica, stage) worker, one row per step, like torch's pipeline order.
+    """One column per GPU (per tensor-parallel group), one row per step, like torch's
+    pipeline order: `r0s1` runs replica 0's stage 1, `r0s0,7` stages 0 and 7 (virtual
+    stages; each action names its stage). `(0F7;7B3)` is an OVERLAP_F_B of 0F7 and 7B3.
 
     Wide plans show replica 0 only (every replica runs the same schedule).
     """
-    workers = list(plan.workers())
+    groups = list(dict.fromkeys((replica, gpus) for (replica, _), gpus in plan.workers()))
     note = ""
-    if len(workers) > max_columns:
-        workers = [w for w in workers if w[0][0] == 0][:max_columns]
-        note = f"(showing {len(workers)} of {plural(len(plan.placement), 'worker')}: replica 0)"
+    if len(groups) > max_columns:
+        shown_groups = [g for g in groups if g[0] == 0][:max_columns]
+        note = (f"(showing {len(shown_groups)} of {plural(len(groups), 'GPU column')}: "
+                "replica 0)")
+        groups = shown_groups
     columns = []
-    for (replica, stage), gpus in workers:
-        steps = [
-            str(a)
-            for a in plan.actions[gpus[0]]
-            if communication or not (a.op.is_send or a.op.is_recv or a.op.is_wait)
-        ]
+    overlaps = False
+    for replica, gpus in groups:
+        steps = []
+        for a in plan.actions[gpus[0]]:
+            if not communication and (a.op.is_send or a.op.is_recv or a.op.is_wait):
+                continue
+            overlaps |= bool(a.parts)
+            steps.append(f"({';'.join(map(str, a.parts))})" if a.parts else str(a))
         label = gpus[0] if len(gpus) == 1 else f"{gpus[0]}+{len(gpus) - 1}"
-        columns.append((f"r{replica}s{stage}", label, steps))
+        stages = ",".join(map(str, plan.stages_of(gpus[0])))
+        columns.append((f"r{replica}s{stages}", label, steps))
     height = max(len(c[2]) for c in columns)
     shown = height if max_rows is None else min(height, max_rows)
     widths = [max(len(c[0]), len(c[1]), *(len(s) for s in c[2])) for c in columns]
@@ -292,6 +299,8 @@ def plan_grid(
         lines.append(line(f"{row:<5} ", [c[2][row] if row < len(c[2]) else "" for c in columns]))
     if shown < height:
         lines.append(f"... {height - shown} more steps")
+    if overlaps:
+        lines.append("(a;b): a and b run as one unit (OVERLAP_F_B)")
     if note:
         lines.append(note)
     return "\n".join(lines)

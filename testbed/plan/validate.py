@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections import Counter
 
 from testbed.plan.collective import Reduces
-from testbed.plan.dry_run import dry_run, fail
+from testbed.plan.dry_run import dry_run
 from testbed.plan.model import Action, Op, Plan, Program, Worker
+from testbed.plan.stage_rules import fail
 from testbed.topology.model import Topology
 
 
@@ -49,7 +50,7 @@ def _check_structure(plan: Plan, topology: Topology | None) -> None:
             f"placement names replica {extra[0][0]} stage {extra[0][1]}, outside "
             f"dp={plan.dp} pp={plan.pp}"
         )
-    owner: dict[str, Worker] = {}
+    owner: dict[str, tuple[Worker, tuple[str, ...]]] = {}
     known = {gpu.name for gpu in topology.gpus()} if topology is not None else None
     for worker, gpus in plan.workers():
         if len(gpus) != plan.tp:
@@ -60,20 +61,50 @@ def _check_structure(plan: Plan, topology: Topology | None) -> None:
             if known is not None and gpu not in known:
                 raise fail(f"GPU {gpu} is not in the topology")
             if gpu in owner:
-                other = owner[gpu]
-                raise fail(
-                    f"GPU {gpu} is used by replica {other[0]} stage {other[1]} and by "
-                    f"replica {worker[0]} stage {worker[1]}"
-                )
-            owner[gpu] = worker
+                other, group = owner[gpu]
+                if other[0] != worker[0]:
+                    raise fail(
+                        f"GPU {gpu} is used by replica {other[0]} stage {other[1]} and by "
+                        f"replica {worker[0]} stage {worker[1]}"
+                    )
+                if group != gpus:
+                    raise fail(f"GPU {gpu} holds stages {other[1]} and {worker[1]} of replica "
+                                f"{worker[0]} in different tensor-parallel groups "
+                                f"({', '.join(group)} and {', '.join(gpus)})")
+            else:
+                owner[gpu] = (worker, gpus)
+    _check_virtual(plan)
+
+
+def _check_virtual(plan: Plan) -> None:
+    """Every GPU holds as many stages (virtual stages are a multiple of the GPUs)."""
+    counts = {gpu: plan.stages_of(gpu) for gpu in plan.used_gpus()}
+    first = next(iter(counts))
+    for gpu, stages in counts.items():
+        if len(stages) != len(counts[first]):
+            raise fail(f"GPU {gpu} holds {_stages(stages)}, GPU {first} "
+                        f"{_stages(counts[first])}: every GPU of a plan holds as many stages")
+
+
+def _stages(stages: tuple[int, ...]) -> str:
+    return f"stage {stages[0]}" if len(stages) == 1 else \
+        f"stages {', '.join(map(str, stages))}"
+
+
+def _groups(plan: Plan) -> list[tuple[int, tuple[int, ...], tuple[str, ...]]]:
+    """(replica, stages held, GPUs) of every tensor-parallel group, once."""
+    seen: dict[tuple[str, ...], tuple[int, tuple[int, ...], tuple[str, ...]]] = {}
+    for (replica, _), gpus in plan.workers():
+        seen.setdefault(gpus, (replica, plan.stages_of(gpus[0]), gpus))
+    return list(seen.values())
 
 
 def _check_program(plan: Plan, program: Program, name: str) -> None:
-    owner = {gpu: worker for worker, gpus in plan.workers() for gpu in gpus}
+    used = set(plan.used_gpus())
     for gpu in program:
-        if gpu not in owner:
+        if gpu not in used:
             raise fail(f"{name}GPU {gpu} has actions but runs no stage")
-    for worker, gpus in plan.workers():
+    for _replica, stages, gpus in _groups(plan):
         lists = [program.get(gpu) for gpu in gpus]
         if lists[0] is None:
             raise fail(f"{name}GPU {gpus[0]} has no actions")
@@ -81,23 +112,30 @@ def _check_program(plan: Plan, program: Program, name: str) -> None:
             if actions != lists[0]:
                 raise fail(f"{name}GPU {gpu} differs from {gpus[0]} in its tensor-parallel "
                             "group")
+        where = f"{name}{gpus[0]}"
         for action in lists[0]:
-            where = f"{name}{gpus[0]}"
-            if action.stage != worker[1]:
-                raise fail(f"{where} runs stage {worker[1]} but lists {action}")
-            mb = action.microbatch
-            if mb is not None and not 0 <= mb < plan.microbatches:
-                raise fail(f"{where}: {action} names microbatch {mb}, plan has "
-                            f"{plan.microbatches}")
-            if action.op in (Op.SEND_F, Op.RECV_B, Op.WAIT_F) and worker[1] == plan.pp - 1:
-                raise fail(f"{where}: {action} on the last stage has no next stage")
-            if action.op in (Op.SEND_B, Op.RECV_F, Op.WAIT_B) and worker[1] == 0:
-                raise fail(f"{where}: {action} on the first stage has no previous stage")
-            if action.op.is_collective:
-                subject = action.subject
-                if subject.reduces is Reduces.GRADIENTS and not subject.whole:
-                    raise fail(f"{where}: {action}: gradients are all-reduced whole "
-                                "(fragments are for parameter deltas)")
+            for leaf in action.leaves:
+                _check_action(plan, leaf, stages, where)
+
+
+def _check_action(plan: Plan, action: Action, stages: tuple[int, ...], where: str) -> None:
+    if action.stage not in stages:
+        raise fail(f"{where} runs {_stages(stages)} but lists {action}")
+    mb = action.microbatch
+    if mb is not None and not 0 <= mb < plan.microbatches:
+        raise fail(f"{where}: {action} names microbatch {mb}, plan has "
+                    f"{plan.microbatches}")
+    if action.op.needs_microbatch and mb is None:
+        raise fail(f"{where}: {action} needs a microbatch number")
+    if action.op in (Op.SEND_F, Op.RECV_B, Op.WAIT_F) and action.stage == plan.pp - 1:
+        raise fail(f"{where}: {action} on the last stage has no next stage")
+    if action.op in (Op.SEND_B, Op.RECV_F, Op.WAIT_B) and action.stage == 0:
+        raise fail(f"{where}: {action} on the first stage has no previous stage")
+    if action.op.is_collective:
+        subject = action.subject
+        if subject.reduces is Reduces.GRADIENTS and not subject.whole:
+            raise fail(f"{where}: {action}: gradients are all-reduced whole "
+                        "(fragments are for parameter deltas)")
 
 
 _MATCH = {Op.SEND_F: (Op.RECV_F, +1), Op.SEND_B: (Op.RECV_B, -1)}
@@ -108,12 +146,14 @@ def _check_pairs(plan: Plan, program: Program) -> None:
     for (replica, stage), gpus in plan.workers():
         lead = gpus[0]
         for op, (recv_op, step) in _MATCH.items():
-            sends = Counter(a.microbatch for a in program[lead] if a.op is op)
+            sends = Counter(a.microbatch for a in program[lead]
+                            if a.op is op and a.stage == stage)
             peer_stage = stage + step
             if not 0 <= peer_stage < plan.pp:
                 continue
             peer = plan.lead_gpu(replica, peer_stage)
-            recvs = Counter(a.microbatch for a in program[peer] if a.op is recv_op)
+            recvs = Counter(a.microbatch for a in program[peer]
+                            if a.op is recv_op and a.stage == peer_stage)
             for mb, count in sorted(sends.items(), key=lambda kv: kv[0] or 0):
                 if recvs.get(mb, 0) < count:
                     raise fail(
@@ -135,7 +175,8 @@ def _check_fragments(plan: Plan) -> None:
     for program in plan.all_programs():
         for (_, stage), gpus in plan.workers():
             for action in program[gpus[0]]:
-                if not action.op.is_collective or action.subject.reduces is not Reduces.DELTAS:
+                if not action.op.is_collective or action.subject.reduces is not Reduces.DELTAS \
+                        or action.stage != stage:
                     continue
                 n = action.subject.fragments
                 first = counts.setdefault(stage, (n, action))
