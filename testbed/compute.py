@@ -8,14 +8,14 @@ LM head (2 x tokens x hidden x vocab).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from testbed.fragments import fragment_params
 from testbed.job import Job, ModelShape
+from testbed.plan.activations import peak_layers_held
 from testbed.plan.collective import Collective, payload_bytes
-from testbed.plan.model import Plan
-from testbed.plan.schedules import extra_warmup_of
+from testbed.plan.model import Action, Plan
 from testbed.topology.model import GpuType, Topology
 
 BACKWARD_FACTOR = 2.0
@@ -147,19 +147,14 @@ OPTIMIZER_BYTES_PER_PARAM = 16
 """Mixed-precision Adam: bf16 weights and gradients, fp32 master weights and two moments."""
 
 
-def stage_memory_bytes(job: Job, layers: int, first: bool, last: bool, tp: int,
-                       in_flight: int) -> int:
-    """A stage's memory per GPU: parameters with optimizer state, plus the inputs of every
-    layer for each microbatch in flight (activation checkpointing, the common practice at
-    this scale; the layer internals are recomputed in the backward)."""
-    params = stage_params(job.model, layers, first, last)
-    stash = in_flight * layers * job.activation_bytes // tp
-    return params * OPTIMIZER_BYTES_PER_PARAM // tp + stash
-
-
-def in_flight(schedule: str, stage: int, stages: int, microbatches: int) -> int:
-    """Microbatches whose activations a stage holds at once: all of them under GPipe, at
-    most the stages still ahead under 1F1B (plus any extra warm-up, `1f1b+K`)."""
-    if schedule == "gpipe":
-        return microbatches
-    return min(microbatches, stages - stage + extra_warmup_of(schedule, stage, stages))
+def gpu_memory_bytes(job: Job, layers: Sequence[int], stages: Sequence[int], tp: int,
+                     actions: Iterable[Action]) -> int:
+    """A GPU's memory: the parameters with optimizer state of every stage it holds, plus
+    the inputs of every layer for each microbatch whose activations it holds (activation
+    checkpointing, the common practice at this scale; the layer internals are recomputed
+    in the backward) at its worst moment, read from its actions (testbed.plan.activations).
+    A tensor-parallel GPU holds 1/tp of both."""
+    last = len(layers) - 1
+    params = sum(stage_params(job.model, layers[s], s == 0, s == last) for s in stages)
+    stash = peak_layers_held(actions, {s: layers[s] for s in stages}) * job.activation_bytes
+    return params * OPTIMIZER_BYTES_PER_PARAM // tp + stash // tp

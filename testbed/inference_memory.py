@@ -4,28 +4,26 @@ chunks of a chunked prefill) plus one pass of `max_batch_tokens`. Pure."""
 
 from __future__ import annotations
 
-from testbed.compute import stage_memory_bytes, stage_params
+from testbed.compute import gpu_memory_bytes, stage_params
 from testbed.errors import InputError
 from testbed.inference import kv_bytes, longest_prompt
 from testbed.job import DTYPE_BYTES, Job
-from testbed.plan.model import Op, Plan
+from testbed.plan.activations import peak_layers_held
+from testbed.plan.model import Plan
 from testbed.topology import Topology
 
 
 def in_flight_of(plan: Plan, gpu: str) -> int:
-    """Most microbatches whose activations the GPU holds at once: forwards run whose
-    backward has not (read from its action lists, so any schedule counts right), in the
-    program of the plan's cycle that holds most."""
-    most = 0
-    for program in plan.all_programs():
-        held = 0
-        for action in program[gpu]:
-            if action.op is Op.F:
-                held += 1
-                most = max(most, held)
-            elif action.op is Op.B:
-                held -= 1
-    return most
+    """Most microbatches whose activations the GPU holds at once (of all its stages), in
+    the program of the plan's cycle that holds most (testbed.plan.activations)."""
+    ones = dict.fromkeys(plan.stages_of(gpu), 1)
+    return max(peak_layers_held(program[gpu], ones) for program in plan.all_programs())
+
+
+def training_bytes(job: Job, plan: Plan, gpu: str) -> int:
+    """What the GPU's stages need for training, in the program that needs most."""
+    return max(gpu_memory_bytes(job, plan.layers, plan.stages_of(gpu), plan.tp, program[gpu])
+               for program in plan.all_programs())
 
 
 def inference_bytes(job: Job) -> int:
@@ -45,14 +43,16 @@ def check_inference_memory(topology: Topology, job: Job, plan: Plan) -> None:
     if not extra:
         return
     for (replica, stage), gpus in sorted(plan.placement.items()):
-        if replica:
-            continue  # replicas of a stage hold the same
+        if replica or stage != plan.stages_of(gpus[0])[0]:
+            continue  # replicas of a stage hold the same; a GPU counts once
         gpu = topology.gpu(gpus[0]).type
-        training = stage_memory_bytes(job, plan.layers[stage], stage == 0,
-                                      stage == plan.pp - 1, plan.tp, in_flight_of(plan, gpus[0]))
+        training = training_bytes(job, plan, gpus[0])
+        held = plan.stages_of(gpus[0])
+        what = f"stage {stage} ({plan.layers[stage]} layers)" if len(held) == 1 else \
+            f"stages {', '.join(map(str, held))} ({sum(plan.layers[s] for s in held)} layers)"
         if training + extra > gpu.memory_bytes:
             raise InputError(
-                f"filling bubbles does not fit: stage {stage} ({plan.layers[stage]} layers) "
+                f"filling bubbles does not fit: {what} "
                 f"needs {training / 2**30:.1f} GiB per GPU for training and the inference "
                 f"model {extra / 2**30:.1f} GiB more (weights and KV cache), "
                 f"{gpus[0]} ({gpu.name}) has {gpu.memory_bytes / 2**30:.0f} GiB: use more "

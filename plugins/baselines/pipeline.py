@@ -1,6 +1,8 @@
 """GPipe and 1F1B as commonly deployed: stages over DCs in file order, one TCP connection
 per peer, fair WAN sharing (Varuna-style PP+DP), waiting on sends as torch's
-ScheduleGPipe and Schedule1F1B do (`-o sends=eager` never waits, for comparison)."""
+ScheduleGPipe and Schedule1F1B do (`-o sends=eager` never waits on a send, for
+comparison). torch's schedules for several stages per GPU place the same way
+(testbed_plugins.baselines.torch_schedules)."""
 
 from __future__ import annotations
 
@@ -20,15 +22,20 @@ from testbed.policy.api import (
     default_pp,
     file_order_placement,
     one_of,
+    virtual_placement,
 )
 
+SENDS = Option("sends", Sends.TORCH, "torch: wait on sends as torch's schedule does; eager: "
+               "never wait on a send", lambda raw: Sends(one_of(*Sends)(raw)))
 
-class _FileOrderPipeline(TrainingPolicy):
+
+class FileOrderPipeline(TrainingPolicy):
+    """A pipeline of `pp` GPUs (the job's, or one per DC) over the topology's GPUs in file
+    order, replicas side by side; each GPU holds `virtual` stages (1 unless the policy
+    has that setting) as torch's mapping for the schedule puts them."""
+
     schedule: ClassVar[Schedule]
-    options: ClassVar[tuple[Option, ...]] = (
-        Option("sends", Sends.TORCH, "torch: wait on sends as torch's schedule does; eager: "
-               "never wait on a send", lambda raw: Sends(one_of(*Sends)(raw))),
-    )
+    options: ClassVar[tuple[Option, ...]] = (SENDS,)
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
         pp = default_pp(topology, job)
@@ -40,18 +47,19 @@ class _FileOrderPipeline(TrainingPolicy):
                 topology.source,
                 "job.pp",
             )
-        placement = file_order_placement(topology, dp, pp, job.tp)
+        ranks = file_order_placement(topology, dp, pp, job.tp)
+        placement = virtual_placement(ranks, self.schedule, self.settings.get("virtual", 1))
         return build_plan(self.name, topology, job, placement, self.schedule,
                           sends=self.settings["sends"])
 
 
-class GPipePolicy(_FileOrderPipeline):
+class GPipePolicy(FileOrderPipeline):
     name = "gpipe"
     summary = "GPipe schedule, stages over DCs in file order, 1 TCP connection, fair sharing"
     schedule = Schedule.GPIPE
 
 
-class OneFOneBPolicy(_FileOrderPipeline):
+class OneFOneBPolicy(FileOrderPipeline):
     name = "1f1b"
     summary = "1F1B schedule, stages over DCs in file order, 1 TCP connection, fair sharing"
     schedule = Schedule.ONE_F_ONE_B

@@ -7,10 +7,11 @@ from dataclasses import replace
 from enum import StrEnum
 from typing import Any
 
-from testbed.compute import in_flight, stage_memory_bytes
+from testbed.compute import gpu_memory_bytes
 from testbed.errors import InputError
 from testbed.job import Job
 from testbed.plan.collective import EVERY_STEP, Collective
+from testbed.plan.lowering import lower
 from testbed.plan.model import (
     Action,
     HostTcp,
@@ -21,7 +22,14 @@ from testbed.plan.model import (
     pair_key,
     split_layers,
 )
-from testbed.plan.schedules import Sends, parse_schedule, stage_actions
+from testbed.plan.schedules import Sends, parse_schedule, schedule_compute, stage_actions
+from testbed.plan.torch_order import (
+    TORCH_CLASSES,
+    V_SHAPED,
+    TorchOrder,
+    checked_torch_order,
+    stage_ranks,
+)
 from testbed.sizes import MAX_MICROBATCHES
 from testbed.topology.model import Topology
 from testbed.units import plural
@@ -48,10 +56,30 @@ Warmup = int | Sequence[int]
 
 
 class Schedule(StrEnum):
-    """The pipeline schedules plans can run."""
+    """The pipeline schedules plans can run: GPipe and 1F1B (one stage per GPU), and torch's
+    schedules for several stages per GPU, whose order comes from torch's own classes
+    (testbed.plan.torch_order)."""
 
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+    LOOPED_BFS = "looped-bfs"
+    INTERLEAVED_ZB = "interleaved-zb"
+    ZB_V = "zb-v"
+    DUALPIPE_V = "dualpipe-v"
+    TORCH_CSV = "torch-csv"
+    """An order read from torch's CSV form of a schedule (build_plan's `order`)."""
+
+    @property
+    def from_torch(self) -> bool:
+        """Its order is torch's (TORCH_CLASSES, or a CSV of torch's), lowered as torch's
+        runtime lowers it (testbed.plan.lowering)."""
+        return self.value in TORCH_CLASSES or self is Schedule.TORCH_CSV
+
+    @property
+    def v_shaped(self) -> bool:
+        """Exactly two stages per GPU, g and 2P - 1 - g."""
+        return self.value in V_SHAPED
 
     def label(self, extra_warmup: Warmup = 0) -> str:
         """The text form plans, the compute model and notes use: `gpipe`, `1f1b`, `1f1b+K`
@@ -83,7 +111,7 @@ def communicating_pairs(
     for replica in range(dp):
         for stage in range(pp):
             gpus = placement[(replica, stage)]
-            if stage + 1 < pp:
+            if stage + 1 < pp and placement[(replica, stage + 1)] != gpus:  # else in memory
                 nxt = placement[(replica, stage + 1)]
                 pairs += [(gpus[t], nxt[t], LinkKind.PIPELINE) for t in range(tp)]
             if dp > 1 and (dp > 2 or replica == 0):
@@ -92,7 +120,7 @@ def communicating_pairs(
             for i in range(tp):
                 for j in range(i + 1, tp):
                     pairs.append((gpus[i], gpus[j], LinkKind.TENSOR))
-    return pairs
+    return list(dict.fromkeys(pairs))  # a GPU's virtual stages share its pairs
 
 
 def file_order_placement(
@@ -131,18 +159,28 @@ def placement_shape(placement: Mapping[Worker, tuple[str, ...]]) -> tuple[int, i
 
 def check_memory(topology: Topology, job: Job, placement: Mapping[Worker, tuple[str, ...]],
                  schedule: Schedule, extra_warmup: Warmup = 0) -> None:
-    """Refuse a plan whose stage does not fit in its GPUs' memory, naming where."""
-    dp, pp = placement_shape(placement)
+    """Refuse a plan whose GPU does not hold its stages, naming where: parameters with
+    optimizer state, and the activations its compute order holds at once."""
+    dp, _ = placement_shape(placement)
     microbatches = job.microbatches_for(dp)
-    label = schedule.label(extra_warmup)
+    _check_memory(topology, job, placement, compute_orders(
+        job, placement, schedule, schedule.label(extra_warmup), microbatches))
+
+
+def _check_memory(topology: Topology, job: Job, placement: Mapping[Worker, tuple[str, ...]],
+                  orders: Mapping[tuple[str, ...], Sequence[Action]]) -> None:
+    _, pp = placement_shape(placement)
     layers = split_layers(job.model.layers, pp)
-    for (_replica, stage), gpus in sorted(placement.items()):
+    for gpus, order in orders.items():
+        stages = sorted(s for (_, s), g in placement.items() if g == gpus)
         gpu = topology.gpu(gpus[0]).type
-        need = stage_memory_bytes(job, layers[stage], stage == 0, stage == pp - 1, job.tp,
-                                  in_flight(label, stage, pp, microbatches))
+        need = gpu_memory_bytes(job, layers, stages, job.tp, order)
         if need > gpu.memory_bytes:
+            held = sum(layers[s] for s in stages)
+            what = f"stage {stages[0]}" if len(stages) == 1 else \
+                f"stages {', '.join(map(str, stages))}"
             raise InputError(
-                f"stage {stage} ({plural(layers[stage], 'layer')}, tp {job.tp}) needs "
+                f"{what} ({plural(held, 'layer')}, tp {job.tp}) needs "
                 f"{need / 2**30:.1f} GiB per GPU, {gpus[0]} ({gpu.name}) has "
                 f"{gpu.memory_bytes / 2**30:.0f} GiB: use more stages or tensor parallelism",
                 topology.source, "job")
@@ -205,13 +243,15 @@ def build_plan(
     sends: Sends = Sends.EAGER,
     notes: Mapping[str, Any] | None = None,
     gradients: Collective | None = EVERY_STEP,
+    order: TorchOrder | None = None,
 ) -> Plan:
     """A Plan named after `policy` from a placement (which fixes dp and pp): every GPU's
     actions under the schedule, connection counts, and how pipeline traffic shares each
     WAN direction (gradient all-reduces always share fairly). Refuses what does not fit
     in memory. `sends`: whether stages wait for their sends as torch's schedules do.
     `gradients`: how replicas reduce their gradients before each step (None: they do not,
-    as DiLoCo's workers step apart; see `cycled` for their syncs)."""
+    as DiLoCo's workers step apart; see `cycled` for their syncs). `order`: for
+    Schedule.TORCH_CSV, the compute order read from torch's CSV form."""
     dp, pp = placement_shape(placement)
     label = schedule.label(extra_warmup)
     microbatches = job.microbatches_for(dp)
@@ -220,11 +260,18 @@ def build_plan(
                          f"{job.microbatch_size} is {microbatches:,} microbatches per replica, "
                          f"more than testbed's limit of {MAX_MICROBATCHES:,}", job.source,
                          "job.global_batch")
-    check_memory(topology, job, placement, schedule, extra_warmup)
+    if pp > job.model.layers:
+        raise InputError(f"{plural(pp, 'stage')} need as many layers, the model has "
+                         f"{job.model.layers}", job.source, "job.model.layers")
+    orders = compute_orders(job, placement, schedule, label, microbatches, order)
+    _check_memory(topology, job, placement, orders)
     count = connections if callable(connections) else _every_pair(connections)
     actions: dict[str, tuple[Action, ...]] = {}
-    for (_, stage), gpus in placement.items():
-        lst = tuple(stage_actions(label, stage, pp, microbatches, dp, sends, gradients))
+    for gpus, computes in orders.items():
+        stages = tuple(s for (_, s), g in sorted(placement.items()) if g == gpus)
+        lst = tuple(lower(computes, stages, pp, microbatches, dp, sends, gradients)
+                    if schedule.from_torch else
+                    stage_actions(label, stages[0], pp, microbatches, dp, sends, gradients))
         for gpu in gpus:
             actions[gpu] = lst
     conns: dict[tuple[str, str], int] = {}
@@ -255,17 +302,59 @@ def build_plan(
     )
 
 
+def virtual_placement(placement: Mapping[Worker, tuple[str, ...]], schedule: Schedule,
+                      virtual: int) -> dict[Worker, tuple[str, ...]]:
+    """Several stages per GPU: `placement` names each replica's GPUs in pipeline order as
+    its stages 0, 1, ... (rank r: the r-th GPU of the pipeline, as torch calls it); each
+    rank then holds the `virtual` stages torch's mapping gives it under `schedule` (rank g
+    of P: g, g + P, ... looped; g and 2P - 1 - g V-shaped)."""
+    if virtual == 1:
+        return dict(placement)
+    if not schedule.from_torch:
+        raise ValueError(f"{schedule.value} runs one stage per GPU")
+    dp, ranks = placement_shape(placement)
+    mapping = stage_ranks(schedule.value, ranks, virtual)
+    return {(r, s): placement[(r, rank)] for r in range(dp) for s, rank in mapping.items()}
+
+
+def compute_orders(job: Job, placement: Mapping[Worker, tuple[str, ...]], schedule: Schedule,
+                   label: str, microbatches: int, given: TorchOrder | None = None
+                   ) -> dict[tuple[str, ...], tuple[Action, ...]]:
+    """Each GPU's compute order under the schedule (per tensor-parallel group, in stage
+    order): F and B, and I, W and OVERLAP_F_B where torch's schedule has them (`given`:
+    torch's order as read from its CSV form)."""
+    _, pp = placement_shape(placement)
+    held: dict[tuple[str, ...], list[int]] = {}
+    for (_, stage), gpus in sorted(placement.items()):
+        held.setdefault(gpus, []).append(stage)
+    if not schedule.from_torch:
+        if any(len(stages) > 1 for stages in held.values()):
+            raise ValueError(f"{schedule.value} runs one stage per GPU")
+        return {gpus: tuple(schedule_compute(label, stages[0], pp, microbatches))
+                for gpus, stages in held.items()}
+    virtual = len(next(iter(held.values())))
+    order = given or checked_torch_order(job, schedule.value, pp // virtual, virtual,
+                                         microbatches)
+    out: dict[tuple[str, ...], tuple[Action, ...]] = {}
+    for gpus, stages in held.items():
+        rank = order.stage_rank[stages[0]]
+        if tuple(stages) != order.stages_of(rank):
+            raise ValueError(f"{gpus[0]} holds stages {stages}, {schedule.value} puts "
+                             f"{list(order.stages_of(rank))} on one GPU (see virtual_placement)")
+        out[gpus] = order.compute[rank]
+    return out
+
+
 Tail = Callable[[int], Sequence[Action]]
 """What a stage does after its step in one iteration of a cycle (given the stage)."""
 
 
 def cycled(plan: Plan, tails: Sequence[Tail], outer: OuterOptimizer | None = None) -> Plan:
     """`plan` as a cycle of len(tails) iterations: iteration i runs every GPU's actions
-    followed by tails[i](its stage) (a sync every H steps: H - 1 empty tails, then the
-    sync). Iterations with the same tails share one program."""
+    followed by tails[i](its stage), of each stage it holds (a sync every H steps: H - 1
+    empty tails, then the sync). Iterations with the same tails share one program."""
     if not tails:
         raise ValueError("a cycle needs at least one iteration")
-    stage_of = {gpu: stage for (_, stage), gpus in plan.placement.items() for gpu in gpus}
     programs: dict[tuple[tuple[Action, ...], ...], int] = {}
     bodies: list[dict[str, tuple[Action, ...]]] = []
     cycle = []
@@ -273,7 +362,8 @@ def cycled(plan: Plan, tails: Sequence[Tail], outer: OuterOptimizer | None = Non
         key = tuple(tuple(tail(stage)) for stage in range(plan.pp))
         if key not in programs:
             programs[key] = len(bodies)
-            bodies.append({gpu: (*actions, *key[stage_of[gpu]])
+            bodies.append({gpu: (*actions, *(a for stage in plan.stages_of(gpu)
+                                             for a in key[stage]))
                            for gpu, actions in plan.actions.items()})
         cycle.append(programs[key])
     return replace(plan, actions=bodies[0], programs=tuple(bodies[1:]),

@@ -6,7 +6,9 @@ from typing import Any
 
 from testbed.compute import collective_bytes, stage_cost
 from testbed.job import Job
+from testbed.plan.activations import in_flight
 from testbed.plan.collective import Reduces, Scope
+from testbed.plan.ideal import ideal_bubble_fraction
 from testbed.plan.model import Op, Plan
 from testbed.plan.text import format_cycle
 from testbed.topology.model import Topology
@@ -67,15 +69,21 @@ def cycle_lines(plan: Plan, job: Job) -> list[str]:
     return lines
 
 
-def ideal_bubble_fraction(plan: Plan) -> float:
-    """(p-1)/(m+p-1): idle share of a GPipe or 1F1B pipeline with free communication."""
-    return (plan.pp - 1) / (plan.microbatches + plan.pp - 1)
+def in_flight_line(plan: Plan) -> str:
+    """Microbatches whose activations each GPU of replica 0 holds at most, by stage."""
+    gpus = dict.fromkeys(gpus[0] for (r, _), gpus in plan.workers() if r == 0)
+    held = [f"{gpu} " + " ".join(f"s{stage}:{count}" for stage, count in sorted(
+        in_flight(plan.actions[gpu]).items())) for gpu in gpus]
+    return f"  activations held at most (microbatches per stage): {', '.join(held)}"
 
 
 def describe_plan(plan: Plan, topology: Topology, job: Job) -> list[str]:
+    virtual = plan.stages_per_gpu
+    pp = f"pp {plan.pp}" if virtual == 1 else \
+        f"pp {plan.gpus_per_pipeline} (x {virtual} virtual stages = {plan.pp} stages)"
     lines = [
-        f"policy {plan.policy}: dp {plan.dp} x pp {plan.pp} x tp {plan.tp} = "
-        f"{plan.dp * plan.pp * plan.tp} of {plural(topology.total_gpus, 'GPU')}, "
+        f"policy {plan.policy}: dp {plan.dp} x {pp} x tp {plan.tp} = "
+        f"{len(plan.used_gpus())} of {plural(topology.total_gpus, 'GPU')}, "
         f"{plural(plan.microbatches, 'microbatch', 'microbatches')} of {plan.microbatch_size} "
         "per replica",
     ]
@@ -103,7 +111,9 @@ def describe_plan(plan: Plan, topology: Topology, job: Job) -> list[str]:
         f"  TCP connections per peer pair: {', '.join(map(str, counts)) or 'none'}; "
         f"activations {human_bytes(job.activation_bytes)} per microbatch"
     )
-    lines.append(f"  ideal bubble fraction (p-1)/(m+p-1) = {ideal_bubble_fraction(plan):.1%}")
+    lines.append(f"  ideal bubble fraction (equal stages, free messages) = "
+                 f"{ideal_bubble_fraction(plan):.1%}")
+    lines.append(in_flight_line(plan))
     lines += cycle_lines(plan, job)
     if plan.dp_cells:
         cells = "; ".join(",".join(map(str, c)) for c in plan.dp_cells)

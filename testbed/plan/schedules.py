@@ -16,7 +16,9 @@ class Sends(StrEnum):
     """As torch.distributed.pipelining's ScheduleGPipe and Schedule1F1B run: GPipe waits
     for all forward sends before the first backward and for all backward sends at the
     end; 1F1B posts each send together with the next receive and waits for both before
-    it computes again (a warm-up forward first waits for the previous one's send)."""
+    it computes again (a warm-up forward first waits for the previous one's send). torch's
+    schedules of several stages per GPU wait as its runtime for lowered schedules does:
+    for every send at the end of the step (testbed.plan.lowering)."""
     EAGER = "eager"
     """Never waits: the next compute starts as soon as its input is there, and sends
     complete in the background (as torch's runtime for lowered schedules, which waits

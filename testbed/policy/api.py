@@ -21,6 +21,7 @@ from testbed.plan.build import (
     default_pp,
     file_order_placement,
     fits_memory,
+    virtual_placement,
 )
 from testbed.plan.collective import Collective, Reduces, Scope
 from testbed.plan.model import (
@@ -109,4 +110,5 @@ __all__ = [
     "ring_allreduce_s",
     "split_layers",
     "stage_cost",
+    "virtual_placement",
 ]

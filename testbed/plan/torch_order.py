@@ -1,0 +1,183 @@
+"""Per-rank compute orders of torch's own pipeline schedules, read from torch 2.13's
+classes (torch.distributed.pipelining.schedules) instead of re-deriving the algorithms.
+
+Each class computes every rank's `pipeline_order` in its constructor, without a process
+group: it reads only the number of stages, ranks and local stages off its stages, which
+stubs give. Torch is imported when a schedule is first asked for (it takes seconds).
+torch's own CSV form of a schedule (`_dump_csv`: one row per rank, its actions) reads
+into the same shape.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from testbed.errors import InputError
+from testbed.job import Job
+from testbed.plan.model import Action, Op
+
+TORCH_CLASSES = {
+    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+    "looped-bfs": "ScheduleLoopedBFS",
+    "interleaved-zb": "ScheduleInterleavedZeroBubble",
+    "zb-v": "ScheduleZBVZeroBubble",
+    "dualpipe-v": "ScheduleDualPipeV",
+}
+"""Our name of each schedule, and its class in torch."""
+V_SHAPED = frozenset({"zb-v", "dualpipe-v"})
+"""Two stages per rank, g and 2P - 1 - g; the others loop (g, g + P, ...)."""
+
+
+@dataclass(frozen=True)
+class TorchOrder:
+    """What a schedule runs: compute actions per rank, in order, and each stage's rank."""
+
+    compute: dict[int, tuple[Action, ...]]
+    stage_rank: dict[int, int]
+
+    @property
+    def ranks(self) -> int:
+        return len(self.compute)
+
+    @property
+    def stages(self) -> int:
+        return len(self.stage_rank)
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        return tuple(sorted(s for s, r in self.stage_rank.items() if r == rank))
+
+
+def stage_ranks(schedule: str, ranks: int, virtual: int) -> dict[int, int]:
+    """Each stage's rank under `schedule`: torch's own mapping (looped or V-shaped)."""
+    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+
+    style = "v" if schedule in V_SHAPED else "loop"
+    return dict(generate_stage_to_rank_mapping(ranks, ranks * virtual, style=style))
+
+
+@functools.lru_cache(maxsize=64)
+def torch_order(schedule: str, ranks: int, virtual: int, microbatches: int) -> TorchOrder:
+    """The compute order torch's class for `schedule` gives `ranks` ranks with `virtual`
+    stages each. ValueError with torch's reason where torch refuses."""
+    import torch.distributed.pipelining.schedules as schedules
+
+    mapping = stage_ranks(schedule, ranks, virtual)
+    mine = [s for s, r in sorted(mapping.items()) if r == 0]
+    stubs = [_StubStage(s, ranks * virtual, ranks) for s in mine]
+    quiet = logging.getLogger(schedules.__name__)
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # torch warns of the bubbles it pads with
+    try:
+        runner: Any = getattr(schedules, TORCH_CLASSES[schedule])(stubs, microbatches)
+    except (ValueError, AssertionError, RuntimeError) as exc:
+        raise ValueError(str(exc).splitlines()[0]) from None
+    finally:
+        quiet.setLevel(level)
+    compute = {rank: tuple(Action.parse(str(a)) for a in actions if a is not None)
+               for rank, actions in sorted(runner.pipeline_order.items())}
+    return TorchOrder(compute, dict(runner.stage_index_to_group_rank))
+
+
+def checked_torch_order(job: Job, schedule: str, ranks: int, virtual: int,
+                        microbatches: int) -> TorchOrder:
+    """torch_order, with torch's constraints on the job's microbatches refused as bad
+    input naming the key."""
+    key = "job.microbatches" if job.microbatches is not None else "job.global_batch"
+    if schedule not in TORCH_CLASSES:
+        raise ValueError(f"torch has no class for {schedule!r}: give its order")
+    name = TORCH_CLASSES[schedule]
+    rounds = max(1, microbatches // ranks)
+    if schedule in ("interleaved-1f1b", "interleaved-zb") and microbatches % rounds:
+        raise InputError(f"{schedule} over {ranks} GPUs runs microbatches in rounds of about "
+                         f"{ranks}: {microbatches} is not a multiple of its {rounds} rounds "
+                         f"(torch's {name})", job.source, key)
+    if schedule == "dualpipe-v" and microbatches < ranks * virtual:
+        raise InputError(f"dualpipe-v needs at least as many microbatches as stages "
+                         f"({ranks * virtual}), got {microbatches} (torch's {name})",
+                         job.source, key)
+    try:
+        return torch_order(schedule, ranks, virtual, microbatches)
+    except ValueError as exc:
+        raise InputError(f"torch's {name} refuses {ranks} GPUs x {virtual} stages and "
+                         f"{microbatches} microbatches: {exc}", job.source, key) from None
+
+
+class _StubStage:
+    """What the schedule classes read off a stage to compute their order."""
+
+    def __init__(self, index: int, stages: int, ranks: int) -> None:
+        self.stage_index = index
+        self.num_stages = stages
+        self.group_size = ranks
+        self.group_rank = 0
+        self.submod = None
+        self.stage_index_to_group_rank: dict[int, int] = {}
+
+
+_NOT_COMPUTE = re.compile(r"^\d+(UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)\d*$")
+"""torch's actions that its lowering derives from the compute order (FSDP, gradient
+reduction, communication): a CSV in its compute_comms form carries them too."""
+
+
+def parse_torch_csv(text: str, source: str | None = None) -> TorchOrder:
+    """torch's CSV form of a schedule: row r is rank r's actions in order (`_dump_csv`;
+    empty cells are torch's idle steps). Only compute actions are kept: communication
+    is lowered from them again, as torch lowers a compute-only schedule."""
+    compute: dict[int, tuple[Action, ...]] = {}
+    stage_rank: dict[int, int] = {}
+    try:
+        rows = list(csv.reader(io.StringIO(text)))
+    except csv.Error as exc:
+        raise InputError(f"not CSV: {exc}", source) from None
+    for rank, row in enumerate(rows):
+        actions = []
+        for column, cell in enumerate(row, start=1):
+            text_cell = cell.strip()
+            if not text_cell or _NOT_COMPUTE.match(text_cell):
+                continue
+            try:
+                action = Action.parse(text_cell)
+            except ValueError as exc:
+                raise InputError(f"bad action: {exc}", source,
+                                 f"line {rank + 1} column {column}") from None
+            if not action.op.is_compute:
+                raise InputError(f"{action} is not one of torch's schedule actions (F, B, I, "
+                                 "W, OVERLAP_F_B)", source, f"line {rank + 1} column {column}")
+            for leaf in action.leaves:
+                other = stage_rank.setdefault(leaf.stage, rank)
+                if other != rank:
+                    raise InputError(f"stage {leaf.stage} is on rank {other} (line {other + 1}) "
+                                     f"and on rank {rank}", source, f"line {rank + 1}")
+            actions.append(action)
+        compute[rank] = tuple(actions)
+    if not stage_rank:
+        raise InputError("no compute actions: expected one row of actions per rank, as "
+                         "torch's _dump_csv writes them (like 0F0,0F1,,0B0)", source)
+    missing = sorted(set(range(max(stage_rank) + 1)) - set(stage_rank))
+    if missing:
+        raise InputError(f"no rank runs stage {missing[0]}", source)
+    return TorchOrder(compute, stage_rank)
+
+
+def is_torch_csv(text: str) -> bool:
+    """Whether a CSV reads as torch's form (its first non-empty cell is an action) rather
+    than a plan's (its rows begin with what they are: meta, place, actions...)."""
+    for row in csv.reader(io.StringIO(text)):
+        for cell in row:
+            if cell.strip():
+                first = cell.strip()
+                return bool(_NOT_COMPUTE.match(first)) or _reads_as_action(first)
+    return False
+
+
+def _reads_as_action(text: str) -> bool:
+    try:
+        return Action.parse(text).op is not Op.PREFILL
+    except ValueError:
+        return False
