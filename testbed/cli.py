@@ -24,12 +24,13 @@ from testbed.cli_options import (
 )
 from testbed.cli_run import up
 from testbed.cli_sim import profile, simulate, sweep
-from testbed.errors import EXIT_INPUT, InputError, PlanError, TestbedError, one_line
+from testbed.errors import EXIT_INPUT, TestbedError, one_line
 from testbed.fsutil import write_atomic
 from testbed.inputs import load_inputs
 from testbed.net.interrupts import Terminated
-from testbed.plan import load_plan_csv, plan_grid, plan_to_csv, validate_plan
+from testbed.plan import plan_grid, plan_to_csv, validate_plan
 from testbed.plan.describe import describe_plan
+from testbed.plan.load import load_plan
 from testbed.policy import discover, parse_options
 from testbed.policy.option_parsers import option_text
 from testbed.policy.registry import BUBBLE_GROUP, TRAINING_GROUP
@@ -143,7 +144,8 @@ def validate(topology: Path, **kwargs: Any) -> None:
     "--load",
     "csv_in",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Validate and show a plan CSV instead of asking the policy.",
+    help="Validate and show a plan CSV (a saved plan, or torch's CSV form of a pipeline "
+    "schedule: one row of actions per rank) instead of asking the policy.",
 )
 def plan(
     topology: Path,
@@ -157,17 +159,14 @@ def plan(
 ) -> None:
     """Show the plan a policy makes: placement, per-GPU actions and a summary.
 
-    The grid has one column per (replica r, stage s) and one row per step; `2F0` is
-    stage 2 forward of microbatch 0, `1B3` a backward, `ALLREDUCE` and `STEP` end an
-    iteration. Every plan is dry-run first: deadlocks and unmatched transfers are errors.
+    The grid has one column per GPU (replica r, its stages s) and one row per step;
+    `2F0` is stage 2 forward of microbatch 0, `1B3` a backward (`1I3`, `1W3` its input
+    and weight halves), `ALLREDUCE` and `STEP` end an iteration. Every plan is dry-run
+    first: deadlocks and unmatched transfers are errors.
     """
     inputs = load_inputs(topology, **job_flags(kwargs))
     if csv_in is not None:
-        the_plan = load_plan_csv(csv_in)
-        try:
-            validate_plan(the_plan, inputs.topology)
-        except PlanError as exc:
-            raise InputError(str(exc), str(csv_in)) from None
+        the_plan = load_plan(csv_in, inputs.topology, inputs.job)
     else:
         the_plan = api.plan(inputs, policy, parse_options(policy_opts))
         validate_plan(the_plan, inputs.topology)
