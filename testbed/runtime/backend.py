@@ -22,7 +22,7 @@ from testbed.dilation import (
 from testbed.errors import InputError, TestbedError
 from testbed.metrics.overruns import prefill_overruns
 from testbed.metrics.summary import summarize
-from testbed.plan.model import Plan
+from testbed.plan.model import Plan, refuse_features
 from testbed.policy.base import TrainingPolicy
 from testbed.report.results import RunRecord
 from testbed.resume import check_checkpointable, checkpoints_for, save_settings
@@ -48,6 +48,7 @@ class EmulatorBackend:
     name: Literal["emulate"] = "emulate"
 
     def check(self, spec: RunSpec, plan: Plan, resume: Progress | None) -> None:
+        refuse_features(plan, frozenset(), "the emulator")
         if spec.jitter:
             raise InputError("applies to the simulator: an emulated run has its own noise",
                              "--jitter")
