@@ -16,7 +16,6 @@ import torch.distributed.pipelining.schedules as schedules
 from torch.distributed.pipelining._utils import generate_rank_to_stage_mapping
 
 from testbed.errors import InputError
-from testbed.job import Job
 from testbed.job_file import parse_job
 from testbed.plan import Action, Op, Plan, parse_plan_csv, plan_to_csv, validate_plan
 from testbed.plan.load import load_plan
@@ -281,7 +280,7 @@ def test_torchs_csv_loads_as_the_plan_of_its_schedule(tmp_path: Path, fmt: str, 
     ("0F0,0X1\n", "line 1 column 2: bad action"),
     ("0F0,0B0\n0F1\n", "stage 0 is on rank 0 (line 1) and on rank 1"),
     ("0F0,0STEP\n", "0STEP is not one of torch's schedule actions"),
-    ("0F0,2F0,2B0,0B0\n1F0,1B0\n", "line 2: rank 1 runs 1 stage, rank 0 2: every rank holds as many"),
+    ("0F0,2F0,2B0,0B0\n1F0,1B0\n", "line 2: rank 1 runs 1 stage, rank 0 2: every rank holds"),
     ("0F0,0B0\n2F0,2B0\n", "no rank runs stage 1"),
 ])
 def test_bad_torch_csvs_are_one_line_errors(tmp_path: Path, text: str, words: str) -> None:
@@ -303,8 +302,8 @@ def test_a_loaded_plan_must_fit_the_job(tmp_path: Path) -> None:
     path = tmp_path / "p.csv"
     path.write_text(plan_to_csv(_plan("zb-v", 4, 2, 8)))
     load_plan(path, TOPOLOGY, JOB)
-    with pytest.raises(InputError, match="p.csv: meta layers: the plan's stages hold 16 "
-                                         "layers .* the job's model has 8"):
+    with pytest.raises(InputError, match=r"p.csv: meta layers: the plan's stages hold 16 "
+                                         r"layers .* the job's model has 8"):
         load_plan(path, TOPOLOGY, replace(JOB, model=replace(JOB.model, layers=8)))
 
 
