@@ -282,6 +282,8 @@ def test_torchs_csv_loads_as_the_plan_of_its_schedule(tmp_path: Path, fmt: str, 
     ("0F0,0STEP\n", "0STEP is not one of torch's schedule actions"),
     ("0F0,2F0,2B0,0B0\n1F0,1B0\n", "line 2: rank 1 runs 1 stage, rank 0 2: every rank holds"),
     ("0F0,0B0\n2F0,2B0\n", "no rank runs stage 1"),
+    ("0F0,0B0\n99999999999F0\n", "no rank runs stage 1"),  # no range of 10**11 stages
+    ("0F99999999,0B99999999\n", "microbatch 99999999 is past testbed's limit"),
 ])
 def test_bad_torch_csvs_are_one_line_errors(tmp_path: Path, text: str, words: str) -> None:
     path = tmp_path / "t.csv"

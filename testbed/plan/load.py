@@ -19,6 +19,7 @@ from testbed.plan.schedules import Sends
 from testbed.plan.text import parse_plan_csv
 from testbed.plan.torch_order import is_torch_csv, parse_torch_csv
 from testbed.plan.validate import validate_plan
+from testbed.sizes import MAX_MICROBATCHES
 from testbed.topology.model import Topology
 from testbed.units import plural
 
@@ -59,6 +60,9 @@ def torch_csv_plan(text: str, source: str, topology: Topology, job: Job,
                              f"line {rank + 1}")
     microbatches = 1 + max((leaf.microbatch or 0) for actions in order.compute.values()
                            for a in actions for leaf in a.leaves)
+    if microbatches > MAX_MICROBATCHES:
+        raise InputError(f"microbatch {microbatches - 1} is past testbed's limit of "
+                         f"{MAX_MICROBATCHES:,} microbatches", source)
     ranks = order.ranks
     dp = job.dp if job.dp is not None else topology.total_gpus // (ranks * job.tp)
     if dp < 1:

@@ -20,7 +20,7 @@ from typing import Any
 
 from testbed.errors import InputError
 from testbed.job import Job
-from testbed.plan.model import Action, Op
+from testbed.plan.model import Action
 
 TORCH_CLASSES = {
     "interleaved-1f1b": "ScheduleInterleaved1F1B",
@@ -159,9 +159,9 @@ def parse_torch_csv(text: str, source: str | None = None) -> TorchOrder:
     if not stage_rank:
         raise InputError("no compute actions: expected one row of actions per rank, as "
                          "torch's _dump_csv writes them (like 0F0,0F1,,0B0)", source)
-    missing = sorted(set(range(max(stage_rank) + 1)) - set(stage_rank))
-    if missing:
-        raise InputError(f"no rank runs stage {missing[0]}", source)
+    missing = next(s for s in range(len(stage_rank) + 1) if s not in stage_rank)
+    if missing < len(stage_rank):
+        raise InputError(f"no rank runs stage {missing}", source)
     return TorchOrder(compute, stage_rank)
 
 
@@ -178,6 +178,7 @@ def is_torch_csv(text: str) -> bool:
 
 def _reads_as_action(text: str) -> bool:
     try:
-        return Action.parse(text).op is not Op.PREFILL
+        Action.parse(text)
     except ValueError:
         return False
+    return True
