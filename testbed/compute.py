@@ -72,6 +72,19 @@ class StageCost:
     def total_s(self) -> float:
         return self.forward_s + self.backward_s
 
+    @property
+    def input_s(self) -> float:
+        """A split backward's input-gradient half (I). Each half is a matmul the size of
+        the forward's, so they are equal shares of B (Qi et al., Zero Bubble Pipeline
+        Parallelism, arXiv 2401.10241, take T_F = T_B = T_W; torch's zero-bubble
+        schedules assume the same)."""
+        return self.backward_s / 2
+
+    @property
+    def weight_s(self) -> float:
+        """A split backward's weight-gradient half (W); see `input_s`."""
+        return self.backward_s - self.input_s
+
 
 def stage_cost(
     job: Job, layers: int, first: bool, last: bool, gpu: GpuType, tp: int = 1
