@@ -27,13 +27,11 @@ from testbed.cli_options import (
 from testbed.errors import TestbedError
 from testbed.fsutil import write_atomic
 from testbed.inputs import load_inputs
-from testbed.plan.model import refuse_features
 from testbed.policy import parse_options, training_policy
 from testbed.policy.registry import DEFAULT_POLICY, check_policies
 from testbed.report.results import new_run_dir
 from testbed.report.table import run_summary
 from testbed.run_spec import RunSpec
-from testbed.sim.backend import SIMULATOR_RUNS
 from testbed.sim.jitter import Jitter
 from testbed.sim.planning import plan_with_simulator, shared_cache
 from testbed.sim.profile import load_profile, write_profile
@@ -147,7 +145,6 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
                 row: dict[str, Any] = {"policy": name, **dict(point)}
                 try:
                     plan = plan_with_simulator(chosen, topo, job, cache)
-                    refuse_features(plan, SIMULATOR_RUNS, "the simulator")
                     summary, _ = simulate_plan(topo, job, plan, chosen, profile_data)
                     row.update({"iteration_s": summary.median_s,
                                 "tokens_per_s": summary.tokens_per_s,

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from testbed.fragments import fragment_params
 from testbed.job import Job, ModelShape
-from testbed.plan.activations import peak_layers_held
+from testbed.plan.activations import in_flight, peak_layers_held
 from testbed.plan.collective import Collective, payload_bytes
 from testbed.plan.model import Action, Plan
 from testbed.topology.model import GpuType, Topology
@@ -169,5 +170,39 @@ def gpu_memory_bytes(job: Job, layers: Sequence[int], stages: Sequence[int], tp:
     A tensor-parallel GPU holds 1/tp of both."""
     last = len(layers) - 1
     params = sum(stage_params(job.model, layers[s], s == 0, s == last) for s in stages)
-    stash = peak_layers_held(actions, {s: layers[s] for s in stages}) * job.activation_bytes
-    return params * OPTIMIZER_BYTES_PER_PARAM // tp + stash // tp
+    return params * OPTIMIZER_BYTES_PER_PARAM // tp + activation_bytes_held(
+        job, layers, stages, tp, actions)
+
+
+def activation_bytes_held(job: Job, layers: Sequence[int], stages: Sequence[int], tp: int,
+                          actions: Iterable[Action]) -> int:
+    """The activations part of `gpu_memory_bytes`: at the GPU's worst moment."""
+    held = peak_layers_held(actions, {s: layers[s] for s in stages})
+    return held * job.activation_bytes // tp
+
+
+def memory_summary(job: Job, plan: Plan) -> dict[str, dict[str, Any]]:
+    """Per GPU of replica 0 (the other replicas' hold the same), in the program of the
+    plan's cycle that needs most: the activations it holds at its worst moment, that plus
+    parameters and optimizer state, and the most microbatches each of its stages holds
+    (the `memory` block of results.json)."""
+    out: dict[str, dict[str, Any]] = {}
+    for (replica, _), gpus in plan.workers():
+        gpu = gpus[0]
+        if replica or gpu in out:
+            continue
+        stages = plan.stages_of(gpu)
+        lists = [program[gpu] for program in plan.all_programs()]
+        held: dict[int, int] = {}
+        for actions in lists:
+            for stage, count in in_flight(actions).items():
+                held[stage] = max(held.get(stage, 0), count)
+        out[gpu] = {
+            "stages": list(stages),
+            "activations_bytes": max(activation_bytes_held(job, plan.layers, stages, plan.tp,
+                                                           a) for a in lists),
+            "total_bytes": max(gpu_memory_bytes(job, plan.layers, stages, plan.tp, a)
+                               for a in lists),
+            "microbatches_held": {str(s): n for s, n in sorted(held.items())},
+        }
+    return out

@@ -43,6 +43,9 @@ class SpanDetail(TypedDict, total=False):
     stage: int
     """Every span but a network event's."""
     microbatch: int | None
+    part: Literal["I", "W"]
+    """A backward's part when it is split (testbed.plan.interpret.Part): I computes the
+    input gradient, W the weight gradient; a whole backward has none."""
     bytes: int
     link: str | None
     """`src_dc>dst_dc` for traffic that crosses the WAN, None inside a DC."""

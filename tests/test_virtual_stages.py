@@ -1,6 +1,6 @@
 """Plans with several stages per GPU, split backwards and overlapped units: what the
 validator refuses, what the interpreter tells a backend, the activations a GPU holds, the
-memory check, the summary and grid, and the backends' refusal until they run them."""
+memory check, the summary and grid, and the emulator's refusal until it runs them."""
 
 from __future__ import annotations
 
@@ -203,16 +203,14 @@ def test_a_cycle_syncs_every_stage_of_a_gpu() -> None:
         validate_plan(plan, TOPOLOGY)
 
 
-def test_backends_refuse_what_they_do_not_run_yet() -> None:
+def test_the_emulator_refuses_what_it_does_not_run_yet_the_simulator_runs_it() -> None:
     plan = _plan(Schedule.INTERLEAVED_ZB)
     spec = RunSpec("simulate", TOPOLOGY, JOB, plan.policy, {})
+    SimulatorBackend().check(spec, plan, None)
     with pytest.raises(InputError, match="-p interleaved-zb: its plan uses split backwards "
                                          r"\(I and W\) and virtual stages .*: not yet run by "
-                                         "the simulator"):
-        SimulatorBackend().check(spec, plan, None)
-    with pytest.raises(InputError, match="not yet run by the emulator"):
+                                         "the emulator"):
         EmulatorBackend().check(replace(spec, backend="emulate"), plan, None)
-    SimulatorBackend().check(spec, _plan(Schedule.ONE_F_ONE_B, virtual=1), None)
 
 
 def test_acceptance_interleaved_1f1b_on_paper_3dc(tmp_path: Path) -> None:
@@ -242,12 +240,13 @@ def test_plugins_lists_torchs_schedules() -> None:
     assert "virtual=2" in text
 
 
-def test_simulate_refuses_a_virtual_plan_before_writing_anything(tmp_path: Path) -> None:
+def test_simulate_runs_a_virtual_plan(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    code, _, err = call(["simulate", PAPER, "-p", "zb-v", "--pp", "4", "--microbatches", "8",
-                         "--out", str(out)])
-    assert code == 2 and err.count("\n") == 1 and "not yet run by the simulator" in err
-    assert not out.exists()
+    code, text, err = call(["simulate", PAPER, "-p", "zb-v", "--pp", "4", "--microbatches", "8",
+                            "--iterations", "2", "--out", str(out)])
+    assert code == 0, err
+    assert "simulate run of zb-v on paper-3dc: ok" in text
+    assert (out / "results.json").exists()
 
 
 def test_a_hand_edited_virtual_plan_loads(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from testbed.compute import memory_summary
 from testbed.fsutil import write_atomic
 from testbed.job import Job
 from testbed.metrics.loss import loss_curve, no_loss_reason, time_to_loss
@@ -93,6 +94,7 @@ class RunRecord:
                 "ttft_s": {"p50": None, "p99": None},
             },
             "plan": self.plan.summary(),
+            "memory": memory_summary(self.job, self.plan),
             "seed": self.job.seed,
             "status": self.status,
             "error": self.error,

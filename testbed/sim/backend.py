@@ -8,7 +8,7 @@ from typing import Literal
 from testbed.backend import BackendRun, Say
 from testbed.bubbles import inference_results, make_broker
 from testbed.metrics.overruns import prefill_overruns
-from testbed.plan.model import Feature, Plan, refuse_features
+from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.report.results import RunRecord
 from testbed.run_spec import RunSpec
@@ -16,18 +16,13 @@ from testbed.runtime.checkpoint import Progress
 from testbed.sim.bubble_seed import modeled_waits
 from testbed.sim.simulate import simulate_plan
 
-SIMULATOR_RUNS: frozenset[Feature] = frozenset()
-"""What of torch's schedule language beyond one stage per GPU and whole backwards the
-simulator runs."""
-
 
 class SimulatorBackend:
     name: Literal["simulate"] = "simulate"
 
     def check(self, spec: RunSpec, plan: Plan, resume: Progress | None) -> None:
-        """Whatever plan validated, the simulator runs, but for the parts of torch's
-        schedule language it does not run yet."""
-        refuse_features(plan, SIMULATOR_RUNS, "the simulator")
+        """Whatever plan validated, the simulator runs: torch's whole schedule language
+        (virtual stages, split backwards, overlapped units) included."""
 
     def execute(self, spec: RunSpec, plan: Plan, policy: TrainingPolicy, directory: Path,
                 say: Say, resume: Progress | None) -> BackendRun:

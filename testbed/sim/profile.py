@@ -17,17 +17,24 @@ Profile = dict[int, dict[str, float]]
 
 def profile_from_spans(spans: Sequence[Mapping[str, Any]]) -> Profile:
     """Median forward and backward time per stage over all GPUs and iterations but the
-    first (warm-up)."""
+    first (warm-up). A stage whose backwards were all split (I and W spans) gets the sum
+    of its parts' medians as its backward."""
     samples: dict[int, dict[str, list[float]]] = {}
     for span in spans:
         kind = span["kind"]
         if kind not in ("forward", "backward") or span.get("iteration", 0) == 0:
             continue
         stage = int(span["stage"])
-        samples.setdefault(stage, {}).setdefault(f"{kind}_s", []).append(
-            span["end"] - span["start"])
-    return {stage: {key: statistics.median(values) for key, values in kinds.items()}
-            for stage, kinds in sorted(samples.items())}
+        key = f"{kind}_s" if span.get("part") is None else f"{kind}_{span['part']}"
+        samples.setdefault(stage, {}).setdefault(key, []).append(span["end"] - span["start"])
+    profile: Profile = {}
+    for stage, kinds in sorted(samples.items()):
+        medians = {key: statistics.median(values) for key, values in kinds.items()}
+        parts = [medians.pop(f"backward_{part}", None) for part in ("I", "W")]
+        if "backward_s" not in medians and parts[0] is not None and parts[1] is not None:
+            medians["backward_s"] = parts[0] + parts[1]
+        profile[stage] = medians
+    return profile
 
 
 def measured_spread(spans: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
@@ -39,7 +46,7 @@ def measured_spread(spans: Sequence[Mapping[str, Any]]) -> dict[str, float | Non
     for span in spans:
         kind = span["kind"]
         if kind in ("forward", "backward") and span.get("iteration", 0) != 0:
-            key: tuple[str, object] = ("compute", (kind, span["stage"]))
+            key: tuple[str, object] = ("compute", (kind, span.get("part"), span["stage"]))
         elif kind == "prefill":
             key = ("prefill", span.get("tokens"))
         else:

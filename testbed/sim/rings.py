@@ -56,19 +56,20 @@ class AllReduces:
         self._groups: dict[GroupKey, list[SimWorker]] = {}
         self._bytes: dict[tuple[int, Collective], int] = {}
 
-    def join(self, worker: SimWorker, collective: Collective, now: float, action: int | None,
-             resume: Resume | None) -> Joined:
-        """The worker's next all-reduce in its group for `collective`. `action`: the
+    def join(self, worker: SimWorker, stage: int, collective: Collective, now: float,
+             action: int | None, resume: Resume | None) -> Joined:
+        """The worker's next all-reduce of `stage` (one it holds) in its group for
+        `collective`. `action`: the
         ALLREDUCE it waits at, with `resume(member, t)` to carry on once the result is in
         (passed per call and dropped with the all-reduce, so that the simulator and this
         do not hold each other); None for one it started and goes on from. A group of one
         is done at once (nothing moves): the caller moves on itself."""
-        key = self._group_key(worker, collective)
+        key = (stage, collective.scope, worker.dc if collective.scope is Scope.DC else "")
         members = self._group(key)
         index = self._joins.get((key, worker.replica), 0)
         self._joins[(key, worker.replica)] = index + 1
-        joined = Joined(worker, now, worker.iteration, action, resume=resume)
-        nbytes = self._bytes_of(worker.stage, collective)
+        joined = Joined(worker, now, worker.iteration, action, stage, resume=resume)
+        nbytes = self._bytes_of(stage, collective)
         if len(members) == 1:
             self._record(joined, collective, nbytes, now)
             joined.done, joined.resume = True, None
@@ -92,9 +93,6 @@ class AllReduces:
         else:
             self._ring_step((key, index), now)
         return joined
-
-    def _group_key(self, worker: SimWorker, collective: Collective) -> GroupKey:
-        return (worker.stage, collective.scope, worker.dc if collective.scope is Scope.DC else "")
 
     def _group(self, key: GroupKey) -> list[SimWorker]:
         """The stage's replicas in the group, by replica: all of them, or those whose
@@ -134,10 +132,11 @@ class AllReduces:
                 reduce.step += 1
                 self._ring_step(key, t)
 
+        stage = key[0][0]
         for i, member in enumerate(members):
             successor = members[(i + 1) % n]
             self.transfers.send(now, member, successor, chunk, landed, Op.ALLREDUCE, None,
-                                iteration)
+                                iteration, stage, stage)
 
     def _done(self, key: tuple[GroupKey, int], now: float) -> None:
         reduce = self._under_way.pop(key)
@@ -156,8 +155,9 @@ class AllReduces:
         if joined.action is None:
             joined.worker.record(self.spans, "allreduce", joined.at, now,
                                  iteration=joined.iteration, bytes=nbytes,
-                                 collective=str(collective))
+                                 collective=str(collective), stage=joined.stage)
         else:
             joined.worker.record(self.spans, "allreduce", joined.at, now,
                                  iteration=joined.iteration, bytes=nbytes,
-                                 collective=str(collective), action=joined.action)
+                                 collective=str(collective), action=joined.action,
+                                 stage=joined.stage)

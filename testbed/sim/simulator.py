@@ -1,6 +1,12 @@
 """Discrete-event simulation of a Plan: the same interpreted action lists, arbiter and
 policy hooks as the emulator, with modeled compute and a flow-level network. Writes the
-same spans, so metrics and reports cannot tell the backends apart."""
+same spans, so metrics and reports cannot tell the backends apart.
+
+A worker is a GPU (a tensor-parallel group) of one replica and runs its list in order,
+whatever stages it holds: each compute costs its own stage's time (a split backward's I
+and W their halves of it, an overlapped unit its parts one after the other), a message
+between two of its stages is handed over at once, and each stage reduces its own
+gradients with its replicas."""
 
 from __future__ import annotations
 
@@ -21,6 +27,8 @@ from testbed.plan.interpret import (
     MessageTag,
     OptimizerStep,
     OuterStep,
+    Overlapped,
+    Part,
     Phase,
     Prefill,
     Receive,
@@ -88,13 +96,24 @@ class Simulator:
         self.agenda = Agenda()
         self.spans: list[Span] = []
         self.workers: dict[tuple[int, int], SimWorker] = {}
-        for index, ((replica, stage), gpus) in enumerate(plan.workers()):
-            programs = tuple(interpret(program[gpus[0]], stage, plan.pp)
+        """By (replica, stage): a GPU holding several stages is there under each."""
+        self.gpu_workers: list[SimWorker] = []
+        """Each worker once."""
+        held: dict[tuple[int, tuple[str, ...]], list[int]] = {}
+        for (replica, stage), gpus in plan.workers():
+            held.setdefault((replica, gpus), []).append(stage)
+        for index, ((replica, gpus), stages) in enumerate(held.items()):
+            programs = tuple(interpret(program[gpus[0]], stages, plan.pp)
                              for program in plan.all_programs())
-            self.workers[(replica, stage)] = SimWorker(
-                index, replica, stage, gpus, topology.dc_of(gpus[0]), programs,
-                plan.program_of)
-        self.network = FluidNetwork(capacities(topology, self.workers.values()), self.agenda.at)
+            worker = SimWorker(index, replica, stages[0], gpus, topology.dc_of(gpus[0]),
+                               programs, plan.program_of, stages=tuple(stages))
+            self.gpu_workers.append(worker)
+            for stage in stages:
+                self.workers[(replica, stage)] = worker
+        self.steps_per_iteration = sum(
+            isinstance(step, OptimizerStep) for w in self.gpu_workers for step in w.programs[0])
+        """Optimizer steps all workers take in an iteration (one per stage)."""
+        self.network = FluidNetwork(capacities(topology, self.gpu_workers), self.agenda.at)
         self.links = Links(topology, self.network, self.agenda.at)
         self.transfers = Transfers(topology, plan, self.network, self.links,
                                    Arbiter(policy, plan), self.spans, self.noise)
@@ -116,7 +135,7 @@ class Simulator:
             self.agenda.at(change.at_s, functools.partial(self.links.apply, change))
 
     def run(self) -> SimResult:
-        for worker in self.workers.values():
+        for worker in self.gpu_workers:
             self.agenda.at(0.0, functools.partial(self._advance, worker))
         self._watch()
         events = self.agenda.run()
@@ -124,7 +143,7 @@ class Simulator:
             bound = median_at_least(0.0, self.iteration_ends, self.job.iterations,
                                     self.agenda.now)
             return SimResult(self.spans, 0.0, self.agenda.now, bound, events)
-        stuck = [w.lead for w in self.workers.values() if not w.done]
+        stuck = [w.lead for w in self.gpu_workers if not w.done]
         if stuck:
             raise RuntimeError(f"simulation stalled with {', '.join(stuck[:4])} unfinished")
         end = max((s["end"] for s in self.spans), default=0.0)
@@ -137,7 +156,7 @@ class Simulator:
         done, last = self._steps.get(iteration, (0, 0.0))
         done, last = done + 1, max(last, end)
         self._steps[iteration] = (done, last)
-        if done == len(self.workers) and iteration == len(self.iteration_ends):
+        if done == self.steps_per_iteration and iteration == len(self.iteration_ends):
             del self._steps[iteration]
             self.iteration_ends.append(last)
             self._watch()
@@ -148,11 +167,34 @@ class Simulator:
             self.agenda.stop_after = slower_after(0.0, self.iteration_ends, self.job.iterations,
                                                   self.stop_above)
 
-    def compute_s(self, worker: SimWorker, phase: Phase, microbatch: int) -> float:
-        """How long one forward or backward holds the worker's GPU."""
-        cost = self.costs[worker.stage]
-        modeled = cost.forward_s if phase is Phase.FORWARD else cost.backward_s
+    def compute_s(self, compute: Compute) -> float:
+        """How long one forward, backward or part of a backward holds the worker's GPU."""
+        cost = self.costs[compute.stage]
+        if compute.phase is Phase.FORWARD:
+            modeled = cost.forward_s
+        elif compute.part is Part.INPUT:
+            modeled = cost.input_s
+        elif compute.part is Part.WEIGHT:
+            modeled = cost.weight_s
+        else:
+            modeled = cost.backward_s
         return modeled * self.noise.factor("compute")
+
+    def _compute(self, worker: SimWorker, computes: tuple[Compute, ...], now: float) -> None:
+        """Hold the GPU for the computes one after the other (an overlapped unit's parts
+        as torch's runtime runs them), then go on."""
+        end = now
+        for compute in computes:
+            start, end = end, end + self.compute_s(compute)
+            if compute.part is Part.WHOLE:
+                worker.record(self.spans, compute.phase.label, start, end, compute.microbatch,
+                              stage=compute.stage)
+            else:
+                worker.record(self.spans, "backward", start, end, compute.microbatch,
+                              stage=compute.stage,
+                              part="I" if compute.part is Part.INPUT else "W")
+        worker.pc += 1
+        self.agenda.at(end, functools.partial(self._advance, worker))
 
     def _advance(self, worker: SimWorker, now: float) -> None:
         """Run the worker's steps from where it is until one takes time or waits."""
@@ -165,37 +207,42 @@ class Simulator:
                     return
                 steps = worker.steps
             match steps[worker.pc]:
-                case Compute(phase=phase, microbatch=mb):
-                    duration = self.compute_s(worker, phase, mb)
-                    worker.record(self.spans, phase.label, now, now + duration, mb)
-                    worker.pc += 1
-                    self.agenda.at(now + duration, functools.partial(self._advance, worker))
+                case Compute() as compute:
+                    self._compute(worker, (compute,), now)
                     return
-                case OptimizerStep():
-                    worker.record(self.spans, "step", now, now + self.step_s)
+                case Overlapped(parts=parts):
+                    self._compute(worker, parts, now)
+                    return
+                case OptimizerStep(stage=stage):
+                    worker.record(self.spans, "step", now, now + self.step_s, stage=stage)
                     self._stepped(worker.iteration, now + self.step_s)
                     worker.pc += 1
                     if self.step_s:
                         self.agenda.at(now + self.step_s, functools.partial(self._advance, worker))
                         return
                 case Send() as send:
-                    peer = self.workers[(worker.replica, send.to_stage)]
                     tag = send.tag(worker.iteration, worker.replica)
+                    worker.pc += 1
+                    if send.local:  # handed over in the GPU's memory: nothing moves
+                        self._deliver(tag, now)
+                        continue
+                    peer = self.workers[(worker.replica, send.to_stage)]
                     arrival = functools.partial(self._deliver, tag)
                     if worker.waits_for_sends:
                         arrival = functools.partial(
                             self._deliver_and_ack, tag, worker,
-                            (worker.iteration, send.phase, send.microbatch),
+                            (worker.iteration, send.phase, send.to_stage, send.microbatch),
                             self.transfers.path(worker, peer)[1])
                     self.transfers.send(now, worker, peer, self.job.activation_bytes,
-                                        arrival, send.op, send.microbatch, worker.iteration)
-                    worker.pc += 1
+                                        arrival, send.op, send.microbatch, worker.iteration,
+                                        send.stage, send.to_stage)
                 case SendWait() as wait:
-                    key = (worker.iteration, wait.phase, wait.microbatch)
-                    if key in worker.completed_sends:
+                    key = (worker.iteration, wait.phase, wait.to_stage, wait.microbatch)
+                    if wait.local or key in worker.completed_sends:
                         worker.completed_sends.discard(key)
                         worker.record(self.spans, "wait_send", now, now, wait.microbatch,
-                                      peer=self._lead(worker.replica, wait.to_stage))
+                                      peer=self._lead(worker.replica, wait.to_stage),
+                                      stage=_sender(wait.phase, wait.to_stage))
                         worker.pc += 1
                         continue
                     worker.awaiting_send = key
@@ -206,7 +253,7 @@ class Simulator:
                     if tag in self.mailbox:
                         self.mailbox.discard(tag)
                         worker.record(self.spans, "recv", now, now, receive.microbatch,
-                                      action=worker.pc)
+                                      action=worker.pc, stage=receive.stage)
                         worker.pc += 1
                         continue
                     self.waiting[tag] = worker
@@ -214,9 +261,9 @@ class Simulator:
                     if self.prefills is not None:
                         self.prefills.fill(worker, now, self._advance)
                     return
-                case AllReduce(collective=collective):
+                case AllReduce(collective=collective, stage=stage):
                     worker.waiting_since = now
-                    joined = self.allreduces.join(worker, collective, now, worker.pc,
+                    joined = self.allreduces.join(worker, stage, collective, now, worker.pc,
                                                   self._after_allreduce)
                     if joined.done:  # a group of one
                         worker.pc += 1
@@ -224,28 +271,29 @@ class Simulator:
                     if self.prefills is not None:
                         self.prefills.fill(worker, now, self._advance)
                     return
-                case ReduceStart(collective=collective):
-                    worker.under_way[collective] = self.allreduces.join(
-                        worker, collective, now, None, None)
+                case ReduceStart(collective=collective, stage=stage):
+                    worker.under_way[(stage, collective)] = self.allreduces.join(
+                        worker, stage, collective, now, None, None)
                     worker.pc += 1
-                case ReduceWait(collective=collective):
-                    if collective not in worker.under_way:
-                        raise RuntimeError(f"{worker.lead} waits for all-reduce [{collective}], "
-                                           "which it has not started")
-                    joined = worker.under_way.pop(collective)
+                case ReduceWait(collective=collective, stage=stage):
+                    if (stage, collective) not in worker.under_way:
+                        raise RuntimeError(f"{worker.lead} waits for all-reduce [{collective}] "
+                                           f"of stage {stage}, which it has not started")
+                    joined = worker.under_way.pop((stage, collective))
                     if joined.done:
                         worker.record(self.spans, "wait_reduce", now, now, action=worker.pc,
-                                      collective=str(collective))
+                                      collective=str(collective), stage=stage)
                         worker.pc += 1
                         continue
                     worker.waiting_since = now
-                    joined.resume = functools.partial(self._after_reduce_wait, collective)
+                    joined.resume = functools.partial(self._after_reduce_wait, collective,
+                                                      stage)
                     if self.prefills is not None:
                         self.prefills.fill(worker, now, self._advance)
                     return
-                case OuterStep(collective=collective):
+                case OuterStep(collective=collective, stage=stage):
                     worker.record(self.spans, "outer_step", now, now + self.step_s,
-                                  collective=str(collective))
+                                  collective=str(collective), stage=stage)
                     worker.pc += 1
                     if self.step_s:
                         self.agenda.at(now + self.step_s, functools.partial(self._advance, worker))
@@ -267,9 +315,10 @@ class Simulator:
             worker.completed_sends.add(key)
             return
         worker.awaiting_send = None
-        to_stage = worker.stage + (1 if key[1] is Phase.FORWARD else -1)
-        worker.record(self.spans, "wait_send", worker.waiting_since, now, key[2],
-                      peer=self._lead(worker.replica, to_stage))
+        _, phase, to_stage, microbatch = key
+        worker.record(self.spans, "wait_send", worker.waiting_since, now, microbatch,
+                      peer=self._lead(worker.replica, to_stage),
+                      stage=_sender(phase, to_stage))
         worker.pc += 1
         self._advance(worker, now)
 
@@ -284,12 +333,12 @@ class Simulator:
             return
         self._advance(worker, now)
 
-    def _after_reduce_wait(self, collective: Collective, worker: SimWorker, now: float
-                           ) -> None:
+    def _after_reduce_wait(self, collective: Collective, stage: int, worker: SimWorker,
+                           now: float) -> None:
         """The all-reduce it waited for is done: the time it was blocked, then as after an
         all-reduce."""
         worker.record(self.spans, "wait_reduce", worker.waiting_since, now,
-                      action=worker.pc - 1, collective=str(collective))
+                      action=worker.pc - 1, collective=str(collective), stage=stage)
         self._after_allreduce(worker, now)
 
     def _lead(self, replica: int, stage: int) -> str:
@@ -301,7 +350,7 @@ class Simulator:
             self.mailbox.add(tag)
             return
         worker.record(self.spans, "recv", worker.waiting_since, now, tag.microbatch,
-                      action=worker.pc, waited=now - worker.waiting_since)
+                      action=worker.pc, waited=now - worker.waiting_since, stage=tag.stage)
         if self.bubbles is not None:
             self.bubbles.record_wait(
                 worker.lead, worker.pc, worker.iteration, now - worker.waiting_since
@@ -311,3 +360,9 @@ class Simulator:
             worker.resume_after_prefill = True
             return
         self._advance(worker, now)
+
+
+def _sender(phase: Phase, to_stage: int) -> int:
+    """The stage that sent a pipeline message: activations go down the pipeline, input
+    gradients back up."""
+    return to_stage - 1 if phase is Phase.FORWARD else to_stage + 1

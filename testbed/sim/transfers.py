@@ -77,9 +77,11 @@ class Transfers:
         op: Op,
         microbatch: int | None,
         iteration: int,
+        stage: int,
+        to_stage: int,
     ) -> None:
         """`op`: SEND_F or SEND_B for pipeline messages (arbitrated where the plan says so),
-        ALLREDUCE for a ring's chunks."""
+        ALLREDUCE for a ring's chunks; `stage` sends to `to_stage` (of the GPUs' stages)."""
         resources, latency = self.path(src, dst)
         pair = self.pair(src, dst, latency, nbytes if op is not Op.ALLREDUCE else GRADIENTS)
         latency *= self.noise.factor("network")  # this message's delay, not the path's RTT
@@ -89,14 +91,14 @@ class Transfers:
             self.spans.append({"gpu": dst.lead, "kind": "transfer", "start": started, "end": t,
                                "iteration": iteration, "microbatch": microbatch,
                                "bytes": nbytes, "link": link, "src": src.lead,
-                               "dst": dst.lead, "stage": dst.stage, "peer": src.lead})
+                               "dst": dst.lead, "stage": to_stage, "peer": src.lead})
             on_arrival(t)
 
         def sent(t1: float, t2: float) -> None:
             self.spans.append({"gpu": src.lead, "kind": "send", "start": t1, "end": t2,
                                "iteration": iteration, "microbatch": microbatch,
                                "bytes": nbytes, "link": link, "peer": dst.lead,
-                               "stage": src.stage})
+                               "stage": stage})
             self._next_on_pair(pair, t2)
 
         def begin(t: float, on_sent: Sent = sent) -> None:
@@ -132,7 +134,7 @@ class Transfers:
             dst.dc,
             op,
             src.replica,
-            src.stage,
+            stage,
             microbatch if microbatch is not None else -1,
             nbytes,
             now,
@@ -142,7 +144,7 @@ class Transfers:
         def granted(t: float, requested: float = now) -> None:
             self.spans.append({"gpu": src.lead, "kind": "wait_grant", "start": requested,
                                "end": t, "iteration": iteration, "microbatch": microbatch,
-                               "link": link, "peer": dst.lead, "stage": src.stage})
+                               "link": link, "peer": dst.lead, "stage": stage})
 
             def left(t1: float, t2: float) -> None:
                 sent(t1, t2)  # the last byte is on the link: the lane is free

@@ -1,6 +1,7 @@
-"""A (replica, stage) as the simulator runs it: its interpreted steps, per program of the
-plan, and where it is in them; the transfers, all-reduces and prefills modules all move it
-along."""
+"""A GPU (or tensor-parallel group) of one replica as the simulator runs it: the stage it
+holds, or the several it holds under virtual stages, its interpreted steps per program of
+the plan (one list for all its stages: a GPU computes one thing at a time), and where it is
+in them; the transfers, all-reduces and prefills modules all move it along."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from testbed.plan.collective import Collective
 from testbed.plan.interpret import Phase, SendWait, Step
 from testbed.spans import Span, SpanDetail, SpanKind
 
-SendKey = tuple[int, Phase, int]
-"""(iteration, phase, microbatch) of one of a worker's sends."""
+SendKey = tuple[int, Phase, int, int]
+"""(iteration, phase, receiving stage, microbatch) of one of a worker's sends (a GPU
+holding two stages may send the same microbatch's activations from both)."""
 
 
 @dataclass
@@ -21,6 +23,7 @@ class SimWorker:
     index: int
     replica: int
     stage: int
+    """Its first stage: what it records where a span belongs to no one stage (a prefill)."""
     gpus: tuple[str, ...]
     """More than one when tensor parallel: each gets the group's compute spans."""
     dc: str
@@ -45,10 +48,14 @@ class SimWorker:
     awaiting_send: SendKey | None = None
     waits_for_sends: bool = field(init=False)
     """Whether its steps wait on sends: only then are completions tracked."""
-    under_way: dict[Collective, Joined] = field(default_factory=dict)
-    """All-reduces it started (ALLREDUCE_START) and has not yet waited for."""
+    under_way: dict[tuple[int, Collective], Joined] = field(default_factory=dict)
+    """All-reduces it started (ALLREDUCE_START) and has not yet waited for, by stage and
+    collective."""
+    stages: tuple[int, ...] = ()
+    """Every stage it holds (virtual stages), in order; `(stage,)` when left out."""
 
     def __post_init__(self) -> None:
+        self.stages = self.stages or (self.stage,)
         self.waits_for_sends = any(isinstance(step, SendWait) for steps in self.programs
                                    for step in steps)
         self.begin(self.iteration)
@@ -79,7 +86,7 @@ class SimWorker:
         **detail: Unpack[SpanDetail],
     ) -> None:
         """The same span on every GPU of the group, in `iteration` (default: the one
-        under way)."""
+        under way), of the stage `detail` names (default: its first)."""
         when = self.iteration if iteration is None else iteration
         for gpu in self.gpus:
             spans.append({"gpu": gpu, "kind": kind, "start": start, "end": end,
@@ -101,6 +108,8 @@ class Joined:
     iteration: int
     action: int | None
     """The index of the ALLREDUCE it waits at; None when it went on (ALLREDUCE_START)."""
+    stage: int
+    """Whose gradients or deltas: a GPU holding several stages reduces each apart."""
     done: bool = False
     resume: Resume | None = None
     """While the worker waits for the result: what carries on once it is in."""
