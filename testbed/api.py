@@ -8,6 +8,7 @@ gets the same runs, files and typed results:
     print(api.plan(inputs, "atlas").placement)
     runs = api.compare(inputs, ["gpipe", "atlas"])
     speedup = runs["atlas"].speedup(runs["gpipe"])   # a ratio of tokens/s
+    mine = api.simulate(inputs, plan="my-plan.csv")   # a saved or hand-edited plan
 
 Errors are the commands' errors: `testbed.errors.InputError` (bad input, naming the file
 and key), `TestbedError` for the rest.
@@ -16,7 +17,7 @@ and key), `TestbedError` for the rest.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,12 @@ from testbed.errors import TestbedError
 from testbed.inputs import Inputs, load_inputs
 from testbed.metrics.loss import TimeToLoss
 from testbed.metrics.summary import speedup
+from testbed.plan.load import given_plan
 from testbed.plan.model import Plan
 from testbed.policy import training_policy
-from testbed.policy.registry import DEFAULT_POLICY, check_policies
+from testbed.policy.registry import DEFAULT_POLICY, check_policies, given_plan_policy
 from testbed.report.results import RunRecord, new_run_dir
-from testbed.run_dirs import remove_if_empty
+from testbed.run_dirs import one_name, remove_if_empty
 from testbed.run_spec import RunSpec
 from testbed.runs import run as run_spec
 from testbed.runtime.checkpoint import Progress
@@ -126,46 +128,82 @@ def run(spec: RunSpec, out: str | Path | None = None, say: Say = lambda _m: None
     return Result(outcome.directory, outcome.record, outcome.results, outcome.error)
 
 
-def simulate(inputs: Inputs, policy: str = DEFAULT_POLICY, options: Mapping[str, str] | None = None,
-             *, bubble: str | None = None, bubble_options: Mapping[str, str] | None = None,
+GivenPlan = str | Path | Plan
+"""A plan to run instead of a policy's: a file (a plan's CSV, saved or edited by hand, or
+torch's CSV form of a schedule) or a Plan; checked before anything runs
+(testbed.plan.load.given_plan)."""
+
+
+def simulate(inputs: Inputs, policy: str | None = None,
+             options: Mapping[str, str] | None = None, *, plan: GivenPlan | None = None,
+             bubble: str | None = None, bubble_options: Mapping[str, str] | None = None,
              profile: Profile | None = None, out: str | Path | None = None,
              target_loss: float | None = None) -> Result:
     """`testbed simulate`: the plan at any scale, modeled compute, flow-level network (no
-    loss: a `target_loss` is answered with the reason)."""
-    return run(RunSpec("simulate", inputs.topology, inputs.job, policy, dict(options or {}),
-                       bubble, dict(bubble_options or {}), profile=profile,
-                       events=inputs.events, target_loss=target_loss), out)
+    loss: a `target_loss` is answered with the reason). `plan`: run this one; `policy`
+    then labels the run and answers its hooks (default: the plan's own, else `plan-file`;
+    see testbed.policy.given); without a plan it defaults to the default policy."""
+    spec = RunSpec("simulate", inputs.topology, inputs.job, policy or DEFAULT_POLICY,
+                   dict(options or {}), bubble, dict(bubble_options or {}), profile=profile,
+                   events=inputs.events, target_loss=target_loss)
+    return run(with_given_plan(spec, plan, policy), out)
 
 
-def emulate(inputs: Inputs, policy: str = DEFAULT_POLICY, options: Mapping[str, str] | None = None,
-            *, bubble: str | None = None, bubble_options: Mapping[str, str] | None = None,
+def emulate(inputs: Inputs, policy: str | None = None,
+            options: Mapping[str, str] | None = None, *, plan: GivenPlan | None = None,
+            bubble: str | None = None, bubble_options: Mapping[str, str] | None = None,
             compute: ComputeChoice = "auto", shaper: ShaperChoice = "auto",
             dilation: int | None = 1, out: str | Path | None = None,
             say: Say = print, target_loss: float | None = None) -> Result:
     """`testbed up`: real processes over the emulated WAN (needs root). `dilation`: run K
     times slower than represented time, None to choose K from this machine;
-    `target_loss`: report the time to reach it (`Result.time_to_loss`)."""
-    return run(RunSpec("emulate", inputs.topology, inputs.job, policy, dict(options or {}),
-                       bubble, dict(bubble_options or {}), compute=compute, shaper=shaper,
-                       events=inputs.events,
-                       dilation="auto" if dilation is None else dilation,
-                       target_loss=target_loss), out, say)
+    `target_loss`: report the time to reach it (`Result.time_to_loss`); `plan`: as for
+    `simulate`."""
+    spec = RunSpec("emulate", inputs.topology, inputs.job, policy or DEFAULT_POLICY,
+                   dict(options or {}), bubble, dict(bubble_options or {}), compute=compute,
+                   shaper=shaper, events=inputs.events,
+                   dilation="auto" if dilation is None else dilation, target_loss=target_loss)
+    return run(with_given_plan(spec, plan, policy), out, say)
 
 
-def compare(inputs: Inputs, policies: Sequence[str], *, backend: BackendName = "simulate",
-            out: str | Path | None = None, say: Say = lambda _m: None,
-            compute: ComputeChoice = "auto", target_loss: float | None = None
-            ) -> dict[str, Result]:
+def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPlan] = (),
+            backend: BackendName = "simulate", out: str | Path | None = None,
+            say: Say = lambda _m: None, compute: ComputeChoice = "auto",
+            target_loss: float | None = None) -> dict[str, Result]:
     """Each policy on the same inputs, by one backend, planned with one shared cache (so
-    ablations reuse their parent's search); `out`: a directory holding one per policy;
+    ablations reuse their parent's search), and each given plan beside them (keyed by its
+    file as given, or `plan:POLICY` for a Plan); `out`: a directory holding one per run;
     `compute`: the emulator's (loss needs "real"). Compare them by `Result.speedup`
     (tokens/s) and `Result.time_to_loss`."""
     check_policies([(name, {}) for name in policies])
+    def spec_of(policy: str) -> RunSpec:
+        return RunSpec(backend, inputs.topology, inputs.job, policy, {}, compute=compute,
+                       events=inputs.events, target_loss=target_loss)
+
+    specs = {name: spec_of(name) for name in policies}
+    for given in plans:
+        spec = with_given_plan(spec_of(DEFAULT_POLICY), given, None)
+        key = spec.plan_file or f"plan:{spec.plan.policy if spec.plan else ''}"
+        name, n = key, 1
+        while name in specs:  # two Plans of one policy, or a file given twice
+            n += 1
+            name = f"{key}#{n}"
+        specs[name] = spec
     base = Path(out) if out is not None else new_run_dir(inputs.topology.name, "compare")
     results: dict[str, Result] = {}
     with shared_cache():
-        for name in policies:
-            spec = RunSpec(backend, inputs.topology, inputs.job, name, {},
-                           compute=compute, events=inputs.events, target_loss=target_loss)
-            results[name] = run(spec, base / name, say)
+        for name, spec in specs.items():
+            results[name] = run(spec, base / one_name(name), say)
     return results
+
+
+def with_given_plan(spec: RunSpec, plan: GivenPlan | None, policy: str | None) -> RunSpec:
+    """`spec` running a given plan (checked before anything runs), under `policy` when one
+    was asked for, else the plan's own (or plan-file: testbed.policy.given); `spec`
+    itself without a plan."""
+    if plan is None:
+        return spec
+    checked, source = given_plan(plan, spec.topology, spec.job)
+    return replace(spec, policy=given_plan_policy(checked, policy), plan=checked,
+                   plan_file=source)
+

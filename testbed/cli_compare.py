@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from testbed.api import run
 from testbed.choices import ActivationsChoice, BackendName, ComputeChoice
 from testbed.cli_options import (
+    PLAN_HELP,
     emulation_options,
     event_options,
     force_option,
@@ -25,10 +27,13 @@ from testbed.cli_options import (
 from testbed.errors import InputError, TestbedError, did_you_mean
 from testbed.fsutil import write_atomic
 from testbed.inputs import load_inputs
-from testbed.policy.registry import DEFAULT_COMPARISON, check_policies
+from testbed.plan.load import given_plan
+from testbed.plan.model import Plan
+from testbed.policy.registry import DEFAULT_COMPARISON, check_policies, given_plan_policy
 from testbed.report.compare import RunEntry, csv_text, markdown_table, table_rows, table_text
 from testbed.report.results import new_run_dir, strict_json
 from testbed.report.saved import load_compare, load_spans
+from testbed.run_dirs import one_name
 from testbed.run_spec import RunSpec
 from testbed.sim.jitter import Jitter
 from testbed.sim.planning import shared_cache
@@ -71,6 +76,10 @@ def _check_owners(pairs: tuple[str, ...], chosen: tuple[str, ...]) -> None:
 @click.option("-p", "--policy", "policies", multiple=True, default=DEFAULT_COMPARISON,
               show_default=True, help="Training policy; repeat to compare several. The first "
               "is the baseline for speed-ups. Default: the default policy against Atlas.")
+@click.option("--plan", "plan_paths", multiple=True, metavar="FILE",
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="A plan to compare beside the policies, named by its file; repeatable. "
+              + PLAN_HELP.split(". -p ")[0] + ". Without -p only the plans are compared.")
 @click.option("-b", "--bubble", "bubbles", multiple=True,
               help="Bubble policy; repeat for several. Every policy runs with each.")
 @click.option("-o", "--option", "policy_opts", multiple=True, metavar="[POLICY.]KEY=VALUE",
@@ -89,8 +98,9 @@ def _check_owners(pairs: tuple[str, ...], chosen: tuple[str, ...]) -> None:
 @force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the comparison (default: a new one under runs/).")
-def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
-            policy_opts: tuple[str, ...], backend: BackendName, repeat: int,
+def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, ...],
+            bubbles: tuple[str, ...], policy_opts: tuple[str, ...], backend: BackendName,
+            repeat: int,
             compute: ComputeChoice, out: Path | None, pacing: str,
             activations: ActivationsChoice, dilation: str, jitter: Jitter | None,
             target_loss: float | None, force: bool, **kwargs: Any) -> None:
@@ -118,24 +128,31 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
         raise InputError("applies to --backend simulate only (an emulated run has its own "
                          "noise)", "--jitter")
     inputs = load_inputs(topology, **job_flags(kwargs))
+    if plan_paths and click.get_current_context().get_parameter_source(
+            "policies") is not ParameterSource.COMMANDLINE:
+        policies = ()  # the plans alone, unless policies are named beside them
     _check_owners(policy_opts, policies + bubbles)
     check_policies([(p, _options_for(p, policy_opts)) for p in policies],
                    [(b, _options_for(b, policy_opts, False)) for b in bubbles])
+    runs: list[tuple[str, Plan | None, str | None]] = [(p, None, None) for p in policies]
+    runs += [(str(path), *given_plan(path, inputs.topology, inputs.job)) for path in plan_paths]
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, "compare"))
     directory.mkdir(parents=True, exist_ok=True)
     write_atomic(directory / "topology.yaml", to_yaml(dump_topology(inputs.topology)), 0o644)
-    combos = [(p, b) for p in policies for b in (bubbles or (None,))]
+    combos = [(r, b) for r in runs for b in (bubbles or (None,))]
     entries: list[RunEntry] = []
     total = len(combos) * repeat
     with shared_cache(), click.progressbar(  # ablations reuse their parent's simulations
             length=total, label=f"{backend}: {plural(total, 'run')}", file=sys.stderr,
             item_show_func=lambda x: x) as bar:
-        for policy, bubble in combos:
+        for (label, plan, plan_file), bubble in combos:
+            policy = label if plan is None else given_plan_policy(plan, None)
             for k in range(repeat):
-                name = f"{policy}{'+' + bubble if bubble else ''}-r{k + 1}"
+                name = f"{one_name(label)}{'+' + bubble if bubble else ''}-r{k + 1}"
                 bar.update(0, name)
                 spec = RunSpec(backend, inputs.topology, inputs.job, policy,
-                               _options_for(policy, policy_opts), bubble_policy=bubble,
+                               _options_for(policy, policy_opts) if plan is None else {},
+                               plan=plan, plan_file=plan_file, bubble_policy=bubble,
                                bubble_options=_options_for(bubble or "", policy_opts, False)
                                if bubble else None, compute=compute,
                                events=inputs.events, pacing=pacing == "on",
@@ -143,10 +160,11 @@ def compare(topology: Path, policies: tuple[str, ...], bubbles: tuple[str, ...],
                                # every combination meets the same noise in its k-th repeat
                                jitter=jitter.with_seed(inputs.job.seed + k) if jitter else None,
                                target_loss=target_loss)
-                entries.append(_run_one(spec, directory, name, k))
+                entries.append(_run_one(spec, directory, name, k, label))
                 bar.update(1, name)
     config = {"schema": COMPARE_SCHEMA, "topology": str(topology), "backend": backend,
-              "policies": list(policies), "bubbles": list(bubbles), "repeat": repeat,
+              "policies": list(policies), "plans": [str(p) for p in plan_paths],
+              "bubbles": list(bubbles), "repeat": repeat,
               "options": list(policy_opts), "job_overrides": _overrides(kwargs),
               "jitter": jitter.as_dict() if jitter else None, "target_loss": target_loss}
     write_compare(directory, config, entries)
@@ -162,17 +180,19 @@ def _overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
             if v not in (None, ())}
 
 
-def _run_one(spec: RunSpec, directory: Path, name: str, repeat: int) -> RunEntry:
+def _run_one(spec: RunSpec, directory: Path, name: str, repeat: int, label: str) -> RunEntry:
+    """`label`: the row's name: the policy, or a given plan's file."""
     run_dir = directory / "runs" / name
     try:
         outcome = run(spec, run_dir)
     except TestbedError as exc:
-        return RunEntry(spec.policy, spec.bubble_policy, repeat, str(run_dir.relative_to(
+        return RunEntry(label, spec.bubble_policy, repeat, str(run_dir.relative_to(
             directory)), "failed", str(exc), None)
     results = outcome.results
-    return RunEntry(spec.policy, spec.bubble_policy, repeat,
+    return RunEntry(label, spec.bubble_policy, repeat,
                     str(run_dir.relative_to(directory)), results["status"],
                     results.get("error"), results)
+
 
 
 def write_compare(directory: Path, config: dict[str, Any], entries: list[RunEntry]) -> None:

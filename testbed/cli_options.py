@@ -8,13 +8,16 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import click
+from click.core import ParameterSource
 
+from testbed.api import with_given_plan
 from testbed.dilation import MAX_DILATION
 from testbed.errors import InputError
 from testbed.inputs import JOB_FLAGS
 from testbed.metrics.loss import check_target_loss
 from testbed.policy.registry import DEFAULT_POLICY
 from testbed.run_dirs import claim
+from testbed.run_spec import RunSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -127,6 +130,28 @@ def policy_option(func: F) -> F:
     """-p: the one training policy of a command that runs one."""
     return click.option("-p", "--policy", default=DEFAULT_POLICY, show_default=True,
                         help="Training policy (see `testbed plugins`).")(func)
+
+
+PLAN_HELP = (
+    "Run this plan instead of asking the policy for one: a plan's CSV (`testbed plan "
+    "--csv`, saved or edited by hand) or torch's CSV form of a pipeline schedule; validated "
+    "and dry-run first. -p then makes no plan: it labels the run and answers the plan's "
+    "hooks (who gets an arbitrated WAN link next); by default the policy the plan records, "
+    "or plan-file (first come first served) when that one is not installed.")
+
+
+def plan_option(func: F) -> F:
+    """--plan FILE: run a given plan (see `with_plan`)."""
+    return click.option("--plan", "plan_path", type=click.Path(dir_okay=False, path_type=Path),
+                        metavar="FILE", help=PLAN_HELP)(func)
+
+
+def with_plan(spec: RunSpec, path: Path | None) -> RunSpec:
+    """`spec` running the plan in `path` (`--plan`, loaded and checked before anything
+    runs), under `-p` if the command line gave one, else the plan's own policy."""
+    given = click.get_current_context().get_parameter_source("policy")
+    return with_given_plan(spec, path, spec.policy if given is ParameterSource.COMMANDLINE
+                           else None)
 
 
 def policy_options(func: F) -> F:

@@ -20,10 +20,12 @@ from testbed.cli_options import (
     job_flags,
     job_options,
     parse_dilation,
+    plan_option,
     policy_option,
     policy_options,
     results_dir,
     target_loss_option,
+    with_plan,
 )
 from testbed.errors import InputError
 from testbed.inputs import load_inputs
@@ -50,6 +52,7 @@ def echo_err(message: str) -> None:
 )
 @policy_option
 @policy_options
+@plan_option
 @bubble_options
 @job_options
 @event_options
@@ -121,6 +124,7 @@ def up(
     topology: Path | None,
     policy: str,
     policy_opts: tuple[str, ...],
+    plan_path: Path | None,
     compute: ComputeChoice,
     shaper: ShaperChoice,
     out: Path | None,
@@ -142,10 +146,11 @@ def up(
 ) -> None:
     """Train over the emulated WAN: one worker process per GPU in its namespace.
 
-    Brings the network up, starts the workers, runs the policy's plan for the job's
-    iterations, prints progress per iteration, and tears everything down. Writes
-    results.json, trace.json (open in ui.perfetto.dev), plan.csv, topology.yaml and
-    worker logs into the results directory, also when the run fails or is interrupted.
+    Brings the network up, starts the workers, runs the policy's plan (or the one
+    --plan FILE gives) for the job's iterations, prints progress per iteration, and tears
+    everything down. Writes results.json, trace.json (open in ui.perfetto.dev), plan.csv,
+    topology.yaml and worker logs into the results directory, also when the run fails or
+    is interrupted.
 
     With --cluster, run it on the cluster's coordinator, then start on every other
     machine the torchrun command it prints (each brings up its own share of the network).
@@ -172,8 +177,10 @@ def up(
                        dilation=parse_dilation(dilation), checkpoint_every=checkpoint_every or 0,
                        cluster=cluster_run(cluster_file, machine, join_timeout, inputs.topology),
                        target_loss=target_loss)
+        spec = with_plan(spec, plan_path)
         check(spec)
-        directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, policy))
+        directory = results_dir(out, force,
+                                lambda: new_run_dir(inputs.topology.name, spec.policy))
     outcome = run(spec, directory, echo_err, progress)
     for line in run_summary(outcome.results):
         click.echo(line)

@@ -19,10 +19,12 @@ from testbed.cli_options import (
     jitter_option,
     job_flags,
     job_options,
+    plan_option,
     policy_option,
     policy_options,
     results_dir,
     target_loss_option,
+    with_plan,
 )
 from testbed.errors import TestbedError
 from testbed.fsutil import write_atomic
@@ -49,6 +51,7 @@ profile_option = click.option(
                 type=click.Path(dir_okay=False, path_type=Path))
 @policy_option
 @policy_options
+@plan_option
 @bubble_options
 @job_options
 @event_options
@@ -58,9 +61,9 @@ profile_option = click.option(
 @force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Results directory (default: a new one under runs/).")
-def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], bubble: str | None,
-             bubble_opts: tuple[str, ...], profile_path: Path | None, out: Path | None,
-             force: bool, jitter: Jitter | None, target_loss: float | None,
+def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], plan_path: Path | None,
+             bubble: str | None, bubble_opts: tuple[str, ...], profile_path: Path | None,
+             out: Path | None, force: bool, jitter: Jitter | None, target_loss: float | None,
              **kwargs: Any) -> None:
     """Simulate the plan at any scale: modeled compute, flow-level network.
 
@@ -68,6 +71,7 @@ def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], bubble: 
     transfers share links max-min fairly (or one at a time where the plan arbitrates),
     each TCP connection limited by its window and slow start. Writes the same
     results.json and trace.json as `testbed up` (backend simulate, compute modeled).
+    With --plan FILE, runs that plan (saved, hand-edited, or torch's CSV form).
     """
     inputs = load_inputs(topology, **job_flags(kwargs))
     spec = RunSpec("simulate", inputs.topology, inputs.job, policy,
@@ -77,8 +81,9 @@ def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], bubble: 
                    events=inputs.events,
                    jitter=jitter.with_seed(inputs.job.seed) if jitter else None,
                    target_loss=target_loss)
+    spec = with_plan(spec, plan_path)
     check(spec)
-    directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, policy))
+    directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, spec.policy))
     outcome = run(spec, directory, lambda message: click.echo(message, err=True))
     for line in run_summary(outcome.results):
         click.echo(line)

@@ -56,6 +56,9 @@ def check_checkpointable(spec: RunSpec, plan: Plan) -> None:
     if spec.bubble_policy:
         raise InputError("checkpointing a run that fills bubbles is not supported (its "
                          "inference requests are not carried over)", "--checkpoint-every")
+    if spec.plan is not None:
+        raise InputError("checkpointing a run of a given plan (--plan) is not supported "
+                         "(a resumed run would ask its policy for a plan)", "--checkpoint-every")
 
 
 def save_settings(directory: Path, spec: RunSpec, compute: str, dilation: int) -> None:

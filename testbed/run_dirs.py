@@ -25,6 +25,11 @@ _made: list[Path] = []
 """Directories claimed that this process created."""
 
 
+def one_name(label: str) -> str:
+    """A run's label (a policy, or a plan's file with its path) as one directory name."""
+    return "".join(c if c.isalnum() or c in "-_.+" else "_" for c in label) or "run"
+
+
 def fresh_directory(base: Path, name: str) -> Path:
     """`base/name`, or `base/name-2`, ...: the first one this process creates itself."""
     base.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from testbed.choices import (
 )
 from testbed.job import Job
 from testbed.net_events import NetEvent
+from testbed.plan.model import Plan
 from testbed.runtime.cluster_launch import ClusterRun
 from testbed.sim.jitter import Jitter
 from testbed.sim.profile import Profile
@@ -28,6 +29,8 @@ class RunSpec:
     topology: Topology
     job: Job
     policy: str
+    """The policy that plans the run; with `plan`, the one whose hooks run it and that
+    labels it (testbed.policy.given)."""
     policy_options: dict[str, str]
     bubble_policy: str | None = None
     bubble_options: dict[str, str] | None = None
@@ -51,6 +54,12 @@ class RunSpec:
     0 for never."""
     cluster: ClusterRun | None = None
     """Emulator: run across the machines of a cluster, coordinated from this one."""
+    plan: Plan | None = None
+    """A given plan to run instead of the policy's (`--plan FILE`), already checked
+    (testbed.plan.load.given_plan)."""
+    plan_file: str | None = None
+    """Where `plan` was read from (None for a Plan handed to the Python API); recorded in
+    results.json."""
     target_loss: float | None = None
     """Report the represented time and tokens to the first step whose loss is at most this
     (results' `time_to_loss`); a run without real compute says it has no loss."""

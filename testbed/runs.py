@@ -13,7 +13,7 @@ from typing import Any
 
 from testbed.backend import Backend, Say
 from testbed.choices import BackendName
-from testbed.errors import TestbedError
+from testbed.errors import InputError, TestbedError
 from testbed.fsutil import write_atomic
 from testbed.inference_memory import check_inference_memory
 from testbed.job_file import dump_job
@@ -46,7 +46,8 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
     if spec.target_loss is not None:
         check_target_loss(spec.target_loss, "target_loss")
     chosen = training_policy(spec.policy, spec.policy_options)
-    plan = plan_with_simulator(chosen, spec.topology, spec.job)
+    plan = spec.plan if spec.plan is not None else \
+        plan_with_simulator(chosen, spec.topology, spec.job)
     spec = whole_cycles(spec, plan.period, say)
     # the host TCP settings the plan asks for, on both backends and in the run's topology.yaml
     spec = replace(spec, topology=hosts_as_planned(spec.topology, plan))
@@ -54,7 +55,12 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
                                                        spec.bubble_options).fills:
         check_inference_memory(spec.topology, spec.job, plan)
     backend = backend_for(spec.backend)
-    backend.check(spec, plan, resume)
+    try:
+        backend.check(spec, plan, resume)
+    except InputError as exc:  # what the backend refuses of a given plan is in its file
+        if spec.plan_file is None or exc.source != f"-p {plan.policy}":
+            raise
+        raise exc.at(spec.plan_file) from None
     started = time.monotonic()
     directory.mkdir(parents=True, exist_ok=True)
     with holding(directory):  # one process at a time writes here (testbed.run_dirs)
@@ -63,6 +69,7 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
         record, error = outcome.record, outcome.error
         record.wall_s = time.monotonic() - started
         record.target_loss = spec.target_loss
+        record.plan_file = spec.plan_file
         write_run(directory, record)
     return RunResult(record.results(), directory, error, record)
 

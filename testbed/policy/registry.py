@@ -19,6 +19,7 @@ from testbed.plan.model import Plan
 from testbed.plan.validate import validate_plan
 from testbed.policy.base import API_VERSION, BubblePolicy, TrainingPolicy
 from testbed.policy.context import PlanningContext
+from testbed.policy.given import PLAN_FILE, GivenPlanHooks
 from testbed.policy.guard import PluginCrash, plugin_code
 from testbed.topology.model import Topology
 
@@ -106,9 +107,25 @@ def _pick(group: str, name: str, what: str) -> type[Any]:
 
 
 def training_policy(name: str, options: dict[str, str] | None = None) -> TrainingPolicy:
-    cls = _pick(TRAINING_GROUP, name, "training policy")
+    """The installed policy `name` with its options; `plan-file` is the built-in one of a
+    run given its plan (testbed.policy.given)."""
+    cls = GivenPlanHooks if name == PLAN_FILE else _pick(TRAINING_GROUP, name,
+                                                         "training policy")
     policy: TrainingPolicy = _construct(cls, name, options or {})
     return policy
+
+
+def installed(name: str) -> bool:
+    """Whether a training policy of that name is registered (without importing it)."""
+    return any(entry.name == name for entry in entry_points(group=TRAINING_GROUP))
+
+
+def given_plan_policy(plan: Plan, policy: str | None) -> str:
+    """The policy of a run given its plan (testbed.policy.given): the one asked for
+    (`-p`), else the plan's own when it is installed, else `plan-file`."""
+    if policy is not None:
+        return policy
+    return plan.policy if installed(plan.policy) else PLAN_FILE
 
 
 def bubble_policy(name: str, options: dict[str, str] | None = None) -> BubblePolicy:

@@ -73,6 +73,8 @@ class RunRecord:
     extra: dict[str, Any] | None = None
     target_loss: float | None = None
     """Report the time to reach this loss (`time_to_loss`)."""
+    plan_file: str | None = None
+    """The file of a plan the run was given (`--plan FILE`) rather than its policy's."""
 
     def results(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -94,6 +96,7 @@ class RunRecord:
                 "ttft_s": {"p50": None, "p99": None},
             },
             "plan": self.plan.summary(),
+            "plan_file": self.plan_file,
             "memory": memory_summary(self.job, self.plan),
             "seed": self.job.seed,
             "status": self.status,

@@ -73,7 +73,8 @@ def run_summary(results: dict[str, Any]) -> list[str]:
         f"  plan          dp {plan['dp']} x pp {plan['pp']}, "
         f"{plural(plan['microbatches'], 'microbatch', 'microbatches')}; compute "
         f"{results['compute']}" + (f"; shaper {results['shaper']}" if results.get("shaper")
-                                   else ""),
+                                   else "")
+        + (f"; from {results['plan_file']}" if results.get("plan_file") else ""),
         f"  iterations    {results['iterations']} of {results['iterations_requested']} completed",
         f"  iteration     median {_secs(it['median'])}, min {_secs(it['min'])}, "
         f"max {_secs(it['max'])}" + (" (first excluded)" if len(it.get("all", [])) > 1 else ""),
