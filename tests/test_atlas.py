@@ -179,8 +179,8 @@ class _DelayedCompute(Simulator):
         super().__init__(*args, **kwargs)
         self.rng, self.scale = random.Random(seed), scale
 
-    def compute_s(self, worker: Any, phase: Any, microbatch: int) -> float:
-        return super().compute_s(worker, phase, microbatch) * (1 + self.scale * self.rng.random())
+    def compute_s(self, compute: Any) -> float:
+        return super().compute_s(compute) * (1 + self.scale * self.rng.random())
 
 
 @settings(max_examples=8, deadline=None)
@@ -340,3 +340,62 @@ def test_stopping_slower_candidates_early_changes_no_choice(
             assert candidate.tokens_per_s > full[key].tokens_per_s * (1 - 1e-12)
         else:
             assert candidate.simulated_s == exact
+
+
+SMALL_FAST = {
+    "datacenters": [{"name": "east", "gpus": 2}, {"name": "west", "gpus": 2}],
+    "wan": [{"between": ["east", "west"], "latency": "1ms", "bandwidth": "100Gbit"}],
+    "job": {"model": {"layers": 16, "hidden": 2048, "heads": 16, "seq_len": 2048,
+                      "vocab": 32000}, "microbatch_size": 1, "global_batch": 8,
+            "iterations": 3},
+}
+
+
+def test_atlas_takes_a_zero_bubble_order_where_compute_bounds_the_pipeline() -> None:
+    """Two DCs a millisecond apart: the pipeline's bubbles are compute's, and ZB-V's order
+    over two stages per GPU fills them."""
+    from testbed.job_file import parse_job
+
+    topology = parse_topology(SMALL_FAST, "small.yaml")
+    job = parse_job(SMALL_FAST["job"])
+    times = {}
+    for setting in ("on", "off"):
+        policy = training_policy("atlas", {"two_per_gpu": setting})
+        plan = plan_with_simulator(policy, topology, job, {})
+        chosen = plan.notes["dc_selection"]["chosen"]
+        times[setting] = chosen["simulated_s"]
+        if setting == "on":
+            assert chosen["schedule"] in ("zb-v", "interleaved-zb x2", "interleaved-1f1b x2")
+            assert plan.stages_per_gpu == 2 and plan.pp == 2 * chosen["pp"]
+        else:
+            assert plan.stages_per_gpu == 1
+    assert times["on"] < times["off"] * 0.9
+
+
+def test_atlas_tries_two_stages_per_gpu_only_where_they_fit() -> None:
+    from testbed_plugins.atlas.placement import Chain
+    from testbed_plugins.atlas.policy import _placed
+    from testbed_plugins.atlas.search import Candidate
+
+    from testbed.plan.build import Schedule, fits_memory
+
+    dcs = ("east", "central", "west")
+    base = Candidate(dcs, 4, 3, Chain(dcs, (1, 1, 1)), 1.0, 1)
+    for size, expected in ((1, ["interleaved-1f1b x2", "interleaved-zb x2", "zb-v"]),
+                           (10, ["interleaved-zb x2", "zb-v"]), (14, [])):
+        inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml",
+                             sets=(f"microbatch_size={size}", f"global_batch={48 * size}"))
+        policy = training_policy("atlas")
+        tried = policy._two_per_gpu(inputs.topology, inputs.job, base)  # type: ignore[attr-defined]
+        assert [c.schedule for c in tried] == expected, size
+        assert all(c.virtual == 2 and c.pp == 3 for c in tried)
+        for kind in (Schedule.INTERLEAVED_1F1B, Schedule.INTERLEAVED_ZB, Schedule.ZB_V):
+            placement = _placed(inputs.topology, inputs.job, base.chain, 4, kind, 2)
+            assert fits_memory(inputs.topology, inputs.job, placement, kind) == any(
+                c.schedule_kind is kind for c in tried)
+    off = training_policy("atlas", {"two_per_gpu": "off"})
+    inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml")
+    assert off._two_per_gpu(inputs.topology, inputs.job, base) == []  # type: ignore[attr-defined]
+    many = Candidate(dcs, 1, 24, Chain(dcs, (8, 8, 8)), 1.0, 1)  # 48 stages, 40 layers
+    assert training_policy("atlas")._two_per_gpu(  # type: ignore[attr-defined]
+        inputs.topology, inputs.job, many) == []

@@ -26,11 +26,13 @@ from testbed.policy.api import (
     Topology,
     TrainingPolicy,
     Transfer,
+    Worker,
     build_plan,
     fits_memory,
     non_negative_int,
     on_off,
     one_of,
+    virtual_placement,
 )
 
 from .estimate import LINUX_DEFAULTS, connections_to_fill, estimate, lower_bound
@@ -73,6 +75,9 @@ class AtlasPolicy(TrainingPolicy):
                one_of("staged", "grid", "exhaustive")),
         Option("warm", True, "keep windows open between turns on a link: the plan asks its "
                "hosts for slow start after idle off (on/off)", on_off),
+        Option("two_per_gpu", True, "also try torch's interleaved 1F1B and zero-bubble orders "
+               "over two stages per GPU where they fit, for the best placements (on/off; off "
+               "plans without importing torch)", on_off),
     )
     multi_connection: ClassVar[bool] = True
 
@@ -116,7 +121,8 @@ class AtlasPolicy(TrainingPolicy):
             raise InputError("selection off, and no placement uses every datacenter",
                              topology.source, "job")
         state = search(pool, lambda c, floor: self._simulate(topology, job, c, context, floor),
-                       self._mechanisms, every_dc, self.settings["search"])
+                       self._mechanisms, every_dc, self.settings["search"],
+                       lambda c: self._two_per_gpu(topology, job, c))
         ranked = state.ranked()
         if not ranked:
             return pool[0], pool[:8], "closed-form estimate (the simulation failed)"
@@ -146,7 +152,8 @@ class AtlasPolicy(TrainingPolicy):
                                    self.limits, int(self.settings["max_connections"]))
 
     def _assemble(self, topology: Topology, job: Job, candidate: Candidate) -> Plan:
-        placement = place(topology, candidate.chain, candidate.dp, job.tp)
+        placement = _placed(topology, job, candidate.chain, candidate.dp,
+                            candidate.schedule_kind, candidate.virtual)
         sharing = Sharing.ARBITRATED if candidate.temporal else Sharing.FAIR
         return build_plan(
             self.name, topology, job, placement, candidate.schedule_kind,
@@ -194,6 +201,20 @@ class AtlasPolicy(TrainingPolicy):
                                              conns, depth, self.limits).iteration_s
                         out.append(replace(candidate, predicted_s=predicted))
         out.sort(key=lambda c: -c.tokens_per_s)
+        return out
+
+    def _two_per_gpu(self, topology: Topology, job: Job, base: Candidate) -> list[Candidate]:
+        """torch's orders over two stages per GPU of `base`'s placement (TWO_PER_GPU), each
+        where the model has a layer per stage, torch takes the microbatches, and it fits
+        in memory; estimated as plain 1F1B (the closed form has no term for them)."""
+        if not self.settings["two_per_gpu"] or 2 * base.pp > job.model.layers:
+            return []
+        out = []
+        for kind in TWO_PER_GPU:
+            placement = _placed(topology, job, base.chain, base.dp, kind, 2)
+            if fits_memory(topology, job, placement, kind):  # also where torch refuses
+                out.append(replace(base, schedule_kind=kind, extra_warmup=0, per_crossing=False,
+                                   virtual=2, simulated_s=None, at_least=False))
         return out
 
     def _dps(self, topology: Topology, job: Job, subset: Sequence[str]) -> list[int]:
@@ -296,16 +317,27 @@ class AtlasPolicy(TrainingPolicy):
 
 PER_CROSSING = (1, 2, 3, 4)
 """Extra warm-up forwards per WAN crossing downstream that the search tries."""
+TWO_PER_GPU = (Schedule.INTERLEAVED_1F1B, Schedule.INTERLEAVED_ZB, Schedule.ZB_V)
+"""torch's schedules over two stages per GPU the search tries (where they fit): smaller
+compute bubbles, and twice the chain's WAN crossings per microbatch."""
 
 
 def _schedules(m: int, dcs: int) -> list[tuple[Schedule, int, bool]]:
     """(schedule, extra warm-up, per crossing) to try: 1F1B with uniform warm-ups, with
-    warm-ups per downstream WAN crossing (when the chain crosses the WAN), and GPipe."""
+    warm-ups per downstream WAN crossing (when the chain crosses the WAN), and GPipe
+    (torch's orders over two stages per GPU come later: `_two_per_gpu`)."""
     out = [(Schedule.ONE_F_ONE_B, extra, False) for extra in sorted({0, 2, 4, 8, 16, m})
            if extra <= m]
     if dcs > 1:
         out += [(Schedule.ONE_F_ONE_B, k, True) for k in PER_CROSSING if k <= m]
     return [*out, (Schedule.GPIPE, 0, False)]
+
+
+def _placed(topology: Topology, job: Job, chain: Chain, dp: int, schedule: Schedule,
+            virtual: int) -> dict[Worker, tuple[str, ...]]:
+    """The chain's GPUs in pipeline order, each holding `virtual` stages as torch maps
+    them under `schedule`."""
+    return virtual_placement(place(topology, chain, dp, job.tp), schedule, virtual)
 
 
 def _needed_at(plan: Plan, receives: dict[str, dict[Action, int]], transfer: Transfer) -> int:

@@ -7,8 +7,11 @@ context). The search is staged so that its cost stays practical:
    each DC subset are simulated;
 2. from the simulated leaders, a local search over neighbouring placements (dp and pp one
    step away on the same DCs) while a step improves;
-3. for the best placements, every schedule (GPipe, 1F1B and its warm-up depths), then
-   every DP-cell size, fair sharing, and one connection per pair for the best schedule.
+3. for the best placements, every schedule (GPipe, 1F1B and its warm-up depths, and the
+   `more` the pool leaves out: torch's interleaved 1F1B and zero-bubble orders over two
+   stages per GPU where they fit in memory, made only here since checking them costs
+   torch's orders), then every DP-cell size, fair sharing, and one connection per pair
+   for the best schedule.
 
 `grid` measures every placement and schedule instead (the brute force over DC subset,
 dp, pp and schedule), `exhaustive` also each one's every mechanism: ground truths to check
@@ -58,6 +61,9 @@ class Candidate:
     cell: int = 0
     """Replicas per DP-cell (they take turns on a link; cells share it fairly); 0: all."""
     multi: bool = True
+    virtual: int = 1
+    """Stages per GPU (torch's interleaved and V-shaped schedules): the chain's GPUs each
+    hold this many, placed as torch maps them."""
 
     @property
     def warmup(self) -> int | tuple[int, ...]:
@@ -71,7 +77,9 @@ class Candidate:
 
     @property
     def schedule(self) -> str:
-        return self.schedule_kind.label(self.warmup)
+        label = self.schedule_kind.label(self.warmup)
+        looped = self.virtual > 1 and not self.schedule_kind.v_shaped
+        return f"{label} x{self.virtual}" if looped else label
 
     @property
     def placement_key(self) -> tuple[Chain, int]:
@@ -157,15 +165,18 @@ class Search:
 
 def search(pool: Sequence[Candidate], measure: Measure,
            mechanisms: Callable[[Candidate], list[Candidate]], every_dc: int,
-           mode: Mode = "staged") -> Search:
-    """Measure the candidates worth measuring (see the module's docstring)."""
+           mode: Mode = "staged",
+           more: Callable[[Candidate], list[Candidate]] = lambda _c: []) -> Search:
+    """Measure the candidates worth measuring (see the module's docstring). `more`: a
+    placement's schedules left out of the pool (given the pool's best candidate there)."""
     state = Search(measure, bounded=mode == "staged")
-    if mode in ("grid", "exhaustive"):
-        state.run(pool)
-        if mode == "exhaustive":
-            state.run(v for c in pool for v in mechanisms(c))
-        return state
     by_placement = _best_per_placement(pool)
+    if mode in ("grid", "exhaustive"):
+        every = [*pool, *(c for p in by_placement.values() for c in more(p))]
+        state.run(every)
+        if mode == "exhaustive":
+            state.run(v for c in every for v in mechanisms(c))
+        return state
     probes = _probes(pool)
     first = list(by_placement.values())
 
@@ -195,6 +206,7 @@ def search(pool: Sequence[Candidate], measure: Measure,
     # every schedule, then every mechanism, of the best placements
     for top in _distinct_placements(state.ranked())[:REFINED]:
         schedules = [c for c in pool if c.placement_key == top.placement_key]
+        schedules += more(by_placement[top.placement_key])
         placement_best = _best_at(state, top)
         state.run(schedules, placement_best)
         best_schedule = state.best(_at(top))
