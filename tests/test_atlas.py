@@ -374,7 +374,7 @@ def test_atlas_takes_a_zero_bubble_order_where_compute_bounds_the_pipeline() -> 
 
 def test_atlas_tries_two_stages_per_gpu_only_where_they_fit() -> None:
     from testbed_plugins.atlas.placement import Chain
-    from testbed_plugins.atlas.policy import _placed
+    from testbed_plugins.atlas.schedules import placed
     from testbed_plugins.atlas.search import Candidate
 
     from testbed.plan.build import Schedule, fits_memory
@@ -390,7 +390,7 @@ def test_atlas_tries_two_stages_per_gpu_only_where_they_fit() -> None:
         assert [c.schedule for c in tried] == expected, size
         assert all(c.virtual == 2 and c.pp == 3 for c in tried)
         for kind in (Schedule.INTERLEAVED_1F1B, Schedule.INTERLEAVED_ZB, Schedule.ZB_V):
-            placement = _placed(inputs.topology, inputs.job, base.chain, 4, kind, 2)
+            placement = placed(inputs.topology, inputs.job, base.chain, 4, kind, 2)
             assert fits_memory(inputs.topology, inputs.job, placement, kind) == any(
                 c.schedule_kind is kind for c in tried)
     off = training_policy("atlas", {"two_per_gpu": "off"})

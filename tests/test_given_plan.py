@@ -73,7 +73,7 @@ def test_torchs_csv_form_runs_under_plan_file(tmp_path: Path) -> None:
     path = tmp_path / "torch.csv"
     path.write_text("0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3\n")
     out = tmp_path / "run"
-    code, text, err = call(["simulate", TWO_DC, "--plan", str(path), "--out", str(out)])
+    code, _, err = call(["simulate", TWO_DC, "--plan", str(path), "--out", str(out)])
     assert code == 0, err
     results = json.loads((out / "results.json").read_text())
     assert results["policy"] == "plan-file" and results["plan"]["policy"] == "torch-csv"
@@ -146,7 +146,7 @@ def test_p_labels_a_given_plan_and_answers_its_hooks(tmp_path: Path) -> None:
 def test_compare_runs_plans_beside_policies(tmp_path: Path) -> None:
     edited = edit_gpu(saved_plan(tmp_path, "-p", "1f1b"), "east-0", ("0B0", "0F2"))
     out = tmp_path / "cmp"
-    code, text, err = call(["compare", TWO_DC, "-p", "1f1b", "--plan", str(edited),
+    code, _, err = call(["compare", TWO_DC, "-p", "1f1b", "--plan", str(edited),
                             "--out", str(out)])
     assert code == 0, err
     data = json.loads((out / "compare.json").read_text())

@@ -295,8 +295,8 @@ def test_bad_torch_csvs_are_one_line_errors(tmp_path: Path, text: str, words: st
 def test_a_torch_csv_that_does_not_run_is_a_located_plan_error(tmp_path: Path) -> None:
     path = tmp_path / "t.csv"
     path.write_text("0F0,0B0\n1B0,1F0\n")  # stage 1's backward before its forward
-    with pytest.raises(InputError, match=r"t.csv: invalid plan: .*backward before forward: "
-                                         "1B0 before 1F0"):
+    with pytest.raises(InputError, match=r"t.csv: line 2 \(west-0\): invalid plan: .*backward "
+                                         "before forward: 1B0 before 1F0"):
         load_plan(path, TOPOLOGY, replace(JOB, model=replace(JOB.model, layers=2)))
 
 

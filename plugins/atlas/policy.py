@@ -26,18 +26,17 @@ from testbed.policy.api import (
     Topology,
     TrainingPolicy,
     Transfer,
-    Worker,
     build_plan,
     fits_memory,
     non_negative_int,
     on_off,
     one_of,
-    virtual_placement,
 )
 
 from .estimate import LINUX_DEFAULTS, connections_to_fill, estimate, lower_bound
 from .explain import why_chosen
 from .placement import Chain, capacity, fill, largest_first, place
+from .schedules import one_per_gpu, placed, two_per_gpu
 from .search import Candidate, search
 
 ORDERS = ("pipeline", "microbatch", "fifo")
@@ -152,8 +151,8 @@ class AtlasPolicy(TrainingPolicy):
                                    self.limits, int(self.settings["max_connections"]))
 
     def _assemble(self, topology: Topology, job: Job, candidate: Candidate) -> Plan:
-        placement = _placed(topology, job, candidate.chain, candidate.dp,
-                            candidate.schedule_kind, candidate.virtual)
+        placement = placed(topology, job, candidate.chain, candidate.dp,
+                           candidate.schedule_kind, candidate.virtual)
         sharing = Sharing.ARBITRATED if candidate.temporal else Sharing.FAIR
         return build_plan(
             self.name, topology, job, placement, candidate.schedule_kind,
@@ -190,7 +189,7 @@ class AtlasPolicy(TrainingPolicy):
                                            per_crossing=per_crossing,
                                            temporal=bool(self.settings["temporal"]),
                                            multi=self.multi_connection)
-                                 for kind, extra, per_crossing in _schedules(m, len(chain.dcs))]
+                                 for kind, extra, per_crossing in one_per_gpu(m, len(chain.dcs))]
                     for candidate in schedules:
                         kind, warmup = candidate.schedule_kind, candidate.warmup
                         if not fits_memory(topology, job, placement, kind, warmup):
@@ -204,18 +203,9 @@ class AtlasPolicy(TrainingPolicy):
         return out
 
     def _two_per_gpu(self, topology: Topology, job: Job, base: Candidate) -> list[Candidate]:
-        """torch's orders over two stages per GPU of `base`'s placement (TWO_PER_GPU), each
-        where the model has a layer per stage, torch takes the microbatches, and it fits
-        in memory; estimated as plain 1F1B (the closed form has no term for them)."""
-        if not self.settings["two_per_gpu"] or 2 * base.pp > job.model.layers:
-            return []
-        out = []
-        for kind in TWO_PER_GPU:
-            placement = _placed(topology, job, base.chain, base.dp, kind, 2)
-            if fits_memory(topology, job, placement, kind):  # also where torch refuses
-                out.append(replace(base, schedule_kind=kind, extra_warmup=0, per_crossing=False,
-                                   virtual=2, simulated_s=None, at_least=False))
-        return out
+        """torch's orders over two stages per GPU of `base`'s placement, unless switched
+        off (schedules.two_per_gpu)."""
+        return two_per_gpu(topology, job, base) if self.settings["two_per_gpu"] else []
 
     def _dps(self, topology: Topology, job: Job, subset: Sequence[str]) -> list[int]:
         if job.dp is not None:
@@ -313,31 +303,6 @@ class AtlasPolicy(TrainingPolicy):
         known: dict[TransferKey, int] = {}
         self._receive_index[id(plan)] = (plan, index, known)
         return index, known
-
-
-PER_CROSSING = (1, 2, 3, 4)
-"""Extra warm-up forwards per WAN crossing downstream that the search tries."""
-TWO_PER_GPU = (Schedule.INTERLEAVED_1F1B, Schedule.INTERLEAVED_ZB, Schedule.ZB_V)
-"""torch's schedules over two stages per GPU the search tries (where they fit): smaller
-compute bubbles, and twice the chain's WAN crossings per microbatch."""
-
-
-def _schedules(m: int, dcs: int) -> list[tuple[Schedule, int, bool]]:
-    """(schedule, extra warm-up, per crossing) to try: 1F1B with uniform warm-ups, with
-    warm-ups per downstream WAN crossing (when the chain crosses the WAN), and GPipe
-    (torch's orders over two stages per GPU come later: `_two_per_gpu`)."""
-    out = [(Schedule.ONE_F_ONE_B, extra, False) for extra in sorted({0, 2, 4, 8, 16, m})
-           if extra <= m]
-    if dcs > 1:
-        out += [(Schedule.ONE_F_ONE_B, k, True) for k in PER_CROSSING if k <= m]
-    return [*out, (Schedule.GPIPE, 0, False)]
-
-
-def _placed(topology: Topology, job: Job, chain: Chain, dp: int, schedule: Schedule,
-            virtual: int) -> dict[Worker, tuple[str, ...]]:
-    """The chain's GPUs in pipeline order, each holding `virtual` stages as torch maps
-    them under `schedule`."""
-    return virtual_placement(place(topology, chain, dp, job.tp), schedule, virtual)
 
 
 def _needed_at(plan: Plan, receives: dict[str, dict[Action, int]], transfer: Transfer) -> int:

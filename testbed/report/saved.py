@@ -35,6 +35,7 @@ LATER_RESULTS = {
                     "loss": OPTIONAL_NUMBER}],
     "time_to_loss": {"target": NUMBER, "reached": OPTIONAL_FLAG, "time_s": OPTIONAL_NUMBER,
                      "tokens": OPTIONAL_NUMBER, "reason": OPTIONAL_TEXT},
+    "cycle_time_s": {"period": INTEGER},
 }
 """Results keys that older runs do not have: checked where present and not null."""
 SPAN = {"gpu": TEXT, "kind": TEXT, "start": NUMBER, "end": NUMBER}
