@@ -13,7 +13,6 @@ from click.core import ParameterSource
 from testbed.api import run
 from testbed.choices import ActivationsChoice, BackendName, ComputeChoice
 from testbed.cli_options import (
-    PLAN_HELP,
     emulation_options,
     event_options,
     force_option,
@@ -78,8 +77,11 @@ def _check_owners(pairs: tuple[str, ...], chosen: tuple[str, ...]) -> None:
               "is the baseline for speed-ups. Default: the default policy against Atlas.")
 @click.option("--plan", "plan_paths", multiple=True, metavar="FILE",
               type=click.Path(dir_okay=False, path_type=Path),
-              help="A plan to compare beside the policies, named by its file; repeatable. "
-              + PLAN_HELP.split(". -p ")[0] + ". Without -p only the plans are compared.")
+              help="A plan to run beside the policies, its row named by the file: a plan's "
+              "CSV (`testbed plan --csv`, saved or edited by hand) or torch's CSV form of a "
+              "pipeline schedule, validated and dry-run first, run with the hooks of the "
+              "policy it records (or plan-file). Repeatable; without -p only the plans are "
+              "compared.")
 @click.option("-b", "--bubble", "bubbles", multiple=True,
               help="Bubble policy; repeat for several. Every policy runs with each.")
 @click.option("-o", "--option", "policy_opts", multiple=True, metavar="[POLICY.]KEY=VALUE",
