@@ -17,10 +17,10 @@ from testbed.job import ModelShape
 from testbed.plan.collective import Collective, Reduces, Scope, payload_bytes
 from testbed.plan.model import OuterOptimizer
 from testbed.runtime.allreduce import Wire, chunk_bounds, ring_allgather, ring_allreduce
-from testbed.runtime.messages import CollectiveSetup, Config, EmulatedTiming, PeerInfo
+from testbed.runtime.messages import CollectiveSetup, Config, PeerInfo
 from testbed.runtime.model import build_stages, parameter_fragments
 from testbed.runtime.payloads import Dense, Sparse, decode, encode, topk_decode, topk_encode
-from testbed.runtime.real_engine import RealEngine
+from testbed.runtime.real_engine import RealEngine, real_engines
 from tests.diloco_reference import ring_sum, wire
 
 
@@ -171,14 +171,14 @@ GRADS = Collective(payload="int8")
 def _engine(outer: OuterOptimizer) -> RealEngine:
     me = PeerInfo(0, "east-0", "east")
     config = Config(
-        index=0, gpu="east-0", dc="east", address="127.0.0.1", replica=0, stage=0,
-        programs=[["0F0", "0B0", "0STEP"]], cycle=[], prev=None, next=None,
-        collectives=[CollectiveSetup(str(c), 0, [me, PeerInfo(1, "west-0", "west")])
+        index=0, gpu="east-0", dc="east", address="127.0.0.1", replica=0, stages=[0],
+        programs=[["0F0", "0B0", "0STEP"]], cycle=[], neighbours={},
+        collectives=[CollectiveSetup(0, str(c), 0, [me, PeerInfo(1, "west-0", "west")])
                      for c in (DELTAS, DC_DELTAS, GRADS)],
         arbitrated=[], iterations=1, compute="real", model=TINY, layers=[2], seed=0, dp=2,
         microbatches=1, microbatch_size=2, activation_bytes=0,
-        emulated=EmulatedTiming(0.0, 0.0), local_rank=0, outer=outer)
-    return RealEngine.from_config(config)
+        emulated={}, local_rank=0, outer=outer)
+    return real_engines(config)[0]
 
 
 def _train_once(engine: RealEngine, iteration: int) -> None:

@@ -18,7 +18,7 @@ from testbed.errors import InputError
 from testbed.job import DataFile, ModelShape
 from testbed.job_file import dump_job, load_job, parse_job
 from testbed.runtime.failure import Failure, RunFailed
-from testbed.runtime.messages import Config, EmulatedTiming, Hello, Listening, receive_as
+from testbed.runtime.messages import Config, Hello, Listening, receive_as
 from testbed.runtime.model import FileCorpus, make_corpus, sample_index
 from testbed.runtime.pool import WorkerHandle
 from testbed.token_file import TokenWindows, open_tokens, window_start
@@ -166,19 +166,19 @@ def test_a_text_file_and_a_uint16_file_read_the_same_tokens(corpus_dir: Path) ->
 def _config(data: DataFile | None, stage: int = 0) -> Config:
     """One replica of a one-stage byte-level model (real compute)."""
     return Config(
-        index=0, gpu="east-0", dc="east", address="127.0.0.1", replica=0, stage=stage,
-        programs=[[]], cycle=[], prev=None, next=None, collectives=[], arbitrated=[], iterations=1,
+        index=0, gpu="east-0", dc="east", address="127.0.0.1", replica=0, stages=[stage],
+        programs=[[]], cycle=[], neighbours={}, collectives=[], arbitrated=[], iterations=1,
         compute="real", model=ModelShape(2, 32, 2, 16, 256), layers=[2], seed=0, dp=1,
         microbatches=2, microbatch_size=4, activation_bytes=0,
-        emulated=EmulatedTiming(0.0, 0.0), local_rank=0, data=data)
+        emulated={}, local_rank=0, data=data)
 
 
 def test_the_real_engine_trains_on_the_file(corpus_dir: Path) -> None:
-    from testbed.runtime.real_engine import RealEngine
+    from testbed.runtime.real_engine import real_engines
 
     path = corpus_dir / "book.txt"
     data = DataFile(str(path), "text", path.stat().st_size)
-    engine = RealEngine.from_config(_config(data))
+    engine = real_engines(_config(data))[0]
     inputs, _ = engine._tokens(1, 1)
     expected, _ = FileCorpus(data, 16, 0).batch(sample_index(1, 0, 1, 1, 2, 4), 4)
     assert torch.equal(inputs, expected)  # the file's bytes, as the layout numbers them
@@ -196,7 +196,7 @@ def test_the_real_engine_trains_on_the_file(corpus_dir: Path) -> None:
         handle.write(b"more")  # not the file the job was checked against
     with pytest.raises(Exception, match=r"cannot be used on this machine: .*book.txt holds "
                        rf"{data.tokens + 4} tokens, not the {data.tokens}"):
-        RealEngine.from_config(_config(data))
+        real_engines(_config(data))[0]
 
 
 def test_a_worker_without_the_data_file_names_its_machine_and_the_path(tmp_path: Path) -> None:

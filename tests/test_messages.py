@@ -33,16 +33,18 @@ from testbed.runtime.messages import (
 from testbed.runtime.protocol import ProtocolError
 
 CONFIG = Config(
-    index=1, gpu="west-0", dc="west", address="10.0.0.2", replica=0, stage=1,
+    index=1, gpu="west-0", dc="west", address="10.0.0.2", replica=0, stages=[1, 2],
     programs=[["1RECV_F0", "1F0"], ["1RECV_F0", "1F0", "1ALLREDUCE[delta,f0/2,int4]",
                                     "1OUTER_STEP[f0/2]"]],
-    cycle=[0, 0, 1], prev=PeerInfo(0, "east-0", "east"), next=None,
-    collectives=[CollectiveSetup("delta,f0/2,int4", 1024, [PeerInfo(1, "west-0", "west")],
+    cycle=[0, 0, 1], neighbours={"0": PeerInfo(0, "east-0", "east")},
+    collectives=[CollectiveSetup(1, "delta,f0/2,int4", 1024, [PeerInfo(1, "west-0", "west")],
                                  0.5)],
     arbitrated=["east>west"], iterations=3,
     compute="emulated", model=ModelShape(4, 64, 4, 32, 100), layers=[2, 2], seed=0, dp=1,
     microbatches=4, microbatch_size=1, activation_bytes=4096,
-    emulated=EmulatedTiming(0.01, 0.02), local_rank=1, decode=DecodeAddress("10.0.1.9", 7100),
+    emulated={"1": EmulatedTiming(0.01, 0.02, 0.01, 0.01),
+              "2": EmulatedTiming(0.01, 0.02, 0.008, 0.012)},
+    local_rank=1, decode=DecodeAddress("10.0.1.9", 7100),
     outer=OuterOptimizer(0.5, 0.8, False, 0.25))
 EXAMPLES: list[Message] = [
     Hello("east-0", "secret", 42),

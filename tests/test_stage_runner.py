@@ -14,7 +14,7 @@ from typing import Any, get_args
 from testbed.job import ModelShape
 from testbed.plan.model import Action, Op
 from testbed.plan.schedules import stage_actions
-from testbed.runtime.engines import EmulatedEngine
+from testbed.runtime.engines import make_engines
 from testbed.runtime.messages import CollectiveSetup, Config, EmulatedTiming, Idle, PeerInfo
 from testbed.runtime.stage_runner import StageRunner
 from testbed.runtime.transport import Transport
@@ -75,15 +75,16 @@ def _config(replica: int, stage: int, dp: int, pp: int, microbatches: int,
               if Action.parse(a).op.is_collective and Action.parse(a).op is not Op.OUTER_STEP}
     return Config(
         index=me.index, gpu=me.gpu, dc=me.dc, address="127.0.0.1", replica=replica,
-        stage=stage, programs=programs, cycle=list(range(len(programs))) if tails else [],
-        prev=peer(replica, stage - 1) if stage > 0 else None,
-        next=peer(replica, stage + 1) if stage < pp - 1 else None,
-        collectives=[CollectiveSetup(str(c), GRADIENTS, [peer(r, stage) for r in range(dp)],
-                                     modeled_s) for c in sorted(joined)],
+        stages=[stage], programs=programs, cycle=list(range(len(programs))) if tails else [],
+        neighbours={str(s): peer(replica, s) for s in (stage - 1, stage + 1) if 0 <= s < pp},
+        collectives=[CollectiveSetup(stage, str(c), GRADIENTS,
+                                     [peer(r, stage) for r in range(dp)], modeled_s)
+                     for c in sorted(joined)],
         arbitrated=["east>west", "west>east"] if arbitrated else [], iterations=2,
         compute="emulated", model=ModelShape(pp, 8, 1, 4, 16), layers=[1] * pp, seed=0,
         dp=dp, microbatches=microbatches, microbatch_size=1, activation_bytes=ACTIVATION,
-        emulated=EmulatedTiming(0.0, 0.0), local_rank=0, bubbles=bubbles)
+        emulated={str(stage): EmulatedTiming(0.0, 0.0, 0.0, 0.0)}, local_rank=0,
+        bubbles=bubbles)
 
 
 async def _run(dp: int, pp: int, microbatches: int, arbitrated: bool = False,
@@ -91,6 +92,12 @@ async def _run(dp: int, pp: int, microbatches: int, arbitrated: bool = False,
                modeled_s: float | None = None) -> tuple[list[StageRunner], list[Control]]:
     configs = [_config(r, s, dp, pp, microbatches, arbitrated, bubbles, tails, modeled_s)
                for r in range(dp) for s in range(pp)]
+    return await _run_configs(configs, iterations)
+
+
+async def _run_configs(configs: list[Config], iterations: int = 2
+                       ) -> tuple[list[StageRunner], list[Control]]:
+    """Stage runners of `configs` over real transports on localhost, emulated engines."""
     transports = [Transport(c.index, TOKEN) for c in configs]
     ports = [await t.listen("127.0.0.1", 0) for t in transports]
     n = len(configs)
@@ -100,10 +107,9 @@ async def _run(dp: int, pp: int, microbatches: int, arbitrated: bool = False,
         for i, t in enumerate(transports)))
     controls, runners = [], []
     for config, transport in zip(configs, transports, strict=True):
-        engine = EmulatedEngine(0.0, 0.0, 0.0, ACTIVATION, config.stage == 0,
-                                config.stage == pp - 1)
+        engines = make_engines(config)
         control = Control()
-        runner = StageRunner(config, engine, transport, control)  # type: ignore[arg-type]
+        runner = StageRunner(config, engines, transport, control)  # type: ignore[arg-type]
         control.runner = runner
         controls.append(control)
         runners.append(runner)
@@ -196,7 +202,7 @@ def test_a_modeled_ring_takes_its_time_without_making_the_stages_gradients() -> 
     are never allocated: a token goes round and the modeled time is waited out."""
     runners, _ = asyncio.run(_run(2, 1, 2, modeled_s=0.05))
     for runner in runners:
-        assert runner.engine._buffers == {}  # type: ignore[attr-defined]
+        assert runner.engines[0]._buffers == {}  # type: ignore[attr-defined]
         rings = [s for s in runner.spans if s["kind"] == "allreduce"]
         assert len(rings) == 2
         for ring in rings:

@@ -124,6 +124,11 @@ class SendWait:
     local: bool = False
     """The send was handed over on this GPU: complete already."""
 
+    @property
+    def stage(self) -> int:
+        """The sending stage."""
+        return self.to_stage - 1 if self.phase is Phase.FORWARD else self.to_stage + 1
+
 
 @dataclass(frozen=True, slots=True)
 class Receive:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, Unpack
 
@@ -31,7 +31,7 @@ class Runner(Protocol):
     """What of the stage runner (testbed.runtime.stage_runner) its collectives use."""
 
     config: Config
-    engine: Engine
+    engines: Mapping[int, Engine]
     transport: Transport
     executor: concurrent.futures.ThreadPoolExecutor
     action: int
@@ -40,7 +40,7 @@ class Runner(Protocol):
              **detail: Unpack[SpanDetail]) -> None: ...
 
     async def send(self, peer: PeerInfo, tag: str, payload: bytes | bytearray | memoryview,
-                   iteration: int, microbatch: int | None, kind: Op) -> None: ...
+                   iteration: int, microbatch: int | None, kind: Op, stage: int) -> None: ...
 
     async def fill_bubble(self, waiting: Callable[[], bool], action: int, iteration: int,
                           since: float) -> None: ...
@@ -63,61 +63,65 @@ class Joined:
 
 
 class Collectives:
+    """A worker's collectives, of each stage its GPU holds (each stage reduces its own)."""
+
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
-        self.setups = {Collective.parse(s.collective): s for s in runner.config.collectives}
+        self.setups = {(s.stage, Collective.parse(s.collective)): s
+                       for s in runner.config.collectives}
         self.joins: collections.Counter[str] = collections.Counter()
-        self.started: dict[Collective, Joined] = {}
+        self.started: dict[tuple[int, Collective], Joined] = {}
 
-    async def allreduce(self, collective: Collective, iteration: int) -> None:
+    async def allreduce(self, collective: Collective, stage: int, iteration: int) -> None:
         """Join and wait for the result; with bubbles, prefills fill the wait once the
         contribution is out of the GPU's hands."""
-        joined = await self.join(collective, iteration, self.runner.action)
+        joined = await self.join(collective, stage, iteration, self.runner.action)
         await self.take(collective, joined)
 
-    async def start(self, collective: Collective, iteration: int) -> None:
-        if collective in self.started:
-            raise RuntimeError(f"{collective!r} is already under way")
-        self.started[collective] = await self.join(collective, iteration, None)
+    async def start(self, collective: Collective, stage: int, iteration: int) -> None:
+        if (stage, collective) in self.started:
+            raise RuntimeError(f"{collective!r} of stage {stage} is already under way")
+        self.started[(stage, collective)] = await self.join(collective, stage, iteration, None)
 
-    async def wait(self, collective: Collective, iteration: int) -> None:
-        joined = self.started.pop(collective, None)
+    async def wait(self, collective: Collective, stage: int, iteration: int) -> None:
+        joined = self.started.pop((stage, collective), None)
         if joined is None:
-            raise RuntimeError(f"{collective!r} was never started")
+            raise RuntimeError(f"{collective!r} of stage {stage} was never started")
         blocked, action = clock.now(), self.runner.action
         await self.take(collective, joined, iteration)
         # the time the stage actually waited, as the simulator records it
         self.runner.span("wait_reduce", blocked, clock.now(), iteration, action=action,
-                         collective=str(collective))
+                         collective=str(collective), stage=stage)
 
     async def drain(self) -> None:
         """Let rings started and never awaited (a run that ends mid-cycle) finish: their
         members are still in them. Their results go unused."""
         started, self.started = self.started, {}
-        for collective, joined in started.items():
+        for (_, collective), joined in started.items():
             self.record(collective, joined, await joined.moving)
 
-    def tag_of(self, collective: Collective) -> str:
+    def tag_of(self, collective: Collective, stage: int) -> str:
         """The next join's name in the collective's group: every member counts its joins
         of the group alike."""
         cfg = self.runner.config
-        group = f"AR{cfg.stage}" + (f"@{cfg.dc}" if collective.scope is Scope.DC else "")
+        group = f"AR{stage}" + (f"@{cfg.dc}" if collective.scope is Scope.DC else "")
         k = self.joins[group]
         self.joins[group] += 1
         return f"{group}:{k}"
 
-    async def join(self, collective: Collective, iteration: int,
+    async def join(self, collective: Collective, stage: int, iteration: int,
                    action: int | None) -> Joined:
         runner = self.runner
-        setup = self.setups[collective]
+        setup = self.setups[(stage, collective)]
         start = clock.now()
-        tag = self.tag_of(collective)
+        tag = self.tag_of(collective, stage)
         members = len(setup.group)
         if setup.modeled_s is not None:  # emulated compute: no bytes move, GBs stay unmade
             contribution: Contribution = Bytes(bytearray(4 * members), members)
         else:
             contribution = await asyncio.get_running_loop().run_in_executor(
-                runner.executor, runner.engine.contribute, collective, setup.nbytes, members)
+                runner.executor, runner.engines[stage].contribute, collective, setup.nbytes,
+                members)
         moving = asyncio.create_task(self.move(collective, setup, contribution, tag, start,
                                                iteration))
         return Joined(setup, contribution, moving, start, iteration, action)
@@ -135,11 +139,13 @@ class Collectives:
         ended = await joined.moving
         members = len(joined.setup.group)
         await asyncio.get_running_loop().run_in_executor(
-            runner.executor, runner.engine.reduced, collective, joined.contribution, members)
+            runner.executor, runner.engines[joined.setup.stage].reduced, collective,
+            joined.contribution, members)
         self.record(collective, joined, ended if joined.action is None else clock.now())
 
     def record(self, collective: Collective, joined: Joined, end: float) -> None:
-        detail: SpanDetail = {"bytes": joined.setup.nbytes, "collective": str(collective)}
+        detail: SpanDetail = {"bytes": joined.setup.nbytes, "collective": str(collective),
+                              "stage": joined.setup.stage}
         if joined.setup.modeled_s is not None:
             detail["modeled"] = True
         if joined.action is not None:
@@ -157,10 +163,11 @@ class Collectives:
         modeled = setup.modeled_s is not None
 
         async def send(name: str, data: Wire) -> None:
-            await runner.send(successor, name, data, iteration, None, Op.ALLREDUCE)
+            await runner.send(successor, name, data, iteration, None, Op.ALLREDUCE,
+                              setup.stage)
 
         async def receive(name: str) -> bytearray:
-            return await self.receive(predecessor, name, iteration, modeled)
+            return await self.receive(predecessor, name, iteration, modeled, setup.stage)
 
         if modeled:
             # inside one DC, in emulated compute: a real ring over a token-sized buffer
@@ -178,7 +185,7 @@ class Collectives:
         return clock.now()
 
     async def receive(self, peer: PeerInfo, tag: str, iteration: int,
-                      modeled: bool) -> bytearray:
+                      modeled: bool, stage: int) -> bytearray:
         """A ring message from the predecessor; a transfer span when its bytes are the
         collective's own (not a modeled ring's token)."""
         runner = self.runner
@@ -188,5 +195,5 @@ class Collectives:
             runner.span("transfer", got.sent_at, got.completed_at, iteration, microbatch=None,
                         peer=peer.gpu, bytes=len(got.data),
                         link=None if link is None else f"{peer.dc}>{runner.config.dc}",
-                        tag=tag, src=peer.gpu, dst=runner.config.gpu)
+                        tag=tag, src=peer.gpu, dst=runner.config.gpu, stage=stage)
         return got.data

@@ -98,7 +98,7 @@ class Coordinator:
         self.pool = WorkerPool(self.hosts, config.log_dir, self.token, self._fail,
                                across.machine if across else None)
         self._joins: ClusterJoins | None = None
-        self.telemetry = Telemetry(len(list(config.plan.workers())), config.plan.dp,
+        self.telemetry = Telemetry(len(config.plan.used_gpus()), config.plan.dp,
                                    config.job.iterations, config.dilation)
         self.broker: BubbleBroker | None = None
         self.outcome: RunOutcome | None = None
@@ -212,8 +212,10 @@ class Coordinator:
             self._bubbles = BubbleBridge(self.broker, config.topology, config.job, start)
         for worker in self.pool.workers:
             await worker.tell(Start(start))
-        self.say(f"training: {config.job.iterations} iterations, dp {config.plan.dp} x pp "
-                 f"{config.plan.pp}, {config.plan.microbatches} microbatches")
+        plan = config.plan
+        virtual = f" (x {plan.stages_per_gpu} virtual stages)" if plan.stages_per_gpu > 1 else ""
+        self.say(f"training: {config.job.iterations} iterations, dp {plan.dp} x pp "
+                 f"{plan.gpus_per_pipeline}{virtual}, {plan.microbatches} microbatches")
         readers = [asyncio.create_task(self._serve(w)) for w in self.pool.workers]
         decoding = [asyncio.create_task(self._serve_decoder(d)) for d in self.pool.decoders]
         stall = asyncio.create_task(self._stall_watch())

@@ -16,15 +16,30 @@ from testbed.runtime.allreduce import Bytes, Contribution
 
 if TYPE_CHECKING:
     from testbed.plan.collective import Collective
-    from testbed.runtime.messages import Config, PrefillPart
+    from testbed.runtime.messages import Config, EmulatedTiming, PrefillPart
+
+
+Received = bytes | bytearray | None
+"""A tensor from the neighbouring stage: off the network, or handed over on this GPU."""
 
 
 class Engine(Protocol):
-    def forward(self, iteration: int, microbatch: int, received: bytearray | None) -> bytes | None:
+    """One stage's compute (a worker holding several stages has one engine for each)."""
+
+    def forward(self, iteration: int, microbatch: int, received: Received) -> bytes | None:
         """Run the forward; return the activations to send on (None on the last stage)."""
 
-    def backward(self, iteration: int, microbatch: int, received: bytearray | None) -> bytes | None:
+    def backward(self, iteration: int, microbatch: int, received: Received) -> bytes | None:
         """Run the backward; return the input gradient to send back (None on stage 0)."""
+
+    def input_gradient(self, iteration: int, microbatch: int, received: Received
+                       ) -> bytes | None:
+        """A split backward's first half (I): the input gradient to send back (None on
+        stage 0), keeping what the weight gradient needs."""
+
+    def weight_gradient(self, iteration: int, microbatch: int) -> None:
+        """A split backward's second half (W), after the microbatch's input gradient: the
+        weights' gradients, accumulated as a whole backward accumulates them."""
 
     def contribute(self, collective: Collective, nbytes: int, members: int) -> Contribution:
         """This stage's part of `collective` as it joins (its gradients, or its deltas
@@ -70,26 +85,32 @@ QUICK_S = 2e-4
 
 @dataclass
 class EmulatedEngine:
-    """Holds the GPU busy for modeled times; sends zero-filled tensors of the real size."""
+    """Holds the GPU busy for modeled times; sends zero-filled tensors of the real size
+    (`activation`: one buffer for every stage of the worker)."""
 
-    forward_s: float
-    backward_s: float
-    step_s: float
-    activation_bytes: int
+    timing: EmulatedTiming
+    activation: bytes
     first: bool
     last: bool
 
     def __post_init__(self) -> None:
-        self._activation = bytes(self.activation_bytes)
         self._buffers: dict[int, bytearray] = {}  # GBs for large stages: only when sent
 
-    def forward(self, iteration: int, microbatch: int, received: bytearray | None) -> bytes | None:
-        time.sleep(self.forward_s)
-        return None if self.last else self._activation
+    def forward(self, iteration: int, microbatch: int, received: Received) -> bytes | None:
+        time.sleep(self.timing.forward_s)
+        return None if self.last else self.activation
 
-    def backward(self, iteration: int, microbatch: int, received: bytearray | None) -> bytes | None:
-        time.sleep(self.backward_s)
-        return None if self.first else self._activation
+    def backward(self, iteration: int, microbatch: int, received: Received) -> bytes | None:
+        time.sleep(self.timing.backward_s)
+        return None if self.first else self.activation
+
+    def input_gradient(self, iteration: int, microbatch: int, received: Received
+                       ) -> bytes | None:
+        time.sleep(self.timing.input_s)
+        return None if self.first else self.activation
+
+    def weight_gradient(self, iteration: int, microbatch: int) -> None:
+        time.sleep(self.timing.weight_s)
 
     def contribute(self, collective: Collective, nbytes: int, members: int) -> Contribution:
         """Zeros of the planned size (one buffer per size: its content never matters)."""
@@ -102,10 +123,10 @@ class EmulatedEngine:
         """Nothing to take: the bytes are placeholders."""
 
     def step(self) -> None:
-        time.sleep(self.step_s)
+        time.sleep(self.timing.step_s)
 
     def outer_step(self, collective: Collective) -> None:
-        time.sleep(self.step_s)
+        time.sleep(self.timing.step_s)
 
     def take_loss(self) -> float | None:
         return None
@@ -120,15 +141,20 @@ class EmulatedEngine:
         """Nothing was saved."""
 
     def quick(self) -> bool:
-        return max(self.forward_s, self.backward_s, self.step_s) < QUICK_S
+        t = self.timing
+        return max(t.forward_s, t.backward_s, t.input_s, t.weight_s, t.step_s) < QUICK_S
 
     def prefill(self, parts: Sequence[PrefillPart], modeled_s: float) -> dict[int, bytes]:
         time.sleep(modeled_s)
         return {part.request: bytes(part.kv_bytes) for part in parts if part.last}
 
 
-def make_real_engine(config: Config) -> Engine:
-    """Imported lazily: emulated workers never load torch."""
-    from testbed.runtime.real_engine import RealEngine
+def make_engines(config: Config) -> dict[int, Engine]:
+    """An engine for each stage the worker holds."""
+    if config.compute == "real":
+        from testbed.runtime.real_engine import real_engines  # emulated workers never load torch
 
-    return RealEngine.from_config(config)
+        return dict(real_engines(config))
+    activation = bytes(config.activation_bytes)
+    return {stage: EmulatedEngine(config.emulated[str(stage)], activation, stage == 0,
+                                  stage == config.pp - 1) for stage in config.stages}

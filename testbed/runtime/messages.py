@@ -234,10 +234,15 @@ class PeerInfo:
 
 @dataclass(frozen=True)
 class EmulatedTiming:
-    """Seconds an emulated GPU holds each compute step."""
+    """Seconds an emulated GPU holds each compute step of one stage (testbed.compute.
+    StageCost: one cost model for both backends)."""
 
     forward_s: float
     backward_s: float
+    input_s: float
+    """A split backward's input-gradient half (I)."""
+    weight_s: float
+    """A split backward's weight-gradient half (W)."""
     step_s: float = 0.0
 
 
@@ -246,6 +251,8 @@ class CollectiveSetup:
     """One collective this worker's stage joins: what moves and among whom."""
 
     wire_names = {"nbytes": "bytes"}
+    stage: int
+    """Whose gradients or deltas: a GPU holding several stages reduces each apart."""
     collective: str
     """Its text form (testbed.plan.collective.Collective; '' for every-step gradients)."""
     nbytes: int
@@ -273,17 +280,19 @@ class Config(Message):
     address: str
     """Where it listens for data connections."""
     replica: int
-    stage: int
+    stages: list[int]
+    """The stages it holds, in order: one, or several (virtual stages)."""
     programs: list[list[str]]
     """This GPU's distinct iteration programs (testbed.plan.model.Plan.programs), each its
     ordered actions."""
     cycle: list[int]
     """The program each iteration of the plan's cycle runs here (iteration n: cycle[n %
     len(cycle)]); empty when the plan repeats one iteration."""
-    prev: PeerInfo | None
-    next: PeerInfo | None
+    neighbours: dict[str, PeerInfo]
+    """By stage: the workers of this replica that hold the stages next to this GPU's, on
+    other GPUs (a message between two of its own stages stays on the GPU)."""
     collectives: list[CollectiveSetup]
-    """Every collective this GPU's programs join."""
+    """Every collective this GPU's programs join, of each stage it holds."""
     arbitrated: list[str]
     """WAN link directions (`src>dst`) whose transfers need a grant."""
     iterations: int
@@ -296,7 +305,8 @@ class Config(Message):
     microbatches: int
     microbatch_size: int
     activation_bytes: int
-    emulated: EmulatedTiming
+    emulated: dict[str, EmulatedTiming]
+    """By stage, each stage it holds."""
     local_rank: int
     save_dir: str | None = None
     """Where to write the stage's final parameters (real compute)."""
@@ -317,6 +327,11 @@ class Config(Message):
     has none."""
     outer: OuterOptimizer | None = None
     """What OUTER_STEP does, where the programs have one."""
+
+    @property
+    def stage(self) -> int:
+        """Its first stage (what names it where one stage must: checkpoints, prefills)."""
+        return self.stages[0]
 
     @property
     def pp(self) -> int:

@@ -29,6 +29,9 @@ class WorkerHandle:
     gpu: str
     replica: int
     stage: int
+    """Its first stage."""
+    stages: tuple[int, ...] = ()
+    """Every stage it holds, when several (virtual stages)."""
     decoder: bool = False
     """A decode server (its `gpu` is the server's host name)."""
     machine: str | None = None
@@ -51,7 +54,9 @@ class WorkerHandle:
             return f"torchrun{where}"
         if self.decoder:
             return f"decode server {self.gpu}{where}"
-        return f"{self.gpu} (replica {self.replica}, stage {self.stage}){where}"
+        held = f"stages {', '.join(map(str, self.stages))}" if len(self.stages) > 1 else \
+            f"stage {self.stage}"
+        return f"{self.gpu} (replica {self.replica}, {held}){where}"
 
     def last_log_line(self) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -80,8 +85,10 @@ class WorkerPool:
     _watchers: list[asyncio.Task[None]] = field(default_factory=list)
 
     def plan_workers(self, plan: Plan, decode_dcs: tuple[str, ...]) -> None:
-        for index, ((replica, stage), gpus) in enumerate(plan.workers()):
-            self.workers.append(WorkerHandle(index, gpus[0], replica, stage))
+        """One worker per GPU, whatever stages it holds."""
+        for index, gpu in enumerate(plan.used_gpus()):
+            replica, stage = plan.worker_of(gpu)
+            self.workers.append(WorkerHandle(index, gpu, replica, stage, plan.stages_of(gpu)))
         for dc in decode_dcs:
             self.decoders.append(WorkerHandle(-1, f"{dc}-decode", -1, -1, decoder=True))
 

@@ -32,11 +32,11 @@ def check_emulable(spec: RunSpec, plan: Plan) -> None:
             "stage's gradients summed every step, which real compute does not do: use "
             "--set model.tied_embeddings=false or --compute emulated", source,
             "job.model.tied_embeddings")
-    need = 0
-    for stage, layers in enumerate(plan.layers):
-        params = stage_params(spec.job.model, layers, stage == 0, stage == plan.pp - 1)
-        model = params * 16 if mode == "real" else 0  # fp32 weights, grads, Adam moments
-        need += plan.dp * (WORKER_BYTES[mode] + model)
+    need = len(plan.used_gpus()) * WORKER_BYTES[mode]  # a worker per GPU, whatever it holds
+    if mode == "real":  # fp32 weights, grads, Adam moments of every stage's replicas
+        need += plan.dp * 16 * sum(stage_params(spec.job.model, layers, stage == 0,
+                                                stage == plan.pp - 1)
+                                   for stage, layers in enumerate(plan.layers))
     available = available_memory()
     if available is not None and need > available:
         raise InputError(

@@ -1,8 +1,10 @@
-"""Real compute: one pipeline stage of the transformer in torch, on CUDA when present."""
+"""Real compute: a pipeline stage of the transformer in torch, on CUDA when present (a
+worker holding several stages has one engine for each)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +14,7 @@ from testbed.errors import TestbedError
 from testbed.job import ModelShape
 from testbed.plan.collective import Collective
 from testbed.runtime.allreduce import Contribution
+from testbed.runtime.engines import Received
 from testbed.runtime.messages import Config, PrefillPart
 from testbed.runtime.model import (
     Samples,
@@ -22,9 +25,38 @@ from testbed.runtime.model import (
     parameter_fragments,
     sample_index,
 )
+from testbed.runtime.split_backward import input_gradient, weight_gradients
 from testbed.runtime.syncs import Syncs
 
 LEARNING_RATE = 3e-3
+
+
+def real_engines(config: Config) -> dict[int, RealEngine]:
+    """An engine for each stage the worker holds: its own module (initialized as the
+    whole model would be), optimizer, gradients and syncs."""
+    shape = config.model
+    try:
+        corpus = make_corpus(shape, config.seed, config.data)
+    except ValueError as exc:
+        raise TestbedError(f"the job's data cannot be used on this machine: {exc} (a run "
+                           "across machines needs it at the same path on each)") from None
+    torch.set_num_threads(1)  # one worker per GPU; on a CPU its cores are shared
+    layers = tuple(config.layers)
+    modules = build_stages(shape, layers, config.seed)
+    device = pick_device(config.local_rank)
+    engines = {}
+    for stage in config.stages:
+        module = modules[stage].to(device)
+        syncs = Syncs([(n, p) for n, p in module.named_parameters() if p.requires_grad],
+                      functools.partial(parameter_fragments, module, layers, stage),
+                      config.outer, [Collective.parse(c.collective) for c in config.collectives
+                                     if c.stage == stage], config.dp)
+        engines[stage] = RealEngine(
+            stage, config.pp, config.replica, config.dp, config.microbatches,
+            config.microbatch_size, shape, module, corpus, device,
+            torch.optim.Adam(module.parameters(), lr=LEARNING_RATE), syncs, config.seed,
+            config.inference_model)
+    return engines
 
 
 def pick_device(local_rank: int) -> torch.device:
@@ -50,30 +82,12 @@ class RealEngine:
     seed: int = 0
     inference_model: ModelShape | None = None
     _saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = field(default_factory=dict)
+    """By microbatch, from its forward to its backward: the stage's input (None on the
+    first stage) and output (the loss on the last)."""
+    _weights_due: dict[int, Callable[[], None]] = field(default_factory=dict)
+    """By microbatch, from a split backward's input half to its weight half."""
     _losses: list[float] = field(default_factory=list)
     _prefiller: Any = None
-
-    @classmethod
-    def from_config(cls, config: Config) -> RealEngine:
-        shape = config.model
-        try:
-            corpus = make_corpus(shape, config.seed, config.data)
-        except ValueError as exc:
-            raise TestbedError(f"the job's data cannot be used on this machine: {exc} (a run "
-                               "across machines needs it at the same path on each)") from None
-        torch.set_num_threads(1)  # one worker per GPU; on a CPU its cores are shared
-        stages = build_stages(shape, tuple(config.layers), config.seed)
-        device = pick_device(config.local_rank)
-        module = stages[config.stage].to(device)
-        optimizer = torch.optim.Adam(module.parameters(), lr=LEARNING_RATE)
-        layers = tuple(config.layers)
-        syncs = Syncs([(n, p) for n, p in module.named_parameters() if p.requires_grad],
-                      lambda n: parameter_fragments(module, layers, config.stage, n),
-                      config.outer, [Collective.parse(c.collective) for c in config.collectives],
-                      config.dp)
-        return cls(config.stage, config.pp, config.replica, config.dp, config.microbatches,
-                   config.microbatch_size, shape, module, corpus, device, optimizer, syncs,
-                   config.seed, config.inference_model)
 
     @property
     def first(self) -> bool:
@@ -90,16 +104,18 @@ class RealEngine:
         inputs, targets = self.corpus.batch(start, self.microbatch_size)
         return inputs.to(self.device), targets.to(self.device)
 
-    def _activation(self, data: bytearray) -> torch.Tensor:
+    def _activation(self, data: Received) -> torch.Tensor:
+        assert data is not None
+        if isinstance(data, bytes):  # handed over on this GPU: torch wants it writable
+            data = bytearray(data)
         shape = (self.microbatch_size, self.shape.seq_len, self.shape.hidden)
         return torch.frombuffer(data, dtype=torch.float32).view(shape).to(self.device)
 
-    def forward(self, iteration: int, microbatch: int, received: bytearray | None) -> bytes | None:
+    def forward(self, iteration: int, microbatch: int, received: Received) -> bytes | None:
         if self.first:
             x, _ = self._tokens(iteration, microbatch)
             inputs = None
         else:
-            assert received is not None
             x = self._activation(received).requires_grad_(True)
             inputs = x
         out = self.module(x)
@@ -112,17 +128,33 @@ class RealEngine:
         self._saved[microbatch] = (inputs, out)
         return _to_bytes(out.detach())
 
-    def backward(self, iteration: int, microbatch: int, received: bytearray | None) -> bytes | None:
+    def _output_grad(self, received: Received) -> torch.Tensor | None:
+        """What the backward starts from: the next stage's gradient (the loss's own on
+        the last stage)."""
+        return None if self.last else self._activation(received)
+
+    def backward(self, iteration: int, microbatch: int, received: Received) -> bytes | None:
         inputs, out = self._saved.pop(microbatch)
-        if self.last:
-            out.backward()  # type: ignore[no-untyped-call]
-        else:
-            assert received is not None
-            out.backward(self._activation(received))  # type: ignore[no-untyped-call]
+        out.backward(self._output_grad(received))  # type: ignore[no-untyped-call]
         if self.first:
             return None
         assert inputs is not None and inputs.grad is not None
         return _to_bytes(inputs.grad)
+
+    def input_gradient(self, iteration: int, microbatch: int, received: Received
+                       ) -> bytes | None:
+        inputs, out = self._saved.pop(microbatch)
+        grad = self._output_grad(received)
+        if inputs is None:  # the first stage: no input gradient; W runs the whole
+            self._weights_due[microbatch] = functools.partial(  # backward, as torch's does
+                out.backward, grad)
+            return None
+        found, held = input_gradient(out, grad, inputs, self.module.parameters())
+        self._weights_due[microbatch] = functools.partial(weight_gradients, held)
+        return _to_bytes(found)
+
+    def weight_gradient(self, iteration: int, microbatch: int) -> None:
+        self._weights_due.pop(microbatch)()
 
     def contribute(self, collective: Collective, nbytes: int, members: int) -> Contribution:
         return self.syncs.contribute(collective, members)

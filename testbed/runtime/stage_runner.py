@@ -1,7 +1,12 @@
 """A worker's data plane: each iteration it runs its interpreted steps (testbed.plan.
-interpret) on its engine and transport, asks the coordinator for a grant before each
-transfer on an arbitrated link, fills bubbles with the prefills the coordinator admits,
-and records what it did and when as spans (on the machine-wide monotonic clock)."""
+interpret) on its engines (one for each stage its GPU holds) and transport, asks the
+coordinator for a grant before each transfer on an arbitrated link, fills bubbles with the
+prefills the coordinator admits, and records what it did and when as spans (on the
+machine-wide monotonic clock), each naming its stage.
+
+A message between two stages of this GPU is handed over in memory: no socket, no bytes on
+a network; its receive and the wait for its send are recorded (taking no time), as the
+simulator records them."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import asyncio
 import concurrent.futures
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Unpack
 
@@ -18,6 +23,8 @@ from testbed.plan.interpret import (
     Compute,
     OptimizerStep,
     OuterStep,
+    Overlapped,
+    Part,
     Phase,
     Prefill,
     Receive,
@@ -31,26 +38,33 @@ from testbed.plan.interpret import (
 from testbed.plan.model import Action, Op
 from testbed.runtime import clock
 from testbed.runtime.collectives import Collectives
-from testbed.runtime.engines import Engine
+from testbed.runtime.engines import Engine, Received
 from testbed.runtime.messages import BubbleAsk, Config, Idle, PeerInfo, Sent, TransferRequest
 from testbed.runtime.messages import Prefill as PrefillOrder
 from testbed.runtime.messages import send as send_message
 from testbed.runtime.transport import Transport
 from testbed.spans import Span, SpanDetail, SpanKind
 
+Tensors = dict[tuple[Phase, int, int], Any]
+"""An iteration's tensors by (phase, stage, microbatch): received for a stage's compute,
+or computed by it for its send."""
+
 
 @dataclass
 class StageRunner:
     config: Config
-    engine: Engine
+    engines: Mapping[int, Engine]
+    """By stage, each stage the GPU holds."""
     transport: Transport
     control: asyncio.StreamWriter
     spans: list[Span] = field(default_factory=list)
     grants: dict[str, asyncio.Future[None]] = field(default_factory=dict)
     """Arbitrated transfers waiting for the coordinator's grant, by message tag."""
     pending_sends: list[asyncio.Task[None]] = field(default_factory=list)
-    sending: dict[tuple[Phase, int], asyncio.Task[None]] = field(default_factory=dict)
-    """Pipeline sends a later step waits for."""
+    sending: dict[tuple[Phase, int, int], asyncio.Task[None]] = field(default_factory=dict)
+    """Pipeline sends a later step waits for, by (phase, receiving stage, microbatch)."""
+    handed: dict[str, bytes] = field(default_factory=dict)
+    """Messages between two stages of this GPU, by tag, until their receive."""
     bubble_reply: asyncio.Future[PrefillOrder | Idle] | None = None
     decode: asyncio.StreamWriter | None = None
     decode_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -63,15 +77,25 @@ class StageRunner:
     programs: list[tuple[Step, ...]] = field(init=False)
     """Each iteration program's steps (Config.programs)."""
     collectives: Collectives = field(init=False)
+    quick: bool = field(init=False)
+    """Every engine's calls are too short to hand to the compute thread."""
 
     def __post_init__(self) -> None:
         cfg = self.config
-        self.programs = [interpret([Action.parse(a) for a in actions], cfg.stage, cfg.pp)
+        self.programs = [interpret([Action.parse(a) for a in actions], cfg.stages, cfg.pp)
                          for actions in cfg.programs]
         self.collectives = Collectives(self)
+        self.quick = all(engine.quick() for engine in self.engines.values())
+
+    @property
+    def engine(self) -> Engine:
+        """The engine of its first stage: what runs prefills and reports the loss where
+        one stage must."""
+        return self.engines[self.config.stage]
 
     def span(self, kind: SpanKind, start: float, end: float, iteration: int,
              **detail: Unpack[SpanDetail]) -> None:
+        """A span of the stage `detail` names (by default its first)."""
         self.spans.append({"gpu": self.config.gpu, "kind": kind, "start": start, "end": end,
                            "iteration": iteration, "stage": self.config.stage, **detail})
 
@@ -79,60 +103,98 @@ class StageRunner:
         """Every step of the iteration's program in order; sends go on in the background
         and all have left when this returns (an all-reduce started may go on). The loss,
         on the last stage with real compute."""
-        received: dict[Phase, dict[int, bytearray]] = {Phase.FORWARD: {}, Phase.BACKWARD: {}}
-        computed: dict[Phase, dict[int, bytes | None]] = {Phase.FORWARD: {}, Phase.BACKWARD: {}}
+        received: Tensors = {}
+        computed: Tensors = {}
+        replica = self.config.replica
         steps = self.programs[self.config.program_of(iteration)]
         for index, step in enumerate(steps):
             self.action = index
             match step:
-                case Receive(phase=phase, from_stage=stage, microbatch=mb):
-                    tag = str(step.tag(iteration, self.config.replica))
-                    received[phase][mb] = await self.receive(self.neighbour(stage), tag,
-                                                             iteration, mb)
-                case Compute(phase=phase, microbatch=mb):
-                    run = self.engine.forward if phase is Phase.FORWARD else self.engine.backward
-                    computed[phase][mb] = await self.compute(
-                        phase.label,
-                        iteration,
-                        functools.partial(run, iteration, mb, received[phase].pop(mb, None)),
-                        microbatch=mb,
-                    )
-                case Send(phase=phase, to_stage=stage, microbatch=mb):
-                    payload = computed[phase].pop(mb)
+                case Receive(phase=phase, stage=stage, microbatch=mb):
+                    received[(phase, stage, mb)] = await self.receive_step(step, iteration)
+                case Compute():
+                    await self.run_compute(step, iteration, received, computed)
+                case Overlapped(parts=parts):  # one after the other, as torch's runtime
+                    for part in parts:
+                        await self.run_compute(part, iteration, received, computed)
+                case Send(phase=phase, to_stage=to_stage, microbatch=mb):
+                    payload = computed.pop((phase, step.stage, mb))
                     assert payload is not None
-                    tag = str(step.tag(iteration, self.config.replica))
-                    self.sending[(phase, mb)] = self.send_later(
-                        self.neighbour(stage), tag, payload, iteration, mb, step.op)
+                    tag = str(step.tag(iteration, replica))
+                    if step.local:
+                        self.handed[tag] = payload
+                    else:
+                        self.sending[(phase, to_stage, mb)] = self.send_later(
+                            self.neighbour(to_stage), tag, payload, iteration, mb, step.op,
+                            step.stage)
                 case SendWait():
                     await self.wait_send(step, iteration)
-                case AllReduce(collective=collective):
-                    await self.collectives.allreduce(collective, iteration)
-                case ReduceStart(collective=collective):
-                    await self.collectives.start(collective, iteration)
-                case ReduceWait(collective=collective):
-                    await self.collectives.wait(collective, iteration)
-                case OptimizerStep():
-                    await self.compute("step", iteration, self.engine.step)
-                case OuterStep(collective=collective):
+                case AllReduce(collective=collective, stage=stage):
+                    await self.collectives.allreduce(collective, stage, iteration)
+                case ReduceStart(collective=collective, stage=stage):
+                    await self.collectives.start(collective, stage, iteration)
+                case ReduceWait(collective=collective, stage=stage):
+                    await self.collectives.wait(collective, stage, iteration)
+                case OptimizerStep(stage=stage):
+                    await self.compute("step", iteration, self.engines[stage].step,
+                                       stage=stage)
+                case OuterStep(collective=collective, stage=stage):
                     await self.compute("outer_step", iteration, functools.partial(
-                        self.engine.outer_step, collective), collective=str(collective))
+                        self.engines[stage].outer_step, collective),
+                        collective=str(collective), stage=stage)
                 case Prefill():
                     pass  # nothing runs there (see testbed.plan.interpret)
         await self.flush_sends()
-        return self.engine.take_loss()
+        losses = [loss for engine in self.engines.values()
+                  if (loss := engine.take_loss()) is not None]
+        return losses[0] if losses else None
+
+    async def run_compute(self, step: Compute, iteration: int, received: Tensors,
+                          computed: Tensors) -> None:
+        """A forward, backward, or half of a split one, on its stage's engine; a span
+        naming its stage and, for a half, its part."""
+        engine, mb = self.engines[step.stage], step.microbatch
+        key = (step.phase, step.stage, mb)
+        run: Callable[[], bytes | None]
+        if step.phase is Phase.FORWARD:
+            run = functools.partial(engine.forward, iteration, mb, received.pop(key, None))
+        elif step.part is Part.WEIGHT:
+            run = functools.partial(engine.weight_gradient, iteration, mb)
+        elif step.part is Part.INPUT:
+            run = functools.partial(engine.input_gradient, iteration, mb,
+                                    received.pop(key, None))
+        else:
+            run = functools.partial(engine.backward, iteration, mb, received.pop(key, None))
+        detail: SpanDetail = {"microbatch": mb, "stage": step.stage}
+        if step.part is not Part.WHOLE:
+            detail["part"] = "I" if step.part is Part.INPUT else "W"
+        result = await self.compute(step.phase.label, iteration, run, **detail)
+        if step.part is not Part.WEIGHT:
+            computed[key] = result
+
+    async def receive_step(self, step: Receive, iteration: int) -> Received:
+        """The tensor a receive waits for: off the network, or handed over on this GPU."""
+        tag = str(step.tag(iteration, self.config.replica))
+        if not step.local:
+            return await self.receive(self.neighbour(step.from_stage), tag, iteration,
+                                      step.microbatch, step.stage)
+        now = clock.now()
+        self.span("recv", now, now, iteration, microbatch=step.microbatch,
+                  peer=self.config.gpu, action=self.action, waited=0.0, stage=step.stage)
+        return self.handed.pop(tag)
 
     def neighbour(self, stage: int) -> PeerInfo:
-        """The worker that runs `stage` in this replica's pipeline, next to this one."""
-        cfg = self.config
-        peer = cfg.next if stage == cfg.stage + 1 else cfg.prev if stage == cfg.stage - 1 else None
+        """The worker that holds `stage` in this replica's pipeline, next to one of this
+        GPU's stages."""
+        peer = self.config.neighbours.get(str(stage))
         if peer is None:
-            raise RuntimeError(f"stage {cfg.stage} has no neighbour running stage {stage}")
+            raise RuntimeError(f"{self.config.gpu} has no neighbour holding stage {stage}")
         return peer
 
     async def compute(self, kind: SpanKind, iteration: int, fn: Callable[[], Any],
                       **detail: Unpack[SpanDetail]) -> Any:
         start = clock.now()
-        if self.engine.quick():
+        if self.quick:
             result = fn()
             await asyncio.sleep(0)  # let the sends it made ready start, as a GPU stream would
         else:
@@ -157,9 +219,11 @@ class StageRunner:
         iteration: int,
         microbatch: int | None,
         kind: Op,
+        stage: int,
     ) -> None:
         """Send, first asking the arbiter for the link when the plan arbitrates it.
-        `kind`: SEND_F or SEND_B for pipeline messages, ALLREDUCE for a ring's chunks."""
+        `kind`: SEND_F or SEND_B for pipeline messages, ALLREDUCE for a ring's chunks;
+        `stage`: the sending one."""
         link = self.link_key(peer)
         queued = clock.now()
         pipeline = kind.is_send  # only pipeline traffic is arbitrated
@@ -168,7 +232,7 @@ class StageRunner:
             self.grants[tag] = grant
             await send_message(self.control, TransferRequest(
                 tag=tag, link=link, src=self.config.gpu, dst=peer.gpu, kind=kind.value,
-                replica=self.config.replica, stage=self.config.stage,
+                replica=self.config.replica, stage=stage,
                 microbatch=microbatch if microbatch is not None else -1,
                 nbytes=len(payload), iteration=iteration, ready_at=queued))
             await grant
@@ -180,6 +244,7 @@ class StageRunner:
                 microbatch=microbatch,
                 link=link,
                 peer=peer.gpu,
+                stage=stage,
             )
         start = clock.now()
         modeled_bps = self.config.intra_dc_bps if link is None and pipeline else None
@@ -200,6 +265,7 @@ class StageRunner:
             bytes=len(payload),
             link=link,
             tag=tag,
+            stage=stage,
         )
 
     async def send_modeled(self, peer: PeerInfo, tag: str, nbytes: int, bps: float) -> None:
@@ -219,23 +285,31 @@ class StageRunner:
         iteration: int,
         microbatch: int | None,
         kind: Op,
+        stage: int,
     ) -> asyncio.Task[None]:
-        task = asyncio.create_task(self.send(peer, tag, payload, iteration, microbatch, kind))
+        task = asyncio.create_task(self.send(peer, tag, payload, iteration, microbatch, kind,
+                                             stage))
         self.pending_sends.append(task)
         return task
 
     async def wait_send(self, step: SendWait, iteration: int) -> None:
-        """Until the send has left and the receiving host has acknowledged its last byte."""
+        """Until the send has left and the receiving host has acknowledged its last byte
+        (at once for one handed over on this GPU)."""
         start = clock.now()
+        if step.local:
+            self.span("wait_send", start, start, iteration, microbatch=step.microbatch,
+                      peer=self.config.gpu, stage=step.stage)
+            return
         peer = self.neighbour(step.to_stage)
-        await self.sending.pop((step.phase, step.microbatch))
+        await self.sending.pop((step.phase, step.to_stage, step.microbatch))
         await self.transport.acknowledged(peer.index)
         self.span("wait_send", start, clock.now(), iteration, microbatch=step.microbatch,
-                  peer=peer.gpu)
+                  peer=peer.gpu, stage=step.stage)
 
     async def receive(
-        self, peer: PeerInfo, tag: str, iteration: int, microbatch: int | None
+        self, peer: PeerInfo, tag: str, iteration: int, microbatch: int | None, stage: int
     ) -> bytearray:
+        """A pipeline message for `stage` (this GPU's) from the network."""
         start = clock.now()
         action = self.action
         if self.config.bubbles and not self.transport.has(tag):
@@ -244,7 +318,7 @@ class StageRunner:
         got = await self.transport.recv(tag)
         now = clock.now()
         self.span("recv", start, now, iteration, microbatch=microbatch, peer=peer.gpu,
-                  action=action, waited=max(0.0, got.completed_at - start))
+                  action=action, waited=max(0.0, got.completed_at - start), stage=stage)
         link = self.link_key(peer)
         modeled = link is None and bool(self.config.intra_dc_bps)
         self.span(
@@ -260,6 +334,7 @@ class StageRunner:
             tag=tag,
             src=peer.gpu,
             dst=self.config.gpu,
+            stage=stage,
         )
         return got.data
 

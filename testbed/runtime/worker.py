@@ -21,7 +21,7 @@ from typing import Any
 from testbed.errors import TestbedError, one_line
 from testbed.runtime import clock
 from testbed.runtime.checkpoint import checkpoint_due, iteration_dir, save_stage, stage_file
-from testbed.runtime.engines import EmulatedEngine, Engine, make_real_engine
+from testbed.runtime.engines import make_engines
 from testbed.runtime.health import p99
 from testbed.runtime.join_messages import LinkChange
 from testbed.runtime.messages import (
@@ -49,20 +49,6 @@ from testbed.runtime.share_events import LinkChanger, apply_link_change
 from testbed.runtime.stage_runner import StageRunner
 from testbed.runtime.stopping import until_signalled
 from testbed.runtime.transport import Transport
-
-
-def make_engine(config: Config) -> Engine:
-    if config.compute == "real":
-        return make_real_engine(config)
-    timing = config.emulated
-    return EmulatedEngine(
-        timing.forward_s,
-        timing.backward_s,
-        timing.step_s,
-        config.activation_bytes,
-        config.stage == 0,
-        config.stage == config.pp - 1,
-    )
 
 
 async def control_loop(
@@ -112,7 +98,7 @@ async def serve_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, g
     transport = Transport(config.index, bytes.fromhex(token))
     port = await transport.listen(config.address, 0)
     try:
-        engine = await asyncio.get_running_loop().run_in_executor(None, make_engine, config)
+        engines = await asyncio.get_running_loop().run_in_executor(None, make_engines, config)
     except Exception as exc:  # told by name, as the run's error (a data file not here)
         problem = str(exc) if isinstance(exc, TestbedError) else f"{type(exc).__name__}: {exc}"
         await send(writer, WorkerError(f"cannot start: {one_line(problem)[:400]}"))
@@ -125,7 +111,7 @@ async def serve_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, g
         {int(k): n for k, n in connect.inbound.items()})
     await send(writer, Ready())
     await receive_as(reader, Start)
-    runner = StageRunner(config, engine, transport, writer)
+    runner = StageRunner(config, engines, transport, writer)
     stop = asyncio.Event()
     main_task = asyncio.current_task()
     assert main_task is not None
@@ -134,8 +120,9 @@ async def serve_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, g
     watch_lag = asyncio.create_task(lag_monitor(lags))
     try:
         if config.restore_dir:
-            await restore(runner, stage_file(Path(config.restore_dir), config.replica,
-                                             config.stage))
+            for stage in config.stages:
+                await restore(runner, stage, stage_file(Path(config.restore_dir),
+                                                        config.replica, stage))
         for iteration in range(config.first_iteration, config.iterations):
             started = clock.now()
             try:
@@ -151,9 +138,10 @@ async def serve_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, g
             await checkpoint_if_due(runner, iteration + 1)
         await runner.collectives.drain()
         if config.save_dir:
-            await asyncio.get_running_loop().run_in_executor(
-                runner.executor, save_stage, engine.save, Path(config.save_dir),
-                config.replica, config.stage)
+            for stage, engine in engines.items():
+                await asyncio.get_running_loop().run_in_executor(
+                    runner.executor, save_stage, engine.save, Path(config.save_dir),
+                    config.replica, stage)
         await send(writer, Done())
         await stop.wait()
     finally:
@@ -166,12 +154,12 @@ async def serve_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, g
     return 0
 
 
-async def restore(runner: StageRunner, saved: Path) -> None:
-    """Load this stage's part of the checkpoint a run resumes from; a damaged or missing
+async def restore(runner: StageRunner, stage: int, saved: Path) -> None:
+    """Load a stage's part of the checkpoint a run resumes from; a damaged or missing
     file is told to the coordinator by name, so the run ends saying which and why."""
     try:
-        await asyncio.get_running_loop().run_in_executor(runner.executor,
-                                                         runner.engine.restore, str(saved))
+        await asyncio.get_running_loop().run_in_executor(
+            runner.executor, runner.engines[stage].restore, str(saved))
     except Exception as exc:
         problem = one_line(f"{type(exc).__name__}: {exc}")[:300]
         await send(runner.control, WorkerError(f"cannot resume from {saved}: {problem}",
@@ -180,14 +168,16 @@ async def restore(runner: StageRunner, saved: Path) -> None:
 
 
 async def checkpoint_if_due(runner: StageRunner, done: int) -> None:
-    """Write this stage's part of the checkpoint after `done` iterations, then say so."""
+    """Write this GPU's part of the checkpoint after `done` iterations (a file for each
+    stage it holds), then say so."""
     cfg = runner.config
     if cfg.checkpoint_dir is None or not checkpoint_due(done, cfg.checkpoint_every,
                                                         cfg.iterations, cfg.period):
         return
     directory = iteration_dir(Path(cfg.checkpoint_dir), done)
-    await asyncio.get_running_loop().run_in_executor(
-        runner.executor, save_stage, runner.engine.checkpoint, directory, cfg.replica, cfg.stage)
+    for stage, engine in runner.engines.items():
+        await asyncio.get_running_loop().run_in_executor(
+            runner.executor, save_stage, engine.checkpoint, directory, cfg.replica, stage)
     await send(runner.control, CheckpointWritten(done))
 
 

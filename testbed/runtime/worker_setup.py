@@ -35,9 +35,12 @@ def worker_config(run: RunConfig, worker: WorkerHandle, workers: Sequence[Worker
     def peer(gpu: str) -> PeerInfo:
         return PeerInfo(index_of[gpu], gpu, topology.dc_of(gpu))
 
-    stage = worker.stage
-    first, last = stage == 0, stage == plan.pp - 1
-    cost = stage_cost(job, plan.layers[stage], first, last, topology.gpu(worker.gpu).type)
+    stages = plan.stages_of(worker.gpu)
+    gpu_type = topology.gpu(worker.gpu).type
+    costs = {s: stage_cost(job, plan.layers[s], s == 0, s == plan.pp - 1, gpu_type)
+             for s in stages}
+    neighbours = {str(s): peer(plan.lead_gpu(worker.replica, s)) for held in stages
+                  for s in (held - 1, held + 1) if 0 <= s < plan.pp and s not in stages}
     checkpoints = run.checkpoints
     decode = None
     if decode_dcs:
@@ -45,22 +48,21 @@ def worker_config(run: RunConfig, worker: WorkerHandle, workers: Sequence[Worker
         decode = DecodeAddress(address_of(f"{target}-decode"), DECODE_PORT)
     programs, cycle = gpu_programs(plan, worker.gpu)
     collectives = [
-        CollectiveSetup(str(c), collective_bytes(job, plan.layers, stage, c, plan.tp),
+        CollectiveSetup(stage, str(c), collective_bytes(job, plan.layers, stage, c, plan.tp),
                         [peer(plan.lead_gpu(r, stage)) for r in members],
                         modeled_collective(run, stage, c, members))
-        for c, members in gpu_collectives(run, worker.gpu)]
+        for stage, c, members in gpu_collectives(run, worker.gpu)]
     return Config(
         index=worker.index, gpu=worker.gpu, dc=dc, address=address_of(worker.gpu),
-        replica=worker.replica, stage=stage, programs=programs, cycle=cycle,
-        prev=None if first else peer(plan.lead_gpu(worker.replica, stage - 1)),
-        next=None if last else peer(plan.lead_gpu(worker.replica, stage + 1)),
-        collectives=collectives,
+        replica=worker.replica, stages=list(stages), programs=programs, cycle=cycle,
+        neighbours=neighbours, collectives=collectives,
         arbitrated=[f"{a}>{b}" for (a, b), s in plan.sharing.items()
                     if s is Sharing.ARBITRATED],
         iterations=job.iterations, compute=run.compute, model=job.model,
         layers=list(plan.layers), seed=job.seed, dp=plan.dp, microbatches=plan.microbatches,
         microbatch_size=plan.microbatch_size, activation_bytes=job.activation_bytes,
-        emulated=EmulatedTiming(cost.forward_s, cost.backward_s),
+        emulated={str(s): EmulatedTiming(c.forward_s, c.backward_s, c.input_s, c.weight_s)
+                  for s, c in costs.items()},
         local_rank=worker.index, save_dir=str(run.save_dir) if run.save_dir else None,
         first_iteration=checkpoints.first_iteration if checkpoints else 0,
         restore_dir=checkpoints.restore_dir() if checkpoints else None,
@@ -90,14 +92,14 @@ def gpu_programs(plan: Plan, gpu: str) -> tuple[list[list[str]], list[int]]:
     return texts, [of_program[index] for index in plan.cycle]
 
 
-def gpu_collectives(run: RunConfig, gpu: str) -> list[tuple[Collective, list[int]]]:
-    """Every collective `gpu`'s programs join (an OUTER_STEP moves nothing), with the
-    replicas that meet in it."""
+def gpu_collectives(run: RunConfig, gpu: str) -> list[tuple[int, Collective, list[int]]]:
+    """Every collective `gpu`'s programs join (an OUTER_STEP moves nothing), by the stage
+    whose gradients or deltas it reduces, with the replicas that meet in it."""
     plan = run.plan
-    replica, stage = plan.worker_of(gpu)
-    joined = sorted({a.subject for program in plan.all_programs() for a in program[gpu]
-                     if a.op.is_collective and a.op is not Op.OUTER_STEP})
-    return [(c, group_of(run, replica, stage, c.scope)) for c in joined]
+    replica, _ = plan.worker_of(gpu)
+    joined = sorted({(a.stage, a.subject) for program in plan.all_programs()
+                     for a in program[gpu] if a.op.is_collective and a.op is not Op.OUTER_STEP})
+    return [(stage, c, group_of(run, replica, stage, c.scope)) for stage, c in joined]
 
 
 def group_of(run: RunConfig, replica: int, stage: int, scope: Scope) -> list[int]:
@@ -135,11 +137,12 @@ def ring_pairs(run: RunConfig) -> list[tuple[str, str, LinkKind]]:
     """Every pair of GPUs that are neighbours in some collective's ring."""
     plan = run.plan
     pairs = []
-    for (replica, stage), gpus in plan.workers():
-        for _, members in gpu_collectives(run, gpus[0]):
+    for gpu in plan.used_gpus():
+        replica, _ = plan.worker_of(gpu)
+        for stage, _, members in gpu_collectives(run, gpu):
             if len(members) > 1:
                 successor = members[(members.index(replica) + 1) % len(members)]
-                pairs.append((gpus[0], plan.lead_gpu(successor, stage), ALLREDUCE))
+                pairs.append((gpu, plan.lead_gpu(successor, stage), ALLREDUCE))
     return pairs
 
 
