@@ -27,9 +27,10 @@ _SHOWN: tuple[SpanKind, ...] = (
 
 
 def _label(span: Span) -> str:
+    """A compute as the plan writes it (`2F0`, `1B3`, a split backward's `1I3`, `1W3`)."""
     kind = span["kind"]
     mb = span.get("microbatch")
-    short = {"forward": "F", "backward": "B"}.get(kind)
+    short = {"forward": "F", "backward": span.get("part", "B")}.get(kind)
     if short and mb is not None:
         return f"{span.get('stage', '')}{short}{mb}"
     return kind if mb is None else f"{kind} {mb}"

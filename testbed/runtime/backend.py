@@ -22,7 +22,7 @@ from testbed.dilation import (
 from testbed.errors import InputError, TestbedError
 from testbed.metrics.overruns import prefill_overruns
 from testbed.metrics.summary import summarize
-from testbed.plan.model import Plan, refuse_features
+from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.report.results import RunRecord
 from testbed.resume import check_checkpointable, checkpoints_for, save_settings
@@ -34,6 +34,7 @@ from testbed.runtime.preflight import check_emulable, choose_compute
 from testbed.runtime.run_config import RunConfig
 from testbed.runtime.signals import run_with_signals
 from testbed.runtime.worker import run_loop
+from testbed.sim.backend import SimulatorBackend
 from testbed.sim.bubble_seed import modeled_waits
 from testbed.sim.simulate import simulate_plan, tokens_per_iteration, wan_capacity_bps
 from testbed.spans import Span
@@ -48,7 +49,9 @@ class EmulatorBackend:
     name: Literal["emulate"] = "emulate"
 
     def check(self, spec: RunSpec, plan: Plan, resume: Progress | None) -> None:
-        refuse_features(plan, frozenset(), "the emulator")
+        """What the emulator does not run is refused before anything starts (torch's
+        whole schedule language it runs: virtual stages, split backwards, overlapped
+        units)."""
         if spec.jitter:
             raise InputError("applies to the simulator: an emulated run has its own noise",
                              "--jitter")
@@ -73,7 +76,10 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
              resume: Progress | None) -> BackendRun:
     mode = choose_compute(spec.compute, len(plan.used_gpus()))
     broker = make_broker(spec.topology, spec.job, plan, spec.bubble_policy, spec.bubble_options)
+    simulable = False
     try:
+        SimulatorBackend().check(spec, plan, resume)  # what it does not run, it cannot predict
+        simulable = True
         preview = replace(spec.job, iterations=min(
             spec.job.iterations, max(PREDICTED_ITERATIONS, plan.period)))
         simulated, predicted_spans = simulate_plan(spec.topology, preview, plan, chosen,
@@ -96,7 +102,7 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
     if spec.checkpoint_every or resume:
         if resume is None:
             save_settings(directory, spec, mode, k)
-        checkpoints = checkpoints_for(directory, spec.checkpoint_every, len(list(plan.workers())),
+        checkpoints = checkpoints_for(directory, spec.checkpoint_every, len(plan.used_gpus()),
                                       resume)
     config = RunConfig(dilate_topology(spec.topology, k), dilate_job(spec.job, k), plan, chosen,
                        mode, directory / "logs", spec.shaper, spec.stall_timeout_s * k,
@@ -104,7 +110,8 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
                        activations=spec.activations, bubble_policy=spec.bubble_policy,
                        bubble_options=spec.bubble_options,
                        bubble_seed=modeled_waits(spec.topology, spec.job, plan, chosen,
-                                                 spec.profile, k) if spec.bubble_policy else {},
+                                                 spec.profile, k)
+                       if spec.bubble_policy and simulable else {},
                        events=dilate_events(spec.events, k), dilation=k,
                        checkpoints=checkpoints, cluster=spec.cluster)
     coordinator = Coordinator(config, say=say)
