@@ -1,6 +1,6 @@
 """Plans with several stages per GPU, split backwards and overlapped units: what the
 validator refuses, what the interpreter tells a backend, the activations a GPU holds, the
-memory check, the summary and grid, and the emulator's refusal until it runs them."""
+memory check, the summary and grid, and that both backends run them."""
 
 from __future__ import annotations
 
@@ -203,14 +203,11 @@ def test_a_cycle_syncs_every_stage_of_a_gpu() -> None:
         validate_plan(plan, TOPOLOGY)
 
 
-def test_the_emulator_refuses_what_it_does_not_run_yet_the_simulator_runs_it() -> None:
-    plan = _plan(Schedule.INTERLEAVED_ZB)
-    spec = RunSpec("simulate", TOPOLOGY, JOB, plan.policy, {})
-    SimulatorBackend().check(spec, plan, None)
-    with pytest.raises(InputError, match="-p interleaved-zb: its plan uses split backwards "
-                                         r"\(I and W\) and virtual stages .*: not yet run by "
-                                         "the emulator"):
-        EmulatorBackend().check(replace(spec, backend="emulate"), plan, None)
+def test_both_backends_run_what_torch_schedules_need() -> None:
+    spec = RunSpec("simulate", TOPOLOGY, JOB, "interleaved-zb", {})
+    for schedule in (Schedule.INTERLEAVED_ZB, Schedule.DUALPIPE_V):
+        SimulatorBackend().check(spec, _plan(schedule), None)
+        EmulatorBackend().check(replace(spec, backend="emulate"), _plan(schedule), None)
 
 
 def test_acceptance_interleaved_1f1b_on_paper_3dc(tmp_path: Path) -> None:
