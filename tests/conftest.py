@@ -76,3 +76,9 @@ def clean_host():
         down()
     assert not left, f"namespaces left behind: {sorted(left)}"
     assert not strays, f"processes left behind: {strays}"
+
+
+def machine_prefix() -> str:
+    """Namespace prefix for the "machines" of a cluster test, unique to this process: the
+    suite may run twice at once on one host."""
+    return f"tbcl{os.getpid() % 100000}-"

@@ -27,7 +27,9 @@ import torch
 from testbed.choices import EmulatedCompute
 from testbed.inputs import load_inputs
 from testbed.net.check import ping_rtts
+from testbed.net.layout import build_layout, prefix_for
 from testbed.net.namespace_cluster import namespace_machines
+from testbed.net.slots import free_slot
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.policy import training_policy
 from testbed.runtime.cluster_launch import ClusterRun
@@ -38,6 +40,8 @@ from testbed.runtime.run_config import RunConfig
 from testbed.runtime.signals import run_with_signals
 from testbed.sim.planning import plan_with_simulator
 from testbed.topology.cluster import load_cluster
+from testbed.topology.load import load_topology
+from tests.conftest import machine_prefix
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("clean_host")]
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +51,7 @@ ON = "  on "
 
 @pytest.fixture
 def machines() -> Iterator[dict[str, str]]:
-    with namespace_machines(["m1", "m2"]) as made:
+    with namespace_machines(["m1", "m2"], prefix=machine_prefix()) as made:
         yield {m.name: m.netns for m in made}
 
 
@@ -56,7 +60,9 @@ def _cluster(tmp_path: Path, machines: dict[str, str]) -> Path:
     secret.write_text(secrets.token_hex(32))
     secret.chmod(0o600)
     path = tmp_path / "cluster.yaml"
-    path.write_text(json.dumps({"secret": "secret", "machines": [
+    topology = load_topology(TWO_DC)
+    slot = free_slot(lambda s: build_layout(topology, s))  # another suite may hold slot 0
+    path.write_text(json.dumps({"secret": "secret", "slot": slot, "machines": [
         {"name": "m1", "address": "10.251.0.1", "netns": machines["m1"], "dcs": ["east"]},
         {"name": "m2", "address": "10.251.0.2", "netns": machines["m2"], "dcs": ["west"]},
     ]}))
@@ -200,7 +206,9 @@ def test_a_network_event_changes_both_directions_of_a_link_across_machines(
 
             def ping() -> None:
                 time.sleep(0.3)  # said before it is applied, here and on m2
-                rtts.extend(ping_rtts("east-0", address, count=5, interval_s=0.2))
+                slot = json.loads(cluster.read_text())["slot"]
+                rtts.extend(ping_rtts(f"{prefix_for(slot)}east-0", address, count=5,
+                                      interval_s=0.2))
 
             threading.Thread(target=ping, daemon=True).start()
 
