@@ -302,7 +302,8 @@ def test_the_connection_cap_comes_from_the_path_and_the_hosts() -> None:
     assert connections_to_fill(topology, "east", "west", limit=5) == 5
 
 
-@pytest.mark.parametrize("name", ["paper-3dc", "wan-3dc"])
+@pytest.mark.parametrize("name", ["paper-3dc",
+                                  pytest.param("wan-3dc", marks=pytest.mark.benchmark)])
 def test_stopping_slower_candidates_early_changes_no_choice(
         name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A candidate's simulation stops once it is sure to be slower than what it is compared

@@ -177,6 +177,7 @@ def test_a_machine_whose_torchrun_is_killed_ends_the_run_naming_it(
     assert coordinator.outcome.wall_s < 60
 
 
+@pytest.mark.benchmark  # a killed torchrun is the suite's lost machine
 def test_a_machine_cut_off_the_cluster_network_ends_the_run_naming_it(
         tmp_path: Path, machines: dict[str, str]) -> None:
     def cut(_other: OtherMachine) -> None:

@@ -78,15 +78,15 @@ def test_gantt_spans_match_the_trace(tmp_path: Path) -> None:
 
 def test_compare_runs_gpipe_without_filling_and_says_why_a_row_failed(tmp_path: Path) -> None:
     paper = str(ROOT / "topologies" / "paper-3dc.yaml")
-    result = run_testbed(["compare", paper, "-p", "gpipe", "-p", "atlas", "-b", "none",
+    result = run_testbed(["compare", paper, "-p", "gpipe", "-p", "1f1b", "-b", "none",
                           "--iterations", "2", "--out", str(tmp_path / "none")], None)
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line for line in result.stdout.splitlines()[2:4]}
     assert "failed" not in rows["gpipe+none"] and "1.00x" in rows["gpipe+none"]
-    assert rows["atlas+none"].split()[3].endswith("x")  # a speed-up against GPipe
+    assert rows["1f1b+none"].split()[3].endswith("x")  # a speed-up against GPipe
     # with a policy that fills, GPipe's first stage cannot hold the inference model
     out = tmp_path / "greedy"
-    result = run_testbed(["compare", paper, "-p", "gpipe", "-p", "atlas", "-b", "greedy",
+    result = run_testbed(["compare", paper, "-p", "gpipe", "-p", "1f1b", "-b", "greedy",
                           "--iterations", "2", "--out", str(out)], None)
     assert result.returncode == 0, result.stderr
     why = ("gpipe+greedy failed: " + paper + ": job.inference: filling bubbles does not fit: "

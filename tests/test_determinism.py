@@ -45,7 +45,8 @@ def _digest(topology: str, policy: str, shuffle: int, hash_seed: int) -> str:
 
 
 @pytest.mark.parametrize(("topology", "policy"), [("paper-3dc.yaml", "1f1b"),
-                                                  ("paper-3dc.yaml", "atlas"),
+                                                  pytest.param("paper-3dc.yaml", "atlas",
+                                                               marks=pytest.mark.benchmark),
                                                   ("gpt3-4dc.yaml", "1f1b")])
 def test_a_plan_simulates_the_same_whatever_the_order_and_the_hash_seed(
         topology: str, policy: str) -> None:

@@ -85,7 +85,7 @@ def _diverged(expected: list[dict[str, torch.Tensor]]) -> bool:
     return any(not torch.equal(expected[0][k], expected[1][k]) for k in expected[0])
 
 
-@pytest.mark.parametrize("pp", [1, 2])
+@pytest.mark.parametrize("pp", [1, pytest.param(2, marks=pytest.mark.benchmark)])
 def test_diloco_equals_one_process(tmp_path: Path, pp: int) -> None:
     """H = 3 inner steps, then the deltas' all-reduce across the DCs and an outer Nesterov
     step (lr 0.7, momentum 0.9): two outer steps."""

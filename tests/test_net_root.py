@@ -261,10 +261,11 @@ def test_two_networks_at_once_do_not_collide() -> None:
         tear_down(first)
 
 
-def test_twenty_up_down_cycles_leave_nothing() -> None:
+@pytest.mark.parametrize("cycles", [5, pytest.param(20, marks=pytest.mark.benchmark)])
+def test_up_down_cycles_leave_nothing(cycles: int) -> None:
     topology = _topology([("east", "west", "5ms")], gpus=2)
     before = set(list_namespaces())
-    for _ in range(20):
+    for _ in range(cycles):
         network = _up(topology)
         assert tear_down(network) == []
         assert set(list_namespaces()) == before

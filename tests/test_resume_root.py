@@ -53,7 +53,8 @@ def _kill_after_first_checkpoint(out: Path, compute: str) -> int:
     return done
 
 
-@pytest.mark.parametrize("compute", ["real", "emulated"])
+@pytest.mark.parametrize("compute", [pytest.param("real", marks=pytest.mark.benchmark),
+                                     "emulated"])
 def test_a_killed_run_resumes_to_the_same_end(tmp_path: Path, compute: str) -> None:
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     assert _testbed(*_up_args(whole, compute)).returncode == 0

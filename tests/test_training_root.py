@@ -52,8 +52,9 @@ def _coordinator(
     return Coordinator(config, say=lambda _m: None)
 
 
-@pytest.mark.parametrize(("policy", "mlp"), [("1f1b", "gelu"), ("gpipe", "gelu"),
-                                             ("1f1b", "swiglu")])
+@pytest.mark.parametrize(("policy", "mlp"), [
+    pytest.param("1f1b", "gelu", marks=pytest.mark.benchmark),
+    pytest.param("gpipe", "gelu", marks=pytest.mark.benchmark), ("1f1b", "swiglu")])
 def test_pipeline_and_data_parallel_equal_one_process(tmp_path: Path, policy: str,
                                                       mlp: str) -> None:
     coordinator = _coordinator(tmp_path, policy, iterations=4, **{"model.mlp": mlp})
@@ -384,7 +385,8 @@ def test_striping_beats_one_connection_as_the_window_limit_predicts() -> None:
 
 
 @pytest.mark.parametrize(("topology", "policy"), [
-    ("two-dc", "gpipe"), ("two-dc", "1f1b"), ("paper-3dc", "1f1b")])
+    ("two-dc", "gpipe"), ("two-dc", "1f1b"),
+    pytest.param("paper-3dc", "1f1b", marks=pytest.mark.benchmark)])
 def test_simulator_agrees_with_the_emulator(tmp_path: Path, topology: str, policy: str) -> None:
     """Same plan, emulated compute: the simulated iteration time is close to the emulated
     one. The emulator's real TCP varies from run to run (loss, queueing, unfair sharing)
