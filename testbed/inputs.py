@@ -11,6 +11,7 @@ from testbed.job import Job
 from testbed.job_file import load_job
 from testbed.net_events import NetEvent, parse_event_flag, parse_events
 from testbed.topology import Topology, load_topology
+from testbed.topology.overrides import is_topology_key, override
 
 JOB_FLAGS = ("iterations", "microbatches", "dp", "pp", "seed")
 """Job values that have a flag of their own (`--iterations 3` is `--set iterations=3`)."""
@@ -30,10 +31,19 @@ def load_inputs(
     events: tuple[str, ...] = (),
     **flags: Any,
 ) -> Inputs:
-    """Topology and job with every override applied, or a located InputError."""
+    """Topology and job with every override applied, or a located InputError. `sets`:
+    `KEY=VALUE` as `--set` gives them, a topology key (testbed.topology.overrides) or a
+    job key."""
     topology = load_topology(topology_path)
+    job_sets = []
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if sep and is_topology_key(key.strip()):
+            topology = override(topology, key.strip(), value)
+        else:
+            job_sets.append(item)
     given = [f"{key}={flags[key]}" for key in JOB_FLAGS if flags.get(key) is not None]
-    job = load_job(topology.job, topology.source, job_file, sets, given)
+    job = load_job(topology.job, topology.source, job_file, job_sets, given)
     parsed = parse_events(list(topology.events or ()), topology, topology.source)
     parsed += tuple(parse_event_flag(text, topology) for text in events)
     return Inputs(topology, job, parsed)

@@ -74,15 +74,16 @@ def load_job(
 
 
 def _topology_key(key: str) -> str | None:
-    """Why `--set KEY` is refused when KEY is the topology's, not the job's."""
-    from testbed.sim.sweep import TOPOLOGY_KEYS as VARIED
+    """Why `--set KEY` is refused when KEY is in a section of the topology that cannot be
+    set from the command line."""
     from testbed.topology.load import TOPOLOGY_KEYS
+    from testbed.topology.overrides import EXAMPLES
 
     section = key.split(".")[0]
     if section not in TOPOLOGY_KEYS:
         return None
-    return (f"--set takes job keys; {section!r} is the topology's: edit the topology file"
-            f" (`testbed sweep --vary` varies {', '.join(VARIED)})")
+    return (f"{section!r} is the topology's and cannot be set here: edit the topology file "
+            f"(--set and sweep --vary take job keys and {EXAMPLES})")
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> list[str]:

@@ -191,9 +191,19 @@ def test_a_piped_topology_is_read(tmp_path: Path) -> None:
 # Flags: the error names what the user typed.
 
 @pytest.mark.parametrize(("args", "expected"), [
-    (["--set", "wan.bandwidth=10Gbit"],
-     "--set: wan.bandwidth: --set takes job keys; 'wan' is the topology's: edit the topology "
-     "file (`testbed sweep --vary` varies wan.latency, wan.bandwidth, dcs)"),
+    (["--set", "gpu_types.h100.peak=1PFLOPS"],
+     "--set: gpu_types.h100.peak: 'gpu_types' is the topology's and cannot be set here: edit "
+     "the topology file (--set and sweep --vary take job keys and wan.latency, wan.bandwidth, "
+     "wan.A-B.latency, tcp.wmem, dc.gpus, dcs)"),
+    (["--set", "wan.bandwith=10Gbit"],
+     "--set: wan.bandwith: unknown key (settable: latency, bandwidth, jitter, loss, queue; "
+     "examples: wan.latency, wan.bandwidth, wan.A-B.latency, tcp.wmem, dc.gpus, dcs) (did "
+     "you mean 'bandwidth'?)"),
+    (["--set", "wan.east-north.latency=5ms"],
+     "--set: wan.east-north.latency: no link 'east-north' (the topology's: east-west) (did "
+     "you mean 'east-west'?)"),
+    (["--set", "dcs=3"], "--set: dcs: expected a whole number from 1 to 2 (the topology has "
+     "2 datacenters), got '3'"),
     (["--set", "modle.layers=2"], "--set: modle: unknown key (did you mean 'model'?)"),
     (["--microbatches", "0"], "--microbatches: must be positive, got 0"),
     (["--set", "microbatches=0"], "--set: microbatches: must be positive, got 0"),
