@@ -16,14 +16,15 @@ and key), `TestbedError` for the rest.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from testbed.backend import Say
 from testbed.choices import BackendName, ComputeChoice, ShaperChoice
-from testbed.errors import TestbedError
+from testbed.comparison import GivenRun, comparison_runs, run_comparison, write_compare
+from testbed.errors import InputError, TestbedError
 from testbed.inputs import Inputs, load_inputs
 from testbed.metrics.loss import TimeToLoss
 from testbed.metrics.summary import speedup
@@ -31,16 +32,17 @@ from testbed.plan.load import given_plan
 from testbed.plan.model import Plan
 from testbed.policy import training_policy
 from testbed.policy.registry import DEFAULT_POLICY, check_policies, given_plan_policy
+from testbed.report.compare import Row, RunEntry, table_rows
 from testbed.report.results import RunRecord, new_run_dir
-from testbed.run_dirs import one_name, remove_if_empty
+from testbed.run_dirs import remove_if_empty
 from testbed.run_spec import RunSpec
 from testbed.runs import run as run_spec
 from testbed.runtime.checkpoint import Progress
-from testbed.sim.planning import plan_with_simulator, shared_cache
+from testbed.sim.planning import plan_with_simulator
 from testbed.sim.profile import Profile
 
-__all__ = ["Inputs", "Plan", "Result", "RunSpec", "compare", "emulate", "load", "plan", "run",
-           "simulate"]
+__all__ = ["Comparison", "Inputs", "Plan", "Result", "RunSpec", "compare", "emulate", "load",
+           "plan", "run", "simulate"]
 
 @dataclass(frozen=True)
 class Result:
@@ -166,35 +168,88 @@ def emulate(inputs: Inputs, policy: str | None = None,
     return run(with_given_plan(spec, plan, policy), out, say)
 
 
-def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPlan] = (),
-            backend: BackendName = "simulate", out: str | Path | None = None,
-            say: Say = lambda _m: None, compute: ComputeChoice = "auto",
-            target_loss: float | None = None) -> dict[str, Result]:
-    """Each policy on the same inputs, by one backend, planned with one shared cache (so
-    ablations reuse their parent's search), and each given plan beside them (keyed by its
-    file as given, or `plan:POLICY` for a Plan); `out`: a directory holding one per run;
-    `compute`: the emulator's (loss needs "real"). Compare them by `Result.speedup`
-    (tokens/s) and `Result.time_to_loss`."""
-    check_policies([(name, {}) for name in policies])
-    def spec_of(policy: str) -> RunSpec:
-        return RunSpec(backend, inputs.topology, inputs.job, policy, {}, compute=compute,
-                       events=inputs.events, target_loss=target_loss)
+class Comparison(Mapping[str, Result]):
+    """What `compare` ran: by combination (`atlas`, `atlas+bubbletea`) the run of its first
+    repeat (the job's own seed), every repeat in `repeats`, and the table `testbed
+    compare` prints in `rows` (median and spread over repeats, speed-up against the first
+    policy, slowdown against `+none` with its 95% interval). Files as the command writes
+    them, in `directory`."""
 
-    specs = {name: spec_of(name) for name in policies}
-    for given in plans:
-        spec = with_given_plan(spec_of(DEFAULT_POLICY), given, None)
-        key = spec.plan_file or f"plan:{spec.plan.policy if spec.plan else ''}"
-        name, n = key, 1
-        while name in specs:  # two Plans of one policy, or a file given twice
+    def __init__(self, directory: Path, entries: list[RunEntry],
+                 repeats: dict[str, list[Result]]) -> None:
+        self.directory = directory
+        self.entries = entries
+        self.repeats = repeats
+
+    def __getitem__(self, combo: str) -> Result:
+        return self.repeats[combo][0]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.repeats)
+
+    def __len__(self) -> int:
+        return len(self.repeats)
+
+    @property
+    def rows(self) -> list[Row]:
+        return table_rows(self.entries)
+
+
+def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPlan] = (),
+            backend: BackendName = "simulate",
+            options: Mapping[str, object] | None = None, bubbles: Sequence[str] = (),
+            repeat: int = 1, jitter: str | None = None, out: str | Path | None = None,
+            say: Say = lambda _m: None, compute: ComputeChoice = "auto",
+            target_loss: float | None = None) -> Comparison:
+    """`testbed compare`: each policy, and each given plan beside them (keyed by its file as
+    given, or `plan:POLICY` for a Plan), with each bubble policy, `repeat` times, on the
+    same inputs, by one backend, planned with one shared cache (so ablations reuse their
+    parent's search). `options`: as `-o` takes them (`{"atlas.connections": 8}` for one
+    policy, `{"connections": 8}` for every training policy, `{"bubbletea.KEY": V}` for a
+    bubble policy); `jitter`: as `--jitter` takes it (simulator; repeat k is seeded with
+    the job's seed + k); `out`: the comparison's directory, written as the command writes
+    it; `compute`: the emulator's (loss needs "real"). A run that fails is kept with its
+    error (`Result.error`, or a `failed` row). Compare runs by `Result.speedup` (tokens/s)
+    and `Result.time_to_loss`."""
+    from testbed.sim.jitter import parse_jitter
+
+    if repeat < 1:
+        raise InputError("must be at least 1", "repeat")
+    try:
+        noise = parse_jitter(jitter) if jitter is not None else None
+    except ValueError as exc:
+        raise InputError(str(exc), "jitter") from None
+    pairs = [f"{key}={value}" for key, value in (options or {}).items()]
+    base = RunSpec(backend, inputs.topology, inputs.job, DEFAULT_POLICY, {}, compute=compute,
+                   events=inputs.events, jitter=noise or None, target_loss=target_loss)
+    given: list[GivenRun] = []
+    for plan in plans:
+        checked = with_given_plan(base, plan, None)
+        key = checked.plan_file or f"plan:{checked.policy}"
+        label, n = key, 1
+        while label in {*policies, *(g.label for g in given)}:  # a Plan or file twice
             n += 1
-            name = f"{key}#{n}"
-        specs[name] = spec
-    base = Path(out) if out is not None else new_run_dir(inputs.topology.name, "compare")
-    results: dict[str, Result] = {}
-    with shared_cache():
-        for name, spec in specs.items():
-            results[name] = run(spec, base / one_name(name), say)
-    return results
+            label = f"{key}#{n}"
+        assert checked.plan is not None
+        given.append(GivenRun(label, checked.plan, checked.plan_file))
+    runs = comparison_runs(base, policies, bubbles, pairs, repeat, given)
+    directory = Path(out) if out is not None else new_run_dir(inputs.topology.name, "compare")
+    done = run_comparison(runs, directory, say=say)
+    entries = [entry for entry, _ in done]
+    write_compare(directory, {"topology": inputs.topology.source, "backend": backend,
+                              "policies": list(policies),
+                              "plans": [g.plan_file or g.label for g in given],
+                              "bubbles": list(bubbles),
+                              "repeat": repeat, "options": pairs, "job_overrides": {},
+                              "jitter": noise.as_dict() if noise else None,
+                              "target_loss": target_loss}, entries)
+    repeats: dict[str, list[Result]] = {}
+    for entry, outcome in done:
+        if outcome is None or outcome.record is None:
+            continue  # refused before it ran: its entry says why
+        repeats.setdefault(entry.combo, []).append(Result(
+            outcome.directory, outcome.record, outcome.results, outcome.error))
+    return Comparison(directory, entries, repeats)
 
 
 def with_given_plan(spec: RunSpec, plan: GivenPlan | None, policy: str | None) -> RunSpec:

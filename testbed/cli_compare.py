@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import click
 from click.core import ParameterSource
 
-from testbed.api import run
 from testbed.choices import ActivationsChoice, BackendName, ComputeChoice
 from testbed.cli_options import (
     emulation_options,
@@ -23,50 +21,20 @@ from testbed.cli_options import (
     results_dir,
     target_loss_option,
 )
-from testbed.errors import InputError, TestbedError, did_you_mean
+from testbed.comparison import GivenRun, comparison_runs, run_comparison, write_compare
+from testbed.errors import InputError
 from testbed.fsutil import write_atomic
 from testbed.inputs import load_inputs
 from testbed.plan.load import given_plan
-from testbed.plan.model import Plan
-from testbed.policy.registry import DEFAULT_COMPARISON, check_policies, given_plan_policy
-from testbed.report.compare import RunEntry, csv_text, markdown_table, table_rows, table_text
-from testbed.report.results import new_run_dir, strict_json
+from testbed.policy.registry import DEFAULT_COMPARISON, DEFAULT_POLICY
+from testbed.report.compare import RunEntry, markdown_table, table_rows, table_text
+from testbed.report.results import new_run_dir
 from testbed.report.saved import load_compare, load_spans
-from testbed.run_dirs import one_name
 from testbed.run_spec import RunSpec
 from testbed.sim.jitter import Jitter
-from testbed.sim.planning import shared_cache
-from testbed.topology import dump_topology, load_topology
+from testbed.topology import load_topology
 from testbed.topology.model import Topology
 from testbed.units import plural
-from testbed.yamlio import to_yaml
-
-COMPARE_SCHEMA = 1
-
-
-def _options_for(name: str, pairs: tuple[str, ...], unprefixed: bool = True) -> dict[str, str]:
-    """`-o atlas.connections=8` goes to atlas only; `-o connections=8` to every training
-    policy; bubble policies take only options prefixed with their name."""
-    out: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise InputError(f"expected [POLICY.]KEY=VALUE, got {pair!r}", "--option")
-        owner, dot, option = key.partition(".")
-        if dot and owner == name:
-            out[option] = value
-        elif not dot and unprefixed:
-            out[key] = value
-    return out
-
-
-def _check_owners(pairs: tuple[str, ...], chosen: tuple[str, ...]) -> None:
-    """`-o gpip.connections=2`: an option for a policy that is not in the comparison."""
-    for pair in pairs:
-        owner, dot, _ = pair.partition("=")[0].partition(".")
-        if dot and owner not in chosen:
-            raise InputError(f"{pair!r} is for {owner!r}, which is not compared here"
-                             f"{did_you_mean(owner, chosen)}", "--option")
 
 
 @click.command()
@@ -133,38 +101,19 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
     if plan_paths and click.get_current_context().get_parameter_source(
             "policies") is not ParameterSource.COMMANDLINE:
         policies = ()  # the plans alone, unless policies are named beside them
-    _check_owners(policy_opts, policies + bubbles)
-    check_policies([(p, _options_for(p, policy_opts)) for p in policies],
-                   [(b, _options_for(b, policy_opts, False)) for b in bubbles])
-    runs: list[tuple[str, Plan | None, str | None]] = [(p, None, None) for p in policies]
-    runs += [(str(path), *given_plan(path, inputs.topology, inputs.job)) for path in plan_paths]
+    plans = [GivenRun(str(path), *given_plan(path, inputs.topology, inputs.job))
+             for path in plan_paths]
+    base = RunSpec(backend, inputs.topology, inputs.job, DEFAULT_POLICY, {}, compute=compute,
+                   events=inputs.events, pacing=pacing == "on", activations=activations,
+                   dilation=factor, jitter=jitter, target_loss=target_loss)
+    runs = comparison_runs(base, policies, bubbles, policy_opts, repeat, plans)
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, "compare"))
-    directory.mkdir(parents=True, exist_ok=True)
-    write_atomic(directory / "topology.yaml", to_yaml(dump_topology(inputs.topology)), 0o644)
-    combos = [(r, b) for r in runs for b in (bubbles or (None,))]
-    entries: list[RunEntry] = []
-    total = len(combos) * repeat
-    with shared_cache(), click.progressbar(  # ablations reuse their parent's simulations
-            length=total, label=f"{backend}: {plural(total, 'run')}", file=sys.stderr,
-            item_show_func=lambda x: x) as bar:
-        for (label, plan, plan_file), bubble in combos:
-            policy = label if plan is None else given_plan_policy(plan, None)
-            for k in range(repeat):
-                name = f"{one_name(label)}{'+' + bubble if bubble else ''}-r{k + 1}"
-                bar.update(0, name)
-                spec = RunSpec(backend, inputs.topology, inputs.job, policy,
-                               _options_for(policy, policy_opts) if plan is None else {},
-                               plan=plan, plan_file=plan_file, bubble_policy=bubble,
-                               bubble_options=_options_for(bubble or "", policy_opts, False)
-                               if bubble else None, compute=compute,
-                               events=inputs.events, pacing=pacing == "on",
-                               activations=activations, dilation=factor,
-                               # every combination meets the same noise in its k-th repeat
-                               jitter=jitter.with_seed(inputs.job.seed + k) if jitter else None,
-                               target_loss=target_loss)
-                entries.append(_run_one(spec, directory, name, k, label))
-                bar.update(1, name)
-    config = {"schema": COMPARE_SCHEMA, "topology": str(topology), "backend": backend,
+    with click.progressbar(length=len(runs), label=f"{backend}: {plural(len(runs), 'run')}",
+                           file=sys.stderr, item_show_func=lambda x: x) as bar:
+        done = run_comparison(runs, directory, lambda name: bar.update(0, name),
+                              lambda name: bar.update(1, name))
+    entries = [entry for entry, _ in done]
+    config = {"topology": str(topology), "backend": backend,
               "policies": list(policies), "plans": [str(p) for p in plan_paths],
               "bubbles": list(bubbles), "repeat": repeat,
               "options": list(policy_opts), "job_overrides": _overrides(kwargs),
@@ -180,31 +129,6 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
 def _overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in kwargs.items()
             if v not in (None, ())}
-
-
-def _run_one(spec: RunSpec, directory: Path, name: str, repeat: int, label: str) -> RunEntry:
-    """`label`: the row's name: the policy, or a given plan's file."""
-    run_dir = directory / "runs" / name
-    try:
-        outcome = run(spec, run_dir)
-    except TestbedError as exc:
-        return RunEntry(label, spec.bubble_policy, repeat, str(run_dir.relative_to(
-            directory)), "failed", str(exc), None)
-    results = outcome.results
-    return RunEntry(label, spec.bubble_policy, repeat,
-                    str(run_dir.relative_to(directory)), results["status"],
-                    results.get("error"), results)
-
-
-
-def write_compare(directory: Path, config: dict[str, Any], entries: list[RunEntry]) -> None:
-    """compare.json: the settings, each combination's row as the table shows it (speed-up,
-    time to loss), and every run with its results; compare.csv: one line per run."""
-    rows = [asdict(row) for row in table_rows(entries)]
-    write_atomic(directory / "compare.json", strict_json(
-        {**config, "rows": rows, "runs": [e.as_dict() for e in entries]}, indent=1,
-        default=str), 0o644)
-    write_atomic(directory / "compare.csv", csv_text(entries), 0o644)
 
 
 def show(directory: Path, entries: list[RunEntry], topology: Topology,

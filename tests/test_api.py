@@ -21,7 +21,8 @@ def test_compare_writes_each_run_and_returns_typed_results(tmp_path: Path) -> No
     assert inputs.job.iterations == 3 and inputs.job.model.layers == 6
     runs = api.compare(inputs, ["gpipe", "1f1b"], out=tmp_path)
     for name, result in runs.items():
-        written = json.loads((tmp_path / name / "results.json").read_text())
+        written = json.loads((result.directory / "results.json").read_text())
+        assert result.directory == tmp_path / "runs" / f"{name}-r1"
         assert written == result.results
         assert result.iteration_s == written["iteration_time_s"]["median"] > 0
         assert result.record.plan.policy == name and result.error is None
@@ -56,3 +57,38 @@ def test_the_readme_script_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     (tmp_path / "topologies").symlink_to(ROOT / "topologies")
     exec(compile(script.group(1), "README.md", "exec"), {})
     assert any((tmp_path / "runs").iterdir())
+
+
+SMALL = {"model.layers": 6, "model.hidden": 1024, "model.heads": 8,
+         "inference.arrival_rate": "50/s"}
+
+
+def test_compare_takes_options_bubbles_repeats_and_jitter_as_the_command_does(
+        tmp_path: Path) -> None:
+    from .test_cli import call
+
+    inputs = api.load(TOPOLOGIES / "paper-3dc.yaml", iterations=3, microbatches=4, sets=SMALL)
+    runs = api.compare(inputs, ["gpipe", "1f1b"], options={"1f1b.sends": "eager"},
+                       bubbles=["none", "greedy"], repeat=2, jitter="10%", out=tmp_path / "api")
+    assert list(runs) == ["gpipe+none", "gpipe+greedy", "1f1b+none", "1f1b+greedy"]
+    assert all(len(runs.repeats[combo]) == 2 for combo in runs)
+    assert runs["1f1b+none"].results["policy_options"] == {"sends": "eager"}
+    assert runs["gpipe+none"].results["policy_options"] == {}
+    assert runs["1f1b+greedy"].results["inference"]["served"] > 0
+    first, second = runs.repeats["gpipe+none"]
+    assert first.results["jitter"]["seed"] == 0 and second.results["jitter"]["seed"] == 1
+    assert first.iteration_s != second.iteration_s
+    [greedy] = [row for row in runs.rows if row.combo == "1f1b+greedy"]
+    assert greedy.runs == 2 and greedy.slowdown_interval is not None
+    sets = [arg for key, value in SMALL.items() for arg in ("--set", f"{key}={value}")]
+    code, _, err = call(["compare", str(TOPOLOGIES / "paper-3dc.yaml"), "-p", "gpipe", "-p",
+                         "1f1b", "-o", "1f1b.sends=eager", "-b", "none", "-b", "greedy",
+                         "--repeat", "2", "--jitter", "10%", "--iterations", "3",
+                         "--microbatches", "4", *sets, "--out", str(tmp_path / "cli")])
+    assert code == 0, err
+    by_cli = json.loads((tmp_path / "cli" / "compare.json").read_text())
+    by_api = json.loads((tmp_path / "api" / "compare.json").read_text())
+    assert by_api["rows"] == by_cli["rows"]
+    with pytest.raises(InputError, match="unknown option 'send' for 1f1b"):
+        api.compare(inputs, ["1f1b"], options={"1f1b.send": "eager"}, out=tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
