@@ -23,7 +23,8 @@ from testbed.cli_options import (
     topology_argument,
 )
 from testbed.cli_run import up
-from testbed.cli_sim import profile, simulate, sweep
+from testbed.cli_sim import profile, simulate
+from testbed.cli_sweep import sweep
 from testbed.errors import EXIT_INPUT, TestbedError, one_line
 from testbed.fsutil import write_atomic
 from testbed.inputs import load_inputs

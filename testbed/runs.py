@@ -19,7 +19,9 @@ from testbed.inference_memory import check_inference_memory
 from testbed.job_file import dump_job
 from testbed.metrics.loss import check_target_loss
 from testbed.plan.host_tcp import hosts_as_planned
+from testbed.plan.model import Plan
 from testbed.policy import bubble_policy, training_policy
+from testbed.policy.base import TrainingPolicy
 from testbed.report.results import RunRecord, write_run
 from testbed.run_dirs import holding
 from testbed.run_spec import RunSpec
@@ -43,17 +45,7 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
         resume: Progress | None = None) -> RunResult:
     """Execute one run; its directory is complete (results.json last) even if it fails.
     `resume`: go on from that checkpoint of this directory's run (emulator)."""
-    if spec.target_loss is not None:
-        check_target_loss(spec.target_loss, "target_loss")
-    chosen = training_policy(spec.policy, spec.policy_options)
-    plan = spec.plan if spec.plan is not None else \
-        plan_with_simulator(chosen, spec.topology, spec.job)
-    spec = whole_cycles(spec, plan.period, say)
-    # the host TCP settings the plan asks for, on both backends and in the run's topology.yaml
-    spec = replace(spec, topology=hosts_as_planned(spec.topology, plan))
-    if spec.bubble_policy is not None and bubble_policy(spec.bubble_policy,
-                                                       spec.bubble_options).fills:
-        check_inference_memory(spec.topology, spec.job, plan)
+    spec, plan, chosen = prepare(spec, say)
     backend = backend_for(spec.backend)
     try:
         backend.check(spec, plan, resume)
@@ -72,6 +64,32 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
         record.plan_file = spec.plan_file
         write_run(directory, record)
     return RunResult(record.results(), directory, error, record)
+
+
+def prepare(spec: RunSpec, say: Say) -> tuple[RunSpec, Plan, TrainingPolicy]:
+    """The run as it will go: the policy's plan, whole cycles of it, the host TCP settings
+    it asks for, and memory for the prefills it will take."""
+    if spec.target_loss is not None:
+        check_target_loss(spec.target_loss, "target_loss")
+    chosen = training_policy(spec.policy, spec.policy_options)
+    plan = spec.plan if spec.plan is not None else \
+        plan_with_simulator(chosen, spec.topology, spec.job)
+    spec = whole_cycles(spec, plan.period, say)
+    # the host TCP settings the plan asks for, on both backends and in the run's topology.yaml
+    spec = replace(spec, topology=hosts_as_planned(spec.topology, plan))
+    if spec.bubble_policy is not None and bubble_policy(spec.bubble_policy,
+                                                       spec.bubble_options).fills:
+        check_inference_memory(spec.topology, spec.job, plan)
+    return spec, plan, chosen
+
+
+def simulated(spec: RunSpec) -> RunRecord:
+    """A simulated run kept in memory, no directory written: a sweep's thousands of points
+    keep a row each, not a directory of spans."""
+    from testbed.sim.backend import SimulatorBackend
+
+    spec, plan, chosen = prepare(replace(spec, backend="simulate"), lambda _m: None)
+    return SimulatorBackend().record(spec, plan, chosen)
 
 
 def whole_cycles(spec: RunSpec, period: int, say: Say) -> RunSpec:

@@ -26,6 +26,10 @@ class SimulatorBackend:
 
     def execute(self, spec: RunSpec, plan: Plan, policy: TrainingPolicy, directory: Path,
                 say: Say, resume: Progress | None) -> BackendRun:
+        return BackendRun(self.record(spec, plan, policy))
+
+    def record(self, spec: RunSpec, plan: Plan, policy: TrainingPolicy) -> RunRecord:
+        """The run in memory: the simulator writes nothing of its own."""
         seed = modeled_waits(spec.topology, spec.job, plan, policy, spec.profile) \
             if spec.bubble_policy else {}
         broker = make_broker(spec.topology, spec.job, plan, spec.bubble_policy,
@@ -36,11 +40,11 @@ class SimulatorBackend:
         inference = inference_results(spec.topology, spec.job, plan, broker, end)
         if broker is not None:
             inference["overruns"] = prefill_overruns(spans).as_dict()
-        return BackendRun(RunRecord(
+        return RunRecord(
             backend="simulate", policy=spec.policy, bubble_policy=spec.bubble_policy,
             topology=spec.topology, job=spec.job, plan=plan, shaper=None, compute="modeled",
             summary=summary, spans=spans, start=0.0, policy_options=spec.policy_options,
             extra={"profile": bool(spec.profile), "pacing": "assumed",
                    "jitter": spec.jitter.as_dict() if spec.jitter else None,
                    "events": [e.as_raw() for e in spec.events],
-                   "inference": inference}))
+                   "inference": inference})

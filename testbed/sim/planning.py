@@ -27,10 +27,12 @@ _SHARED: ContextVar[dict[Any, Any] | None] = ContextVar("planning_cache", defaul
 
 
 @contextmanager
-def shared_cache() -> Iterator[dict[Any, Any]]:
-    """One cache for every plan made inside; an enclosing one is reused, not replaced."""
+def shared_cache(fresh: bool = False) -> Iterator[dict[Any, Any]]:
+    """One cache for every plan made inside; an enclosing one is reused, not replaced,
+    unless `fresh` (a sweep's point plans with a cache of its own, so that it plans the
+    same whichever process runs it, after whichever points)."""
     outer = _SHARED.get()
-    if outer is not None:
+    if outer is not None and not fresh:
         yield outer
         return
     cache: dict[Any, Any] = {}

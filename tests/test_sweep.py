@@ -1,0 +1,203 @@
+"""Sweeps of any knob: every --set key, policy options, bubble policies, jitter, repeats
+and events; points in parallel (local processes, Ray) with the same rows; an interrupted
+sweep goes on with the points it has."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed import api
+from testbed.inputs import load_inputs
+from testbed.run_spec import RunSpec
+from testbed.sim.jitter import parse_jitter
+from testbed.sim.sweep import vary
+from testbed.sim.sweep_store import POINTS_FILE
+
+from .conftest import TOPOLOGIES
+from .test_cli import call
+
+TWO_DC = TOPOLOGIES / "two-dc.yaml"
+PAPER = TOPOLOGIES / "paper-3dc.yaml"
+GRID = ["--vary", "wan.latency=10ms,40ms", "--vary", "microbatches=2,4", "-p", "gpipe",
+        "-p", "1f1b", "--iterations", "2"]
+
+
+def _sweep(out: Path, *args: str) -> tuple[int, str, str]:
+    return call(["sweep", str(TWO_DC), *args, "--out", str(out)])
+
+
+def _rows(out: Path) -> list[dict[str, str]]:
+    with (out / "sweep.csv").open() as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.mark.parametrize(("key", "value", "check"), [
+    ("wan.bandwidth", "10Gbit", lambda t: t.links[0].bandwidth_bps == 10e9),
+    ("wan.latency", "5ms", lambda t: t.links[0].latency_s == 0.005),
+    ("wan.west-east.latency", "7ms", lambda t: t.links[0].latency_s == 0.007),
+    ("tcp.wmem", "64MiB", lambda t: t.tcp.wmem[2] == 64 << 20),
+    ("tcp.slow_start_after_idle", "false", lambda t: not t.tcp.slow_start_after_idle),
+    ("dc.gpus", "4", lambda t: t.total_gpus == 8),
+    ("dc.east.gpus", "3", lambda t: t.dc("east").gpus == 3),
+    ("dcs", "1", lambda t: len(t.datacenters) == 1 and not t.links),
+])
+def test_set_turns_every_topology_knob_that_vary_turns(key: str, value: str,
+                                                       check: object) -> None:
+    """`--set wan.bandwidth=...` was refused while `--vary wan.bandwidth` worked."""
+    base = load_inputs(TWO_DC)
+    topology = load_inputs(TWO_DC, sets=(f"{key}={value}",)).topology
+    assert callable(check) and check(topology)
+    assert topology == vary(base.topology, base.job, key, value)[0]
+    code, out, err = call(["validate", str(TWO_DC), "--set", f"{key}={value}"])
+    assert code == 0 and "ok: topology" in out, err
+
+
+def test_workers_write_the_same_csv_as_one_process(tmp_path: Path) -> None:
+    code, _, err = _sweep(tmp_path / "one", *GRID, "--workers", "1")
+    assert code == 0, err
+    code, _, err = _sweep(tmp_path / "two", *GRID, "--workers", "2")
+    assert code == 0, err
+    one = (tmp_path / "one" / "sweep.csv").read_text()
+    assert one == (tmp_path / "two" / "sweep.csv").read_text()
+    rows = _rows(tmp_path / "one")
+    assert len(rows) == 8 and all(r["iteration_s"] and not r["error"] for r in rows)
+    assert [r["policy"] for r in rows[:2]] == ["gpipe", "1f1b"]
+    assert all(r["speedup"] == "1.0" for r in rows if r["policy"] == "gpipe")
+
+
+def test_ray_local_writes_the_same_csv_as_one_process(tmp_path: Path) -> None:
+    code, _, err = _sweep(tmp_path / "one", *GRID, "--workers", "1")
+    assert code == 0, err
+    code, _, err = _sweep(tmp_path / "ray", *GRID, "--workers", "2", "--ray", "local")
+    assert code == 0, err
+    assert (tmp_path / "one" / "sweep.csv").read_text() == \
+        (tmp_path / "ray" / "sweep.csv").read_text()
+    assert "on Ray (local)" in err
+    assert not [p for p in Path("/tmp").glob("testbed-ray-*") if p.stat().st_uid == os.getuid()
+                and p.stat().st_mtime > time.time() - 60]
+
+
+SMALL = ["--iterations", "3", "--microbatches", "4", "--set", "model.layers=6", "--set",
+         "model.hidden=1024", "--set", "model.heads=8", "--set", "inference.arrival_rate=50/s"]
+
+
+def test_each_row_is_the_run_its_flags_give(tmp_path: Path) -> None:
+    """Policy options, bubble policies, jitter, repeats and events as knobs: every row is
+    what `simulate` (api.run) gives with the same settings."""
+    code, _, err = call([
+        "sweep", str(PAPER), "-p", "1f1b", "--vary", "option.1f1b.sends=torch,eager",
+        "--vary", "jitter=0,10%", "--vary", "event=none;at=0.05s,link=east-central,latency=80ms",
+        "-b", "none", "-b", "greedy", "--repeat", "2", *SMALL, "--out", str(tmp_path)])
+    assert code == 0, err
+    rows = _rows(tmp_path)
+    assert len(rows) == 2 * 2 * 2 * 2 * 2
+    inputs = load_inputs(PAPER, None, tuple(SMALL[5::2]), iterations=3, microbatches=4)
+    for row in rows[::5]:  # a spread of them: each costs a run
+        jitter = parse_jitter(row["jitter"]) if row["jitter"] != "0" else None
+        events = () if row["event"] == "none" else \
+            load_inputs(PAPER, events=(row["event"],)).events
+        repeat = int(row["repeat"]) - 1
+        spec = RunSpec("simulate", inputs.topology, inputs.job, "1f1b",
+                       {"sends": row["option.1f1b.sends"]}, row["bubble"], {}, events=events,
+                       jitter=jitter.with_seed(repeat) if jitter else None)
+        result = api.run(spec, tmp_path / "runs" / str(rows.index(row)))
+        assert float(row["iteration_s"]) == result.iteration_s
+        assert int(row["served"]) == result.results["inference"]["served"]
+        assert float(row["gpu_utilization_total"]) == \
+            result.results["gpu_utilization"]["total"]
+    by = {(r["option.1f1b.sends"], r["jitter"], r["event"], r["bubble"], r["repeat"]):
+          float(r["iteration_s"]) for r in rows}
+    assert by[("torch", "10%", "none", "none", "1")] != by[("torch", "10%", "none", "none", "2")]
+    assert by[("torch", "0", "none", "none", "1")] == by[("torch", "0", "none", "none", "2")]
+    assert by[("eager", "0", "none", "none", "1")] != by[("torch", "0", "none", "none", "1")]
+    assert by[("torch", "0", "none", "none", "1")] != \
+        by[("torch", "0", "at=0.05s,link=east-central,latency=80ms", "none", "1")]
+    assert all(int(r["served"]) > 0 for r in rows if r["bubble"] == "greedy")
+    assert all(r["served"] == "0" for r in rows if r["bubble"] == "none")
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--vary", "wan.bandwith=1Gbit"], "--vary: wan.bandwith: unknown key"),
+    (["--vary", "wan.bandwidth=1Gbit,fast"],
+     "--vary: wan.bandwidth: expected a rate like '10Gbit', got 'fast'"),
+    (["--vary", "microbatches=2,0"], "--vary: microbatches: must be positive, got 0"),
+    (["--vary", "option.1f1b.send=eager"],
+     "--vary: option.1f1b.send: unknown option 'send' for 1f1b (did you mean 'sends'?)"),
+    (["--vary", "option.atlas.connections=1"], "--vary: option.atlas.connections: 'atlas' "
+     "is not compared here"),
+    (["--vary", "1f1b.sends=eager"], "(a policy option is swept as option.1f1b.sends)"),
+    (["--vary", "jitter=10%,lots"], "--vary: jitter: expected a fraction"),
+    (["--vary", "event=at=1s,link=east-north,down=1s"], "--vary: event: link: no WAN link"),
+    (["--vary", "dcs=1,2", "--vary", "dcs=2"], "--vary: dcs is varied twice"),
+    (["--vary", "microbatches"], "--vary: expected KEY=V1,V2,..."),
+    (["--vary", "dcs=1", "--workers", "0"], "--workers: must be at least 1, got 0"),
+    (["--vary", "dcs=1", "-b", "greedyy"], "unknown bubble policy 'greedyy'"),
+    (["--vary", "dcs=1", "-b", "greedy"], "-b: a bubble policy needs an inference workload"),
+])
+def test_a_bad_knob_is_one_line_naming_it(tmp_path: Path, args: list[str],
+                                          expected: str) -> None:
+    code, _, err = _sweep(tmp_path / "out", "-p", "1f1b", *args)
+    assert code == 2 and err.startswith("testbed: error: ") and err.count("\n") == 1, err
+    assert expected in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_cut_short_goes_on_with_the_points_it_has(tmp_path: Path) -> None:
+    code, _, err = _sweep(tmp_path / "whole", *GRID)
+    assert code == 0, err
+    code, _, err = _sweep(tmp_path / "cut", *GRID)
+    assert code == 0, err
+    saved = tmp_path / "cut" / POINTS_FILE
+    first = saved.read_text().splitlines()[0]
+    saved.write_text(first + "\n" + first[:40])  # a kill mid-line leaves half a line
+    (tmp_path / "cut" / "sweep.csv").unlink()
+    code, _, err = _sweep(tmp_path / "cut", *GRID, "--workers", "2")
+    assert code == 0, err
+    assert "going on with 1 point of 4 done" in err
+    assert (tmp_path / "cut" / "sweep.csv").read_text() == \
+        (tmp_path / "whole" / "sweep.csv").read_text()
+    code, _, err = _sweep(tmp_path / "cut", *GRID[:-1], "3")
+    assert code == 2 and "holds another sweep (its job differ" in err
+    code, _, err = _sweep(tmp_path / "cut", *GRID[:-1], "3", "--force")
+    assert code == 0 and "going on" not in err
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def test_a_stopped_sweep_stops_its_workers_and_keeps_its_points(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = [str(Path(sys.executable).parent / "testbed"), "sweep", str(PAPER), "-p", "1f1b",
+            "--vary", "microbatches=8,12,16,20,24,28,32,36", "--workers", "2",
+            "--out", str(out)]
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    deadline = time.monotonic() + 120
+    while not ((out / POINTS_FILE).exists() and (out / POINTS_FILE).read_text()):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    workers = _children(process.pid)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 143, err
+    assert "of 8 points; the same command with --out" in err
+    time.sleep(0.5)
+    assert not [w for w in workers if Path(f"/proc/{w}").exists()
+                and "Z" not in Path(f"/proc/{w}/stat").read_text().split()[2]]
+    kept = len((out / POINTS_FILE).read_text().splitlines())
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert f"going on with {kept} point" in done.stderr
+    assert len(_rows(out)) == 8
