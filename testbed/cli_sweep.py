@@ -26,9 +26,9 @@ from testbed.policy.registry import DEFAULT_POLICY, check_policies
 from testbed.report.results import new_run_dir
 from testbed.sim.jitter import Jitter
 from testbed.sim.profile import load_profile
-from testbed.sim.sweep import SweepSettings, columns, parse_vary, points, with_speedups
+from testbed.sim.sweep import Point, SweepSettings, columns, parse_vary, points, with_speedups
 from testbed.sim.sweep_store import holds_sweep, record, rows, start, write_csv
-from testbed.sim.sweep_workers import run_points
+from testbed.sim.sweep_workers import Runner, runner
 from testbed.units import plural
 
 SHOWN_ROWS = 40
@@ -98,14 +98,17 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
                              policy_opts, repeat, jitter,
                              load_profile(profile_path) if profile_path else None)
     grid = points(settings)
-    resuming = out is not None and out.is_dir() and holds_sweep(out) and not force
-    directory = results_dir(out, force or resuming,
-                            lambda: new_run_dir(inputs.topology.name, "sweep"))
-    done = start(directory, settings.describe(), grid, force)
-    if done:
-        click.echo(f"going on with {plural(len(done), 'point')} of {len(grid)} done in "
-                   f"{directory}", err=True)
-    _run(directory, grid, done, workers, ray_address)
+    with runner(workers, ray_address) as run:
+        resuming = out is not None and out.is_dir() and holds_sweep(out) and not force
+        directory = results_dir(out, force or resuming,
+                                lambda: new_run_dir(inputs.topology.name, "sweep"))
+        done = start(directory, settings.describe(), grid, force)
+        if done:
+            click.echo(f"going on with {plural(len(done), 'point')} of {len(grid)} done in "
+                       f"{directory}", err=True)
+        where = f"Ray ({ray_address})" if ray_address else \
+            plural(min(workers, max(len(grid) - len(done), 1)), "local worker")
+        _run(directory, grid, done, run, where)
     table = with_speedups(rows(directory, grid), policies, [k.key for k in settings.knobs])
     csv_path = write_csv(directory, columns(settings), table)
     from testbed.report.plots import sweep_plot
@@ -116,11 +119,10 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
     click.echo(f"wrote {csv_path} and {directory / 'sweep.png'}")
 
 
-def _run(directory: Path, grid: list[Any], done: dict[int, Any], workers: int,
-         ray: str | None) -> None:
+def _run(directory: Path, grid: list[Point], done: dict[int, Any], run: Runner,
+         where: str) -> None:
     todo = [p for p in grid if p.index not in done]
     finished = [len(done)]
-    where = f"Ray ({ray})" if ray else plural(min(workers, max(len(todo), 1)), "local worker")
     label = f"simulating {plural(len(grid), 'point')} on {where}"
     try:
         with stop_signals(), click.progressbar(length=len(grid), label=label,
@@ -132,7 +134,7 @@ def _run(directory: Path, grid: list[Any], done: dict[int, Any], workers: int,
                 finished[0] += 1
                 bar.update(1)
 
-            run_points(todo, store, workers, ray)
+            run(todo, store)
     except (KeyboardInterrupt, Terminated):
         click.echo(f"stopped after {finished[0]} of {plural(len(grid), 'point')}; the same "
                    f"command with --out {directory} goes on from there", err=True)

@@ -201,3 +201,30 @@ def test_a_stopped_sweep_stops_its_workers_and_keeps_its_points(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     assert f"going on with {kept} point" in done.stderr
     assert len(_rows(out)) == 8
+
+
+def test_ray_cluster_at_an_address_runs_the_points(tmp_path: Path) -> None:
+    head = subprocess.Popen([sys.executable, str(Path(__file__).parent / "ray_head.py")],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert head.stdout is not None
+        address = head.stdout.readline().strip()
+        assert address, "the Ray head printed no address"
+        code, _, err = _sweep(tmp_path / "cluster", *GRID, "--ray", address)
+        assert code == 0, err
+        assert f"on Ray ({address})" in err
+    finally:
+        head.terminate()
+        head.wait(timeout=60)
+    code, _, err = _sweep(tmp_path / "one", *GRID, "--workers", "1")
+    assert code == 0, err
+    assert (tmp_path / "one" / "sweep.csv").read_text() == \
+        (tmp_path / "cluster" / "sweep.csv").read_text()
+
+
+def test_ray_refuses_an_address_nothing_answers_before_making_anything(
+        tmp_path: Path) -> None:
+    code, _, err = _sweep(tmp_path / "out", *GRID, "--ray", "127.0.0.1:1")
+    assert code == 2 and err == "testbed: error: --ray: no Ray cluster answers at " \
+        "'127.0.0.1:1': Connection refused\n"
+    assert not (tmp_path / "out").exists()

@@ -10,12 +10,14 @@ process, however it dies (PR_SET_PDEATHSIG). Ray is an optional extra
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import shutil
 import signal
+import socket
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -29,6 +31,8 @@ Row = dict[str, Any]
 Done = Callable[[int, list[Row]], None]
 """Called in this process as each point finishes: its index and rows."""
 LOCAL_RAY = "local"
+PROBE_S = 10.0
+"""How long a cluster's address has to answer."""
 
 
 def run_point(point: Point) -> list[Row]:
@@ -47,13 +51,30 @@ def run_point(point: Point) -> list[Row]:
     return rows
 
 
-def run_points(points: Sequence[Point], done: Done, workers: int = 1,
-               ray: str | None = None) -> None:
-    """Every point, `workers` at a time (on `ray`: a cluster's address, or "local" for a
-    Ray instance of `workers` CPUs on this machine)."""
-    if ray is not None:
-        _on_ray(points, done, workers, ray)
-    elif workers <= 1 or len(points) <= 1:
+Runner = Callable[[Sequence[Point], Done], None]
+
+
+@contextlib.contextmanager
+def runner(workers: int = 1, ray: str | None = None) -> Iterator[Runner]:
+    """What runs points, `workers` at a time (on `ray`: a cluster's address, or "local"
+    for a Ray instance of `workers` CPUs on this machine), ready before a sweep makes
+    anything: an unreachable cluster is refused first."""
+    if ray is None:
+        yield lambda points, done: _locally(points, done, workers)
+        return
+    module = _ray()
+    temp = tempfile.mkdtemp(prefix="testbed-ray-") if ray == LOCAL_RAY else None
+    try:
+        _connect(module, ray, workers, temp)
+        yield lambda points, done: _ray_tasks(module, points, done)
+    finally:
+        module.shutdown()
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+def _locally(points: Sequence[Point], done: Done, workers: int) -> None:
+    if workers <= 1 or len(points) <= 1:
         for point in points:
             done(point.index, run_point(point))
     else:
@@ -98,28 +119,40 @@ def _stop(executor: ProcessPoolExecutor) -> None:
         process.join()
 
 
-def _on_ray(points: Sequence[Point], done: Done, workers: int, address: str) -> None:
+def _ray() -> Any:
     try:
         import ray
     except ImportError:
         raise InputError("needs Ray, an optional extra: pip install 'testbed[ray]'",
                          "--ray") from None
-    temp = tempfile.mkdtemp(prefix="testbed-ray-") if address == LOCAL_RAY else None
+    return ray
+
+
+def _connect(ray: Any, address: str, workers: int, temp: str | None) -> None:
+    if temp is None:
+        _reachable(address)
     try:
-        try:
-            if temp is not None:
-                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
-                         logging_level=logging.ERROR, _temp_dir=temp)
-            else:
-                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise InputError(f"cannot start or reach Ray at {address!r}: "
-                             f"{one_line(str(exc))}", "--ray") from None
-        _ray_tasks(ray, points, done)
-    finally:
-        ray.shutdown()
         if temp is not None:
-            shutil.rmtree(temp, ignore_errors=True)
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.ERROR, _temp_dir=temp)
+        else:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise InputError(f"cannot start or reach Ray at {address!r}: {one_line(str(exc))}",
+                         "--ray") from None
+
+
+def _reachable(address: str) -> None:
+    """A cluster's HOST:PORT answers, or a one-line error now (Ray itself retries for
+    minutes)."""
+    host, sep, port = address.rpartition(":")
+    if "://" in address or not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=PROBE_S).close()
+    except OSError as exc:
+        raise InputError(f"no Ray cluster answers at {address!r}: "
+                         f"{exc.strerror or exc}", "--ray") from None
 
 
 def _ray_tasks(ray: Any, points: Sequence[Point], done: Done) -> None:
