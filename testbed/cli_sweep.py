@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import statistics
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click
@@ -21,7 +25,7 @@ from testbed.cli_options import (
 from testbed.cli_sim import profile_option
 from testbed.errors import InputError
 from testbed.inputs import load_inputs
-from testbed.net.interrupts import Terminated, stop_signals
+from testbed.net.interrupts import Terminated
 from testbed.policy.registry import DEFAULT_POLICY, check_policies
 from testbed.report.results import new_run_dir
 from testbed.sim.jitter import Jitter
@@ -125,8 +129,8 @@ def _run(directory: Path, grid: list[Point], done: dict[int, Any], run: Runner,
     finished = [len(done)]
     label = f"simulating {plural(len(grid), 'point')} on {where}"
     try:
-        with stop_signals(), click.progressbar(length=len(grid), label=label,
-                                               file=sys.stderr) as bar:
+        with _terminate_raises(), click.progressbar(length=len(grid), label=label,
+                                                    file=sys.stderr) as bar:
             bar.update(len(done))
 
             def store(index: int, found: list[dict[str, Any]]) -> None:
@@ -139,6 +143,21 @@ def _run(directory: Path, grid: list[Point], done: dict[int, Any], run: Runner,
         click.echo(f"stopped after {finished[0]} of {plural(len(grid), 'point')}; the same "
                    f"command with --out {directory} goes on from there", err=True)
         raise
+
+
+@contextlib.contextmanager
+def _terminate_raises() -> Iterator[None]:
+    """SIGTERM raises Terminated, so the workers are stopped and the points kept (Ctrl-C
+    keeps Python's own KeyboardInterrupt, which a policy's code passes on: policy.guard)."""
+
+    def raise_terminated(_signum: int, _frame: FrameType | None) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _medians(table: list[dict[str, Any]], keys: list[str]) -> list[dict[str, Any]]:

@@ -53,8 +53,7 @@ class plugin_code:
                  _trace: TracebackType | None) -> None:
         if not isinstance(exc, Exception | SystemExit | KeyboardInterrupt):
             return
-        if isinstance(exc, TestbedError) or (isinstance(exc, KeyboardInterrupt)
-                                             and _from_signal(exc)):
+        if isinstance(exc, TestbedError) or _from_signal(exc):
             return
         raise PluginCrash(self.what, describe(exc, self.module)) from exc
 
@@ -102,10 +101,14 @@ def _watch_sigint() -> None:
 
 
 def _from_signal(exc: BaseException) -> bool:
-    """Whether a KeyboardInterrupt is, or was raised while handling, a real Ctrl-C."""
+    """Whether an exception is, or was raised while handling, a real Ctrl-C or a SIGTERM
+    turned into an exception (testbed.net.interrupts.Terminated): the command's to stop,
+    never the plugin's error."""
+    from testbed.net.interrupts import Terminated
+
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, SignalInterrupt):
+        if isinstance(seen, SignalInterrupt | Terminated):
             return True
         seen = seen.__context__
     return False

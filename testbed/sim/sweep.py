@@ -20,13 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from testbed.errors import InputError, TestbedError, did_you_mean
+from testbed.comparison import comparison_runs
+from testbed.errors import InputError, TestbedError
 from testbed.inputs import Inputs
 from testbed.job import Job
 from testbed.job_file import apply_overrides, dump_job, parse_job
 from testbed.net_events import NetEvent, parse_event_flag
-from testbed.policy.registry import TRAINING_GROUP, check_policies, discover
-from testbed.policy.routing import check_owners, options_for
+from testbed.policy.registry import TRAINING_GROUP, discover
 from testbed.run_spec import RunSpec
 from testbed.sim.jitter import Jitter, parse_jitter
 from testbed.sim.profile import Profile
@@ -130,29 +130,19 @@ def points(settings: SweepSettings) -> list[Point]:
     twice = {k for k in keys if keys.count(k) > 1}
     if twice:
         raise InputError(f"{sorted(twice)[0]} is varied twice; give its values once", FLAG)
-    check_owners(settings.options, settings.policies + settings.bubbles)
-    for key in keys:
-        owner, dot, _ = key.removeprefix(OPTION).partition(".")
-        if key.startswith(OPTION) and dot and owner not in settings.policies + settings.bubbles:
-            raise InputError(f"{owner!r} is not compared here"
-                             f"{did_you_mean(owner, settings.policies + settings.bubbles)}",
-                             FLAG, key)
-    checked: set[tuple[str, str, tuple[tuple[str, str], ...]]] = set()
-    out = []
-    for index, values in enumerate(grid(settings.knobs)):
-        runs = _runs(settings, values, checked)
-        out.append(Point(index, values, tuple(runs)))
-    return out
+    return [Point(index, values, tuple(_runs(settings, values)))
+            for index, values in enumerate(grid(settings.knobs))]
 
 
-def _runs(settings: SweepSettings, values: tuple[tuple[str, str], ...],
-          checked: set[tuple[str, str, tuple[tuple[str, str], ...]]]) -> list[PointRun]:
+def _runs(settings: SweepSettings, values: tuple[tuple[str, str], ...]) -> list[PointRun]:
+    """The point's runs, as `compare` makes them (testbed.comparison)."""
     topology, job = settings.inputs.topology, settings.inputs.job
-    options, jitter = list(settings.options), settings.jitter
+    jitter = settings.jitter
+    swept: list[tuple[str, str]] = []
     event_texts: list[str] = []
     for key, value in values:
         if key.startswith(OPTION):
-            options.append(f"{key.removeprefix(OPTION)}={value}")
+            swept.append((key, f"{key.removeprefix(OPTION)}={value}"))
         elif key == "jitter":
             jitter = _jitter(value)
         elif key == "event":
@@ -162,46 +152,33 @@ def _runs(settings: SweepSettings, values: tuple[tuple[str, str], ...],
     events = settings.inputs.events + tuple(_event(t, topology) for t in event_texts)
     if settings.bubbles and job.inference is None:
         raise InputError("a bubble policy needs an inference workload (job.inference)", "-b")
-    runs = []
-    for policy in settings.policies:
-        mine = options_for(policy, options)
-        _check(checked, "training", policy, mine, values)
-        for bubble in settings.bubbles or (None,):
-            theirs = options_for(bubble, options, False) if bubble else None
-            if bubble:
-                _check(checked, "bubble", bubble, theirs or {}, values)
-            for k in range(settings.repeat):
-                labels: dict[str, Any] = {"policy": policy}
-                if settings.bubbles:
-                    labels["bubble"] = bubble
-                if settings.repeat > 1:
-                    labels["repeat"] = k + 1
-                spec = RunSpec("simulate", topology, job, policy, mine, bubble, theirs,
-                               profile=settings.profile, events=events,
-                               jitter=jitter.with_seed(job.seed + k) if jitter else None)
-                runs.append(PointRun(labels, spec))
-    return runs
+    base = RunSpec("simulate", topology, job, settings.policies[0], {},
+                   profile=settings.profile, events=events, jitter=jitter)
 
+    def made(options: Sequence[str]) -> list[tuple[str, int, RunSpec]]:
+        return comparison_runs(base, settings.policies, settings.bubbles, options,
+                               settings.repeat)
 
-def _check(checked: set[tuple[str, str, tuple[tuple[str, str], ...]]], kind: str, name: str,
-           options: dict[str, str], values: tuple[tuple[str, str], ...]) -> None:
-    """The policy built with the point's options, once per distinct set of them."""
-    key = (kind, name, tuple(sorted(options.items())))
-    if key in checked:
-        return
     try:
-        if kind == "training":
-            check_policies([(name, options)])
-        else:
-            check_policies([], [(name, options)])
+        runs = made([*settings.options, *(pair for _, pair in swept)])
     except TestbedError as exc:
-        swept = [k for k, _ in values if k.startswith(f"{OPTION}{name}.")
-                 or (kind == "training" and k.startswith(OPTION) and k.count(".") == 1)]
-        if not swept:
-            raise  # an option of -o, named by the error
-        problem = exc.problem if isinstance(exc, InputError) else str(exc)
-        raise InputError(problem, FLAG, swept[0]) from None
-    checked.add(key)
+        made(settings.options)  # an -o of every point's: its own error
+        for key, pair in swept:  # else the knob whose option it is
+            try:
+                made([*settings.options, pair])
+            except TestbedError as mine:
+                problem = mine.problem if isinstance(mine, InputError) else str(mine)
+                raise InputError(problem, FLAG, key) from None
+        raise exc
+    out = []
+    for _, k, spec in runs:
+        labels: dict[str, Any] = {"policy": spec.policy}
+        if settings.bubbles:
+            labels["bubble"] = spec.bubble_policy
+        if settings.repeat > 1:
+            labels["repeat"] = k + 1
+        out.append(PointRun(labels, spec))
+    return out
 
 
 def _jitter(value: str) -> Jitter | None:
