@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Wall time of one two-knob sweep run by one process, by two local worker processes and
+by a local Ray instance of two CPUs, and whether all of them write the same sweep.csv.
+
+`.venv/bin/python scripts/bench_sweep.py [--rounds N] [--json F] [--from-json F]
+[--readme README.md]`: each round runs the three one after another (the order turning
+each round, so a burst of load on a shared machine does not always fall on one), and a
+ratio is the one-process time over the other's in the same round. The machine's load
+average is recorded before and after each run: on a machine shared with others, a ratio
+is only as good as the quiet it was measured in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SWEEP = ["topologies/paper-3dc.yaml", "-p", "gpipe", "-p", "atlas",
+         "--vary", "wan.latency=10ms,20ms,40ms,80ms", "--vary", "wan.bandwidth=1Gbit,10Gbit"]
+MODES: dict[str, list[str]] = {
+    "1 process": ["--workers", "1"],
+    "2 workers": ["--workers", "2"],
+    "Ray local, 2 CPUs": ["--workers", "2", "--ray", "local"],
+}
+
+
+def one_run(mode: str, out: Path) -> dict[str, Any]:
+    testbed = Path(sys.executable).parent / "testbed"
+    before = os.getloadavg()[0]
+    started = time.monotonic()
+    done = subprocess.run([str(testbed), "sweep", *SWEEP, *MODES[mode], "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{mode}: {done.stderr.strip().splitlines()[-1]}")
+    return {"mode": mode, "wall_s": round(wall, 2), "load_before": round(before, 2),
+            "load_after": round(os.getloadavg()[0], 2),
+            "csv": (out / "sweep.csv").read_text()}
+
+
+def measure(rounds: int) -> dict[str, Any]:
+    names = list(MODES)
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for number in range(rounds):
+            order = names[number % len(names):] + names[:number % len(names)]
+            for mode in order:
+                run = one_run(mode, Path(tmp) / f"{number}-{names.index(mode)}")
+                run["round"] = number + 1
+                runs.append(run)
+                print(f"round {number + 1}: {mode}: {run['wall_s']:.1f} s "
+                      f"(load {run['load_before']:.2f} -> {run['load_after']:.2f})",
+                      file=sys.stderr)
+    csvs = {run.pop("csv") for run in runs}
+    ratios: dict[str, list[float]] = {}
+    for number in range(1, rounds + 1):
+        of = {r["mode"]: r["wall_s"] for r in runs if r["round"] == number}
+        for mode in names[1:]:
+            ratios.setdefault(mode, []).append(round(of[names[0]] / of[mode], 2))
+    return {"command": "testbed sweep " + " ".join(SWEEP), "points": 8,
+            "cores": len(os.sched_getaffinity(0)), "rounds": rounds, "runs": runs,
+            "speedup_vs_1_process": ratios,
+            "median_speedup": {m: statistics.median(v) for m, v in ratios.items()},
+            "same_csv": len(csvs) == 1}
+
+
+BEGIN = ("<!-- sweep-speed:begin (scripts/bench_sweep.py --from-json benchmarks/sweep.json "
+         "--readme README.md) -->")
+END = "<!-- sweep-speed:end -->"
+
+
+def table(report: dict[str, Any]) -> str:
+    """The README's table, from the benchmark's JSON alone."""
+    lines = ["| round | " + " | ".join(MODES) + " | load average (1 min) before each |",
+             "| --- | " + " | ".join("---" for _ in MODES) + " | --- |"]
+    for number in range(1, report["rounds"] + 1):
+        of = {r["mode"]: r for r in report["runs"] if r["round"] == number}
+        cells = [f"{of[m]['wall_s']:.1f} s" + (
+            "" if m == next(iter(MODES)) else
+            f" ({report['speedup_vs_1_process'][m][number - 1]:.2f}x)") for m in MODES]
+        loads = ", ".join(f"{of[m]['load_before']:.1f}" for m in MODES)
+        lines.append(f"| {number} | " + " | ".join(cells) + f" | {loads} |")
+    same = "the same sweep.csv" if report["same_csv"] else "DIFFERENT sweep.csv files"
+    lines += ["", f"{report['points']} points x 2 policies on {report['cores']} cores; every "
+              f"run wrote {same}."]
+    return "\n".join(lines)
+
+
+def write_readme(readme: Path, report: dict[str, Any]) -> None:
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise SystemExit(f"{readme}: no {BEGIN} ... {END} section to replace")
+    readme.write_text(text[: start + len(BEGIN)] + "\n" + table(report) + "\n" + text[end:],
+                      encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="write the measurements here")
+    parser.add_argument("--from-json", type=Path, help="render this report, run nothing")
+    parser.add_argument("--readme", type=Path, help="rewrite the table between its markers")
+    args = parser.parse_args()
+    report = json.loads(args.from_json.read_text()) if args.from_json else measure(args.rounds)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    print(table(report))
+    if args.readme:
+        write_readme(args.readme, report)
+
+
+if __name__ == "__main__":
+    main()
