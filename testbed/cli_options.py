@@ -43,8 +43,9 @@ def job_options(func: F) -> F:
             "sets",
             multiple=True,
             metavar="KEY=VALUE",
-            help="Override one job value, e.g. --set model.layers=8 "
-            "--set microbatch_size=2. Repeatable.",
+            help="Override one job or topology value, e.g. --set model.layers=8, "
+            "--set wan.bandwidth=10Gbit (every WAN link), --set wan.east-west.latency=5ms, "
+            "--set tcp.wmem=64MiB, --set dcs=2. Repeatable.",
         ),
         click.option("--iterations", type=int, help="Training iterations to run."),
         click.option("--microbatches", type=int, help="Microbatches per replica per iteration."),

@@ -112,7 +112,7 @@ def _points(path: Path, points: Sequence[Point]) -> dict[int, list[Row]]:
     done: dict[int, list[Row]] = {}
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except OSError:  # none yet, or not a file of ours (a link is never followed)
         return done
     with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
         for line in handle:
