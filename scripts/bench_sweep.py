@@ -7,7 +7,9 @@ by a local Ray instance of two CPUs, and whether all of them write the same swee
 each round, so a burst of load on a shared machine does not always fall on one), and a
 ratio is the one-process time over the other's in the same round. The machine's load
 average is recorded before and after each run: on a machine shared with others, a ratio
-is only as good as the quiet it was measured in.
+is only as good as the quiet it was measured in. CPU seconds (of the sweep and the worker
+processes it waited for; not Ray's, which Ray's own processes run) show what running in
+parallel costs besides the points themselves.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -36,15 +39,26 @@ MODES: dict[str, list[str]] = {
 def one_run(mode: str, out: Path) -> dict[str, Any]:
     testbed = Path(sys.executable).parent / "testbed"
     before = os.getloadavg()[0]
+    cpu = _children_cpu()
     started = time.monotonic()
     done = subprocess.run([str(testbed), "sweep", *SWEEP, *MODES[mode], "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, check=False)
     wall = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"{mode}: {done.stderr.strip().splitlines()[-1]}")
-    return {"mode": mode, "wall_s": round(wall, 2), "load_before": round(before, 2),
+    # Ray's worker processes are not reaped by this one: their CPU is not counted
+    used = None if "--ray" in MODES[mode] else round(_children_cpu() - cpu, 2)
+    return {"mode": mode, "wall_s": round(wall, 2), "cpu_s": used,
+            "load_before": round(before, 2),
             "load_after": round(os.getloadavg()[0], 2),
             "csv": (out / "sweep.csv").read_text()}
+
+
+def _children_cpu() -> float:
+    """User and system seconds of every process this one has waited for, theirs included
+    (a sweep's workers, Ray's processes)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def measure(rounds: int) -> dict[str, Any]:
@@ -80,15 +94,18 @@ END = "<!-- sweep-speed:end -->"
 
 def table(report: dict[str, Any]) -> str:
     """The README's table, from the benchmark's JSON alone."""
-    lines = ["| round | " + " | ".join(MODES) + " | load average (1 min) before each |",
-             "| --- | " + " | ".join("---" for _ in MODES) + " | --- |"]
+    lines = ["| round | " + " | ".join(MODES) + " | CPU seconds of each | load average "
+             "(1 min) before each |",
+             "| --- | " + " | ".join("---" for _ in MODES) + " | --- | --- |"]
     for number in range(1, report["rounds"] + 1):
         of = {r["mode"]: r for r in report["runs"] if r["round"] == number}
         cells = [f"{of[m]['wall_s']:.1f} s" + (
             "" if m == next(iter(MODES)) else
             f" ({report['speedup_vs_1_process'][m][number - 1]:.2f}x)") for m in MODES]
         loads = ", ".join(f"{of[m]['load_before']:.1f}" for m in MODES)
-        lines.append(f"| {number} | " + " | ".join(cells) + f" | {loads} |")
+        cpu = ", ".join("-" if of[m].get("cpu_s") is None else f"{of[m]['cpu_s']:.0f}"
+                        for m in MODES)
+        lines.append(f"| {number} | " + " | ".join(cells) + f" | {cpu} | {loads} |")
     same = "the same sweep.csv" if report["same_csv"] else "DIFFERENT sweep.csv files"
     lines += ["", f"{report['points']} points x 2 policies on {report['cores']} cores; every "
               f"run wrote {same}."]
