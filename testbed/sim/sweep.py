@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from testbed.comparison import comparison_runs
+from testbed.comparison import ComparisonRun, comparison_runs
 from testbed.errors import InputError, TestbedError
 from testbed.inputs import Inputs
 from testbed.job import Job
@@ -155,7 +155,7 @@ def _runs(settings: SweepSettings, values: tuple[tuple[str, str], ...]) -> list[
     base = RunSpec("simulate", topology, job, settings.policies[0], {},
                    profile=settings.profile, events=events, jitter=jitter)
 
-    def made(options: Sequence[str]) -> list[tuple[str, int, RunSpec]]:
+    def made(options: Sequence[str]) -> list[ComparisonRun]:
         return comparison_runs(base, settings.policies, settings.bubbles, options,
                                settings.repeat)
 
@@ -171,13 +171,13 @@ def _runs(settings: SweepSettings, values: tuple[tuple[str, str], ...]) -> list[
                 raise InputError(problem, FLAG, key) from None
         raise exc
     out = []
-    for _, k, spec in runs:
-        labels: dict[str, Any] = {"policy": spec.policy}
+    for run in runs:
+        labels: dict[str, Any] = {"policy": run.spec.policy}
         if settings.bubbles:
-            labels["bubble"] = spec.bubble_policy
+            labels["bubble"] = run.spec.bubble_policy
         if settings.repeat > 1:
-            labels["repeat"] = k + 1
-        out.append(PointRun(labels, spec))
+            labels["repeat"] = run.repeat + 1
+        out.append(PointRun(labels, run.spec))
     return out
 
 
