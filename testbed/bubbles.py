@@ -13,7 +13,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from testbed.errors import InputError, PluginError
 from testbed.inference import (
@@ -186,12 +186,17 @@ class BubbleBroker:
         self.kv_bytes += nbytes
 
     def summary(self, until: float) -> dict[str, Any]:
+        """Every arrival counted once: served (its first token went out; `expired`: of
+        those, the ones whose first token came after the deadline), rejected (not started
+        within the deadline), or pending when the run ended (queued, or part-way)."""
         self.queue(until)
         arrived = [r for r in self.requests if r.arrival <= until]
         ttfts = list(self.ttft.values())
         return {
             "requests": len(arrived),
             "served": len(self.ttft),
+            "served_share": len(self.ttft) / len(arrived) if arrived else None,
+            "expired": sum(t > self.deadline_s for t in ttfts),
             "rejected": len(self.rejected),
             "pending": len(arrived) - len(self.ttft) - len(self.rejected),
             "chunked": self.chunked,
@@ -201,6 +206,48 @@ class BubbleBroker:
                        "mean": sum(ttfts) / len(ttfts) if ttfts else None},
             "policy": self.policy.name,
         }
+
+
+    def request_rows(self, until: float) -> list[RequestRow]:
+        """One row per request arrived by `until`, in arrival order (requests.csv)."""
+        self.queue(until)
+        rows: list[RequestRow] = []
+        for request in self.requests:
+            if request.arrival > until:
+                break
+            gpu, start = self.started.get(request.id, (None, None))
+            ttft = self.ttft.get(request.id)
+            rows.append(RequestRow(
+                id=request.id, arrival_s=request.arrival, prompt_tokens=request.prompt_len,
+                start_s=start, gpu=gpu, ttft_s=ttft, status=request_status(
+                    ttft, request.id in self.rejected, self.deadline_s)))
+        return rows
+
+
+RequestStatus = Literal["served", "expired", "rejected", "pending"]
+
+
+class RequestRow(TypedDict):
+    """One inference request's fate (a line of a run's requests.csv)."""
+
+    id: int
+    arrival_s: float
+    prompt_tokens: int
+    start_s: float | None
+    """When its (first chunk's) prefill started; None when it never did."""
+    gpu: str | None
+    ttft_s: float | None
+    """Arrival to the decode server's receipt of its KV cache; None unless served."""
+    status: RequestStatus
+
+
+def request_status(ttft_s: float | None, rejected: bool, deadline_s: float
+                   ) -> RequestStatus:
+    """served: first token within the deadline; expired: after it; rejected: not started
+    within it; pending: the run ended first."""
+    if ttft_s is not None:
+        return "served" if ttft_s <= deadline_s else "expired"
+    return "rejected" if rejected else "pending"
 
 
 def ttft_summary(values: Sequence[float]) -> dict[str, float | None]:
@@ -229,7 +276,8 @@ def inference_results(topology: Topology, job: Job, plan: Plan, broker: BubbleBr
                       until: float, dedicated_gpus: int = 1) -> dict[str, Any]:
     """The `inference` block of results.json, with the dedicated-cluster TTFT reference."""
     if broker is None or job.inference is None:
-        return {"requests": 0, "served": 0, "rejected": 0, "ttft_s": {"p50": None, "p99": None}}
+        return {"requests": 0, "served": 0, "expired": 0, "rejected": 0,
+                "ttft_s": {"p50": None, "p99": None}}
     out = broker.summary(until)
     workload = job.inference
     named = workload.decode_dc if workload.decode_dc not in (None, "local") else None

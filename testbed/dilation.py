@@ -13,12 +13,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from testbed.job import Job
 from testbed.net_events import NetEvent
 from testbed.spans import Span
 from testbed.topology.model import Datacenter, TcpSettings, Topology, WanLink
+
+if TYPE_CHECKING:
+    from testbed.bubbles import RequestRow
 
 LINUX_RTO_MIN_S = 0.2
 """TCP_RTO_MIN: the floor of the retransmission timeout, set per namespace when dilated."""
@@ -98,6 +101,17 @@ def represented_inference(block: dict[str, Any], k: float) -> dict[str, Any]:
             out[key] = represented_inference(value, k)
         else:
             out[key] = value
+    return out
+
+
+def represented_requests(rows: Iterable[RequestRow], k: float) -> list[RequestRow]:
+    """Per-request rows with their times (seconds since the run started) divided by K."""
+    out: list[RequestRow] = []
+    for row in rows:
+        start, ttft = row["start_s"], row["ttft_s"]
+        out.append({**row, "arrival_s": row["arrival_s"] / k,
+                    "start_s": None if start is None else start / k,
+                    "ttft_s": None if ttft is None else ttft / k})
     return out
 
 

@@ -113,6 +113,35 @@ def to_loss(ok: Sequence[dict[str, Any]]) -> ToLoss | None:
 
 
 @dataclass
+class Requests:
+    """A row's inference requests, medians over repeats: how many arrived, were served
+    (`expired`: of those, with the first token after the deadline) and were rejected."""
+
+    arrived: float
+    served: float
+    rejected: float
+    expired: float | None
+    """None for runs written before it was counted."""
+
+    def cells(self) -> list[str]:
+        share = f" ({self.served / self.arrived:.0%})" if self.arrived else ""
+        return [f"{self.served:.0f}/{self.arrived:.0f}{share}", f"{self.rejected:.0f}",
+                _fmt(self.expired, "{:.0f}")]
+
+
+def requests_of(ok: Sequence[dict[str, Any]]) -> Requests | None:
+    blocks = [r.get("inference") or {} for r in ok]
+    if not any(b.get("requests") for b in blocks):
+        return None
+
+    def med(key: str) -> float | None:
+        return _median([b.get(key) for b in blocks])
+
+    return Requests(med("requests") or 0.0, med("served") or 0.0, med("rejected") or 0.0,
+                    med("expired"))
+
+
+@dataclass
 class Row:
     combo: str
     runs: int
@@ -130,6 +159,8 @@ class Row:
     ttft_p99: float | None
     error: str | None
     """Why the first of its failed runs failed, as one line; None when none failed."""
+    requests: Requests | None = None
+    """Inference requests, where the runs filled bubbles (or kept score without)."""
     slowdown: float | None = None
     """Training against the same policy with bubble policy `none`, by tokens/s (how much
     longer the same tokens take): the mean over repeats paired by number (the same
@@ -190,6 +221,7 @@ def table_rows(entries: Sequence[RunEntry]) -> list[Row]:
             dilation=max((int(r.get("dilation") or 1) for r in ok), default=None),
             machine_bound=any((r.get("emulation") or {}).get("cpu_bound") for r in ok),
             to_loss=to_loss(ok),
+            requests=requests_of(ok),
         ))
     base = rows[0].tokens_per_s if rows else None
     by_combo = {row.combo: row for row in rows}
@@ -251,6 +283,9 @@ def notes(rows: Sequence[Row]) -> list[str]:
             out.append(f"{row.combo}: {row.failed} of {row.runs} runs failed: {row.error}")
     if len(rows) > 1 and rows[0].tokens_per_s is None:
         out.append(f"no speed-ups: the baseline {rows[0].combo} has no tokens/s")
+    if any(row.requests for row in rows):
+        out.append("inference requests: served of arrived (first token out), rejected (not "
+                   "started within the deadline), expired (served, first token after it)")
     said: set[str] = set()
     for row in rows:  # why a row has no time to loss, each reason once
         if row.to_loss and row.to_loss.why and row.to_loss.reached == 0:
@@ -268,7 +303,10 @@ def _header(rows: Sequence[Row]) -> list[str]:
     target = next((row.to_loss.target for row in rows if row.to_loss), None)
     if target is not None:
         header.append(f"time to loss {target:g}")
-    header += ["GPU train", "GPU total", "WAN", "TTFT p50", "TTFT p99", "slowdown"]
+    header += ["GPU train", "GPU total", "WAN", "TTFT p50", "TTFT p99"]
+    if any(row.requests for row in rows):
+        header += ["served", "rejected", "expired"]
+    header.append("slowdown")
     if any(row.predicted is not None for row in rows):
         header += ["simulated (s)", "dilation"]
     return header
@@ -291,6 +329,7 @@ def _cells(row: Row, header: Sequence[str], unit: str) -> list[str]:
         _fmt(row.wan_util, "{:.1%}"),
         _fmt(row.ttft_p50, "{:.3f}" + unit + "s"),
         _fmt(row.ttft_p99, "{:.3f}" + unit + "s"),
+        *((row.requests.cells() if row.requests else ["-"] * 3) if "served" in header else []),
         slowdown_text(row),
         *(row.emulation_cells() if "dilation" in header else []),
     ]

@@ -3,15 +3,19 @@ needed to run it again. Backend-neutral: `up` and `simulate` write the same file
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import platform
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from testbed.bubbles import RequestRow
 from testbed.compute import memory_summary
 from testbed.fsutil import write_atomic
 from testbed.job import Job
@@ -75,6 +79,8 @@ class RunRecord:
     """Report the time to reach this loss (`time_to_loss`)."""
     plan_file: str | None = None
     """The file of a plan the run was given (`--plan FILE`) rather than its policy's."""
+    requests: list[RequestRow] | None = None
+    """Each inference request's fate, for a run that filled bubbles (requests.csv)."""
 
     def results(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -92,6 +98,7 @@ class RunRecord:
             "inference": {
                 "requests": 0,
                 "served": 0,
+                "expired": 0,
                 "rejected": 0,
                 "ttft_s": {"p50": None, "p99": None},
             },
@@ -138,9 +145,22 @@ def write_run(directory: Path, record: RunRecord) -> Path:
     write_atomic(directory / "trace.json", strict_json(trace), 0o644)
     write_atomic(directory / "spans.json",
                  strict_json({"start": record.start, "spans": record.spans}), 0o644)
+    if record.requests is not None:
+        write_atomic(directory / "requests.csv", requests_csv(record.requests), 0o644)
     write_atomic(directory / "results.json",
                  strict_json(record.results(), indent=1, default=str), 0o644)
     return directory / "results.json"
+
+
+def requests_csv(rows: Sequence[RequestRow]) -> str:
+    """One line per request: arrival, prefill start, GPU, time to first token (seconds
+    since the run started) and what became of it."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(RequestRow.__annotations__),
+                            lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in rows)
+    return out.getvalue()
 
 
 def strict_json(value: Any, **options: Any) -> str:

@@ -94,9 +94,11 @@ def run_summary(results: dict[str, Any]) -> list[str]:
     inference = results.get("inference") or {}
     if inference.get("requests"):
         ttft = inference["ttft_s"]
+        expired = inference.get("expired")
         lines.append(
-            f"  inference     {inference['served']} of {inference['requests']} served, "
-            f"{inference['rejected']} rejected, TTFT p50 {_secs(ttft['p50'])} p99 "
+            f"  inference     {inference['served']} of {inference['requests']} served"
+            + (f" ({expired} after the deadline)" if expired else "")
+            + f", {inference['rejected']} rejected, TTFT p50 {_secs(ttft['p50'])} p99 "
             f"{_secs(ttft['p99'])}"
         )
     overruns = inference.get("overruns")

@@ -17,6 +17,7 @@ from testbed.dilation import (
     dilate_topology,
     peak_rate_bps,
     represented_inference,
+    represented_requests,
     represented_spans,
 )
 from testbed.errors import InputError, TestbedError
@@ -130,9 +131,9 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
     health = outcome.health
     if health is not None and health.warning():
         say(f"warning: {health.warning()}")
-    inference = inference_results(
-        coordinator.topology, coordinator.job, plan, coordinator.broker,
-        max((s["end"] for s in outcome.spans), default=outcome.start) - outcome.start)
+    until = max((s["end"] for s in outcome.spans), default=outcome.start) - outcome.start
+    inference = inference_results(coordinator.topology, coordinator.job, plan,
+                                  coordinator.broker, until)
     record = RunRecord(
         backend="emulate", policy=spec.policy, bubble_policy=spec.bubble_policy,
         topology=spec.topology, job=spec.job, plan=plan, shaper=outcome.shaper,
@@ -148,7 +149,9 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
                **prediction_fields(predicted, summary.typical_s),
                "emulation": None if health is None else health.as_dict(),
                "inference": _with_overruns(represented_inference(inference, k), spans,
-                                           coordinator.broker is not None)})
+                                           coordinator.broker is not None)},
+        requests=None if coordinator.broker is None else represented_requests(
+            coordinator.broker.request_rows(until), k))
     return BackendRun(record, error)
 
 

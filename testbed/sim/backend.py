@@ -47,4 +47,5 @@ class SimulatorBackend:
             extra={"profile": bool(spec.profile), "pacing": "assumed",
                    "jitter": spec.jitter.as_dict() if spec.jitter else None,
                    "events": [e.as_raw() for e in spec.events],
-                   "inference": inference})
+                   "inference": inference},
+            requests=None if broker is None else broker.request_rows(end))
