@@ -14,6 +14,7 @@ from testbed.cli_options import (
     emulation_options,
     event_options,
     force_option,
+    format_option,
     jitter_option,
     job_flags,
     job_options,
@@ -28,6 +29,7 @@ from testbed.inputs import load_inputs
 from testbed.plan.load import given_plan
 from testbed.policy.registry import DEFAULT_COMPARISON, DEFAULT_POLICY
 from testbed.report.compare import RunEntry, markdown_table, table_rows, table_text
+from testbed.report.figure_files import FigureFormat
 from testbed.report.results import new_run_dir
 from testbed.report.saved import load_compare, load_spans
 from testbed.run_spec import RunSpec
@@ -68,12 +70,14 @@ from testbed.units import plural
 @force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the comparison (default: a new one under runs/).")
+@format_option
 def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, ...],
             bubbles: tuple[str, ...], policy_opts: tuple[str, ...], backend: BackendName,
             repeat: int,
             compute: ComputeChoice, out: Path | None, pacing: str,
             activations: ActivationsChoice, dilation: str, jitter: Jitter | None,
-            target_loss: float | None, force: bool, **kwargs: Any) -> None:
+            target_loss: float | None, force: bool, fmt: FigureFormat,
+            **kwargs: Any) -> None:
     """Run policies on the same topology, job and seed, one after another, and compare.
 
     Prints a table (iteration time with its spread over repeats, speed-up against the
@@ -123,7 +127,7 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
         click.echo(f"jitter (CV): compute {jitter.compute:.0%}, prefill {jitter.prefill:.0%}, "
                    f"network {jitter.network:.0%}; seeds {inputs.job.seed}.."
                    f"{inputs.job.seed + repeat - 1}")
-    show(directory, entries, inputs.topology)
+    show(directory, entries, inputs.topology, fmt=fmt)
 
 
 def _overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -132,9 +136,11 @@ def _overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def show(directory: Path, entries: list[RunEntry], topology: Topology,
-         plots: bool = True) -> None:
-    """Print the table and draw every plot from the runs' files."""
-    from testbed.report.plots import gantt_plot, iteration_plot, loss_plot, wan_plot
+         plots: bool = True, fmt: FigureFormat = "png") -> None:
+    """Print the table and draw every plot from the runs' files, each in `fmt` with its
+    CSV beside it."""
+    from testbed.report.gantt import GanttPanel, gantt_plot
+    from testbed.report.plots import iteration_plot, loss_plot, wan_plot
 
     rows = table_rows(entries)
     firsts: dict[str, RunEntry] = {}
@@ -147,7 +153,7 @@ def show(directory: Path, entries: list[RunEntry], topology: Topology,
     if not plots:
         click.echo(f"wrote table.md in {directory}")
         return
-    iteration_plot(rows, directory / "iterations.png")
+    iteration_plot(rows, directory / f"iterations.{fmt}")
     panels, wan = [], []
     capacity: dict[str, float] = {}
     for link in topology.links:
@@ -156,16 +162,17 @@ def show(directory: Path, entries: list[RunEntry], topology: Topology,
         start, run_spans = spans[combo]
         done = len(entry.results["iteration_time_s"]["all"]) if entry.results else 0
         iteration = 1 if done > 1 else 0
-        panels.append((combo, run_spans, start, iteration))
+        placement = ((entry.results or {}).get("plan") or {}).get("placement") or {}
+        panels.append(GanttPanel(combo, run_spans, start, iteration, placement))
         wan.append((combo, run_spans, start, capacity))
     if panels:
-        gantt_plot(panels, directory / "gantt.png")
-        wan_plot(wan, directory / "wan.png")
+        gantt_plot(panels, directory / f"gantt.{fmt}")
+        wan_plot(wan, directory / f"wan.{fmt}")
     curves = [(combo, entry.results["loss_curve"]) for combo, entry in firsts.items()
               if entry.results and entry.results.get("loss_curve")]
     if curves:
         target = next((row.to_loss.target for row in rows if row.to_loss), None)
-        loss_plot(curves, directory / "loss.png", target)
+        loss_plot(curves, directory / f"loss.{fmt}", target)
     click.echo(f"wrote compare.json, compare.csv, table.md and plots in {directory}")
 
 
@@ -173,8 +180,9 @@ def show(directory: Path, entries: list[RunEntry], topology: Topology,
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--plots/--no-plots", default=True, show_default=True,
               help="Draw the plots again (the table alone is instant).")
-def report(directory: Path, plots: bool) -> None:
+@format_option
+def report(directory: Path, plots: bool, fmt: FigureFormat) -> None:
     """Rebuild a comparison's table and plots from its saved results, without rerunning."""
     _, entries = load_compare(directory)
     topology = load_topology(directory / "topology.yaml")
-    show(directory, entries, topology, plots)
+    show(directory, entries, topology, plots, fmt)

@@ -208,6 +208,13 @@ def force_option(func: F) -> F:
                         help="Write into an --out directory that already holds files.")(func)
 
 
+def format_option(func: F) -> F:
+    return click.option("--format", "fmt", type=click.Choice(["png", "pdf", "svg"]),
+                        default="png", show_default=True,
+                        help="File format of the plots (each has a CSV of its numbers "
+                        "beside it).")(func)
+
+
 def results_dir(out: Path | None, force: bool, default: Callable[[], Path]) -> Path:
     """Where a command writes, held by it until it ends (testbed.run_dirs): a
     fresh directory, or `--out` when it is safe to use. An `--out` that is a symbolic link

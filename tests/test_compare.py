@@ -18,7 +18,8 @@ from testbed.report.compare import (
     table_rows,
     table_text,
 )
-from testbed.report.plots import gantt_spans, loss_plot
+from testbed.report.gantt import gantt_spans
+from testbed.report.plots import loss_plot
 
 from .test_cli import call
 from .test_metrics import uneven_spans

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 from testbed.figures.claims import BACKENDS
 from testbed.figures.collect import ClaimRecord
 from testbed.fsutil import write_atomic
-from testbed.report.plots import save_png
+from testbed.report.figure_files import save_figure
 
 README_BEGIN = "<!-- paper-claims:begin (testbed figures --readme README.md) -->"
 README_END = "<!-- paper-claims:end -->"
@@ -128,7 +128,7 @@ def plot(record: ClaimRecord, path: Path) -> None:
         ax.grid(True, axis="y", color="0.85")
     fig.suptitle(f"{record['claim']}\n{record['conditions']}", fontsize=9)
     fig.tight_layout()
-    save_png(fig, path, 110)
+    save_figure(fig, path)
 
 
 def _bars(record: ClaimRecord, runs: dict[str, dict[str, Any]]

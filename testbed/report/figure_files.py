@@ -1,0 +1,79 @@
+"""What every plot of ours shares, so that each can go into a paper as it is: the format
+(PNG, PDF or SVG, by the file's suffix), nothing clipped, a CSV of the plotted numbers
+beside the picture, line styles and markers that stay apart in black and white, and a
+log axis where the values span more than a decade."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from testbed.fsutil import atomic_output, write_atomic
+
+FigureFormat = Literal["png", "pdf", "svg"]
+FORMATS: tuple[FigureFormat, ...] = ("png", "pdf", "svg")
+DPI = 150
+WIDE = 10.0
+"""Decades past which an axis goes logarithmic: values spanning more than this factor."""
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Write a figure in the format its suffix names (never through a link there:
+    testbed.fsutil), cropped to what it draws so no title or label is cut, and close it."""
+    fmt = path.suffix.lstrip(".")
+    if fmt not in FORMATS:
+        raise ValueError(f"{path}: figures are {', '.join(FORMATS)}")
+    try:
+        with atomic_output(path) as handle:
+            fig.savefig(handle, format=fmt, dpi=DPI, bbox_inches="tight", pad_inches=0.05)
+    finally:
+        plt.close(fig)
+
+
+def write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """The numbers a figure plots, one line per point (empty for none)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(["" if v is None else v for v in row] for row in rows)
+    write_atomic(path, out.getvalue(), 0o644)
+
+
+def beside(path: Path) -> Path:
+    """The CSV that goes with a figure: the same name, .csv."""
+    return path.with_suffix(".csv")
+
+
+MARKERS = ("o", "s", "^", "D", "v", "x", "*", "P", "<", ">", "h", "+")
+DASHES: tuple[Any, ...] = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)),
+                           (0, (8, 2)), (0, (1, 3)), (0, (3, 1, 3, 1, 1, 1)))
+
+
+def line_style(i: int) -> dict[str, Any]:
+    """The i-th series' marker and dash pattern: no two of the first 96 alike (markers
+    and dashes run through different cycles)."""
+    return {"color": "black", "marker": MARKERS[i % len(MARKERS)],
+            "linestyle": DASHES[(i + i // len(MARKERS)) % len(DASHES)]}
+
+
+def spans_decade(values: Iterable[float | None]) -> bool:
+    """Whether positive values span more than a factor of ten (a log axis shows both
+    ends); False when any is zero or negative, where a log axis cannot."""
+    kept = [v for v in values if v is not None and math.isfinite(v)]
+    return bool(kept) and min(kept) > 0 and max(kept) / min(kept) > WIDE
+
+
+def wrap(text: str, width: int = 70) -> str:
+    """A title on as many lines as it needs, so the figure never crops it."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width)) or text
