@@ -10,9 +10,20 @@ from pathlib import Path
 
 import click
 
+from testbed.cli_options import format_option
 from testbed.errors import InputError
+from testbed.figures.charts import claim_plot, heat_map, load_plot
 from testbed.figures.claims import BACKENDS, Backend, Conditions, claims
-from testbed.figures.collect import measure, records, summarize_conditions
+from testbed.figures.collect import (
+    ClaimRecord,
+    measure,
+    records,
+    summarize_conditions,
+    with_frontiers,
+)
+from testbed.figures.frontier import SPACES, SearchName, default_workers, search_all
+from testbed.figures.load_curve import load_curve
+from testbed.figures.measure import Say
 from testbed.figures.render import (
     README_BEGIN,
     README_END,
@@ -20,12 +31,12 @@ from testbed.figures.render import (
     details_markdown,
     has_markers,
     load_records,
-    plot,
     update_readme,
     write_records,
 )
 from testbed.fsutil import write_atomic
 from testbed.inputs import load_inputs
+from testbed.report.figure_files import FigureFormat
 from testbed.report.results import new_run_dir
 
 SHIPPED = Path(__file__).resolve().parent.parent / "topologies"
@@ -55,8 +66,18 @@ contrast where one flow already fills most of a link); their comments give the s
               default=20.0, show_default=True, metavar="MINUTES",
               help="Skip (and say so) an emulated run the simulator predicts would take "
               "longer than this at its dilation.")
+@click.option("--frontier", "search", type=click.Choice(["coarse", "full", "off"]),
+              default="coarse", show_default=True,
+              help="With the simulator: search each claim's design space (WAN latency and "
+              "bandwidth, TCP buffers, model, DCs, request rate) for where its figure is "
+              "largest: claims.json's up_to, a heat map per claim. full: a dense grid, "
+              "many times longer.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Processes the search simulates points in  [default: the cores]")
+@format_option
 def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: str | None,
-            readme: Path | None, budget_min: float) -> None:
+            readme: Path | None, budget_min: float, search: SearchName, workers: int | None,
+            fmt: FigureFormat) -> None:
     """Reproduce each of the paper's claims: multiple connections, PP against DP across
     DCs, temporal sharing, Atlas against GPipe, 1F1B and DP across DCs, weak scaling with
     DCs, DC selection, the bubbles Atlas leaves, BubbleTea's utilization and slowdown.
@@ -101,16 +122,55 @@ def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: 
         measured = measure(conditions, chosen, wanted, directory, say, budget_min * 60)
         saved = records(measured, chosen, saved)
         write_records(directory / "claims.json", saved)
+    if "simulate" in backends:
+        if wanted is None or wanted & {"bubbletea_utilization", "bubbletea_slowdown"}:
+            for cond in conditions:
+                _load_curve(cond, directory, fmt, say)
+        if search != "off":
+            saved = _frontiers(conditions, wanted, saved, search, workers, directory, fmt, say)
+            write_records(directory / "claims.json", saved)
     write_atomic(directory / "figures.md", details_markdown(saved) + "\n", 0o644)
     for record in saved:
-        plot(record, directory / f"{record['id'].replace(':', '-')}.png")
+        claim_plot(record, directory / f"{record['id'].replace(':', '-')}.{fmt}")
     if readme is not None:
         try:
             update_readme(readme, saved)
         except ValueError as exc:
             raise InputError(str(exc), "--readme") from None
     click.echo(claims_table(saved))
-    click.echo(f"\nclaims.json, figures.md and a PNG per claim in {directory}", file=sys.stdout)
+    click.echo(f"\nclaims.json, figures.md, a figure per claim (and its heat map and "
+               f"load curves with the simulator) in {directory}", file=sys.stdout)
+
+
+def _load_curve(cond: Conditions, directory: Path, fmt: FigureFormat, say: Say) -> None:
+    """BubbleTea against the arrival rate at these conditions."""
+    inputs = load_inputs(Path(cond.topology))
+    points = load_curve(cond, say)
+    deadline = inputs.job.inference.deadline_s if inputs.job.inference else None
+    load_plot(points, deadline, f"BubbleTea on Atlas's plan, {cond.topology}: "
+              f"{cond.summary}", directory / f"load-{Path(cond.topology).stem}.{fmt}")
+
+
+def _frontiers(conditions: list[Conditions], wanted: set[str] | None,
+               saved: list[ClaimRecord], search: SearchName, workers: int | None,
+               directory: Path, fmt: FigureFormat, say: Say) -> list[ClaimRecord]:
+    """Each claim searched once per shape of conditions: its up_to in the records and a
+    heat map (named after its first conditions where the shapes differ)."""
+    started = time.monotonic()
+    found = search_all(conditions, wanted, SPACES[search], workers or default_workers(),
+                       say)
+    shapes = {tuple(f.conditions) for f in found}
+    by_key = {}
+    for f in found:
+        suffix = "" if len(shapes) == 1 else f"-{Path(f.conditions[0]).stem}"
+        claim = next((r["claim"] for r in saved if r["id"].startswith(f.claim + ":")), f.claim)
+        unit = next((r["unit"] for r in saved if r["id"].startswith(f.claim + ":")), "")
+        heat_map(f, claim, unit, directory / f"frontier-{f.claim}{suffix}.{fmt}")
+        up_to = f.frontier.up_to(f.target, f.at_most, search)
+        by_key.update({(f.claim, cond): up_to for cond in f.conditions})
+    say(f"frontier: {sum(len(f.frontier.results) for f in found)} claim-points searched in "
+        f"{time.monotonic() - started:.0f} s")
+    return with_frontiers(saved, by_key)
 
 
 def _conditions(path: Path) -> Conditions:

@@ -154,7 +154,7 @@ def test_figures_end_to_end_on_a_small_topology(tmp_path: Path) -> None:
     out = tmp_path / "figures"
     code, output = _figures(["--conditions", str(ROOT / "topologies" / "two-dc.yaml"),
                              "--claims", "pp_vs_dp,atlas_vs_pipelines,multi_tcp",
-                             "--out", str(out)])
+                             "--out", str(out), "--frontier", "off"])
     assert code == 0, output
     saved = json.loads((out / "claims.json").read_text())
     assert [r["id"] for r in saved] == ["multi_tcp:two-dc", "pp_vs_dp:two-dc",
@@ -165,6 +165,8 @@ def test_figures_end_to_end_on_a_small_topology(tmp_path: Path) -> None:
         assert record["emulate"] is None and record["not_run"]["emulate"]
         assert (out / f"{record['id'].replace(':', '-')}.png").stat().st_size > 0
     assert saved[1]["simulate"] is not None and saved[1]["simulate"] > 0
+    assert saved[1]["why"] and saved[1]["up_to"] is None  # no search asked for
+    assert not list(out.glob("frontier-*"))
     assert "| claim | paper |" in (out / "figures.md").read_text()
 
 
@@ -186,3 +188,21 @@ def test_figures_refuses_a_directory_of_other_files(tmp_path: Path) -> None:
                              "--conditions", str(ROOT / "topologies" / "two-dc.yaml")])
     assert code == 2
     assert "no claims.json" in output
+
+
+def test_the_search_keeps_the_stated_conditions_and_survives_the_other_backend() -> None:
+    from testbed.figures.collect import with_frontiers
+    from testbed.figures.frontier import UpTo
+
+    first = records([_measurement("temporal", 1.7)], "simulate", [])
+    searched = UpTo(value=1.5, conditions="one-way 5 ms, 1Gbit", point={}, reached=False,
+                    why="fair is busy", points=12, search="coarse")
+    found = with_frontiers(first, {("temporal", "three.yaml"): searched})
+    up_to = found[0]["up_to"]
+    assert up_to is not None
+    assert (up_to["value"], up_to["conditions"]) == (1.7, "the stated conditions (three.yaml)")
+    higher = with_frontiers(first, {("temporal", "three.yaml"): {**searched, "value": 1.75}})
+    assert higher[0]["up_to"] is not None and higher[0]["up_to"]["value"] == 1.75
+    both = records([_measurement("temporal", 1.5)], "emulate", higher)
+    assert both[0]["up_to"] == higher[0]["up_to"]
+    assert "1.75x (below target; at one-way 5 ms, 1Gbit)" in claims_table(both)

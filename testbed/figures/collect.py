@@ -7,32 +7,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
-from testbed.errors import TestbedError
-from testbed.figures.claims import (
-    MULTI_TCP,
-    Backend,
-    ClaimSpec,
-    Conditions,
-    RunFigures,
-    TransferFigures,
-    claims,
-    multi_tcp_link,
-)
-from testbed.figures.measure import Runner, Say, transfer, wan_connections
+from testbed.figures.claim_runs import BackendFigures, measure_claim
+from testbed.figures.claims import Backend, ClaimSpec, Conditions, claims
+from testbed.figures.frontier import UpTo
+from testbed.figures.measure import Runner, Say
+from testbed.figures.why import why
 from testbed.inputs import load_inputs
-from testbed.policy import training_policy
-from testbed.sim.planning import plan_with_simulator, shared_cache
+from testbed.sim.planning import shared_cache
 from testbed.topology.model import Topology
 from testbed.units import format_rate
-
-
-class BackendFigures(TypedDict, total=False):
-    value: float | None
-    runs: dict[str, dict[str, Any]]
-    """Each run's figures (or its error) by its key in the claim."""
-    why_none: str
 
 
 class ClaimRecord(TypedDict):
@@ -53,6 +38,12 @@ class ClaimRecord(TypedDict):
     not_run: dict[str, str]
     """Why a backend's value is null."""
     detail: dict[str, BackendFigures]
+    why: str | None
+    """What bounds the figure at these conditions, from the simulated runs (the emulated
+    where there are none): testbed.figures.why."""
+    up_to: UpTo | None
+    """The largest figure a search of the design space found, and where (the simulator;
+    testbed.figures.frontier); None until one has run."""
 
 
 @dataclass(frozen=True)
@@ -86,57 +77,7 @@ def measure(conditions: Sequence[Conditions], backend: Backend, only: set[str] |
             for spec in claims(inputs.topology, inputs.job, cond):
                 if only is not None and spec.id not in only:
                     continue
-                if spec.id == MULTI_TCP:
-                    figures = _multi_tcp(runner, inputs.topology, backend, say)
-                else:
-                    figures = _from_runs(runner, spec)
-                out.append(Measurement(spec, cond, figures))
-    return out
-
-
-def _from_runs(runner: Runner, spec: ClaimSpec) -> BackendFigures:
-    measured: dict[str, RunFigures] = {}
-    runs: dict[str, dict[str, Any]] = {}
-    for ask in spec.runs:
-        got = runner.figures(ask)
-        if isinstance(got, str):
-            runs[ask.key] = {"run": ask.label(), "error": got}
-            return {"value": None, "runs": runs, "why_none": f"{ask.label()} failed: {got}"}
-        measured[ask.key] = got
-        runs[ask.key] = {"run": ask.label(), **_as_dict(got)}
-    value = spec.value(measured)
-    figures: BackendFigures = {"value": value, "runs": runs}
-    if value is None:
-        figures["why_none"] = "a run measured no iteration"
-    return figures
-
-
-def _multi_tcp(runner: Runner, topology: Topology, backend: Backend, say: Say) -> BackendFigures:
-    """Over the link Atlas's plan opens most connections on: its plan, not a run of it."""
-    try:
-        plan = plan_with_simulator(training_policy("atlas"), topology, runner.inputs.job)
-    except TestbedError as exc:
-        return {"value": None, "runs": {}, "why_none": f"atlas cannot plan: {exc}"}
-    chosen = multi_tcp_link(topology, wan_connections(plan.summary()["connections"]))
-    if chosen is None:
-        return {"value": None, "runs": {}, "why_none": "Atlas's plan crosses no WAN link"}
-    link, connections = chosen
-    got = transfer(topology, link, runner.inputs.job.activation_bytes, connections, backend,
-                   say)
-    return {"value": got.one_s / got.many_s, "runs": {"transfer": _transfer_dict(got)}}
-
-
-def _as_dict(figures: RunFigures) -> dict[str, Any]:
-    return {"iteration_s": figures.iteration_s, "tokens_per_s": figures.tokens_per_s,
-            "utilization_training": figures.utilization_training,
-            "utilization_total": figures.utilization_total, "plan": figures.plan}
-
-
-def _transfer_dict(got: TransferFigures) -> dict[str, Any]:
-    out = {"link": got.link, "connections": got.connections, "one_connection_s": got.one_s,
-           "many_connections_s": got.many_s}
-    if got.many_paced_s is not None:
-        out["many_connections_paced_s"] = got.many_paced_s
+                out.append(Measurement(spec, cond, measure_claim(runner, spec)))
     return out
 
 
@@ -163,8 +104,39 @@ def records(measured: Sequence[Measurement], backend: Backend,
             conditions=m.conditions.topology, conditions_summary=m.conditions.summary,
             command=f"testbed figures --backend {{simulate|emulate}} --claims {m.spec.id} "
                     f"--conditions {m.conditions.topology}",
-            not_run=not_run, detail=detail)
+            not_run=not_run, detail=detail, why=_why(m.spec.id, detail, m.spec.target),
+            up_to=old.get("up_to") if old else None)
     return list(by_id.values())
+
+
+def _why(claim_id: str, detail: Mapping[str, BackendFigures], target: float | None
+         ) -> str | None:
+    for backend in ("simulate", "emulate"):
+        figures = detail.get(backend)
+        if figures is not None and figures.get("value") is not None:
+            return why(claim_id, figures.get("runs", {}), target)
+    return None
+
+
+def with_frontiers(saved: Sequence[ClaimRecord], found: Mapping[tuple[str, str], UpTo]
+                   ) -> list[ClaimRecord]:
+    """Records with the `up_to` a search found for their (claim, conditions file); the
+    stated conditions are a point of the space too, where their figure is the larger."""
+    out = []
+    for record in saved:
+        key = (record["id"].partition(":")[0], record["conditions"])
+        if key not in found:
+            out.append(record)
+            continue
+        up_to, here = found[key], record["simulate"]
+        if here is not None and (up_to["value"] is None or here > up_to["value"]):
+            reached = None if record["target"] is None else (
+                here <= record["target"] if record["at_most"] else here >= record["target"])
+            up_to = UpTo(value=here, conditions=f"the stated conditions ({record['conditions']})",
+                         point={}, reached=reached, why=record["why"],
+                         points=up_to["points"], search=up_to["search"])
+        out.append(ClaimRecord(**{**record, "up_to": up_to}))
+    return out
 
 
 def _value(detail: Mapping[str, BackendFigures], backend: Backend) -> float | None:

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import TestbedError
-from testbed.figures.claims import Backend, RunAsk, RunFigures, TransferFigures
+from testbed.figures.claims import Backend, Requests, RunAsk, RunFigures, TransferFigures
 from testbed.inputs import Inputs
 from testbed.job_file import load_job
 from testbed.pacing import paced
 from testbed.run_spec import RunSpec
-from testbed.runs import run
+from testbed.runs import run, simulated
 from testbed.sim.one_transfer import one_transfer_s
 from testbed.sim.sweep import first_dcs
 from testbed.topology.model import Topology
@@ -35,12 +35,26 @@ def figures_of(results: dict[str, Any]) -> RunFigures:
     plan = results.get("plan") or {}
     dcs = sorted({gpu.rpartition("-")[0] for gpus in (plan.get("placement") or {}).values()
                   for gpu in gpus})
+    gpus = sum(len(g) for g in (plan.get("placement") or {}).values())
     return RunFigures(
         iteration_s=(results.get("iteration_time_s") or {}).get("median"),
         tokens_per_s=results.get("tokens_per_s"),
         utilization_training=utilization.get("training"),
         utilization_total=utilization.get("total"),
-        plan=f"dp {plan.get('dp')} x pp {plan.get('pp')} on {'+'.join(dcs)}" if plan else "")
+        plan=f"dp {plan.get('dp')} x pp {plan.get('pp')} on {'+'.join(dcs)}" if plan else "",
+        gpus=gpus or None, wan_utilization=(results.get("wan") or {}).get("utilization"),
+        requests=requests_of(results.get("inference") or {}))
+
+
+def requests_of(inference: dict[str, Any]) -> Requests | None:
+    """The inference block's counts, or None for a run that had no requests."""
+    if not inference.get("requests"):
+        return None
+    ttft = inference.get("ttft_s") or {}
+    overruns = inference.get("overruns") or {}
+    return Requests(inference["requests"], inference["served"], inference.get("expired"),
+                    inference["rejected"], ttft.get("p50"), ttft.get("p99"),
+                    overruns.get("prefills"), overruns.get("overran"))
 
 
 def wan_connections(connections: dict[str, int]) -> set[tuple[str, str, int]]:
@@ -57,9 +71,11 @@ def wan_connections(connections: dict[str, int]) -> set[tuple[str, str, int]]:
 class Runner:
     """Runs each distinct ask once per backend and conditions (claims share runs)."""
 
-    def __init__(self, inputs: Inputs, backend: Backend, directory: Path, say: Say,
+    def __init__(self, inputs: Inputs, backend: Backend, directory: Path | None, say: Say,
                  wall_budget_s: float | None = None) -> None:
         self.inputs, self.backend, self.directory, self.say = inputs, backend, directory, say
+        """`directory` None: simulated runs kept in memory, written nowhere (a search
+        over many points keeps only their figures)."""
         self.wall_budget_s = wall_budget_s
         """Emulator: runs predicted to take longer are skipped, with the reason."""
         self.done: dict[RunAsk, RunFigures | str] = {}
@@ -88,6 +104,8 @@ class Runner:
                            bubble_policy=ask.bubbles, bubble_options={} if ask.bubbles else None,
                            dilation="auto" if self.backend == "emulate" else 1,
                            wall_budget_s=self.wall_budget_s)
+            if self.directory is None:
+                return figures_of(simulated(spec).results())
             outcome = run(spec, self.directory / "runs" / name, lambda m: self.say(f"  {m}"))
         except TestbedError as exc:
             return str(exc)

@@ -8,19 +8,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from testbed.figures.claims import BACKENDS
 from testbed.figures.collect import ClaimRecord
 from testbed.fsutil import write_atomic
-from testbed.report.figure_files import save_figure
 
 README_BEGIN = "<!-- paper-claims:begin (testbed figures --readme README.md) -->"
 README_END = "<!-- paper-claims:end -->"
-HATCHES = ("", "//", "xx", "..", "\\\\", "oo")
 
 
 def load_records(path: Path) -> list[ClaimRecord]:
@@ -60,16 +53,43 @@ def _verdict(record: ClaimRecord, backend: str) -> str:
 
 
 def claims_table(records: Sequence[ClaimRecord]) -> str:
-    """The README's table: one row per claim and conditions."""
-    lines = ["| claim | paper | ours, simulated | ours, emulated | conditions |",
-             "| --- | --- | --- | --- | --- |"]
+    """The README's table: one row per claim and conditions, with the largest figure the
+    search of the design space found and where."""
+    lines = ["| claim | paper | ours, simulated | ours, emulated | conditions | "
+             "up to, simulated (where) |", "| --- | --- | --- | --- | --- | --- |"]
     for r in records:
         cells = [f"{fmt(_value(r, b), r['unit'])}{_verdict(r, b)}"
                  if _value(r, b) is not None or b not in r["not_run"] else "not run"
                  for b in BACKENDS]
         lines.append(f"| {r['claim']} | {r['paper']} | {cells[0]} | {cells[1]} | "
-                     f"`{r['conditions']}` |")
+                     f"`{r['conditions']}` | {up_to_text(r)} |")
     return "\n".join(lines)
+
+
+def up_to_text(record: ClaimRecord) -> str:
+    """`17.3x (reached; at one-way 150 ms, 100 Gbit/s)`, or `-` before a search."""
+    up_to = record.get("up_to")
+    if not up_to or up_to.get("value") is None:
+        return "-"
+    return f"{fmt(up_to['value'], record['unit'])} ({verdict(record)}at {up_to['conditions']})"
+
+
+def verdict(record: ClaimRecord) -> str:
+    """Whether the search's figure reaches the target; for a cost (at most), its largest
+    is the worst found, which must stay within the target."""
+    up_to = record.get("up_to")
+    reached = up_to.get("reached") if up_to else None
+    if record["at_most"]:
+        return "" if reached is None else "worst found, within target; " if reached else \
+            "worst found, above target; "
+    return "" if reached is None else "reached; " if reached else "below target; "
+
+
+def bounds_list(records: Sequence[ClaimRecord]) -> str:
+    """What bounds each figure at its conditions (`why`), one line per claim and
+    conditions, for under the table."""
+    return "\n".join(f"- {r['claim']} (`{r['conditions']}`): {r['why']}."
+                     for r in records if r.get("why"))
 
 
 def details_markdown(records: Sequence[ClaimRecord]) -> str:
@@ -79,6 +99,14 @@ def details_markdown(records: Sequence[ClaimRecord]) -> str:
         out += [f"## {r['claim']} ({r['id']})", "", f"Paper: {r['paper']}. Conditions: "
                 f"`{r['conditions']}` ({r['conditions_summary']}).", "",
                 f"Reproduce: `{r['command']}`", ""]
+        if r.get("why"):
+            out += [f"What bounds it: {r['why']}.", ""]
+        up_to = r.get("up_to")
+        if up_to:
+            out += [f"Up to, searched in the simulator ({up_to['points']} points, "
+                    f"{up_to['search']} search; heat map "
+                    f"`frontier-{r['id'].partition(':')[0]}.png`): {up_to_text(r)}"
+                    + (f". There: {up_to['why']}." if up_to.get("why") else "."), ""]
         for backend in BACKENDS:
             figures = r["detail"].get(backend)
             if figures is None:
@@ -113,47 +141,6 @@ def _cell(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def plot(record: ClaimRecord, path: Path) -> None:
-    """Per backend, the measured quantity of each run (or transfer) behind the claim."""
-    panels = [(b, record["detail"][b]) for b in BACKENDS if b in record["detail"]]
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.5 * max(1, len(panels)), 3.6),
-                             squeeze=False)
-    for ax, (backend, figures) in zip(axes[0], panels, strict=False):
-        labels, values, ylabel = _bars(record, figures.get("runs", {}))
-        ax.bar(range(len(values)), values, color="white", edgecolor="black",
-               hatch=[HATCHES[i % len(HATCHES)] for i in range(len(values))])
-        ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{backend}: {fmt(figures.get('value'), record['unit'])}", fontsize=10)
-        ax.grid(True, axis="y", color="0.85")
-    fig.suptitle(f"{record['claim']}\n{record['conditions']}", fontsize=9)
-    fig.tight_layout()
-    save_figure(fig, path)
-
-
-def _bars(record: ClaimRecord, runs: dict[str, dict[str, Any]]
-          ) -> tuple[list[str], list[float], str]:
-    if "transfer" in runs:
-        t = runs["transfer"]
-        labels = ["1 connection", f"{t['connections']} connections"]
-        values = [t["one_connection_s"], t["many_connections_s"]]
-        if t.get("many_connections_paced_s") is not None:
-            labels.append(f"{t['connections']}, paced")
-            values.append(t["many_connections_paced_s"])
-        return labels, values, "transfer time (s)"
-    if record["unit"] == "of linear":
-        return (list(runs), [r.get("tokens_per_s") or 0.0 for r in runs.values()], "tokens/s")
-    if record["unit"] == "%":
-        if record["id"].startswith("bubbles_after"):
-            return (list(runs), [100 * (1 - (r.get("utilization_training") or 0.0))
-                                 for r in runs.values()], "idle GPU time (%)")
-        if not record["at_most"]:
-            return (list(runs), [100 * (r.get("utilization_total") or 0.0)
-                                 for r in runs.values()], "GPU utilization (%)")
-    return (list(runs), [r.get("iteration_s") or 0.0 for r in runs.values()],
-            "iteration time (s)")
-
-
 def has_markers(readme: Path) -> bool:
     text = readme.read_text()
     return README_BEGIN in text and text.find(README_END) > text.find(README_BEGIN)
@@ -165,5 +152,8 @@ def update_readme(readme: Path, records: Sequence[ClaimRecord]) -> None:
     start, end = text.find(README_BEGIN), text.find(README_END)
     if start < 0 or end < start:
         raise ValueError(f"{readme}: no {README_BEGIN} ... {README_END} section to replace")
-    new = text[: start + len(README_BEGIN)] + "\n" + claims_table(records) + "\n" + text[end:]
+    bounds = bounds_list(records)
+    block = claims_table(records) + ("\n\nWhat bounds each figure, computed from its "
+                                     "simulated runs:\n\n" + bounds if bounds else "")
+    new = text[: start + len(README_BEGIN)] + "\n" + block + "\n" + text[end:]
     write_atomic(readme, new, 0o644)
