@@ -83,9 +83,11 @@ def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: 
     DCs, DC selection, the bubbles Atlas leaves, BubbleTea's utilization and slowdown.
 
     Every claim is measured at each set of conditions (a topology whose comments source
-    its values), against the paper's figure; a claim that does not reproduce says so in
-    its row. `--backend simulate` takes a few minutes; the emulated column is filled by a
-    later `--backend emulate --out SAME_DIR`.
+    its values), against the paper's figure, with what bounds it; a claim that does not
+    reproduce says so in its row. With the simulator, each claim is also searched for in
+    a sourced design space (--frontier: how far it goes, and where) and BubbleTea gets
+    its load curve. `--backend simulate` takes some minutes (--frontier off: a couple);
+    the emulated column is filled by a later `--backend emulate --out SAME_DIR`.
     """
     backends: list[Backend] = list(BACKENDS) if backend == "both" else [backend]  # type: ignore[list-item]
     if "emulate" in backends:

@@ -26,6 +26,7 @@ from testbed.figures.space import Point
 from testbed.report.figure_files import (
     beside,
     line_style,
+    log_axis,
     save_figure,
     spans_decade,
     wrap,
@@ -62,8 +63,13 @@ def claim_plot(record: ClaimRecord, path: Path) -> None:
             ax.axhline(height, color="black", linewidth=1, label=label,
                        linestyle=("--", ":", "-.")[i % 3])
         ax.set_xticks(list(xs), bars.labels, rotation=20, ha="right", fontsize=8)
-        if spans_decade([*bars.values, *(h for h, _ in bars.lines)]):
-            ax.set_yscale("log")
+        heights = [*bars.values, *(h for h, _ in bars.lines)]
+        finite = [h for h in heights if math.isfinite(h)]
+        if spans_decade(heights):
+            log_axis(ax, "y")
+            ax.set_ylim(top=max(finite) * 3)  # room for the legend above the lines
+        elif finite:
+            ax.set_ylim(0, max(finite) * 1.3)
         ax.set_ylabel(bars.ylabel)
         ax.set_title(f"{BACKEND_NAMES[backend]}: {fmt(figures.get('value'), record['unit'])}",
                      fontsize=10)
@@ -156,8 +162,8 @@ def heat_map(found: ClaimSearch, claim: str, unit: str, path: Path) -> None:
     mesh = ax.pcolormesh(_edges(bws), _edges(lats), shown, cmap="Greys",
                          vmin=min(finite, default=0), vmax=max(finite, default=1),
                          shading="flat")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    log_axis(ax, "x")
+    log_axis(ax, "y")
     middle = (min(finite, default=0) + max(finite, default=1)) / 2
     for i, lat in enumerate(lats):
         for j, bw in enumerate(bws):
@@ -180,7 +186,8 @@ def heat_map(found: ClaimSearch, claim: str, unit: str, path: Path) -> None:
     up_to = found.frontier.up_to(found.target, found.at_most, "")
     target = "" if found.target is None else \
         f"; outlined: the target ({fmt(found.target, unit)}) reached"
-    ax.set_title(wrap(f"{claim}: up to {fmt(up_to['value'], unit)} at {up_to['conditions']}"
+    ax.set_title(wrap(f"{claim}: largest searched {fmt(up_to['value'], unit)}, at "
+                      f"{up_to['conditions']}"
                       f"{target}", 80), fontsize=8)
     save_figure(fig, path)
     keys = list(Point(0, 0).as_dict())
@@ -229,9 +236,9 @@ def load_plot(points: Sequence[LoadPoint], deadline_s: float | None, title: str,
                         label=f"deadline {deadline_s:g} s")
         axes[2].legend(fontsize=7)
     if spans_decade(y for p in ok for y in (p.ttft_p50_s, p.ttft_p99_s)):
-        axes[2].set_yscale("log")
+        log_axis(axes[2], "y")
     if spans_decade(rates):
-        axes[2].set_xscale("log")
+        log_axis(axes[2], "x")
     axes[2].set_xlabel("prefill requests arriving per second")
     axes[0].set_title(wrap(title, 80), fontsize=9)
     save_figure(fig, path)

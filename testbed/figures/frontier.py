@@ -134,6 +134,8 @@ def search(topology: Topology, conditions: Conditions, wanted: Sequence[str], sp
         start = best[0] if best else grid[0]
         for knob in KNOBS.get(claim, OTHER_KNOBS):
             for value in space.values(knob):
+                if knob == "dcs" and value == len(topology.datacenters):
+                    continue  # the conditions' own: the grid has it
                 point = dataclasses.replace(start, **{knob: value})
                 if point not in frontier.results:
                     asks.setdefault(point, []).append(claim)

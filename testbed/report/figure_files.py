@@ -72,6 +72,17 @@ def spans_decade(values: Iterable[float | None]) -> bool:
     return bool(kept) and min(kept) > 0 and max(kept) / min(kept) > WIDE
 
 
+def log_axis(ax: Any, axis: Literal["x", "y"]) -> None:
+    """A logarithmic axis whose ticks read as plain numbers (0.05, 2, 300), not powers."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    getattr(ax, f"set_{axis}scale")("log")
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    target.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    target.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    target.set_minor_formatter(FuncFormatter(lambda _v, _pos: ""))
+
+
 def wrap(text: str, width: int = 70) -> str:
     """A title on as many lines as it needs, so the figure never crops it."""
     import textwrap

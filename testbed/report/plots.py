@@ -17,6 +17,7 @@ from testbed.metrics.loss import LossPoint
 from testbed.report.figure_files import (
     beside,
     line_style,
+    log_axis,
     save_figure,
     spans_decade,
     write_csv,
@@ -62,12 +63,12 @@ def sweep_plot(rows: Sequence[dict[str, Any]], keys: Sequence[str], path: Path) 
     if numeric:
         ax.set_xlabel(numeric[1])
         if spans_decade(numeric[0]):
-            ax.set_xscale("log")
+            log_axis(ax, "x")
     else:
         ax.set_xticks(range(len(order)), order)
         ax.set_xlabel(x_key)
     if spans_decade(y for points in series.values() for _, y in points):
-        ax.set_yscale("log")
+        log_axis(ax, "y")
     ax.set_ylabel("iteration time (s)")
     ax.grid(True, color="0.85", which="both")
     if series:
@@ -89,7 +90,7 @@ def iteration_plot(rows: Sequence[Any], path: Path) -> None:
     ax.errorbar(xs, medians, yerr=errors, fmt="none", ecolor="black", capsize=4)
     ax.set_xticks(xs, [r.combo for r in ok], rotation=20, ha="right")
     if spans_decade([*medians, *(r.iteration_low for r in ok)]):
-        ax.set_yscale("log")
+        log_axis(ax, "y")
     ax.set_ylabel("iteration time (s)")
     ax.grid(True, axis="y", color="0.85", which="both")
     save_figure(fig, path)
@@ -113,7 +114,7 @@ def loss_plot(curves: Sequence[tuple[str, Sequence[LossPoint]]], path: Path,
         ax.axhline(target, color="0.4", linestyle=":", linewidth=1,
                    label=f"target loss {target:g}")
     if spans_decade(p["loss"] for _, points in kept for p in points):
-        ax.set_yscale("log")
+        log_axis(ax, "y")
     ax.set_xlabel("represented time since the run started (s)")
     ax.set_ylabel("training loss (cross-entropy, nats)")
     ax.grid(True, color="0.85")
