@@ -110,6 +110,22 @@ def test_why_one_connection_leaves_little_to_gain() -> None:
     assert "at most 1.2x on the bytes" in text and "is 11% of the 10 MB transfer" in text
 
 
+def test_why_prefills_take_points_of_gpu_time_and_count_the_waiting() -> None:
+    """Prefills' share is of all GPU time (25% idle, 16% filled: 16 points, not 16% of
+    the 25); requests still queued at the end were waiting too, though none was rejected."""
+    requests = {"arrived": 100, "served": 60, "rejected": 0}
+    runs = {"bubbletea": {"utilization_training": 0.75, "utilization_total": 0.91,
+                          "requests": requests}}
+    text = why("bubbletea_utilization:x", runs, 94)
+    assert text is not None
+    assert "leaves 25.0% of GPU time idle and prefills take 16.0% of GPU time" in text
+    assert "serving 60 of 100 requests (0 rejected at the deadline, 40 still waiting" in text
+    assert "so the 9.0% left are bubbles too short" in text
+    everyone = {**runs["bubbletea"], "requests": {**requests, "served": 100}}
+    text = why("bubbletea_utilization:x", {"bubbletea": everyone}, 94)
+    assert text is not None and text.endswith("the load, not the bubbles, bounds it")
+
+
 def test_a_search_is_the_same_on_one_process_and_on_two(small: Path) -> None:
     topology = load_topology(small)
     cond = Conditions(str(small), "small")

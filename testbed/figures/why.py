@@ -92,12 +92,15 @@ def _idle(runs: Runs, target: float | None) -> str:
 
 
 def _utilization(runs: Runs, target: float | None) -> str:
+    """Prefills take GPU time (points of utilization), not a share of the idle time."""
     run = runs["bubbletea"]
     u_train, u_total, r = run["utilization_training"], run["utilization_total"], run["requests"]
-    text = (f"Atlas's plan leaves {_pct(1 - u_train)} of GPU time idle and prefills fill "
-            f"{_pct(u_total - u_train)} of it, serving {r['served']} of {r['arrived']} "
-            f"requests ({r['rejected']} rejected at the deadline)")
-    if r["rejected"]:
+    pending = r["arrived"] - r["served"] - r["rejected"]
+    text = (f"Atlas's plan leaves {_pct(1 - u_train)} of GPU time idle and prefills take "
+            f"{_pct(u_total - u_train)} of GPU time, serving {r['served']} of {r['arrived']} "
+            f"requests ({r['rejected']} rejected at the deadline, {pending} still waiting "
+            "when the run ended)")
+    if r["rejected"] or pending:
         return text + (f": requests were waiting, so the {_pct(1 - u_total)} left are "
                        "bubbles too short for the guard and a prefill")
     return text + ": every request found a bubble, so the load, not the bubbles, bounds it"
