@@ -70,8 +70,9 @@ contrast where one flow already fills most of a link); their comments give the s
               default="coarse", show_default=True,
               help="With the simulator: search each claim's design space (WAN latency and "
               "bandwidth, TCP buffers, model, DCs, request rate) for where its figure is "
-              "largest: claims.json's up_to, a heat map per claim. full: a dense grid, "
-              "many times longer.")
+              "largest: claims.json's up_to, a heat map per claim. On 2 cores the whole "
+              "command takes about 12 minutes with coarse, 45 with full (a dense grid), "
+              "4 with off.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes the search simulates points in  [default: the cores]")
 @format_option
@@ -86,8 +87,9 @@ def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: 
     its values), against the paper's figure, with what bounds it; a claim that does not
     reproduce says so in its row. With the simulator, each claim is also searched for in
     a sourced design space (--frontier: how far it goes, and where) and BubbleTea gets
-    its load curve. `--backend simulate` takes some minutes (--frontier off: a couple);
-    the emulated column is filled by a later `--backend emulate --out SAME_DIR`.
+    its load curve. `--backend simulate` takes about 12 minutes on 2 cores (4 with
+    --frontier off); the emulated column is filled by a later `--backend emulate --out
+    SAME_DIR`.
     """
     backends: list[Backend] = list(BACKENDS) if backend == "both" else [backend]  # type: ignore[list-item]
     if "emulate" in backends:
