@@ -23,7 +23,7 @@ from testbed.plan.interpret import Compute, Overlapped, Part, Receive, Send, int
 from testbed.plan.model import Plan
 from testbed.policy import training_policy
 from testbed.report.chrome import chrome_trace
-from testbed.report.plots import gantt_plot
+from testbed.report.gantt import GanttPanel, gantt_plot
 from testbed.runtime.messages import Config
 from testbed.runtime.model import build_stages, loss_of
 from testbed.runtime.pool import WorkerHandle
@@ -89,7 +89,8 @@ def test_emulated_workers_run_the_plans_computes_and_hand_local_messages_over(
     named = {e["name"] for e in trace["traceEvents"] if e.get("cat") in ("forward", "backward")}
     assert named == {str(leaf) for actions in plan.actions.values() for action in actions
                      for leaf in action.leaves if leaf.op.is_compute}  # 3I0, 3W0, 2F1 ...
-    gantt_plot([(policy, spans, start, 1)], tmp_path / "gantt.png")
+    placement = {f"{r},{s}": gpus for (r, s), gpus in plan.placement.items()}
+    gantt_plot([GanttPanel(policy, spans, start, 1, placement)], tmp_path / "gantt.png")
     assert (tmp_path / "gantt.png").stat().st_size > 0
     for runner in runners:
         gpu, cfg = runner.config.gpu, runner.config
