@@ -155,6 +155,7 @@ def test_damaged_saved_state_is_refused_before_anything_is_made(
     assert (run / "results.json").read_text() == before
 
 
+@pytest.mark.benchmark  # damaged saved state is refused by name in the test above
 def test_a_damaged_stage_checkpoint_is_named(tmp_path: Path) -> None:
     run = tmp_path / "run"
     done = _kill_after_first_checkpoint(run, "real")
