@@ -12,7 +12,6 @@ import click
 
 from testbed.cli_options import format_option
 from testbed.errors import InputError
-from testbed.figures.charts import claim_plot, heat_map, load_plot
 from testbed.figures.claims import BACKENDS, Backend, Conditions, claims
 from testbed.figures.collect import (
     ClaimRecord,
@@ -91,6 +90,8 @@ def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: 
     --frontier off); the emulated column is filled by a later `--backend emulate --out
     SAME_DIR`.
     """
+    from testbed.figures.charts import claim_plot  # matplotlib: only this command draws
+
     backends: list[Backend] = list(BACKENDS) if backend == "both" else [backend]  # type: ignore[list-item]
     if "emulate" in backends:
         from testbed.cli_net import require_root
@@ -148,6 +149,8 @@ def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: 
 
 def _load_curve(cond: Conditions, directory: Path, fmt: FigureFormat, say: Say) -> None:
     """BubbleTea against the arrival rate at these conditions."""
+    from testbed.figures.charts import load_plot
+
     inputs = load_inputs(Path(cond.topology))
     points = load_curve(cond, say)
     deadline = inputs.job.inference.deadline_s if inputs.job.inference else None
@@ -160,6 +163,8 @@ def _frontiers(conditions: list[Conditions], wanted: set[str] | None,
                directory: Path, fmt: FigureFormat, say: Say) -> list[ClaimRecord]:
     """Each claim searched once per shape of conditions: its up_to in the records and a
     heat map (named after its first conditions where the shapes differ)."""
+    from testbed.figures.charts import heat_map
+
     started = time.monotonic()
     found = search_all(conditions, wanted, SPACES[search], workers or default_workers(),
                        say)

@@ -7,11 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from testbed.fields import Fields, text
 from testbed.job import DATA_FORMATS, DataFile, DataFormat, ModelShape
-from testbed.token_file import open_tokens
 
 BYTE_VOCAB = 256
 """Text is read as bytes: any of 256 values may occur."""
@@ -40,6 +37,8 @@ def parse_data(fields: Fields, name: str, shape: ModelShape, base: Path) -> Data
             raise fields.error(key, f"cannot tell the format of {path} from its extension "
                                "(.txt is text, .bin uint16 tokens): give data: {path: F, "
                                "format: text|uint16}")
+    from testbed.token_file import open_tokens  # numpy: only a job with a data file reads one
+
     try:
         tokens = open_tokens(path, fmt)
     except ValueError as exc:
@@ -65,6 +64,8 @@ def _unfit(tokens: Any, fmt: DataFormat, shape: ModelShape) -> str | None:
             return (f"text is read as bytes (256 token values); model vocab {shape.vocab} "
                     f"is too small: set model.vocab to {BYTE_VOCAB} or more")
         return None
+    import numpy as np
+
     largest = int(np.max(tokens))  # a memory-mapped scan: no copy of the file
     if largest >= shape.vocab:
         return (f"holds token id {largest}; model vocab {shape.vocab} must be above it "
