@@ -17,3 +17,6 @@ AllReduceChoice = Literal["auto", "real"]
 ActivationsChoice = Literal["auto", "real"]
 """`auto` models activations inside a DC in emulated compute; `real` sends them."""
 Status = Literal["ok", "failed", "interrupted"]
+TraceChoice = Literal["full", "summary", "none"]
+"""How much of a run the trace draws: every GPU, a summary that a viewer can show at any
+scale (testbed.report.chrome), or no trace."""

@@ -9,7 +9,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from testbed.choices import ActivationsChoice, BackendName, ComputeChoice
+from testbed.choices import ActivationsChoice, BackendName, ComputeChoice, TraceChoice
 from testbed.cli_options import (
     emulation_options,
     event_options,
@@ -21,6 +21,7 @@ from testbed.cli_options import (
     parse_dilation,
     results_dir,
     target_loss_option,
+    trace_option,
 )
 from testbed.comparison import GivenRun, comparison_runs, run_comparison, write_compare
 from testbed.errors import InputError
@@ -67,6 +68,7 @@ from testbed.units import plural
 @emulation_options
 @jitter_option
 @target_loss_option
+@trace_option
 @force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the comparison (default: a new one under runs/).")
@@ -77,7 +79,7 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
             compute: ComputeChoice, out: Path | None, pacing: str,
             activations: ActivationsChoice, dilation: str, jitter: Jitter | None,
             target_loss: float | None, force: bool, fmt: FigureFormat,
-            **kwargs: Any) -> None:
+            trace: TraceChoice, **kwargs: Any) -> None:
     """Run policies on the same topology, job and seed, one after another, and compare.
 
     Prints a table (iteration time with its spread over repeats, speed-up against the
@@ -109,7 +111,7 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
              for path in plan_paths]
     base = RunSpec(backend, inputs.topology, inputs.job, DEFAULT_POLICY, {}, compute=compute,
                    events=inputs.events, pacing=pacing == "on", activations=activations,
-                   dilation=factor, jitter=jitter, target_loss=target_loss)
+                   dilation=factor, jitter=jitter, target_loss=target_loss, trace=trace)
     runs = comparison_runs(base, policies, bubbles, policy_opts, repeat, plans)
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, "compare"))
     with click.progressbar(length=len(runs), label=f"{backend}: {plural(len(runs), 'run')}",

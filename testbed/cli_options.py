@@ -118,6 +118,16 @@ def _parse_target_loss(_ctx: click.Context, _param: click.Parameter, value: str 
     return check_target_loss(target, "--target-loss", value)
 
 
+def trace_option(func: F) -> F:
+    """--trace: how much of the run trace.json.gz draws (testbed.report.chrome)."""
+    return click.option(
+        "--trace", "trace", type=click.Choice(["summary", "full", "none"]), default="summary",
+        show_default=True,
+        help="trace.json.gz (Perfetto): summary draws every GPU up to 256 of them, past that "
+        "one track per tensor-parallel group in as many whole replicas as fit in 256 (and "
+        "says so); full draws every GPU; none writes no trace.")(func)
+
+
 def bubble_options(func: F) -> F:
     """-b BUBBLE_POLICY and -B KEY=VALUE, for commands that run one combination."""
     func = click.option("-B", "--bubble-option", "bubble_opts", multiple=True,

@@ -10,7 +10,13 @@ import click
 from click.core import ParameterSource
 
 from testbed.api import check, run
-from testbed.choices import ActivationsChoice, AllReduceChoice, ComputeChoice, ShaperChoice
+from testbed.choices import (
+    ActivationsChoice,
+    AllReduceChoice,
+    ComputeChoice,
+    ShaperChoice,
+    TraceChoice,
+)
 from testbed.cli_net import SHAPERS, machine_option, require_root, this_machine
 from testbed.cli_options import (
     bubble_options,
@@ -25,6 +31,7 @@ from testbed.cli_options import (
     policy_options,
     results_dir,
     target_loss_option,
+    trace_option,
     with_plan,
 )
 from testbed.errors import InputError
@@ -58,6 +65,7 @@ def echo_err(message: str) -> None:
 @event_options
 @emulation_options
 @target_loss_option
+@trace_option
 @force_option
 @click.option(
     "--compute",
@@ -142,13 +150,14 @@ def up(
     machine: str | None,
     join_timeout: float,
     target_loss: float | None,
+    trace: TraceChoice,
     **kwargs: Any,
 ) -> None:
     """Train over the emulated WAN: one worker process per GPU in its namespace.
 
     Brings the network up, starts the workers, runs the policy's plan (or the one
     --plan FILE gives) for the job's iterations, prints progress per iteration, and tears
-    everything down. Writes results.json, trace.json (open in ui.perfetto.dev), plan.csv,
+    everything down. Writes results.json, trace.json.gz (open in ui.perfetto.dev), plan.csv,
     topology.yaml and worker logs into the results directory, also when the run fails or
     is interrupted.
 
@@ -176,7 +185,7 @@ def up(
                        events=inputs.events, pacing=pacing == "on", activations=activations,
                        dilation=parse_dilation(dilation), checkpoint_every=checkpoint_every or 0,
                        cluster=cluster_run(cluster_file, machine, join_timeout, inputs.topology),
-                       target_loss=target_loss)
+                       target_loss=target_loss, trace=trace)
         spec = with_plan(spec, plan_path)
         check(spec)
         directory = results_dir(out, force,

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from testbed.api import check, run
+from testbed.choices import TraceChoice
 from testbed.cli_options import (
     bubble_options,
     event_options,
@@ -21,6 +22,7 @@ from testbed.cli_options import (
     policy_options,
     results_dir,
     target_loss_option,
+    trace_option,
     with_plan,
 )
 from testbed.inputs import load_inputs
@@ -49,20 +51,21 @@ profile_option = click.option(
 @profile_option
 @jitter_option
 @target_loss_option
+@trace_option
 @force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Results directory (default: a new one under runs/).")
 def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], plan_path: Path | None,
              bubble: str | None, bubble_opts: tuple[str, ...], profile_path: Path | None,
              out: Path | None, force: bool, jitter: Jitter | None, target_loss: float | None,
-             **kwargs: Any) -> None:
+             trace: TraceChoice, **kwargs: Any) -> None:
     """Simulate the plan at any scale: modeled compute, flow-level network.
 
     Compute times come from FLOPs and the GPU type's sustained rate (or --profile);
     transfers share links max-min fairly (or one at a time where the plan arbitrates),
     each TCP connection limited by its window and slow start. Writes the same
-    results.json and trace.json as `testbed up` (backend simulate, compute modeled).
-    With --plan FILE, runs that plan (saved, hand-edited, or torch's CSV form).
+    results.json, spans.json and trace.json.gz as `testbed up` (backend simulate, compute
+    modeled). With --plan FILE, runs that plan (saved, hand-edited, or torch's CSV form).
     """
     inputs = load_inputs(topology, **job_flags(kwargs))
     spec = RunSpec("simulate", inputs.topology, inputs.job, policy,
@@ -71,7 +74,7 @@ def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], plan_pat
                    profile=load_profile(profile_path) if profile_path else None,
                    events=inputs.events,
                    jitter=jitter.with_seed(inputs.job.seed) if jitter else None,
-                   target_loss=target_loss)
+                   target_loss=target_loss, trace=trace)
     spec = with_plan(spec, plan_path)
     check(spec)
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, spec.policy))

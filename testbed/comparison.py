@@ -118,5 +118,5 @@ def write_compare(directory: Path, config: dict[str, Any], entries: list[RunEntr
     rows = [asdict(row) for row in table_rows(entries)]
     write_atomic(directory / "compare.json", strict_json(
         {"schema": COMPARE_SCHEMA, **config, "rows": rows,
-         "runs": [e.as_dict() for e in entries]}, indent=1, default=str), 0o644)
+         "runs": [e.as_dict() for e in entries]}, indent=True), 0o644)
     write_atomic(directory / "compare.csv", csv_text(entries), 0o644)

@@ -11,6 +11,7 @@ from testbed.choices import (
     BackendName,
     ComputeChoice,
     ShaperChoice,
+    TraceChoice,
 )
 from testbed.job import Job
 from testbed.net_events import NetEvent
@@ -63,3 +64,5 @@ class RunSpec:
     target_loss: float | None = None
     """Report the represented time and tokens to the first step whose loss is at most this
     (results' `time_to_loss`); a run without real compute says it has no loss."""
+    trace: TraceChoice = "summary"
+    """How much of the run trace.json.gz draws (testbed.report.chrome)."""

@@ -62,7 +62,11 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
         record.wall_s = time.monotonic() - started
         record.target_loss = spec.target_loss
         record.plan_file = spec.plan_file
+        record.trace = spec.trace
         write_run(directory, record)
+    left_out = record.trace_left_out()
+    if left_out:
+        say(left_out)
     return RunResult(record.results(), directory, error, record)
 
 

@@ -108,8 +108,7 @@ def _compare_dir() -> Path:
 
 def _results_files() -> list[str]:
     base = _compare_dir()
-    return sorted(str(p.relative_to(base)) for p in base.rglob("*.json")
-                  if p.name != "trace.json")
+    return sorted(str(p.relative_to(base)) for p in base.rglob("*.json"))
 
 
 @given(st.data())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import itertools
 import json
 from pathlib import Path
@@ -259,7 +260,7 @@ def test_simulate_writes_the_same_files_as_up(tmp_path: Path) -> None:
     assert results["backend"] == "simulate" and results["compute"] == "modeled"
     assert results["shaper"] is None
     assert results["iterations"] == 4 and results["iteration_time_s"]["median"] > 0
-    assert (tmp_path / "trace.json").exists() and (tmp_path / "spans.json").exists()
+    assert (tmp_path / "trace.json.gz").exists() and (tmp_path / "spans.json").exists()
     code, _, err = _cli(["profile", str(tmp_path)])
     assert code == 0, err
     profile = json.loads((tmp_path / "profile.json").read_text())
@@ -409,7 +410,9 @@ def test_results_files_are_strict_json_a_nan_loss_is_null(tmp_path: Path) -> Non
     def refuse(constant: str) -> float:
         raise AssertionError(f"{constant} in a results file")
 
-    for name in ("results.json", "spans.json", "trace.json"):
+    for name in ("results.json", "spans.json"):
         json.loads((tmp_path / "nan" / name).read_text(), parse_constant=refuse)
+    json.loads(gzip.decompress((tmp_path / "nan" / "trace.json.gz").read_bytes()),
+               parse_constant=refuse)
     results = json.loads((tmp_path / "nan" / "results.json").read_text())
     assert results["loss"] == {"0": 2.5, "1": None, "2": None}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import dataclasses
+import gzip
 import itertools
 import json
 import os
@@ -168,7 +169,7 @@ def test_up_writes_results_and_trace(tmp_path: Path) -> None:
     assert results["wan"]["bytes"] > 0
     assert 0 < results["gpu_utilization"]["training"] < 1
     assert results["tcp"]["east"]["net.ipv4.tcp_congestion_control"] == "cubic"
-    trace = json.loads((out / "trace.json").read_text())
+    trace = json.loads(gzip.decompress((out / "trace.json.gz").read_bytes()))
     tracks = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
     assert {"east-0", "east-1", "west-0", "west-1"} <= tracks
     assert any(e["ph"] == "s" for e in trace["traceEvents"])
@@ -468,7 +469,7 @@ def test_training_rides_through_a_link_flap_and_the_trace_shows_it(tmp_path: Pat
     assert max(times) >= 2.0  # one iteration waited out the outage
     assert "network event starts: east<->west down at 1 s for 2 s" in err
     assert len(results["events"]) == 2
-    trace = json.loads((tmp_path / "run" / "trace.json").read_text())
+    trace = json.loads(gzip.decompress((tmp_path / "run" / "trace.json.gz").read_bytes()))
     assert sum(e.get("name") == "net_event" for e in trace["traceEvents"]) >= 1
 
 

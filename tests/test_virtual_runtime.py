@@ -22,7 +22,7 @@ from testbed.job import Job
 from testbed.plan.interpret import Compute, Overlapped, Part, Receive, Send, interpret
 from testbed.plan.model import Plan
 from testbed.policy import training_policy
-from testbed.report.chrome import chrome_trace
+from testbed.report.chrome import trace_events
 from testbed.report.gantt import GanttPanel, gantt_plot
 from testbed.runtime.messages import Config
 from testbed.runtime.model import build_stages, loss_of
@@ -85,8 +85,8 @@ def test_emulated_workers_run_the_plans_computes_and_hand_local_messages_over(
     runners = _run(configs, 2)
     spans = [s for runner in runners for s in runner.spans]
     start = min(s["start"] for s in spans)
-    trace = chrome_trace(spans, start, load_inputs(TWO_DC).topology)
-    named = {e["name"] for e in trace["traceEvents"] if e.get("cat") in ("forward", "backward")}
+    events = trace_events(spans, start, load_inputs(TWO_DC).topology)
+    named = {e["name"] for e in events if e.get("cat") in ("forward", "backward")}
     assert named == {str(leaf) for actions in plan.actions.values() for action in actions
                      for leaf in action.leaves if leaf.op.is_compute}  # 3I0, 3W0, 2F1 ...
     placement = {f"{r},{s}": gpus for (r, s), gpus in plan.placement.items()}

@@ -1,6 +1,8 @@
 """From a trace (timed spans per GPU, from either backend) to the numbers a run reports.
 
-Spans are testbed.spans.Span: what each GPU did and when, on one clock in seconds.
+Spans are testbed.spans.Span: what each GPU did and when, on one clock in seconds; read
+as rows (testbed.span_table), so the simulator's rows of a whole tensor-parallel group are
+counted once per group, not once per GPU, with the same results.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from testbed.span_table import rows
 from testbed.spans import Span, SpanKind
 
 TRAINING_KINDS: tuple[SpanKind, ...] = ("forward", "backward", "step", "outer_step")
@@ -23,13 +26,11 @@ def iteration_ends(spans: Iterable[Span], gpus: Sequence[str]) -> list[float]:
     it). Only iterations every GPU stepped in count."""
     stepped: dict[int, set[str]] = {}
     ends: dict[int, float] = {}
-    for span in spans:
-        kind = span["kind"]
+    for group, kind, _, end, iteration, _ in rows(spans):
         if kind == "step" or kind == "outer_step":
-            iteration = span["iteration"]
             if kind == "step":
-                stepped.setdefault(iteration, set()).add(span["gpu"])
-            ends[iteration] = max(ends.get(iteration, span["end"]), span["end"])
+                stepped.setdefault(iteration, set()).update(group)
+            ends[iteration] = max(ends.get(iteration, end), end)
     out: list[float] = []
     for iteration in sorted(stepped):
         if iteration != len(out) or stepped[iteration] != set(gpus):
@@ -73,14 +74,27 @@ def window(start: float, ends: Sequence[float], period: int = 1) -> tuple[float,
 
 
 def busy_time(spans: Iterable[Span], kinds: Sequence[SpanKind], lo: float, hi: float) -> float:
-    """Total time inside [lo, hi] covered by spans of these kinds (overlaps per GPU merged)."""
-    per_gpu: dict[str, list[tuple[float, float]]] = {}
-    for span in spans:
-        if span["kind"] in kinds:
-            a, b = max(span["start"], lo), min(span["end"], hi)
+    """Total time inside [lo, hi] covered by spans of these kinds (overlaps per GPU merged).
+    A GPU's time is the union of its groups' intervals, worked out once for all GPUs that
+    share the same groups, and summed GPU by GPU as if each had its own spans."""
+    per_group: dict[tuple[str, ...], list[tuple[float, float]]] = {}
+    for group, kind, start, end, _, _ in rows(spans):
+        if kind in kinds:
+            a, b = max(start, lo), min(end, hi)
             if b > a:
-                per_gpu.setdefault(span["gpu"], []).append((a, b))
-    return sum(_union(intervals) for intervals in per_gpu.values())
+                per_group.setdefault(group, []).append((a, b))
+    groups_of: dict[str, list[tuple[str, ...]]] = {}
+    for group in per_group:
+        for gpu in group:
+            groups_of.setdefault(gpu, []).append(group)
+    unions: dict[tuple[tuple[str, ...], ...], float] = {}
+    total = 0.0
+    for groups in groups_of.values():
+        key = tuple(groups)
+        if key not in unions:
+            unions[key] = _union([i for group in groups for i in per_group[group]])
+        total += unions[key]
+    return total
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
@@ -99,9 +113,9 @@ def _union(intervals: list[tuple[float, float]]) -> float:
 
 def wan_bytes(spans: Iterable[Span], lo: float = float("-inf"), hi: float = float("inf")) -> int:
     return sum(
-        int(s.get("bytes", 0))
-        for s in spans
-        if s["kind"] == "transfer" and s.get("link") and lo <= s["end"] <= hi
+        int(detail.get("bytes", 0)) * len(group)
+        for group, kind, _, end, _, detail in rows(spans)
+        if kind == "transfer" and detail.get("link") and lo <= end <= hi
     )
 
 

@@ -112,8 +112,9 @@ class Plan:
 
     @property
     def has_outer_steps(self) -> bool:
-        return any(a.op is Op.OUTER_STEP for program in self.all_programs()
-                   for actions in program.values() for a in actions)
+        lists = {id(actions): actions for program in self.all_programs()
+                 for actions in program.values()}  # a stage's GPUs share one list
+        return any(a.op is Op.OUTER_STEP for actions in lists.values() for a in actions)
 
     @property
     def period(self) -> int:

@@ -7,7 +7,7 @@ import io
 import itertools
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,9 +21,18 @@ _INT_META = ("dp", "pp", "tp", "microbatches", "microbatch_size")
 
 
 def plan_to_csv(plan: Plan) -> str:
-    """One row per fact; the first cell says what the row is."""
+    """One row per fact; the first cell says what the row is. A stage's GPUs share one
+    action list (build_plan): each list is written out once and its text reused."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
+    texts: dict[int, str] = {}
+
+    def actions_row(head: list[Any], actions: tuple[Action, ...]) -> None:
+        text = texts.get(id(actions))
+        if text is None:
+            text = texts[id(actions)] = "," + _csv_line(map(str, actions)) if actions else ""
+        out.write(_csv_line(head) + text + "\n")
+
     writer.writerow(["meta", "policy", plan.policy])
     for key in _INT_META:
         writer.writerow(["meta", key, getattr(plan, key)])
@@ -31,12 +40,12 @@ def plan_to_csv(plan: Plan) -> str:
     for (replica, stage), gpus in plan.workers():
         writer.writerow(["place", replica, stage, *gpus])
     for gpu in plan.used_gpus():
-        writer.writerow(["actions", gpu, *map(str, plan.actions[gpu])])
+        actions_row(["actions", gpu], plan.actions[gpu])
     if plan.cycle:
         writer.writerow(["meta", "cycle", format_cycle(plan.cycle)])
     for index, program in enumerate(plan.programs, start=1):
         for gpu in plan.used_gpus():
-            writer.writerow(["program", index, gpu, *map(str, program[gpu])])
+            actions_row(["program", index, gpu], program[gpu])
     for (a, b), n in sorted(plan.connections.items()):
         writer.writerow(["conn", a, b, n])
     for (src, dst), sharing in sorted(plan.sharing.items()):
@@ -54,6 +63,13 @@ def plan_to_csv(plan: Plan) -> str:
     for key, value in plan.notes.items():
         writer.writerow(["note", key, json.dumps(value, sort_keys=True)])
     return out.getvalue()
+
+
+def _csv_line(cells: Iterable[Any]) -> str:
+    """One CSV row's text, without its line end."""
+    line = io.StringIO()
+    csv.writer(line, lineterminator="").writerow(cells)
+    return line.getvalue()
 
 
 def load_plan_csv(path: str | Path) -> Plan:

@@ -1,15 +1,34 @@
 """Chrome / Perfetto trace: one process per datacenter, one track per GPU, arrows from each
-send to its receive. Open trace.json in ui.perfetto.dev or chrome://tracing."""
+send to its receive. Written as gzip-compressed JSON (trace.json.gz), which ui.perfetto.dev
+and chrome://tracing open as they are.
+
+`summary` (the default) keeps a large run's trace to what a viewer can show: every GPU
+while there are at most SUMMARY_GPUS of them; past that, one track per pipeline stage's
+GPU group (its lead GPU: a tensor-parallel group's spans are the same on every GPU) in as
+many whole replicas as fit in SUMMARY_GPUS tracks. `full` draws every GPU.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import gzip
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
-from testbed.spans import Span, SpanKind
+from testbed.choices import TraceChoice
+from testbed.fsutil import atomic_output
+from testbed.plan.model import Plan
+from testbed.report.stream import write_json_items
+from testbed.span_table import rows
+from testbed.spans import Span, SpanDetail, SpanKind
 from testbed.topology import Topology
+from testbed.units import plural
 
-_SHOWN: tuple[SpanKind, ...] = (
+SUMMARY_GPUS = 256
+"""Tracks a summary trace keeps at most (whole replicas, at least one)."""
+TRACE_FILE = "trace.json.gz"
+
+_SHOWN: frozenset[SpanKind] = frozenset((
     "forward",
     "backward",
     "step",
@@ -23,95 +42,90 @@ _SHOWN: tuple[SpanKind, ...] = (
     "send",
     "kv_transfer",
     "net_event",
-)
+))
 
 
-def _label(span: Span) -> str:
+def _label(kind: SpanKind, detail: SpanDetail) -> str:
     """A compute as the plan writes it (`2F0`, `1B3`, a split backward's `1I3`, `1W3`)."""
-    kind = span["kind"]
-    mb = span.get("microbatch")
-    short = {"forward": "F", "backward": span.get("part", "B")}.get(kind)
+    mb = detail.get("microbatch")
+    short = {"forward": "F", "backward": detail.get("part", "B")}.get(kind)
     if short and mb is not None:
-        return f"{span.get('stage', '')}{short}{mb}"
+        return f"{detail.get('stage', '')}{short}{mb}"
     return kind if mb is None else f"{kind} {mb}"
 
 
-def chrome_trace(
-    spans: Sequence[Span], start: float, topology: Topology
-) -> dict[str, Any]:
-    dcs = {dc.name: i + 1 for i, dc in enumerate(topology.datacenters)}
-    gpu_ids: dict[str, int] = {}
-    events: list[dict[str, Any]] = []
-    for dc, pid in dcs.items():
-        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": dc}})
+def trace_scope(plan: Plan, detail: TraceChoice) -> tuple[frozenset[str] | None, str | None]:
+    """The GPUs whose tracks the trace draws (None: every GPU) and, when that leaves some
+    out, one line saying what."""
+    gpus = plan.used_gpus()
+    if detail == "full" or len(gpus) <= SUMMARY_GPUS:
+        return None, None
+    replicas = max(1, SUMMARY_GPUS // plan.pp)
+    kept = frozenset(plan.lead_gpu(r, s) for r in range(min(replicas, plan.dp))
+                     for s in range(plan.pp))
+    which = "replica 0" if replicas == 1 else f"replicas 0-{min(replicas, plan.dp) - 1}"
+    group = " (the lead GPU of each tensor-parallel group)" if plan.tp > 1 else ""
+    return kept, (f"trace: {plural(len(kept), 'track')} of {len(gpus):,} GPUs, {which} of "
+                  f"{plan.dp}{group}; --trace full draws every GPU")
 
-    def track(gpu: str) -> tuple[int, int]:
-        dc = gpu.rsplit("-", 1)[0]
-        pid = dcs.get(dc, 0)
-        if gpu not in gpu_ids:
-            if pid == 0 and all(g.rsplit("-", 1)[0] in dcs for g in gpu_ids):
-                events.append({"ph": "M", "name": "process_name", "pid": 0,
-                               "args": {"name": "network"}})
-            gpu_ids[gpu] = len(gpu_ids) + 1
-            events.append(
-                {
-                    "ph": "M",
-                    "name": "thread_name",
-                    "pid": pid,
-                    "tid": gpu_ids[gpu],
-                    "args": {"name": gpu},
-                }
-            )
-        return pid, gpu_ids[gpu]
+
+def trace_events(spans: Sequence[Span], start: float, topology: Topology,
+                 kept: frozenset[str] | None = None) -> Iterator[dict[str, Any]]:
+    """The trace's events in span order, each track's name first; with `kept`, only those
+    GPUs' tracks (a span of a group drawn once, on its first GPU kept)."""
+    pids = {dc.name: i + 1 for i, dc in enumerate(topology.datacenters)}
+    tids: dict[str, int] = {}
+    for dc, pid in pids.items():
+        yield {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": dc}}
+    network_named = False
+
+    def track(gpu: str) -> Iterator[dict[str, Any]]:
+        nonlocal network_named
+        pid = pids.get(gpu.rsplit("-", 1)[0], 0)
+        if pid == 0 and not network_named:
+            network_named = True
+            yield {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "network"}}
+        tids[gpu] = len(tids) + 1
+        yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": tids[gpu],
+               "args": {"name": gpu}}
+
+    def where(gpu: str) -> dict[str, int]:
+        return {"pid": pids.get(gpu.rsplit("-", 1)[0], 0), "tid": tids[gpu]}
 
     def us(t: float) -> float:
         return round((t - start) * 1e6, 3)
 
     flow = 0
-    for span in spans:
-        kind = span["kind"]
-        args = {k: v for k, v in span.items() if k not in ("gpu", "kind", "start", "end")}
-        if kind == "transfer" and span.get("src"):
+    for group, kind, begin, end, iteration, detail in rows(spans):
+        if kind == "transfer" and detail.get("src"):
+            src, dst = detail["src"], detail["dst"]
+            if kept is not None and (src not in kept or dst not in kept):
+                continue
+            for gpu in (src, dst):
+                if gpu not in tids:
+                    yield from track(gpu)
             flow += 1
-            pid, tid = track(span["src"])
-            events.append(
-                {
-                    "ph": "s",
-                    "id": flow,
-                    "name": "tensor",
-                    "cat": "transfer",
-                    "pid": pid,
-                    "tid": tid,
-                    "ts": us(span["start"]),
-                }
-            )
-            pid, tid = track(span["dst"])
-            events.append(
-                {
-                    "ph": "f",
-                    "bp": "e",
-                    "id": flow,
-                    "name": "tensor",
-                    "cat": "transfer",
-                    "pid": pid,
-                    "tid": tid,
-                    "ts": us(span["end"]),
-                }
-            )
+            yield {"ph": "s", "id": flow, "name": "tensor", "cat": "transfer", **where(src),
+                   "ts": us(begin)}
+            yield {"ph": "f", "bp": "e", "id": flow, "name": "tensor", "cat": "transfer",
+                   **where(dst), "ts": us(end)}
             continue
         if kind not in _SHOWN:
             continue
-        pid, tid = track(span["gpu"])
-        events.append(
-            {
-                "ph": "X",
-                "name": _label(span),
-                "cat": kind,
-                "pid": pid,
-                "tid": tid,
-                "ts": us(span["start"]),
-                "dur": max(0.0, us(span["end"]) - us(span["start"])),
-                "args": args,
-            }
-        )
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+        drawn = group if kept is None else [g for g in group if g in kept or g == "network"][:1]
+        if not drawn:
+            continue
+        args = {"iteration": iteration, **detail}
+        ts, stop = us(begin), us(end)
+        for gpu in drawn:
+            if gpu not in tids:
+                yield from track(gpu)
+            yield {"ph": "X", "name": _label(kind, detail), "cat": kind, **where(gpu),
+                   "ts": ts, "dur": max(0.0, stop - ts), "args": args}
+
+
+def write_trace(path: Path, events: Iterable[dict[str, Any]]) -> None:
+    """The events as one gzip-compressed JSON trace, written as they come."""
+    with atomic_output(path) as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1,
+                                                   mtime=0) as out:
+        write_json_items(out, b'{"displayTimeUnit":"ms","traceEvents":[', events, b"]}")

@@ -1,30 +1,33 @@
-"""Every run's directory: results.json, trace.json, the plan, the inputs and the versions
-needed to run it again. Backend-neutral: `up` and `simulate` write the same files."""
+"""Every run's directory: results.json, spans.json, trace.json.gz, the plan, the inputs and
+the versions needed to run it again. Backend-neutral: `up` and `simulate` write the same
+files. spans.json holds the spans as rows: one per span of a GPU (`gpu`), or of a group of
+GPUs that did the same thing at once (`gpus`: the simulator's tensor-parallel groups)."""
 
 from __future__ import annotations
 
 import csv
 import io
-import json
-import math
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from testbed.bubbles import RequestRow
+from testbed.choices import TraceChoice
 from testbed.compute import memory_summary
-from testbed.fsutil import write_atomic
+from testbed.fsutil import atomic_output, write_atomic
 from testbed.job import Job
 from testbed.metrics.loss import loss_curve, no_loss_reason, time_to_loss
 from testbed.metrics.summary import Summary
 from testbed.plan.model import Plan
 from testbed.plan.text import plan_to_csv
-from testbed.report.chrome import chrome_trace
+from testbed.report.chrome import TRACE_FILE, trace_events, trace_scope, write_trace
+from testbed.report.stream import dumps, write_json_items
 from testbed.run_dirs import fresh_directory
+from testbed.span_table import rows
 from testbed.spans import Span
 from testbed.topology import Topology, dump_topology
 from testbed.yamlio import to_yaml
@@ -67,7 +70,7 @@ class RunRecord:
     shaper: str | None
     compute: str
     summary: Summary
-    spans: list[Span]
+    spans: Sequence[Span]
     start: float
     status: str = "ok"
     error: str | None = None
@@ -81,6 +84,8 @@ class RunRecord:
     """The file of a plan the run was given (`--plan FILE`) rather than its policy's."""
     requests: list[RequestRow] | None = None
     """Each inference request's fate, for a run that filled bubbles (requests.csv)."""
+    trace: TraceChoice = "summary"
+    """How much of the run trace.json.gz draws (testbed.report.chrome)."""
 
     def results(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -117,9 +122,14 @@ class RunRecord:
             },
             "versions": versions(),
             "wall_s": self.wall_s,
+            "trace": {"detail": self.trace, "left_out": self.trace_left_out()},
         }
         out.update(self.extra or {})
         return out
+
+    def trace_left_out(self) -> str | None:
+        """What the trace leaves out, in one line, or None."""
+        return None if self.trace == "none" else trace_scope(self.plan, self.trace)[1]
 
     def loss_results(self) -> dict[str, Any]:
         """Loss against represented time, and the time to the target loss when one is set;
@@ -137,19 +147,30 @@ class RunRecord:
 
 
 def write_run(directory: Path, record: RunRecord) -> Path:
-    """Write every file of a run; results.json last, so its presence means complete."""
+    """Write every file of a run; results.json last, so its presence means complete. The
+    trace as `record.trace` asks (testbed.report.chrome)."""
     directory.mkdir(parents=True, exist_ok=True)
     write_atomic(directory / "topology.yaml", to_yaml(dump_topology(record.topology)), 0o644)
     write_atomic(directory / "plan.csv", plan_to_csv(record.plan), 0o644)
-    trace = chrome_trace(record.spans, record.start, record.topology)
-    write_atomic(directory / "trace.json", strict_json(trace), 0o644)
-    write_atomic(directory / "spans.json",
-                 strict_json({"start": record.start, "spans": record.spans}), 0o644)
+    if record.trace != "none":
+        kept, _ = trace_scope(record.plan, record.trace)
+        write_trace(directory / TRACE_FILE,
+                    trace_events(record.spans, record.start, record.topology, kept))
+    with atomic_output(directory / "spans.json") as out:
+        write_json_items(out, b'{"start":' + dumps(record.start) + b',"spans":[',
+                         span_rows(record.spans), b"]}")
     if record.requests is not None:
         write_atomic(directory / "requests.csv", requests_csv(record.requests), 0o644)
-    write_atomic(directory / "results.json",
-                 strict_json(record.results(), indent=1, default=str), 0o644)
+    write_atomic(directory / "results.json", strict_json(record.results(), indent=True), 0o644)
     return directory / "results.json"
+
+
+def span_rows(spans: Sequence[Span]) -> Iterator[dict[str, Any]]:
+    """spans.json's rows: a span of one GPU as it is, a group's once with its `gpus`."""
+    for gpus, kind, start, end, iteration, detail in rows(spans):
+        where: dict[str, Any] = {"gpu": gpus[0]} if len(gpus) == 1 else {"gpus": gpus}
+        yield {**where, "kind": kind, "start": start, "end": end, "iteration": iteration,
+               **detail}
 
 
 def requests_csv(rows: Sequence[RequestRow]) -> str:
@@ -163,21 +184,8 @@ def requests_csv(rows: Sequence[RequestRow]) -> str:
     return out.getvalue()
 
 
-def strict_json(value: Any, **options: Any) -> str:
+def strict_json(value: Any, indent: bool = False) -> str:
     """JSON any reader takes: a number JSON cannot hold (NaN or an infinity, as the loss
-    of a diverged model) is written as null, never as the non-standard `NaN`."""
-    try:
-        return json.dumps(value, allow_nan=False, **options)
-    except ValueError:  # only then is the copy worth making
-        return json.dumps(finite(value), allow_nan=False, **options)
-
-
-def finite(value: Any) -> Any:
-    """`value` with every NaN and infinity inside it replaced by None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: finite(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(item) for item in value]
-    return value
+    of a diverged model) is written as null, never as the non-standard `NaN`; anything
+    else without a JSON form as its str(). `indent`: one item per line."""
+    return dumps(value, indent).decode()

@@ -9,6 +9,8 @@ import math
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import orjson
+
 from testbed.errors import InputError
 from testbed.report.compare import RunEntry
 from testbed.spans import Span
@@ -38,9 +40,10 @@ LATER_RESULTS = {
     "cycle_time_s": {"period": INTEGER},
 }
 """Results keys that older runs do not have: checked where present and not null."""
-SPAN = {"gpu": TEXT, "kind": TEXT, "start": NUMBER, "end": NUMBER}
+ROW = {"kind": TEXT, "start": NUMBER, "end": NUMBER}
+"""A row of spans.json, which names its GPU (`gpu`) or its group of GPUs (`gpus`)."""
 TRANSFER = {"link": OPTIONAL_TEXT, "bytes": NUMBER}
-SPANS = {"start": NUMBER, "spans": [SPAN]}
+SPANS = {"start": NUMBER, "spans": [ROW]}
 
 
 def check(value: Any, shape: Any, path: str, key: str = "") -> None:
@@ -86,13 +89,46 @@ def _kind(value: Any) -> str:
 
 
 def read_json(path: Path) -> Any:
+    """A JSON file (orjson; the standard library's reader for the NaN and Infinity that
+    files of older versions may hold)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"),
-                          parse_constant=lambda c: float(c))
+        data = path.read_bytes()
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return json.loads(data.decode("utf-8"), parse_constant=lambda c: float(c))
     except FileNotFoundError:
         raise InputError("missing file", str(path)) from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise InputError(f"unreadable: {exc}", str(path)) from None
+
+
+def read_span_rows(path: Path) -> tuple[float, list[dict[str, Any]]]:
+    """A run's spans.json: its start and its rows, each checked to have a kind and times
+    and to name its GPU (`gpu`) or a group of GPUs that did the same (`gpus`)."""
+    data = read_json(path)
+    check(data, SPANS, str(path))
+    for i, row in enumerate(data["spans"]):
+        if "gpus" not in row:
+            check(row, {"gpu": TEXT}, str(path), f"spans[{i}]")
+            continue
+        check(row["gpus"], [TEXT], str(path), f"spans[{i}].gpus")
+        if not row["gpus"]:
+            raise InputError("expected at least one GPU", str(path), f"spans[{i}].gpus")
+    return float(data["start"]), data["spans"]
+
+
+def per_gpu(rows: list[dict[str, Any]]) -> list[Span]:
+    """Rows as spans of one GPU each: a group's row once on each of its GPUs."""
+    out: list[Span] = []
+    for row in rows:
+        gpus = row.get("gpus")
+        if gpus is None:
+            out.append(row)  # type: ignore[arg-type]
+            continue
+        rest = {k: v for k, v in row.items() if k != "gpus"}
+        out.extend({"gpu": gpu, **rest} for gpu in gpus)  # type: ignore[typeddict-item]
+    return out
 
 
 def load_compare(directory: Path) -> tuple[dict[str, Any], list[RunEntry]]:
@@ -123,12 +159,11 @@ def load_compare(directory: Path) -> tuple[dict[str, Any], list[RunEntry]]:
 def load_spans(directory: Path, entry: RunEntry) -> tuple[float, list[Span]]:
     """A run's spans.json, checked: its start time and spans."""
     path = directory / entry.directory / "spans.json"
-    data = read_json(path)
-    check(data, SPANS, str(path))
-    for i, span in enumerate(data["spans"]):
+    start, rows = read_span_rows(path)
+    for i, span in enumerate(rows):
         if span["kind"] == "transfer":
             check({"link": span.get("link"), "bytes": span.get("bytes", 0)}, TRANSFER,
                   str(path), f"spans[{i}]")
         if span["kind"] == "step":
             check(span.get("iteration"), INTEGER, str(path), f"spans[{i}].iteration")
-    return float(data["start"]), data["spans"]
+    return start, per_gpu(rows)

@@ -4,6 +4,7 @@ machine can forward."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -178,7 +179,7 @@ def prediction_fields(predicted: float | None, measured: float | None) -> dict[s
     return {"predicted_iteration_s": predicted, "prediction_error": error}
 
 
-def _choose_dilation(spec: RunSpec, predicted_spans: list[Span], compute: str,
+def _choose_dilation(spec: RunSpec, predicted_spans: Sequence[Span], compute: str,
                      say: Say) -> int:
     if spec.dilation != "auto":
         return spec.dilation

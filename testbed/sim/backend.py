@@ -15,6 +15,7 @@ from testbed.run_spec import RunSpec
 from testbed.runtime.checkpoint import Progress
 from testbed.sim.bubble_seed import modeled_waits
 from testbed.sim.simulate import simulate_plan
+from testbed.span_table import last_end
 
 
 class SimulatorBackend:
@@ -36,7 +37,7 @@ class SimulatorBackend:
                              spec.bubble_options, seed)
         summary, spans = simulate_plan(spec.topology, spec.job, plan, policy, spec.profile,
                                        broker, spec.events, spec.jitter)
-        end = max((s["end"] for s in spans), default=0.0)
+        end = last_end(spans)
         inference = inference_results(spec.topology, spec.job, plan, broker, end)
         if broker is not None:
             inference["overruns"] = prefill_overruns(spans).as_dict()

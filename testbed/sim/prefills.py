@@ -15,13 +15,13 @@ from testbed.sim.jitter import Noise
 from testbed.sim.links import Links
 from testbed.sim.network import WINDOW_EFFICIENCY, FluidNetwork, Pair, Schedule
 from testbed.sim.workers import Resume, SimWorker
-from testbed.spans import Span
+from testbed.span_table import SpanTable
 from testbed.topology.model import Topology
 
 
 class Prefills:
     def __init__(self, topology: Topology, workload: InferenceWorkload, broker: BubbleBroker,
-                 network: FluidNetwork, links: Links, at: Schedule, spans: list[Span],
+                 network: FluidNetwork, links: Links, at: Schedule, spans: SpanTable,
                  noise: Noise) -> None:
         self.topology, self.workload, self.broker = topology, workload, broker
         self.network, self.links, self.at, self.spans = network, links, at, spans
@@ -80,11 +80,9 @@ class Prefills:
 
         def delivered(t: float, started: float = now) -> None:
             self.broker.delivered(request.id, t, nbytes)
-            self.spans.append({
-                "gpu": worker.lead, "kind": "kv_transfer", "start": started, "end": t,
-                "iteration": worker.iteration, "bytes": nbytes, "request": request.id,
-                "stage": worker.stage,
-                "link": None if worker.dc == decode else f"{worker.dc}>{decode}"})
+            self.spans.add(worker.alone, "kv_transfer", started, t, worker.iteration,
+                           {"bytes": nbytes, "request": request.id, "stage": worker.stage,
+                            "link": None if worker.dc == decode else f"{worker.dc}>{decode}"})
 
         self.network.start(
             now,

@@ -10,7 +10,7 @@ from typing import Any
 
 from testbed.errors import InputError
 from testbed.fsutil import write_atomic
-from testbed.report.saved import INTEGER, OPTIONAL_TEXT, SPANS, check, read_json
+from testbed.report.saved import INTEGER, OPTIONAL_TEXT, check, per_gpu, read_json, read_span_rows
 
 Profile = dict[int, dict[str, float]]
 
@@ -92,9 +92,7 @@ TIMED = {"stage": INTEGER, "iteration": INTEGER}
 def read_spans(path: Path) -> list[Mapping[str, Any]]:
     """A run's spans.json, checked where a profile reads it: one located error (exit 2)
     for a damaged file, never a traceback or a NaN carried into the profile."""
-    data = read_json(path)
-    check(data, SPANS, str(path))
-    spans: list[Mapping[str, Any]] = data["spans"]
+    _, spans = read_span_rows(path)
     for i, span in enumerate(spans):
         if span["kind"] in ("forward", "backward", "prefill"):
             check(span, TIMED if span["kind"] != "prefill" else {}, str(path), f"spans[{i}]")
@@ -103,7 +101,7 @@ def read_spans(path: Path) -> list[Mapping[str, Any]]:
             if span["end"] < span["start"]:
                 raise InputError(f"ends ({span['end']}) before it starts ({span['start']})",
                                  str(path), f"spans[{i}].end")
-    return spans
+    return list(per_gpu(spans))
 
 
 def load_profile(path: Path) -> Profile:

@@ -22,7 +22,7 @@ from testbed.plan.model import Op, Plan
 from testbed.sim.network import Schedule
 from testbed.sim.transfers import Transfers
 from testbed.sim.workers import Joined, Resume, SimWorker
-from testbed.spans import Span
+from testbed.span_table import SpanTable
 from testbed.topology.model import Topology
 
 GroupKey = tuple[int, Scope, str]
@@ -46,7 +46,7 @@ class _Reduce:
 class AllReduces:
     def __init__(self, topology: Topology, job: Job, plan: Plan,
                  workers: Mapping[tuple[int, int], SimWorker], transfers: Transfers,
-                 at: Schedule, spans: list[Span]) -> None:
+                 at: Schedule, spans: SpanTable) -> None:
         self.topology, self.job, self.plan, self.workers = topology, job, plan, workers
         self.transfers, self.at, self.spans = transfers, at, spans
         self._joins: dict[tuple[GroupKey, int], int] = {}

@@ -3,6 +3,8 @@ the emulator's prediction, sweeps, benchmarks and Atlas's plan search all call."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from testbed.bubbles import BubbleBroker
 from testbed.errors import TestbedError
 from testbed.job import Job
@@ -20,7 +22,7 @@ from testbed.topology.model import Topology
 def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,
                   profile: Profile | None = None,
                   broker: BubbleBroker | None = None, events: tuple[NetEvent, ...] = (),
-                  jitter: Jitter | None = None) -> tuple[Summary, list[Span]]:
+                  jitter: Jitter | None = None) -> tuple[Summary, Sequence[Span]]:
     """Simulate a plan; the summary and spans, computed exactly as for the emulator."""
     result = _run(Simulator(topology, job, plan, policy, profile, bubbles=broker,
                             events=events, jitter=jitter))

@@ -49,13 +49,13 @@ from testbed.sim.prefills import Prefills
 from testbed.sim.rings import AllReduces
 from testbed.sim.transfers import Transfers
 from testbed.sim.workers import SendKey, SimWorker
-from testbed.spans import Span
+from testbed.span_table import SpanTable
 from testbed.topology.model import Topology
 
 
 @dataclass
 class SimResult:
-    spans: list[Span]
+    spans: SpanTable
     start: float
     stopped_at: float | None = None
     """Set when the run stopped early, once its median iteration was sure to exceed
@@ -94,7 +94,7 @@ class Simulator:
         self.jitter = jitter or Jitter()
         self.noise = Noise(self.jitter)
         self.agenda = Agenda()
-        self.spans: list[Span] = []
+        self.spans = SpanTable()
         self.workers: dict[tuple[int, int], SimWorker] = {}
         """By (replica, stage): a GPU holding several stages is there under each."""
         self.gpu_workers: list[SimWorker] = []
@@ -146,8 +146,7 @@ class Simulator:
         stuck = [w.lead for w in self.gpu_workers if not w.done]
         if stuck:
             raise RuntimeError(f"simulation stalled with {', '.join(stuck[:4])} unfinished")
-        end = max((s["end"] for s in self.spans), default=0.0)
-        self.spans.extend(event_spans(self.net_events, 0.0, end))
+        self.spans.extend(event_spans(self.net_events, 0.0, self.spans.last_end()))
         return SimResult(self.spans, 0.0, events=events)
 
     def _stepped(self, iteration: int, end: float) -> None:

@@ -18,7 +18,7 @@ from testbed.sim.jitter import Noise
 from testbed.sim.links import Links
 from testbed.sim.network import RTO_MIN, WINDOW_EFFICIENCY, FluidNetwork, Pair
 from testbed.sim.workers import SimWorker
-from testbed.spans import Span
+from testbed.span_table import SpanTable
 from testbed.topology.model import Topology
 
 Arrival = Callable[[float], None]
@@ -28,7 +28,7 @@ Sent = Callable[[float, float], None]
 
 class Transfers:
     def __init__(self, topology: Topology, plan: Plan, network: FluidNetwork, links: Links,
-                 arbiter: Arbiter, spans: list[Span], noise: Noise) -> None:
+                 arbiter: Arbiter, spans: SpanTable, noise: Noise) -> None:
         self.topology, self.plan, self.network, self.links = topology, plan, network, links
         self.arbiter, self.spans, self.noise = arbiter, spans, noise
         self.pairs: dict[tuple[str, str], Pair] = {}
@@ -88,17 +88,16 @@ class Transfers:
         link = None if src.dc == dst.dc else f"{src.dc}>{dst.dc}"
 
         def arrived(t: float, started: float) -> None:
-            self.spans.append({"gpu": dst.lead, "kind": "transfer", "start": started, "end": t,
-                               "iteration": iteration, "microbatch": microbatch,
-                               "bytes": nbytes, "link": link, "src": src.lead,
-                               "dst": dst.lead, "stage": to_stage, "peer": src.lead})
+            self.spans.add(dst.alone, "transfer", started, t, iteration,
+                           {"microbatch": microbatch, "bytes": nbytes, "link": link,
+                            "src": src.lead, "dst": dst.lead, "stage": to_stage,
+                            "peer": src.lead})
             on_arrival(t)
 
         def sent(t1: float, t2: float) -> None:
-            self.spans.append({"gpu": src.lead, "kind": "send", "start": t1, "end": t2,
-                               "iteration": iteration, "microbatch": microbatch,
-                               "bytes": nbytes, "link": link, "peer": dst.lead,
-                               "stage": stage})
+            self.spans.add(src.alone, "send", t1, t2, iteration,
+                           {"microbatch": microbatch, "bytes": nbytes, "link": link,
+                            "peer": dst.lead, "stage": stage})
             self._next_on_pair(pair, t2)
 
         def begin(t: float, on_sent: Sent = sent) -> None:
@@ -142,9 +141,9 @@ class Transfers:
         )
 
         def granted(t: float, requested: float = now) -> None:
-            self.spans.append({"gpu": src.lead, "kind": "wait_grant", "start": requested,
-                               "end": t, "iteration": iteration, "microbatch": microbatch,
-                               "link": link, "peer": dst.lead, "stage": stage})
+            self.spans.add(src.alone, "wait_grant", requested, t, iteration,
+                           {"microbatch": microbatch, "link": link, "peer": dst.lead,
+                            "stage": stage})
 
             def left(t1: float, t2: float) -> None:
                 sent(t1, t2)  # the last byte is on the link: the lane is free

@@ -11,7 +11,8 @@ from typing import Unpack
 
 from testbed.plan.collective import Collective
 from testbed.plan.interpret import Phase, SendWait, Step
-from testbed.spans import Span, SpanDetail, SpanKind
+from testbed.span_table import SpanTable
+from testbed.spans import SpanDetail, SpanKind
 
 SendKey = tuple[int, Phase, int, int]
 """(iteration, phase, receiving stage, microbatch) of one of a worker's sends (a GPU
@@ -53,9 +54,12 @@ class SimWorker:
     collective."""
     stages: tuple[int, ...] = ()
     """Every stage it holds (virtual stages), in order; `(stage,)` when left out."""
+    alone: tuple[str, ...] = field(init=False)
+    """The lead GPU alone: where a message's spans go (it sends for the group)."""
 
     def __post_init__(self) -> None:
         self.stages = self.stages or (self.stage,)
+        self.alone = self.gpus[:1]
         self.waits_for_sends = any(isinstance(step, SendWait) for steps in self.programs
                                    for step in steps)
         self.begin(self.iteration)
@@ -75,7 +79,7 @@ class SimWorker:
 
     def record(
         self,
-        spans: list[Span],
+        spans: SpanTable,
         kind: SpanKind,
         start: float,
         end: float,
@@ -85,13 +89,10 @@ class SimWorker:
         iteration: int | None = None,
         **detail: Unpack[SpanDetail],
     ) -> None:
-        """The same span on every GPU of the group, in `iteration` (default: the one
-        under way), of the stage `detail` names (default: its first)."""
-        when = self.iteration if iteration is None else iteration
-        for gpu in self.gpus:
-            spans.append({"gpu": gpu, "kind": kind, "start": start, "end": end,
-                          "iteration": when, "stage": self.stage,
-                          "microbatch": microbatch, **detail})
+        """The same span on every GPU of the group (one row), in `iteration` (default:
+        the one under way), of the stage `detail` names (default: its first)."""
+        spans.add(self.gpus, kind, start, end, self.iteration if iteration is None else iteration,
+                  {"stage": self.stage, "microbatch": microbatch, **detail})
 
 
 Resume = Callable[[SimWorker, float], None]
