@@ -400,3 +400,47 @@ def test_atlas_tries_two_stages_per_gpu_only_where_they_fit() -> None:
     many = Candidate(dcs, 1, 24, Chain(dcs, (8, 8, 8)), 1.0, 1)  # 48 stages, 40 layers
     assert training_policy("atlas")._two_per_gpu(  # type: ignore[attr-defined]
         inputs.topology, inputs.job, many) == []
+
+
+def test_a_planning_pool_runs_its_calls_in_other_processes() -> None:
+    import os
+
+    from testbed.policy.context import PlanningContext
+
+    with PlanningContext(processes=2).pool(lambda x: (x, os.getpid())) as pool:
+        waiting = [pool.submit(i) for i in range(6)]
+        results = [wait() for wait in waiting]
+    assert pool.size == 2
+    assert [x for x, _ in results] == list(range(6))
+    assert os.getpid() not in {pid for _, pid in results}
+    with PlanningContext().pool(lambda x: (x, os.getpid())) as serial:
+        assert serial.size == 1 and serial.submit(7)() == (7, os.getpid())
+
+
+@pytest.mark.parametrize("name", ["paper-3dc", "wan-3dc"])
+def test_candidates_measured_in_parallel_make_the_same_choice(name: str) -> None:
+    """Atlas's candidates simulated two and three at a time: the same plan as one after
+    another, the same candidates, each exact time the same, and still some stopped early
+    (a candidate started before the one ahead of it is in may be measured further)."""
+    from testbed.sim.planning import planning_context
+
+    inputs = load_inputs(ROOT / "topologies" / f"{name}.yaml")
+    policy = training_policy("atlas")
+
+    def choose(processes: int) -> tuple[Any, dict[Any, Any]]:
+        context = planning_context(inputs.topology, inputs.job, policy, {})
+        context.processes = processes
+        chosen, ranked, _ = policy.choose(inputs.topology, inputs.job, context)  # type: ignore[attr-defined]
+        return chosen, {c.key: c for c in ranked}
+
+    serial_choice, serial = choose(1)
+    for processes in (2, 3):
+        choice, parallel = choose(processes)
+        assert choice == serial_choice
+        assert set(parallel) == set(serial)
+        assert any(c.at_least for c in parallel.values())
+        for key, candidate in parallel.items():
+            if not candidate.at_least and not serial[key].at_least:
+                assert candidate.simulated_s == serial[key].simulated_s
+            elif serial[key].at_least:
+                assert candidate.simulated_s >= serial[key].simulated_s

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -119,9 +119,14 @@ class AtlasPolicy(TrainingPolicy):
         if not pool:
             raise InputError("selection off, and no placement uses every datacenter",
                              topology.source, "job")
-        state = search(pool, lambda c, floor: self._simulate(topology, job, c, context, floor),
-                       self._mechanisms, every_dc, self.settings["search"],
-                       lambda c: self._two_per_gpu(topology, job, c))
+        probe = replace(job, iterations=min(job.iterations, PROBE_ITERATIONS)
+                        if topology.total_gpus <= LARGE else min(job.iterations, 2))
+        with context.pool(lambda c, stop_above: context.simulate(
+                self._assemble(topology, probe, c), probe, stop_above)) as simulations:
+            state = search(pool, lambda c, floor: self._simulate(
+                topology, probe, c, context, floor, simulations.submit), self._mechanisms,
+                every_dc, self.settings["search"], lambda c: self._two_per_gpu(topology, job, c),
+                simulations.size)
         ranked = state.ranked()
         if not ranked:
             return pool[0], pool[:8], "closed-form estimate (the simulation failed)"
@@ -239,27 +244,35 @@ class AtlasPolicy(TrainingPolicy):
                 best = (latency, chain)
         return best[1] if best else None
 
-    def _simulate(self, topology: Topology, job: Job, candidate: Candidate,
-                  context: PlanningContext, floor: float | None) -> Candidate | None:
-        """The candidate with its simulated iteration time (a warm-up and two measured
-        iterations, or one on large topologies), or None if it cannot run; below `floor`
+    def _simulate(self, topology: Topology, probe: Job, candidate: Candidate,
+                  context: PlanningContext, floor: float | None,
+                  submit: Callable[..., Callable[[], float | None]]
+                  ) -> Callable[[], Candidate | None]:
+        """Starts simulating the candidate (`submit(candidate, stop_above)`: a warm-up and
+        two measured iterations, or one on large topologies); what it returns waits for
+        the candidate with its iteration time, or None if it cannot run; below `floor`
         (tokens/s) only a lower bound on the time (`at_least`). Kept in the context's
         cache: ablations re-run Atlas's own selection."""
-        probe = replace(job, iterations=min(job.iterations, PROBE_ITERATIONS)
-                        if topology.total_gpus <= LARGE else min(job.iterations, 2))
         key = ("atlas", repr(topology), repr(probe), repr(candidate.key),
                repr(sorted((k, v) for k, v in self.settings.items() if k != "search")))
         stop_above = None if floor is None else candidate.tokens / floor
+
+        def result(seconds: float | None, at_least: bool) -> Candidate | None:
+            return None if seconds is None else replace(candidate, simulated_s=seconds,
+                                                        at_least=at_least)
+
         known: tuple[float | None, bool] | None = context.cache.get(key)
-        if known is None or (known[1] and (stop_above is None or known[0] is None
-                                           or known[0] <= stop_above)):
-            plan = self._assemble(topology, probe, candidate)
-            seconds = context.simulate(plan, probe, stop_above)
+        if known is not None and not (known[1] and (stop_above is None or known[0] is None
+                                                     or known[0] <= stop_above)):
+            return lambda: result(*known)
+        waiting = submit(candidate, stop_above)
+
+        def measured() -> Candidate | None:
+            seconds = waiting()
             at_least = seconds is not None and stop_above is not None and seconds > stop_above
-            known = context.cache[key] = (seconds, at_least)
-        seconds, at_least = known
-        return None if seconds is None else replace(candidate, simulated_s=seconds,
-                                                    at_least=at_least)
+            context.cache[key] = (seconds, at_least)
+            return result(seconds, at_least)
+        return measured
 
     # --- temporal sharing ---------------------------------------------------------------
 

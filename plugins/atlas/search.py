@@ -20,6 +20,7 @@ the staged search against.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -116,9 +117,12 @@ class Candidate:
                 "tokens_per_s": round(self.tokens_per_s, 1)}
 
 
-Measure = Callable[[Candidate, "float | None"], "Candidate | None"]
-"""A candidate measured; the second argument is a floor in tokens/s: a candidate sure to
-fall below it may be returned with a lower bound on its time (`at_least`)."""
+Waiter = Callable[[], "Candidate | None"]
+Measure = Callable[[Candidate, "float | None"], Waiter]
+"""Starts measuring a candidate and returns what waits for the result; the second
+argument is a floor in tokens/s: a candidate sure to fall below it may be returned with a
+lower bound on its time (`at_least`). A measure that runs at once returns its result in
+a function that has it."""
 Mode = Literal["staged", "grid", "exhaustive"]
 
 
@@ -133,21 +137,49 @@ class Search:
     measure: Measure
     measured: dict[tuple[Any, ...], Candidate | None] = field(default_factory=dict)
     bounded: bool = False
+    ahead: int = 1
+    """Measurements under way at once (the processes measuring). Candidate i is started
+    once those before i - ahead + 1 are in, with the floor they give: so the results, and
+    what was stopped early, are the same in every run on as many processes; with more
+    than one, some floors are lower than one after another would give (fewer candidates
+    stop early), which changes no choice (see `run`)."""
 
     def run(self, candidates: Iterable[Candidate],
             floor: Callable[[], float | None] | None = None) -> list[Candidate]:
-        """Measure each; `floor` (tokens/s, asked before each) replaces `leaders_floor`."""
-        out = []
+        """Measure each; `floor` (tokens/s, asked before each is started) replaces
+        `leaders_floor`. A floor only rises as results come in, and a candidate stopped
+        below a floor would have been measured below it too: starting some with a lower
+        floor measures them further, never to a different rank among those above it."""
+        out: list[Candidate] = []
+        started: deque[tuple[Candidate, Waiter | None]] = deque()
         for candidate in candidates:
-            known = self.measured.get(candidate.key)
-            if candidate.key not in self.measured or (known is not None and known.at_least):
-                lowest = (floor or self.leaders_floor)() if self.bounded else None
-                if known is None or lowest is None or known.tokens_per_s >= lowest:
-                    self.measured[candidate.key] = self.measure(candidate, lowest)
-            result = self.measured[candidate.key]
-            if result is not None:
-                out.append(result)
+            if any(c.key == candidate.key for c, _ in started):
+                while started:  # the same plan under way: its result first
+                    self._collect(started.popleft(), out)
+            while len(started) >= self.ahead:
+                self._collect(started.popleft(), out)
+            started.append((candidate, self._start(candidate, floor)))
+        while started:
+            self._collect(started.popleft(), out)
         return out
+
+    def _start(self, candidate: Candidate, floor: Callable[[], float | None] | None
+               ) -> Waiter | None:
+        """The candidate's measurement started, unless what is known of it will do."""
+        known = self.measured.get(candidate.key)
+        if candidate.key not in self.measured or (known is not None and known.at_least):
+            lowest = (floor or self.leaders_floor)() if self.bounded else None
+            if known is None or lowest is None or known.tokens_per_s >= lowest:
+                return self.measure(candidate, lowest)
+        return None
+
+    def _collect(self, entry: tuple[Candidate, Waiter | None], out: list[Candidate]) -> None:
+        candidate, waiter = entry
+        if waiter is not None:
+            self.measured[candidate.key] = waiter()
+        result = self.measured[candidate.key]
+        if result is not None:
+            out.append(result)
 
     def leaders_floor(self) -> float | None:
         """The LEADERS-th best distinct placement's tokens/s; None while fewer are known."""
@@ -166,10 +198,12 @@ class Search:
 def search(pool: Sequence[Candidate], measure: Measure,
            mechanisms: Callable[[Candidate], list[Candidate]], every_dc: int,
            mode: Mode = "staged",
-           more: Callable[[Candidate], list[Candidate]] = lambda _c: []) -> Search:
-    """Measure the candidates worth measuring (see the module's docstring). `more`: a
-    placement's schedules left out of the pool (given the pool's best candidate there)."""
-    state = Search(measure, bounded=mode == "staged")
+           more: Callable[[Candidate], list[Candidate]] = lambda _c: [], ahead: int = 1
+           ) -> Search:
+    """Measure the candidates worth measuring (see the module's docstring), `ahead` at
+    once (Search.ahead). `more`: a placement's schedules left out of the pool (given the
+    pool's best candidate there)."""
+    state = Search(measure, bounded=mode == "staged", ahead=ahead)
     by_placement = _best_per_placement(pool)
     if mode in ("grid", "exhaustive"):
         every = [*pool, *(c for p in by_placement.values() for c in more(p))]

@@ -266,19 +266,28 @@ def build_plan(
     orders = compute_orders(job, placement, schedule, label, microbatches, order)
     _check_memory(topology, job, placement, orders)
     count = connections if callable(connections) else _every_pair(connections)
+    held: dict[tuple[str, ...], list[int]] = {}
+    for (_, stage), gpus in sorted(placement.items()):
+        held.setdefault(gpus, []).append(stage)
+    # one list per set of stages held, shared by its replicas' GPUs (what a GPU does
+    # depends on its stages alone), so that what reads plans can tell equal lists by identity
+    per_stages: dict[tuple[int, ...], tuple[Action, ...]] = {}
     actions: dict[str, tuple[Action, ...]] = {}
     for gpus, computes in orders.items():
-        stages = tuple(s for (_, s), g in sorted(placement.items()) if g == gpus)
-        lst = tuple(lower(computes, stages, pp, microbatches, dp, sends, gradients)
-                    if schedule.from_torch else
-                    stage_actions(label, stages[0], pp, microbatches, dp, sends, gradients))
+        stages = tuple(held[gpus])
+        if stages not in per_stages:
+            per_stages[stages] = tuple(
+                lower(computes, stages, pp, microbatches, dp, sends, gradients)
+                if schedule.from_torch else
+                stage_actions(label, stages[0], pp, microbatches, dp, sends, gradients))
         for gpu in gpus:
-            actions[gpu] = lst
+            actions[gpu] = per_stages[stages]
+    dc_of = {gpu: topology.dc_of(gpu) for gpus in placement.values() for gpu in gpus}
     conns: dict[tuple[str, str], int] = {}
     shared: dict[tuple[str, str], Sharing] = {}
     for a, b, kind in communicating_pairs(placement, dp, pp, job.tp):
         conns[pair_key(a, b)] = count(a, b, kind)
-        dc_a, dc_b = topology.dc_of(a), topology.dc_of(b)
+        dc_a, dc_b = dc_of[a], dc_of[b]
         if dc_a != dc_b:
             link_sharing = sharing if kind is LinkKind.PIPELINE else Sharing.FAIR
             for direction in ((dc_a, dc_b), (dc_b, dc_a)):

@@ -9,11 +9,15 @@ one, so variants that re-run a policy's search reuse its simulations.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
 
 from testbed.job import Job
 from testbed.plan.model import Plan
+from testbed.policy.parallel import Pool, forked_pool
 from testbed.tcp_model import HostLimits
+
+R = TypeVar("R")
 
 Simulator = Callable[[Plan, Job, "float | None"], "float | None"]
 """Seconds per iteration of a plan run for a job, or None when it cannot be simulated;
@@ -26,8 +30,10 @@ class PlanningContext:
 
     def __init__(self, job: Job | None = None, simulator: Simulator | None = None,
                  cache: dict[Any, Any] | None = None,
-                 host_limits: HostLimits | None = None) -> None:
+                 host_limits: HostLimits | None = None, processes: int = 1) -> None:
         self.job = job
+        self.processes = processes
+        """How many processes planning may spread simulations over (`pool`)."""
         self.host_limits = host_limits or HostLimits()
         """What each host allows a worker's connections (open files, TCP memory): the
         machine that will run the plan's workers, or Linux's defaults."""
@@ -53,3 +59,12 @@ class PlanningContext:
         if run is None:
             raise ValueError("simulate needs a job: this context was made without one")
         return self._simulator(plan, run, stop_above)
+
+    def pool(self, work: Callable[..., R]) -> AbstractContextManager[Pool[R]]:
+        """Spread calls of `work` over `processes` processes: inside the block,
+        `pool.submit(*args)` starts `work(*args)` and returns a function that waits for
+        its result (`pool.size` of them run at once). `work` runs in processes forked when
+        the block opens (so it may close over anything, the policy's own state as it is
+        then); its arguments and results are pickled. With one process (or where forking
+        is unsafe: see testbed.policy.parallel) each call runs at once, here."""
+        return forked_pool(work, self.processes)

@@ -1,0 +1,66 @@
+"""Work a planner spreads over the machine's cores: processes forked from the planning one,
+so that the function they run (a closure over the topology, the job and the policy) needs
+no pickling; only its arguments and results cross. Where forking is not safe or not worth
+it (one core, a process that already runs other threads, a pool already open) each call
+runs at once, in this process: the same results, one after another."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+R = TypeVar("R")
+
+Waiter = Callable[[], R]
+"""Waits for one call's result and returns it (raises what the call raised)."""
+Submit = Callable[..., Waiter[R]]
+"""Starts one call with these arguments."""
+
+@dataclass(frozen=True)
+class Pool(Generic[R]):
+    submit: Submit[R]
+    size: int
+    """Calls under way at once: the processes, or 1 where each runs at once."""
+
+
+_work: Callable[..., Any] | None = None
+"""The open pool's function, as its forked workers inherit it."""
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+@contextmanager
+def forked_pool(work: Callable[..., R], processes: int) -> Iterator[Pool[R]]:
+    """`submit(*args)` starts `work(*args)` in one of `processes` forked workers."""
+    global _work
+    if processes <= 1 or _work is not None or threading.active_count() > 1:
+        yield Pool(_at_once(work), 1)
+        return
+    _work = work
+    pool = multiprocessing.get_context("fork").Pool(processes)
+    try:
+        yield Pool(lambda *args: pool.apply_async(_call, args).get, processes)
+    finally:
+        pool.terminate()
+        pool.join()
+        _work = None
+
+
+def _call(*args: Any) -> Any:
+    assert _work is not None  # set before the workers were forked
+    return _work(*args)
+
+
+def _at_once(work: Callable[..., R]) -> Submit[R]:
+    def submit(*args: Any) -> Waiter[R]:
+        result = work(*args)
+        return lambda: result
+    return submit
