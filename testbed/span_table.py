@@ -1,4 +1,4 @@
-"""Spans as the simulator keeps them: in columns, one row per span of a group of GPUs that
+"""Spans as the simulator keeps them: one row (a tuple) per span of a group of GPUs that
 did the same thing at once (a tensor-parallel group's forward is one row, not one dict per
 GPU), read back as the per-GPU spans of testbed.spans wherever a report wants those.
 
@@ -6,6 +6,8 @@ A run at 16,384 GPUs makes millions of spans; a dict per GPU and span was most o
 memory and most of the time its summary and files took. Readers that go through every
 span (the summary, the trace, spans.json) take `rows(spans)` instead, which reads either
 form: a table's rows, or a list of per-GPU spans (the emulator's) as rows of one GPU.
+(Rows, not columns: one tuple per span costs a run less to make than an append to each
+of six lists, and every reader takes a whole row at a time.)
 """
 
 from __future__ import annotations
@@ -22,29 +24,19 @@ _COMMON = ("gpu", "kind", "start", "end", "iteration")
 
 
 class SpanTable(Sequence[Span]):
-    """Columns of rows; as a sequence, every row's span on each of its GPUs, in the order
-    they were added (a group's GPUs in its order), exactly the dicts a list would hold."""
+    """Rows; as a sequence, every row's span on each of its GPUs, in the order they were
+    added (a group's GPUs in its order), exactly the dicts a list would hold."""
 
     def __init__(self) -> None:
-        self.gpus: list[tuple[str, ...]] = []
-        self.kind: list[SpanKind] = []
-        self.start: list[float] = []
-        self.end: list[float] = []
-        self.iteration: list[int] = []
-        self.detail: list[SpanDetail] = []
-        """Each row's other fields (stage, microbatch, bytes, ...), as its spans have them."""
+        self._rows: list[Row] = []
         self._count = 0
         self._spans: list[Span] | None = None
 
     def add(self, gpus: tuple[str, ...], kind: SpanKind, start: float, end: float,
             iteration: int, detail: SpanDetail) -> None:
-        """One span on every GPU of `gpus`."""
-        self.gpus.append(gpus)
-        self.kind.append(kind)
-        self.start.append(start)
-        self.end.append(end)
-        self.iteration.append(iteration)
-        self.detail.append(detail)
+        """One span on every GPU of `gpus`; `detail`: its other fields (stage,
+        microbatch, bytes, ...)."""
+        self._rows.append((gpus, kind, start, end, iteration, detail))
         self._count += len(gpus)
 
     def extend(self, spans: Iterable[Span]) -> None:
@@ -53,12 +45,11 @@ class SpanTable(Sequence[Span]):
             self.add(*row)
 
     def rows(self) -> Iterator[Row]:
-        return zip(self.gpus, self.kind, self.start, self.end, self.iteration, self.detail,
-                   strict=True)
+        return iter(self._rows)
 
     def last_end(self) -> float:
         """When the last span ended (0 for none)."""
-        return max(self.end, default=0.0)
+        return max((row[3] for row in self._rows), default=0.0)
 
     def __len__(self) -> int:
         return self._count

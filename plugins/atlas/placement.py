@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -67,3 +69,14 @@ def place(topology: Topology, chain: Chain, dp: int, tp: int
 def capacity(topology: Topology, dcs: Sequence[str], dp: int, tp: int) -> int:
     """Whole stages these DCs can host at this data-parallel degree."""
     return sum(topology.dc(n).gpus // (tp * dp) for n in dcs)
+
+
+def tie_orders(topology: Topology, base: list[str]) -> list[list[str]]:
+    """Orders that keep larger DCs before smaller ones but permute DCs of equal size."""
+    groups = [list(g) for _, g in itertools.groupby(base, key=lambda n: topology.dc(n).gpus)]
+    if math.prod(math.factorial(len(g)) for g in groups) > 720:
+        return [base]
+    orders: list[list[str]] = [[]]
+    for group in groups:
+        orders = [o + list(p) for o in orders for p in itertools.permutations(group)]
+    return orders

@@ -3,8 +3,8 @@ temporal sharing of WAN links. Its ablations are registered as policies of their
 
 from __future__ import annotations
 
+import functools
 import itertools
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -35,7 +35,7 @@ from testbed.policy.api import (
 
 from .estimate import LINUX_DEFAULTS, connections_to_fill, estimate, lower_bound
 from .explain import why_chosen
-from .placement import Chain, capacity, fill, largest_first, place
+from .placement import Chain, capacity, fill, largest_first, place, tie_orders
 from .schedules import one_per_gpu, placed, two_per_gpu
 from .search import Candidate, search
 
@@ -87,8 +87,8 @@ class AtlasPolicy(TrainingPolicy):
 
     def __init__(self, **values: str) -> None:
         super().__init__(**values)
-        self._receive_index: dict[
-            int, tuple[Plan, dict[str, dict[Action, int]], dict[TransferKey, int]]] = {}
+        self._receive_index: dict[int, tuple[Plan, dict[str, dict[Action, int]],
+                                             dict[TransferKey, int], dict[int, Any]]] = {}
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
         began = time.monotonic()
@@ -146,23 +146,25 @@ class AtlasPolicy(TrainingPolicy):
             out.append(replace(base, multi=not candidate.multi))
         return out
 
-    def _connections(self, topology: Topology, a: str, b: str, multi: bool) -> int:
-        if topology.dc_of(a) == topology.dc_of(b) or not multi:
+    def _connections(self, topology: Topology, dc_a: str, dc_b: str, multi: bool) -> int:
+        if dc_a == dc_b or not multi:
             return 1
         fixed = int(self.settings["connections"])
         if fixed:
             return fixed
-        return connections_to_fill(topology, topology.dc_of(a), topology.dc_of(b),
-                                   self.limits, int(self.settings["max_connections"]))
+        return connections_to_fill(topology, dc_a, dc_b, self.limits,
+                                   int(self.settings["max_connections"]))
 
     def _assemble(self, topology: Topology, job: Job, candidate: Candidate) -> Plan:
         placement = placed(topology, job, candidate.chain, candidate.dp,
                            candidate.schedule_kind, candidate.virtual)
         sharing = Sharing.ARBITRATED if candidate.temporal else Sharing.FAIR
+        between = functools.cache(  # per DC pair: a plan has thousands of GPU pairs
+            lambda a, b: self._connections(topology, a, b, candidate.multi))
         return build_plan(
             self.name, topology, job, placement, candidate.schedule_kind,
             extra_warmup=candidate.warmup,
-            connections=lambda a, b, kind: self._connections(topology, a, b, candidate.multi)
+            connections=lambda a, b, kind: between(topology.dc_of(a), topology.dc_of(b))
             if kind is LinkKind.PIPELINE else 1,
             sharing=sharing, dp_cells=candidate.cells,
             host_tcp=HostTcp(slow_start_after_idle=False) if self.settings["warm"] else None)
@@ -231,7 +233,7 @@ class AtlasPolicy(TrainingPolicy):
         lowest WAN latency along the chain. None if some DC would host no stage."""
         best: tuple[float, Chain] | None = None
         base = largest_first(topology, subset)
-        for order in _tie_orders(topology, base):
+        for order in tie_orders(topology, base):
             try:
                 chain = fill(topology, order, pp, dp, job.tp)
             except InputError:
@@ -285,37 +287,41 @@ class AtlasPolicy(TrainingPolicy):
         order = self.settings["order"]
         if order == "fifo":
             return min(waiting, key=lambda t: (t.ready_at, t.id))
-        receives, known = self._receives(plan)
+        receives, known, ranks = self._receives(plan)
 
-        def needed(t: Transfer) -> int:
-            key: TransferKey = (t.kind, t.stage, t.replica, t.microbatch)
-            position = known.get(key)
-            if position is None:
-                position = known[key] = _needed_at(plan, receives, t)
-            return position
+        def rank(t: Transfer) -> tuple[int, int, int, int]:
+            """(iteration, where its receiver waits for it, replica, id), made once per
+            transfer while it waits: its link's queue is ranked anew at every grant."""
+            mine = ranks.get(id(t))
+            if mine is None or mine[0] is not t:
+                key: TransferKey = (t.kind, t.stage, t.replica, t.microbatch)
+                if key not in known:
+                    known[key] = _needed_at(plan, receives, t)
+                mine = ranks[id(t)] = (t, (t.iteration, known[key], t.replica, t.id))
+            return mine[1]
 
-        if order == "microbatch":
-            return min(waiting, key=lambda t: (t.iteration, needed(t), t.replica, t.id))
-        # the receiver's position only among the lowest iteration and replica's: the same
-        # choice as ranking every waiting transfer by all three, at a fraction of the cost
-        first = min((t.iteration, t.replica) for t in waiting)
-        return min((t for t in waiting if (t.iteration, t.replica) == first),
-                   key=lambda t: (needed(t), t.id))
+        # pipeline: the receiver's position only among the lowest iteration and replica's
+        first = min((t.iteration, t.replica) for t in waiting) if order == "pipeline" else None
+        chosen = min(waiting, key=rank) if first is None else min(
+            (t for t in waiting if (t.iteration, t.replica) == first), key=rank)
+        ranks.pop(id(chosen), None)
+        return chosen
 
-    def _receives(self, plan: Plan
-                  ) -> tuple[dict[str, dict[Action, int]], dict[TransferKey, int]]:
+    def _receives(self, plan: Plan) -> tuple[dict[str, dict[Action, int]],
+                                             dict[TransferKey, int], dict[int, Any]]:
         """Where each receive sits in its GPU's action list, filled in per GPU as asked,
-        and each transfer's answer by what it depends on, for the last few plans this
-        policy arbitrated (planning simulates many)."""
+        each transfer's answer by what it depends on, and the rank of each transfer
+        waiting (by id, with the transfer), for the last few plans this policy arbitrated
+        (planning simulates many)."""
         cached = self._receive_index.get(id(plan))
         if cached is not None and cached[0] is plan:
-            return cached[1], cached[2]
+            return cached[1], cached[2], cached[3]
         if len(self._receive_index) >= RECEIVE_INDEXES:
             self._receive_index.pop(next(iter(self._receive_index)))
-        index: dict[str, dict[Action, int]] = {}
-        known: dict[TransferKey, int] = {}
-        self._receive_index[id(plan)] = (plan, index, known)
-        return index, known
+        entry: tuple[Plan, dict[str, dict[Action, int]], dict[TransferKey, int],
+                     dict[int, Any]] = (plan, {}, {}, {})
+        self._receive_index[id(plan)] = entry
+        return entry[1], entry[2], entry[3]
 
 
 def _needed_at(plan: Plan, receives: dict[str, dict[Action, int]], transfer: Transfer) -> int:
@@ -329,17 +335,6 @@ def _needed_at(plan: Plan, receives: dict[str, dict[Action, int]], transfer: Tra
                                      if action.op in (Op.RECV_F, Op.RECV_B)}
     wanted = Action(stage, Op.RECV_F if forward else Op.RECV_B, transfer.microbatch)
     return positions.get(wanted, len(plan.actions[gpu]))
-
-
-def _tie_orders(topology: Topology, base: list[str]) -> list[list[str]]:
-    """Orders that keep larger DCs before smaller ones but permute DCs of equal size."""
-    groups = [list(g) for _, g in itertools.groupby(base, key=lambda n: topology.dc(n).gpus)]
-    if math.prod(math.factorial(len(g)) for g in groups) > 720:
-        return [base]
-    orders: list[list[str]] = [[]]
-    for group in groups:
-        orders = [o + list(p) for o in orders for p in itertools.permutations(group)]
-    return orders
 
 
 class _Ablation(AtlasPolicy):

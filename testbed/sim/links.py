@@ -41,11 +41,17 @@ class Links:
         self.bandwidth = {link_key(link.a, link.b): link.bandwidth_bps for link in topology.links}
         self.loss = {link_key(link.a, link.b): link.loss for link in topology.links}
         self.down_since: dict[tuple[str, str], float] = {}
+        self._routes: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        """The links of each DC pair's route, found once (every send asks)."""
 
     def one_way(self, src_dc: str, dst_dc: str) -> float:
         """Propagation delay along the route set up at the start, with event changes."""
-        hops = self.topology.path(src_dc, dst_dc)
-        return sum(self.latency[link_key(a, b)] for a, b in itertools.pairwise(hops))
+        route = self._routes.get((src_dc, dst_dc))
+        if route is None:
+            hops = self.topology.path(src_dc, dst_dc)
+            route = self._routes[(src_dc, dst_dc)] = [link_key(a, b)
+                                                      for a, b in itertools.pairwise(hops)]
+        return sum(self.latency[key] for key in route)
 
     def apply(self, change: Change, now: float) -> None:
         """A network event: latency for transfers that start from now on, bandwidth at

@@ -54,12 +54,14 @@ class SimWorker:
     collective."""
     stages: tuple[int, ...] = ()
     """Every stage it holds (virtual stages), in order; `(stage,)` when left out."""
+    lead: str = field(init=False)
+    """The GPU that sends and receives for the group."""
     alone: tuple[str, ...] = field(init=False)
-    """The lead GPU alone: where a message's spans go (it sends for the group)."""
+    """The lead GPU alone: where a message's spans go."""
 
     def __post_init__(self) -> None:
         self.stages = self.stages or (self.stage,)
-        self.alone = self.gpus[:1]
+        self.lead, self.alone = self.gpus[0], self.gpus[:1]
         self.waits_for_sends = any(isinstance(step, SendWait) for steps in self.programs
                                    for step in steps)
         self.begin(self.iteration)
@@ -71,11 +73,6 @@ class SimWorker:
         self.iteration, self.pc = iteration, 0
         self.program = self.program_of(iteration)
         self.steps = self.programs[self.program]
-
-    @property
-    def lead(self) -> str:
-        """The GPU that sends and receives for the group."""
-        return self.gpus[0]
 
     def record(
         self,

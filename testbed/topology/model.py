@@ -163,7 +163,10 @@ class Topology:
         return Gpu(name, dc.name, i, dc.gpu)
 
     def dc_of(self, gpu_name: str) -> str:
-        return self.gpu(gpu_name).dc
+        dc_name, _, index = gpu_name.rpartition("-")
+        if not 0 <= int(index) < self.dc(dc_name).gpus:
+            raise KeyError(gpu_name)
+        return dc_name
 
     def link(self, x: str, y: str) -> WanLink:
         for link in self.links:
