@@ -1,14 +1,21 @@
 #!/usr/bin/env python3
-"""The simulator: how fast it runs at paper scale, and how close it is to the emulator.
+"""The simulator: how fast it runs at paper scale, end to end as a user runs it and its
+core alone, and how close it is to the emulator.
 
 `.venv/bin/python scripts/bench_sim.py [--repeat 3] [--skip-emulator] [--sizes 8192x8,...]
-[--json F]`
+[--e2e 8192x8,...] [--atlas GPUS] [--bubbles] [--json F]`
 (the emulator part needs root). Prints markdown tables:
 1. wall time to simulate one iteration of GPT-3 175B (tp 8, pp 16, 1F1B) from 128 to
    32,768 GPUs with 8, 32 and 128 microbatches (up to a million GPU-microbatches), and how
    the cost grows with the GPU count at 8 microbatches (the exponent of a power law fit
    from 4,096 GPUs up); with `--atlas GPUS`, Atlas's planning and simulation there;
-2. simulated vs emulated iteration time (emulated compute) for each shipped emulator
+2. with `--e2e`, `testbed simulate` on the same GPT-3 topologies written to a temporary
+   directory (a new process each, planning, simulating and writing every file), timed as
+   a user would, beside the core (the simulator's run alone, in this process) measured
+   right after it, with the machine's load average; with `--atlas`, `testbed simulate -p
+   atlas` there too; with `--bubbles`, BubbleTea at 400 requests/s on paper-3dc against
+   real time;
+3. simulated vs emulated iteration time (emulated compute) for each shipped emulator
    topology and baseline policy, with the FLOP model and with a profile measured by the
    emulated run itself.
 """
@@ -19,7 +26,10 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -27,12 +37,16 @@ from pathlib import Path
 from typing import Any
 
 from testbed.inputs import load_inputs
+from testbed.job import Job
+from testbed.job_file import dump_job
 from testbed.policy import training_policy
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.profile import profile_from_spans
 from testbed.sim.simulate import simulate_plan
 from testbed.sim.simulator import Simulator
 from testbed.sim.sweep import vary
+from testbed.topology import Topology, dump_topology
+from testbed.yamlio import to_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,23 +55,127 @@ DEFAULT_SIZES = tuple((gpus, m) for gpus in (128, 1024, 4096, 8192, 16384, 32768
                       for m in (8, 32, 128) if gpus * m <= 2**20)
 
 
+def gpt3(gpus: int, microbatches: int, iterations: int = 1) -> tuple[Topology, Job]:
+    """GPT-3 175B on `gpus` H100s: 4 DCs of GPUs/4, dp GPUs/128 (tp 8, pp 16), as
+    gpt3-4dc.yaml has it at 1,024."""
+    inputs = load_inputs(ROOT / "topologies" / "gpt3-4dc.yaml",
+                         sets=(f"iterations={iterations}",))
+    topology = replace(inputs.topology, name=f"gpt3-{gpus}", datacenters=tuple(
+        replace(dc, gpus=gpus // 4) for dc in inputs.topology.datacenters))
+    _, job = vary(topology, inputs.job, "dp", str(gpus // 128))
+    _, job = vary(topology, job, "microbatches", str(microbatches))
+    return topology, job
+
+
+def core_s(topology: Topology, job: Job, policy_name: str = "1f1b") -> dict[str, Any]:
+    """The simulator's run alone (the plan made first, not timed)."""
+    policy = training_policy(policy_name)
+    plan = plan_with_simulator(policy, topology, job)
+    started = time.perf_counter()
+    result = Simulator(topology, job, plan, policy).run()
+    return {"wall_s": time.perf_counter() - started, "spans": len(result.spans),
+            "events": result.events}
+
+
 def scale_table(sizes: tuple[tuple[int, int], ...] = DEFAULT_SIZES) -> list[dict[str, Any]]:
-    """(GPUs, microbatches) each: 4 DCs of GPUs/4, dp GPUs/128 (tp 8, pp 16)."""
-    inputs = load_inputs(ROOT / "topologies" / "gpt3-4dc.yaml", sets=("iterations=1",))
+    """(GPUs, microbatches) each: the core's wall time (`gpt3`)."""
     rows = []
     for gpus, microbatches in sizes:
-        gpus_per_dc, dp = gpus // 4, gpus // 128
-        topology = replace(inputs.topology, datacenters=tuple(
-            replace(dc, gpus=gpus_per_dc) for dc in inputs.topology.datacenters))
-        _, job = vary(topology, inputs.job, "dp", str(dp))
-        _, job = vary(topology, job, "microbatches", str(microbatches))
-        policy = training_policy("1f1b")
-        plan = plan_with_simulator(policy, topology, job)
-        started = time.perf_counter()
-        result = Simulator(topology, job, plan, policy).run()
-        rows.append({"gpus": gpus, "dp": dp, "microbatches": microbatches,
-                     "wall_s": time.perf_counter() - started, "spans": len(result.spans),
-                     "events": result.events})
+        topology, job = gpt3(gpus, microbatches)
+        rows.append({"gpus": gpus, "dp": gpus // 128, "microbatches": microbatches,
+                     **core_s(topology, job)})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def testbed_simulate(topology: Topology, job: Job, work: Path, *args: str) -> dict[str, Any]:
+    """`testbed simulate` on this topology and job written to `work`, in a new process,
+    timed from start to exit; its results.json and the load average before and after."""
+    path = work / f"{topology.name}.yaml"
+    path.write_text(to_yaml({**dump_topology(topology), "job": dump_job(job)}))
+    testbed = str(Path(sys.executable).parent / "testbed")
+    load = os.getloadavg()[0]
+    started = time.perf_counter()
+    done = subprocess.run([testbed, "simulate", str(path), "--out", str(work / "run"),
+                           "--force", *args], capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - started
+    if done.returncode:
+        raise SystemExit(f"testbed simulate failed: {done.stderr.strip()}")
+    results = json.loads((work / "run" / "results.json").read_text())
+    return {"e2e_s": wall, "load": [round(load, 2), round(os.getloadavg()[0], 2)],
+            "results": results}
+
+
+def e2e_table(sizes: tuple[tuple[int, int], ...], repeat: int) -> list[dict[str, Any]]:
+    """Per size, `repeat` times: `testbed simulate` end to end, then the core alone; the
+    ratio of the two from the same round (the machine is shared: its load moves both)."""
+    rows = []
+    for gpus, microbatches in sizes:
+        topology, job = gpt3(gpus, microbatches)
+        for _ in range(repeat):
+            with tempfile.TemporaryDirectory() as tmp:
+                run = testbed_simulate(topology, job, Path(tmp))
+            core = core_s(topology, job)
+            rows.append({"gpus": gpus, "microbatches": microbatches,
+                         "e2e_s": run["e2e_s"], "core_s": core["wall_s"],
+                         "ratio": run["e2e_s"] / core["wall_s"], "events": core["events"],
+                         "load": run["load"]})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def e2e_text(rows: list[dict[str, Any]]) -> str:
+    """Each size's best round (least disturbed by the machine's other work), and the
+    growth of end-to-end time at 8 microbatches from 4,096 GPUs up."""
+    best: dict[tuple[int, int], dict[str, Any]] = {}
+    for row in rows:
+        key = (row["gpus"], row["microbatches"])
+        if key not in best or row["e2e_s"] < best[key]["e2e_s"]:
+            best[key] = row
+    lines = ["| GPUs x microbatches | `testbed simulate` | core | ratio | rounds (e2e s) | load |",
+             "|---|---|---|---|---|---|"]
+    for (gpus, m), row in sorted(best.items()):
+        rounds = ", ".join(f"{r['e2e_s']:.2f}" for r in rows
+                           if (r["gpus"], r["microbatches"]) == (gpus, m))
+        lines.append(f"| {gpus:,} x {m} | {row['e2e_s']:.2f} s | {row['core_s']:.2f} s | "
+                     f"{row['ratio']:.2f}x | {rounds} | {row['load'][0]:.1f} |")
+    growth = [{"gpus": g, "e2e_s": r["e2e_s"]} for (g, m), r in sorted(best.items())
+              if m == 8 and g >= 4096]
+    if len(growth) >= 2:
+        lines.append(f"\nGrowth end to end at 8 microbatches, {growth[0]['gpus']:,} to "
+                     f"{growth[-1]['gpus']:,} GPUs: ~ GPUs^{_slope(growth, 'e2e_s'):.2f}")
+    return "\n".join(lines)
+
+
+def atlas_e2e(gpus: int, repeat: int, microbatches: int = 8) -> list[dict[str, Any]]:
+    """`testbed simulate -p atlas` at `gpus` (planning, two iterations, every file)."""
+    topology, job = gpt3(gpus, microbatches, iterations=2)
+    rows = []
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory() as tmp:
+            run = testbed_simulate(topology, job, Path(tmp), "-p", "atlas")
+        notes = run["results"]["plan"]["notes"]
+        rows.append({"gpus": gpus, "e2e_s": run["e2e_s"], "planning_s": notes["planning_s"],
+                     "cores": os.cpu_count(), "load": run["load"],
+                     "iteration_s": run["results"]["iteration_time_s"]["median"]})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def bubbles_e2e(repeat: int) -> list[dict[str, Any]]:
+    """BubbleTea at 400 requests/s on paper-3dc with Atlas (4 iterations), end to end,
+    against the training time it represents."""
+    inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml",
+                         sets=("inference.arrival_rate=400/s", "iterations=4"))
+    rows = []
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory() as tmp:
+            run = testbed_simulate(inputs.topology, inputs.job, Path(tmp), "-p", "atlas",
+                                   "-b", "bubbletea")
+        represented = sum(run["results"]["iteration_time_s"]["all"])
+        rows.append({"e2e_s": run["e2e_s"], "represented_s": represented,
+                     "faster_than_real_time": represented / run["e2e_s"], "load": run["load"],
+                     "util_total": run["results"]["gpu_utilization"]["total"]})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -89,11 +207,7 @@ def _slope(rows: list[dict[str, Any]], key: str) -> float:
 
 def atlas_at(gpus: int, microbatches: int = 8) -> dict[str, Any]:
     """Atlas's plan search and one simulation of its plan at `gpus` (the scale setup)."""
-    inputs = load_inputs(ROOT / "topologies" / "gpt3-4dc.yaml", sets=("iterations=2",))
-    topology = replace(inputs.topology, datacenters=tuple(
-        replace(dc, gpus=gpus // 4) for dc in inputs.topology.datacenters))
-    _, job = vary(topology, inputs.job, "dp", str(gpus // 128))
-    _, job = vary(topology, job, "microbatches", str(microbatches))
+    topology, job = gpt3(gpus, microbatches, iterations=2)
     policy = training_policy("atlas")
     started = time.perf_counter()
     plan = plan_with_simulator(policy, topology, job)
@@ -149,13 +263,18 @@ def agreement_table(repeat: int, topologies: list[str]) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--repeat", type=int, default=3, help="emulator runs per case")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="emulator runs per case, and end-to-end rounds per size")
     parser.add_argument("--skip-emulator", action="store_true")
     parser.add_argument("--skip-scale", action="store_true")
     parser.add_argument("--sizes", help="GPUSxMICROBATCHES,... for the speed table "
                         "(default: 128, 1024 and 8192 GPUs with 8, 32 and 128)")
     parser.add_argument("--atlas", type=int, metavar="GPUS",
                         help="also time Atlas's planning and simulation at this many GPUs")
+    parser.add_argument("--e2e", help="GPUSxMICROBATCHES,... to time `testbed simulate` on, "
+                        "each beside its core (repeated --repeat times)")
+    parser.add_argument("--bubbles", action="store_true",
+                        help="also time BubbleTea at 400 requests/s on paper-3dc end to end")
     parser.add_argument("--topologies", default="two-dc,paper-3dc",
                         help="emulator topologies to compare against (comma-separated)")
     parser.add_argument("--json", type=Path)
@@ -164,8 +283,15 @@ def main() -> None:
         _sizes(args.sizes) if args.sizes else DEFAULT_SIZES)}
     if results["scale"]:
         print(speed_table(results["scale"]))
+    if args.e2e:
+        results["e2e"] = e2e_table(_sizes(args.e2e), args.repeat)
+        print(e2e_text(results["e2e"]))
     if args.atlas:
         results["atlas"] = atlas_at(args.atlas)
+        if args.e2e:
+            results["atlas_e2e"] = atlas_e2e(args.atlas, args.repeat)
+    if args.bubbles:
+        results["bubbles_e2e"] = bubbles_e2e(args.repeat)
     if not args.skip_emulator:
         results["agreement"] = agreement_table(args.repeat, args.topologies.split(","))
         print("\n| topology | policy | emulated (median of runs) | runs | simulated | error | "

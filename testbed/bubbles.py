@@ -81,16 +81,27 @@ class BubbleBroker:
         history.append((iteration, seconds))
         del history[:-HISTORY]
 
-    def predicted(self, gpu: str, action: int, program: int = 0) -> float | None:
-        """The shortest of the last few waits at this action of this program, and of the
-        modeled one until two were measured (the first iteration's waits are long:
-        connections warm up); None when there is neither."""
+    def predicted(self, gpu: str, action: int, program: int = 0, elapsed: float = 0.0
+                  ) -> float | None:
+        """How long the wait at this action of this program lasts: the median of the last
+        three waits there, the shortest while fewer are known (with the modeled one
+        counted until two were measured: the first iteration's waits are long, as
+        connections warm up); None when there is none. Of a wait that has lasted
+        `elapsed` so far, only the waits seen there that were longer count.
+
+        The median, not the shortest: under noise the shortest of three is about a
+        quarter of the way up the waits' spread, and every bubble longer than that was
+        left unfilled past it, a quarter of bubble time at 10% jitter; the policy's guard
+        is for the misses."""
         key = wait_key(gpu, action, program)
         waits = [s for _, s in self.waits.get(key, [])]
         modeled = self.modeled_waits.get(key)
         if modeled is not None and len(waits) < 2:
             waits.append(modeled)
-        return min(waits) if waits else None
+        longer = sorted(w for w in waits if w > elapsed)
+        if not longer:
+            return None
+        return longer[len(longer) // 2] if len(longer) >= HISTORY else longer[0]
 
     def queue(self, now: float) -> list[Request]:
         """Arrived, not started, not past their deadline (those are rejected here), in
@@ -122,7 +133,7 @@ class BubbleBroker:
         queue = mine + self.queue(now)
         if not queue:
             return ()
-        predicted = self.predicted(gpu, action, self.program_of(iteration))
+        predicted = self.predicted(gpu, action, self.program_of(iteration), now - since)
         bubble = Bubble(gpu, since, since + (predicted or 0.0))
         with plugin_code(f"bubble policy {self.policy.name!r} failed in admit",
                          type(self.policy).__module__):

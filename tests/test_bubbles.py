@@ -78,15 +78,15 @@ def test_prefill_model_fits_a_quadratic_exactly() -> None:
     assert model(300) == pytest.approx(0.6, rel=1e-6)
 
 
-def test_broker_predicts_the_shortest_recent_wait_and_rejects_late_requests() -> None:
+def test_broker_predicts_the_median_recent_wait_and_rejects_late_requests() -> None:
     stream = iter([Request(0, 0.0, 100), Request(1, 0.1, 100), Request(2, 5.0, 100)])
     broker = BubbleBroker(bubble_policy("bubbletea", {"guard": "0", "guard_s": "0"}),
                           stream, PrefillModel({"a": 0.1, "b": 0.0, "c": 0.0}), deadline_s=2.0)
     assert broker.on_idle("g", 3, 0.2, 0.2) == ()  # no measured bubble yet
     for iteration, wait in enumerate((0.5, 0.3, 0.4, 0.9)):
         broker.record_wait("g", 3, iteration, wait)
-    assert broker.predicted("g", 3) == 0.3  # the last three: 0.3, 0.4, 0.9
-    chosen = broker.on_idle("g", 3, 0.25, 0.2)  # room 0.25, prefill 0.1
+    assert broker.predicted("g", 3) == 0.4  # the median of the last three: 0.3, 0.4, 0.9
+    chosen = broker.on_idle("g", 3, 0.25, 0.2)  # room 0.35, prefill 0.1
     assert [c.request.id for c in chosen] == [0]
     broker.delivered(0, 0.5, 1000)
     broker.queue(3.0)  # request 1 waited 2.9 s > 2 s: rejected
@@ -177,3 +177,21 @@ def test_the_broker_refuses_a_prefill_from_a_policy_that_never_fills() -> None:
     with pytest.raises(PluginError, match="bubble policy 'liar' admitted a prefill, though "
                        r"it declares it never fills \(fills = False\)"):
         broker.on_idle("g", 3, 0.2, 0.2)
+
+
+def test_a_bubble_is_predicted_from_the_waits_seen_there_and_how_long_it_has_lasted(
+        ) -> None:
+    broker = BubbleBroker(bubble_policy("bubbletea"), iter([]),
+                          PrefillModel({"a": 0.1, "b": 0.0, "c": 0.0}), deadline_s=2.0,
+                          modeled_waits={("g", 3): 0.35})
+    assert broker.predicted("g", 3) == 0.35  # the plan's modeled wait before any is measured
+    broker.record_wait("g", 3, 0, 0.8)  # the first iteration: connections warm up
+    assert broker.predicted("g", 3) == 0.35  # the shortest while fewer than three are known
+    broker.record_wait("g", 3, 1, 0.3)
+    assert broker.predicted("g", 3) == 0.3  # two measured: the modeled one no longer counts
+    broker.record_wait("g", 3, 2, 0.5)
+    assert broker.predicted("g", 3) == 0.5  # the median of 0.8, 0.3 and 0.5
+    # a wait that has already lasted 0.6 s is one of the longer ones seen there
+    assert broker.predicted("g", 3, elapsed=0.6) == 0.8
+    assert broker.predicted("g", 3, elapsed=0.4) == 0.5
+    assert broker.predicted("g", 3, elapsed=0.9) is None
