@@ -416,3 +416,37 @@ def test_results_files_are_strict_json_a_nan_loss_is_null(tmp_path: Path) -> Non
                parse_constant=refuse)
     results = json.loads((tmp_path / "nan" / "results.json").read_text())
     assert results["loss"] == {"0": 2.5, "1": None, "2": None}
+
+
+@pytest.mark.parametrize(("topology", "policy", "sets", "events", "jitter"), [
+    ("gpt3-4dc", "1f1b", ("iterations=1",), (), None),
+    ("paper-3dc", "1f1b", (), ("at=20s,link=east-central,down=5s",
+                               "at=40s,link=central-west,latency=60ms,for=30s",
+                               "at=50s,link=east-central,bandwidth=300Mbit"), None),
+    ("wan-3dc", "gpipe", (), (), "compute=10%,network=10%"),
+    ("paper-3dc", "diloco", ("iterations=4",), (), None),
+    ("two-dc", "1f1b", ("iterations=6",), (), None),
+])
+def test_plain_rounds_run_without_events_to_the_same_spans(
+        topology: str, policy: str, sets: tuple[str, ...], events: tuple[str, ...],
+        jitter: str | None) -> None:
+    """Slow-start rounds that change nothing but the window run without events of their
+    own (FluidNetwork.coast): every span to the bit as with an event per round, under
+    outages, latency and bandwidth changes and noise, in fewer events."""
+    from testbed.sim.jitter import parse_jitter
+
+    inputs = load_inputs(ROOT / "topologies" / f"{topology}.yaml", sets=sets, events=events)
+    chosen = training_policy(policy)
+    plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
+    runs = []
+    for coast in (False, True):
+        simulator = Simulator(inputs.topology, inputs.job, plan, chosen, events=inputs.events,
+                              jitter=parse_jitter(jitter).with_seed(1) if jitter else None)
+        simulator.network.coast = coast
+        result = simulator.run()
+        runs.append((result.events, [json.dumps(s, sort_keys=True) for s in result.spans]))
+    (every_round, spans), (coasting, same) = runs
+    assert same == spans
+    assert coasting <= every_round
+    if policy == "1f1b" and topology != "two-dc":  # replicas share WAN links: plain rounds
+        assert coasting < every_round

@@ -20,13 +20,14 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from testbed.pacing import PACING_RATIO
+from testbed.sim.flows import INITIAL_WINDOW as INITIAL_WINDOW
+from testbed.sim.flows import RTO_MIN as RTO_MIN
+from testbed.sim.flows import Flow, cap, plain_round, state_of
+from testbed.sim.flows import Pair as Pair
+from testbed.sim.max_min import max_min as max_min
 from testbed.tcp_model import MSS as MSS
 from testbed.tcp_model import PAYLOAD_EFFICIENCY as PAYLOAD_EFFICIENCY
 from testbed.tcp_model import WINDOW_EFFICIENCY as WINDOW_EFFICIENCY
-
-INITIAL_WINDOW = 10 * MSS
-RTO_MIN = 0.2
 
 
 def resume_after_outage(outage_s: float, rto_s: float) -> float:
@@ -44,83 +45,6 @@ Schedule = Callable[[float, Callable[[float], None]], None]
 
 
 @dataclass
-class Pair:
-    """The TCP connections between two endpoints, and their congestion window."""
-
-    connections: int
-    window: float
-    """Per connection, bytes."""
-    rtt: float
-    restart_after_idle: bool
-    rto_min: float = RTO_MIN
-    paced: bool = False
-    cwnd: float = INITIAL_WINDOW
-    last_active: float = float("-inf")
-    active: int = 0
-
-    def begin(self, now: float) -> None:
-        """Linux's restart after idle: the window halves for every RTO the pair sat idle,
-        down to the initial window (tcp_cwnd_restart)."""
-        if self.active == 0 and self.restart_after_idle:
-            idle = now - self.last_active
-            rto = self.rto_min + self.rtt
-            while idle > rto and self.cwnd > INITIAL_WINDOW:
-                self.cwnd = max(INITIAL_WINDOW, self.cwnd / 2)
-                idle -= rto
-        self.active += 1
-
-    def end(self, now: float) -> None:
-        self.active -= 1
-        self.last_active = now
-
-    def round_budget(self) -> float:
-        """Bytes one flow of this pair may send in a round."""
-        return self.connections * min(self.cwnd, self.window) / max(1, self.active)
-
-    def paced_cap(self) -> float:
-        """bit/s one flow of the pair may send while its window grows: paced senders
-        spread each round's window over 1/PACING_RATIO of the round trip."""
-        return PACING_RATIO * self.round_budget() * 8 / self.rtt
-
-    def steady_cap(self) -> float:
-        """bit/s one flow of the pair reaches with a full window: window per RTT."""
-        return self.connections * self.window * 8 / self.rtt / max(1, self.active)
-
-    def acked(self, nbytes: float) -> None:
-        """Slow start: every byte acknowledged grows the window by a byte (so a window
-        used in full doubles per RTT), up to the socket buffers' limit."""
-        self.cwnd = min(self.window, self.cwnd + nbytes / self.connections)
-
-
-@dataclass
-class Flow:
-    id: int
-    resources: tuple[str, ...]
-    pair: Pair
-    latency: float
-    on_arrival: Callable[[float], None]
-    remaining: float
-    budget: float = 0.0
-    round_budget: float = 0.0
-    rate: float = 0.0
-    updated: float = 0.0
-    version: int = 0
-    paused: bool = False
-    round_id: int = 0
-    on_sent: Callable[[float], None] | None = None
-    scheduled: bool = False
-    steady: bool = False
-    """The window is at its limit: ACK-clocked at window/RTT, no more rounds to track."""
-    round_end: float = float("inf")
-
-    def progress(self, now: float) -> None:
-        sent = self.rate / 8 * (now - self.updated)
-        self.remaining = max(0.0, self.remaining - sent)
-        self.budget = max(0.0, self.budget - sent)
-        self.updated = now
-
-
-@dataclass
 class FluidNetwork:
     capacity: dict[str, float]
     """bit/s per resource: WAN link directions and host NICs."""
@@ -131,6 +55,9 @@ class FluidNetwork:
     _dirty: set[str] = field(default_factory=set)
     """Resources whose flows changed at this instant and share anew at its end."""
     _flush_pending: bool = False
+    coast: bool = True
+    """Run plain rounds of slow start without events of their own (`_coast`); off, every
+    round has its event (the same results to the bit, more events)."""
 
     def start(
         self,
@@ -144,6 +71,8 @@ class FluidNetwork:
     ) -> None:
         """Send `nbytes`; `on_sent(t)` runs when the last byte has left, `on_arrival(t)` when
         it reaches the receiver."""
+        if pair.coaster is not None:  # its share of the pair's window changes
+            self._settle(now, pair.coaster)
         pair.begin(now)
         if nbytes <= 0:
             pair.end(now)
@@ -176,6 +105,7 @@ class FluidNetwork:
         the initial window."""
         for fid in list(self.users.get(resource, ())):
             flow = self.flows[fid]
+            self._settle(now, flow, inclusive=False)  # its round ending now would come after
             flow.progress(now)
             flow.pair.cwnd = INITIAL_WINDOW
             flow.steady = False
@@ -209,15 +139,68 @@ class FluidNetwork:
         binds): it reschedules only its own event. Otherwise its component shares anew."""
         if flow.id not in self.flows or flow.round_id != round_id:
             return
+        if self.coast and not flow.paused and flow.rate > 0 and flow.pair.active == 1 \
+                and self._coast(now, flow):
+            return
         flow.progress(now)
-        old_cap = _cap(flow)
+        old_cap = cap(flow)
         flow.pair.acked(flow.round_budget - flow.budget)
         sending = not flow.paused and flow.rate > 0 and flow.pair.active == 1
         self._open_round(now, flow)
-        if sending and flow.rate < min(old_cap, _cap(flow)):
+        if sending and flow.rate < min(old_cap, cap(flow)):
             self._schedule_event(now, flow)
         else:
             self._share(now, flow)
+
+    def _coast(self, now: float, flow: Flow) -> bool:
+        """Where this round and the next ones are plain (testbed.sim.flows.plain_round),
+        run this one and leave the next ones to run when the flow is next read
+        (`_settle`), with one event at the end of the first that is not plain (or of the
+        LOOKAHEAD-th): each plain round's event would only have scheduled the next round.
+        False, doing nothing, where this round or the next is not plain."""
+        state = plain_round(flow, now, state_of(flow))
+        if state is None:
+            return False
+        ahead, end, probe = 0, now + flow.pair.rtt, state
+        while ahead < LOOKAHEAD:
+            after = plain_round(flow, end, probe)
+            if after is None:
+                break
+            ahead, end, probe = ahead + 1, end + flow.pair.rtt, after
+        if not ahead:
+            return False
+        _run(flow, now, state)
+        flow.coasting, flow.pair.coaster = True, flow
+        flow.coast_id += 1
+        self.schedule(end, functools.partial(self._coast_over, flow=flow, coast_id=flow.coast_id))
+        return True
+
+    def _coast_over(self, now: float, flow: Flow, coast_id: int) -> None:
+        """The first round of a coast that is not plain ends: the rounds before it run,
+        then it ends as any round does."""
+        if flow.id not in self.flows or not flow.coasting or flow.coast_id != coast_id:
+            return
+        _catch_up(flow, now, inclusive=False)
+        flow.coasting, flow.pair.coaster = False, None
+        self._round_over(now, flow, flow.round_id)
+
+    def _settle(self, now: float, flow: Flow, inclusive: bool = True) -> None:
+        """Before a coasting flow is read or changed at `now`: its rounds that ended by
+        then run (up to `now` itself where their events would have run first, as round
+        ends do before the shares solved at the same instant), and its next round end
+        gets the event it would have had."""
+        if not flow.coasting:
+            return
+        _catch_up(flow, now, inclusive)
+        flow.coasting, flow.pair.coaster = False, None
+        self.schedule(flow.round_end,
+                      functools.partial(self._round_over, flow=flow, round_id=flow.round_id))
+
+    def retime(self, now: float, pair: Pair, rtt: float) -> None:
+        """The pair's round trip from now on (a latency event seen by its next message)."""
+        if pair.rtt != rtt and pair.coaster is not None:
+            self._settle(now, pair.coaster)
+        pair.rtt = rtt
 
     def _share(self, now: float, flow: Flow) -> None:
         """The flow's rate changed: a flow alone on its links takes at once what max_min
@@ -226,7 +209,7 @@ class FluidNetwork:
             self._reallocate(now, flow.resources)
             return
         rate = 0.0 if flow.paused else min(
-            _cap(flow), *(self.capacity[r] * PAYLOAD_EFFICIENCY for r in flow.resources))
+            cap(flow), *(self.capacity[r] * PAYLOAD_EFFICIENCY for r in flow.resources))
         self._set_rate(now, flow, rate)
 
     def _event(self, now: float, flow_id: int, version: int) -> None:
@@ -292,10 +275,11 @@ class FluidNetwork:
         """New rates for every flow coupled to these resources; the resources solved."""
         flows, seen = self._component(resources)
         for flow in flows:
+            self._settle(now, flow)
             flow.progress(now)
         sending = [f for f in flows if not f.paused]
         rates = max_min(
-            {f.id: (f.pair.connections / max(1, f.pair.active), _cap(f), f.resources)
+            {f.id: (f.pair.connections / max(1, f.pair.active), cap(f), f.resources)
              for f in sending},
             {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in seen},
         )
@@ -325,72 +309,25 @@ class FluidNetwork:
         self.schedule(done, functools.partial(self._event, flow_id=flow.id, version=flow.version))
 
 
-def _cap(flow: Flow) -> float:
-    """bit/s the flow may not exceed whatever the links leave it: window per RTT once
-    steady, a multiple of its round's window while paced, none otherwise."""
-    pair = flow.pair
-    if flow.steady:
-        return pair.steady_cap()
-    return pair.paced_cap() if pair.paced else float("inf")
+LOOKAHEAD = 64
+"""Rounds a coast looks ahead at most: a flow read early in a long coast is looked ahead
+for again when it next coasts."""
 
 
-def max_min(
-    flows: dict[int, tuple[float, float, tuple[str, ...]]], capacity: dict[str, float]
-) -> dict[int, float]:
-    """Weighted max-min fair rates: flow -> (weight, cap, resources). A resource only one
-    flow uses is a cap on that flow; flows then alike (weight, cap, shared resources: the
-    data-parallel replicas of one transfer, on their own NICs) are solved once, as a group,
-    so the cost follows the distinct flows, not their number."""
-    users: dict[str, int] = {}
-    for _, _, resources in flows.values():
-        for resource in resources:
-            users[resource] = users.get(resource, 0) + 1
-    groups: dict[tuple[float, float, tuple[str, ...]], list[int]] = {}
-    for fid, (weight, cap, resources) in flows.items():
-        for resource in resources:
-            if users[resource] == 1:
-                cap = min(cap, capacity[resource])
-        shared = tuple(r for r in resources if users[r] > 1)
-        groups.setdefault((weight, cap, shared), []).append(fid)
-    keys = list(groups)
-    group_rates = _fill({g: (*key, len(groups[key])) for g, key in enumerate(keys)}, capacity)
-    return {fid: group_rates[g] for g, key in enumerate(keys) for fid in groups[key]}
+def _run(flow: Flow, now: float, state: tuple[float, float, float, float, float]) -> None:
+    """Apply a plain round ending at `now`, as its event would have: the new state, the
+    next round open, the flow's event known to fall after it."""
+    flow.updated, flow.remaining, flow.budget, flow.round_budget, flow.pair.cwnd = state
+    flow.paused, flow.scheduled = False, True
+    flow.round_id += 1
+    flow.version += 1
+    flow.round_end = now + flow.pair.rtt
 
 
-def _fill(
-    groups: dict[int, tuple[float, float, tuple[str, ...], int]], capacity: dict[str, float]
-) -> dict[int, float]:
-    """Progressive filling over groups of `count` identical flows: every unfrozen flow's
-    rate per unit weight rises until a resource fills up or a flow reaches its cap; those
-    flows freeze. The rate of one flow of each group."""
-    rates: dict[int, float] = {}
-    left = dict(capacity)
-    weights: dict[str, float] = {}
-    users: dict[str, list[int]] = {}
-    for gid, (weight, _, resources, count) in groups.items():
-        for resource in resources:
-            weights[resource] = weights.get(resource, 0.0) + weight * count
-            users.setdefault(resource, []).append(gid)
-    active = dict(groups)
-    while active:
-        level, bottleneck = float("inf"), None
-        for resource, weight in weights.items():
-            if weight > 1e-12 and left[resource] / weight < level:
-                level, bottleneck = left[resource] / weight, resource
-        capped = [gid for gid, (w, cap, _, _) in active.items() if cap / w <= level]
-        if capped:
-            frozen = [(gid, active[gid][1]) for gid in capped]
-        elif bottleneck is not None:
-            frozen = [(gid, level * active[gid][0]) for gid in users[bottleneck]
-                      if gid in active]
-        else:
-            break
-        for gid, rate in frozen:
-            rates[gid] = rate
-            weight, _, resources, count = active.pop(gid)
-            for resource in resources:
-                left[resource] = max(0.0, left[resource] - rate * count)
-                weights[resource] -= weight * count
-    for gid in active:
-        rates[gid] = 0.0
-    return rates
+def _catch_up(flow: Flow, until: float, inclusive: bool) -> None:
+    """Run the coasting flow's plain rounds that end before `until` (or at it)."""
+    while flow.round_end < until or (inclusive and flow.round_end == until):
+        state = plain_round(flow, flow.round_end, state_of(flow))
+        if state is None:
+            return
+        _run(flow, flow.round_end, state)

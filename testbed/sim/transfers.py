@@ -51,7 +51,8 @@ class Transfers:
         resources, inside = known
         return resources, self.links.one_way(src.dc, dst.dc) + inside
 
-    def pair(self, src: SimWorker, dst: SimWorker, latency: float, largest: float) -> Pair:
+    def pair(self, src: SimWorker, dst: SimWorker, latency: float, largest: float,
+             now: float) -> Pair:
         """The pair's connections; `largest`: the biggest message they carry, which decides
         whether they are paced (testbed.pacing), as in the emulator."""
         key = (src.lead, dst.lead)
@@ -64,7 +65,8 @@ class Transfers:
                 tcp_src.rto_min_s or RTO_MIN, paced(self.topology, src.dc, dst.dc, largest),
             )
         pair = self.pairs[key]
-        pair.rtt = max(2 * latency, 1e-5)  # a latency event changes it for later rounds
+        # a latency event changes it for later rounds
+        self.network.retime(now, pair, max(2 * latency, 1e-5))
         return pair
 
     def send(
@@ -83,7 +85,8 @@ class Transfers:
         """`op`: SEND_F or SEND_B for pipeline messages (arbitrated where the plan says so),
         ALLREDUCE for a ring's chunks; `stage` sends to `to_stage` (of the GPUs' stages)."""
         resources, latency = self.path(src, dst)
-        pair = self.pair(src, dst, latency, nbytes if op is not Op.ALLREDUCE else GRADIENTS)
+        pair = self.pair(src, dst, latency, nbytes if op is not Op.ALLREDUCE else GRADIENTS,
+                         now)
         latency *= self.noise.factor("network")  # this message's delay, not the path's RTT
         link = None if src.dc == dst.dc else f"{src.dc}>{dst.dc}"
 
