@@ -153,3 +153,29 @@ def test_1f1b_matches_torch(stages: int, data: st.DataObject) -> None:
 def test_grid_shows_every_worker() -> None:
     grid = plan_grid(_plan("1f1b"))
     assert "r1s1" in grid and "west-1" in grid and "1ALLREDUCE" in grid
+
+
+def test_replicas_alike_are_dry_run_once_and_one_that_differs_is_checked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """build_plan gives a stage's replicas one action list: the dry run runs one replica
+    of each class alike (the others join its collectives with it); a replica whose list
+    differs, even by one action, is run, and its error named."""
+    from testbed.plan import dry_run
+
+    plan = _plan("1f1b")
+    assert plan.dp == 2 and plan.actions["east-0"] is plan.actions["east-1"]
+    executed: list[Any] = []
+    real = dry_run._CycleRun._execute
+
+    def counted(self: Any, gpu: str, runner: Any, *args: Any) -> Any:
+        executed.append(runner.replica)
+        return real(self, gpu, runner, *args)
+
+    monkeypatch.setattr(dry_run._CycleRun, "_execute", counted)
+    validate_plan(plan, TWO_DC)
+    assert set(executed) == {0}
+    actions = [str(a) for a in plan.actions["east-1"]]
+    i, j = actions.index("0F3"), actions.index("0B3")
+    actions[i], actions[j] = actions[j], actions[i]
+    with pytest.raises(PlanError, match=r"east-1: backward before forward: 0B3 before 0F3"):
+        validate_plan(_with_actions(plan, "east-1", actions), TWO_DC)

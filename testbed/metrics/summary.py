@@ -74,15 +74,29 @@ def window(start: float, ends: Sequence[float], period: int = 1) -> tuple[float,
 
 
 def busy_time(spans: Iterable[Span], kinds: Sequence[SpanKind], lo: float, hi: float) -> float:
-    """Total time inside [lo, hi] covered by spans of these kinds (overlaps per GPU merged).
-    A GPU's time is the union of its groups' intervals, worked out once for all GPUs that
-    share the same groups, and summed GPU by GPU as if each had its own spans."""
-    per_group: dict[tuple[str, ...], list[tuple[float, float]]] = {}
+    """Total time inside [lo, hi] covered by spans of these kinds (overlaps per GPU merged)."""
+    return busy_times(spans, (kinds,), lo, hi)[0]
+
+
+def busy_times(spans: Iterable[Span], kind_sets: Sequence[Sequence[SpanKind]], lo: float,
+               hi: float) -> list[float]:
+    """`busy_time` for each set of kinds, in one pass over the spans."""
+    per_group: list[dict[tuple[str, ...], list[tuple[float, float]]]] = [{} for _ in kind_sets]
+    wanted = {kind for kinds in kind_sets for kind in kinds}
     for group, kind, start, end, _, _ in rows(spans):
-        if kind in kinds:
-            a, b = max(start, lo), min(end, hi)
+        if kind in wanted:
+            a = start if start >= lo else lo  # max and min, without their calls
+            b = end if end <= hi else hi
             if b > a:
-                per_group.setdefault(group, []).append((a, b))
+                for kinds, intervals in zip(kind_sets, per_group, strict=True):
+                    if kind in kinds:
+                        intervals.setdefault(group, []).append((a, b))
+    return [_busy(intervals) for intervals in per_group]
+
+
+def _busy(per_group: dict[tuple[str, ...], list[tuple[float, float]]]) -> float:
+    """A GPU's time is the union of its groups' intervals, worked out once for all GPUs
+    that share the same groups, and summed GPU by GPU as if each had its own spans."""
     groups_of: dict[str, list[tuple[str, ...]]] = {}
     for group in per_group:
         for gpu in group:
@@ -280,8 +294,8 @@ def summarize(
     training = total = wan_util = None
     if length > 0 and gpus:
         capacity = length * len(gpus)
-        training = busy_time(spans, TRAINING_KINDS, lo, hi) / capacity
-        total = busy_time(spans, BUSY_KINDS, lo, hi) / capacity
+        busy_training, busy_total = busy_times(spans, (TRAINING_KINDS, BUSY_KINDS), lo, hi)
+        training, total = busy_training / capacity, busy_total / capacity
         if wan_capacity_bps > 0:
             wan_util = wan_bytes(spans, lo, hi) * 8 / (wan_capacity_bps * length)
     return Summary(

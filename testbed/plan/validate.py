@@ -104,14 +104,18 @@ def _check_program(plan: Plan, program: Program, name: str) -> None:
     for gpu in program:
         if gpu not in used:
             raise fail(f"{name}GPU {gpu} has actions but runs no stage")
+    checked: set[tuple[int, tuple[int, ...]]] = set()  # replicas share lists (build_plan)
     for _replica, stages, gpus in _groups(plan):
         lists = [program.get(gpu) for gpu in gpus]
         if lists[0] is None:
             raise fail(f"{name}GPU {gpus[0]} has no actions")
         for gpu, actions in zip(gpus[1:], lists[1:], strict=True):
-            if actions != lists[0]:
+            if actions is not lists[0] and actions != lists[0]:
                 raise fail(f"{name}GPU {gpu} differs from {gpus[0]} in its tensor-parallel "
                             "group")
+        if (id(lists[0]), stages) in checked:
+            continue
+        checked.add((id(lists[0]), stages))
         where = f"{name}{gpus[0]}"
         for action in lists[0]:
             for leaf in action.leaves:
@@ -143,15 +147,20 @@ _MATCH = {Op.SEND_F: (Op.RECV_F, +1), Op.SEND_B: (Op.RECV_B, -1)}
 
 def _check_pairs(plan: Plan, program: Program) -> None:
     """Every send has exactly one receive on the peer, and every receive one send."""
+    checked: set[tuple[int, int, Op, int]] = set()
     for (replica, stage), gpus in plan.workers():
         lead = gpus[0]
         for op, (recv_op, step) in _MATCH.items():
-            sends = Counter(a.microbatch for a in program[lead]
-                            if a.op is op and a.stage == stage)
             peer_stage = stage + step
             if not 0 <= peer_stage < plan.pp:
                 continue
             peer = plan.lead_gpu(replica, peer_stage)
+            lists = (id(program[lead]), id(program[peer]), op, stage)  # the same lists
+            if lists in checked:
+                continue
+            checked.add(lists)
+            sends = Counter(a.microbatch for a in program[lead]
+                            if a.op is op and a.stage == stage)
             recvs = Counter(a.microbatch for a in program[peer]
                             if a.op is recv_op and a.stage == peer_stage)
             for mb, count in sorted(sends.items(), key=lambda kv: kv[0] or 0):

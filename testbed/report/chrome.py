@@ -95,6 +95,8 @@ def trace_events(spans: Sequence[Span], start: float, topology: Topology,
     def us(t: float) -> float:
         return round((t - start) * 1e6, 3)
 
+    drawn_of: dict[tuple[str, ...], Sequence[str]] = {}
+    """What each group of GPUs is drawn on: all of them, or its first kept one (if any)."""
     flow = 0
     for group, kind, begin, end, iteration, detail in rows(spans):
         if kind == "transfer" and detail.get("src"):
@@ -112,7 +114,10 @@ def trace_events(spans: Sequence[Span], start: float, topology: Topology,
             continue
         if kind not in _SHOWN:
             continue
-        drawn = group if kept is None else [g for g in group if g in kept or g == "network"][:1]
+        drawn = drawn_of.get(group)
+        if drawn is None:
+            drawn = drawn_of[group] = group if kept is None else [
+                g for g in group if g in kept or g == "network"][:1]
         if not drawn:
             continue
         args = {"iteration": iteration, **detail}
