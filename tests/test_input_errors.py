@@ -260,10 +260,10 @@ def test_gpus_are_limited_per_datacenter_and_in_all() -> None:
     data = _topology()
     data["datacenters"][0]["gpus"] = 100_000
     assert _error(parse_topology, data, "t.yaml") == \
-        "t.yaml: datacenters[0].gpus: must be at most 16,384 (testbed's limit), got 100000"
-    data["datacenters"][0]["gpus"] = data["datacenters"][1]["gpus"] = 10_000
+        "t.yaml: datacenters[0].gpus: must be at most 65,536 (testbed's limit), got 100000"
+    data["datacenters"][0]["gpus"] = data["datacenters"][1]["gpus"] = 40_000
     assert _error(parse_topology, data, "t.yaml") == \
-        "t.yaml: datacenters: 20,000 GPUs in all, more than testbed's limit of 16,384"
+        "t.yaml: datacenters: 80,000 GPUs in all, more than testbed's limit of 65,536"
 
 
 def test_paper_scale_is_well_inside_the_limits(tmp_path: Path) -> None:
