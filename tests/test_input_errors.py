@@ -238,7 +238,7 @@ def test_a_bare_number_above_one_is_explained_as_a_fraction(tmp_path: Path) -> N
     (["--iterations", "100000"],
      "--iterations: must be at most 10,000 (testbed's limit), got 100000"),
     (["--set", "global_batch=99999999999"],
-     "--set: global_batch: must be at most 16,777,216 (testbed's limit), got 99999999999"),
+     "--set: global_batch: must be at most 67,108,864 (testbed's limit), got 99999999999"),
 ])
 def test_an_absurd_count_is_refused_naming_key_value_and_limit(
         args: list[str], expected: str) -> None:
