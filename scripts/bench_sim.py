@@ -27,6 +27,7 @@ import asyncio
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -71,10 +72,10 @@ def core_s(topology: Topology, job: Job, policy_name: str = "1f1b") -> dict[str,
     """The simulator's run alone (the plan made first, not timed)."""
     policy = training_policy(policy_name)
     plan = plan_with_simulator(policy, topology, job)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     result = Simulator(topology, job, plan, policy).run()
-    return {"wall_s": time.perf_counter() - started, "spans": len(result.spans),
-            "events": result.events}
+    return {"wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu,
+            "spans": len(result.spans), "events": result.events}
 
 
 def scale_table(sizes: tuple[tuple[int, int], ...] = DEFAULT_SIZES) -> list[dict[str, Any]]:
@@ -95,15 +96,18 @@ def testbed_simulate(topology: Topology, job: Job, work: Path, *args: str) -> di
     path.write_text(to_yaml({**dump_topology(topology), "job": dump_job(job)}))
     testbed = str(Path(sys.executable).parent / "testbed")
     load = os.getloadavg()[0]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run([testbed, "simulate", str(path), "--out", str(work / "run"),
                            "--force", *args], capture_output=True, text=True, check=False)
     wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if done.returncode:
         raise SystemExit(f"testbed simulate failed: {done.stderr.strip()}")
     results = json.loads((work / "run" / "results.json").read_text())
-    return {"e2e_s": wall, "load": [round(load, 2), round(os.getloadavg()[0], 2)],
-            "results": results}
+    return {"e2e_s": wall, "e2e_cpu_s": cpu,
+            "load": [round(load, 2), round(os.getloadavg()[0], 2)], "results": results}
 
 
 def e2e_table(sizes: tuple[tuple[int, int], ...], repeat: int) -> list[dict[str, Any]]:
@@ -118,8 +122,10 @@ def e2e_table(sizes: tuple[tuple[int, int], ...], repeat: int) -> list[dict[str,
             core = core_s(topology, job)
             rows.append({"gpus": gpus, "microbatches": microbatches,
                          "e2e_s": run["e2e_s"], "core_s": core["wall_s"],
-                         "ratio": run["e2e_s"] / core["wall_s"], "events": core["events"],
-                         "load": run["load"]})
+                         "ratio": run["e2e_s"] / core["wall_s"], "e2e_cpu_s": run["e2e_cpu_s"],
+                         "core_cpu_s": core["cpu_s"],
+                         "cpu_ratio": run["e2e_cpu_s"] / core["cpu_s"],
+                         "events": core["events"], "load": run["load"]})
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -132,13 +138,14 @@ def e2e_text(rows: list[dict[str, Any]]) -> str:
         key = (row["gpus"], row["microbatches"])
         if key not in best or row["e2e_s"] < best[key]["e2e_s"]:
             best[key] = row
-    lines = ["| GPUs x microbatches | `testbed simulate` | core | ratio | rounds (e2e s) | load |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| GPUs x microbatches | `testbed simulate` | core | ratio | CPU: e2e | core | "
+             "ratio | rounds (e2e s) | load |", "|---|---|---|---|---|---|---|---|---|"]
     for (gpus, m), row in sorted(best.items()):
         rounds = ", ".join(f"{r['e2e_s']:.2f}" for r in rows
                            if (r["gpus"], r["microbatches"]) == (gpus, m))
         lines.append(f"| {gpus:,} x {m} | {row['e2e_s']:.2f} s | {row['core_s']:.2f} s | "
-                     f"{row['ratio']:.2f}x | {rounds} | {row['load'][0]:.1f} |")
+                     f"{row['ratio']:.2f}x | {row['e2e_cpu_s']:.2f} s | {row['core_cpu_s']:.2f} s"
+                     f" | {row['cpu_ratio']:.2f}x | {rounds} | {row['load'][0]:.1f} |")
     growth = [{"gpus": g, "e2e_s": r["e2e_s"]} for (g, m), r in sorted(best.items())
               if m == 8 and g >= 4096]
     if len(growth) >= 2:
@@ -155,7 +162,8 @@ def atlas_e2e(gpus: int, repeat: int, microbatches: int = 8) -> list[dict[str, A
         with tempfile.TemporaryDirectory() as tmp:
             run = testbed_simulate(topology, job, Path(tmp), "-p", "atlas")
         notes = run["results"]["plan"]["notes"]
-        rows.append({"gpus": gpus, "e2e_s": run["e2e_s"], "planning_s": notes["planning_s"],
+        rows.append({"gpus": gpus, "e2e_s": run["e2e_s"], "e2e_cpu_s": run["e2e_cpu_s"],
+                     "planning_s": notes["planning_s"],
                      "cores": os.cpu_count(), "load": run["load"],
                      "iteration_s": run["results"]["iteration_time_s"]["median"]})
         print(json.dumps(rows[-1]), flush=True)
@@ -173,7 +181,8 @@ def bubbles_e2e(repeat: int) -> list[dict[str, Any]]:
             run = testbed_simulate(inputs.topology, inputs.job, Path(tmp), "-p", "atlas",
                                    "-b", "bubbletea")
         represented = sum(run["results"]["iteration_time_s"]["all"])
-        rows.append({"e2e_s": run["e2e_s"], "represented_s": represented,
+        rows.append({"e2e_s": run["e2e_s"], "e2e_cpu_s": run["e2e_cpu_s"],
+                     "represented_s": represented,
                      "faster_than_real_time": represented / run["e2e_s"], "load": run["load"],
                      "util_total": run["results"]["gpu_utilization"]["total"]})
         print(json.dumps(rows[-1]), flush=True)

@@ -63,11 +63,11 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
         record.target_loss = spec.target_loss
         record.plan_file = spec.plan_file
         record.trace = spec.trace
-        write_run(directory, record)
-    left_out = record.trace_left_out()
+        results = write_run(directory, record)
+    left_out = results["trace"]["left_out"]
     if left_out:
         say(left_out)
-    return RunResult(record.results(), directory, error, record)
+    return RunResult(results, directory, error, record)
 
 
 def prepare(spec: RunSpec, say: Say) -> tuple[RunSpec, Plan, TrainingPolicy]:

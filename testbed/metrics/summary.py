@@ -82,15 +82,16 @@ def busy_times(spans: Iterable[Span], kind_sets: Sequence[Sequence[SpanKind]], l
                hi: float) -> list[float]:
     """`busy_time` for each set of kinds, in one pass over the spans."""
     per_group: list[dict[tuple[str, ...], list[tuple[float, float]]]] = [{} for _ in kind_sets]
-    wanted = {kind for kinds in kind_sets for kind in kinds}
+    sets_of = {kind: [per_group[i] for i, kinds in enumerate(kind_sets) if kind in kinds]
+               for kinds in kind_sets for kind in kinds}
     for group, kind, start, end, _, _ in rows(spans):
-        if kind in wanted:
+        into = sets_of.get(kind)
+        if into:
             a = start if start >= lo else lo  # max and min, without their calls
             b = end if end <= hi else hi
             if b > a:
-                for kinds, intervals in zip(kind_sets, per_group, strict=True):
-                    if kind in kinds:
-                        intervals.setdefault(group, []).append((a, b))
+                for intervals in into:
+                    intervals.setdefault(group, []).append((a, b))
     return [_busy(intervals) for intervals in per_group]
 
 
@@ -125,12 +126,17 @@ def _union(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def wan_bytes(spans: Iterable[Span], lo: float = float("-inf"), hi: float = float("inf")) -> int:
-    return sum(
-        int(detail.get("bytes", 0)) * len(group)
-        for group, kind, _, end, _, detail in rows(spans)
-        if kind == "transfer" and detail.get("link") and lo <= end <= hi
-    )
+def wan_bytes(spans: Iterable[Span], lo: float = float("-inf"), hi: float = float("inf")
+              ) -> tuple[int, int]:
+    """Bytes that crossed the WAN: in all, and arriving inside [lo, hi]."""
+    total = inside = 0
+    for group, kind, _, end, _, detail in rows(spans):
+        if kind == "transfer" and detail.get("link"):
+            moved = int(detail.get("bytes", 0)) * len(group)
+            total += moved
+            if lo <= end <= hi:
+                inside += moved
+    return total, inside
 
 
 @dataclass(frozen=True)
@@ -292,12 +298,13 @@ def summarize(
     median = statistics.median(counted_times) if counted_times else None
     mean = statistics.fmean(counted_times) if counted_times else None
     training = total = wan_util = None
+    wan_total, wan_inside = wan_bytes(spans, lo, hi)
     if length > 0 and gpus:
         capacity = length * len(gpus)
         busy_training, busy_total = busy_times(spans, (TRAINING_KINDS, BUSY_KINDS), lo, hi)
         training, total = busy_training / capacity, busy_total / capacity
         if wan_capacity_bps > 0:
-            wan_util = wan_bytes(spans, lo, hi) * 8 / (wan_capacity_bps * length)
+            wan_util = wan_inside * 8 / (wan_capacity_bps * length)
     return Summary(
         iteration_times=times,
         median_s=median,
@@ -308,7 +315,7 @@ def summarize(
         measured_s=length if ends else None,
         utilization_training=training,
         utilization_total=total,
-        wan_bytes=wan_bytes(spans),
+        wan_bytes=wan_total,
         wan_utilization=wan_util,
         mean_s=mean,
         period=period,

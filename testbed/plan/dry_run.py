@@ -112,9 +112,10 @@ class _CycleRun:
         """Stages whose replicas stepped without a common gradient: one such step."""
         self.synced: dict[int, set[int]] = {}
         """Per stage, the fragments an outer step brought together."""
+        lists = {id(program[gpu]): program[gpu] for program in plan.all_programs()
+                 for gpu in self.held}  # a stage's replicas share one
         self.delta_syncs = {
-            a.stage for program in plan.all_programs() for gpu in self.held
-            for a in program[gpu]
+            a.stage for actions in lists.values() for a in actions
             if a.op.is_collective and a.subject.reduces is Reduces.DELTAS
         }
         self.iteration = 0

@@ -37,8 +37,7 @@ def plan_to_csv(plan: Plan) -> str:
     for key in _INT_META:
         writer.writerow(["meta", key, getattr(plan, key)])
     writer.writerow(["meta", "layers", " ".join(map(str, plan.layers))])
-    for (replica, stage), gpus in plan.workers():
-        writer.writerow(["place", replica, stage, *gpus])
+    writer.writerows(["place", replica, stage, *gpus] for (replica, stage), gpus in plan.workers())
     for gpu in plan.used_gpus():
         actions_row(["actions", gpu], plan.actions[gpu])
     if plan.cycle:
@@ -46,8 +45,7 @@ def plan_to_csv(plan: Plan) -> str:
     for index, program in enumerate(plan.programs, start=1):
         for gpu in plan.used_gpus():
             actions_row(["program", index, gpu], program[gpu])
-    for (a, b), n in sorted(plan.connections.items()):
-        writer.writerow(["conn", a, b, n])
+    writer.writerows(["conn", a, b, n] for (a, b), n in sorted(plan.connections.items()))
     for (src, dst), sharing in sorted(plan.sharing.items()):
         writer.writerow(["share", src, dst, sharing.value])
     for cell in plan.dp_cells:

@@ -182,8 +182,10 @@ def _check_fragments(plan: Plan) -> None:
     disjoint parts that together cover the parameters."""
     counts: dict[int, tuple[int, Action]] = {}
     for program in plan.all_programs():
-        for (_, stage), gpus in plan.workers():
-            for action in program[gpus[0]]:
+        lists = {(id(program[gpus[0]]), stage): program[gpus[0]]
+                 for (_, stage), gpus in plan.workers()}  # a stage's replicas share one
+        for (_, stage), actions in lists.items():
+            for action in actions:
                 if not action.op.is_collective or action.subject.reduces is not Reduces.DELTAS \
                         or action.stage != stage:
                     continue

@@ -146,9 +146,9 @@ class RunRecord:
         }
 
 
-def write_run(directory: Path, record: RunRecord) -> Path:
+def write_run(directory: Path, record: RunRecord) -> dict[str, Any]:
     """Write every file of a run; results.json last, so its presence means complete. The
-    trace as `record.trace` asks (testbed.report.chrome)."""
+    trace as `record.trace` asks (testbed.report.chrome). results.json as written."""
     directory.mkdir(parents=True, exist_ok=True)
     write_atomic(directory / "topology.yaml", to_yaml(dump_topology(record.topology)), 0o644)
     write_atomic(directory / "plan.csv", plan_to_csv(record.plan), 0o644)
@@ -161,8 +161,9 @@ def write_run(directory: Path, record: RunRecord) -> Path:
                          span_rows(record.spans), b"]}")
     if record.requests is not None:
         write_atomic(directory / "requests.csv", requests_csv(record.requests), 0o644)
-    write_atomic(directory / "results.json", strict_json(record.results(), indent=True), 0o644)
-    return directory / "results.json"
+    results = record.results()
+    write_atomic(directory / "results.json", strict_json(results, indent=True), 0o644)
+    return results
 
 
 def span_rows(spans: Sequence[Span]) -> Iterator[dict[str, Any]]:

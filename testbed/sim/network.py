@@ -9,7 +9,8 @@ out before the round (RTT) is over it pauses, and its share goes to others. So a
 smaller than a window leaves at line rate, one flow on a long link averages window/RTT,
 and many flows fill the link. There is no loss: senders whose messages could overflow a queue
 are paced (testbed.pacing), as the emulator's are, and within a round a paced flow sends
-at most PACING_RATIO windows per RTT.
+at most PACING_RATIO windows per RTT. Rounds that change nothing but the window run
+without events of their own (`FluidNetwork._coast`), to the same results.
 Pure: time is passed in, nothing sleeps.
 """
 

@@ -36,9 +36,10 @@ from testbed.plan.interpret import (
     ReduceWait,
     Send,
     SendWait,
+    Step,
     interpret,
 )
-from testbed.plan.model import Plan
+from testbed.plan.model import Action, Plan
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import TrainingPolicy
 from testbed.sim.agenda import Agenda
@@ -102,8 +103,9 @@ class Simulator:
         held: dict[tuple[int, tuple[str, ...]], list[int]] = {}
         for (replica, stage), gpus in plan.workers():
             held.setdefault((replica, gpus), []).append(stage)
+        steps: dict[tuple[int, tuple[int, ...]], tuple[Step, ...]] = {}  # replicas share lists
         for index, ((replica, gpus), stages) in enumerate(held.items()):
-            programs = tuple(interpret(program[gpus[0]], stages, plan.pp)
+            programs = tuple(_interpreted(steps, program[gpus[0]], tuple(stages), plan.pp)
                              for program in plan.all_programs())
             worker = SimWorker(index, replica, stages[0], gpus, topology.dc_of(gpus[0]),
                                programs, plan.program_of, stages=tuple(stages))
@@ -361,7 +363,19 @@ class Simulator:
         self._advance(worker, now)
 
 
+
 def _sender(phase: Phase, to_stage: int) -> int:
     """The stage that sent a pipeline message: activations go down the pipeline, input
     gradients back up."""
     return to_stage - 1 if phase is Phase.FORWARD else to_stage + 1
+
+
+def _interpreted(known: dict[tuple[int, tuple[int, ...]], tuple[Step, ...]],
+                 actions: tuple[Action, ...], stages: tuple[int, ...], pp: int
+                 ) -> tuple[Step, ...]:
+    """A worker's interpreted steps, made once per action list and stages held (steps are
+    immutable)."""
+    key = (id(actions), stages)
+    if key not in known:
+        known[key] = interpret(actions, stages, pp)
+    return known[key]
