@@ -237,7 +237,9 @@ def _sizes(text: str) -> tuple[tuple[int, int], ...]:
 
 
 def agreement_table(repeat: int, topologies: list[str]) -> list[dict[str, Any]]:
+    from testbed.plan.host_tcp import hosts_as_planned
     from testbed.runtime.coordinator import Coordinator
+    from testbed.runtime.run_config import RunConfig
     from testbed.runtime.signals import run_with_signals
 
     rows = []
@@ -249,16 +251,18 @@ def agreement_table(repeat: int, topologies: list[str]) -> list[dict[str, Any]]:
                                  sets=(f"iterations={iterations}",))
             policy = training_policy(policy_name)
             plan = plan_with_simulator(policy, inputs.topology, inputs.job)
+            topology = hosts_as_planned(inputs.topology, plan)  # as `testbed up` runs it
             emulated, spans = [], []
             for _ in range(repeat):
                 with tempfile.TemporaryDirectory() as tmp:
-                    coordinator = Coordinator(inputs.topology, inputs.job, plan, policy,
-                                              "emulated", Path(tmp), say=lambda _m: None)
-                    outcome = asyncio.run(run_with_signals(coordinator))
+                    config = RunConfig(topology, inputs.job, plan, policy, "emulated",
+                                       Path(tmp) / "logs")
+                    outcome = asyncio.run(run_with_signals(
+                        Coordinator(config, say=lambda _m: None)))
                 emulated.append(outcome.summary.median_s)
                 spans += outcome.spans
-            modeled, _ = simulate_plan(inputs.topology, inputs.job, plan, policy)
-            profiled, _ = simulate_plan(inputs.topology, inputs.job, plan, policy,
+            modeled, _ = simulate_plan(topology, inputs.job, plan, policy)
+            profiled, _ = simulate_plan(topology, inputs.job, plan, policy,
                                         profile_from_spans(spans))
             emu = statistics.median(emulated)
             rows.append({"topology": name, "policy": policy_name, "emulated_s": emu,
