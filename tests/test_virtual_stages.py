@@ -255,3 +255,25 @@ def test_a_hand_edited_virtual_plan_loads(tmp_path: Path) -> None:
                             "--set", "microbatch_size=1"])
     assert code == 0, err
     assert "r0s0,1" in text and "1I0" in text
+
+
+@pytest.mark.parametrize("schedule", [Schedule.INTERLEAVED_1F1B, Schedule.ZB_V,
+                                      Schedule.ONE_F_ONE_B])
+def test_replicas_holding_the_same_stages_share_one_order_and_one_action_list(
+        schedule: Schedule) -> None:
+    """What a GPU does follows from the stages it holds: its replicas' GPUs get one compute
+    order and one action list (by identity, which validation and the simulator read once),
+    found in one pass over the placement."""
+    from testbed.plan.build import compute_orders, stages_held
+
+    virtual = 1 if schedule is Schedule.ONE_F_ONE_B else 2
+    plan = _plan(schedule, dp=2, virtual=virtual)
+    placement = dict(plan.placement)
+    held = stages_held(placement)
+    orders = compute_orders(JOB, placement, schedule, schedule.label(0), plan.microbatches)
+    for stage in range(plan.pp):
+        first, second = plan.lead_gpu(0, stage), plan.lead_gpu(1, stage)
+        assert first != second and plan.actions[first] is plan.actions[second]
+        group = plan.placement[(0, stage)]
+        assert held[group] == plan.stages_of(first) and stage in held[group]
+        assert orders[group] is orders[plan.placement[(1, stage)]]

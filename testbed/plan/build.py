@@ -171,10 +171,14 @@ def _check_memory(topology: Topology, job: Job, placement: Mapping[Worker, tuple
                   orders: Mapping[tuple[str, ...], Sequence[Action]]) -> None:
     _, pp = placement_shape(placement)
     layers = split_layers(job.model.layers, pp)
+    holds = stages_held(placement)
+    needs: dict[tuple[int, ...], int] = {}  # a GPU's order follows from its stages
     for gpus, order in orders.items():
-        stages = sorted(s for (_, s), g in placement.items() if g == gpus)
+        stages = holds[gpus]
         gpu = topology.gpu(gpus[0]).type
-        need = gpu_memory_bytes(job, layers, stages, job.tp, order)
+        if stages not in needs:
+            needs[stages] = gpu_memory_bytes(job, layers, stages, job.tp, order)
+        need = needs[stages]
         if need > gpu.memory_bytes:
             held = sum(layers[s] for s in stages)
             what = f"stage {stages[0]}" if len(stages) == 1 else \
@@ -266,15 +270,13 @@ def build_plan(
     orders = compute_orders(job, placement, schedule, label, microbatches, order)
     _check_memory(topology, job, placement, orders)
     count = connections if callable(connections) else _every_pair(connections)
-    held: dict[tuple[str, ...], list[int]] = {}
-    for (_, stage), gpus in sorted(placement.items()):
-        held.setdefault(gpus, []).append(stage)
+    held = stages_held(placement)
     # one list per set of stages held, shared by its replicas' GPUs (what a GPU does
     # depends on its stages alone), so that what reads plans can tell equal lists by identity
     per_stages: dict[tuple[int, ...], tuple[Action, ...]] = {}
     actions: dict[str, tuple[Action, ...]] = {}
     for gpus, computes in orders.items():
-        stages = tuple(held[gpus])
+        stages = held[gpus]
         if stages not in per_stages:
             per_stages[stages] = tuple(
                 lower(computes, stages, pp, microbatches, dp, sends, gradients)
@@ -326,6 +328,16 @@ def virtual_placement(placement: Mapping[Worker, tuple[str, ...]], schedule: Sch
     return {(r, s): placement[(r, rank)] for r in range(dp) for s, rank in mapping.items()}
 
 
+def stages_held(placement: Mapping[Worker, tuple[str, ...]]
+                ) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """The stages each tensor-parallel group holds, in order (one pass over the placement:
+    a plan at 32,768 GPUs has thousands of groups)."""
+    held: dict[tuple[str, ...], list[int]] = {}
+    for (_, stage), gpus in sorted(placement.items()):
+        held.setdefault(gpus, []).append(stage)
+    return {gpus: tuple(stages) for gpus, stages in held.items()}
+
+
 def compute_orders(job: Job, placement: Mapping[Worker, tuple[str, ...]], schedule: Schedule,
                    label: str, microbatches: int, given: TorchOrder | None = None
                    ) -> dict[tuple[str, ...], tuple[Action, ...]]:
@@ -333,14 +345,13 @@ def compute_orders(job: Job, placement: Mapping[Worker, tuple[str, ...]], schedu
     order): F and B, and I, W and OVERLAP_F_B where torch's schedule has them (`given`:
     torch's order as read from its CSV form)."""
     _, pp = placement_shape(placement)
-    held: dict[tuple[str, ...], list[int]] = {}
-    for (_, stage), gpus in sorted(placement.items()):
-        held.setdefault(gpus, []).append(stage)
+    held = stages_held(placement)
     if not schedule.from_torch:
         if any(len(stages) > 1 for stages in held.values()):
             raise ValueError(f"{schedule.value} runs one stage per GPU")
-        return {gpus: tuple(schedule_compute(label, stages[0], pp, microbatches))
-                for gpus, stages in held.items()}
+        per_stage = {stages: tuple(schedule_compute(label, stages[0], pp, microbatches))
+                     for stages in set(held.values())}
+        return {gpus: per_stage[stages] for gpus, stages in held.items()}
     virtual = len(next(iter(held.values())))
     order = given or checked_torch_order(job, schedule.value, pp // virtual, virtual,
                                          microbatches)
