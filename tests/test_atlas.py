@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -444,3 +449,38 @@ def test_candidates_measured_in_parallel_make_the_same_choice(name: str) -> None
                 assert candidate.simulated_s == serial[key].simulated_s
             elif serial[key].at_least:
                 assert candidate.simulated_s >= serial[key].simulated_s
+
+
+@pytest.mark.parametrize("group", [True, False])
+def test_a_stop_while_atlas_plans_on_several_cores_leaves_no_worker_and_no_traceback(
+        group: bool) -> None:
+    """Ctrl-C reaches the terminal's whole process group, the planning process's workers
+    among them: they leave it to that process, which ends in one line. SIGTERM to that
+    process alone kills it: its workers die with it (not each with a broken pipe's
+    traceback, seconds later)."""
+    from testbed.policy.parallel import cores
+
+    if cores() < 2:
+        pytest.skip("planning runs in this process alone on one core")
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "testbed"), "simulate",
+         str(ROOT / "topologies" / "paper-3dc.yaml"), "-p", "atlas", "--iterations", "50"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    workers: list[int] = []
+    while len(workers) < 2:  # the pool is open: planning is under way
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+        workers = [int(c) for c in Path(f"/proc/{process.pid}/task/{process.pid}/children")
+                   .read_text().split()]
+    time.sleep(0.5)
+    if group:
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        process.terminate()
+    _, err = process.communicate(timeout=60)
+    assert (process.returncode, err.lstrip("\n")) == (  # click moves past the ^C first
+        (130, "testbed: interrupted\n") if group else (-signal.SIGTERM, ""))
+    time.sleep(0.5)
+    assert not [w for w in workers if Path(f"/proc/{w}").exists()
+                and Path(f"/proc/{w}/stat").read_text().split()[2] != "Z"]

@@ -6,8 +6,10 @@ runs at once, in this process: the same results, one after another."""
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -45,13 +47,28 @@ def forked_pool(work: Callable[..., R], processes: int) -> Iterator[Pool[R]]:
         yield Pool(_at_once(work), 1)
         return
     _work = work
-    pool = multiprocessing.get_context("fork").Pool(processes)
+    pool = multiprocessing.get_context("fork").Pool(processes, _worker_start, (os.getpid(),))
     try:
         yield Pool(lambda *args: pool.apply_async(_call, args).get, processes)
     finally:
         pool.terminate()
         pool.join()
         _work = None
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _worker_start(parent: int) -> None:
+    """A worker leaves Ctrl-C (which reaches the terminal's whole process group) to the
+    planning process, dies at once when that process stops the pool, whatever handlers
+    it inherited, and dies with it however it dies: no traceback of its own on the
+    terminal, nothing left running."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(0)
 
 
 def _call(*args: Any) -> Any:
