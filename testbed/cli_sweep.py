@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import statistics
 import sys
@@ -26,6 +25,7 @@ from testbed.cli_sim import profile_option
 from testbed.errors import InputError
 from testbed.inputs import load_inputs
 from testbed.net.interrupts import Terminated
+from testbed.policy.parallel import cores
 from testbed.policy.registry import DEFAULT_POLICY, check_policies
 from testbed.report.results import new_run_dir
 from testbed.sim.jitter import Jitter
@@ -37,11 +37,6 @@ from testbed.units import plural
 
 SHOWN_ROWS = 40
 """Rows printed at the end; sweep.csv has them all."""
-
-
-def cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0))
 
 
 @click.command()

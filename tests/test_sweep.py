@@ -237,3 +237,24 @@ def test_ray_refuses_an_address_nothing_answers_before_making_anything(
     assert code == 2 and err == "testbed: error: --ray: no Ray cluster answers at " \
         "'127.0.0.1:1': Connection refused\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_local_workers_plan_on_their_share_of_the_cores() -> None:
+    """Each of a sweep's N local workers runs points of its own: Atlas's planning in one
+    spreads over its share of the cores, not over all of them N times."""
+    code = "\n".join([
+        "import os",
+        "from testbed.inputs import load_inputs",
+        "from testbed.policy import training_policy",
+        "from testbed.sim.planning import planning_context",
+        "from testbed.sim.sweep_workers import _worker_start",
+        f"inputs = load_inputs({str(PAPER)!r})",
+        "_worker_start(2)",
+        "atlas = training_policy('atlas')",
+        "context = planning_context(inputs.topology, inputs.job, atlas, {})",
+        "print(context.processes, len(os.sched_getaffinity(0)))"])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    processes, every = map(int, done.stdout.split())
+    assert processes == max(1, every // 2)

@@ -34,9 +34,27 @@ _work: Callable[..., Any] | None = None
 """The open pool's function, as its forked workers inherit it."""
 
 
+_sharing: int | None = None
+"""Set in one of several worker processes that share the cores (share_cores): how many."""
+
+
 def cores() -> int:
     """The cores this process may run on."""
     return len(os.sched_getaffinity(0))
+
+
+def planning_processes() -> int:
+    """How many processes planning may spread over: every core this process may run on,
+    or its share of them where it is one of several workers (share_cores)."""
+    return max(1, cores() // _sharing) if _sharing else cores()
+
+
+def share_cores(workers: int) -> None:
+    """This process is one of `workers` sharing the machine's cores, each running work of
+    its own (a sweep's local workers): planning takes its share of the cores, not all of
+    them (the others are busy; more processes would only take turns)."""
+    global _sharing
+    _sharing = workers
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from testbed.job import Job
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.policy.context import PlanningContext
-from testbed.policy.parallel import cores
+from testbed.policy.parallel import planning_processes
 from testbed.policy.registry import make_plan
 from testbed.sim.simulate import simulated_iteration_s
 from testbed.topology.model import Topology
@@ -57,7 +57,7 @@ def planning_context(topology: Topology, job: Job, policy: TrainingPolicy,
 
     if cache is None:
         cache = _SHARED.get()
-    return PlanningContext(job, simulate, cache, this_machine(), cores())
+    return PlanningContext(job, simulate, cache, this_machine(), planning_processes())
 
 
 def plan_with_simulator(policy: TrainingPolicy, topology: Topology, job: Job,

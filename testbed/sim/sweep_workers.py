@@ -23,6 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from testbed.errors import InputError, TestbedError, one_line
+from testbed.policy.parallel import share_cores
 from testbed.runs import simulated
 from testbed.sim.planning import shared_cache
 from testbed.sim.sweep import Point, row_metrics
@@ -81,16 +82,18 @@ def _locally(points: Sequence[Point], done: Done, workers: int) -> None:
         _on_processes(points, done, workers)
 
 
-def _worker_start() -> None:
+def _worker_start(workers: int) -> None:
     from testbed.net.enter import libc
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the sweep, which stops us
     libc().prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: a killed sweep takes us along
+    share_cores(workers)  # the other workers plan and simulate on the other cores
 
 
 def _on_processes(points: Sequence[Point], done: Done, workers: int) -> None:
-    executor = ProcessPoolExecutor(min(workers, len(points)),
-                                   multiprocessing.get_context("spawn"), _worker_start)
+    count = min(workers, len(points))
+    executor = ProcessPoolExecutor(count, multiprocessing.get_context("spawn"), _worker_start,
+                                   (count,))
     try:
         pending: dict[Future[list[Row]], int] = {
             executor.submit(run_point, point): point.index for point in points}
