@@ -20,3 +20,5 @@ Status = Literal["ok", "failed", "interrupted"]
 TraceChoice = Literal["full", "summary", "none"]
 """How much of a run the trace draws: every GPU, a summary that a viewer can show at any
 scale (testbed.report.chrome), or no trace."""
+FigureFormat = Literal["png", "pdf", "svg"]
+"""The file format of every figure a command draws (its CSV beside it)."""

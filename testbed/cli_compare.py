@@ -9,7 +9,13 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from testbed.choices import ActivationsChoice, BackendName, ComputeChoice, TraceChoice
+from testbed.choices import (
+    ActivationsChoice,
+    BackendName,
+    ComputeChoice,
+    FigureFormat,
+    TraceChoice,
+)
 from testbed.cli_options import (
     emulation_options,
     event_options,
@@ -30,7 +36,6 @@ from testbed.inputs import load_inputs
 from testbed.plan.load import given_plan
 from testbed.policy.registry import DEFAULT_COMPARISON, DEFAULT_POLICY
 from testbed.report.compare import RunEntry, markdown_table, table_rows, table_text
-from testbed.report.figure_files import FigureFormat
 from testbed.report.results import new_run_dir
 from testbed.report.saved import load_compare, load_spans
 from testbed.run_spec import RunSpec

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from testbed.choices import FigureFormat
 from testbed.cli_options import format_option
 from testbed.errors import InputError
 from testbed.figures.claims import BACKENDS, Backend, Conditions, claims
@@ -35,7 +36,6 @@ from testbed.figures.render import (
 )
 from testbed.fsutil import write_atomic
 from testbed.inputs import load_inputs
-from testbed.report.figure_files import FigureFormat
 from testbed.report.results import new_run_dir
 
 SHIPPED = Path(__file__).resolve().parent.parent / "topologies"

@@ -17,9 +17,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from testbed.choices import FigureFormat
 from testbed.fsutil import atomic_output, write_atomic
 
-FigureFormat = Literal["png", "pdf", "svg"]
 FORMATS: tuple[FigureFormat, ...] = ("png", "pdf", "svg")
 DPI = 150
 WIDE = 10.0
