@@ -5,19 +5,24 @@ connection that grants every request and answers every bubble with `idle`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import struct
+import subprocess
+import sys
 from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, get_args
 
 from testbed.job import ModelShape
 from testbed.plan.model import Action, Op
 from testbed.plan.schedules import stage_actions
-from testbed.runtime.engines import make_engines
+from testbed.runtime.engines import EmulatedEngine, make_engines
 from testbed.runtime.messages import CollectiveSetup, Config, EmulatedTiming, Idle, PeerInfo
 from testbed.runtime.stage_runner import StageRunner
-from testbed.runtime.transport import Transport
+from testbed.runtime.worker import make_transport
 from testbed.spans import Span, SpanKind
 
 TOKEN = b"t" * 32
@@ -60,15 +65,17 @@ Tails = list[list[str]]
 
 def _config(replica: int, stage: int, dp: int, pp: int, microbatches: int,
             arbitrated: bool, bubbles: bool, tails: Tails | None = None,
-            modeled_s: float | None = None) -> Config:
+            modeled_s: float | None = None, schedule: str = "1f1b",
+            activation: int = ACTIVATION, gradients: int = GRADIENTS,
+            forward_s: float = 0.0) -> Config:
     def peer(r: int, s: int) -> PeerInfo:
         return PeerInfo(r * pp + s, f"{_dc(s)}-{r * pp + s}", _dc(s))
 
     me = peer(replica, stage)
     if tails is None:
-        programs = [[str(a) for a in stage_actions("1f1b", stage, pp, microbatches, dp)]]
+        programs = [[str(a) for a in stage_actions(schedule, stage, pp, microbatches, dp)]]
     else:
-        body = [str(a) for a in stage_actions("1f1b", stage, pp, microbatches, dp,
+        body = [str(a) for a in stage_actions(schedule, stage, pp, microbatches, dp,
                                               gradients=None)]
         programs = [body + [a.format(s=stage) for a in tail] for tail in tails]
     joined = {Action.parse(a).subject for p in programs for a in p
@@ -77,28 +84,33 @@ def _config(replica: int, stage: int, dp: int, pp: int, microbatches: int,
         index=me.index, gpu=me.gpu, dc=me.dc, address="127.0.0.1", replica=replica,
         stages=[stage], programs=programs, cycle=list(range(len(programs))) if tails else [],
         neighbours={str(s): peer(replica, s) for s in (stage - 1, stage + 1) if 0 <= s < pp},
-        collectives=[CollectiveSetup(stage, str(c), GRADIENTS,
+        collectives=[CollectiveSetup(stage, str(c), gradients,
                                      [peer(r, stage) for r in range(dp)], modeled_s)
                      for c in sorted(joined)],
         arbitrated=["east>west", "west>east"] if arbitrated else [], iterations=2,
         compute="emulated", model=ModelShape(pp, 8, 1, 4, 16), layers=[1] * pp, seed=0,
-        dp=dp, microbatches=microbatches, microbatch_size=1, activation_bytes=ACTIVATION,
-        emulated={str(stage): EmulatedTiming(0.0, 0.0, 0.0, 0.0)}, local_rank=0,
+        dp=dp, microbatches=microbatches, microbatch_size=1, activation_bytes=activation,
+        emulated={str(stage): EmulatedTiming(forward_s, 0.0, 0.0, 0.0)}, local_rank=0,
         bubbles=bubbles)
 
 
 async def _run(dp: int, pp: int, microbatches: int, arbitrated: bool = False,
                bubbles: bool = False, tails: Tails | None = None, iterations: int = 2,
-               modeled_s: float | None = None) -> tuple[list[StageRunner], list[Control]]:
-    configs = [_config(r, s, dp, pp, microbatches, arbitrated, bubbles, tails, modeled_s)
+               modeled_s: float | None = None, schedule: str = "1f1b",
+               activation: int = ACTIVATION, gradients: int = GRADIENTS,
+               forward_s: Sequence[float] = ()) -> tuple[list[StageRunner], list[Control]]:
+    """`forward_s`: each stage's forward time (default none)."""
+    configs = [_config(r, s, dp, pp, microbatches, arbitrated, bubbles, tails, modeled_s,
+                       schedule, activation, gradients, forward_s[s] if forward_s else 0.0)
                for r in range(dp) for s in range(pp)]
     return await _run_configs(configs, iterations)
 
 
 async def _run_configs(configs: list[Config], iterations: int = 2
                        ) -> tuple[list[StageRunner], list[Control]]:
-    """Stage runners of `configs` over real transports on localhost, emulated engines."""
-    transports = [Transport(c.index, TOKEN) for c in configs]
+    """Stage runners of `configs` over real transports on localhost, emulated engines
+    (engines and transports as the worker makes them)."""
+    transports = [make_transport(c, TOKEN) for c in configs]
     ports = [await t.listen("127.0.0.1", 0) for t in transports]
     n = len(configs)
     await asyncio.gather(*(
@@ -200,12 +212,97 @@ def test_a_cycle_runs_its_programs_in_turn_and_a_started_sync_ends_in_a_later_it
 def test_a_modeled_ring_takes_its_time_without_making_the_stages_gradients() -> None:
     """Inside one DC with emulated compute a collective's bytes (GBs for a large stage)
     are never allocated: a token goes round and the modeled time is waited out."""
-    runners, _ = asyncio.run(_run(2, 1, 2, modeled_s=0.05))
+    async def modeled() -> tuple[list[StageRunner], list[Control]]:
+        return await _run(2, 1, 2, modeled_s=0.05)
+
+    with _no_contributions():
+        runners, _ = asyncio.run(modeled())
     for runner in runners:
-        assert runner.engines[0]._buffers == {}  # type: ignore[attr-defined]
         rings = [s for s in runner.spans if s["kind"] == "allreduce"]
         assert len(rings) == 2
         for ring in rings:
             assert ring["end"] - ring["start"] >= 0.05
             assert ring.get("modeled") is True and ring["bytes"] == GRADIENTS
         assert not any(s["kind"] == "transfer" for s in runner.spans)  # a token is no bytes
+
+
+@contextlib.contextmanager
+def _no_contributions() -> Iterator[None]:
+    """Fail any engine asked for its part of a collective's bytes."""
+    def refuse(*_args: object) -> None:
+        raise AssertionError("the engine was asked for a collective's bytes")
+
+    original = EmulatedEngine.contribute
+    EmulatedEngine.contribute = refuse  # type: ignore[assignment,method-assign]
+    try:
+        yield
+    finally:
+        EmulatedEngine.contribute = original  # type: ignore[method-assign]
+
+
+def _peak_growth(run: Callable[[], object]) -> int:
+    """How far this process's resident set rose above where it was while `run` ran (the
+    kernel's high-water mark, reset first)."""
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current size
+    before = _status_kib("VmRSS")
+    run()
+    return (_status_kib("VmHWM") - before) * 1024
+
+
+def _status_kib(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{key}:"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def test_a_stage_behind_its_sender_keeps_sizes_not_the_payloads_piling_up() -> None:
+    """GPipe: stage 0 sends its 32 microbatches' activations (8 MiB each) as fast as the
+    connection takes them while stage 1 computes each for 30 ms, so most of them wait at
+    stage 1 before it reads them: 256 MiB if it kept them. With emulated compute it keeps
+    their sizes; zeros that take no memory stand in for every tensor sent."""
+    activation, microbatches = 8 * 2**20, 32
+    runners: list[StageRunner] = []
+
+    def run() -> None:
+        runners.extend(asyncio.run(_run(1, 2, microbatches, schedule="gpipe", iterations=1,
+                                        activation=activation, forward_s=(0.0, 0.03)))[0])
+
+    grew = _peak_growth(run)
+    arrivals = [s for s in runners[1].spans if s["kind"] == "transfer"]
+    assert len(arrivals) == microbatches
+    assert {s["bytes"] for s in arrivals} == {activation}
+    started = {s["microbatch"]: s["start"] for s in runners[1].spans if s["kind"] == "forward"}
+    waiting = sum(1 for s in arrivals if s["end"] < started[s["microbatch"]] - 0.02)
+    assert waiting >= microbatches // 2  # they did pile up
+    assert grew < 48 * 2**20, f"resident set grew {grew / 2**20:.0f} MiB"
+
+
+def test_a_ring_across_dcs_moves_the_collectives_bytes_without_holding_them() -> None:
+    """Emulated compute across the WAN: 64 MiB of gradients per member cross real TCP in a
+    ring of two (each member sends and receives 32 MiB chunks), and neither the
+    contributions nor what arrives is held in memory."""
+    gradients = 64 * 2**20
+    runners: list[StageRunner] = []
+
+    def run() -> None:
+        runners.extend(asyncio.run(_run(2, 1, 1, iterations=1, gradients=gradients))[0])
+
+    grew = _peak_growth(run)
+    for runner in runners:
+        moved = [s["bytes"] for s in runner.spans if s["kind"] == "transfer"]
+        assert sum(moved) == gradients  # reduce-scatter and all-gather: a half each
+    assert grew < 24 * 2**20, f"resident set grew {grew / 2**20:.0f} MiB"
+
+
+def test_an_emulated_worker_imports_no_torch() -> None:
+    """A worker process with emulated compute: its modules, engine, transport and a
+    pipeline with replicas and all-reduces, in a fresh interpreter."""
+    script = ("import asyncio, sys\n"
+              "import testbed.runtime.worker\n"
+              "from tests.test_stage_runner import _run\n"
+              "asyncio.run(_run(2, 2, 4))\n"
+              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent, timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

@@ -17,7 +17,7 @@ from typing import Protocol
 Wire = bytes | bytearray | memoryview
 Send = Callable[[str, Wire], Awaitable[object]]
 """Send a message with this tag to the ring's successor."""
-Receive = Callable[[str], Awaitable[bytearray]]
+Receive = Callable[[str], Awaitable[Wire]]
 """The message with this tag from the ring's predecessor."""
 
 ELEMENT = 4
@@ -44,20 +44,20 @@ class Contribution(Protocol):
     def wire(self, chunk: int) -> Wire:
         """Chunk `chunk` of what this member holds so far, as it goes on the wire."""
 
-    def add(self, chunk: int, data: bytearray) -> None:
+    def add(self, chunk: int, data: Wire) -> None:
         """Add a predecessor's partial sum of chunk `chunk` into this member's."""
 
     def settle(self, chunk: int) -> Wire:
         """The chunk this member finished reducing, as it goes on the wire; the member
         takes that value as its own, as every other member will."""
 
-    def take(self, chunk: int, data: bytearray) -> None:
+    def take(self, chunk: int, data: Wire) -> None:
         """The reduced chunk `chunk`, from the member that settled it."""
 
     def whole(self) -> Wire:
         """Everything this member contributes (a gathered collective)."""
 
-    def gathered(self, payloads: list[bytearray]) -> None:
+    def gathered(self, payloads: list[Wire]) -> None:
         """Every member's `whole()`, in ring order (this member's own among them)."""
 
 
@@ -88,9 +88,9 @@ async def ring_allgather(contribution: Contribution, position: int, size: int, t
                          send: Send, receive: Receive) -> None:
     """Every member's whole contribution to every member: n-1 steps, each passing on the
     one received in the step before (its own first)."""
-    payloads: list[bytearray] = [bytearray()] * size
+    payloads: list[Wire] = [b""] * size
     mine = contribution.whole()
-    payloads[position] = bytearray(mine)
+    payloads[position] = mine
     forward: Wire = mine
     for step in range(size - 1):
         sending = asyncio.ensure_future(send(f"{tag}:ag{step}", forward))
@@ -105,7 +105,7 @@ class Bytes:
     """A contribution whose bytes only take their time on the wire (emulated compute):
     `nbytes` of zeros, split as a ring splits them, nothing added."""
 
-    def __init__(self, buffer: bytearray, parts: int) -> None:
+    def __init__(self, buffer: Wire, parts: int) -> None:
         self.view = memoryview(buffer)
         self.bounds = chunk_bounds(len(buffer), parts)
 
@@ -113,17 +113,17 @@ class Bytes:
         start, end = self.bounds[chunk]
         return self.view[start:end]
 
-    def add(self, chunk: int, data: bytearray) -> None:
+    def add(self, chunk: int, data: Wire) -> None:
         """Placeholders: only their size and timing matter."""
 
     def settle(self, chunk: int) -> Wire:
         return self.wire(chunk)
 
-    def take(self, chunk: int, data: bytearray) -> None:
+    def take(self, chunk: int, data: Wire) -> None:
         """Nothing to keep."""
 
     def whole(self) -> Wire:
         return self.view
 
-    def gathered(self, payloads: list[bytearray]) -> None:
+    def gathered(self, payloads: list[Wire]) -> None:
         """Nothing to sum."""

@@ -24,6 +24,7 @@ from testbed.runtime.allreduce import Bytes, Contribution, Wire, ring_allgather,
 from testbed.runtime.engines import Engine
 from testbed.runtime.messages import CollectiveSetup, Config, PeerInfo
 from testbed.runtime.transport import Transport
+from testbed.runtime.zeros import zeros
 from testbed.spans import SpanDetail, SpanKind
 
 
@@ -166,7 +167,7 @@ class Collectives:
             await runner.send(successor, name, data, iteration, None, Op.ALLREDUCE,
                               setup.stage)
 
-        async def receive(name: str) -> bytearray:
+        async def receive(name: str) -> Wire:
             return await self.receive(predecessor, name, iteration, modeled, setup.stage)
 
         if modeled:
@@ -185,15 +186,16 @@ class Collectives:
         return clock.now()
 
     async def receive(self, peer: PeerInfo, tag: str, iteration: int,
-                      modeled: bool, stage: int) -> bytearray:
+                      modeled: bool, stage: int) -> Wire:
         """A ring message from the predecessor; a transfer span when its bytes are the
-        collective's own (not a modeled ring's token)."""
+        collective's own (not a modeled ring's token). Where the transport keeps only
+        sizes, zeros of its size stand in for it: a ring passes on what it received."""
         runner = self.runner
         got = await runner.transport.recv(tag)
         if not modeled:
             link = runner.link_key(peer)
             runner.span("transfer", got.sent_at, got.completed_at, iteration, microbatch=None,
-                        peer=peer.gpu, bytes=len(got.data),
+                        peer=peer.gpu, bytes=got.nbytes,
                         link=None if link is None else f"{peer.dc}>{runner.config.dc}",
                         tag=tag, src=peer.gpu, dst=runner.config.gpu, stage=stage)
-        return got.data
+        return zeros(got.nbytes) if got.data is None else got.data

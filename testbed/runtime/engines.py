@@ -12,28 +12,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from testbed.runtime.allreduce import Bytes, Contribution
+from testbed.runtime.allreduce import Bytes, Contribution, Wire
+from testbed.runtime.zeros import zeros
 
 if TYPE_CHECKING:
     from testbed.plan.collective import Collective
     from testbed.runtime.messages import Config, EmulatedTiming, PrefillPart
 
 
-Received = bytes | bytearray | None
-"""A tensor from the neighbouring stage: off the network, or handed over on this GPU."""
+Received = Wire | None
+"""A tensor from the neighbouring stage: off the network (None where the transport keeps
+only sizes), or handed over on this GPU."""
 
 
 class Engine(Protocol):
     """One stage's compute (a worker holding several stages has one engine for each)."""
 
-    def forward(self, iteration: int, microbatch: int, received: Received) -> bytes | None:
+    def forward(self, iteration: int, microbatch: int, received: Received) -> Wire | None:
         """Run the forward; return the activations to send on (None on the last stage)."""
 
-    def backward(self, iteration: int, microbatch: int, received: Received) -> bytes | None:
+    def backward(self, iteration: int, microbatch: int, received: Received) -> Wire | None:
         """Run the backward; return the input gradient to send back (None on stage 0)."""
 
     def input_gradient(self, iteration: int, microbatch: int, received: Received
-                       ) -> bytes | None:
+                       ) -> Wire | None:
         """A split backward's first half (I): the input gradient to send back (None on
         stage 0), keeping what the weight gradient needs."""
 
@@ -85,38 +87,33 @@ QUICK_S = 2e-4
 
 @dataclass
 class EmulatedEngine:
-    """Holds the GPU busy for modeled times; sends zero-filled tensors of the real size
-    (`activation`: one buffer for every stage of the worker)."""
+    """Holds the GPU busy for modeled times; sends zeros of the real size that take no
+    memory (testbed.runtime.zeros), and reads nothing it receives."""
 
     timing: EmulatedTiming
-    activation: bytes
+    activation_bytes: int
     first: bool
     last: bool
 
-    def __post_init__(self) -> None:
-        self._buffers: dict[int, bytearray] = {}  # GBs for large stages: only when sent
-
-    def forward(self, iteration: int, microbatch: int, received: Received) -> bytes | None:
+    def forward(self, iteration: int, microbatch: int, received: Received) -> Wire | None:
         time.sleep(self.timing.forward_s)
-        return None if self.last else self.activation
+        return None if self.last else zeros(self.activation_bytes)
 
-    def backward(self, iteration: int, microbatch: int, received: Received) -> bytes | None:
+    def backward(self, iteration: int, microbatch: int, received: Received) -> Wire | None:
         time.sleep(self.timing.backward_s)
-        return None if self.first else self.activation
+        return None if self.first else zeros(self.activation_bytes)
 
     def input_gradient(self, iteration: int, microbatch: int, received: Received
-                       ) -> bytes | None:
+                       ) -> Wire | None:
         time.sleep(self.timing.input_s)
-        return None if self.first else self.activation
+        return None if self.first else zeros(self.activation_bytes)
 
     def weight_gradient(self, iteration: int, microbatch: int) -> None:
         time.sleep(self.timing.weight_s)
 
     def contribute(self, collective: Collective, nbytes: int, members: int) -> Contribution:
-        """Zeros of the planned size (one buffer per size: its content never matters)."""
-        if nbytes not in self._buffers:
-            self._buffers[nbytes] = bytearray(nbytes)
-        return Bytes(self._buffers[nbytes], members)
+        """Zeros of the planned size (GBs for large stages, held in no memory)."""
+        return Bytes(zeros(nbytes), members)
 
     def reduced(self, collective: Collective, contribution: Contribution,
                 members: int) -> None:
@@ -155,6 +152,6 @@ def make_engines(config: Config) -> dict[int, Engine]:
         from testbed.runtime.real_engine import real_engines  # emulated workers never load torch
 
         return dict(real_engines(config))
-    activation = bytes(config.activation_bytes)
-    return {stage: EmulatedEngine(config.emulated[str(stage)], activation, stage == 0,
-                                  stage == config.pp - 1) for stage in config.stages}
+    return {stage: EmulatedEngine(config.emulated[str(stage)], config.activation_bytes,
+                                  stage == 0, stage == config.pp - 1)
+            for stage in config.stages}

@@ -137,7 +137,7 @@ class Dense:
     def wire(self, chunk: int) -> Wire:
         return encode(self._slice(chunk), self.payload)
 
-    def add(self, chunk: int, data: bytearray) -> None:
+    def add(self, chunk: int, data: Wire) -> None:
         mine = self._slice(chunk)
         mine += decode(data, mine.numel(), self.payload)
 
@@ -146,14 +146,14 @@ class Dense:
         self.take(chunk, bytearray(data))
         return data
 
-    def take(self, chunk: int, data: bytearray) -> None:
+    def take(self, chunk: int, data: Wire) -> None:
         mine = self._slice(chunk)
         mine.copy_(decode(data, mine.numel(), self.payload))
 
     def whole(self) -> Wire:
         raise NotImplementedError(_REDUCED)
 
-    def gathered(self, payloads: list[bytearray]) -> None:
+    def gathered(self, payloads: list[Wire]) -> None:
         raise NotImplementedError(_REDUCED)
 
 
@@ -168,7 +168,7 @@ class Sparse:
     def whole(self) -> Wire:
         return topk_encode(self.values, self.fraction)
 
-    def gathered(self, payloads: list[bytearray]) -> None:
+    def gathered(self, payloads: list[Wire]) -> None:
         total = torch.zeros_like(self.values)
         for payload in payloads:
             total += topk_decode(payload, total.numel())
@@ -177,13 +177,13 @@ class Sparse:
     def wire(self, chunk: int) -> Wire:
         raise NotImplementedError(_GATHERED)
 
-    def add(self, chunk: int, data: bytearray) -> None:
+    def add(self, chunk: int, data: Wire) -> None:
         raise NotImplementedError(_GATHERED)
 
     def settle(self, chunk: int) -> Wire:
         raise NotImplementedError(_GATHERED)
 
-    def take(self, chunk: int, data: bytearray) -> None:
+    def take(self, chunk: int, data: Wire) -> None:
         raise NotImplementedError(_GATHERED)
 
 

@@ -52,6 +52,7 @@ async def send(address: str, port: int, connections: int, messages: int, size: i
         started = time.monotonic()
         await transport.send(1, f"m{i}", payload)
         ack = await transport.recv(f"ack{i}")
+        assert ack.data is not None  # this transport keeps payloads
         (completed,) = struct.unpack("!d", ack.data)
         print(
             json.dumps({"bytes": size, "seconds": completed - started, "connections": connections}),

@@ -106,7 +106,7 @@ class RealEngine:
 
     def _activation(self, data: Received) -> torch.Tensor:
         assert data is not None
-        if isinstance(data, bytes):  # handed over on this GPU: torch wants it writable
+        if not isinstance(data, bytearray):  # handed over on this GPU: torch wants it writable
             data = bytearray(data)
         shape = (self.microbatch_size, self.shape.seq_len, self.shape.hidden)
         return torch.frombuffer(data, dtype=torch.float32).view(shape).to(self.device)

@@ -1,12 +1,22 @@
-"""How much a connection has not yet had acknowledged: what a wait for a send's
-completion watches."""
+"""A connection's send side: its pacing cap, and how much it has not yet had
+acknowledged (what a wait for a send's completion watches)."""
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
+import socket
 import struct
 import termios
+
+SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
+"""Linux's per-socket pacing cap (asm-generic/socket.h); TCP paces itself to it without
+the fq qdisc (internal pacing, since Linux 4.13)."""
+NOTSENT_LOWAT_S = 0.02
+"""Unsent data a paced connection may hold in the kernel, in seconds at its rate: chunks
+stay in the shared queue until a connection is about to need them, so all N connections
+finish a message together, and an event loop that wakes late still finds data queued."""
+MIN_NOTSENT_LOWAT = 128 * 1024
 
 
 def unacknowledged_bytes(transport: asyncio.Transport | None) -> int:
@@ -20,3 +30,11 @@ def unacknowledged_bytes(transport: asyncio.Transport | None) -> int:
         raw = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, struct.pack("i", 0))
         queued += struct.unpack("i", raw)[0]
     return int(queued)
+
+
+def pace(sock: socket.socket, bytes_per_s: float) -> None:
+    """Cap one TCP socket's sending rate, so N striped connections together leave at the
+    path's rate instead of bursting whole windows into its bottleneck queue."""
+    sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, struct.pack("=Q", int(bytes_per_s)))
+    lowat = max(MIN_NOTSENT_LOWAT, int(bytes_per_s * NOTSENT_LOWAT_S))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, lowat)

@@ -37,6 +37,7 @@ from testbed.plan.interpret import (
 )
 from testbed.plan.model import Action, Op
 from testbed.runtime import clock
+from testbed.runtime.allreduce import Wire
 from testbed.runtime.collectives import Collectives
 from testbed.runtime.engines import Engine, Received
 from testbed.runtime.messages import BubbleAsk, Config, Idle, PeerInfo, Sent, TransferRequest
@@ -63,7 +64,7 @@ class StageRunner:
     pending_sends: list[asyncio.Task[None]] = field(default_factory=list)
     sending: dict[tuple[Phase, int, int], asyncio.Task[None]] = field(default_factory=dict)
     """Pipeline sends a later step waits for, by (phase, receiving stage, microbatch)."""
-    handed: dict[str, bytes] = field(default_factory=dict)
+    handed: dict[str, Wire] = field(default_factory=dict)
     """Messages between two stages of this GPU, by tag, until their receive."""
     bubble_reply: asyncio.Future[PrefillOrder | Idle] | None = None
     decode: asyncio.StreamWriter | None = None
@@ -155,7 +156,7 @@ class StageRunner:
         naming its stage and, for a half, its part."""
         engine, mb = self.engines[step.stage], step.microbatch
         key = (step.phase, step.stage, mb)
-        run: Callable[[], bytes | None]
+        run: Callable[[], Wire | None]
         if step.phase is Phase.FORWARD:
             run = functools.partial(engine.forward, iteration, mb, received.pop(key, None))
         elif step.part is Part.WEIGHT:
@@ -215,7 +216,7 @@ class StageRunner:
         self,
         peer: PeerInfo,
         tag: str,
-        payload: bytes | bytearray | memoryview,
+        payload: Wire,
         iteration: int,
         microbatch: int | None,
         kind: Op,
@@ -281,7 +282,7 @@ class StageRunner:
         self,
         peer: PeerInfo,
         tag: str,
-        payload: bytes,
+        payload: Wire,
         iteration: int,
         microbatch: int | None,
         kind: Op,
@@ -308,8 +309,9 @@ class StageRunner:
 
     async def receive(
         self, peer: PeerInfo, tag: str, iteration: int, microbatch: int | None, stage: int
-    ) -> bytearray:
-        """A pipeline message for `stage` (this GPU's) from the network."""
+    ) -> bytearray | None:
+        """A pipeline message for `stage` (this GPU's) from the network: its payload (None
+        where the transport keeps only sizes)."""
         start = clock.now()
         action = self.action
         if self.config.bubbles and not self.transport.has(tag):
@@ -328,7 +330,7 @@ class StageRunner:
             iteration,
             microbatch=microbatch,
             peer=peer.gpu,
-            bytes=self.config.activation_bytes if modeled else len(got.data),
+            bytes=self.config.activation_bytes if modeled else got.nbytes,
             modeled=modeled,
             link=None if link is None else f"{peer.dc}>{self.config.dc}",
             tag=tag,

@@ -6,7 +6,10 @@ so only this run's workers get in. Messages are matched by tag, so sender and re
 need not agree on order.
 
 Receiving goes straight into the destination buffer (asyncio.BufferedProtocol): the socket
-is read whenever data is there, never paused, so the receive window stays open.
+is read whenever data is there, never paused, so the receive window stays open. A
+transport that keeps sizes, not payloads (emulated compute, where nobody reads them)
+reads every payload into one small scratch buffer and hands over only its size, so its
+memory does not grow with the messages in flight.
 """
 
 from __future__ import annotations
@@ -15,8 +18,6 @@ import asyncio
 import collections
 import contextlib
 import hmac
-import socket
-import struct
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,27 +34,13 @@ from testbed.runtime.protocol import (
     pack_hello,
     unpack_hello,
 )
-from testbed.runtime.send_queue import unacknowledged_bytes
+from testbed.runtime.send_queue import pace, unacknowledged_bytes
 
 CONNECT_TIMEOUT_S = 30.0
-SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
-"""Linux's per-socket pacing cap (asm-generic/socket.h); TCP paces itself to it without
-the fq qdisc (internal pacing, since Linux 4.13)."""
-NOTSENT_LOWAT_S = 0.02
-"""Unsent data a paced connection may hold in the kernel, in seconds at its rate: chunks
-stay in the shared queue until a connection is about to need them, so all N connections
-finish a message together, and an event loop that wakes late still finds data queued."""
-MIN_NOTSENT_LOWAT = 128 * 1024
+SCRATCH = 256 * 1024
+"""What a transport that keeps no payloads reads into, a piece at a time."""
 ACK_POLL_S = 0.0005
 """How often a wait for acknowledgement looks at the sockets' send queues."""
-
-
-def pace(sock: socket.socket, bytes_per_s: float) -> None:
-    """Cap one TCP socket's sending rate, so N striped connections together leave at the
-    path's rate instead of bursting whole windows into its bottleneck queue."""
-    sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, struct.pack("=Q", int(bytes_per_s)))
-    lowat = max(MIN_NOTSENT_LOWAT, int(bytes_per_s * NOTSENT_LOWAT_S))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, lowat)
 
 
 class PeerLost(Exception):
@@ -62,9 +49,11 @@ class PeerLost(Exception):
 
 @dataclass
 class Received:
-    data: bytearray
+    data: bytearray | None
+    """The payload; None from a transport that keeps sizes, not payloads."""
     sent_at: float
     completed_at: float
+    nbytes: int
 
 
 @dataclass
@@ -107,6 +96,8 @@ class _Link(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._payload_left:
             assert self._target is not None
+            if not self.owner.keep_payloads:
+                return self.owner.scratch[: self._payload_left]
             start = self._payload_at
             return memoryview(self._target.buffer)[start : start + self._payload_left]
         return memoryview(self._small)[self._small_got : self._small_need]
@@ -161,7 +152,8 @@ class _Link(asyncio.BufferedProtocol):
         entry = self.owner._entry(tag)
         if entry.total < 0:
             entry.total = total
-            entry.buffer = bytearray(total)
+            if self.owner.keep_payloads:
+                entry.buffer = bytearray(total)
             entry.sent_at = sent_at
         self._target, self._target_tag = entry, tag
         self._payload_left, self._payload_at = length, offset
@@ -214,14 +206,18 @@ class _Link(asyncio.BufferedProtocol):
 class Transport:
     """This worker's data connections to its peers."""
 
-    def __init__(self, me: int, token: bytes, pacing: Mapping[int, float] | None = None) -> None:
+    def __init__(self, me: int, token: bytes, pacing: Mapping[int, float] | None = None,
+                 keep_payloads: bool = True) -> None:
         """`pacing`: bytes per second per connection, for the peers whose connections are
-        paced (those across the WAN); the others send as fast as TCP lets them."""
+        paced (those across the WAN); the others send as fast as TCP lets them.
+        `keep_payloads`: False to receive only sizes (Received.data is None)."""
         if len(token) != 32:
             raise ValueError("the run token must be 32 bytes")
         self.me = me
         self.token = token
         self.pacing = dict(pacing or {})
+        self.keep_payloads = keep_payloads
+        self.scratch = memoryview(bytearray(0 if keep_payloads else SCRATCH))
         self.closing = False
         self._links: dict[int, list[_Link | None]] = {}
         self._mail: dict[str, _Incoming] = {}
@@ -371,7 +367,8 @@ class Transport:
         if entry.arrived_at is None:
             entry.arrived_at = clock.now()
         if entry.future is not None and not entry.future.done():
-            entry.future.set_result(Received(entry.buffer, entry.sent_at, entry.arrived_at))
+            entry.future.set_result(Received(entry.buffer if self.keep_payloads else None,
+                                             entry.sent_at, entry.arrived_at, entry.total))
 
     def _fail(self, error: BaseException) -> None:
         if self._failure is None:

@@ -51,6 +51,12 @@ from testbed.runtime.stopping import until_signalled
 from testbed.runtime.transport import Transport
 
 
+def make_transport(config: Config, token: bytes) -> Transport:
+    """Emulated compute reads nothing it receives: its transport keeps sizes, not
+    payloads, so a worker's memory does not grow with the messages in flight."""
+    return Transport(config.index, token, keep_payloads=config.compute == "real")
+
+
 async def control_loop(
     reader: asyncio.StreamReader,
     runner: StageRunner,
@@ -95,7 +101,7 @@ async def serve_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, g
     machine, or TCP from another machine: testbed.runtime.join)."""
     await send(writer, Hello(gpu, token, os.getpid()))
     config = await receive_as(reader, Config)
-    transport = Transport(config.index, bytes.fromhex(token))
+    transport = make_transport(config, bytes.fromhex(token))
     port = await transport.listen(config.address, 0)
     try:
         engines = await asyncio.get_running_loop().run_in_executor(None, make_engines, config)
