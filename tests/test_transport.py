@@ -224,3 +224,52 @@ def test_a_message_is_timed_when_it_arrives_not_when_it_is_received() -> None:
 
     asked, arrived = asyncio.run(scenario())
     assert arrived < asked - 0.2
+
+
+def test_a_wait_for_acknowledgement_looks_a_few_dozen_times_not_a_thousand(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A send queue that drains steadily for half a second, as a paced message's last
+    bytes on a slow link do (a stand-in for the kernel's count, so the drain is the same
+    on any machine): the wait used to look every 0.5 ms, up to a thousand times, a cost
+    every worker waiting out a slow link paid. It looks a few dozen times, and not once
+    after the queue is empty."""
+    import testbed.runtime.transport as transport
+
+    looks: list[int] = []
+    began = time.monotonic()
+
+    def draining(link: asyncio.Transport | None) -> int:
+        queued = max(0, int(10**6 * (1 - (time.monotonic() - began) / 0.5)))
+        looks.append(queued)
+        return queued
+
+    async def scenario() -> None:
+        nonlocal began
+        a, b = await _pair(1)
+        try:
+            monkeypatch.setattr(transport, "unacknowledged_bytes", draining)
+            began = time.monotonic()
+            await asyncio.wait_for(a.acknowledged(1), 5)
+        finally:
+            monkeypatch.undo()
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())
+    assert looks[-1] == 0 and 0 not in looks[:-1]
+    assert len(looks) <= 40, len(looks)
+
+
+def test_how_long_a_wait_for_acknowledgement_sleeps() -> None:
+    from testbed.runtime.send_queue import ACK_POLL_S, ACK_STALLED_MAX_S, ack_poll_delay
+
+    assert ack_poll_delay(1000, 0, 0.0, 0.0) == ACK_POLL_S  # the first look comes soon
+    # 1 MB left, draining 1 MB per 0.1 s: a quarter of the 0.1 s left
+    assert ack_poll_delay(10**6, 2 * 10**6, 0.1, ACK_POLL_S) == pytest.approx(0.02)
+    assert ack_poll_delay(10**4, 2 * 10**6, 0.1, ACK_POLL_S) == ACK_POLL_S  # almost done
+    # nothing drained (a window's worth awaits its acknowledgement): back off, a little
+    delays = [ACK_POLL_S]
+    for _ in range(5):
+        delays.append(ack_poll_delay(5000, 5000, delays[-1], delays[-1]))
+    assert delays == [0.0005, 0.001, 0.002, 0.002, 0.002, 0.002]
+    assert max(delays) == ACK_STALLED_MAX_S

@@ -17,6 +17,24 @@ NOTSENT_LOWAT_S = 0.02
 stay in the shared queue until a connection is about to need them, so all N connections
 finish a message together, and an event loop that wakes late still finds data queued."""
 MIN_NOTSENT_LOWAT = 128 * 1024
+ACK_POLL_S = 0.0005
+"""The finest a wait for acknowledgement looks at the send queues."""
+ACK_DRAINING_MAX_S = 0.02
+ACK_STALLED_MAX_S = 0.002
+
+
+def ack_poll_delay(queued: int, before: int, elapsed_s: float, delay_s: float) -> float:
+    """How long a wait for acknowledgement sleeps before it looks again: a quarter of the
+    time the queue would take to drain at the rate it drained since the last look (so it
+    wakes late only if that rate quadruples), else twice as long as last time while
+    nothing drains, within bounds. Polling every 0.5 ms cost a worker waiting out a
+    message on a slow link ~2,000 wake-ups a second; this looks a few dozen times."""
+    if before and queued < before and elapsed_s > 0:
+        left_s = queued * elapsed_s / (before - queued)
+        return min(ACK_DRAINING_MAX_S, max(ACK_POLL_S, left_s / 4))
+    if not before:
+        return ACK_POLL_S
+    return min(ACK_STALLED_MAX_S, max(ACK_POLL_S, 2 * delay_s))
 
 
 def unacknowledged_bytes(transport: asyncio.Transport | None) -> int:

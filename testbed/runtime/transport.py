@@ -34,13 +34,11 @@ from testbed.runtime.protocol import (
     pack_hello,
     unpack_hello,
 )
-from testbed.runtime.send_queue import pace, unacknowledged_bytes
+from testbed.runtime.send_queue import ack_poll_delay, pace, unacknowledged_bytes
 
 CONNECT_TIMEOUT_S = 30.0
 SCRATCH = 256 * 1024
 """What a transport that keeps no payloads reads into, a piece at a time."""
-ACK_POLL_S = 0.0005
-"""How often a wait for acknowledgement looks at the sockets' send queues."""
 
 
 class PeerLost(Exception):
@@ -334,10 +332,14 @@ class Transport:
         """Returns once every byte sent to `peer` so far is acknowledged by its host (every
         connection's send queue is empty): when a blocking send over TCP has completed."""
         links = [link for link in self._links.get(peer, []) if link is not None]
-        while any(unacknowledged_bytes(link.transport) for link in links):
+        delay, before, since = 0.0, 0, time.monotonic()
+        while queued := sum(unacknowledged_bytes(link.transport) for link in links):
             if self._failure is not None:
                 raise self._failure
-            await asyncio.sleep(ACK_POLL_S)
+            now = time.monotonic()
+            delay = ack_poll_delay(queued, before, now - since, delay)
+            before, since = queued, now
+            await asyncio.sleep(delay)
 
     def has(self, tag: str) -> bool:
         """Whether the whole message with this tag is already here."""
