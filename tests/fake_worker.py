@@ -3,7 +3,8 @@ protocol, moves no data, and misbehaves on request (FAKE_WORKERS: JSON by GPU na
 
 Behaviours: {"die_at": N} exits with code 3 in iteration N; {"stall_at": N} stops
 reporting in iteration N; {"kill_at": N} SIGKILLs itself; {"grow_at": N, "mb": M} grows
-by M MiB (written, so resident) and holds them; {"requests": [[tag, replica, microbatch],
+by M MiB (written, so resident) and holds them (with "release": true, frees them and goes
+on); {"requests": [[tag, replica, microbatch],
 ...]} asks for those WAN transfers in iteration 0, sending each as soon as it is granted,
 and writes the grant order to {"grants_to": FILE}.
 """
@@ -78,7 +79,9 @@ async def serve(control: str, gpu: str, token: str, behaviour: dict[str, Any]) -
             for _ in range(behaviour["mb"]):  # every page written: resident
                 hoard.append(b"\1" * 2**20)
                 await asyncio.sleep(0.005)
-            await asyncio.sleep(3600)
+            if not behaviour.get("release"):
+                await asyncio.sleep(3600)
+            hoard.clear()
         if iteration == 0 and "requests" in behaviour:
             await transfers(reader, writer, config, behaviour["requests"],
                             behaviour["grants_to"])

@@ -143,6 +143,18 @@ def test_a_run_of_fake_workers_finishes_and_sums_their_losses(tmp_path: Path) ->
     assert all(w.finished for w in coordinator.workers)
 
 
+def test_a_run_reports_its_workers_peak_memory(tmp_path: Path) -> None:
+    """Each worker's high-water mark, read while it runs: west-1 held 96 MB more for a
+    moment in its second iteration."""
+    _, _, outcome = _run(tmp_path, {"west-1": {"grow_at": 1, "mb": 96, "release": True}})
+    assert isinstance(outcome, RunOutcome) and outcome.memory is not None, outcome
+    memory = outcome.memory
+    assert memory.largest_worker == "west-1"
+    assert memory.largest_worker_peak >= 96 * 2**20
+    assert memory.workers_peak > memory.largest_worker_peak + 3 * 5 * 2**20  # three more
+    assert memory.coordinator_peak > 0
+
+
 def test_a_worker_dying_ends_the_run_naming_it(tmp_path: Path) -> None:
     coordinator, _, outcome = _run(tmp_path, {"west-1": {"die_at": 1}})
     assert isinstance(outcome, RunFailed)

@@ -59,6 +59,16 @@ def _prediction(results: dict[str, Any]) -> list[str]:
             f"{_pct(emulation.get('workers_cpu'))}), event-loop lag p99 "
             f"{_secs(emulation.get('lag_p99_s'))}"
             + ("; machine-bound" if emulation.get("cpu_bound") else ""))
+    memory = results.get("memory") or {}
+    if memory.get("workers_peak_bytes"):
+        predicted = memory.get("predicted") or {}
+        lines.append(
+            f"  memory        workers {human_bytes(memory['workers_peak_bytes'])} at their "
+            f"peaks, largest {human_bytes(memory['largest_worker_bytes'])} "
+            f"({memory['largest_worker']}); coordinator "
+            f"{human_bytes(memory['coordinator_peak_bytes'])}"
+            + (f" (predicted: workers {human_bytes(predicted['workers_bytes'])}, "
+               f"{human_bytes(predicted['total_bytes'])} in all)" if predicted else ""))
     return lines
 
 

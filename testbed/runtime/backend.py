@@ -32,6 +32,13 @@ from testbed.run_spec import RunSpec
 from testbed.runtime.checkpoint import Progress
 from testbed.runtime.cluster_launch import describe_run
 from testbed.runtime.coordinator import Coordinator, Interrupted, RunFailed
+from testbed.runtime.memory import (
+    MemoryPlan,
+    MemoryUse,
+    available_memory,
+    coordinator_now,
+    predict_memory,
+)
 from testbed.runtime.preflight import check_emulable, choose_compute
 from testbed.runtime.run_config import RunConfig
 from testbed.runtime.signals import run_with_signals
@@ -91,6 +98,7 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
         say(f"warning: no prediction for this run: {exc}")
         predicted, predicted_spans = None, []
     k = _choose_dilation(spec, predicted_spans, mode, say)
+    memory = predict_memory(spec.topology, spec.job, plan, mode, coordinator_now())
     if predicted is not None:
         wall = predicted * (spec.job.iterations + 1) * k
         say(f"the simulator predicts {predicted:.3f} s per iteration; at dilation "
@@ -149,6 +157,7 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
                "resumed_at": resume.resumed_at if resume else [],
                **prediction_fields(predicted, summary.typical_s),
                "emulation": None if health is None else health.as_dict(),
+               "memory": _memory_block(outcome.memory, memory),
                "inference": _with_overruns(represented_inference(inference, k), spans,
                                            coordinator.broker is not None)},
         requests=None if coordinator.broker is None else represented_requests(
@@ -160,6 +169,12 @@ def _with_overruns(inference: dict[str, Any], spans: list[Span], filled: bool
                    ) -> dict[str, Any]:
     """How often prefills held training past their bubbles, in represented time."""
     return {**inference, "overruns": prefill_overruns(spans).as_dict()} if filled else inference
+
+
+def _memory_block(measured: MemoryUse | None, predicted: MemoryPlan) -> dict[str, Any]:
+    """The run's peak memory as measured, beside what was predicted before it started."""
+    return {**(measured.as_dict() if measured else {}), "predicted": predicted.as_dict(),
+            "available_bytes": available_memory()}
 
 
 def _wall_time(seconds: float) -> str:

@@ -40,6 +40,7 @@ from testbed.runtime.health import (
     read_cpu,
 )
 from testbed.runtime.hosts import Hosts, NamespaceHosts
+from testbed.runtime.memory import MemoryUse, coordinator_peak, measured_memory
 from testbed.runtime.messages import (
     BubbleAsk,
     CheckpointWritten,
@@ -80,6 +81,7 @@ class RunOutcome:
     wall_s: float = 0.0
     shaper: str | None = None
     health: Health | None = None
+    memory: MemoryUse | None = None
 
 
 class Coordinator:
@@ -370,7 +372,8 @@ class Coordinator:
         spans = telemetry.spans + event_spans(config.events, own_start, end) \
             if own_start else telemetry.spans
         return RunOutcome(config.compute, carried + spans, losses, start, summary, status,
-                          error, wall, self.hosts.shaper(), self._health())
+                          error, wall, self.hosts.shaper(), self._health(),
+                          measured_memory(self.pool.peak_memory(), coordinator_peak()))
 
     def _health(self) -> Health | None:
         if self._cpu is None:

@@ -42,6 +42,18 @@ def resident_bytes(pid: int) -> int | None:
     return pages * os.sysconf("SC_PAGE_SIZE") if pages else None
 
 
+def peak_resident_bytes(pid: int) -> int | None:
+    """The most memory a live process has held resident so far (the kernel's high-water
+    mark, VmHWM); None once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def exit_reason(code: int, oom_before: int | None = None, oom_after: int | None = None,
                 resident: int | None = None) -> str:
     """`exited with code 3`, `was killed by SIGSEGV (exit code -11)`, or, for a SIGKILL

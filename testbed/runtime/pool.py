@@ -14,7 +14,13 @@ from typing import TextIO
 
 from testbed.fsutil import open_fresh
 from testbed.plan.model import Plan
-from testbed.runtime.exits import SAMPLE_S, exit_reason, oom_kills, resident_bytes
+from testbed.runtime.exits import (
+    SAMPLE_S,
+    exit_reason,
+    oom_kills,
+    peak_resident_bytes,
+    resident_bytes,
+)
 from testbed.runtime.hosts import Hosts
 from testbed.runtime.messages import Abort, Message, Stop, send
 from testbed.runtime.protocol import TOKEN_ENV
@@ -47,6 +53,8 @@ class WorkerHandle:
     log: TextIO | None = None
     log_path: Path | None = None
     finished: bool = False
+    peak_bytes: int | None = None
+    """The most memory its process has held resident, as last read (VmHWM)."""
 
     def describe(self) -> str:
         where = f" on machine {self.machine}" if self.machine else ""
@@ -139,6 +147,7 @@ class WorkerPool:
         try:
             while not (await asyncio.wait({exited}, timeout=SAMPLE_S))[0]:
                 resident = resident_bytes(process.pid) or resident
+                handle.peak_bytes = peak_resident_bytes(process.pid) or handle.peak_bytes
         finally:
             exited.cancel()  # stopped watching (the run is ending): no task left behind
         if not handle.finished:
@@ -146,6 +155,18 @@ class WorkerPool:
             who = handle.describe() if handle.launcher else f"worker {handle.describe()}"
             why = exit_reason(exited.result(), oom_before, oom_kills(), resident)
             self.on_exit(f"{who} {why}" + (f": {detail}" if detail else ""))
+
+    def peak_memory(self) -> dict[str, int]:
+        """Each worker's peak resident memory on this machine, read now for those alive
+        (their high-water mark holds the whole run so far)."""
+        peaks = {}
+        for worker in self.workers:
+            if worker.process is not None:
+                now = peak_resident_bytes(worker.process.pid)
+                worker.peak_bytes = max(now or 0, worker.peak_bytes or 0) or None
+            if worker.peak_bytes:
+                peaks[worker.gpu] = worker.peak_bytes
+        return peaks
 
     def pids(self) -> list[int]:
         """This machine's worker processes (their own or, joined by torchrun, as they

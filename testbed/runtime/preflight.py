@@ -3,18 +3,12 @@ machine can hold it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from testbed.choices import ComputeChoice, EmulatedCompute
-from testbed.compute import stage_params
 from testbed.errors import InputError
 from testbed.net.layout import check_limits
 from testbed.plan.model import Plan
 from testbed.run_spec import RunSpec
-
-WORKER_BYTES = {"emulated": 60 * 2**20, "real": 450 * 2**20}
-"""Resident memory of one worker process before its model (measured: about 28 MB
-emulated, 330 MB with torch and a tiny model), with a margin."""
+from testbed.runtime.memory import available_memory, check_memory, coordinator_now, predict_memory
 
 
 def check_emulable(spec: RunSpec, plan: Plan) -> None:
@@ -32,30 +26,8 @@ def check_emulable(spec: RunSpec, plan: Plan) -> None:
             "stage's gradients summed every step, which real compute does not do: use "
             "--set model.tied_embeddings=false or --compute emulated", source,
             "job.model.tied_embeddings")
-    need = len(plan.used_gpus()) * WORKER_BYTES[mode]  # a worker per GPU, whatever it holds
-    if mode == "real":  # fp32 weights, grads, Adam moments of every stage's replicas
-        need += plan.dp * 16 * sum(stage_params(spec.job.model, layers, stage == 0,
-                                                stage == plan.pp - 1)
-                                   for stage, layers in enumerate(plan.layers))
-    available = available_memory()
-    if available is not None and need > available:
-        raise InputError(
-            f"{len(plan.used_gpus())} workers with {mode} compute need about "
-            f"{need / 2**30:.1f} GiB of memory; this machine has {available / 2**30:.1f} GiB "
-            f"available (MemAvailable){'; try --compute emulated' if mode == 'real' else ''}",
-            source, "datacenters")
-
-
-def available_memory() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
+    check_memory(predict_memory(spec.topology, spec.job, plan, mode, coordinator_now()),
+                 available_memory(), source)
 
 
 def choose_compute(requested: ComputeChoice, workers: int) -> EmulatedCompute:
