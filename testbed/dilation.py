@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from testbed.job import Job
@@ -136,9 +137,74 @@ def peak_rate_bps(spans: Iterable[Span], wan_only: bool = True) -> float:
     return peak
 
 
-def choose_dilation(peak_bps: float, capacity_bps: float, usable: float = 0.5) -> int:
-    """The smallest K at which the plan's peak rate fits a share of what this machine
-    moves; `usable` leaves the rest of the cores to the workers."""
-    if peak_bps <= 0 or capacity_bps <= 0:
+@dataclass(frozen=True)
+class WorkerCosts:
+    """What this machine's CPU pays for the workers besides the bytes they move
+    (measured by testbed.runtime.calibrate)."""
+
+    span_cpu_s: float
+    """CPU seconds per span a worker records: the action behind it (a send, a receive, a
+    compute handed to the compute thread, a ring step) and the span's trip to the
+    coordinator."""
+    idle_cpu: float
+    """CPU seconds per second a worker uses doing nothing (its event loop's upkeep)."""
+
+
+@dataclass(frozen=True)
+class MachineLoad:
+    """What a plan asks of this machine at dilation 1, as shares of all its cores: bytes
+    to forward (the plan's peak rate over what the machine forwards), the workers'
+    bookkeeping (the plan's spans per represented second times their CPU), both of which
+    shrink K-fold at dilation K, and the workers' upkeep, which does not."""
+
+    peak_bps: float
+    capacity_bps: float
+    spans_per_s: float
+    workers: int
+    cores: int
+    costs: WorkerCosts
+
+    @property
+    def forwarding(self) -> float:
+        return self.peak_bps / self.capacity_bps if self.capacity_bps > 0 else 0.0
+
+    @property
+    def bookkeeping(self) -> float:
+        return self.spans_per_s * self.costs.span_cpu_s / self.cores
+
+    @property
+    def upkeep(self) -> float:
+        return self.workers * self.costs.idle_cpu / self.cores
+
+
+def spans_per_second(spans: Iterable[Span]) -> float:
+    """The workers' spans per second of a simulated run of the plan (the emulator's
+    workers record the same spans)."""
+    starts, ends, count = math.inf, -math.inf, 0
+    for span in spans:
+        if span.get("kind") == "net_event":
+            continue
+        count += 1
+        starts, ends = min(starts, span["start"]), max(ends, span["end"])
+    return count / (ends - starts) if count and ends > starts else 0.0
+
+
+def choose_dilation(peak_bps: float, capacity_bps: float, usable: float = 0.5,
+                    bookkeeping: float = 0.0, upkeep: float = 0.0) -> int:
+    """The smallest K at which what the plan asks of this machine fits a share of it:
+    (forwarding + bookkeeping) / K + upkeep <= usable, the forwarding share being the
+    plan's peak rate over what the machine forwards (MachineLoad); `usable` leaves the
+    rest of the cores to everything else."""
+    forwarding = peak_bps / capacity_bps if peak_bps > 0 and capacity_bps > 0 else 0.0
+    need = forwarding + bookkeeping
+    if need <= 0:
         return 1
-    return max(1, min(MAX_DILATION, math.ceil(peak_bps / (capacity_bps * usable))))
+    spare = usable - upkeep
+    if spare <= 0:
+        return MAX_DILATION
+    return max(1, min(MAX_DILATION, math.ceil(need / spare - 1e-9)))
+
+
+def choose_for(load: MachineLoad, usable: float = 0.5) -> int:
+    return choose_dilation(load.peak_bps, load.capacity_bps, usable, load.bookkeeping,
+                           load.upkeep)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -11,21 +13,27 @@ from hypothesis import strategies as st
 from testbed.cli_options import parse_dilation
 from testbed.dilation import (
     LINUX_RTO_MIN_S,
+    MAX_DILATION,
+    MachineLoad,
+    WorkerCosts,
     choose_dilation,
+    choose_for,
     dilate_event,
     dilate_job,
     dilate_topology,
     peak_rate_bps,
     represented_inference,
     represented_spans,
+    spans_per_second,
 )
 from testbed.errors import InputError
 from testbed.job import InferenceWorkload, Job, ModelShape
 from testbed.net_events import NetEvent
 from testbed.policy import training_policy
-from testbed.runtime.health import assess, delay_line_lateness
+from testbed.runtime.health import assess, delay_line_lateness, suggest_dilation
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulator import Simulator
+from testbed.spans import Span
 from testbed.topology import load_topology
 
 from .conftest import TOPOLOGIES
@@ -124,6 +132,42 @@ def test_peak_rate_and_choice() -> None:
     assert choose_dilation(0.0, 3e9) == 1
 
 
+def test_auto_weighs_the_workers_cpu_as_well_as_the_bytes() -> None:
+    """(forwarding + bookkeeping) / K + upkeep <= half the machine: the 120-GPU run that
+    took 26x its simulated time forwarded little; its workers' actions and upkeep did."""
+    costs = WorkerCosts(span_cpu_s=80e-6, idle_cpu=0.007)
+    load = MachineLoad(peak_bps=0.4e9, capacity_bps=1.6e9, spans_per_s=60_000, workers=120,
+                       cores=2, costs=costs)
+    assert load.forwarding == pytest.approx(0.25)
+    assert load.bookkeeping == pytest.approx(2.4)  # 60,000 x 80 us over 2 cores
+    assert load.upkeep == pytest.approx(0.42)
+    assert choose_dilation(load.peak_bps, load.capacity_bps) == 1  # bytes alone
+    assert choose_for(load) == math.ceil(2.65 / 0.08)  # 34
+    assert choose_dilation(1e9, 2e9, bookkeeping=0.5) == 2
+    assert choose_dilation(1e9, 2e9, bookkeeping=0.5, upkeep=0.25) == 4
+    assert choose_dilation(1e9, 2e9, upkeep=0.5) == MAX_DILATION  # no dilation helps
+
+
+def test_spans_per_second_of_a_simulated_run() -> None:
+    spans = [_span("forward", 0.0, 1.0), _span("send", 1.0, 2.0), _span("recv", 3.0, 4.0),
+             _span("net_event", 0.0, 100.0)]
+    assert spans_per_second(spans) == pytest.approx(3 / 4)
+    assert spans_per_second([]) == 0.0
+
+
+def _span(kind: str, start: float, end: float) -> Span:
+    return {"gpu": "a-0", "kind": kind, "start": start, "end": end, "iteration": 0,
+            "stage": 0}  # type: ignore[typeddict-item]
+
+
+def test_after_a_machine_bound_run_the_suggestion_covers_what_it_needed() -> None:
+    """A run 26 times slower than the simulator with its cores saturated needs about 26
+    times the time: aiming at 60% busy, dilation 44, not 2."""
+    assert suggest_dilation(1, 1.0, 26.0) == 44
+    assert suggest_dilation(1, 0.95) == 2  # kept pace, just: one more
+    assert suggest_dilation(4, 0.9, 0.98) == 6
+
+
 @pytest.mark.parametrize("text", ["0", "-2", "x", "1.5", "65", ""])
 def test_bad_dilation_is_an_input_error(text: str) -> None:
     with pytest.raises(InputError, match="--dilation"):
@@ -147,3 +191,21 @@ def test_health_names_what_bound_the_run() -> None:
                               "y": {"packets_out": 30, "late_mean_ms": 0.0, "late_max_ms": 1.0}}}}
     assert delay_line_lateness(stats) == pytest.approx((0.0005, 0.005))
     assert delay_line_lateness({}) is None
+
+
+def test_the_workers_cpu_is_measured_once_and_cached(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The calibration runs the workers' own data plane (stage runners, transports, the
+    control protocol) on this machine; the figures are kept beside the forwarding
+    capacity, per kernel and core count."""
+    from testbed.runtime import capacity
+
+    monkeypatch.setattr(capacity, "CACHE", tmp_path / "capacity.json")
+    said: list[str] = []
+    costs = capacity.worker_costs(said.append)
+    assert len(said) == 1 and "measuring" in said[0]
+    assert 1e-6 < costs.span_cpu_s < 5e-3
+    assert 0 < costs.idle_cpu < 0.2
+    assert capacity.worker_costs(said.append) == costs and len(said) == 1
+    cached = json.loads((tmp_path / "capacity.json").read_text())
+    assert cached["span_cpu_s"] == costs.span_cpu_s and "bps" not in cached

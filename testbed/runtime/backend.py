@@ -12,7 +12,8 @@ from typing import Any, Literal
 from testbed.backend import BackendRun, Say
 from testbed.bubbles import inference_results, make_broker
 from testbed.dilation import (
-    choose_dilation,
+    MachineLoad,
+    choose_for,
     dilate_events,
     dilate_job,
     dilate_topology,
@@ -20,6 +21,7 @@ from testbed.dilation import (
     represented_inference,
     represented_requests,
     represented_spans,
+    spans_per_second,
 )
 from testbed.errors import InputError, TestbedError
 from testbed.metrics.overruns import prefill_overruns
@@ -32,6 +34,7 @@ from testbed.run_spec import RunSpec
 from testbed.runtime.checkpoint import Progress
 from testbed.runtime.cluster_launch import describe_run
 from testbed.runtime.coordinator import Coordinator, Interrupted, RunFailed
+from testbed.runtime.health import suggest_dilation
 from testbed.runtime.memory import (
     MemoryPlan,
     MemoryUse,
@@ -47,6 +50,7 @@ from testbed.sim.backend import SimulatorBackend
 from testbed.sim.bubble_seed import modeled_waits
 from testbed.sim.simulate import simulate_plan, tokens_per_iteration, wan_capacity_bps
 from testbed.spans import Span
+from testbed.units import human_bytes
 
 PREDICTED_ITERATIONS = 20
 """Iterations the simulator runs to predict an emulated run's iteration time (and peak
@@ -97,8 +101,8 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
     except TestbedError as exc:  # the emulator can still run the plan
         say(f"warning: no prediction for this run: {exc}")
         predicted, predicted_spans = None, []
-    k = _choose_dilation(spec, predicted_spans, mode, say)
     memory = predict_memory(spec.topology, spec.job, plan, mode, coordinator_now())
+    k = _choose_dilation(spec, predicted_spans, mode, plan, memory, say)
     if predicted is not None:
         wall = predicted * (spec.job.iterations + 1) * k
         say(f"the simulator predicts {predicted:.3f} s per iteration; at dilation "
@@ -138,6 +142,10 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
         spans, plan.used_gpus(), outcome.start, tokens_per_iteration(spec.job, plan),
         wan_capacity_bps(spec.topology, plan), plan.period)
     health = outcome.health
+    if health is not None and health.cpu_bound and predicted and summary.typical_s:
+        # what the run needed to keep the represented pace sets the next dilation
+        health = replace(health, suggested_dilation=suggest_dilation(
+            k, health.cpu_busy, summary.typical_s / predicted))
     if health is not None and health.warning():
         say(f"warning: {health.warning()}")
     until = max((s["end"] for s in outcome.spans), default=outcome.start) - outcome.start
@@ -195,15 +203,23 @@ def prediction_fields(predicted: float | None, measured: float | None) -> dict[s
 
 
 def _choose_dilation(spec: RunSpec, predicted_spans: Sequence[Span], compute: str,
-                     say: Say) -> int:
+                     plan: Plan, memory: MemoryPlan, say: Say) -> int:
     if spec.dilation != "auto":
         return spec.dilation
-    from testbed.runtime.capacity import machine_capacity_bps
+    from testbed.runtime.capacity import cores, machine_capacity_bps, worker_costs
 
-    peak = peak_rate_bps(predicted_spans,
-                         wan_only=spec.activations == "auto" and compute == "emulated")
-    capacity = machine_capacity_bps(say)
-    k = choose_dilation(peak, capacity)
-    say(f"dilation auto: {k} (the plan moves up to {peak / 1e9:.2f} Gbit/s at once; this "
-        f"machine forwards {capacity / 1e9:.2f} Gbit/s, half of it kept for the workers)")
+    load = MachineLoad(
+        peak_rate_bps(predicted_spans,
+                      wan_only=spec.activations == "auto" and compute == "emulated"),
+        machine_capacity_bps(say), spans_per_second(predicted_spans),
+        len(plan.used_gpus()), cores(), worker_costs(say))
+    k = choose_for(load)
+    say(f"dilation auto: {k}: at dilation 1 the plan asks of this machine's {load.cores} "
+        f"cores {load.forwarding:.0%} to forward its peak {load.peak_bps / 1e9:.2f} Gbit/s "
+        f"(it forwards {load.capacity_bps / 1e9:.2f}), {load.bookkeeping:.0%} for the "
+        f"workers' {load.spans_per_s:,.0f} actions a second "
+        f"({load.costs.span_cpu_s * 1e6:.0f} us of CPU each), both shrinking K-fold, and "
+        f"{load.upkeep:.0%} for {load.workers} workers' upkeep, which does not; half of "
+        f"the machine is kept for the rest. Memory ({human_bytes(memory.total)} "
+        f"predicted) is the same at any dilation")
     return k

@@ -1,9 +1,11 @@
-"""What this machine can forward through the emulated WAN: a short probe, cached.
+"""What this machine can do for an emulated run: how fast it forwards through the emulated
+WAN, and what its CPU pays per worker action; each measured once and cached.
 
-`--dilation auto` divides the plan's peak byte rate by this figure. The probe brings up a
+`--dilation auto` divides the plan's peak byte rate by the first. Its probe brings up a
 two-host network joined by one fast, short link through the same shaper a run would use,
 and times the worker transport moving a few large messages over four connections: the
-forwarding cost (delay line, kernel, Python) that every emulated byte pays.
+forwarding cost (delay line, kernel, Python) that every emulated byte pays. The second
+(testbed.runtime.calibrate) runs a small pipeline of stage runners in this process.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from testbed.dilation import WorkerCosts
 from testbed.fsutil import write_atomic
 from testbed.net.network import bring_up, tear_down
+from testbed.runtime.calibrate import measure_worker_costs
 from testbed.runtime.probe import timed_messages
 from testbed.topology import parse_topology
 
@@ -31,30 +36,54 @@ def _key() -> str:
     return f"{platform.release()} cpus={os.cpu_count()}"
 
 
-def cached_capacity() -> float | None:
+def _cached() -> dict[str, Any]:
+    """This machine's cached figures (none from another kernel or core count)."""
     try:
         data = json.loads(CACHE.read_text())
     except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("machine") != _key():
-        return None
-    value = data.get("bps")
+        return {}
+    return data if isinstance(data, dict) and data.get("machine") == _key() else {}
+
+
+def _figure(name: str) -> float | None:
+    value = _cached().get(name)
     return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def _remember(**figures: float | str) -> None:
+    data = {**_cached(), "machine": _key(), **figures}
+    CACHE.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(CACHE, json.dumps(data), 0o644)
 
 
 def machine_capacity_bps(say: Callable[[str], None] = lambda _m: None) -> float:
     """Bits per second this machine moves through one emulated link (cached per kernel
     and core count)."""
-    cached = cached_capacity()
+    cached = _figure("bps")
     if cached is not None:
         return cached
     say("measuring what this machine can forward (once; cached in "
         f"{CACHE})")
     bps = _probe()
-    CACHE.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(CACHE, json.dumps({"machine": _key(), "bps": bps,
-                                    "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}), 0o644)
+    _remember(bps=bps, measured=time.strftime("%Y-%m-%dT%H:%M:%S"))
     return bps
+
+
+def worker_costs(say: Callable[[str], None] = lambda _m: None) -> WorkerCosts:
+    """CPU per span a worker records and per idle worker (cached per kernel and core
+    count)."""
+    span, idle = _figure("span_cpu_s"), _figure("idle_worker_cpu")
+    if span is not None and idle is not None:
+        return WorkerCosts(span, idle)
+    say(f"measuring what this machine's CPU pays per worker action (once; cached in {CACHE})")
+    costs = measure_worker_costs()
+    _remember(span_cpu_s=costs.span_cpu_s, idle_worker_cpu=costs.idle_cpu)
+    return costs
+
+
+def cores() -> int:
+    """The cores this process may run on (and so the workers it starts)."""
+    return len(os.sched_getaffinity(0))
 
 
 def _probe() -> float:

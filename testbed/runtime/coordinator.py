@@ -36,6 +36,7 @@ from testbed.runtime.health import (
     Health,
     assess,
     busy_share,
+    cpu_per_span,
     process_cpu_ticks,
     read_cpu,
 )
@@ -383,7 +384,8 @@ class Coordinator:
         workers = self._worker_ticks / elapsed if self._worker_ticks is not None and elapsed \
             else None
         return assess(busy_share(before, after), self.telemetry.lags, self._lateness,
-                      self.config.dilation, workers)
+                      self.config.dilation, workers,
+                      cpu_per_span(self._worker_ticks, len(self.telemetry.spans)))
 
     async def _teardown(self) -> None:
         await self.pool.stop()

@@ -9,6 +9,7 @@ signals pass the thresholds below is reported as `cpu_bound`, with a dilation to
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,11 @@ def process_cpu_ticks(pids: Iterable[int]) -> int:
     return total
 
 
+def cpu_per_span(ticks: int | None, spans: int) -> float | None:
+    """CPU seconds the workers used per span they reported."""
+    return ticks / os.sysconf("SC_CLK_TCK") / spans if ticks is not None and spans else None
+
+
 def busy_share(before: CpuSample, after: CpuSample) -> float:
     total = after.total - before.total
     return (after.busy - before.busy) / total if total > 0 else 0.0
@@ -70,6 +76,9 @@ class Health:
     reasons: tuple[str, ...]
     dilation: int
     suggested_dilation: int
+    span_cpu_s: float | None = None
+    """The workers' CPU seconds per span they recorded: what each action cost them on
+    this machine during training (the calibration's figure, measured in the run)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"cpu_bound": self.cpu_bound, "cpu_busy": round(self.cpu_busy, 3),
@@ -78,7 +87,7 @@ class Health:
                 "delay_line_late_mean_s": self.delay_line_late_mean_s,
                 "delay_line_late_max_s": self.delay_line_late_max_s,
                 "reasons": list(self.reasons), "dilation": self.dilation,
-                "suggested_dilation": self.suggested_dilation}
+                "suggested_dilation": self.suggested_dilation, "span_cpu_s": self.span_cpu_s}
 
     def warning(self) -> str | None:
         if not self.cpu_bound:
@@ -102,7 +111,8 @@ def delay_line_lateness(stats: Mapping[str, Mapping[str, Any]]) -> tuple[float, 
 
 
 def assess(cpu_busy: float, lags_s: Iterable[float], lateness: tuple[float, float] | None,
-           dilation: int = 1, workers_cpu: float | None = None) -> Health:
+           dilation: int = 1, workers_cpu: float | None = None,
+           span_cpu_s: float | None = None) -> Health:
     """Judge a run from its signals; real-time figures are divided by the dilation."""
     lag = p99(lags_s) / dilation
     late = None if lateness is None else (lateness[0] / dilation, lateness[1] / dilation)
@@ -114,11 +124,18 @@ def assess(cpu_busy: float, lags_s: Iterable[float], lateness: tuple[float, floa
     if late is not None and late[0] >= LATE_LIMIT_S:
         reasons.append(f"delay lines {late[0] * 1e3:.1f} ms late on average")
     bound = bool(reasons)
-    suggested = dilation
-    if bound:
-        suggested = max(dilation + 1, math.ceil(dilation * cpu_busy / TARGET_BUSY))
+    suggested = suggest_dilation(dilation, cpu_busy) if bound else dilation
     return Health(cpu_busy, workers_cpu, lag, None if late is None else late[0],
-                  None if late is None else late[1], bound, tuple(reasons), dilation, suggested)
+                  None if late is None else late[1], bound, tuple(reasons), dilation, suggested,
+                  span_cpu_s)
+
+
+def suggest_dilation(dilation: int, cpu_busy: float, stretch: float = 1.0) -> int:
+    """The dilation to try after a machine-bound run: the CPU it used (its busy share
+    times how much longer its iterations took than the simulator's, the time it needed
+    to keep the represented pace) brought down to TARGET_BUSY, and at least one more."""
+    return max(dilation + 1,
+               math.ceil(dilation * max(1.0, stretch) * cpu_busy / TARGET_BUSY - 1e-9))
 
 
 def p99(values: Iterable[float]) -> float:
