@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import statistics
 import time
 
 from testbed.dilation import WorkerCosts
@@ -38,12 +39,15 @@ TOKEN = b"testbed-calibration".ljust(32, b"\0")
 REPLICAS, STAGES, MICROBATCHES, ITERATIONS = 2, 3, 16, 4
 MESSAGE = 16 * 1024
 COMPUTE_S = 0.0005
-IDLE_S = 1.0
+IDLE_S = 0.5
 
 
-def measure_worker_costs() -> WorkerCosts:
-    """On the workers' event loop (uvloop where installed)."""
-    return WorkerCosts(run_loop(_span_cost()), run_loop(_idle_cost()))
+def measure_worker_costs(repeat: int = 3) -> WorkerCosts:
+    """On the workers' event loop (uvloop where installed); the median of `repeat`
+    measurements each (a shared machine's other work makes single ones vary)."""
+    spans = [run_loop(_span_cost()) for _ in range(repeat)]
+    idle = [run_loop(_idle_cost()) for _ in range(repeat)]
+    return WorkerCosts(statistics.median(spans), statistics.median(idle))
 
 
 def _config(replica: int, stage: int) -> Config:
