@@ -208,3 +208,12 @@ def choose_dilation(peak_bps: float, capacity_bps: float, usable: float = 0.5,
 def choose_for(load: MachineLoad, usable: float = 0.5) -> int:
     return choose_dilation(load.peak_bps, load.capacity_bps, usable, load.bookkeeping,
                            load.upkeep)
+
+
+MIN_USABLE = 0.05
+
+
+def usable_share(background: float, kept: float = 0.5) -> float:
+    """The share of the machine a run may plan on: half of what the rest of the machine's
+    work (`background`, its busy share before the run) leaves."""
+    return max(MIN_USABLE, kept * (1.0 - min(1.0, max(0.0, background))))

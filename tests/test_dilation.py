@@ -15,6 +15,7 @@ from testbed.cli_options import parse_dilation
 from testbed.dilation import (
     LINUX_RTO_MIN_S,
     MAX_DILATION,
+    MIN_USABLE,
     MachineLoad,
     WorkerCosts,
     choose_dilation,
@@ -26,6 +27,7 @@ from testbed.dilation import (
     represented_inference,
     represented_spans,
     spans_per_second,
+    usable_share,
 )
 from testbed.errors import InputError
 from testbed.job import InferenceWorkload, Job, ModelShape
@@ -147,6 +149,16 @@ def test_auto_weighs_the_workers_cpu_as_well_as_the_bytes() -> None:
     assert choose_dilation(1e9, 2e9, bookkeeping=0.5) == 2
     assert choose_dilation(1e9, 2e9, bookkeeping=0.5, upkeep=0.25) == 4
     assert choose_dilation(1e9, 2e9, upkeep=0.5) == MAX_DILATION  # no dilation helps
+
+
+def test_a_busy_machine_leaves_a_run_less_of_itself() -> None:
+    """Half of what the machine's other work leaves: all of it on an idle machine."""
+    assert usable_share(0.0) == 0.5
+    assert usable_share(0.6) == pytest.approx(0.2)
+    assert usable_share(1.0) == usable_share(1.3) == MIN_USABLE
+    load = MachineLoad(1e9, 2e9, 0.0, 4, 2, WorkerCosts(1e-4, 0.0))
+    assert choose_for(load, usable_share(0.0)) == 1
+    assert choose_for(load, usable_share(0.6)) == 3
 
 
 def test_spans_per_second_of_a_simulated_run() -> None:

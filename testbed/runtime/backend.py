@@ -22,6 +22,7 @@ from testbed.dilation import (
     represented_requests,
     represented_spans,
     spans_per_second,
+    usable_share,
 )
 from testbed.errors import InputError, TestbedError
 from testbed.metrics.overruns import prefill_overruns
@@ -34,7 +35,7 @@ from testbed.run_spec import RunSpec
 from testbed.runtime.checkpoint import Progress
 from testbed.runtime.cluster_launch import describe_run
 from testbed.runtime.coordinator import Coordinator, Interrupted, RunFailed
-from testbed.runtime.health import suggest_dilation
+from testbed.runtime.health import busy_now, suggest_dilation
 from testbed.runtime.memory import (
     MemoryPlan,
     MemoryUse,
@@ -213,13 +214,15 @@ def _choose_dilation(spec: RunSpec, predicted_spans: Sequence[Span], compute: st
                       wan_only=spec.activations == "auto" and compute == "emulated"),
         machine_capacity_bps(say), spans_per_second(predicted_spans),
         len(plan.used_gpus()), cores(), worker_costs(say))
-    k = choose_for(load)
+    background = busy_now()
+    usable = usable_share(background)
+    k = choose_for(load, usable)
     say(f"dilation auto: {k}: at dilation 1 the plan asks of this machine's {load.cores} "
         f"cores {load.forwarding:.0%} to forward its peak {load.peak_bps / 1e9:.2f} Gbit/s "
         f"(it forwards {load.capacity_bps / 1e9:.2f}), {load.bookkeeping:.0%} for the "
         f"workers' {load.spans_per_s:,.0f} actions a second "
         f"({load.costs.span_cpu_s * 1e6:.0f} us of CPU each), both shrinking K-fold, and "
-        f"{load.upkeep:.0%} for {load.workers} workers' upkeep, which does not; half of "
-        f"the machine is kept for the rest. Memory ({human_bytes(memory.total)} "
-        f"predicted) is the same at any dilation")
+        f"{load.upkeep:.0%} for {load.workers} workers' upkeep, which does not; it may "
+        f"use {usable:.0%}, half of what other work leaves ({background:.0%} busy now). "
+        f"Memory ({human_bytes(memory.total)} predicted) is the same at any dilation")
     return k

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,13 @@ def cpu_per_span(ticks: int | None, spans: int) -> float | None:
 def busy_share(before: CpuSample, after: CpuSample) -> float:
     total = after.total - before.total
     return (after.busy - before.busy) / total if total > 0 else 0.0
+
+
+def busy_now(seconds: float = 1.0) -> float:
+    """Share of all cores busy over the next `seconds` (before a run: everyone else's)."""
+    before = read_cpu()
+    time.sleep(seconds)
+    return busy_share(before, read_cpu())
 
 
 @dataclass(frozen=True)
