@@ -237,3 +237,14 @@ def test_an_idle_worker_wakes_ten_times_a_second() -> None:
         return len(samples)
 
     assert run_loop(idle()) <= 10
+
+
+def test_niced_work_is_told_apart(tmp_path: Path) -> None:
+    """Work at a nice above 0 yields to the run's processes: what a run may plan on
+    leaves it out."""
+    from testbed.runtime.health import read_cpu
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 50 30 800 20 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    sample = read_cpu(stat)
+    assert (sample.busy, sample.total, sample.niced) == (180, 1000, 50)

@@ -31,13 +31,15 @@ TARGET_BUSY = 0.6
 class CpuSample:
     busy: int
     total: int
+    niced: int = 0
+    """Of `busy`, the time of processes that yield to ours (nice above 0)."""
 
 
 def read_cpu(stat: Path = Path("/proc/stat")) -> CpuSample:
     """Jiffies spent busy and in total over all cores since boot."""
     fields = [int(x) for x in stat.read_text().splitlines()[0].split()[1:]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return CpuSample(sum(fields) - idle, sum(fields))
+    return CpuSample(sum(fields) - idle, sum(fields), fields[1])
 
 
 def process_cpu_ticks(pids: Iterable[int]) -> int:
@@ -63,10 +65,13 @@ def busy_share(before: CpuSample, after: CpuSample) -> float:
 
 
 def busy_now(seconds: float = 1.0) -> float:
-    """Share of all cores busy over the next `seconds` (before a run: everyone else's)."""
+    """Share of all cores busy over the next `seconds` with work that does not yield to
+    ours (before a run: everyone else's; niced work is left out)."""
     before = read_cpu()
     time.sleep(seconds)
-    return busy_share(before, read_cpu())
+    after = read_cpu()
+    return busy_share(CpuSample(before.busy - before.niced, before.total),
+                      CpuSample(after.busy - after.niced, after.total))
 
 
 @dataclass(frozen=True)
