@@ -210,10 +210,13 @@ def choose_for(load: MachineLoad, usable: float = 0.5) -> int:
                            load.upkeep)
 
 
-MIN_USABLE = 0.05
+MIN_USABLE = 0.2
+"""However busy the rest of the machine: the scheduler shares the cores among runnable
+processes, so a run gets its share of a machine others keep busy (and planning on less
+stretched a 64-GPU run on this 2-core machine to dilation 64, over half an hour)."""
 
 
 def usable_share(background: float, kept: float = 0.5) -> float:
     """The share of the machine a run may plan on: half of what the rest of the machine's
-    work (`background`, its busy share before the run) leaves."""
+    work (`background`, its busy share before the run) leaves, and at least MIN_USABLE."""
     return max(MIN_USABLE, kept * (1.0 - min(1.0, max(0.0, background))))
