@@ -197,8 +197,9 @@ def emulation_options(func: F) -> F:
         "--dilation", default="1", show_default=True, metavar="K|auto",
         help="Run the emulation K times slower than the time it represents (link rates / K; "
         "latencies, compute, events and TCP's minimum RTO x K); every reported figure is "
-        "in represented time. auto: the smallest K at which the plan's peak rate fits what "
-        "this machine forwards (measured once, cached).")(func)
+        "in represented time. auto: the smallest K at which the plan's peak rate and its "
+        "workers' CPU per action fit what this machine can give (both measured once, "
+        "cached; see README, Time dilation).")(func)
     func = click.option(
         "--activations", type=click.Choice(["auto", "real"]), default="auto",
         show_default=True,
