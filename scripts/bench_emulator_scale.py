@@ -100,7 +100,10 @@ def one_run(topology: Path, policy: str, out: Path) -> dict[str, Any]:
     }
 
 
-def bench(sizes: list[int], repeat: int, policy: str, scratch: Path) -> dict[str, Any]:
+def bench(sizes: list[int], repeat: int, policy: str, scratch: Path,
+          written: Path) -> dict[str, Any]:
+    """Every run in turn; the JSON rewritten after each, so what finished is kept if the
+    rest is cut short (others' root work can keep the lock for long)."""
     out: dict[str, Any] = {"policy": policy, "repeat": repeat,
                            "machine": {"cores": len(os.sched_getaffinity(0)),
                                        "memory_bytes": os.sysconf("SC_PAGE_SIZE")
@@ -112,10 +115,11 @@ def bench(sizes: list[int], repeat: int, policy: str, scratch: Path) -> dict[str
             topology = scratch / f"scale-{gpus}.yaml"
             topology.write_text(yaml.safe_dump(scale_topology(gpus)))
             result = one_run(topology, policy, scratch / f"run-{gpus}-{attempt}")
-            out["sizes"].setdefault(str(gpus), {"runs": []})["runs"].append(result)
+            entry = out["sizes"].setdefault(str(gpus), {"runs": []})
+            entry["runs"].append(result)
+            entry.update(summarize(entry["runs"]))
+            written.write_text(json.dumps(out, indent=1) + "\n")
             print(json.dumps({"gpus": gpus, "attempt": attempt, **result}), flush=True)
-    for entry in out["sizes"].values():
-        entry.update(summarize(entry["runs"]))
     return out
 
 
@@ -178,8 +182,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         result = bench([int(g) for g in args.gpus.split(",")], args.repeat, args.policy,
-                       Path(tmp))
-    args.json.write_text(json.dumps(result, indent=1) + "\n")
+                       Path(tmp), args.json)
     print(readme(result))
 
 
