@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,13 @@ from testbed.errors import InputError
 from testbed.job import InferenceWorkload, Job, ModelShape
 from testbed.net_events import NetEvent
 from testbed.policy import training_policy
-from testbed.runtime.health import assess, delay_line_lateness, suggest_dilation
+from testbed.runtime.health import (
+    CpuSample,
+    assess,
+    assess_run,
+    delay_line_lateness,
+    suggest_dilation,
+)
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulator import Simulator
 from testbed.spans import Span
@@ -204,6 +211,17 @@ def test_health_names_what_bound_the_run() -> None:
                               "y": {"packets_out": 30, "late_mean_ms": 0.0, "late_max_ms": 1.0}}}}
     assert delay_line_lateness(stats) == pytest.approx((0.0005, 0.005))
     assert delay_line_lateness({}) is None
+
+
+def test_a_runs_health_reads_its_cpu_samples_and_the_workers_ticks() -> None:
+    """Over 1000 ticks of all cores, 700 busy, the workers' 300 ticks for 150 spans."""
+    tick_s = 1 / os.sysconf("SC_CLK_TCK")
+    health = assess_run(CpuSample(100, 1000), CpuSample(800, 2000), 300, 150, [0.001],
+                        None, dilation=2)
+    assert health.cpu_busy == pytest.approx(0.7) and health.workers_cpu == pytest.approx(0.3)
+    assert health.span_cpu_s == pytest.approx(2 * tick_s)
+    unmeasured = assess_run(CpuSample(0, 0), CpuSample(0, 0), None, 0, [], None, 1)
+    assert unmeasured.workers_cpu is None and unmeasured.span_cpu_s is None
 
 
 def test_the_workers_cpu_is_measured_once_and_cached(tmp_path: Path,

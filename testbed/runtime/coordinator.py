@@ -31,15 +31,7 @@ from testbed.runtime.cluster_run import ClusterJoins, share_order, start_across_
 from testbed.runtime.cluster_secret import run_token
 from testbed.runtime.control_server import ControlServer
 from testbed.runtime.failure import Failure, Interrupted, RunFailed, to_the_end
-from testbed.runtime.health import (
-    CpuSample,
-    Health,
-    assess,
-    busy_share,
-    cpu_per_span,
-    process_cpu_ticks,
-    read_cpu,
-)
+from testbed.runtime.health import CpuSample, Health, assess_run, process_cpu_ticks, read_cpu
 from testbed.runtime.hosts import Hosts, NamespaceHosts
 from testbed.runtime.memory import MemoryUse, coordinator_peak, measured_memory
 from testbed.runtime.messages import (
@@ -379,13 +371,8 @@ class Coordinator:
     def _health(self) -> Health | None:
         if self._cpu is None:
             return None
-        before, after = self._cpu
-        elapsed = after.total - before.total  # over all cores, in the same clock ticks
-        workers = self._worker_ticks / elapsed if self._worker_ticks is not None and elapsed \
-            else None
-        return assess(busy_share(before, after), self.telemetry.lags, self._lateness,
-                      self.config.dilation, workers,
-                      cpu_per_span(self._worker_ticks, len(self.telemetry.spans)))
+        return assess_run(*self._cpu, self._worker_ticks, len(self.telemetry.spans),
+                          self.telemetry.lags, self._lateness, self.config.dilation)
 
     async def _teardown(self) -> None:
         await self.pool.stop()

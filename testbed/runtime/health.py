@@ -143,6 +143,17 @@ def assess(cpu_busy: float, lags_s: Iterable[float], lateness: tuple[float, floa
                   span_cpu_s)
 
 
+def assess_run(before: CpuSample, after: CpuSample, worker_ticks: int | None, spans: int,
+               lags_s: Iterable[float], lateness: tuple[float, float] | None,
+               dilation: int) -> Health:
+    """Judge a run from the machine's CPU samples around its training, its workers' CPU
+    ticks over it and the spans they reported (`assess`)."""
+    elapsed = after.total - before.total  # over all cores, in the same clock ticks
+    workers = worker_ticks / elapsed if worker_ticks is not None and elapsed else None
+    return assess(busy_share(before, after), lags_s, lateness, dilation, workers,
+                  cpu_per_span(worker_ticks, spans))
+
+
 def suggest_dilation(dilation: int, cpu_busy: float, stretch: float = 1.0) -> int:
     """The dilation to try after a machine-bound run: the CPU it used (its busy share
     times how much longer its iterations took than the simulator's, the time it needed
