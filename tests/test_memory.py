@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from testbed.compute import stage_params
 from testbed.errors import InputError
+from testbed.inference_memory import in_flight_of
 from testbed.inputs import load_inputs
 from testbed.plan.model import Plan
 from testbed.policy import training_policy
@@ -53,6 +55,26 @@ def test_real_compute_holds_every_microbatch_in_flight() -> None:
     assert gpipe.payloads == 16 * gpipe.payload_per_microbatch > 0
     assert one_f_one_b.payloads < gpipe.payloads
     assert gpipe.per_worker > WORKER_BYTES["real"]  # the stage's weights and Adam
+
+
+def test_a_gpu_holding_several_stages_is_one_worker_holding_what_its_stages_hold() -> None:
+    """Interleaved 1F1B on two-dc: 2 replicas x 2 GPUs holding two stages (a layer) each.
+    The emulator starts a worker per GPU, not per stage; with real compute a worker keeps
+    the microbatches in flight of both its stages at its worst moment (in_flight_of), and
+    its share of every stage's training state."""
+    inputs = load_inputs(TWO_DC)
+    plan = plan_with_simulator(training_policy("interleaved-1f1b"), inputs.topology,
+                               inputs.job)
+    assert (plan.dp, plan.pp, plan.stages_per_gpu, plan.layers) == (2, 4, 2, (1, 1, 1, 1))
+    emulated = predict_memory(inputs.topology, inputs.job, plan, "emulated", 0)
+    assert emulated.workers == 4 and emulated.payloads == 0
+    real = predict_memory(inputs.topology, inputs.job, plan, "real", 0)
+    assert real.workers == 4
+    one = real.payload_per_microbatch // (plan.dp * plan.pp)  # the same for every stage
+    assert real.payloads == one * sum(in_flight_of(plan, gpu) for gpu in plan.used_gpus())
+    state = sum(stage_params(inputs.job.model, 1, stage == 0, stage == plan.pp - 1)
+                for stage in range(plan.pp)) * plan.dp * 16
+    assert real.per_worker == WORKER_BYTES["real"] + state // 4
 
 
 def test_the_wan_holds_a_bandwidth_delay_product_and_a_queue_per_direction() -> None:
