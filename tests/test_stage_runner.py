@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
+import mmap
 import struct
 import subprocess
 import sys
@@ -293,6 +295,24 @@ def test_a_ring_across_dcs_moves_the_collectives_bytes_without_holding_them() ->
         moved = [s["bytes"] for s in runner.spans if s["kind"] == "transfer"]
         assert sum(moved) == gradients  # reduce-scatter and all-gather: a half each
     assert grew < 24 * 2**20, f"resident set grew {grew / 2**20:.0f} MiB"
+
+
+def test_every_stage_of_an_emulated_worker_sends_zeros_that_take_no_memory() -> None:
+    """A worker holding two stages (the first and the last) under split backwards: its
+    forwards, whole backwards and input gradients are zeros of the activation's size from
+    the one read-only mapping (testbed.runtime.zeros), never a buffer of their own."""
+    config = _config(0, 0, 1, 3, 2, False, False, activation=2**20)
+    config = dataclasses.replace(
+        config, stages=[0, 2], emulated={"0": EmulatedTiming(0.0, 0.0, 0.0, 0.0),
+                                         "2": EmulatedTiming(0.0, 0.0, 0.0, 0.0)})
+    engines = make_engines(config)
+    sent = [engines[0].forward(0, 0, None), engines[2].backward(0, 0, None),
+            engines[2].input_gradient(0, 1, None)]
+    assert engines[2].forward(0, 0, None) is None and engines[0].backward(0, 0, None) is None
+    for payload in sent:
+        assert isinstance(payload, memoryview) and payload.readonly
+        assert isinstance(payload.obj, mmap.mmap) and payload.nbytes == 2**20
+        assert not any(payload)
 
 
 def test_an_emulated_worker_imports_no_torch() -> None:
