@@ -15,6 +15,7 @@ from testbed.figures.claims import (
     multi_tcp_link,
 )
 from testbed.figures.collect import BackendFigures, Measurement, records
+from testbed.figures.measure import figures_of
 from testbed.figures.render import README_BEGIN, README_END, claims_table, update_readme
 from testbed.job_file import parse_job
 from testbed.sim.one_transfer import one_transfer_s
@@ -206,3 +207,10 @@ def test_the_search_keeps_the_stated_conditions_and_survives_the_other_backend()
     both = records([_measurement("temporal", 1.5)], "emulate", higher)
     assert both[0]["up_to"] == higher[0]["up_to"]
     assert "1.75x (below target; at one-way 5 ms, 1Gbit)" in claims_table(both)
+
+
+def test_a_gpu_holding_two_stages_counts_once() -> None:
+    """ZB-V's placement names each GPU under two stages: the claims' reasons count GPUs."""
+    placement = {"0,0": ["east-0"], "0,1": ["east-1"], "0,2": ["east-1"], "0,3": ["east-0"]}
+    figures = figures_of({"plan": {"dp": 1, "pp": 4, "placement": placement}})
+    assert figures.gpus == 2 and figures.plan == "dp 1 x pp 4 on east"

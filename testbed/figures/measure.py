@@ -35,7 +35,8 @@ def figures_of(results: dict[str, Any]) -> RunFigures:
     plan = results.get("plan") or {}
     dcs = sorted({gpu.rpartition("-")[0] for gpus in (plan.get("placement") or {}).values()
                   for gpu in gpus})
-    gpus = sum(len(g) for g in (plan.get("placement") or {}).values())
+    # a GPU holding several stages (interleaved, ZB-V) is one GPU
+    gpus = len({gpu for g in (plan.get("placement") or {}).values() for gpu in g})
     return RunFigures(
         iteration_s=(results.get("iteration_time_s") or {}).get("median"),
         tokens_per_s=results.get("tokens_per_s"),
