@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.backend import Say
-from testbed.choices import BackendName, ComputeChoice, ShaperChoice
+from testbed.choices import BackendName, ComputeChoice, OnFailure, ShaperChoice
 from testbed.comparison import GivenRun, comparison_runs, run_comparison, write_compare
 from testbed.errors import InputError, TestbedError
 from testbed.inputs import Inputs, load_inputs
@@ -89,14 +89,16 @@ class Result:
 
 def load(topology: str | Path, job: str | Path | None = None, *,
          sets: Mapping[str, object] | None = None, events: Sequence[str] = (),
-         **job_values: object) -> Inputs:
+         scenario: str | Path | None = None, **job_values: object) -> Inputs:
     """A topology file and its job, as `testbed validate` reads them. `job`: a job file
     replacing the topology's; `sets`: dotted keys as `--set` takes them
     (`{"model.layers": 8}`); `job_values`: the job flags (iterations, microbatches, dp,
-    pp, seed); `events`: network events as `--event` takes them."""
+    pp, seed); `events`: network events as `--event` takes them; `scenario`: a scenario
+    file (link traces, stragglers, failures) as `--scenario` takes it."""
     overrides = tuple(f"{key}={value}" for key, value in (sets or {}).items())
     overrides += tuple(f"{key}={value}" for key, value in job_values.items())
-    return load_inputs(Path(topology), Path(job) if job else None, overrides, tuple(events))
+    return load_inputs(Path(topology), Path(job) if job else None, overrides, tuple(events),
+                       Path(scenario) if scenario is not None else None)
 
 
 def plan(inputs: Inputs, policy: str = DEFAULT_POLICY,
@@ -140,14 +142,18 @@ def simulate(inputs: Inputs, policy: str | None = None,
              options: Mapping[str, str] | None = None, *, plan: GivenPlan | None = None,
              bubble: str | None = None, bubble_options: Mapping[str, str] | None = None,
              profile: Profile | None = None, out: str | Path | None = None,
-             target_loss: float | None = None) -> Result:
+             target_loss: float | None = None, on_failure: OnFailure = "stop",
+             checkpoint_every: int = 0) -> Result:
     """`testbed simulate`: the plan at any scale, modeled compute, flow-level network (no
     loss: a `target_loss` is answered with the reason). `plan`: run this one; `policy`
     then labels the run and answers its hooks (default: the plan's own, else `plan-file`;
-    see testbed.policy.given); without a plan it defaults to the default policy."""
+    see testbed.policy.given); without a plan it defaults to the default policy.
+    `on_failure` and `checkpoint_every`: what the scenario's failures do
+    (testbed.recovery)."""
     spec = RunSpec("simulate", inputs.topology, inputs.job, policy or DEFAULT_POLICY,
                    dict(options or {}), bubble, dict(bubble_options or {}), profile=profile,
-                   events=inputs.events, target_loss=target_loss)
+                   events=inputs.events, target_loss=target_loss, scenario=inputs.scenario,
+                   on_failure=on_failure, checkpoint_every=checkpoint_every)
     return run(with_given_plan(spec, plan, policy), out)
 
 
@@ -156,15 +162,18 @@ def emulate(inputs: Inputs, policy: str | None = None,
             bubble: str | None = None, bubble_options: Mapping[str, str] | None = None,
             compute: ComputeChoice = "auto", shaper: ShaperChoice = "auto",
             dilation: int | None = 1, out: str | Path | None = None,
-            say: Say = print, target_loss: float | None = None) -> Result:
+            say: Say = print, target_loss: float | None = None,
+            on_failure: OnFailure = "stop", checkpoint_every: int = 0) -> Result:
     """`testbed up`: real processes over the emulated WAN (needs root). `dilation`: run K
     times slower than represented time, None to choose K from this machine;
-    `target_loss`: report the time to reach it (`Result.time_to_loss`); `plan`: as for
-    `simulate`."""
+    `target_loss`: report the time to reach it (`Result.time_to_loss`); `plan`,
+    `on_failure` and `checkpoint_every`: as for `simulate`."""
     spec = RunSpec("emulate", inputs.topology, inputs.job, policy or DEFAULT_POLICY,
                    dict(options or {}), bubble, dict(bubble_options or {}), compute=compute,
                    shaper=shaper, events=inputs.events,
-                   dilation="auto" if dilation is None else dilation, target_loss=target_loss)
+                   dilation="auto" if dilation is None else dilation, target_loss=target_loss,
+                   scenario=inputs.scenario, on_failure=on_failure,
+                   checkpoint_every=checkpoint_every)
     return run(with_given_plan(spec, plan, policy), out, say)
 
 
@@ -200,7 +209,8 @@ def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPla
             options: Mapping[str, object] | None = None, bubbles: Sequence[str] = (),
             repeat: int = 1, jitter: str | None = None, out: str | Path | None = None,
             say: Say = lambda _m: None, compute: ComputeChoice = "auto",
-            target_loss: float | None = None) -> Comparison:
+            target_loss: float | None = None, on_failure: OnFailure = "stop",
+            checkpoint_every: int = 0) -> Comparison:
     """`testbed compare`: each policy, and each given plan beside them (keyed by its file as
     given, or `plan:POLICY` for a Plan), with each bubble policy, `repeat` times, on the
     same inputs, by one backend, planned with one shared cache (so ablations reuse their
@@ -208,7 +218,8 @@ def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPla
     policy, `{"connections": 8}` for every training policy, `{"bubbletea.KEY": V}` for a
     bubble policy); `jitter`: as `--jitter` takes it (simulator; repeat k is seeded with
     the job's seed + k); `out`: the comparison's directory, written as the command writes
-    it; `compute`: the emulator's (loss needs "real"). A run that fails is kept with its
+    it; `compute`: the emulator's (loss needs "real"); the inputs' scenario, with
+    `on_failure` and `checkpoint_every`, in every run. A run that fails is kept with its
     error (`Result.error`, or a `failed` row). Compare runs by `Result.speedup` (tokens/s)
     and `Result.time_to_loss`."""
     from testbed.sim.jitter import parse_jitter
@@ -221,7 +232,9 @@ def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPla
         raise InputError(str(exc), "jitter") from None
     pairs = [f"{key}={value}" for key, value in (options or {}).items()]
     base = RunSpec(backend, inputs.topology, inputs.job, DEFAULT_POLICY, {}, compute=compute,
-                   events=inputs.events, jitter=noise or None, target_loss=target_loss)
+                   events=inputs.events, jitter=noise or None, target_loss=target_loss,
+                   scenario=inputs.scenario, on_failure=on_failure,
+                   checkpoint_every=checkpoint_every)
     given: list[GivenRun] = []
     for plan in plans:
         checked = with_given_plan(base, plan, None)
@@ -242,7 +255,9 @@ def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPla
                               "bubbles": list(bubbles),
                               "repeat": repeat, "options": pairs, "job_overrides": {},
                               "jitter": noise.as_dict() if noise else None,
-                              "target_loss": target_loss}, entries)
+                              "target_loss": target_loss,
+                              "scenario": inputs.scenario.source,
+                              "on_failure": on_failure}, entries)
     repeats: dict[str, list[Result]] = {}
     for entry, outcome in done:
         if outcome is None or outcome.record is None:

@@ -22,3 +22,7 @@ TraceChoice = Literal["full", "summary", "none"]
 scale (testbed.report.chrome), or no trace."""
 FigureFormat = Literal["png", "pdf", "svg"]
 """The file format of every figure a command draws (its CSV beside it)."""
+OnFailure = Literal["stop", "restart", "replan"]
+"""What a run does when a scenario's failure takes a worker: end (as a dead worker ends a
+run), go on from the last checkpoint on the same GPUs once the lost one is back, or go
+on from it at once on a plan for the GPUs still alive."""

@@ -14,9 +14,11 @@ from testbed.choices import (
     BackendName,
     ComputeChoice,
     FigureFormat,
+    OnFailure,
     TraceChoice,
 )
 from testbed.cli_options import (
+    checkpoint_option,
     emulation_options,
     event_options,
     force_option,
@@ -26,6 +28,7 @@ from testbed.cli_options import (
     job_options,
     parse_dilation,
     results_dir,
+    scenario_options,
     target_loss_option,
     trace_option,
 )
@@ -70,6 +73,8 @@ from testbed.units import plural
               show_default=True, help="Compute mode for the emulate backend.")
 @job_options
 @event_options
+@scenario_options
+@checkpoint_option
 @emulation_options
 @jitter_option
 @target_loss_option
@@ -84,7 +89,8 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
             compute: ComputeChoice, out: Path | None, pacing: str,
             activations: ActivationsChoice, dilation: str, jitter: Jitter | None,
             target_loss: float | None, force: bool, fmt: FigureFormat,
-            trace: TraceChoice, **kwargs: Any) -> None:
+            trace: TraceChoice, on_failure: OnFailure, checkpoint_every: int | None,
+            **kwargs: Any) -> None:
     """Run policies on the same topology, job and seed, one after another, and compare.
 
     Prints a table (iteration time with its spread over repeats, speed-up against the
@@ -116,7 +122,9 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
              for path in plan_paths]
     base = RunSpec(backend, inputs.topology, inputs.job, DEFAULT_POLICY, {}, compute=compute,
                    events=inputs.events, pacing=pacing == "on", activations=activations,
-                   dilation=factor, jitter=jitter, target_loss=target_loss, trace=trace)
+                   dilation=factor, jitter=jitter, target_loss=target_loss, trace=trace,
+                   scenario=inputs.scenario, on_failure=on_failure,
+                   checkpoint_every=checkpoint_every or 0)
     runs = comparison_runs(base, policies, bubbles, policy_opts, repeat, plans)
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, "compare"))
     with click.progressbar(length=len(runs), label=f"{backend}: {plural(len(runs), 'run')}",
@@ -128,7 +136,8 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
               "policies": list(policies), "plans": [str(p) for p in plan_paths],
               "bubbles": list(bubbles), "repeat": repeat,
               "options": list(policy_opts), "job_overrides": _overrides(kwargs),
-              "jitter": jitter.as_dict() if jitter else None, "target_loss": target_loss}
+              "jitter": jitter.as_dict() if jitter else None, "target_loss": target_loss,
+              "scenario": inputs.scenario.source, "on_failure": on_failure}
     write_compare(directory, config, entries)
     if jitter:
         click.echo(f"jitter (CV): compute {jitter.compute:.0%}, prefill {jitter.prefill:.0%}, "

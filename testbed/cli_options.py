@@ -60,7 +60,7 @@ def job_options(func: F) -> F:
 
 def job_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Pop the job-related keyword arguments a command received from `job_options`."""
-    keys = ("job_file", "sets", "events", *JOB_FLAGS)
+    keys = ("job_file", "sets", "events", "scenario", *JOB_FLAGS)
     return {key: kwargs.pop(key) for key in keys if key in kwargs}
 
 
@@ -75,6 +75,31 @@ def event_options(func: F) -> F:
         "at=60s,link=east-west,latency=80ms,for=30s (KIND: down, latency, bandwidth, "
         "loss). Repeatable.",
     )(func)
+
+
+def scenario_options(func: F) -> F:
+    """--scenario FILE and --on-failure: what happens during the run (testbed.scenario)
+    and what a lost worker does to it (testbed.recovery)."""
+    func = click.option(
+        "--on-failure", "on_failure", type=click.Choice(["stop", "restart", "replan"]),
+        default="stop", show_default=True,
+        help="When a scenario's failure takes a worker: stop the run; restart from the "
+        "last checkpoint (--checkpoint-every) on the same GPUs once the lost one is back; "
+        "or replan on the GPUs still alive and go on from the last checkpoint.")(func)
+    return click.option(
+        "--scenario", "scenario", type=click.Path(dir_okay=False, path_type=Path),
+        metavar="FILE",
+        help="Scenario file (YAML): network events, link traces (CSV or generated), "
+        "stragglers and failures during the run, times from the start of training "
+        "(see README, Scenarios).")(func)
+
+
+def checkpoint_option(func: F) -> F:
+    """--checkpoint-every for commands whose only use of it is recovery's."""
+    return click.option(
+        "--checkpoint-every", "checkpoint_every", type=click.IntRange(min=1), metavar="N",
+        help="Checkpoint every N iterations: where --on-failure restart or replan goes "
+        "on from (without it, from the start).")(func)
 
 
 def jitter_option(func: F) -> F:

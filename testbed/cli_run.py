@@ -14,6 +14,7 @@ from testbed.choices import (
     ActivationsChoice,
     AllReduceChoice,
     ComputeChoice,
+    OnFailure,
     ShaperChoice,
     TraceChoice,
 )
@@ -30,6 +31,7 @@ from testbed.cli_options import (
     policy_option,
     policy_options,
     results_dir,
+    scenario_options,
     target_loss_option,
     trace_option,
     with_plan,
@@ -63,6 +65,7 @@ def echo_err(message: str) -> None:
 @bubble_options
 @job_options
 @event_options
+@scenario_options
 @emulation_options
 @target_loss_option
 @trace_option
@@ -151,6 +154,7 @@ def up(
     join_timeout: float,
     target_loss: float | None,
     trace: TraceChoice,
+    on_failure: OnFailure,
     **kwargs: Any,
 ) -> None:
     """Train over the emulated WAN: one worker process per GPU in its namespace.
@@ -185,7 +189,8 @@ def up(
                        events=inputs.events, pacing=pacing == "on", activations=activations,
                        dilation=parse_dilation(dilation), checkpoint_every=checkpoint_every or 0,
                        cluster=cluster_run(cluster_file, machine, join_timeout, inputs.topology),
-                       target_loss=target_loss, trace=trace)
+                       target_loss=target_loss, trace=trace, scenario=inputs.scenario,
+                       on_failure=on_failure)
         spec = with_plan(spec, plan_path)
         check(spec)
         directory = results_dir(out, force,

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
 from testbed.api import check, run
-from testbed.choices import TraceChoice
+from testbed.choices import OnFailure, TraceChoice
 from testbed.cli_options import (
     bubble_options,
+    checkpoint_option,
     event_options,
     force_option,
     jitter_option,
@@ -21,6 +23,7 @@ from testbed.cli_options import (
     policy_option,
     policy_options,
     results_dir,
+    scenario_options,
     target_loss_option,
     trace_option,
     with_plan,
@@ -48,6 +51,8 @@ profile_option = click.option(
 @bubble_options
 @job_options
 @event_options
+@scenario_options
+@checkpoint_option
 @profile_option
 @jitter_option
 @target_loss_option
@@ -58,7 +63,8 @@ profile_option = click.option(
 def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], plan_path: Path | None,
              bubble: str | None, bubble_opts: tuple[str, ...], profile_path: Path | None,
              out: Path | None, force: bool, jitter: Jitter | None, target_loss: float | None,
-             trace: TraceChoice, **kwargs: Any) -> None:
+             trace: TraceChoice, on_failure: OnFailure, checkpoint_every: int | None,
+             **kwargs: Any) -> None:
     """Simulate the plan at any scale: modeled compute, flow-level network.
 
     Compute times come from FLOPs and the GPU type's sustained rate (or --profile);
@@ -74,7 +80,8 @@ def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], plan_pat
                    profile=load_profile(profile_path) if profile_path else None,
                    events=inputs.events,
                    jitter=jitter.with_seed(inputs.job.seed) if jitter else None,
-                   target_loss=target_loss, trace=trace)
+                   target_loss=target_loss, trace=trace, scenario=inputs.scenario,
+                   on_failure=on_failure, checkpoint_every=checkpoint_every or 0)
     spec = with_plan(spec, plan_path)
     check(spec)
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, spec.policy))
@@ -82,6 +89,9 @@ def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], plan_pat
     for line in run_summary(outcome.results):
         click.echo(line)
     click.echo(f"simulated in {outcome.results['wall_s']:.2f} s; results in {directory}")
+    if outcome.error is not None:  # a scenario's failure that stopped the run
+        click.echo(f"testbed: error: {outcome.error}", err=True)
+        sys.exit(outcome.error.exit_code)
 
 
 @click.command()

@@ -3,13 +3,14 @@ runs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from testbed.job import Job
 from testbed.job_file import load_job
 from testbed.net_events import NetEvent, parse_event_flag, parse_events
+from testbed.scenario import Scenario, load_scenario
 from testbed.topology import Topology, load_topology
 from testbed.topology.overrides import is_topology_key, override
 
@@ -22,6 +23,9 @@ class Inputs:
     topology: Topology
     job: Job
     events: tuple[NetEvent, ...] = ()
+    """The topology's, then the scenario's, then `--event`'s."""
+    scenario: Scenario = field(default_factory=Scenario)
+    """Link traces, stragglers and failures (`--scenario FILE`)."""
 
 
 def load_inputs(
@@ -29,11 +33,12 @@ def load_inputs(
     job_file: Path | None = None,
     sets: tuple[str, ...] = (),
     events: tuple[str, ...] = (),
+    scenario: Path | None = None,
     **flags: Any,
 ) -> Inputs:
-    """Topology and job with every override applied, or a located InputError. `sets`:
-    `KEY=VALUE` as `--set` gives them, a topology key (testbed.topology.overrides) or a
-    job key."""
+    """Topology and job with every override applied, and the scenario's file read against
+    them, or a located InputError. `sets`: `KEY=VALUE` as `--set` gives them, a topology key
+    (testbed.topology.overrides) or a job key."""
     topology = load_topology(topology_path)
     job_sets = []
     for item in sets:
@@ -45,5 +50,9 @@ def load_inputs(
     given = [f"{key}={flags[key]}" for key in JOB_FLAGS if flags.get(key) is not None]
     job = load_job(topology.job, topology.source, job_file, job_sets, given)
     parsed = parse_events(list(topology.events or ()), topology, topology.source)
+    happening = Scenario()
+    if scenario is not None:
+        happening, more = load_scenario(scenario, topology)
+        parsed += more
     parsed += tuple(parse_event_flag(text, topology) for text in events)
-    return Inputs(topology, job, parsed)
+    return Inputs(topology, job, parsed, happening)

@@ -4,6 +4,7 @@ flags; applied by both backends at the same times, and shown in the trace."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,12 @@ class NetEvent:
     """New latency (s), bandwidth (bit/s) or loss (fraction); 1 for down."""
     for_s: float | None
     """How long it lasts; None: for the rest of the run."""
+    one_way: bool = False
+    """Only the direction a->b (a link trace's); False: both directions."""
+    trace: str | None = None
+    """The link trace this is a step of (testbed.link_traces), else None: a trace is
+    beneath events on the same link and property, and is shown as one span, not per
+    step."""
 
     def as_raw(self) -> dict[str, Any]:
         """The event as a topology's `events` entry (in seconds and bit/s)."""
@@ -50,7 +57,7 @@ class NetEvent:
             "loss": f"loss {self.value:.1%}",
         }[self.kind]
         span = f" for {self.for_s:g} s" if self.for_s is not None else ""
-        return f"{self.a}<->{self.b} {what} at {self.at_s:g} s{span}"
+        return f"{self.a}{'>' if self.one_way else '<->'}{self.b} {what} at {self.at_s:g} s{span}"
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,8 @@ class Change:
     loss: float | None = None
     event: NetEvent | None = None
     revert: bool = False
+    one_way: bool = False
+    """Only the direction a->b; False: both."""
 
 
 def parse_events(
@@ -128,34 +137,84 @@ def _nonnegative(parse: Any) -> Any:
 
 
 def changes(events: Sequence[NetEvent], topology: Topology) -> list[Change]:
-    """Events as timed link settings. Where events on one link overlap, the one that
-    started last is in force, and when it ends the one beneath it (or the topology's
-    value) comes back."""
-    fields = {"down": "loss", "loss": "loss", "latency": "latency_s",
-              "bandwidth": "bandwidth_bps"}
-    groups: dict[tuple[str, str, str], list[NetEvent]] = {}
-    for event in events:
-        key = (*sorted((event.a, event.b)), fields[event.kind])
-        groups.setdefault((key[0], key[1], key[2]), []).append(event)
+    """Events as timed link settings, per link direction. Where events on one direction
+    and property overlap, the one that started last is in force (a link trace's steps
+    beneath any event), and when it ends the one beneath it (or the topology's value)
+    comes back. A change made alike on both directions is one two-way Change."""
+    groups: dict[tuple[str, str, str], list[tuple[int, NetEvent]]] = {}
+    for order, event in enumerate(events):
+        field = _FIELDS[event.kind]
+        directions = [(event.a, event.b)] if event.one_way else [(event.a, event.b),
+                                                                 (event.b, event.a)]
+        for src, dst in directions:
+            groups.setdefault((src, dst, field), []).append((order, event))
+    one_way: list[Change] = []
+    for (src, dst, field), group in groups.items():
+        one_way += _direction_changes(src, dst, field, group, topology)
+    return _pair_up(one_way)
+
+
+_FIELDS = {"down": "loss", "loss": "loss", "latency": "latency_s", "bandwidth": "bandwidth_bps"}
+
+
+def _direction_changes(src: str, dst: str, field: str, group: list[tuple[int, NetEvent]],
+                       topology: Topology) -> list[Change]:
+    """One direction's property over time: a sweep over the events' starts and ends,
+    the active event of the highest rank (events over traces, then the latest start,
+    then the latest listed) in force."""
+    link = topology.link(src, dst)
+    base = {"loss": link.loss, "latency_s": link.latency_s,
+            "bandwidth_bps": link.bandwidth_bps}[field]
+    starts = sorted(group, key=lambda item: (item[1].at_s, item[0]))
+    ends = sorted((item for item in group if item[1].for_s is not None),
+                  key=lambda item: _end(item[1]))
+    points = sorted({e.at_s for _, e in group} | {_end(e) for _, e in ends})
+    active: dict[int, NetEvent] = {}
     out: list[Change] = []
-    for (a, b, field), group in groups.items():
-        link = topology.link(a, b)
-        base = {"loss": link.loss, "latency_s": link.latency_s,
-                "bandwidth_bps": link.bandwidth_bps}[field]
-        ordered = sorted(group, key=lambda e: e.at_s)
-        points = sorted({e.at_s for e in ordered} | {_end(e) for e in ordered
-                                                     if e.for_s is not None})
-        current = base
-        for t in points:
-            active = [e for e in ordered if e.at_s <= t < _end(e)]
-            value = active[-1].value if active else base
-            starting = [e for e in ordered if e.at_s == t]
-            cause, revert = (starting[-1], False) if starting else \
-                (next(e for e in ordered if _end(e) == t), True)
-            if value == current:
-                continue
-            current = value
-            out.append(_change(t, cause, a, b, field, value, revert))
+    current, i, j = base, 0, 0
+    for t in points:
+        ended: list[NetEvent] = []
+        while j < len(ends) and _end(ends[j][1]) <= t:
+            ended.append(ends[j][1])
+            active.pop(ends[j][0], None)
+            j += 1
+        starting: list[NetEvent] = []
+        while i < len(starts) and starts[i][1].at_s <= t:
+            order, event = starts[i]
+            if _end(event) > t:
+                active[order] = event
+                starting.append(event)
+            i += 1
+        top = max(active.items(), key=lambda item: _rank(*item), default=None)
+        value = top[1].value if top else base
+        if value == current:
+            continue
+        current = value
+        cause, revert = (starting[-1], False) if starting else (ended[-1], True)
+        out.append(_change(t, cause, src, dst, field, value, revert))
+    return out
+
+
+def _rank(order: int, event: NetEvent) -> tuple[bool, float, int]:
+    return (event.trace is None, event.at_s, order)
+
+
+def _pair_up(changes: list[Change]) -> list[Change]:
+    """Changes made alike on both directions of a link at once, as one two-way change
+    (named as its event names the link); the rest stay one-way. Sorted by time."""
+    by_key: dict[tuple[Any, ...], list[Change]] = {}
+    for change in changes:
+        key = (change.at_s, frozenset((change.a, change.b)), change.latency_s,
+               change.bandwidth_bps, change.loss, id(change.event), change.revert)
+        by_key.setdefault(key, []).append(change)
+    out: list[Change] = []
+    for same in by_key.values():
+        if len(same) == 2 and same[0].a != same[1].a:
+            first, event = same[0], same[0].event
+            a, b = (event.a, event.b) if event is not None else (first.a, first.b)
+            out.append(dataclasses.replace(first, a=a, b=b, one_way=False))
+        else:
+            out += same
     return sorted(out, key=lambda c: c.at_s)
 
 
@@ -168,21 +227,32 @@ def _change(at: float, event: NetEvent, a: str, b: str, field: str, value: float
     return Change(at, a, b,
                   latency_s=value if field == "latency_s" else None,
                   bandwidth_bps=value if field == "bandwidth_bps" else None,
-                  loss=value if field == "loss" else None, event=event, revert=revert)
+                  loss=value if field == "loss" else None, event=event, revert=revert,
+                  one_way=True)
 
 
 def event_spans(events: Sequence[NetEvent], start: float, end: float) -> list[Span]:
-    """Trace spans for events that happened before `end` (run-relative seconds)."""
-    return [
-        {
-            "gpu": "network",
-            "kind": "net_event",
-            "start": start + e.at_s,
-            "end": start + min(end, e.at_s + (e.for_s if e.for_s is not None else end)),
-            "iteration": -1,
-            "link": f"{e.a}>{e.b}",
-            "detail": e.describe(),
-        }
-        for e in events
-        if e.at_s <= end
-    ]
+    """Trace spans for events that happened before `end` (run-relative seconds); a link
+    trace is one span from its first step to `end`, not one per step."""
+    spans: list[Span] = []
+    traced: dict[tuple[str, str, str], NetEvent] = {}
+    for e in events:
+        if e.at_s > end:
+            continue
+        if e.trace is not None:
+            first = traced.setdefault((e.trace, e.a, e.b), e)
+            if e.at_s < first.at_s:
+                traced[(e.trace, e.a, e.b)] = e
+            continue
+        spans.append(_span(e, start, start + min(
+            end, e.at_s + (e.for_s if e.for_s is not None else end)), e.describe()))
+    for (name, _, _), first in traced.items():
+        arrow = ">" if first.one_way else "<->"
+        spans.append(_span(first, start, start + end,
+                           f"{first.a}{arrow}{first.b} follows trace {name}"))
+    return spans
+
+
+def _span(event: NetEvent, start: float, end: float, detail: str) -> Span:
+    return {"gpu": "network", "kind": "net_event", "start": start + event.at_s, "end": end,
+            "iteration": -1, "link": f"{event.a}>{event.b}", "detail": detail}

@@ -50,9 +50,11 @@ def check_checkpointable(spec: RunSpec, plan: Plan) -> None:
         raise InputError(f"{spec.checkpoint_every} is not a multiple of the plan's cycle of "
                          f"{plan.period} iterations (checkpoints are taken between cycles, "
                          "when no sync is under way)", "--checkpoint-every")
-    if spec.events:
-        raise InputError("checkpointing a run with network events is not supported (the "
-                         "events' times would restart with the resumed run)", "--checkpoint-every")
+    if (spec.events or spec.scenario) and spec.on_failure == "stop":
+        raise InputError("checkpointing a run with network events or a scenario is not "
+                         "supported (their times would restart with a resumed run), but "
+                         "for --on-failure restart or replan, whose recovery carries them "
+                         "over", "--checkpoint-every")
     if spec.bubble_policy:
         raise InputError("checkpointing a run that fills bubbles is not supported (its "
                          "inference requests are not carried over)", "--checkpoint-every")
@@ -66,7 +68,8 @@ def save_settings(directory: Path, spec: RunSpec, compute: str, dilation: int) -
     run is the same run."""
     folder = directory / CHECKPOINT_DIR
     settings = {name: getattr(spec, name) for name in _SETTINGS}
-    settings.update(format=FORMAT, compute=compute, dilation=dilation)
+    settings.update(format=FORMAT, compute=compute, dilation=dilation,
+                    timed=bool(spec.events or spec.scenario))
     write_atomic(folder / "topology.yaml", to_yaml(dump_topology(spec.topology)), 0o644)
     write_atomic(folder / "job.yaml", to_yaml(dump_job(spec.job)), 0o644)
     write_atomic(folder / SETTINGS_FILE, json.dumps(settings, indent=1), 0o644)
@@ -88,6 +91,9 @@ def load_resumption(directory: Path) -> tuple[RunSpec, Progress]:
         raise InputError(f"{directory} holds no checkpointed run (no {CHECKPOINT_DIR}/"
                          f"{SETTINGS_FILE}; was it started with --checkpoint-every?)", "--resume")
     settings = read_settings(settings_path)
+    if settings.pop("timed"):
+        raise InputError("the run had network events or a scenario, whose times a resumed "
+                         "run cannot carry over; start it again", str(settings_path), "timed")
     progress = read_progress(folder)
     if progress is None:
         raise InputError("no checkpoint was completed before the run ended; start it again",
@@ -128,6 +134,7 @@ def read_settings(path: Path) -> dict[str, Any]:
         "dilation": top.get("dilation", bounded(integer, 1, MAX_DILATION, str)),
         "checkpoint_every": top.get("checkpoint_every", positive(integer)),
         "target_loss": top.get("target_loss", positive(number), None),  # absent: none
+        "timed": top.get("timed", boolean, False),  # absent: written before scenarios
     }
     top.done()
     return settings

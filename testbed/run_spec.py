@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from testbed.choices import (
@@ -10,6 +10,7 @@ from testbed.choices import (
     AllReduceChoice,
     BackendName,
     ComputeChoice,
+    OnFailure,
     ShaperChoice,
     TraceChoice,
 )
@@ -17,6 +18,7 @@ from testbed.job import Job
 from testbed.net_events import NetEvent
 from testbed.plan.model import Plan
 from testbed.runtime.cluster_launch import ClusterRun
+from testbed.scenario import Scenario
 from testbed.sim.jitter import Jitter
 from testbed.sim.profile import Profile
 from testbed.topology import Topology
@@ -66,3 +68,13 @@ class RunSpec:
     (results' `time_to_loss`); a run without real compute says it has no loss."""
     trace: TraceChoice = "summary"
     """How much of the run trace.json.gz draws (testbed.report.chrome)."""
+    scenario: Scenario = field(default_factory=Scenario)
+    """Link traces, stragglers and failures during the run (its events are in `events`)."""
+    on_failure: OnFailure = "stop"
+    """What a scenario's failure does to the run (testbed.recovery)."""
+
+    @property
+    def link_events(self) -> tuple[NetEvent, ...]:
+        """What changes the links during the run: the scenario's traces beneath the
+        events."""
+        return self.scenario.link_events() + self.events

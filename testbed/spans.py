@@ -28,13 +28,15 @@ SpanKind = Literal[
     "prefill",
     "kv_transfer",
     "net_event",
+    "failure",
 ]
 """Compute (forward, backward, step, outer_step: DiLoCo's outer optimizer step, prefill),
 an all-reduce (from the member's join to the result, whether it waited or went on),
 wait_reduce: a stage waiting for an all-reduce it started earlier, the pipeline's
 messages (send, recv, transfer: the bytes on their way, wait_grant: an arbitrated link not
 yet granted, wait_send: a stage waiting for its own send to complete), a KV cache on its
-way to decode, and a network event (`gpu` is "network")."""
+way to decode, a network event (`gpu` is "network"), and a scenario's failure (on the
+lost GPU, from its loss to training going on: testbed.recovery)."""
 
 
 class SpanDetail(TypedDict, total=False):

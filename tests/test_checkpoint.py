@@ -200,7 +200,8 @@ def test_run_json_reads_back_what_a_run_saved(tmp_path: Path) -> None:
     assert settings == {"policy": "atlas", "policy_options": {"connections": "4"},
                         "compute": "real", "shaper": "auto", "allreduce": "auto",
                         "stall_timeout_s": 30.0, "pacing": False, "activations": "auto",
-                        "dilation": 4, "checkpoint_every": 3, "target_loss": 2.5}
+                        "dilation": 4, "checkpoint_every": 3, "target_loss": 2.5,
+                        "timed": False}
     saved = json.loads((tmp_path / "checkpoint" / "run.json").read_text())
     del saved["target_loss"]  # saved before runs had a target: none
     (tmp_path / "checkpoint" / "run.json").write_text(json.dumps(saved))

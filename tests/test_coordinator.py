@@ -72,7 +72,8 @@ class LocalHosts:
         return process
 
     def change_link(self, a: str, b: str, latency_s: float | None,
-                    bandwidth_bps: float | None, loss: float | None) -> None:
+                    bandwidth_bps: float | None, loss: float | None,
+                    one_way: bool = False) -> None:
         pass
 
     def broken(self) -> str | None:

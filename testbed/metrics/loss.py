@@ -9,6 +9,7 @@ and from different policies, share one axis.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import TypedDict
@@ -63,11 +64,15 @@ def no_loss_reason(compute: str) -> str | None:
 
 
 def loss_curve(losses: Mapping[int, float], ends_s: Sequence[float],
-               tokens_per_iteration: int) -> list[LossPoint]:
+               tokens_per_iteration: int | Sequence[int]) -> list[LossPoint]:
     """The loss of every completed step (iteration `i` ended at `ends_s[i]`), in order;
-    a loss reported for an iteration that did not complete on every GPU is left out."""
-    return [LossPoint(iteration=i, time_s=end, tokens=tokens_per_iteration * (i + 1),
-                      loss=losses[i])
+    a loss reported for an iteration that did not complete on every GPU is left out.
+    `tokens_per_iteration`: one figure, or each iteration's (a run replanned after a
+    failure)."""
+    each = ([tokens_per_iteration] * len(ends_s) if isinstance(tokens_per_iteration, int)
+            else list(tokens_per_iteration))
+    so_far = list(itertools.accumulate(each))
+    return [LossPoint(iteration=i, time_s=end, tokens=so_far[i], loss=losses[i])
             for i, end in enumerate(ends_s) if i in losses]
 
 

@@ -20,10 +20,28 @@ TRAINING_KINDS: tuple[SpanKind, ...] = ("forward", "backward", "step", "outer_st
 BUSY_KINDS: tuple[SpanKind, ...] = (*TRAINING_KINDS, "prefill")
 
 
-def iteration_ends(spans: Iterable[Span], gpus: Sequence[str]) -> list[float]:
+@dataclass(frozen=True)
+class Epoch:
+    """Iterations from `first` on ran on these GPUs, each of this many tokens: a run that
+    went on with another plan after losing a worker (testbed.recovery) has several."""
+
+    first: int
+    gpus: tuple[str, ...]
+    tokens_per_iteration: int
+
+
+def _epoch_of(epochs: Sequence[Epoch], iteration: int) -> Epoch:
+    return max((e for e in epochs if e.first <= iteration), key=lambda e: e.first,
+               default=epochs[0])
+
+
+def iteration_ends(spans: Iterable[Span], gpus: Sequence[str],
+                   epochs: Sequence[Epoch] = (), first: int = 0) -> list[float]:
     """When each iteration finished: the last optimizer step over all GPUs, the outer
     step where the iteration has one (a DiLoCo sync belongs to the iteration that runs
-    it). Only iterations every GPU stepped in count."""
+    it). Only iterations every GPU stepped in count (every GPU of the iteration's epoch,
+    where `epochs` are given), from iteration `first` on (a run's segment that went on
+    from a checkpoint)."""
     stepped: dict[int, set[str]] = {}
     ends: dict[int, float] = {}
     for group, kind, _, end, iteration, _ in rows(spans):
@@ -33,7 +51,8 @@ def iteration_ends(spans: Iterable[Span], gpus: Sequence[str]) -> list[float]:
             ends[iteration] = max(ends.get(iteration, end), end)
     out: list[float] = []
     for iteration in sorted(stepped):
-        if iteration != len(out) or stepped[iteration] != set(gpus):
+        expected = set(_epoch_of(epochs, iteration).gpus if epochs else gpus)
+        if iteration != first + len(out) or stepped[iteration] != expected:
             break
         out.append(ends[iteration])
     return out
@@ -162,6 +181,22 @@ class Summary:
     """Iterations in the plan's cycle (Plan.period)."""
     cycles: int = 0
     """Whole cycles counted."""
+    iteration_tokens: tuple[int, ...] = ()
+    """Tokens of each completed iteration, where they differ (a run replanned after a
+    failure); empty: `tokens_per_iteration` each."""
+
+    def tokens_of(self, iterations: Iterable[int]) -> int:
+        """Tokens of these completed iterations."""
+        if not self.iteration_tokens:
+            return self.tokens_per_iteration * len(list(iterations))
+        return sum(self.iteration_tokens[i] for i in iterations)
+
+    @property
+    def goodput_tokens_per_s(self) -> float | None:
+        """Tokens of every completed iteration over the time from the start of training
+        to the end of the last: the first iteration, failures and recoveries included."""
+        ends = self.iteration_ends_s
+        return throughput(self.tokens_total, 0.0, ends[-1]) if ends else None
 
     @property
     def typical_s(self) -> float | None:
@@ -182,12 +217,12 @@ class Summary:
     @property
     def tokens_total(self) -> int:
         """Tokens of every completed iteration, the first included."""
-        return self.tokens_per_iteration * len(self.iteration_times)
+        return self.tokens_of(range(len(self.iteration_times)))
 
     @property
     def tokens_measured(self) -> int:
         """Tokens of the iterations `tokens_per_s` counts."""
-        return self.tokens_per_iteration * len(measured(self.iteration_times, self.period))
+        return self.tokens_of(counted_iterations(len(self.iteration_times), self.period))
 
     def as_results(self) -> dict[str, Any]:
         return {
@@ -201,6 +236,7 @@ class Summary:
             "cycle_time_s": {"mean": self.cycle_s, "period": self.period,
                              "cycles": self.cycles},
             "tokens_per_s": self.tokens_per_s,
+            "goodput_tokens_per_s": self.goodput_tokens_per_s,
             "tokens": {"measured": self.tokens_measured, "total": self.tokens_total,
                        "measured_s": self.measured_s},
             "gpu_utilization": {
@@ -286,15 +322,20 @@ def summarize(
     tokens_per_iteration: int,
     wan_capacity_bps: float,
     period: int = 1,
+    epochs: Sequence[Epoch] = (),
 ) -> Summary:
     """`period`: the plan's (Plan.period); a plan whose iterations differ is judged over
-    whole cycles (`counted_iterations`)."""
-    ends = iteration_ends(spans, gpus)
+    whole cycles (`counted_iterations`). `epochs`: where a run changed plans, the GPUs
+    and tokens of each iteration (`gpus`, all of them, is what utilization counts)."""
+    ends = iteration_ends(spans, gpus, epochs)
     times = iteration_times(start, ends)
     counted_times = measured(times, period)
     lo, hi = window(start, ends, period)
     length = hi - lo
-    tokens_measured = tokens_per_iteration * len(counted_times)
+    tokens = tuple(_epoch_of(epochs, i).tokens_per_iteration for i in range(len(ends))) \
+        if len({e.tokens_per_iteration for e in epochs}) > 1 else ()
+    tokens_measured = sum(tokens[i] for i in counted_iterations(len(ends), period)) \
+        if tokens else tokens_per_iteration * len(counted_times)
     median = statistics.median(counted_times) if counted_times else None
     mean = statistics.fmean(counted_times) if counted_times else None
     training = total = wan_util = None
@@ -320,4 +361,5 @@ def summarize(
         mean_s=mean,
         period=period,
         cycles=len(counted_times) // period,
+        iteration_tokens=tokens,
     )

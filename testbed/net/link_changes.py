@@ -15,15 +15,16 @@ from testbed.net.shaping import Shaper, netem_link, tbf_queue
 
 
 def change_link(network: Network, a: str, b: str, latency_s: float | None = None,
-                bandwidth_bps: float | None = None, loss: float | None = None) -> None:
-    """Change a WAN link (both directions) while the network runs: rate through tc,
-    delay and loss through netem or the delay lines. A machine's share of a network
-    across machines changes the directions its own routers send (the other machine
-    changes the rest)."""
+                bandwidth_bps: float | None = None, loss: float | None = None,
+                one_way: bool = False) -> None:
+    """Change a WAN link (both directions, or only a->b when `one_way`) while the network
+    runs: rate through tc, delay and loss through netem or the delay lines. A machine's
+    share of a network across machines changes the directions its own routers send (the
+    other machine changes the rest)."""
     link = network.topology.link(a, b)
     here = network.layout.router_dcs
     with kernel.Namespaces() as k:
-        for src, dst in ((a, b), (b, a)):
+        for src, dst in ((a, b),) if one_way else ((a, b), (b, a)):
             if src not in here:
                 continue
             port = network.layout.port(src, dst)

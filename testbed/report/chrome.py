@@ -42,6 +42,7 @@ _SHOWN: frozenset[SpanKind] = frozenset((
     "send",
     "kv_transfer",
     "net_event",
+    "failure",
 ))
 
 

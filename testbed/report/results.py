@@ -137,7 +137,7 @@ class RunRecord:
         no_loss = no_loss_reason(self.compute)
         curve = None if no_loss else loss_curve(
             self.losses or {}, self.summary.iteration_ends_s,
-            self.summary.tokens_per_iteration)
+            self.summary.iteration_tokens or self.summary.tokens_per_iteration)
         return {
             "loss_curve": curve,
             "loss_note": no_loss,

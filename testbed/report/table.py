@@ -119,4 +119,27 @@ def run_summary(results: dict[str, Any]) -> list[str]:
             f"{_secs(overruns['max_s'])}")
     if results.get("training_slowdown") is not None:
         lines.append(f"  slowdown      {results['training_slowdown']:+.2%} vs no filling")
+    lines += _failures(results)
+    return lines
+
+
+def _failures(results: dict[str, Any]) -> list[str]:
+    """A scenario's failures: what each cost, the plan after a replan, and goodput."""
+    failures = results.get("failures") or []
+    lines = []
+    for failure in failures:
+        line = f"  failure       {failure['worker']} lost at {failure['at_s']:.3g} s"
+        if failure["resumed_s"] is None:
+            lines.append(line + ": the run stopped")
+            continue
+        line += (f": {failure['action']} from iteration {failure['resumed_from']} at "
+                 f"{failure['resumed_s']:.3g} s, {_secs(failure['time_lost_s'])} lost")
+        after = failure["plan_after"]
+        if after != failure["plan_before"]:
+            line += f"; then dp {after['dp']} x pp {after['pp']} on "
+            line += f"{sum(len(gpus) for gpus in after['placement'].values())} GPUs"
+        lines.append(line)
+    if failures and results.get("goodput_tokens_per_s"):
+        lines.append(f"  goodput       {results['goodput_tokens_per_s']:.0f} tokens/s over "
+                     "the whole run, failures included")
     return lines

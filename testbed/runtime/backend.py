@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from testbed.backend import BackendRun, Say
 from testbed.bubbles import inference_results, make_broker
+from testbed.choices import EmulatedCompute
 from testbed.dilation import (
     MachineLoad,
     choose_for,
@@ -44,10 +45,19 @@ from testbed.runtime.memory import (
     predict_memory,
 )
 from testbed.runtime.preflight import check_emulable, choose_compute
+from testbed.runtime.recovering import Segments, segment_runner
 from testbed.runtime.run_config import RunConfig
 from testbed.runtime.signals import run_with_signals
 from testbed.runtime.worker import run_loop
-from testbed.sim.backend import SimulatorBackend
+from testbed.scenario import dilated
+from testbed.segments import run_segments
+from testbed.sim.backend import (
+    SimulatorBackend,
+    check_recoverable,
+    joined_spans,
+    recovery_results,
+    simulate_with_failures,
+)
 from testbed.sim.bubble_seed import modeled_waits
 from testbed.sim.simulate import simulate_plan, tokens_per_iteration, wan_capacity_bps
 from testbed.spans import Span
@@ -70,6 +80,7 @@ class EmulatorBackend:
             raise InputError("applies to the simulator: an emulated run has its own noise",
                              "--jitter")
         check_emulable(spec, plan)
+        check_recoverable(spec)
         if spec.checkpoint_every or resume:
             check_checkpointable(spec, plan)
         if spec.cluster is not None:
@@ -84,6 +95,8 @@ def check_across_machines(spec: RunSpec, resume: Progress | None) -> None:
     """What a run across machines does not do yet, refused before anything starts."""
     if spec.checkpoint_every or resume is not None:
         raise InputError("checkpoints and --resume are for runs on one machine", "--cluster")
+    if spec.scenario.failures:
+        raise InputError("a scenario's failures are for runs on one machine", "--cluster")
 
 
 def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path, say: Say,
@@ -97,7 +110,8 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
         preview = replace(spec.job, iterations=min(
             spec.job.iterations, max(PREDICTED_ITERATIONS, plan.period)))
         simulated, predicted_spans = simulate_plan(spec.topology, preview, plan, chosen,
-                                                   spec.profile, broker, spec.events)
+                                                   spec.profile, broker, spec.link_events,
+                                                   stragglers=spec.scenario.stragglers)
         predicted = simulated.typical_s
     except TestbedError as exc:  # the emulator can still run the plan
         say(f"warning: no prediction for this run: {exc}")
@@ -113,10 +127,12 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
                 f"not run: at dilation {k} it would take about {_wall_time(wall)} of wall "
                 f"time ({predicted:.3g} s per iteration predicted), over the "
                 f"{_wall_time(spec.wall_budget_s)} budget")
+    if spec.checkpoint_every and resume is None:
+        save_settings(directory, spec, mode, k)
+    if spec.scenario.failures:
+        return _in_segments(spec, plan, chosen, directory, say, mode, k, predicted)
     checkpoints = None
     if spec.checkpoint_every or resume:
-        if resume is None:
-            save_settings(directory, spec, mode, k)
         checkpoints = checkpoints_for(directory, spec.checkpoint_every, len(plan.used_gpus()),
                                       resume)
     config = RunConfig(dilate_topology(spec.topology, k), dilate_job(spec.job, k), plan, chosen,
@@ -127,8 +143,9 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
                        bubble_seed=modeled_waits(spec.topology, spec.job, plan, chosen,
                                                  spec.profile, k)
                        if spec.bubble_policy and simulable else {},
-                       events=dilate_events(spec.events, k), dilation=k,
-                       checkpoints=checkpoints, cluster=spec.cluster)
+                       events=dilate_events(spec.link_events, k), dilation=k,
+                       checkpoints=checkpoints, cluster=spec.cluster,
+                       stragglers=dilated(spec.scenario, k).stragglers)
     coordinator = Coordinator(config, say=say)
     error: TestbedError | None = None
     try:
@@ -160,6 +177,7 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
         policy_options=spec.policy_options,
         extra={"allreduce": spec.allreduce, "pacing": spec.pacing,
                "activations": spec.activations, "events": [e.as_raw() for e in spec.events],
+               "scenario": spec.scenario.as_results(),
                "dilation": k, "dilation_requested": spec.dilation,
                "checkpoint_every": spec.checkpoint_every,
                "cluster": None if spec.cluster is None else describe_run(spec.cluster),
@@ -171,6 +189,43 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
                                            coordinator.broker is not None)},
         requests=None if coordinator.broker is None else represented_requests(
             coordinator.broker.request_rows(until), k))
+    return BackendRun(record, error)
+
+
+def _in_segments(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
+                 say: Say, mode: EmulatedCompute, k: int, predicted: float | None
+                 ) -> BackendRun:
+    """A run with a scenario's failures, in segments (testbed.segments); the prediction
+    beside it is the simulator's of the same run, failures and recoveries included."""
+    try:
+        simulated = simulate_with_failures(spec, plan, chosen, lambda _m: None).record.summary
+        predicted = simulated.typical_s
+    except TestbedError as exc:
+        say(f"warning: no prediction for this run with its failures: {exc}")
+    seen = Segments()
+    joined = run_segments(spec, plan, chosen, segment_runner(spec, chosen, directory, mode, k,
+                                                             say, seen), say)
+    spans = joined_spans(spec, joined)
+    summary = summarize(spans, joined.gpus, 0.0, tokens_per_iteration(spec.job, plan),
+                        wan_capacity_bps(spec.topology, plan), plan.period, joined.epochs)
+    error = joined.error
+    status = "interrupted" if isinstance(error, Interrupted) else "failed" if error else "ok"
+    health = seen.health
+    if health is not None and health.warning():
+        say(f"warning: {health.warning()}")
+    record = RunRecord(
+        backend="emulate", policy=spec.policy, bubble_policy=None, topology=spec.topology,
+        job=spec.job, plan=plan, shaper=seen.shaper, compute=mode, summary=summary,
+        spans=spans, start=0.0, status=status, error=str(error) if error else None,
+        losses=joined.losses, policy_options=spec.policy_options,
+        extra={"allreduce": spec.allreduce, "pacing": spec.pacing,
+               "activations": spec.activations, "events": [e.as_raw() for e in spec.events],
+               "scenario": spec.scenario.as_results(), "dilation": k,
+               "dilation_requested": spec.dilation, "checkpoint_every": spec.checkpoint_every,
+               "cluster": None, "resumed_at": [],
+               **prediction_fields(predicted, summary.typical_s),
+               "emulation": None if health is None else health.as_dict(),
+               **recovery_results(spec, joined)})
     return BackendRun(record, error)
 
 

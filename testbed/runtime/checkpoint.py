@@ -136,6 +136,9 @@ class Checkpoints:
     """What the run resumed from: its losses and spans come first."""
     _parts: dict[int, set[str]] = field(default_factory=dict)
     committed: int = 0
+    moved: Path | None = None
+    """Where the state to resume from was moved to for another plan (a run replanned
+    after a failure: testbed.runtime.reshard), in place of the checkpoint's own."""
 
     def part_written(self, done: int, gpu: str) -> bool:
         """A worker wrote its part of checkpoint `done`; True when that completes it."""
@@ -168,6 +171,8 @@ class Checkpoints:
 
     def restore_dir(self) -> str | None:
         """Where a resumed run's workers load their state from (None: a fresh run)."""
+        if self.moved is not None:
+            return str(self.moved)
         return str(iteration_dir(self.directory, self.first_iteration)) if self.prior else None
 
     def carried_over(self, start: float, losses: dict[int, float]

@@ -96,13 +96,14 @@ class ClusterJoins:
             writer.close()
 
     async def change_link(self, a: str, b: str, latency_s: float | None,
-                          bandwidth_bps: float | None, loss: float | None) -> None:
+                          bandwidth_bps: float | None, loss: float | None,
+                          one_way: bool = False) -> None:
         """A network event on link a-b, to the other machines whose routers send on it."""
         cluster = self.run.cluster
         for machine in dict.fromkeys(cluster.machine_of(dc).name for dc in (a, b)):
             writer = self._share_holders.get(machine)
             if writer is not None:
-                await send(writer, LinkChange(a, b, latency_s, bandwidth_bps, loss))
+                await send(writer, LinkChange(a, b, latency_s, bandwidth_bps, loss, one_way))
 
     async def shares_ready(self) -> None:
         """Every machine's share of the network is up."""

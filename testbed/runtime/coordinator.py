@@ -23,7 +23,7 @@ from testbed.job import Job
 from testbed.metrics.summary import Summary, summarize
 from testbed.net.layout import check_limits
 from testbed.net.network import Progress as Say
-from testbed.net_events import NetEvent, changes, event_spans
+from testbed.net_events import event_spans
 from testbed.plan.model import Plan
 from testbed.runtime.arbiter_bridge import ArbiterBridge, Granted
 from testbed.runtime.bubble_bridge import BubbleBridge
@@ -52,6 +52,7 @@ from testbed.runtime.pool import WorkerHandle, WorkerPool
 from testbed.runtime.protocol import ProtocolError
 from testbed.runtime.run_config import RunConfig
 from testbed.runtime.telemetry import Telemetry
+from testbed.runtime.timed import TimedChanges
 from testbed.runtime.worker_setup import worker_config, worker_connections
 from testbed.sim.simulate import tokens_per_iteration, wan_capacity_bps
 from testbed.spans import Span
@@ -100,8 +101,8 @@ class Coordinator:
         self._failure: Failure | None = None
         self._arbiter: ArbiterBridge | None = None
         self._bubbles: BubbleBridge | None = None
-        self._down: NetEvent | None = None
-        """The network event that has a link down now, if one has."""
+        self.timed: TimedChanges | None = None
+        """Network events and the scenario's failures, once training started."""
         self._cpu: tuple[CpuSample, CpuSample] | None = None
         self._worker_ticks: int | None = None
         """Clock ticks the workers used during training."""
@@ -214,7 +215,9 @@ class Coordinator:
         readers = [asyncio.create_task(self._serve(w)) for w in self.pool.workers]
         decoding = [asyncio.create_task(self._serve_decoder(d)) for d in self.pool.decoders]
         stall = asyncio.create_task(self._stall_watch())
-        events = asyncio.create_task(self._apply_events())
+        timed = self.timed = TimedChanges(config, self.hosts, self._joins, self.say, self._fail)
+        events = asyncio.create_task(timed.apply_events(telemetry.start))
+        losing = asyncio.create_task(timed.lose_workers(telemetry.start, self.pool.workers))
         gathered = asyncio.gather(*readers)
         cpu_before = read_cpu()
         pids = self.pool.pids()
@@ -228,6 +231,7 @@ class Coordinator:
         finally:
             stall.cancel()
             events.cancel()
+            losing.cancel()
             for task in decoding:
                 task.cancel()
             gathered.cancel()
@@ -306,29 +310,6 @@ class Coordinator:
             if self._bubbles is not None and isinstance(message, KvDelivered):
                 self._bubbles.on_kv(message)
 
-    async def _apply_events(self) -> None:
-        """Change the links at the events' times; a failure to apply one ends the run."""
-        start = self.telemetry.start
-        for change in changes(self.config.events, self.config.topology):
-            delay = start + change.at_s - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if change.event is not None:
-                verb = "ends" if change.revert else "starts"
-                self.say(f"network event {verb}: {change.event.describe()}")
-            try:
-                await asyncio.to_thread(self.hosts.change_link, change.a, change.b,
-                                        change.latency_s, change.bandwidth_bps, change.loss)
-                if self._joins is not None:  # the directions other machines' routers send
-                    await self._joins.change_link(change.a, change.b, change.latency_s,
-                                                  change.bandwidth_bps, change.loss)
-            except (TestbedError, OSError) as exc:
-                self._fail(f"network event {change.event.describe() if change.event else ''}"
-                           f" could not be applied: {exc}")
-                return
-            if change.loss is not None:
-                self._down = change.event if change.loss >= 1.0 else None
-
     async def _stall_watch(self) -> None:
         """Ends a run that stopped moving, naming who holds it up; a broken network is
         reported as what it is within a second."""
@@ -340,7 +321,8 @@ class Coordinator:
                 self._fail(broken)
                 return
             if self.telemetry.stalled_for() > config.stall_timeout_s:
-                down = f" (network event: {self._down.describe()})" if self._down else ""
+                held = self.timed.down if self.timed else None
+                down = f" (network event: {held.describe()})" if held else ""
                 first = config.checkpoints.first_iteration if config.checkpoints else 0
                 stuck = self.telemetry.stuck(self.pool.workers, first)
                 self._fail(

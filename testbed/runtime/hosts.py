@@ -47,8 +47,10 @@ class Hosts(Protocol):
         it, if one does), output to `log`."""
 
     def change_link(self, a: str, b: str, latency_s: float | None,
-                    bandwidth_bps: float | None, loss: float | None) -> None:
-        """Apply a network event to the WAN link between DCs `a` and `b`."""
+                    bandwidth_bps: float | None, loss: float | None,
+                    one_way: bool = False) -> None:
+        """Apply a network event to the WAN link between DCs `a` and `b` (only the
+        direction a->b when `one_way`)."""
 
     def broken(self) -> str | None:
         """Why the emulated network no longer works, if it does not."""
@@ -126,8 +128,9 @@ class NamespaceHosts:
         return process
 
     def change_link(self, a: str, b: str, latency_s: float | None,
-                    bandwidth_bps: float | None, loss: float | None) -> None:
-        change_link(self._up(), a, b, latency_s, bandwidth_bps, loss)
+                    bandwidth_bps: float | None, loss: float | None,
+                    one_way: bool = False) -> None:
+        change_link(self._up(), a, b, latency_s, bandwidth_bps, loss, one_way)
 
     def broken(self) -> str | None:
         if self.network is None:

@@ -199,7 +199,8 @@ def link_changer(network: Network | None) -> LinkChanger | None:
     """How this process applies network events: to the share it holds, if it holds one."""
     if network is None:
         return None
-    return lambda c: change_link(network, c.a, c.b, c.latency_s, c.bandwidth_bps, c.loss)
+    return lambda c: change_link(network, c.a, c.b, c.latency_s, c.bandwidth_bps, c.loss,
+                                 c.one_way)
 
 
 def say(line: str) -> None:

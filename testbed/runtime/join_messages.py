@@ -97,3 +97,5 @@ class LinkChange(Message):
     latency_s: float | None
     bandwidth_bps: float | None
     loss: float | None
+    one_way: bool = False
+    """Only the direction a->b (a link trace's)."""

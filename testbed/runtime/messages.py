@@ -21,6 +21,7 @@ from testbed.runtime.protocol import (
     read_message,
     send_message,
 )
+from testbed.slowdowns import Slowdown
 from testbed.spans import Span
 
 
@@ -327,6 +328,9 @@ class Config(Message):
     has none."""
     outer: OuterOptimizer | None = None
     """What OUTER_STEP does, where the programs have one."""
+    slowdowns: list[Slowdown] = field(default_factory=list)
+    """When this GPU computes slower (a scenario's stragglers), in seconds from the
+    start of training (`Start.t0`)."""
 
     @property
     def stage(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import torch
 
@@ -11,14 +12,20 @@ from testbed.runtime.model import build_model, loss_of, make_corpus, sample_inde
 from testbed.runtime.real_engine import LEARNING_RATE
 
 
-def train_one_process(job: Job, dp: int, microbatches: int) -> dict[str, torch.Tensor]:
+def train_one_process(job: Job, dp: int, microbatches: int,
+                      later: Sequence[tuple[int, int, int]] = ()) -> dict[str, torch.Tensor]:
     """Train the whole model on the same samples, in the same order, with the same
-    gradient scaling (mean over microbatches, then over replicas) and optimizer."""
+    gradient scaling (mean over microbatches, then over replicas) and optimizer.
+    `later`: (first iteration, dp, microbatches) of plans the run went on with (a run
+    replanned after losing a worker)."""
     torch.set_num_threads(1)
     model = build_model(job.model, job.seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
     corpus = make_corpus(job.model, job.seed, job.data)
     for iteration in range(job.iterations):
+        for first, then_dp, then_microbatches in later:
+            if iteration >= first:
+                dp, microbatches = then_dp, then_microbatches
         grads: list[torch.Tensor] | None = None
         for replica in range(dp):
             for microbatch in range(microbatches):

@@ -13,6 +13,8 @@ from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.runtime.checkpoint import Checkpoints
 from testbed.runtime.cluster_launch import ClusterRun
+from testbed.scenario import WorkerLoss
+from testbed.slowdowns import Straggler
 from testbed.topology.model import Topology
 
 
@@ -49,6 +51,11 @@ class RunConfig:
     """Where and how often the run checkpoints, and what it resumed from (if it did)."""
     cluster: ClusterRun | None = None
     """A run across machines: the cluster, and this machine (its coordinator)."""
+    stragglers: tuple[Straggler, ...] = ()
+    """Slower compute during training (testbed.slowdowns), dilated."""
+    losses: tuple[WorkerLoss, ...] = ()
+    """The scenario's failures to come, dilated: the first that takes a worker of the
+    plan ends the run (testbed.segments goes on from there)."""
 
     def decode_dcs(self, with_bubbles: bool) -> tuple[str, ...]:
         """DCs that get a decode server: the workload's named one, else every DC used."""

@@ -44,6 +44,7 @@ from testbed.runtime.messages import BubbleAsk, Config, Idle, PeerInfo, Sent, Tr
 from testbed.runtime.messages import Prefill as PrefillOrder
 from testbed.runtime.messages import send as send_message
 from testbed.runtime.transport import Transport
+from testbed.slowdowns import factor_at
 from testbed.spans import Span, SpanDetail, SpanKind
 
 Tensors = dict[tuple[Phase, int, int], Any]
@@ -75,6 +76,9 @@ class StageRunner:
     executor: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1, "compute")
     )
+    started_at: float = 0.0
+    """When training started (the coordinator's clock): stragglers' windows count
+    from it."""
     programs: list[tuple[Step, ...]] = field(init=False)
     """Each iteration program's steps (Config.programs)."""
     collectives: Collectives = field(init=False)
@@ -200,8 +204,10 @@ class StageRunner:
             await asyncio.sleep(0)  # let the sends it made ready start, as a GPU stream would
         else:
             result = await asyncio.get_running_loop().run_in_executor(self.executor, fn)
-        stretch = self.config.stretch
-        if stretch > 1:  # real compute under dilation: the GPU stays busy K times as long
+        stretch = float(self.config.stretch)  # real compute under dilation: K times
+        if kind in ("forward", "backward"):  # a straggler's: `slower` times as long
+            stretch *= factor_at(self.config.slowdowns, start - self.started_at)
+        if stretch > 1:  # the GPU stays busy that many times as long as it took
             held = (stretch - 1) * (clock.now() - start)
             await asyncio.get_running_loop().run_in_executor(self.executor, time.sleep, held)
         self.span(kind, start, clock.now(), iteration, **detail)

@@ -116,8 +116,8 @@ async def serve_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, g
         {int(k): (o.address, o.port, o.connections) for k, o in connect.outbound.items()},
         {int(k): n for k, n in connect.inbound.items()})
     await send(writer, Ready())
-    await receive_as(reader, Start)
-    runner = StageRunner(config, engines, transport, writer)
+    start = await receive_as(reader, Start)
+    runner = StageRunner(config, engines, transport, writer, started_at=start.t0)
     stop = asyncio.Event()
     main_task = asyncio.current_task()
     assert main_task is not None

@@ -22,6 +22,7 @@ from testbed.runtime.messages import (
 )
 from testbed.runtime.pool import WorkerHandle
 from testbed.runtime.run_config import RunConfig
+from testbed.slowdowns import slowdowns_for
 
 AddressOf = Callable[[str], str]
 
@@ -75,6 +76,7 @@ def worker_config(run: RunConfig, worker: WorkerHandle, workers: Sequence[Worker
         inference_model=job.inference.model if job.inference else None,
         data=job.data if run.compute == "real" else None,
         outer=plan.outer if plan.has_outer_steps else None,
+        slowdowns=slowdowns_for(run.stragglers, [worker.gpu], dc),
     )
 
 

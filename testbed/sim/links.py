@@ -37,52 +37,67 @@ def capacities(topology: Topology, workers: Iterable[SimWorker]) -> dict[str, fl
 class Links:
     def __init__(self, topology: Topology, network: FluidNetwork, at: Schedule) -> None:
         self.topology, self.network, self.at = topology, network, at
-        self.latency = {link_key(link.a, link.b): link.latency_s for link in topology.links}
-        self.bandwidth = {link_key(link.a, link.b): link.bandwidth_bps for link in topology.links}
+        directions = [d for link in topology.links for d in ((link.a, link.b), (link.b, link.a))]
+        self.latency = {d: topology.link(*d).latency_s for d in directions}
+        """One-way delay per direction (src DC, dst DC)."""
+        self.bandwidth = {d: topology.link(*d).bandwidth_bps for d in directions}
         self.loss = {link_key(link.a, link.b): link.loss for link in topology.links}
         self.down_since: dict[tuple[str, str], float] = {}
+        self.returning: set[tuple[str, str]] = set()
+        """Links down whose return is scheduled (both directions may say the outage
+        ended, a one-way trace's loss on one of them)."""
         self._routes: dict[tuple[str, str], list[tuple[str, str]]] = {}
-        """The links of each DC pair's route, found once (every send asks)."""
+        """The directions of each DC pair's route, found once (every send asks)."""
 
     def one_way(self, src_dc: str, dst_dc: str) -> float:
         """Propagation delay along the route set up at the start, with event changes."""
         route = self._routes.get((src_dc, dst_dc))
         if route is None:
             hops = self.topology.path(src_dc, dst_dc)
-            route = self._routes[(src_dc, dst_dc)] = [link_key(a, b)
-                                                      for a, b in itertools.pairwise(hops)]
-        return sum(self.latency[key] for key in route)
+            route = self._routes[(src_dc, dst_dc)] = list(itertools.pairwise(hops))
+        return sum(self.latency[direction] for direction in route)
 
     def apply(self, change: Change, now: float) -> None:
         """A network event: latency for transfers that start from now on, bandwidth at
-        once, an outage stops the link and TCP resumes after its retransmission backoff.
-        Loss alone is not modeled (BBR, the default, keeps its rate under light loss)."""
+        once (of one direction, or both), an outage stops the link and TCP resumes after
+        its retransmission backoff. Loss alone is not modeled (BBR, the default, keeps
+        its rate under light loss)."""
         key = link_key(change.a, change.b)
-        resources = (f"wan:{change.a}>{change.b}", f"wan:{change.b}>{change.a}")
-        if change.latency_s is not None:
-            self.latency[key] = change.latency_s
-        if change.bandwidth_bps is not None:
-            self.bandwidth[key] = change.bandwidth_bps
-            if key not in self.down_since:
-                for resource in resources:
-                    self.network.set_capacity(now, resource, change.bandwidth_bps)
+        directions = [(change.a, change.b)] if change.one_way else [(change.a, change.b),
+                                                                    (change.b, change.a)]
+        for direction in directions:
+            if change.latency_s is not None:
+                self.latency[direction] = change.latency_s
+            if change.bandwidth_bps is not None:
+                self.bandwidth[direction] = change.bandwidth_bps
+                if key not in self.down_since:
+                    self.network.set_capacity(now, _resource(direction), change.bandwidth_bps)
         if change.loss is None:
             return
         self.loss[key] = change.loss
+        both = [(change.a, change.b), (change.b, change.a)]
         if change.loss >= 1.0 and key not in self.down_since:  # the link goes down
             self.down_since[key] = now
-            for resource in resources:
-                self.network.set_capacity(now, resource, 0.0)
-        elif change.loss < 1.0 and key in self.down_since:  # and comes back
+            for direction in both:
+                self.network.set_capacity(now, _resource(direction), 0.0)
+        elif change.loss < 1.0 and key in self.down_since and key not in self.returning:
+            self.returning.add(key)  # and comes back
             outage = now - self.down_since[key]
-            rto = (self.topology.tcp_for(key[0]).rto_min_s or RTO_MIN) + 2 * self.latency[key]
+            rtt = self.latency[both[0]] + self.latency[both[1]]
+            rto = (self.topology.tcp_for(key[0]).rto_min_s or RTO_MIN) + rtt
             back = self.down_since[key] + resume_after_outage(outage, rto)
-            self.at(back, functools.partial(self._back, key, resources))
+            self.at(back, functools.partial(self._back, key, both))
 
-    def _back(self, key: tuple[str, str], resources: tuple[str, ...], now: float) -> None:
+    def _back(self, key: tuple[str, str], directions: list[tuple[str, str]],
+              now: float) -> None:
+        self.returning.discard(key)
         if self.loss[key] >= 1.0:
             return  # down again before TCP came back: the next restore brings it back
         self.down_since.pop(key, None)
-        for resource in resources:
-            self.network.set_capacity(now, resource, self.bandwidth[key])
-            self.network.restart_windows(now, resource)
+        for direction in directions:
+            self.network.set_capacity(now, _resource(direction), self.bandwidth[direction])
+            self.network.restart_windows(now, _resource(direction))
+
+
+def _resource(direction: tuple[str, str]) -> str:
+    return f"wan:{direction[0]}>{direction[1]}"

@@ -15,6 +15,7 @@ from testbed.policy.base import TrainingPolicy
 from testbed.sim.jitter import Jitter
 from testbed.sim.profile import Profile
 from testbed.sim.simulator import SimResult, Simulator
+from testbed.slowdowns import Straggler
 from testbed.spans import Span
 from testbed.topology.model import Topology
 
@@ -22,10 +23,13 @@ from testbed.topology.model import Topology
 def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,
                   profile: Profile | None = None,
                   broker: BubbleBroker | None = None, events: tuple[NetEvent, ...] = (),
-                  jitter: Jitter | None = None) -> tuple[Summary, Sequence[Span]]:
-    """Simulate a plan; the summary and spans, computed exactly as for the emulator."""
+                  jitter: Jitter | None = None, stragglers: tuple[Straggler, ...] = ()
+                  ) -> tuple[Summary, Sequence[Span]]:
+    """Simulate a plan; the summary and spans, computed exactly as for the emulator.
+    `events`: what changes the links (network events, link traces' steps);
+    `stragglers`: slower compute (testbed.slowdowns)."""
     result = _run(Simulator(topology, job, plan, policy, profile, bubbles=broker,
-                            events=events, jitter=jitter))
+                            events=events, jitter=jitter, stragglers=stragglers))
     return summarize(result.spans, plan.used_gpus(), result.start, tokens_per_iteration(job, plan),
                      wan_capacity_bps(topology, plan), plan.period), result.spans
 

@@ -42,14 +42,17 @@ from testbed.plan.interpret import (
 from testbed.plan.model import Action, Plan
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import TrainingPolicy
+from testbed.scenario import WorkerLoss
 from testbed.sim.agenda import Agenda
 from testbed.sim.jitter import Jitter, Noise
 from testbed.sim.links import Links, capacities
+from testbed.sim.lost import first_loss, spans_before
 from testbed.sim.network import FluidNetwork
 from testbed.sim.prefills import Prefills
 from testbed.sim.rings import AllReduces
 from testbed.sim.transfers import Transfers
 from testbed.sim.workers import SendKey, SimWorker
+from testbed.slowdowns import Straggler, factor_at, slowdowns_for
 from testbed.span_table import SpanTable
 from testbed.topology.model import Topology
 
@@ -65,6 +68,8 @@ class SimResult:
     """With `stopped_at`: what the median measured iteration was sure to exceed."""
     events: int = 0
     """Callbacks the run went through (what its wall time follows)."""
+    lost: WorkerLoss | None = None
+    """The scenario's failure that ended the run at its time, if one did."""
 
 
 class Simulator:
@@ -80,12 +85,17 @@ class Simulator:
         events: Sequence[NetEvent] = (),
         jitter: Jitter | None = None,
         stop_above: float | None = None,
+        stragglers: Sequence[Straggler] = (),
+        losses: Sequence[WorkerLoss] = (),
+        first_iteration: int = 0,
     ) -> None:
         """`stop_above`: seconds; the run stops as soon as its median measured iteration
         must be longer (a planner needs no more of a candidate slower than its best).
         Ignored for a plan whose iterations differ (period > 1): the median of unlike
         iterations says nothing of the run (its syncs are a few long ones), so such a
-        plan runs to its end and is judged over whole cycles (testbed.metrics.summary)."""
+        plan runs to its end and is judged over whole cycles (testbed.metrics.summary).
+        `stragglers`: slower compute; `losses`: the first to take a GPU of the plan ends the
+        run (testbed.sim.lost); `first_iteration`: where a run from a checkpoint starts."""
         topology = hosts_as_planned(topology, plan)
         self.topology, self.job, self.plan, self.policy = topology, job, plan, policy
         self.net_events = tuple(events)
@@ -107,8 +117,10 @@ class Simulator:
         for index, ((replica, gpus), stages) in enumerate(held.items()):
             programs = tuple(_interpreted(steps, program[gpus[0]], tuple(stages), plan.pp)
                              for program in plan.all_programs())
-            worker = SimWorker(index, replica, stages[0], gpus, topology.dc_of(gpus[0]),
-                               programs, plan.program_of, stages=tuple(stages))
+            dc = topology.dc_of(gpus[0])
+            worker = SimWorker(index, replica, stages[0], gpus, dc, programs, plan.program_of,
+                               stages=tuple(stages), iteration=first_iteration,
+                               slowdowns=slowdowns_for(stragglers, gpus, dc))
             self.gpu_workers.append(worker)
             for stage in stages:
                 self.workers[(replica, stage)] = worker
@@ -135,12 +147,18 @@ class Simulator:
         """Receives waiting for their message."""
         for change in changes(self.net_events, topology):
             self.agenda.at(change.at_s, functools.partial(self.links.apply, change))
+        self.lost = first_loss(losses, plan.used_gpus())
+        if self.lost is not None:
+            self.agenda.stop_after = self.lost.at_s
 
     def run(self) -> SimResult:
         for worker in self.gpu_workers:
             self.agenda.at(0.0, functools.partial(self._advance, worker))
         self._watch()
         events = self.agenda.run()
+        if self.lost is not None and self.agenda.now > self.lost.at_s:
+            return SimResult(spans_before(self.spans, self.lost.at_s, self.net_events), 0.0,
+                             self.lost.at_s, events=events, lost=self.lost)
         if self.agenda.now > self.agenda.stop_after:
             bound = median_at_least(0.0, self.iteration_ends, self.job.iterations,
                                     self.agenda.now)
@@ -165,8 +183,9 @@ class Simulator:
     def _watch(self) -> None:
         """Stop at the earliest time the median iteration shows longer than `stop_above`."""
         if self.stop_above is not None:
-            self.agenda.stop_after = slower_after(0.0, self.iteration_ends, self.job.iterations,
-                                                  self.stop_above)
+            self.agenda.stop_after = min(
+                slower_after(0.0, self.iteration_ends, self.job.iterations, self.stop_above),
+                float("inf") if self.lost is None else self.lost.at_s)
 
     def compute_s(self, compute: Compute) -> float:
         """How long one forward, backward or part of a backward holds the worker's GPU."""
@@ -186,7 +205,7 @@ class Simulator:
         as torch's runtime runs them), then go on."""
         end = now
         for compute in computes:
-            start, end = end, end + self.compute_s(compute)
+            start, end = end, end + self.compute_s(compute) * factor_at(worker.slowdowns, end)
             if compute.part is Part.WHOLE:
                 worker.record(self.spans, compute.phase.label, start, end, compute.microbatch,
                               stage=compute.stage)

@@ -11,6 +11,7 @@ from typing import Unpack
 
 from testbed.plan.collective import Collective
 from testbed.plan.interpret import Phase, SendWait, Step
+from testbed.slowdowns import Slowdown
 from testbed.span_table import SpanTable
 from testbed.spans import SpanDetail, SpanKind
 
@@ -54,6 +55,9 @@ class SimWorker:
     collective."""
     stages: tuple[int, ...] = ()
     """Every stage it holds (virtual stages), in order; `(stage,)` when left out."""
+    slowdowns: list[Slowdown] = field(default_factory=list)
+    """When it computes slower (a scenario's stragglers): each compute that starts in a
+    window takes its factor times as long."""
     lead: str = field(init=False)
     """The GPU that sends and receives for the group."""
     alone: tuple[str, ...] = field(init=False)

@@ -1,0 +1,83 @@
+"""Stragglers: a GPU, or every GPU of a datacenter, computing slower by a factor for a
+while. Both backends stretch each forward and backward that starts in such a window:
+the simulator's modeled time, the emulator's compute (emulated or real) held that many
+times as long. Pure: no I/O."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """One window of slower compute, in seconds from the start of training."""
+
+    start_s: float
+    end_s: float | None
+    """None: to the end of the run."""
+    factor: float
+
+    def covers(self, t: float) -> bool:
+        return self.start_s <= t and (self.end_s is None or t < self.end_s)
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A scenario's `stragglers` entry: `gpu` or `dc` slower by `slower` from `at_s`."""
+
+    at_s: float
+    for_s: float | None
+    slower: float
+    gpu: str | None = None
+    dc: str | None = None
+
+    def hits(self, gpus: Iterable[str], dc: str) -> bool:
+        """Whether a worker on these GPUs (a tensor-parallel group has several) in `dc` is
+        slowed: a group is as slow as its slowest GPU."""
+        return self.dc == dc if self.dc is not None else self.gpu in set(gpus)
+
+    def window(self) -> Slowdown:
+        end = None if self.for_s is None else self.at_s + self.for_s
+        return Slowdown(self.at_s, end, self.slower)
+
+    def shifted(self, by: float) -> Straggler | None:
+        """The same straggler on a clock that starts `by` seconds later; None if it was
+        over by then."""
+        end = None if self.for_s is None else self.at_s + self.for_s - by
+        if end is not None and end <= 0:
+            return None
+        at = max(0.0, self.at_s - by)
+        return dataclasses.replace(self, at_s=at, for_s=None if end is None else end - at)
+
+    def dilated(self, k: float) -> Straggler:
+        return dataclasses.replace(self, at_s=self.at_s * k,
+                                   for_s=None if self.for_s is None else self.for_s * k)
+
+    def as_raw(self) -> dict[str, Any]:
+        """As a scenario file's entry."""
+        raw: dict[str, Any] = {"at": f"{self.at_s:g}s"}
+        raw.update({"gpu": self.gpu} if self.gpu is not None else {"dc": self.dc})
+        raw["slower"] = self.slower
+        if self.for_s is not None:
+            raw["for"] = f"{self.for_s:g}s"
+        return raw
+
+
+def slowdowns_for(stragglers: Iterable[Straggler], gpus: Iterable[str], dc: str
+                  ) -> list[Slowdown]:
+    """The windows in which a worker on `gpus` in `dc` computes slower."""
+    names = list(gpus)
+    return [s.window() for s in stragglers if s.hits(names, dc)]
+
+
+def factor_at(slowdowns: Sequence[Slowdown], t: float) -> float:
+    """How many times longer a compute that starts at `t` takes: the product of the
+    windows covering `t` (a slow GPU in a slow DC is slower still); 1 outside them."""
+    factor = 1.0
+    for slowdown in slowdowns:
+        if slowdown.covers(t):
+            factor *= slowdown.factor
+    return factor

@@ -1,0 +1,225 @@
+"""Losing a worker mid-run (a scenario's failures) in the simulator, and the decisions
+behind `--on-failure` that both backends share (testbed.recovery, testbed.segments)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed.errors import InputError, PlanError
+from testbed.inputs import load_inputs
+from testbed.recovery import renamed_spans, resume_at, resume_from, survivors
+from testbed.run_spec import RunSpec
+from testbed.runs import run
+from testbed.scenario import Recovery, WorkerLoss
+from testbed.topology import load_topology
+
+ROOT = Path(__file__).resolve().parent.parent
+TWO = ROOT / "topologies" / "two-dc.yaml"
+THREE = ROOT / "topologies" / "paper-3dc.yaml"
+ITERATIONS = 10
+
+
+def _scenario(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(text)
+    return path
+
+
+def _simulate(tmp_path: Path, name: str, text: str | None, on_failure: str = "stop",
+              every: int = 2, topology: Path = TWO, policy: str = "gpipe") -> dict[str, Any]:
+    scenario = _scenario(tmp_path, text) if text is not None else None
+    inputs = load_inputs(topology, scenario=scenario, sets=(f"iterations={ITERATIONS}",))
+    spec = RunSpec("simulate", inputs.topology, inputs.job, policy, {}, events=inputs.events,
+                   scenario=inputs.scenario, on_failure=on_failure,  # type: ignore[arg-type]
+                   checkpoint_every=every)
+    outcome = run(spec, tmp_path / name)
+    return outcome.results
+
+
+def _spans(tmp_path: Path, name: str) -> list[dict[str, Any]]:
+    return json.loads((tmp_path / name / "spans.json").read_text())["spans"]  # type: ignore[no-any-return]
+
+
+def _healthy_end(tmp_path: Path) -> list[float]:
+    results = _simulate(tmp_path, "healthy", None)
+    ends: list[float] = []
+    for t in results["iteration_time_s"]["all"]:
+        ends.append((ends[-1] if ends else 0.0) + t)
+    return ends
+
+
+def test_stop_ends_the_run_at_the_failure_and_says_so(tmp_path: Path) -> None:
+    ends = _healthy_end(tmp_path)
+    at = (ends[4] + ends[5]) / 2
+    results = _simulate(tmp_path, "stop", f"failures: [{{at: {at}s, worker: west-1}}]")
+    assert results["status"] == "failed"
+    assert results["error"] == (f"worker west-1 (replica 1, stage 1) lost at {at:g} s "
+                                "(scenario failure; --on-failure stop)")
+    assert results["iterations"] == 5 and results["iterations_requested"] == ITERATIONS
+    (failure,) = results["failures"]
+    assert failure["resumed_s"] is None and failure["completed"] == 5
+    assert max(s["end"] for s in _spans(tmp_path, "stop") if s["kind"] != "failure") <= at
+
+
+def test_stop_is_exit_1_with_the_error_on_one_line(tmp_path: Path) -> None:
+    path = _scenario(tmp_path, "failures: [{at: 0.1s, worker: east-0}]")
+    result = subprocess.run(
+        [sys.executable, "-c", "from testbed.cli import main; main()", "simulate", str(TWO),
+         "--scenario", str(path), "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("testbed: error")]
+    assert errors == ["testbed: error: worker east-0 (replica 0, stage 0) lost at 0.1 s "
+                      "(scenario failure; --on-failure stop)"]
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["status"] == "failed"
+
+
+def test_restart_goes_on_from_the_checkpoint_once_the_gpu_is_back(tmp_path: Path) -> None:
+    ends = _healthy_end(tmp_path)
+    at, back = (ends[4] + ends[5]) / 2, ends[-1]  # back after the whole run would have ended
+    results = _simulate(tmp_path, "restart",
+                        f"failures: [{{at: {at}s, worker: west-1, back: {back}s}}]\n"
+                        "recovery: {detect: 0.05s, restart: 0.2s}", "restart", every=2)
+    assert results["status"] == "ok" and results["iterations"] == ITERATIONS
+    (failure,) = results["failures"]
+    assert failure["completed"] == 5 and failure["resumed_from"] == 4  # every 2
+    assert failure["checkpoint_s"] == pytest.approx(ends[3])
+    assert failure["detected_s"] == pytest.approx(at + 0.05)
+    assert failure["resumed_s"] == pytest.approx(back + 0.2)  # waited for the GPU
+    assert failure["time_lost_s"] == pytest.approx(back + 0.2 - ends[3])
+    assert failure["plan_after"] == failure["plan_before"]
+    spans = _spans(tmp_path, "restart")
+    steps = sorted((s["iteration"], s["gpu"]) for s in spans if s["kind"] == "step")
+    assert steps == sorted((i, g) for i in range(ITERATIONS)
+                           for g in ("east-0", "east-1", "west-0", "west-1"))  # once each
+    redone = min(s["start"] for s in spans if s["iteration"] == 4)
+    assert redone == pytest.approx(back + 0.2)
+    # a healthy iteration after the restart is as long as before it: the run is the same
+    times = results["iteration_time_s"]["all"]
+    assert times[-1] == pytest.approx(times[2], rel=1e-6)
+    assert results["goodput_tokens_per_s"] < results["tokens"]["total"] / ends[-1]
+
+
+def test_replan_goes_on_at_once_on_the_gpus_left(tmp_path: Path) -> None:
+    ends = _healthy_end(tmp_path)
+    at = (ends[4] + ends[5]) / 2
+    results = _simulate(tmp_path, "replan", f"failures: [{{at: {at}s, worker: west-1}}]\n"
+                        "recovery: {detect: 0.05s, restart: 0.2s}", "replan", every=3)
+    assert results["status"] == "ok" and results["iterations"] == ITERATIONS
+    (failure,) = results["failures"]
+    assert failure["resumed_from"] == 3 and failure["resumed_s"] == pytest.approx(at + 0.25)
+    after = [g for gpus in failure["plan_after"]["placement"].values() for g in gpus]
+    assert "west-1" not in after and after
+    spans = _spans(tmp_path, "replan")
+    later = [s for s in spans if s["kind"] != "failure" and s["start"] >= at]
+    assert later and all(s.get("gpu") != "west-1" for s in later)
+    marks = [s for s in spans if s["kind"] == "failure"]
+    assert [(m["gpu"], m["start"], m["end"]) for m in marks] == [
+        ("west-1", at, pytest.approx(at + 0.25))]
+    steps = {s["iteration"] for s in spans if s["kind"] == "step"}
+    assert steps == set(range(ITERATIONS))
+
+
+def test_replan_renames_nothing_when_the_first_gpu_of_a_dc_is_lost(tmp_path: Path) -> None:
+    results = _simulate(tmp_path, "replan", "failures: [{at: 0.1s, worker: west-0}]",
+                        "replan", every=1, policy="1f1b")
+    assert results["status"] == "ok"
+    (failure,) = results["failures"]
+    after = [g for gpus in failure["plan_after"]["placement"].values() for g in gpus]
+    assert "west-0" not in after
+    used = {s["gpu"] for s in _spans(tmp_path, "replan")
+            if s["kind"] == "forward" and s["start"] > failure["resumed_s"]}
+    assert used == set(after) and "west-0" not in used
+
+
+def test_without_checkpoints_a_recovery_starts_over(tmp_path: Path) -> None:
+    results = _simulate(tmp_path, "over", "failures: [{at: 0.2s, worker: east-1}]\n"
+                        "recovery: {detect: 0s, restart: 0s}", "replan", every=0)
+    (failure,) = results["failures"]
+    assert failure["resumed_from"] == 0 and failure["lost_work_s"] == pytest.approx(0.2)
+    assert results["iterations"] == ITERATIONS
+
+
+def test_a_failure_of_a_gpu_the_plan_does_not_use_changes_nothing(tmp_path: Path) -> None:
+    from testbed.policy import training_policy
+    from testbed.sim.planning import plan_with_simulator
+
+    inputs = load_inputs(TWO)
+    plan = plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job)
+    idle = next(g.name for g in inputs.topology.gpus() if g.name not in plan.used_gpus())
+    healthy = _simulate(tmp_path, "a", None, policy="atlas")
+    lost = _simulate(tmp_path, "b", f"failures: [{{at: 0s, worker: {idle}}}]",
+                     policy="atlas")
+    assert lost["status"] == "ok" and lost["failures"] == []
+    assert lost["iteration_time_s"] == healthy["iteration_time_s"]
+
+
+def test_restart_needs_the_gpu_back_and_says_so_before_running(tmp_path: Path) -> None:
+    path = _scenario(tmp_path, "failures: [{at: 1s, worker: east-1}]")
+    inputs = load_inputs(TWO, scenario=path)
+    spec = RunSpec("simulate", inputs.topology, inputs.job, "gpipe", {},
+                   scenario=inputs.scenario, on_failure="restart")
+    with pytest.raises(InputError, match=r"scenario\.yaml: failures: --on-failure restart "
+                       r"waits for a lost GPU to be back, and east-1 never is"):
+        run(spec, tmp_path / "out")
+    assert not (tmp_path / "out" / "results.json").exists()
+    with pytest.raises(PlanError, match="never brings it back"):
+        resume_at(WorkerLoss(1.0, "east-1"), Recovery(), "restart")
+
+
+def test_recovery_resumes_at_the_last_checkpoint_between_cycles() -> None:
+    assert resume_from(7, 0, 3, 1) == 6
+    assert resume_from(7, 0, 4, 2) == 4
+    assert resume_from(5, 4, 3, 1) == 4  # its own start is a checkpoint
+    assert resume_from(2, 0, 3, 1) == 0
+    assert resume_from(9, 0, 0, 1) == 0
+    assert resume_at(WorkerLoss(2.0, "x", 3.0), Recovery(1.0, 10.0), "restart") == (3.0, 13.0)
+    assert resume_at(WorkerLoss(2.0, "x", 9.0), Recovery(1.0, 10.0), "restart") == (3.0, 19.0)
+    assert resume_at(WorkerLoss(2.0, "x", 9.0), Recovery(1.0, 10.0), "replan") == (3.0, 13.0)
+
+
+def test_survivors_keep_each_gpu_under_its_own_name() -> None:
+    topology = load_topology(THREE)
+    place = survivors(topology, {"central-0", "central-2"})
+    central = place.topology.dc("central")
+    assert central.gpus == topology.dc("central").gpus - 2
+    assert place.physical("central-0") == "central-1"
+    assert place.physical("central-1") == "central-3"
+    assert place.local("central-3") == "central-1" and place.local("central-0") is None
+    spans = renamed_spans([{"gpu": "central-0", "kind": "send", "start": 0.0, "end": 1.0,
+                            "iteration": 0, "peer": "central-1"}], place.names)
+    assert (spans[0]["gpu"], spans[0]["peer"]) == ("central-1", "central-3")
+    gone = survivors(topology, {f"west-{i}" for i in range(topology.dc("west").gpus)})
+    assert [dc.name for dc in gone.topology.datacenters] == ["east", "central"]
+    assert all("west" not in (link.a, link.b) for link in gone.topology.links)
+    with pytest.raises(PlanError, match="every GPU is lost"):
+        survivors(topology, {g.name for g in topology.gpus()})
+
+
+def test_compare_and_the_api_take_a_scenario_and_what_a_failure_does(tmp_path: Path) -> None:
+    from testbed import api
+
+    path = _scenario(tmp_path, "failures: [{at: 0.2s, worker: west-1}]\n"
+                     "recovery: {detect: 0s, restart: 0.1s}")
+    inputs = api.load(TWO, scenario=path, iterations=ITERATIONS)
+    result = api.simulate(inputs, "gpipe", on_failure="replan", checkpoint_every=2,
+                          out=tmp_path / "api")
+    assert result.results["failures"][0]["action"] == "replan"
+    assert result.results["iterations"] == ITERATIONS
+    out = tmp_path / "compare"
+    done = subprocess.run(
+        [sys.executable, "-c", "from testbed.cli import main; main()", "compare", str(TWO),
+         "-p", "gpipe", "-p", "1f1b", "--scenario", str(path), "--on-failure", "replan",
+         "--checkpoint-every", "2", "--iterations", str(ITERATIONS), "--out", str(out)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    saved = json.loads((out / "compare.json").read_text())
+    assert saved["scenario"] == str(path) and saved["on_failure"] == "replan"
+    for entry in saved["runs"]:
+        assert entry["results"]["failures"][0]["worker"] == "west-1"
