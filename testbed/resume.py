@@ -51,10 +51,10 @@ def check_checkpointable(spec: RunSpec, plan: Plan) -> None:
                          f"{plan.period} iterations (checkpoints are taken between cycles, "
                          "when no sync is under way)", "--checkpoint-every")
     if (spec.events or spec.scenario) and spec.on_failure == "stop":
-        raise InputError("checkpointing a run with network events or a scenario is not "
-                         "supported (their times would restart with a resumed run), but "
-                         "for --on-failure restart or replan, whose recovery carries them "
-                         "over", "--checkpoint-every")
+        raise InputError("checkpointing a run with network events is not supported, nor "
+                         "one with a scenario (their times would restart with a resumed "
+                         "run), but for --on-failure restart or replan, whose recovery "
+                         "carries them over", "--checkpoint-every")
     if spec.bubble_policy:
         raise InputError("checkpointing a run that fills bubbles is not supported (its "
                          "inference requests are not carried over)", "--checkpoint-every")

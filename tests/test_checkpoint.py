@@ -206,3 +206,28 @@ def test_run_json_reads_back_what_a_run_saved(tmp_path: Path) -> None:
     del saved["target_loss"]  # saved before runs had a target: none
     (tmp_path / "checkpoint" / "run.json").write_text(json.dumps(saved))
     assert read_settings(tmp_path / "checkpoint" / "run.json")["target_loss"] is None
+
+
+def test_a_run_with_events_or_a_scenario_is_not_resumed(tmp_path: Path) -> None:
+    """Its events' times would start again with the resumed run: only its own recovery
+    (--on-failure restart|replan) checkpoints it, and --resume refuses it."""
+    from testbed.inputs import load_inputs
+    from testbed.resume import check_checkpointable, load_resumption, save_settings
+    from testbed.run_spec import RunSpec
+
+    topology = Path(__file__).resolve().parent.parent / "topologies" / "two-dc.yaml"
+    inputs = load_inputs(topology, events=("at=1s,link=east-west,down=1s",))
+    spec = RunSpec("emulate", inputs.topology, inputs.job, "gpipe", {}, events=inputs.events,
+                   checkpoint_every=2)
+    from testbed.policy import training_policy
+    from testbed.sim.planning import plan_with_simulator
+
+    plan = plan_with_simulator(training_policy("gpipe"), inputs.topology, inputs.job)
+    with pytest.raises(InputError, match="network events is not supported"):
+        check_checkpointable(spec, plan)
+    recovering = RunSpec("emulate", inputs.topology, inputs.job, "gpipe", {},
+                         events=inputs.events, checkpoint_every=2, on_failure="replan")
+    check_checkpointable(recovering, plan)
+    save_settings(tmp_path, recovering, "emulated", 1)
+    with pytest.raises(InputError, match=r"run\.json: timed: the run had network events"):
+        load_resumption(tmp_path)

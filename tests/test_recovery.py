@@ -223,3 +223,64 @@ def test_compare_and_the_api_take_a_scenario_and_what_a_failure_does(tmp_path: P
     assert saved["scenario"] == str(path) and saved["on_failure"] == "replan"
     for entry in saved["runs"]:
         assert entry["results"]["failures"][0]["worker"] == "west-1"
+
+
+def test_a_checkpoint_moves_to_another_split_of_the_layers(tmp_path: Path) -> None:
+    """Each parameter and its Adam moments, under the new plan's stages, are those the
+    old plan's stages saved (replica 0's, for every new replica)."""
+    import torch
+
+    from testbed.job import MODEL_PRESETS
+    from testbed.runtime.model import build_stages
+    from testbed.runtime.reference import merge_stages
+    from testbed.runtime.reshard import reshard
+
+    shape, old, new = MODEL_PRESETS["tiny"], (2, 2), (1, 3)
+    source = tmp_path / "old"
+    source.mkdir()
+    for stage, module in enumerate(build_stages(shape, old, seed=3)):
+        optimizer = torch.optim.Adam(module.parameters(), lr=1e-3)
+        for p in module.parameters():
+            p.grad = torch.full_like(p, 0.5 + stage)
+        optimizer.step()
+        torch.save({"model": module.state_dict(), "optimizer": optimizer.state_dict(),
+                    "syncs": {"outer": {}, "optimizers": {}, "residuals": {}, "averaged": {}}},
+                   source / f"r0-s{stage}.pt")
+    reshard(source, old, tmp_path / "new", new, 2, shape, seed=3)
+    saved = [torch.load(source / f"r0-s{s}.pt") for s in range(2)]
+    before = merge_stages([s["model"] for s in saved], old)
+    for replica in range(2):
+        moved = [torch.load(tmp_path / "new" / f"r{replica}-s{s}.pt") for s in range(2)]
+        after = merge_stages([m["model"] for m in moved], new)
+        assert after.keys() == before.keys()
+        assert all(torch.equal(after[k], before[k]) for k in before)
+        for stage, module in enumerate(build_stages(shape, new, seed=3)):
+            optimizer = torch.optim.Adam(module.parameters(), lr=1e-3)
+            optimizer.load_state_dict(moved[stage]["optimizer"])  # loads: shapes match
+            module.load_state_dict(moved[stage]["model"])
+    # one Adam step on gradient g leaves exp_avg = 0.1 g: new stage 1 holds block 1, which
+    # old stage 0 stepped with 0.5, and blocks 2-3 and the head, stepped with 1.5
+    state = torch.load(tmp_path / "new" / "r0-s1.pt")["optimizer"]["state"]
+    names = [n for n, _ in build_stages(shape, new, seed=3)[1].named_parameters()]
+    assert len(state) == len(names)
+    for index, name in enumerate(names):
+        grad = 0.5 if name.startswith("blocks.0.") else 1.5
+        assert torch.allclose(state[index]["exp_avg"],
+                              torch.full_like(state[index]["exp_avg"], 0.1 * grad)), name
+
+
+def test_outer_optimizer_state_is_not_moved_silently(tmp_path: Path) -> None:
+    import torch
+
+    from testbed.errors import TestbedError
+    from testbed.job import MODEL_PRESETS
+    from testbed.runtime.model import build_stages
+    from testbed.runtime.reshard import reshard
+
+    shape = MODEL_PRESETS["tiny"]
+    (module,) = build_stages(shape, (4,), seed=0)
+    torch.save({"model": module.state_dict(),
+                "optimizer": torch.optim.Adam(module.parameters()).state_dict(),
+                "syncs": {"outer": {"x": torch.zeros(1)}}}, tmp_path / "r0-s0.pt")
+    with pytest.raises(TestbedError, match="outer optimizer state"):
+        reshard(tmp_path, (4,), tmp_path / "new", (2, 2), 1, shape, 0)
