@@ -78,17 +78,26 @@ def resume_from(completed: int, first: int, every: int, period: int) -> int:
     return first
 
 
-def resume_at(loss: WorkerLoss, recovery: Recovery, action: OnFailure) -> tuple[float, float]:
-    """(When the failure is noticed, when training goes on): `restart` waits for the lost
-    GPU to be back (refused if it never is), `replan` does not."""
+def resume_at(loss: WorkerLoss, recovery: Recovery, action: OnFailure,
+              others: Sequence[WorkerLoss] = ()) -> tuple[float, float]:
+    """(When the failure is noticed, when training goes on): `replan` goes on at once;
+    `restart` waits for the lost GPU to be back, and for any other of the plan's GPUs
+    (`others`: their failures) lost by the time it would start (refused if one never
+    comes back)."""
     detected = loss.at_s + recovery.detect_s
-    if action == "restart":
-        if loss.back_s is None:
-            raise PlanError(f"--on-failure restart waits for {loss.worker} to be back, and "
+    if action != "restart":
+        return detected, detected + recovery.restart_s
+    resumed, waiting = detected + recovery.restart_s, [loss]
+    while waiting:
+        lost = waiting.pop()
+        if lost.back_s is None:
+            raise PlanError(f"--on-failure restart waits for {lost.worker} to be back, and "
                             f"the scenario never brings it back (give the failure a `back` "
                             f"time, or use --on-failure replan)")
-        return detected, max(detected, loss.back_s) + recovery.restart_s
-    return detected, detected + recovery.restart_s
+        resumed = max(resumed, lost.back_s + recovery.restart_s)
+        waiting = [f for f in others if f.at_s < resumed and f != loss
+                   and (f.back_s is None or f.back_s + recovery.restart_s > resumed)]
+    return detected, resumed
 
 
 def shift_events(events: Iterable[NetEvent], by: float) -> tuple[NetEvent, ...]:

@@ -117,7 +117,9 @@ def run_segments(spec: RunSpec, plan: Plan, policy: TrainingPolicy, run: RunSegm
         stopped = FailureRecord(loss.worker, loss.at_s, action, completed, checkpoint,
                                 checkpoint_s, loss.at_s, None, before, None, loss.back_s)
         try:
-            detected, resumed = resume_at(loss, scenario.recovery, action)
+            in_use = {place.physical(g) for g in plan.used_gpus()}
+            detected, resumed = resume_at(loss, scenario.recovery, action, [
+                f for f in scenario.failures if f.worker in in_use and f.at_s > loss.at_s])
             if action == "stop":
                 raise TestbedError(f"worker {who} lost at {loss.at_s:g} s (scenario failure; "
                                    "--on-failure stop)")

@@ -182,6 +182,15 @@ def test_recovery_resumes_at_the_last_checkpoint_between_cycles() -> None:
     assert resume_at(WorkerLoss(2.0, "x", 3.0), Recovery(1.0, 10.0), "restart") == (3.0, 13.0)
     assert resume_at(WorkerLoss(2.0, "x", 9.0), Recovery(1.0, 10.0), "restart") == (3.0, 19.0)
     assert resume_at(WorkerLoss(2.0, "x", 9.0), Recovery(1.0, 10.0), "replan") == (3.0, 13.0)
+    # another GPU of the plan lost before the restart: it waits for that one too, and for
+    # a third lost while it waits; one lost after it started is the next segment's
+    others = [WorkerLoss(5.0, "y", 20.0), WorkerLoss(25.0, "z", 26.0),
+              WorkerLoss(40.0, "w", 41.0)]
+    assert resume_at(WorkerLoss(2.0, "x", 3.0), Recovery(1.0, 10.0), "restart",
+                     others) == (3.0, 36.0)
+    with pytest.raises(PlanError, match="never brings it back"):
+        resume_at(WorkerLoss(2.0, "x", 3.0), Recovery(1.0, 10.0), "restart",
+                  [WorkerLoss(4.0, "y")])
 
 
 def test_survivors_keep_each_gpu_under_its_own_name() -> None:
