@@ -108,9 +108,10 @@ TRACE_SETS = ("model=gpt2", "microbatches=8", "iterations=20")
 pace; 20 iterations cover the trace's first 30-60 seconds."""
 
 
-def trace_case(repeat: int, scratch: Path) -> dict[str, Any]:
-    """Emulated and simulated runs under the measured-style trace, by tokens/s over the
-    run (the median iteration would hide the trace's slow seconds)."""
+def trace_case(repeat: int, scratch: Path, dilations: list[int]) -> dict[str, Any]:
+    """Emulated (at each dilation) and simulated runs under the measured-style trace, and
+    calm, by tokens/s over the run (the median iteration would hide the trace's slow
+    seconds)."""
     scenario = ROOT / "scenarios" / "two-dc-wan-trace.yaml"
     inputs = load_inputs(ROOT / "topologies" / "two-dc.yaml", scenario=scenario,
                          sets=TRACE_SETS)
@@ -122,30 +123,42 @@ def trace_case(repeat: int, scratch: Path) -> dict[str, Any]:
                                        events=given.events, scenario=given.scenario),
                                scratch / f"trace-{policy}-{name}").results
                      for name, given in (("trace", inputs), ("calm", calm))}
-        emulated = emulate(inputs.topology, inputs.job, policy, 1, repeat, scratch, inputs)
         sim_rate = simulated["trace"]["tokens_per_s"]
-        row = {"policy": policy, "simulated_tokens_per_s": sim_rate,
-               "simulated_median_s": simulated["trace"]["iteration_time_s"]["median"],
-               "calm_simulated_tokens_per_s": simulated["calm"]["tokens_per_s"],
-               "emulated": emulated,
-               "error": (emulated["tokens_per_s"] / sim_rate - 1
-                         if emulated["tokens_per_s"] and sim_rate else None)}
-        out["rows"].append(row)
-        print(json.dumps(row), flush=True)
+        calm_rate = simulated["calm"]["tokens_per_s"]
+        for k in dilations:
+            emulated = emulate(inputs.topology, inputs.job, policy, k, repeat, scratch, inputs)
+            calm_emulated = emulate(calm.topology, calm.job, policy, k, repeat,
+                                    scratch / "calm")
+            row = {"policy": policy, "dilation": k, "simulated_tokens_per_s": sim_rate,
+                   "simulated_median_s": simulated["trace"]["iteration_time_s"]["median"],
+                   "calm_simulated_tokens_per_s": calm_rate,
+                   "emulated": emulated, "calm_emulated": calm_emulated,
+                   "error": _ratio(emulated["tokens_per_s"], sim_rate),
+                   "calm_error": _ratio(calm_emulated["tokens_per_s"], calm_rate)}
+            out["rows"].append(row)
+            print(json.dumps(row), flush=True)
     return out
 
 
+def _ratio(emulated: float | None, simulated: float | None) -> float | None:
+    return emulated / simulated - 1 if emulated and simulated else None
+
+
 def trace_table(result: dict[str, Any]) -> str:
-    lines = ["| policy | calm, simulated | trace, simulated | trace, emulated | error |",
-             "|---|---|---|---|---|"]
+    """tokens/s: calm and under the trace, simulated and emulated, and the errors."""
+    lines = ["| policy | K | calm, simulated | calm, emulated | error | trace, simulated | "
+             "trace, emulated | error |", "|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
-        emulated = row["emulated"]
-        bound = any((r.get("emulation") or {}).get("cpu_bound") for r in emulated["runs"])
-        lines.append(
-            f"| {row['policy']} | {row['calm_simulated_tokens_per_s']:,.0f} tokens/s | "
-            f"{row['simulated_tokens_per_s']:,.0f} tokens/s | "
-            f"{emulated['tokens_per_s']:,.0f} tokens/s{' (machine-bound)' if bound else ''} | "
-            f"{row['error']:+.1%} |")
+        cells = []
+        for name, sim, error in (("calm_emulated", "calm_simulated_tokens_per_s",
+                                  "calm_error"),
+                                 ("emulated", "simulated_tokens_per_s", "error")):
+            block = row[name]
+            bound = any((r.get("emulation") or {}).get("cpu_bound") for r in block["runs"])
+            cells.append(f"{row[sim]:,.0f} | {block['tokens_per_s']:,.0f}"
+                         f"{' (machine-bound)' if bound else ''} | {row[error]:+.1%}")
+        lines.append(f"| {row['policy']} | {row.get('dilation', 1)} | " + " | ".join(cells)
+                     + " |")
     return "\n".join(lines)
 
 
@@ -158,13 +171,15 @@ def main() -> None:
                         help="skip an emulated run predicted to take longer (s)")
     parser.add_argument("--json", type=Path, help="default: benchmarks/fidelity[-PART].json")
     parser.add_argument("--parts", default="table", help="table, long-link, dilation, trace")
+    parser.add_argument("--dilations", default="1,2", help="trace: the emulator's K values")
     args = parser.parse_args()
     if args.parts != "table":
         capacity = machine_capacity_bps(print)
         with tempfile.TemporaryDirectory() as tmp:
             result = {"long-link": lambda: long_link(args.repeat, Path(tmp), capacity),
                       "dilation": lambda: dilation_pair(args.repeat, Path(tmp)),
-                      "trace": lambda: trace_case(args.repeat, Path(tmp))}[args.parts]()
+                      "trace": lambda: trace_case(args.repeat, Path(tmp), [
+                          int(k) for k in args.dilations.split(",")])}[args.parts]()
         path = args.json or ROOT / "benchmarks" / f"fidelity-{args.parts}.json"
         path.write_text(json.dumps(result, indent=1))
         if args.parts == "trace":
