@@ -293,3 +293,45 @@ def test_outer_optimizer_state_is_not_moved_silently(tmp_path: Path) -> None:
                 "syncs": {"outer": {"x": torch.zeros(1)}}}, tmp_path / "r0-s0.pt")
     with pytest.raises(TestbedError, match="outer optimizer state"):
         reshard(tmp_path, (4,), tmp_path / "new", (2, 2), 1, shape, 0)
+
+
+TORCH_CSV = "0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3\n"
+"""A given plan in torch's form: its policy (`torch-csv`) is not installed, so the run's
+is plan-file, which makes no plan."""
+
+
+def test_a_given_plan_meets_the_scenario_beside_the_policies(tmp_path: Path) -> None:
+    from testbed import api
+
+    path = _scenario(tmp_path, "failures: [{at: 0.2s, worker: east-1, back: 0.3s}]\n"
+                     "recovery: {detect: 0s, restart: 0.1s}")
+    given = tmp_path / "torch.csv"
+    given.write_text(TORCH_CSV)
+    inputs = api.load(TWO, scenario=path, iterations=ITERATIONS)
+    done = api.compare(inputs, ["gpipe"], plans=[given], on_failure="restart",
+                       checkpoint_every=2, out=tmp_path / "compare")
+    assert set(done) == {"gpipe", str(given)}
+    for result in done.values():
+        assert result.results["iterations"] == ITERATIONS, result.error
+        assert [f["worker"] for f in result.results["failures"]] == ["east-1"]
+        assert result.results["failures"][0]["action"] == "restart"
+    assert done[str(given)].results["plan_file"] == str(given)
+    saved = json.loads((tmp_path / "compare" / "compare.json").read_text())
+    assert saved["scenario"] == str(path) and saved["plans"] == [str(given)]
+
+
+def test_replan_of_a_plan_no_policy_makes_is_refused_before_running(tmp_path: Path) -> None:
+    from testbed import api
+
+    path = _scenario(tmp_path, "failures: [{at: 0.2s, worker: east-1}]")
+    given = tmp_path / "torch.csv"
+    given.write_text(TORCH_CSV)
+    inputs = api.load(TWO, scenario=path, iterations=ITERATIONS)
+    with pytest.raises(InputError, match=r"^--on-failure: replan asks the run's policy for "
+                       r"a new plan, and plan-file \(the given plan's\) makes none"):
+        api.simulate(inputs, plan=given, on_failure="replan", out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    replanned = api.simulate(inputs, "1f1b", plan=given, on_failure="replan",
+                             out=tmp_path / "named")  # a policy named with it plans again
+    assert replanned.results["iterations"] == ITERATIONS
+    assert replanned.results["failures"][0]["plan_after"]["policy"] == "1f1b"

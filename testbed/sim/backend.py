@@ -13,6 +13,7 @@ from testbed.metrics.summary import iteration_ends, summarize
 from testbed.net_events import event_spans
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
+from testbed.policy.given import PLAN_FILE
 from testbed.recovery import resume_from
 from testbed.report.results import RunRecord
 from testbed.run_spec import RunSpec
@@ -65,6 +66,10 @@ def check_recoverable(spec: RunSpec) -> None:
         raise InputError("a scenario with failures cannot be run with bubble filling "
                          "(its inference requests are not carried across a recovery)",
                          scenario.source)
+    if scenario.failures and spec.on_failure == "replan" and spec.policy == PLAN_FILE:
+        raise InputError(f"replan asks the run's policy for a new plan, and {PLAN_FILE} (the "
+                         "given plan's) makes none: name one with -p, or use --on-failure "
+                         "restart", "--on-failure")
     never = [f.worker for f in scenario.failures if f.back_s is None]
     if spec.on_failure == "restart" and never:
         raise InputError(f"--on-failure restart waits for a lost GPU to be back, and "
