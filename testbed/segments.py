@@ -154,11 +154,15 @@ def _replanned(job: Job) -> Job:
 
 
 def _describe(plan: Plan, place: Survivors, gpu: str) -> str:
+    """The GPU with what it runs: its replica and every stage it holds."""
     try:
-        replica, stage = plan.worker_of(gpu)
+        replica, _ = plan.worker_of(gpu)
     except KeyError:
         return place.physical(gpu)
-    return f"{place.physical(gpu)} (replica {replica}, stage {stage})"
+    stages = plan.stages_of(gpu)
+    held = f"stage {stages[0]}" if len(stages) == 1 else \
+        f"stages {', '.join(str(s) for s in stages)}"
+    return f"{place.physical(gpu)} (replica {replica}, {held})"
 
 
 def _end_of(spans: list[Span], epochs: list[Epoch], done: int) -> float:

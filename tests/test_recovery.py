@@ -13,10 +13,12 @@ import pytest
 
 from testbed.errors import InputError, PlanError
 from testbed.inputs import load_inputs
+from testbed.policy import training_policy
 from testbed.recovery import renamed_spans, resume_at, resume_from, survivors
 from testbed.run_spec import RunSpec
 from testbed.runs import run
 from testbed.scenario import Recovery, WorkerLoss
+from testbed.sim.planning import plan_with_simulator
 from testbed.topology import load_topology
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -335,3 +337,26 @@ def test_replan_of_a_plan_no_policy_makes_is_refused_before_running(tmp_path: Pa
                              out=tmp_path / "named")  # a policy named with it plans again
     assert replanned.results["iterations"] == ITERATIONS
     assert replanned.results["failures"][0]["plan_after"]["policy"] == "1f1b"
+
+
+def test_a_gpu_holding_several_stages_is_lost_with_all_of_them(tmp_path: Path) -> None:
+    """ZB-V puts two stages on each GPU (east-1 holds replica 1's stages 0 and 3): the
+    failure names both, and an emulated segment's checkpoint is complete with a part from
+    each GPU, not one from each stage."""
+    from testbed.runtime.recovering import _checkpoints
+    from testbed.segments import Segment
+
+    results = _simulate(tmp_path, "zbv", "failures: [{at: 0.3s, worker: east-1}]",
+                        policy="zb-v")
+    assert results["status"] == "failed"
+    assert results["error"].startswith("worker east-1 (replica 1, stages 0, 3) lost at 0.3 s")
+    inputs = load_inputs(TWO, sets=(f"iterations={ITERATIONS}",))
+    spec = RunSpec("emulate", inputs.topology, inputs.job, "zb-v", {}, checkpoint_every=2)
+    plan = plan_with_simulator(training_policy("zb-v", {}), inputs.topology, inputs.job)
+    checkpoints = _checkpoints(spec, tmp_path / "run", Segment(
+        0, inputs.topology, plan, 0, (), (), ()), "emulated")
+    assert checkpoints is not None
+    gpus = plan.used_gpus()
+    assert len(gpus) < len(list(plan.workers()))
+    assert [checkpoints.part_written(2, gpu) for gpu in gpus] == \
+        [False] * (len(gpus) - 1) + [True]
