@@ -111,6 +111,9 @@ def _final_parameters(run_dir: Path, iterations: int, dp: int, layers: tuple[int
                           for s in range(len(layers))], layers) for r in range(dp)]
 
 
+# 25 s: the default run keeps the replan (emulated, above) and the moving of the state
+# (tests/test_recovery.py); this checks them together with real compute
+@pytest.mark.benchmark
 def test_replanned_real_compute_equals_one_process_on_the_same_placements(
         tmp_path: Path) -> None:
     """The run ends with the parameters of an uninterrupted one on the plans it had: the
