@@ -97,6 +97,8 @@ def test_a_run_that_loses_a_worker_goes_on_and_completes_every_iteration(
     after = [g for gpus in failure["plan_after"]["placement"].values() for g in gpus]
     assert ("west-1" in after) == (on_failure == "restart")
     assert results["time_lost_s"] == pytest.approx(failure["time_lost_s"])
+    memory = results["memory"]  # as any emulated run records it: measured, and predicted
+    assert memory["workers_peak_bytes"] > 0 and memory["predicted"]
     steps = {s["iteration"] for s in outcome.record.spans if s["kind"] == "step"}  # type: ignore[union-attr]
     assert steps == set(range(30))
     assert (tmp_path / "run" / "logs-2").is_dir()

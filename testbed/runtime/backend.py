@@ -130,7 +130,7 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
     if spec.checkpoint_every and resume is None:
         save_settings(directory, spec, mode, k)
     if spec.scenario.failures:
-        return _in_segments(spec, plan, chosen, directory, say, mode, k, predicted)
+        return _in_segments(spec, plan, chosen, directory, say, mode, k, predicted, memory)
     checkpoints = None
     if spec.checkpoint_every or resume:
         checkpoints = checkpoints_for(directory, spec.checkpoint_every, len(plan.used_gpus()),
@@ -193,10 +193,11 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
 
 
 def _in_segments(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
-                 say: Say, mode: EmulatedCompute, k: int, predicted: float | None
-                 ) -> BackendRun:
+                 say: Say, mode: EmulatedCompute, k: int, predicted: float | None,
+                 memory: MemoryPlan) -> BackendRun:
     """A run with a scenario's failures, in segments (testbed.segments); the prediction
-    beside it is the simulator's of the same run, failures and recoveries included."""
+    beside it is the simulator's of the same run, failures and recoveries included, and
+    the memory predicted is the first plan's."""
     try:
         simulated = simulate_with_failures(spec, plan, chosen, lambda _m: None).record.summary
         predicted = simulated.typical_s
@@ -225,6 +226,7 @@ def _in_segments(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: P
                "cluster": None, "resumed_at": [],
                **prediction_fields(predicted, summary.typical_s),
                "emulation": None if health is None else health.as_dict(),
+               "memory": _memory_block(seen.memory, memory),
                **recovery_results(spec, joined)})
     return BackendRun(record, error)
 

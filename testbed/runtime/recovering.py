@@ -22,6 +22,7 @@ from testbed.run_spec import RunSpec
 from testbed.runtime.checkpoint import Checkpoints, Progress, iteration_dir, shifted
 from testbed.runtime.coordinator import Coordinator, Interrupted, RunFailed
 from testbed.runtime.health import Health
+from testbed.runtime.memory import MemoryUse
 from testbed.runtime.preflight import check_emulable
 from testbed.runtime.run_config import RunConfig
 from testbed.runtime.signals import run_with_signals
@@ -37,6 +38,8 @@ class Segments:
     shaper: str | None = None
     health: Health | None = None
     """The last segment's (the machine's load in it)."""
+    memory: MemoryUse | None = None
+    """The segment whose workers' peaks summed highest."""
 
 
 def segment_runner(spec: RunSpec, policy: TrainingPolicy, directory: Path,
@@ -76,6 +79,9 @@ def segment_runner(spec: RunSpec, policy: TrainingPolicy, directory: Path,
             return SegmentResult([], error=error or TestbedError("the run ended before it "
                                                                  "started"))
         seen.shaper, seen.health = outcome.shaper, outcome.health
+        if outcome.memory is not None and (
+                seen.memory is None or outcome.memory.workers_peak > seen.memory.workers_peak):
+            seen.memory = outcome.memory
         spans = shifted(represented_spans(outcome.spans, outcome.start, k), -outcome.start)
         lost = coordinator.timed.lost if coordinator.timed else None
         lost_here = None
