@@ -128,7 +128,8 @@ def run_segments(spec: RunSpec, plan: Plan, policy: TrainingPolicy, run: RunSegm
                 gone = lost_at(scenario.failures, resumed)
                 restore, place = (plan, place.names), survivors(spec.topology, gone)
                 say(f"replanning on the {place.topology.total_gpus} GPUs left (without "
-                    f"{', '.join(sorted(gone))})")
+                    f"{', '.join(sorted(gone))})" if gone else "replanning on all "
+                    f"{place.topology.total_gpus} GPUs (every one lost is back)")
                 plan = plan_with_simulator(policy, place.topology, _replanned(spec.job))
         except TestbedError as exc:
             failures.append(stopped)

@@ -360,3 +360,17 @@ def test_a_gpu_holding_several_stages_is_lost_with_all_of_them(tmp_path: Path) -
     assert len(gpus) < len(list(plan.workers()))
     assert [checkpoints.part_written(2, gpu) for gpu in gpus] == \
         [False] * (len(gpus) - 1) + [True]
+
+
+def test_a_replan_once_the_lost_gpu_is_back_says_it_plans_on_all(tmp_path: Path) -> None:
+    ends = _healthy_end(tmp_path)
+    at = (ends[4] + ends[5]) / 2
+    scenario = _scenario(tmp_path, f"failures: [{{at: {at}s, worker: west-1, back: "
+                         f"{at + 0.1}s}}]\nrecovery: {{detect: 0.05s, restart: 0.2s}}")
+    inputs = load_inputs(TWO, scenario=scenario, sets=(f"iterations={ITERATIONS}",))
+    spec = RunSpec("simulate", inputs.topology, inputs.job, "gpipe", {}, events=inputs.events,
+                   scenario=inputs.scenario, on_failure="replan", checkpoint_every=3)
+    said: list[str] = []
+    assert run(spec, tmp_path / "back", said.append).results["status"] == "ok"
+    gpus = load_topology(TWO).total_gpus
+    assert f"replanning on all {gpus} GPUs (every one lost is back)" in said, said
