@@ -422,7 +422,8 @@ def test_a_planning_pool_runs_its_calls_in_other_processes() -> None:
         assert serial.size == 1 and serial.submit(7)() == (7, os.getpid())
 
 
-@pytest.mark.parametrize("name", ["paper-3dc", "wan-3dc"])
+@pytest.mark.parametrize("name", ["paper-3dc",
+                                  pytest.param("wan-3dc", marks=pytest.mark.benchmark)])
 def test_candidates_measured_in_parallel_make_the_same_choice(name: str) -> None:
     """Atlas's candidates simulated two and three at a time: the same plan as one after
     another, the same candidates, each exact time the same, and still some stopped early

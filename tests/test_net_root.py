@@ -272,7 +272,7 @@ def test_up_down_cycles_leave_nothing(cycles: int) -> None:
         assert not all_states()
 
 
-@pytest.mark.slow
+@pytest.mark.benchmark
 def test_64_hosts_come_up() -> None:
     topology = parse_topology(
         {

@@ -86,6 +86,7 @@ def test_pipeline_and_data_parallel_equal_one_process(tmp_path: Path, policy: st
             (span["iteration"], span["gpu"], span["peer"], span["microbatch"])]
 
 
+@pytest.mark.benchmark  # the text file's batches: tests/test_data.py; parity: above
 def test_pipeline_and_data_parallel_equal_one_process_on_a_text_file(tmp_path: Path) -> None:
     """Every worker reads the job's text file, as the single-process reference does."""
     book = tmp_path / "book.txt"
@@ -109,6 +110,7 @@ def test_pipeline_and_data_parallel_equal_one_process_on_a_text_file(tmp_path: P
             )
 
 
+@pytest.mark.benchmark  # the parity tests hold every loss to one process's
 def test_loss_goes_down_on_a_tiny_model(tmp_path: Path) -> None:
     coordinator = _coordinator(tmp_path, "1f1b", iterations=12)
     outcome = asyncio.run(run_with_signals(coordinator))
@@ -200,6 +202,7 @@ def _first_loss(job: Job, dp: int, microbatches: int) -> float:
     return statistics.fmean(losses)
 
 
+@pytest.mark.benchmark  # compare with real compute below runs the same path
 def test_up_reports_every_steps_loss_and_the_time_to_loss_in_represented_time(
         tmp_path: Path) -> None:
     inputs = load_inputs(TWO_DC, sets=("iterations=12",))
