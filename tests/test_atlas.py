@@ -459,10 +459,6 @@ def test_a_stop_while_atlas_plans_on_several_cores_leaves_no_worker_and_no_trace
     among them: they leave it to that process, which ends in one line. SIGTERM to that
     process alone kills it: its workers die with it (not each with a broken pipe's
     traceback, seconds later)."""
-    from testbed.policy.parallel import cores
-
-    if cores() < 2:
-        pytest.skip("planning runs in this process alone on one core")
     process = subprocess.Popen(
         [str(Path(sys.executable).parent / "testbed"), "simulate",
          str(ROOT / "topologies" / "paper-3dc.yaml"), "-p", "atlas", "--iterations", "50"],
