@@ -15,6 +15,9 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 Wire = bytes | bytearray | memoryview
+Received = Wire | None
+"""A tensor from the neighbouring stage: off the network (None where the transport keeps
+only sizes), or handed over on this GPU."""
 Send = Callable[[str, Wire], Awaitable[object]]
 """Send a message with this tag to the ring's successor."""
 Receive = Callable[[str], Awaitable[Wire]]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from testbed.runtime.allreduce import Bytes, Contribution, Wire
+from testbed.runtime.allreduce import Bytes, Contribution, Received, Wire
 from testbed.runtime.zeros import zeros
 
 if TYPE_CHECKING:
@@ -20,9 +20,6 @@ if TYPE_CHECKING:
     from testbed.runtime.messages import Config, EmulatedTiming, PrefillPart
 
 
-Received = Wire | None
-"""A tensor from the neighbouring stage: off the network (None where the transport keeps
-only sizes), or handed over on this GPU."""
 
 
 class Engine(Protocol):

@@ -13,8 +13,7 @@ import torch
 from testbed.errors import TestbedError
 from testbed.job import ModelShape
 from testbed.plan.collective import Collective
-from testbed.runtime.allreduce import Contribution
-from testbed.runtime.engines import Received
+from testbed.runtime.allreduce import Contribution, Received
 from testbed.runtime.messages import Config, PrefillPart
 from testbed.runtime.model import (
     Samples,

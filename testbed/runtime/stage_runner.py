@@ -37,9 +37,9 @@ from testbed.plan.interpret import (
 )
 from testbed.plan.model import Action, Op
 from testbed.runtime import clock
-from testbed.runtime.allreduce import Wire
+from testbed.runtime.allreduce import Received, Wire
 from testbed.runtime.collectives import Collectives
-from testbed.runtime.engines import Engine, Received
+from testbed.runtime.engines import Engine
 from testbed.runtime.messages import BubbleAsk, Config, Idle, PeerInfo, Sent, TransferRequest
 from testbed.runtime.messages import Prefill as PrefillOrder
 from testbed.runtime.messages import send as send_message
