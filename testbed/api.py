@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.backend import Say
+from testbed.checkpoint import Progress
 from testbed.choices import BackendName, ComputeChoice, OnFailure, ShaperChoice
 from testbed.comparison import GivenRun, comparison_runs, run_comparison, write_compare
 from testbed.errors import InputError, TestbedError
@@ -37,7 +38,6 @@ from testbed.report.results import RunRecord, new_run_dir
 from testbed.run_dirs import remove_if_empty
 from testbed.run_spec import RunSpec
 from testbed.runs import run as run_spec
-from testbed.runtime.checkpoint import Progress
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.profile import Profile
 

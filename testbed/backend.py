@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from testbed.checkpoint import Progress
 from testbed.choices import BackendName
 from testbed.errors import TestbedError
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.report.results import RunRecord
 from testbed.run_spec import RunSpec
-from testbed.runtime.checkpoint import Progress
 
 Say = Callable[[str], None]
 

@@ -10,6 +10,7 @@ import click
 from click.core import ParameterSource
 
 from testbed.api import check, run
+from testbed.checkpoint import Progress
 from testbed.choices import (
     ActivationsChoice,
     AllReduceChoice,
@@ -44,7 +45,6 @@ from testbed.report.table import run_summary
 from testbed.resume import load_resumption
 from testbed.run_dirs import claim
 from testbed.run_spec import RunSpec
-from testbed.runtime.checkpoint import Progress
 from testbed.runtime.cluster_launch import ClusterRun
 from testbed.runtime.cluster_secret import read_secret
 from testbed.topology import Topology

@@ -16,11 +16,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from testbed.checkpoint import checkpoint_due
 from testbed.choices import OnFailure
 from testbed.errors import PlanError
 from testbed.net_events import NetEvent
 from testbed.plan.model import Plan
-from testbed.runtime.checkpoint import checkpoint_due
 from testbed.scenario import Recovery, WorkerLoss
 from testbed.slowdowns import Straggler
 from testbed.spans import Span
@@ -67,7 +67,7 @@ class FailureRecord:
 
 def resume_from(completed: int, first: int, every: int, period: int) -> int:
     """The last checkpoint at or before `completed` iterations: a multiple of `every`
-    between cycles (testbed.runtime.checkpoint), never before the segment's own start
+    between cycles (testbed.checkpoint), never before the segment's own start
     (`first`, itself a checkpoint, or 0); with `every` 0 the run has none and starts
     over."""
     if every <= 0:

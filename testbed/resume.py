@@ -8,6 +8,14 @@ import os
 from pathlib import Path
 from typing import Any, get_args
 
+from testbed.checkpoint import (
+    CHECKPOINT_DIR,
+    FORMAT,
+    Checkpoints,
+    Progress,
+    iteration_dir,
+    read_progress,
+)
 from testbed.choices import ActivationsChoice, AllReduceChoice, EmulatedCompute, ShaperChoice
 from testbed.dilation import MAX_DILATION
 from testbed.errors import InputError
@@ -28,14 +36,6 @@ from testbed.plan.model import Plan
 from testbed.policy.option_parsers import one_of
 from testbed.report.saved import read_json
 from testbed.run_spec import RunSpec
-from testbed.runtime.checkpoint import (
-    CHECKPOINT_DIR,
-    FORMAT,
-    Checkpoints,
-    Progress,
-    iteration_dir,
-    read_progress,
-)
 from testbed.topology.load import dump_topology, load_topology
 from testbed.yamlio import to_yaml
 

@@ -53,7 +53,7 @@ class RunSpec:
     """Emulator: refuse, before anything starts, a run the simulator predicts would take
     longer than this of wall time at its dilation; None for no limit."""
     checkpoint_every: int = 0
-    """Emulator: checkpoint every N iterations and at the end (testbed.runtime.checkpoint);
+    """Emulator: checkpoint every N iterations and at the end (testbed.checkpoint);
     0 for never."""
     cluster: ClusterRun | None = None
     """Emulator: run across the machines of a cluster, coordinated from this one."""

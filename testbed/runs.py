@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.backend import Backend, Say
+from testbed.checkpoint import Progress
 from testbed.choices import BackendName
 from testbed.errors import InputError, TestbedError
 from testbed.fsutil import write_atomic
@@ -25,7 +26,6 @@ from testbed.policy.base import TrainingPolicy
 from testbed.report.results import RunRecord, write_run
 from testbed.run_dirs import holding
 from testbed.run_spec import RunSpec
-from testbed.runtime.checkpoint import Progress
 from testbed.sim.planning import plan_with_simulator
 from testbed.yamlio import to_yaml
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from testbed.backend import Say
+from testbed.checkpoint import shifted
 from testbed.errors import TestbedError
 from testbed.job import Job
 from testbed.metrics.summary import Epoch, iteration_ends
@@ -32,7 +33,6 @@ from testbed.recovery import (
     survivors,
 )
 from testbed.run_spec import RunSpec
-from testbed.runtime.checkpoint import shifted
 from testbed.scenario import WorkerLoss
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import tokens_per_iteration

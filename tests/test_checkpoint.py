@@ -10,10 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.errors import InputError
-from testbed.net.state import process_start_ticks
-from testbed.resume import load_resumption
-from testbed.runtime.checkpoint import (
+from testbed.checkpoint import (
     Checkpoints,
     Progress,
     checkpoint_due,
@@ -21,6 +18,9 @@ from testbed.runtime.checkpoint import (
     prior_elapsed,
     read_progress,
 )
+from testbed.errors import InputError
+from testbed.net.state import process_start_ticks
+from testbed.resume import load_resumption
 
 
 def test_a_checkpoint_is_due_every_n_and_at_the_end() -> None:

@@ -146,8 +146,8 @@ def test_outputs_replace_links_and_never_write_through_them(tmp_path: Path) -> N
     assert _main(["sweep", str(TWO_DC), "-p", "gpipe", "--vary", "microbatches=4,8",
                   "--out", str(sweep), "--force"]) == 0
     assert victim.read_text() == "precious\n"
+    from testbed.checkpoint import save_stage
     from testbed.fsutil import open_fresh
-    from testbed.runtime.checkpoint import save_stage
 
     with open_fresh(tmp_path / "worker.log") as log:
         log.write("a worker's output\n")

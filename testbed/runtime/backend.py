@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from testbed.backend import BackendRun, Say
 from testbed.bubbles import inference_results, make_broker
+from testbed.checkpoint import Progress
 from testbed.choices import EmulatedCompute
 from testbed.dilation import (
     MachineLoad,
@@ -33,7 +34,6 @@ from testbed.policy.base import TrainingPolicy
 from testbed.report.results import RunRecord
 from testbed.resume import check_checkpointable, checkpoints_for, save_settings
 from testbed.run_spec import RunSpec
-from testbed.runtime.checkpoint import Progress
 from testbed.runtime.cluster_launch import describe_run
 from testbed.runtime.coordinator import Coordinator, Interrupted, RunFailed
 from testbed.runtime.health import busy_now, suggest_dilation

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 from testbed.backend import Say
+from testbed.checkpoint import Checkpoints, Progress, iteration_dir, shifted
 from testbed.choices import EmulatedCompute
 from testbed.dilation import dilate_events, dilate_job, dilate_topology, represented_spans
 from testbed.errors import TestbedError
@@ -19,7 +20,6 @@ from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.resume import checkpoints_for
 from testbed.run_spec import RunSpec
-from testbed.runtime.checkpoint import Checkpoints, Progress, iteration_dir, shifted
 from testbed.runtime.coordinator import Coordinator, Interrupted, RunFailed
 from testbed.runtime.health import Health
 from testbed.runtime.memory import MemoryUse

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
+from testbed.checkpoint import save_stage, stage_file
 from testbed.errors import TestbedError
 from testbed.job import ModelShape
-from testbed.runtime.checkpoint import save_stage, stage_file
 from testbed.runtime.model import build_stages
 
 _BLOCK = re.compile(r"blocks\.(\d+)\.(.*)")
@@ -37,7 +37,7 @@ def _parameter_names(shape: ModelShape, layers: tuple[int, ...], seed: int) -> l
 def reshard(source: Path, old_layers: tuple[int, ...], target: Path,
             new_layers: tuple[int, ...], replicas: int, shape: ModelShape, seed: int) -> None:
     """Read replica 0's stages under `old_layers` from `source`, write every replica's
-    stages under `new_layers` into `target` (as testbed.runtime.checkpoint names them)."""
+    stages under `new_layers` into `target` (as testbed.checkpoint names them)."""
     params: dict[str, torch.Tensor] = {}
     moments: dict[str, dict[str, torch.Tensor]] = {}
     groups: list[dict[str, object]] = []

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from testbed.checkpoint import Checkpoints
 from testbed.choices import ActivationsChoice, AllReduceChoice, EmulatedCompute, ShaperChoice
 from testbed.inference import WaitKey
 from testbed.job import Job
 from testbed.net_events import NetEvent
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
-from testbed.runtime.checkpoint import Checkpoints
 from testbed.runtime.cluster_launch import ClusterRun
 from testbed.scenario import WorkerLoss
 from testbed.slowdowns import Straggler

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.checkpoint import checkpoint_due, iteration_dir, save_stage, stage_file
 from testbed.errors import TestbedError, one_line
 from testbed.runtime import clock
-from testbed.runtime.checkpoint import checkpoint_due, iteration_dir, save_stage, stage_file
 from testbed.runtime.engines import make_engines
 from testbed.runtime.health import p99
 from testbed.runtime.join_messages import LinkChange

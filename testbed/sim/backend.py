@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from testbed.backend import BackendRun, Say
 from testbed.bubbles import RequestRow, inference_results, make_broker
+from testbed.checkpoint import Progress
 from testbed.errors import InputError, TestbedError
 from testbed.metrics.overruns import prefill_overruns
 from testbed.metrics.summary import iteration_ends, summarize
@@ -17,7 +18,6 @@ from testbed.policy.given import PLAN_FILE
 from testbed.recovery import resume_from
 from testbed.report.results import RunRecord
 from testbed.run_spec import RunSpec
-from testbed.runtime.checkpoint import Progress
 from testbed.segments import Joined, RunSegment, Segment, SegmentResult, run_segments
 from testbed.sim.bubble_seed import modeled_waits
 from testbed.sim.simulate import simulate_plan, tokens_per_iteration, wan_capacity_bps
