@@ -21,9 +21,9 @@ from typing import Any
 
 from testbed_plugins.atlas.estimate import connections_to_fill
 
-from testbed.host_limits import this_machine
-from testbed.inputs import load_inputs
+from testbed.experiments.inputs import load_inputs
 from testbed.metrics.summary import summarize
+from testbed.plan.host_limits import this_machine
 from testbed.policy import training_policy
 from testbed.sim.one_transfer import one_transfer_s
 from testbed.sim.planning import plan_with_simulator
@@ -50,11 +50,11 @@ def simulated_transfer(one_way_ms: float, connections: int, warm: bool) -> float
 
 def emulated_transfers(one_way_ms: float, connections: int, messages: int) -> list[float]:
     from testbed.net.network import bring_up, tear_down
-    from testbed.pacing import paced
-    from testbed.runtime.probe import timed_messages
+    from testbed.plan.pacing import paced
+    from testbed.runtime.coordinator.probe import timed_messages
 
     topology = pair_topology(one_way_ms)
-    # paced as a run would pace this pair (testbed.pacing)
+    # paced as a run would pace this pair (testbed.plan.pacing)
     pace = topology.link("east", "west").bandwidth_bps \
         if paced(topology, "east", "west", ACTIVATION) else 0.0
     network = bring_up(topology)
@@ -168,7 +168,7 @@ def perturb_table(seeds: int = 4) -> list[dict[str, Any]]:
 
 
 def compare(backend: str, repeat: int, out: Path, extra: list[str]) -> str:
-    args = [sys.executable, "-c", "from testbed.cli import main; main()", "compare",
+    args = [sys.executable, "-c", "from testbed.cli.main import main; main()", "compare",
             str(ROOT / "topologies" / "paper-3dc.yaml"), "--backend", backend, "--repeat",
             str(repeat), "--out", str(out), *extra]
     result = subprocess.run(args, capture_output=True, text=True, check=False)

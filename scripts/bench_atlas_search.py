@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from testbed.inputs import load_inputs
-from testbed.job import Job
-from testbed.job_file import parse_job
+from testbed.experiments.inputs import load_inputs
+from testbed.job.load import parse_job
+from testbed.job.model import Job
 from testbed.policy import training_policy
 from testbed.sim.planning import plan_with_simulator, shared_cache
 from testbed.sim.simulate import simulate_plan

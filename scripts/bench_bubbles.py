@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.inputs import load_inputs
+from testbed.experiments.inputs import load_inputs
+from testbed.experiments.run import run
 from testbed.metrics.summary import speedup
-from testbed.run_spec import RunSpec
-from testbed.runs import run
+from testbed.run.spec import RunSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 BUBBLES = ("none", "greedy", "bubbletea")

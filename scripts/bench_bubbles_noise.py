@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.inference import predicted_bubbles
+from testbed.inference.workload import predicted_bubbles
 from testbed.sim.profile import read_spans
 
 ROOT = Path(__file__).resolve().parent.parent

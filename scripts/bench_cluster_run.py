@@ -28,13 +28,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.inputs import load_inputs
+from testbed.experiments.inputs import load_inputs
+from testbed.experiments.run import run
 from testbed.net.namespace_cluster import namespace_machines
-from testbed.run_spec import RunSpec
-from testbed.runs import run
-from testbed.runtime.cluster_launch import ClusterRun
-from testbed.runtime.cluster_secret import read_secret
+from testbed.run.spec import RunSpec
+from testbed.runtime.wire.secret import read_secret
 from testbed.topology.cluster import load_cluster
+from testbed.topology.seats import ClusterRun
 
 ROOT = Path(__file__).resolve().parent.parent
 

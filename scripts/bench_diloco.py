@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from testbed import api
+from testbed.experiments.sweep import vary
 from testbed.metrics.loss import time_to_loss
-from testbed.sim.sweep import vary
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from testbed.runtime.health import busy_share, read_cpu
+from testbed.runtime.coordinator.health import busy_share, read_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = "/tmp/tb-root.lock"
@@ -59,7 +59,7 @@ def scale_topology(gpus: int) -> dict[str, Any]:
 
 
 def testbed(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from testbed.cli import main; main()", *args]
+    return [sys.executable, "-c", "from testbed.cli.main import main; main()", *args]
 
 
 def one_run(topology: Path, policy: str, out: Path) -> dict[str, Any]:

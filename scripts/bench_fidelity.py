@@ -26,13 +26,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.dilation import choose_dilation, peak_rate_bps
-from testbed.inputs import Inputs, load_inputs
+from testbed.experiments.inputs import Inputs, load_inputs
+from testbed.experiments.run import run
 from testbed.policy.registry import discover, training_policy
-from testbed.run_spec import RunSpec
-from testbed.runs import run
-from testbed.runtime.capacity import machine_capacity_bps
-from testbed.scenario import Scenario
+from testbed.run.dilation import choose_dilation, peak_rate_bps
+from testbed.run.spec import RunSpec
+from testbed.runtime.coordinator.capacity import machine_capacity_bps
+from testbed.scenario.scenario import Scenario
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
 
@@ -76,7 +76,7 @@ LONG_LINK = {
 
 
 def long_link(repeat: int, scratch: Path, capacity: float) -> dict[str, Any]:
-    from testbed.job_file import load_job
+    from testbed.job.load import load_job
     from testbed.topology import parse_topology
 
     topology = parse_topology(LONG_LINK, "long-link")

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.inputs import load_inputs
-from testbed.run_spec import RunSpec
-from testbed.runs import run
+from testbed.experiments.inputs import load_inputs
+from testbed.experiments.run import run
+from testbed.run.spec import RunSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGY = ROOT / "topologies" / "two-dc.yaml"

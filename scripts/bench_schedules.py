@@ -32,9 +32,9 @@ from typing import Any
 
 from testbed import api
 from testbed.errors import InputError
+from testbed.experiments.sweep import vary
 from testbed.plan.ideal import ideal_bubble_fraction
 from testbed.sim.planning import shared_cache
-from testbed.sim.sweep import vary
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -37,17 +37,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from testbed.inputs import load_inputs
-from testbed.job import Job
-from testbed.job_file import dump_job
+from testbed.common.yamlio import to_yaml
+from testbed.experiments.inputs import load_inputs
+from testbed.experiments.sweep import vary
+from testbed.job.load import dump_job
+from testbed.job.model import Job
 from testbed.policy import training_policy
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.profile import profile_from_spans
 from testbed.sim.simulate import simulate_plan
 from testbed.sim.simulator import Simulator
-from testbed.sim.sweep import vary
 from testbed.topology import Topology, dump_topology
-from testbed.yamlio import to_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -238,9 +238,9 @@ def _sizes(text: str) -> tuple[tuple[int, int], ...]:
 
 def agreement_table(repeat: int, topologies: list[str]) -> list[dict[str, Any]]:
     from testbed.plan.host_tcp import hosts_as_planned
-    from testbed.runtime.coordinator import Coordinator
-    from testbed.runtime.run_config import RunConfig
-    from testbed.runtime.signals import run_with_signals
+    from testbed.runtime.coordinator.coordinator import Coordinator
+    from testbed.runtime.coordinator.run_config import RunConfig
+    from testbed.runtime.coordinator.signals import run_with_signals
 
     rows = []
     for name, iterations in (("two-dc", 8), ("paper-3dc", 4)):

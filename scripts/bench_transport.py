@@ -11,7 +11,7 @@ TCP slow start) and reports the median goodput.
 activations) over 1, 3, 4 and 6 connections on a 1 Gbit/s link, with slow start after idle
 off and on: iperf3 -P N on fresh connections (the reference that is not ours), the worker
 transport on fresh connections, and on warm ones (the median of five messages sent 1 s
-apart), unpaced and paced (testbed.pacing). Seconds until the receiver has every byte.
+apart), unpaced and paced (testbed.plan.pacing). Seconds until the receiver has every byte.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.net.network import bring_up, tear_down
-from testbed.runtime.probe import timed_messages
+from testbed.runtime.coordinator.probe import timed_messages
 from testbed.topology import parse_topology
 
 
@@ -58,7 +58,7 @@ def _iperf_seconds(network: Any, connections: int) -> float:
 
 
 def pacing_rows(latency: str, repeat: int) -> list[dict[str, Any]]:
-    from testbed.pacing import PACING_SHARE
+    from testbed.plan.pacing import PACING_SHARE
 
     rows = []
     for idle_restart in (False, True):

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 FAULTS = ("stray", "race", "delayline", "sigterm")
-TESTBED = [sys.executable, "-c", "from testbed.cli import main; main()"]
+TESTBED = [sys.executable, "-c", "from testbed.cli.main import main; main()"]
 STATE = Path("/run/testbed")
 
 
@@ -93,8 +93,8 @@ def flapping_run(minutes: float, topology: Path, policy: str, out: Path,
     """An emulated run of about `minutes`, a WAN link down for 5 s every minute (links in
     turn) and 1% loss on every WAN link throughout, with `congestion` control (with cubic,
     1% loss holds a flow on a 40-90 ms path to a few Mbit/s, and an iteration to hours)."""
+    from testbed.common.yamlio import to_yaml
     from testbed.topology import dump_topology, load_topology
-    from testbed.yamlio import to_yaml
 
     data = dump_topology(load_topology(topology))
     data.setdefault("tcp", {})["congestion"] = congestion

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTBED = [sys.executable, "-c", "from testbed.cli import main; main()"]
+TESTBED = [sys.executable, "-c", "from testbed.cli.main import main; main()"]
 Leftovers = Callable[[], dict[str, int]]
 
 
@@ -65,7 +65,7 @@ def _listening(pid: int) -> list[tuple[str, int]]:
 
 INTRUDER = """
 import socket, sys, os
-from testbed.runtime.protocol import pack_hello
+from testbed.runtime.wire.protocol import pack_hello
 host, port = sys.argv[1], int(sys.argv[2])
 for payload in (b"", b"GET / HTTP/1.0\\r\\n\\r\\n", pack_hello(os.urandom(32), 0, 0),
                 b"\\xff" * 4096):

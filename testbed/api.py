@@ -21,12 +21,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from testbed.backend import Say
-from testbed.checkpoint import Progress
-from testbed.choices import BackendName, ComputeChoice, OnFailure, ShaperChoice
-from testbed.comparison import GivenRun, comparison_runs, run_comparison, write_compare
+from testbed.common.choices import BackendName, ComputeChoice, OnFailure, ShaperChoice
 from testbed.errors import InputError, TestbedError
-from testbed.inputs import Inputs, load_inputs
+from testbed.experiments.comparison import GivenRun, comparison_runs, run_comparison, write_compare
+from testbed.experiments.inputs import Inputs, load_inputs
+from testbed.experiments.run import run as run_spec
 from testbed.metrics.loss import TimeToLoss
 from testbed.metrics.summary import speedup
 from testbed.plan.load import given_plan
@@ -35,9 +34,10 @@ from testbed.policy import training_policy
 from testbed.policy.registry import DEFAULT_POLICY, check_policies, given_plan_policy
 from testbed.report.compare import Row, RunEntry, table_rows
 from testbed.report.results import RunRecord, new_run_dir
-from testbed.run_dirs import remove_if_empty
-from testbed.run_spec import RunSpec
-from testbed.runs import run as run_spec
+from testbed.report.run_dirs import remove_if_empty
+from testbed.run.backend import Say
+from testbed.run.checkpoint import Progress
+from testbed.run.spec import RunSpec
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.profile import Profile
 
@@ -117,9 +117,9 @@ def check(spec: RunSpec) -> None:
 
 def run(spec: RunSpec, out: str | Path | None = None, say: Say = lambda _m: None,
         resume: Progress | None = None) -> Result:
-    """Any run, every setting spelled out (testbed.run_spec.RunSpec); `out`: its
+    """Any run, every setting spelled out (testbed.run.spec.RunSpec); `out`: its
     directory (default: a new one under runs/); `resume`: go on from that checkpoint of
-    the run in `out` (testbed.resume.load_resumption)."""
+    the run in `out` (testbed.run.resume.load_resumption)."""
     check(spec)
     directory = Path(out) if out is not None else new_run_dir(spec.topology.name, spec.policy)
     try:
@@ -149,7 +149,7 @@ def simulate(inputs: Inputs, policy: str | None = None,
     then labels the run and answers its hooks (default: the plan's own, else `plan-file`;
     see testbed.policy.given); without a plan it defaults to the default policy.
     `on_failure` and `checkpoint_every`: what the scenario's failures do
-    (testbed.recovery)."""
+    (testbed.run.recovery)."""
     spec = RunSpec("simulate", inputs.topology, inputs.job, policy or DEFAULT_POLICY,
                    dict(options or {}), bubble, dict(bubble_options or {}), profile=profile,
                    events=inputs.events, target_loss=target_loss, scenario=inputs.scenario,

@@ -24,9 +24,9 @@ from typing import Literal
 
 import torch
 
-from testbed.job import Job
-from testbed.runtime.model import Corpus, build_model, loss_of, sample_index
-from testbed.runtime.real_engine import LEARNING_RATE
+from testbed.job.model import Job
+from testbed.runtime.worker.model import Corpus, build_model, loss_of, sample_index
+from testbed.runtime.worker.real_engine import LEARNING_RATE
 
 BLOCK = 256
 

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from testbed.runtime.messages import (
+from testbed.runtime.wire.messages import (
     Config,
     Connect,
     Done,
@@ -36,7 +36,7 @@ from testbed.runtime.messages import (
     receive,
     send,
 )
-from testbed.runtime.protocol import TOKEN_ENV
+from testbed.runtime.wire.protocol import TOKEN_ENV
 
 
 async def transfers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,

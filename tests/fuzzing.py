@@ -13,7 +13,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from testbed.cli import main
+from testbed.cli.main import main
 
 JUNK = st.one_of(
     st.none(),
@@ -122,7 +122,7 @@ def cli_rejects_cleanly_or_accepts(argv: list[str], named: str, watch: Path) -> 
 
 def write(path: Path, data: Any, as_json: bool = False) -> None:
     """Write data (YAML via our own writer, or JSON) or text."""
-    from testbed.yamlio import to_yaml
+    from testbed.common.yamlio import to_yaml
 
     if isinstance(data, str):
         path.write_text(data, errors="surrogatepass")

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.runtime.cluster_launch import ClusterRun, machine_seats
-from testbed.runtime.cluster_run import ClusterJoins
-from testbed.runtime.control_server import ControlServer
-from testbed.runtime.join_gate import JoinGate
-from testbed.runtime.join_messages import ShareOrder
+from testbed.runtime.coordinator.cluster_run import ClusterJoins
+from testbed.runtime.coordinator.control_server import ControlServer
+from testbed.runtime.coordinator.join_gate import JoinGate
+from testbed.runtime.wire.join_messages import ShareOrder
 from testbed.topology import load_topology
 from testbed.topology.cluster import parse_cluster
+from testbed.topology.seats import ClusterRun, machine_seats
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = load_topology(ROOT / "topologies" / "paper-3dc.yaml")

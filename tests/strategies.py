@@ -6,7 +6,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from testbed.job import Job, ModelShape
+from testbed.job.model import Job, ModelShape
 from testbed.topology.model import (
     BUILTIN_GPU_TYPES,
     Datacenter,

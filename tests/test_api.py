@@ -31,7 +31,7 @@ def test_compare_writes_each_run_and_returns_typed_results(tmp_path: Path) -> No
 def test_plan_and_simulate_match_the_commands(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from testbed.cli import cli
+    from testbed.cli.main import cli
 
     inputs = api.load(TOPOLOGIES / "two-dc.yaml")
     result = api.simulate(inputs, "gpipe", out=tmp_path / "api")

@@ -20,16 +20,16 @@ from testbed_plugins.atlas.estimate import connections_to_fill
 from testbed_plugins.atlas.placement import capacity, fill, largest_first, place
 
 from testbed.errors import InputError
-from testbed.inputs import load_inputs
+from testbed.experiments.inputs import load_inputs
 from testbed.metrics.summary import summarize
 from testbed.plan import validate_plan
 from testbed.plan.describe import wan_crossings
 from testbed.plan.model import Sharing
+from testbed.plan.tcp_model import HostLimits
 from testbed.policy import training_policy
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
 from testbed.sim.simulator import Simulator
-from testbed.tcp_model import HostLimits
 from testbed.topology import parse_topology
 
 from .strategies import job_fitting, topologies
@@ -261,7 +261,7 @@ SMALL_CASES = {
 
 @pytest.mark.parametrize("case", SMALL_CASES)
 def test_the_staged_search_is_within_3_percent_of_simulating_everything(case: str) -> None:
-    from testbed.job_file import parse_job
+    from testbed.job.load import parse_job
     from testbed.sim.planning import shared_cache
 
     topology = _constructed(*SMALL_CASES[case])
@@ -360,7 +360,7 @@ SMALL_FAST = {
 def test_atlas_takes_a_zero_bubble_order_where_compute_bounds_the_pipeline() -> None:
     """Two DCs a millisecond apart: the pipeline's bubbles are compute's, and ZB-V's order
     over two stages per GPU fills them."""
-    from testbed.job_file import parse_job
+    from testbed.job.load import parse_job
 
     topology = parse_topology(SMALL_FAST, "small.yaml")
     job = parse_job(SMALL_FAST["job"])

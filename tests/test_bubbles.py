@@ -12,9 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from testbed.bubbles import BubbleBroker, make_broker
 from testbed.errors import PluginError
-from testbed.inference import (
+from testbed.experiments.inputs import load_inputs
+from testbed.inference.bubbles import BubbleBroker, make_broker
+from testbed.inference.workload import (
     PrefillModel,
     arrivals,
     dedicated_ttft,
@@ -22,8 +23,7 @@ from testbed.inference import (
     percentile,
     predicted_bubbles,
 )
-from testbed.inputs import load_inputs
-from testbed.job_file import parse_job
+from testbed.job.load import parse_job
 from testbed.metrics.overruns import prefill_overruns
 from testbed.policy import Bubble, BubblePolicy, Request, bubble_policy, training_policy
 from testbed.sim.planning import plan_with_simulator

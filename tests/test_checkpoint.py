@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed.checkpoint import (
+from testbed.errors import InputError
+from testbed.net.state import process_start_ticks
+from testbed.run.checkpoint import (
     Checkpoints,
     Progress,
     checkpoint_due,
@@ -18,9 +20,7 @@ from testbed.checkpoint import (
     prior_elapsed,
     read_progress,
 )
-from testbed.errors import InputError
-from testbed.net.state import process_start_ticks
-from testbed.resume import load_resumption
+from testbed.run.resume import load_resumption
 
 
 def test_a_checkpoint_is_due_every_n_and_at_the_end() -> None:
@@ -33,12 +33,12 @@ def test_a_plan_that_spans_iterations_checkpoints_between_its_cycles() -> None:
     """A sync started in one iteration of a cycle may end in a later one: only a cycle's
     end is a cut every worker can resume from."""
     assert [done for done in range(12) if checkpoint_due(done, 4, 11, period=2)] == [4, 8]
-    from testbed.job import Job, ModelShape
+    from testbed.job.model import Job, ModelShape
     from testbed.plan.build import Schedule, build_plan, cycled
     from testbed.plan.collective import Collective, Reduces
     from testbed.plan.model import Action, Op
-    from testbed.resume import check_checkpointable
-    from testbed.run_spec import RunSpec
+    from testbed.run.resume import check_checkpointable
+    from testbed.run.spec import RunSpec
     from testbed.topology import load_topology
     from tests.conftest import TOPOLOGIES
 
@@ -188,9 +188,9 @@ def test_a_nan_span_end_is_refused_and_a_nan_loss_is_kept(tmp_path: Path) -> Non
 
 
 def test_run_json_reads_back_what_a_run_saved(tmp_path: Path) -> None:
-    from testbed.inputs import load_inputs
-    from testbed.resume import read_settings, save_settings
-    from testbed.run_spec import RunSpec
+    from testbed.experiments.inputs import load_inputs
+    from testbed.run.resume import read_settings, save_settings
+    from testbed.run.spec import RunSpec
 
     inputs = load_inputs(Path(__file__).resolve().parent.parent / "topologies" / "two-dc.yaml")
     spec = RunSpec("emulate", inputs.topology, inputs.job, "atlas", {"connections": "4"},
@@ -211,9 +211,9 @@ def test_run_json_reads_back_what_a_run_saved(tmp_path: Path) -> None:
 def test_a_run_with_events_or_a_scenario_is_not_resumed(tmp_path: Path) -> None:
     """Its events' times would start again with the resumed run: only its own recovery
     (--on-failure restart|replan) checkpoints it, and --resume refuses it."""
-    from testbed.inputs import load_inputs
-    from testbed.resume import check_checkpointable, load_resumption, save_settings
-    from testbed.run_spec import RunSpec
+    from testbed.experiments.inputs import load_inputs
+    from testbed.run.resume import check_checkpointable, load_resumption, save_settings
+    from testbed.run.spec import RunSpec
 
     topology = Path(__file__).resolve().parent.parent / "topologies" / "two-dc.yaml"
     inputs = load_inputs(topology, events=("at=1s,link=east-west,down=1s",))

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from testbed.bubbles import BubbleBroker, make_broker
-from testbed.compute import prefill_flops
 from testbed.errors import InputError, PluginError
-from testbed.inference import PrefillModel, fit_prefill
-from testbed.inference_memory import check_inference_memory, in_flight_of
-from testbed.inputs import load_inputs
-from testbed.job import MODEL_PRESETS
+from testbed.experiments.inputs import load_inputs
+from testbed.inference.bubbles import BubbleBroker, make_broker
+from testbed.inference.memory import check_inference_memory, in_flight_of
+from testbed.inference.workload import PrefillModel, fit_prefill
+from testbed.job.model import MODEL_PRESETS
 from testbed.metrics.overruns import prefill_overruns
+from testbed.plan.compute import prefill_flops
 from testbed.policy import Bubble, BubblePolicy, Request, bubble_policy, training_policy
 from testbed.policy.api import Chunk
 from testbed.sim.bubble_seed import modeled_waits
@@ -233,7 +233,7 @@ def test_a_plan_that_cannot_hold_the_inference_model_is_refused() -> None:
 def test_real_chunked_prefill_gives_the_whole_prompts_kv_cache_and_first_token() -> None:
     import torch
 
-    from testbed.runtime.prefill import Prefiller
+    from testbed.runtime.worker.prefill import Prefiller
 
     shape = dataclasses.replace(MODEL_PRESETS["tiny"], kv_heads=2)
     prefiller = Prefiller(shape, seed=3, device=torch.device("cpu"))
@@ -250,8 +250,8 @@ def test_real_chunked_prefill_gives_the_whole_prompts_kv_cache_and_first_token()
 
 
 def test_the_emulated_engine_ships_only_finished_requests() -> None:
-    from testbed.runtime.engines import EmulatedEngine
-    from testbed.runtime.messages import PrefillPart
+    from testbed.runtime.wire.messages import PrefillPart
+    from testbed.runtime.worker.engines import EmulatedEngine
 
     parts = [PrefillPart(1, 100, 0, 40, 800), PrefillPart(2, 50, 0, 50, 400)]
     engine = EmulatedEngine.__new__(EmulatedEngine)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from testbed.cli import main
+from testbed.cli.main import main
 
 TOPOLOGIES = Path(__file__).resolve().parent.parent / "topologies"
 

@@ -63,7 +63,8 @@ def _names(layout: Layout, dc: str) -> set[str]:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "from testbed.cli import main; main()", *args],
+    return subprocess.run([sys.executable, "-c", "from testbed.cli.main import main; main()",
+                           *args],
                           capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -118,7 +119,7 @@ def test_a_killed_share_is_removed_by_down(tmp_path: Path, machines: dict[str, s
     topology, cluster, layout = _write(tmp_path, machines)
     west = _names(layout, "west")
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from testbed.cli import main; main()", "net", "up",
+        [sys.executable, "-c", "from testbed.cli.main import main; main()", "net", "up",
          str(topology), "--cluster", str(cluster), "--machine", "m2"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None

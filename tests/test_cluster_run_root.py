@@ -24,23 +24,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from testbed.choices import EmulatedCompute
-from testbed.inputs import load_inputs
+from testbed.common.choices import EmulatedCompute
+from testbed.experiments.inputs import load_inputs
 from testbed.net.check import ping_rtts
 from testbed.net.layout import build_layout, prefix_for
 from testbed.net.namespace_cluster import namespace_machines
 from testbed.net.slots import free_slot
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.policy import training_policy
-from testbed.runtime.cluster_launch import ClusterRun
-from testbed.runtime.cluster_secret import read_secret
-from testbed.runtime.coordinator import Coordinator, RunFailed
-from testbed.runtime.reference import merge_stages, train_one_process
-from testbed.runtime.run_config import RunConfig
-from testbed.runtime.signals import run_with_signals
+from testbed.runtime.coordinator.coordinator import Coordinator, RunFailed
+from testbed.runtime.coordinator.run_config import RunConfig
+from testbed.runtime.coordinator.signals import run_with_signals
+from testbed.runtime.wire.secret import read_secret
+from testbed.runtime.worker.reference import merge_stages, train_one_process
 from testbed.sim.planning import plan_with_simulator
 from testbed.topology.cluster import load_cluster
 from testbed.topology.load import load_topology
+from testbed.topology.seats import ClusterRun
 from tests.conftest import machine_prefix
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("clean_host")]
@@ -70,7 +70,8 @@ def _cluster(tmp_path: Path, machines: dict[str, str]) -> Path:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "from testbed.cli import main; main()", *args],
+    return subprocess.run([sys.executable, "-c", "from testbed.cli.main import main; main()",
+                           *args],
                           capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -229,8 +230,8 @@ def test_a_network_event_changes_both_directions_of_a_link_across_machines(
 def test_bubbletea_across_machines_serves_prefills_to_both_decode_servers(
         tmp_path: Path, machines: dict[str, str]) -> None:
     """Each DC's decode server sits on its DC's machine, after its workers (m2: rank 2)."""
-    from testbed.run_spec import RunSpec
-    from testbed.runs import run
+    from testbed.experiments.run import run
+    from testbed.run.spec import RunSpec
 
     cluster_path = _cluster(tmp_path, machines)
     other = OtherMachine()

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from testbed.fragments import fragment_params
-from testbed.job import ModelShape
+from testbed.job.fragments import fragment_params
+from testbed.job.model import ModelShape
 from testbed.plan.collective import Collective, Reduces, Scope, payload_bytes
 from testbed.plan.model import OuterOptimizer
-from testbed.runtime.allreduce import Wire, chunk_bounds, ring_allgather, ring_allreduce
-from testbed.runtime.messages import CollectiveSetup, Config, PeerInfo
-from testbed.runtime.model import build_stages, parameter_fragments
-from testbed.runtime.payloads import Dense, Sparse, decode, encode, topk_decode, topk_encode
-from testbed.runtime.real_engine import RealEngine, real_engines
+from testbed.runtime.wire.messages import CollectiveSetup, Config, PeerInfo
+from testbed.runtime.worker.allreduce import Wire, chunk_bounds, ring_allgather, ring_allreduce
+from testbed.runtime.worker.model import build_stages, parameter_fragments
+from testbed.runtime.worker.payloads import Dense, Sparse, decode, encode, topk_decode, topk_encode
+from testbed.runtime.worker.real_engine import RealEngine, real_engines
 from tests.diloco_reference import ring_sum, wire
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.cli_compare import write_compare
+from testbed.cli.compare import write_compare
 from testbed.metrics.loss import SIMULATED, loss_curve, time_to_loss
 from testbed.metrics.summary import summarize
 from testbed.report.compare import (

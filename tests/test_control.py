@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed.runtime.control_server import ControlServer
-from testbed.runtime.messages import Hello
-from testbed.runtime.protocol import MAX_UNPROVEN_BYTES, send_message
+from testbed.runtime.coordinator.control_server import ControlServer
+from testbed.runtime.wire.messages import Hello
+from testbed.runtime.wire.protocol import MAX_UNPROVEN_BYTES, send_message
 
 
 def test_silent_connections_do_not_hold_up_a_hello(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DIGEST = """
 import hashlib, json, random, sys
 from pathlib import Path
-from testbed.inputs import load_inputs
+from testbed.experiments.inputs import load_inputs
 from testbed.policy import training_policy
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulator import Simulator

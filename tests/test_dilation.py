@@ -12,8 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.cli_options import parse_dilation
-from testbed.dilation import (
+from testbed.cli.options import parse_dilation
+from testbed.common.spans import Span
+from testbed.errors import InputError
+from testbed.job.model import InferenceWorkload, Job, ModelShape
+from testbed.policy import training_policy
+from testbed.run.dilation import (
     LINUX_RTO_MIN_S,
     MAX_DILATION,
     MIN_USABLE,
@@ -30,20 +34,16 @@ from testbed.dilation import (
     spans_per_second,
     usable_share,
 )
-from testbed.errors import InputError
-from testbed.job import InferenceWorkload, Job, ModelShape
-from testbed.net_events import NetEvent
-from testbed.policy import training_policy
-from testbed.runtime.health import (
+from testbed.runtime.coordinator.health import (
     CpuSample,
     assess,
     assess_run,
     delay_line_lateness,
     suggest_dilation,
 )
+from testbed.scenario.net_events import NetEvent
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulator import Simulator
-from testbed.spans import Span
 from testbed.topology import load_topology
 
 from .conftest import TOPOLOGIES
@@ -90,7 +90,7 @@ def test_paper_topology_with_idle_restarts_is_invariant() -> None:
     """Slow start after idle depends on the minimum RTO, which dilation stretches too."""
     topology = load_topology(TOPOLOGIES / "paper-3dc.yaml")
     assert topology.tcp.slow_start_after_idle
-    from testbed.job_file import load_job
+    from testbed.job.load import load_job
 
     job = load_job(topology.job, topology.source, None, ["iterations=2"])
     policy = training_policy("atlas")
@@ -229,7 +229,7 @@ def test_the_workers_cpu_is_measured_once_and_cached(tmp_path: Path,
     """The calibration runs the workers' own data plane (stage runners, transports, the
     control protocol) on this machine; the figures are kept beside the forwarding
     capacity, per kernel and core count."""
-    from testbed.runtime import capacity
+    from testbed.runtime.coordinator import capacity
 
     monkeypatch.setattr(capacity, "CACHE", tmp_path / "capacity.json")
     said: list[str] = []
@@ -245,7 +245,7 @@ def test_the_workers_cpu_is_measured_once_and_cached(tmp_path: Path,
 def test_an_idle_worker_wakes_ten_times_a_second() -> None:
     """Its lag monitor is its upkeep, paid by every worker whatever the dilation: at 50
     looks a second 64 idle workers took a fifth of this 2-core machine."""
-    from testbed.runtime.worker import lag_monitor, run_loop
+    from testbed.runtime.worker.process import lag_monitor, run_loop
 
     async def idle() -> int:
         samples: list[float] = []
@@ -260,7 +260,7 @@ def test_an_idle_worker_wakes_ten_times_a_second() -> None:
 def test_niced_work_is_told_apart(tmp_path: Path) -> None:
     """Work at a nice above 0 yields to the run's processes: what a run may plan on
     leaves it out."""
-    from testbed.runtime.health import read_cpu
+    from testbed.runtime.coordinator.health import read_cpu
 
     stat = tmp_path / "stat"
     stat.write_text("cpu  100 50 30 800 20 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")

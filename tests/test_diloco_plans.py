@@ -95,7 +95,7 @@ def test_a_run_measures_whole_cycles() -> None:
     said: list[str] = []
     spec = api.RunSpec("simulate", inputs.topology, inputs.job, "diloco",
                        {"inner_steps": "2"})
-    from testbed.runs import whole_cycles
+    from testbed.experiments.run import whole_cycles
 
     assert whole_cycles(spec, 2, said.append).job.iterations == 4
     assert said == ["running 4 iterations, not 3: the plan's cycle is 2 iterations long, "

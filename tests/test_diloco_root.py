@@ -12,19 +12,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from testbed.compute import collective_bytes
-from testbed.inputs import load_inputs
-from testbed.job import Job
+from testbed.experiments.inputs import load_inputs
+from testbed.job.model import Job
 from testbed.plan import validate_plan
 from testbed.plan.build import Schedule, build_plan, cycled
 from testbed.plan.collective import Collective, Reduces
+from testbed.plan.compute import collective_bytes
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.plan.model import Action, Op, OuterOptimizer, Plan
 from testbed.policy import training_policy
-from testbed.runtime.coordinator import Coordinator, RunOutcome
-from testbed.runtime.reference import merge_stages
-from testbed.runtime.run_config import RunConfig
-from testbed.runtime.signals import run_with_signals
+from testbed.runtime.coordinator.coordinator import Coordinator, RunOutcome
+from testbed.runtime.coordinator.run_config import RunConfig
+from testbed.runtime.coordinator.signals import run_with_signals
+from testbed.runtime.worker.reference import merge_stages
 from testbed.topology.model import Topology
 from tests import diloco_reference as reference
 from tests.diloco_reference import Outer, Sync

@@ -58,7 +58,7 @@ class Sampler(threading.Thread):
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
             ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid != self.parent or b"testbed.runtime.worker" not in argv:
+            if ppid != self.parent or b"testbed.runtime.worker.process" not in argv:
                 return
             gpu = argv[argv.index(b"--gpu") + 1].decode()
             status = (proc / "status").read_text()
@@ -79,7 +79,7 @@ def test_a_gpipe_run_over_thin_links_keeps_every_worker_small(dcs: int, tmp_path
     topology = tmp_path / "thin-4dc.yaml"
     topology.write_text(yaml.safe_dump(thin_4dc(dcs)))
     out = tmp_path / "run"
-    up = subprocess.Popen([sys.executable, "-c", "from testbed.cli import main; main()", "up",
+    up = subprocess.Popen([sys.executable, "-c", "from testbed.cli.main import main; main()", "up",
                            str(topology), "-p", "gpipe",
                            "--compute", "emulated", "--out", str(out)],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -17,7 +17,7 @@ from testbed.figures.claims import (
 from testbed.figures.collect import BackendFigures, Measurement, records
 from testbed.figures.measure import figures_of
 from testbed.figures.render import README_BEGIN, README_END, claims_table, update_readme
-from testbed.job_file import parse_job
+from testbed.job.load import parse_job
 from testbed.sim.one_transfer import one_transfer_s
 from testbed.topology import parse_topology
 

@@ -15,7 +15,7 @@ from testbed.figures.claims import Conditions
 from testbed.figures.frontier import Frontier, Space, search
 from testbed.figures.space import MODELS, Point, apply, bdp_bytes, with_dcs
 from testbed.figures.why import why
-from testbed.job_file import load_job
+from testbed.job.load import load_job
 from testbed.topology import load_topology
 
 from .test_cli import call

@@ -17,8 +17,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.cli import main
-from testbed.yamlio import read_yaml
+from testbed.cli.main import main
+from testbed.common.yamlio import read_yaml
 
 from .fuzzing import cli_rejects_cleanly_or_accepts, mutated_data, mutated_text, write
 

@@ -19,7 +19,7 @@ def test_up_runs_a_hand_edited_plan(tmp_path: Path) -> None:
     edited = edit_gpu(saved_plan(tmp_path, "-p", "1f1b"), "east-0", ("0B0", "0F2"))
     out = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-c", "from testbed.cli import main; main()", "up", TWO_DC,
+        [sys.executable, "-c", "from testbed.cli.main import main; main()", "up", TWO_DC,
          "--plan", str(edited), "--compute", "emulated", "--iterations", "2",
          "--out", str(out)],
         capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.inputs import load_inputs
+from testbed.experiments.inputs import load_inputs
+from testbed.experiments.run import run
 from testbed.plan.host_tcp import hosts_as_planned, tuned
 from testbed.plan.model import HostTcp
 from testbed.plan.text import parse_plan_csv, plan_to_csv
 from testbed.policy import training_policy
-from testbed.run_spec import RunSpec
-from testbed.runs import run
+from testbed.run.spec import RunSpec
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
 

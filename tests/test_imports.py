@@ -12,12 +12,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "matplotlib", "numpy", "pyroute2", "uvloop")
-EMULATOR = ("testbed.runtime.backend", "testbed.runtime.coordinator", "testbed.runtime.worker",
-            "testbed.net.network")
+EMULATOR = ("testbed.backends.emulate", "testbed.runtime.coordinator.coordinator",
+            "testbed.runtime.worker.process", "testbed.net.network")
 
 LOADED = """
 import json, sys
-from testbed.cli import main
+from testbed.cli.main import main
 try:
     main(sys.argv[1:])
 except SystemExit as exc:

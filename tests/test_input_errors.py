@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from testbed.errors import InputError
-from testbed.inputs import load_inputs
-from testbed.job_file import load_job
-from testbed.net_events import parse_event
+from testbed.experiments.inputs import load_inputs
+from testbed.job.load import load_job
+from testbed.scenario.net_events import parse_event
 from testbed.topology import load_topology
 from testbed.topology.cluster import parse_cluster
 from testbed.topology.load import parse_topology

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from testbed.inputs import load_inputs
+from testbed.experiments.inputs import load_inputs
 from testbed.metrics.interval import mean_interval, t975
 from testbed.policy import training_policy
 from testbed.report.compare import RunEntry, slowdown_text, table_rows

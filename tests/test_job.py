@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from testbed.compute import stage_params
 from testbed.errors import InputError
-from testbed.job import MODEL_PRESETS
-from testbed.job_file import dump_job, load_job, parse_job
+from testbed.job.load import dump_job, load_job, parse_job
+from testbed.job.model import MODEL_PRESETS
+from testbed.plan.compute import stage_params
 
 
 def test_defaults_and_presets() -> None:

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from testbed import api
-from testbed.dilation import represented_spans
 from testbed.errors import InputError
 from testbed.metrics.loss import (
     SIMULATED,
@@ -23,6 +22,7 @@ from testbed.metrics.loss import (
 from testbed.metrics.summary import summarize
 from testbed.report.results import RunRecord, strict_json
 from testbed.report.table import run_summary
+from testbed.run.dilation import represented_spans
 
 from .conftest import TOPOLOGIES
 from .test_metrics import uneven_spans
@@ -68,7 +68,7 @@ def _record(compute: str, losses: dict[int, float] | None, spans: list[Any], sta
 
 
 def test_a_dilated_run_reports_its_curve_in_represented_time() -> None:
-    """Dilation K: wall offsets from the start divided by K (testbed.dilation), as the
+    """Dilation K: wall offsets from the start divided by K (testbed.run.dilation), as the
     emulator's backend hands the spans over; the curve and the time to loss follow."""
     start, k = 100.0, 4
     wall = [{**s, "start": start + k * s["start"], "end": start + k * s["end"]}

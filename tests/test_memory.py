@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from testbed.compute import stage_params
 from testbed.errors import InputError
-from testbed.inference_memory import in_flight_of
-from testbed.inputs import load_inputs
+from testbed.experiments.inputs import load_inputs
+from testbed.inference.memory import in_flight_of
+from testbed.plan.compute import stage_params
 from testbed.plan.model import Plan
 from testbed.policy import training_policy
-from testbed.runtime.exits import peak_resident_bytes, resident_bytes
-from testbed.runtime.memory import (
+from testbed.runtime.coordinator.exits import peak_resident_bytes, resident_bytes
+from testbed.runtime.coordinator.memory import (
     DELAY_LINE_BYTES,
     WORKER_BYTES,
     MemoryPlan,
@@ -129,7 +129,7 @@ def test_a_run_too_large_for_this_machine_is_refused_before_anything_starts(
     coordinator keep hundreds of GB of spans."""
     out = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-c", "from testbed.cli import main; main()", "up", str(TWO_DC),
+        [sys.executable, "-c", "from testbed.cli.main import main; main()", "up", str(TWO_DC),
          "--compute", "emulated", "--iterations", "10000", "--microbatches", "1024",
          "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from testbed.job import ModelShape
+from testbed.job.model import ModelShape
 from testbed.plan.model import OuterOptimizer
-from testbed.runtime.messages import (
+from testbed.runtime.wire.messages import (
     CollectiveSetup,
     Config,
     Connect,
@@ -30,7 +30,7 @@ from testbed.runtime.messages import (
     decode,
     to_json,
 )
-from testbed.runtime.protocol import ProtocolError
+from testbed.runtime.wire.protocol import ProtocolError
 
 CONFIG = Config(
     index=1, gpu="west-0", dc="west", address="10.0.0.2", replica=0, stages=[1, 2],

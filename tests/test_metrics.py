@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from testbed.errors import PluginError
-from testbed.job_file import parse_job
+from testbed.job.load import parse_job
 from testbed.metrics.summary import (
     busy_time,
     iteration_ends,

@@ -9,16 +9,16 @@ import pytest
 import torch
 from torch import nn
 
-from testbed.choices import ComputeChoice
-from testbed.compute import stage_params
+from testbed.common.choices import ComputeChoice
 from testbed.errors import InputError
-from testbed.inputs import load_inputs
-from testbed.job import MODEL_PRESETS, ModelShape
+from testbed.experiments.inputs import load_inputs
+from testbed.job.model import MODEL_PRESETS, ModelShape
+from testbed.plan.compute import stage_params
 from testbed.plan.model import split_layers
 from testbed.policy import training_policy
-from testbed.run_spec import RunSpec
-from testbed.runtime.model import Corpus, build_model, build_stages, sample_index
-from testbed.runtime.preflight import check_emulable
+from testbed.run.spec import RunSpec
+from testbed.runtime.coordinator.preflight import check_emulable
+from testbed.runtime.worker.model import Corpus, build_model, build_stages, sample_index
 from testbed.sim.planning import plan_with_simulator
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from testbed.errors import InputError
-from testbed.inputs import load_inputs
-from testbed.net_events import changes, parse_event, parse_event_flag
-from testbed.run_spec import RunSpec
-from testbed.runs import run
+from testbed.experiments.inputs import load_inputs
+from testbed.experiments.run import run
+from testbed.run.spec import RunSpec
+from testbed.scenario.net_events import changes, parse_event, parse_event_flag
 from testbed.sim.network import resume_after_outage
 from testbed.topology import load_topology
 

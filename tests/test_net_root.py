@@ -165,7 +165,7 @@ def test_netem_shaper_where_the_kernel_has_it() -> None:
 
 def _cli(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from testbed.cli import main; main()", *args],
+        [sys.executable, "-c", "from testbed.cli.main import main; main()", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -180,7 +180,7 @@ def _start_foreground() -> subprocess.Popen[str]:
         [
             sys.executable,
             "-c",
-            "from testbed.cli import main; main()",
+            "from testbed.cli.main import main; main()",
             "net",
             "up",
             "topologies/two-dc.yaml",
@@ -297,7 +297,7 @@ def test_64_hosts_come_up() -> None:
 
 
 def test_not_root_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from testbed.cli_net import require_root
+    from testbed.cli.net import require_root
     from testbed.errors import TestbedError
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
@@ -306,8 +306,8 @@ def test_not_root_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_dilated_link_rtt_and_minimum_rto_scale_with_k() -> None:
-    from testbed.dilation import dilate_topology
     from testbed.net.netns import read_sysctl
+    from testbed.run.dilation import dilate_topology
 
     k = 4
     network = _up(dilate_topology(_topology([("a", "b", "5ms")]), k))
@@ -375,7 +375,7 @@ def test_allowed_congestion_controls_are_restored(kill: bool) -> None:
 def test_down_leaves_a_live_run_alone() -> None:
     """`down` removes what dead runs left; a live one (its owner running) is left alone,
     its processes too, until it is named or `--all` is given."""
-    live = subprocess.Popen([sys.executable, "-c", "from testbed.cli import main; main()",
+    live = subprocess.Popen([sys.executable, "-c", "from testbed.cli.main import main; main()",
                              "net", "up", "topologies/two-dc.yaml"],
                             cwd=Path(__file__).resolve().parent.parent,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -412,7 +412,7 @@ def test_down_removes_no_namespace_of_a_live_run_whatever_its_names(tmp_path: Pa
     topology = tmp_path / "probe.yaml"
     topology.write_text("datacenters:\n  - {name: tbprobe, gpus: 1}\n  - {name: west, gpus: 1}\n"
                         "wan:\n  - {between: [tbprobe, west], latency: 1ms, bandwidth: 1Gbit}\n")
-    live = subprocess.Popen([sys.executable, "-c", "from testbed.cli import main; main()",
+    live = subprocess.Popen([sys.executable, "-c", "from testbed.cli.main import main; main()",
                              "net", "up", str(topology)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     stale = "tb.probe-999999999-1"  # no process has that pid
@@ -452,7 +452,7 @@ def test_a_stop_signal_during_bring_up_ends_it_with_nothing_left(
     stopped = 0
     before = set(list_namespaces())
     for delay in delays:
-        proc = subprocess.Popen([sys.executable, "-c", "from testbed.cli import main; main()",
+        proc = subprocess.Popen([sys.executable, "-c", "from testbed.cli.main import main; main()",
                                  "net", "up", str(topology), "--detach"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert proc.stderr is not None

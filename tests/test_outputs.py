@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from testbed import api
+from testbed.common.span_table import SpanTable
 from testbed.errors import InputError
-from testbed.inputs import load_inputs
+from testbed.experiments.inputs import load_inputs
 from testbed.metrics.summary import summarize
 from testbed.policy import training_policy
 from testbed.report.chrome import SUMMARY_GPUS
@@ -20,7 +21,6 @@ from testbed.report.saved import per_gpu, read_span_rows
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.profile import read_spans
 from testbed.sim.simulator import Simulator
-from testbed.span_table import SpanTable
 
 from .test_sim import _cli
 

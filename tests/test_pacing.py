@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.pacing import PACING_SHARE, paced, pair_pacing_bytes_per_s
+from testbed.plan.pacing import PACING_SHARE, paced, pair_pacing_bytes_per_s
 from testbed.report.compare import Row, markdown_table, table_text
 from testbed.sim.network import INITIAL_WINDOW, Pair
 from testbed.topology import parse_topology

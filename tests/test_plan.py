@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from testbed.errors import InputError, PlanError
-from testbed.job_file import parse_job
+from testbed.job.load import parse_job
 from testbed.plan import Action, Op, parse_plan_csv, plan_grid, plan_to_csv, validate_plan
 from testbed.plan.schedules import gpipe_compute, one_f_one_b_compute
 from testbed.policy import training_policy

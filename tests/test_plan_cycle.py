@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from testbed.errors import PlanError
-from testbed.job import Job, ModelShape
+from testbed.job.model import Job, ModelShape
 from testbed.plan import Action, Op, Plan, parse_plan_csv, plan_to_csv, validate_plan
 from testbed.plan.build import Schedule, build_plan, cycled
 from testbed.plan.collective import Collective, Reduces, Scope, payload_bytes

@@ -34,7 +34,7 @@ def run_testbed(args: list[str], extra_path: Path | None) -> subprocess.Complete
             filter(None, [str(extra_path), env.get("PYTHONPATH", "")])
         )
     return subprocess.run(
-        [sys.executable, "-c", "from testbed.cli import main; main()", *args],
+        [sys.executable, "-c", "from testbed.cli.main import main; main()", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -162,7 +162,7 @@ def test_a_name_two_distributions_claim_is_refused_without_importing_either(
 def test_choosing_a_policy_imports_no_other_plugin() -> None:
     script = (
         "import sys\n"
-        "from testbed.cli import main\n"
+        "from testbed.cli.main import main\n"
         f"main(['plan', {str(TWO_DC)!r}, '-p', 'gpipe'])\n"
         "print(sorted(m for m in sys.modules if m.startswith('testbed_plugins')))\n"
     )
@@ -206,7 +206,7 @@ def test_a_plugin_crash_names_the_plugin_file_and_line(hostile_plugin_path: Path
 def test_debug_shows_the_whole_traceback(hostile_plugin_path: Path, how: list[str]) -> None:
     env = dict(os.environ, TESTBED_DEBUG="1") if not how else dict(os.environ)
     env["PYTHONPATH"] = str(hostile_plugin_path)
-    result = subprocess.run([sys.executable, "-c", "from testbed.cli import main; main()",
+    result = subprocess.run([sys.executable, "-c", "from testbed.cli.main import main; main()",
                              *how, "plan", str(TWO_DC), "-p", "oops"],
                             capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 1
@@ -289,7 +289,7 @@ def test_a_real_ctrl_c_in_plugin_code_still_interrupts(hostile_plugin_path: Path
 
     ready = tmp_path / "ready"
     env = dict(os.environ, PYTHONPATH=str(hostile_plugin_path), HOSTILE_READY=str(ready))
-    process = subprocess.Popen([sys.executable, "-c", "from testbed.cli import main; main()",
+    process = subprocess.Popen([sys.executable, "-c", "from testbed.cli.main import main; main()",
                                 "plan", str(TWO_DC), "-p", "waits"], env=env, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60

@@ -1,5 +1,5 @@
 """Losing a worker mid-run (a scenario's failures) in the simulator, and the decisions
-behind `--on-failure` that both backends share (testbed.recovery, testbed.segments)."""
+behind `--on-failure` that both backends share (testbed.run.recovery, testbed.run.segments)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from testbed.errors import InputError, PlanError
-from testbed.inputs import load_inputs
+from testbed.experiments.inputs import load_inputs
+from testbed.experiments.run import run
 from testbed.policy import training_policy
-from testbed.recovery import renamed_spans, resume_at, resume_from, survivors
-from testbed.run_spec import RunSpec
-from testbed.runs import run
-from testbed.scenario import Recovery, WorkerLoss
+from testbed.run.recovery import renamed_spans, resume_at, resume_from, survivors
+from testbed.run.spec import RunSpec
+from testbed.scenario.scenario import Recovery, WorkerLoss
 from testbed.sim.planning import plan_with_simulator
 from testbed.topology import load_topology
 
@@ -72,7 +72,7 @@ def test_stop_ends_the_run_at_the_failure_and_says_so(tmp_path: Path) -> None:
 def test_stop_is_exit_1_with_the_error_on_one_line(tmp_path: Path) -> None:
     path = _scenario(tmp_path, "failures: [{at: 0.1s, worker: east-0}]")
     result = subprocess.run(
-        [sys.executable, "-c", "from testbed.cli import main; main()", "simulate", str(TWO),
+        [sys.executable, "-c", "from testbed.cli.main import main; main()", "simulate", str(TWO),
          "--scenario", str(path), "--out", str(tmp_path / "out")],
         capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 1
@@ -225,7 +225,7 @@ def test_compare_and_the_api_take_a_scenario_and_what_a_failure_does(tmp_path: P
     assert result.results["iterations"] == ITERATIONS
     out = tmp_path / "compare"
     done = subprocess.run(
-        [sys.executable, "-c", "from testbed.cli import main; main()", "compare", str(TWO),
+        [sys.executable, "-c", "from testbed.cli.main import main; main()", "compare", str(TWO),
          "-p", "gpipe", "-p", "1f1b", "--scenario", str(path), "--on-failure", "replan",
          "--checkpoint-every", "2", "--iterations", str(ITERATIONS), "--out", str(out)],
         capture_output=True, text=True, cwd=ROOT, timeout=300)
@@ -241,10 +241,10 @@ def test_a_checkpoint_moves_to_another_split_of_the_layers(tmp_path: Path) -> No
     old plan's stages saved (replica 0's, for every new replica)."""
     import torch
 
-    from testbed.job import MODEL_PRESETS
-    from testbed.runtime.model import build_stages
-    from testbed.runtime.reference import merge_stages
-    from testbed.runtime.reshard import reshard
+    from testbed.job.model import MODEL_PRESETS
+    from testbed.runtime.worker.model import build_stages
+    from testbed.runtime.worker.reference import merge_stages
+    from testbed.runtime.worker.reshard import reshard
 
     shape, old, new = MODEL_PRESETS["tiny"], (2, 2), (1, 3)
     source = tmp_path / "old"
@@ -284,9 +284,9 @@ def test_outer_optimizer_state_is_not_moved_silently(tmp_path: Path) -> None:
     import torch
 
     from testbed.errors import TestbedError
-    from testbed.job import MODEL_PRESETS
-    from testbed.runtime.model import build_stages
-    from testbed.runtime.reshard import reshard
+    from testbed.job.model import MODEL_PRESETS
+    from testbed.runtime.worker.model import build_stages
+    from testbed.runtime.worker.reshard import reshard
 
     shape = MODEL_PRESETS["tiny"]
     (module,) = build_stages(shape, (4,), seed=0)
@@ -343,8 +343,8 @@ def test_a_gpu_holding_several_stages_is_lost_with_all_of_them(tmp_path: Path) -
     """ZB-V puts two stages on each GPU (east-1 holds replica 1's stages 0 and 3): the
     failure names both, and an emulated segment's checkpoint is complete with a part from
     each GPU, not one from each stage."""
-    from testbed.runtime.recovering import _checkpoints
-    from testbed.segments import Segment
+    from testbed.backends.emulate_segments import _checkpoints
+    from testbed.run.segments import Segment
 
     results = _simulate(tmp_path, "zbv", "failures: [{at: 0.3s, worker: east-1}]",
                         policy="zb-v")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from testbed.bubbles import BubbleBroker, request_status
-from testbed.dilation import represented_requests
-from testbed.inference import PrefillModel
+from testbed.inference.bubbles import BubbleBroker, request_status
+from testbed.inference.workload import PrefillModel
 from testbed.policy import Request, bubble_policy
+from testbed.run.dilation import represented_requests
 
 from .test_cli import call
 

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.root, pytest.mark.usefixtures("clean_host")]
 ROOT = Path(__file__).resolve().parent.parent
 TWO_DC = ROOT / "topologies" / "two-dc.yaml"
 ITERATIONS, EVERY = 14, 3
-CLI = [sys.executable, "-c", "from testbed.cli import main; main()"]
+CLI = [sys.executable, "-c", "from testbed.cli.main import main; main()"]
 
 
 def _testbed(*args: str) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.cli import main
+from testbed.cli.main import main
 from testbed.report import results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +50,7 @@ def held(tmp_path: Path) -> Iterator[Path]:
     directory.mkdir()
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from testbed.run_dirs import claim; claim(Path(sys.argv[1]), None); "
+         "from testbed.report.run_dirs import claim; claim(Path(sys.argv[1]), None); "
          "print('held', flush=True); time.sleep(120)", str(directory)],
         stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from testbed.errors import InputError
-from testbed.inputs import load_inputs
-from testbed.link_traces import read_trace_csv
-from testbed.net_events import changes, parse_event_flag
-from testbed.recovery import shift_events
-from testbed.run_spec import RunSpec
-from testbed.runs import run
-from testbed.scenario import load_scenario
-from testbed.slowdowns import Slowdown, Straggler, factor_at
+from testbed.experiments.inputs import load_inputs
+from testbed.experiments.run import run
+from testbed.run.recovery import shift_events
+from testbed.run.spec import RunSpec
+from testbed.scenario.link_traces import read_trace_csv
+from testbed.scenario.net_events import changes, parse_event_flag
+from testbed.scenario.scenario import load_scenario
+from testbed.scenario.slowdowns import Slowdown, Straggler, factor_at
 from testbed.topology import load_topology
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,7 +126,7 @@ def test_a_bad_scenario_is_exit_2_with_one_line_and_nothing_written(tmp_path: Pa
     path = _scenario(tmp_path, "stragglers: [{gpu: west-0, slower: -1}]")
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-c", "from testbed.cli import main; main()", "simulate", str(TWO),
+        [sys.executable, "-c", "from testbed.cli.main import main; main()", "simulate", str(TWO),
          "--scenario", str(path), "--out", str(out)],
         capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 2

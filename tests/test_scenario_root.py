@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from testbed.inputs import load_inputs
-from testbed.run_spec import RunSpec
-from testbed.runs import run
-from testbed.runtime.reference import merge_stages, train_one_process
+from testbed.experiments.inputs import load_inputs
+from testbed.experiments.run import run
+from testbed.run.spec import RunSpec
+from testbed.runtime.worker.reference import merge_stages, train_one_process
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("clean_host")]
 ROOT = Path(__file__).resolve().parent.parent

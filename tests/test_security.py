@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.runtime.protocol import read_message, send_message
+from testbed.runtime.wire.protocol import read_message, send_message
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO_DC = ROOT / "topologies" / "two-dc.yaml"
@@ -50,7 +50,7 @@ def test_only_this_runs_workers_get_in(tmp_path: Path) -> None:
     before = set(STATE.glob("*.json")) if STATE.exists() else set()
     listening = _listeners()
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from testbed.cli import main; main()", "up", str(TWO_DC),
+        [sys.executable, "-c", "from testbed.cli.main import main; main()", "up", str(TWO_DC),
          "-p", "gpipe", "--compute", "emulated", "--iterations", "40",
          "--out", str(tmp_path / "run")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -106,7 +106,7 @@ def test_no_shell_anywhere() -> None:
                                   str(ROOT / "plugins" / "baselines" / "pipeline.py")])
 def test_policies_load_only_from_installed_entry_points(name: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-c", "from testbed.cli import main; main()", "plan", str(TWO_DC),
+        [sys.executable, "-c", "from testbed.cli.main import main; main()", "plan", str(TWO_DC),
          "-p", name], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 2
     assert "unknown training policy" in result.stderr or "unknown policy" in result.stderr, \
@@ -114,7 +114,7 @@ def test_policies_load_only_from_installed_entry_points(name: str) -> None:
 
 
 def _main(args: list[str]) -> int:
-    from testbed.cli import main
+    from testbed.cli.main import main
 
     try:
         main(args)
@@ -146,8 +146,8 @@ def test_outputs_replace_links_and_never_write_through_them(tmp_path: Path) -> N
     assert _main(["sweep", str(TWO_DC), "-p", "gpipe", "--vary", "microbatches=4,8",
                   "--out", str(sweep), "--force"]) == 0
     assert victim.read_text() == "precious\n"
-    from testbed.checkpoint import save_stage
-    from testbed.fsutil import open_fresh
+    from testbed.common.fsutil import open_fresh
+    from testbed.run.checkpoint import save_stage
 
     with open_fresh(tmp_path / "worker.log") as log:
         log.write("a worker's output\n")

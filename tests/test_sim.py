@@ -14,13 +14,14 @@ from click.testing import CliRunner
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from testbed.common.spans import Span, SpanKind
 from testbed.errors import InputError
-from testbed.inputs import load_inputs
-from testbed.job import Job, ModelShape
+from testbed.experiments.inputs import load_inputs
+from testbed.job.model import Job, ModelShape
 from testbed.metrics.summary import summarize
-from testbed.net_events import parse_event_flag
 from testbed.plan.model import Op
 from testbed.policy import training_policy
+from testbed.scenario.net_events import parse_event_flag
 from testbed.sim.agenda import Agenda
 from testbed.sim.network import (
     INITIAL_WINDOW,
@@ -33,7 +34,6 @@ from testbed.sim.planning import plan_with_simulator
 from testbed.sim.profile import profile_from_spans
 from testbed.sim.simulate import simulated_iteration_s
 from testbed.sim.simulator import Simulator
-from testbed.spans import Span, SpanKind
 from testbed.topology import parse_topology
 
 from .strategies import job_fitting, topologies
@@ -240,7 +240,7 @@ def test_profile_from_spans_uses_medians_after_warmup() -> None:
 
 
 def _cli(args: list[str]) -> tuple[int, str, str]:
-    from testbed.cli import main
+    from testbed.cli.main import main
 
     runner = CliRunner()
     with runner.isolation() as (out, err, _):

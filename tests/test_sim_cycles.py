@@ -12,16 +12,17 @@ from typing import Any
 
 import pytest
 
-from testbed.bubbles import make_broker
-from testbed.compute import collective_bytes, ring_allreduce_s
-from testbed.inference import predicted_bubbles
-from testbed.inference_memory import in_flight_of
-from testbed.inputs import load_inputs
-from testbed.job import Job, ModelShape
+from testbed.common.spans import Span
+from testbed.experiments.inputs import load_inputs
+from testbed.inference.bubbles import make_broker
+from testbed.inference.memory import in_flight_of
+from testbed.inference.workload import predicted_bubbles
+from testbed.job.model import Job, ModelShape
 from testbed.metrics.summary import counted_iterations
 from testbed.plan import validate_plan
 from testbed.plan.build import Schedule, build_plan, cycled
 from testbed.plan.collective import Collective, Reduces, Scope, payload_bytes
+from testbed.plan.compute import collective_bytes, ring_allreduce_s
 from testbed.plan.model import Action, Op, Plan
 from testbed.policy import training_policy
 from testbed.report.results import RunRecord
@@ -30,7 +31,6 @@ from testbed.sim.bubble_seed import modeled_waits
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan, simulated_iteration_s, tokens_per_iteration
 from testbed.sim.simulator import Simulator
-from testbed.spans import Span
 from testbed.topology import Topology
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from testbed.bubbles import make_broker
-from testbed.inputs import load_inputs
-from testbed.job import Job, ModelShape
+from testbed.common.spans import Span
+from testbed.experiments.inputs import load_inputs
+from testbed.inference.bubbles import make_broker
+from testbed.job.model import Job, ModelShape
 from testbed.metrics.overruns import prefill_overruns
 from testbed.metrics.summary import Summary, summarize
 from testbed.plan import Action, Op, Plan
@@ -24,7 +25,6 @@ from testbed.sim.planning import plan_with_simulator
 from testbed.sim.profile import profile_from_spans
 from testbed.sim.simulate import simulate_plan
 from testbed.sim.simulator import Simulator
-from testbed.spans import Span
 from testbed.topology import parse_topology
 from tests.test_cli import call
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from testbed import api
-from testbed.inputs import load_inputs
-from testbed.run_spec import RunSpec
+from testbed.experiments.inputs import load_inputs
+from testbed.experiments.sweep import vary
+from testbed.experiments.sweep_store import POINTS_FILE
+from testbed.run.spec import RunSpec
 from testbed.sim.jitter import parse_jitter
-from testbed.sim.sweep import vary
-from testbed.sim.sweep_store import POINTS_FILE
 
 from .conftest import TOPOLOGIES
 from .test_cli import call
@@ -244,10 +244,10 @@ def test_local_workers_plan_on_their_share_of_the_cores() -> None:
     spreads over its share of the cores, not over all of them N times."""
     code = "\n".join([
         "import os",
-        "from testbed.inputs import load_inputs",
+        "from testbed.experiments.inputs import load_inputs",
         "from testbed.policy import training_policy",
         "from testbed.sim.planning import planning_context",
-        "from testbed.sim.sweep_workers import _worker_start",
+        "from testbed.experiments.sweep_workers import _worker_start",
         f"inputs = load_inputs({str(PAPER)!r})",
         "_worker_start(2)",
         "atlas = training_policy('atlas')",

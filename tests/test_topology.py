@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from testbed.common.yamlio import parse_yaml, to_yaml
 from testbed.errors import InputError
 from testbed.topology import dump_topology, load_topology, parse_topology
-from testbed.yamlio import parse_yaml, to_yaml
 
 from .strategies import mutations, topologies
 

@@ -16,7 +16,7 @@ import torch.distributed.pipelining.schedules as schedules
 from torch.distributed.pipelining._utils import generate_rank_to_stage_mapping
 
 from testbed.errors import InputError
-from testbed.job_file import parse_job
+from testbed.job.load import parse_job
 from testbed.plan import Action, Op, Plan, parse_plan_csv, plan_to_csv, validate_plan
 from testbed.plan.load import load_plan
 from testbed.policy import training_policy

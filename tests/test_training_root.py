@@ -22,16 +22,16 @@ from typing import Any
 import pytest
 import torch
 
-from testbed.inputs import load_inputs
-from testbed.job import Job
+from testbed.experiments.inputs import load_inputs
+from testbed.job.model import Job
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.policy import training_policy
-from testbed.runtime.coordinator import Coordinator, RunFailed
-from testbed.runtime.hosts import NamespaceHosts
-from testbed.runtime.model import Corpus, build_model, loss_of, sample_index
-from testbed.runtime.reference import merge_stages, train_one_process
-from testbed.runtime.run_config import RunConfig
-from testbed.runtime.signals import run_with_signals
+from testbed.runtime.coordinator.coordinator import Coordinator, RunFailed
+from testbed.runtime.coordinator.hosts import NamespaceHosts
+from testbed.runtime.coordinator.run_config import RunConfig
+from testbed.runtime.coordinator.signals import run_with_signals
+from testbed.runtime.worker.model import Corpus, build_model, loss_of, sample_index
+from testbed.runtime.worker.reference import merge_stages, train_one_process
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import tokens_per_iteration
 
@@ -125,7 +125,7 @@ def test_up_writes_results_and_trace(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "from testbed.cli import main; main()",
+            "from testbed.cli.main import main; main()",
             "up",
             str(TWO_DC),
             "-p",
@@ -211,7 +211,7 @@ def test_up_reports_every_steps_loss_and_the_time_to_loss_in_represented_time(
     target = round(first - 0.5, 4)  # 12 iterations get below it (test_loss_goes_down...)
     out = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-c", "from testbed.cli import main; main()", "up", str(TWO_DC),
+        [sys.executable, "-c", "from testbed.cli.main import main; main()", "up", str(TWO_DC),
          "-p", "1f1b", "--compute", "real", "--iterations", "12", "--dilation", "2",
          "--target-loss", str(target), "--out", str(out)],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -251,7 +251,7 @@ def test_compare_with_real_compute_plots_loss_and_writes_the_time_to_loss(
     first = _first_loss(inputs.job, plan.dp, plan.microbatches)  # same data, seed, model
     out = tmp_path / "cmp"
     result = subprocess.run(
-        [sys.executable, "-c", "from testbed.cli import main; main()", "compare",
+        [sys.executable, "-c", "from testbed.cli.main import main; main()", "compare",
          str(TWO_DC), "-p", "gpipe", "-p", "1f1b", "--backend", "emulate", "--compute",
          "real", "--iterations", "3", "--target-loss", f"{first + 0.01:.4f}", "--out",
          str(out)], capture_output=True, text=True, timeout=400, cwd=ROOT)
@@ -335,7 +335,7 @@ def _probe(network: Any, connections: int, megabytes: int, messages: int = 1,
            pace_bps: float = 0.0) -> float:
     """Goodput in bit/s of striped messages from east-0 to west-0 (median after the first
     when there are several: warm connections)."""
-    from testbed.runtime.probe import timed_messages
+    from testbed.runtime.coordinator.probe import timed_messages
 
     size = megabytes * 2**20
     seconds = timed_messages(network, "east-0", "west-0", connections, messages, size,
@@ -432,8 +432,8 @@ def test_atlas_over_the_emulator_serves_one_transfer_at_a_time(tmp_path: Path) -
 
 
 def test_bubbletea_over_the_emulator_serves_prefills_to_decode_servers(tmp_path: Path) -> None:
-    from testbed.run_spec import RunSpec
-    from testbed.runs import run
+    from testbed.experiments.run import run
+    from testbed.run.spec import RunSpec
 
     inputs = load_inputs(TWO_DC, sets=(
         "iterations=5", "inference.model=tiny", "inference.arrival_rate=100",
@@ -456,7 +456,7 @@ def test_bubbletea_over_the_emulator_serves_prefills_to_decode_servers(tmp_path:
 
 def _up(tmp: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", "from testbed.cli import main; main()", "up", str(TWO_DC),
+        [sys.executable, "-c", "from testbed.cli.main import main; main()", "up", str(TWO_DC),
          "-p", "gpipe", "--compute", "emulated", "--out", str(tmp / "run"), *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
@@ -512,7 +512,7 @@ def test_a_run_too_big_for_this_machine_is_refused_before_anything_exists(
     topology = tmp_path / "big.yaml"
     topology.write_text(TWO_DC.read_text().replace("gpus: 2,", f"gpus: {gpus},"))
     result = subprocess.run(
-        [sys.executable, "-c", "from testbed.cli import main; main()", "up", str(topology),
+        [sys.executable, "-c", "from testbed.cli.main import main; main()", "up", str(topology),
          "--compute", compute, "--out", str(tmp_path / "run")],
         capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 2, result.stderr
@@ -524,7 +524,7 @@ def test_a_bad_topology_given_to_up_creates_nothing(tmp_path: Path) -> None:
     topology = tmp_path / "bad.yaml"
     topology.write_text(TWO_DC.read_text().replace("latency: 20ms", "latency: -20ms"))
     result = subprocess.run(
-        [sys.executable, "-c", "from testbed.cli import main; main()", "up", str(topology),
+        [sys.executable, "-c", "from testbed.cli.main import main; main()", "up", str(topology),
          "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 2
     assert result.stderr.strip() == (
@@ -540,7 +540,7 @@ def test_sigterm_while_the_network_comes_up_leaves_nothing(tmp_path: Path) -> No
     state = Path("/run/testbed")
     before = set(state.glob("*.json")) if state.exists() else set()
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from testbed.cli import main; main()", "up", str(topology),
+        [sys.executable, "-c", "from testbed.cli.main import main; main()", "up", str(topology),
          "-p", "gpipe", "--compute", "emulated", "--out", str(tmp_path / "run")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     deadline = time.monotonic() + 60
@@ -556,8 +556,8 @@ def test_sigterm_while_the_network_comes_up_leaves_nothing(tmp_path: Path) -> No
 def test_an_emulated_run_over_its_wall_budget_is_refused_before_it_starts(tmp_path: Path) -> None:
     """The simulator's prediction decides, before any namespace or worker exists."""
     from testbed.errors import TestbedError
-    from testbed.run_spec import RunSpec
-    from testbed.runs import run
+    from testbed.experiments.run import run
+    from testbed.run.spec import RunSpec
 
     inputs = load_inputs(TWO_DC)
     spec = RunSpec("emulate", inputs.topology, inputs.job, "1f1b", {}, wall_budget_s=1e-3)

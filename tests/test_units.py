@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from testbed.units import (
+from testbed.common.units import (
     format_duration,
     format_fraction,
     format_rate,

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from testbed.compute import gpu_memory_bytes, stage_params
+from testbed.backends.emulate import EmulatorBackend
+from testbed.backends.simulate import SimulatorBackend
 from testbed.errors import InputError, PlanError
-from testbed.job_file import parse_job
+from testbed.job.load import parse_job
 from testbed.plan import Action, Op, Plan, plan_grid, plan_to_csv, validate_plan
 from testbed.plan.activations import in_flight, peak_layers_held
 from testbed.plan.build import (
@@ -24,13 +25,12 @@ from testbed.plan.build import (
     virtual_placement,
 )
 from testbed.plan.collective import Collective, Reduces
+from testbed.plan.compute import gpu_memory_bytes, stage_params
 from testbed.plan.ideal import ideal_bubble_fraction
 from testbed.plan.interpret import Compute, Overlapped, Part, Phase, Receive, Send, SendWait
 from testbed.plan.interpret import interpret as interpret_steps
 from testbed.plan.model import Feature
-from testbed.run_spec import RunSpec
-from testbed.runtime.backend import EmulatorBackend
-from testbed.sim.backend import SimulatorBackend
+from testbed.run.spec import RunSpec
 from testbed.topology import parse_topology
 from tests.test_cli import call
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from testbed.compute import collective_bytes, ring_allreduce_s
-from testbed.job import Job, ModelShape
+from testbed.job.model import Job, ModelShape
 from testbed.plan import validate_plan
 from testbed.plan.build import Schedule, build_plan, cycled
 from testbed.plan.collective import Collective, Reduces, Scope
+from testbed.plan.compute import collective_bytes, ring_allreduce_s
 from testbed.plan.model import Action, Op, OuterOptimizer, Plan
 from testbed.policy import training_policy
-from testbed.runtime.pool import WorkerHandle
-from testbed.runtime.run_config import RunConfig
-from testbed.runtime.worker_setup import worker_config, worker_connections
+from testbed.runtime.coordinator.pool import WorkerHandle
+from testbed.runtime.coordinator.run_config import RunConfig
+from testbed.runtime.coordinator.worker_setup import worker_config, worker_connections
 from testbed.topology import load_topology
 from tests.conftest import TOPOLOGIES
 

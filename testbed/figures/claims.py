@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from testbed.choices import BackendName
-from testbed.job import Job
+from testbed.common.choices import BackendName
+from testbed.job.model import Job
 from testbed.metrics.summary import speedup
 from testbed.topology.model import Topology
 
@@ -81,7 +81,7 @@ class TransferFigures:
     link: str
     many_paced_s: float | None = None
     """Emulator: the striped transfer with every connection paced, where runs leave a
-    message this small unpaced (testbed.pacing): what bursts through this machine's
+    message this small unpaced (testbed.plan.pacing): what bursts through this machine's
     shaper cost."""
 
 

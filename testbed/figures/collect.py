@@ -9,15 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
+from testbed.common.units import format_rate
+from testbed.experiments.inputs import load_inputs
 from testbed.figures.claim_runs import BackendFigures, measure_claim
 from testbed.figures.claims import Backend, ClaimSpec, Conditions, claims
 from testbed.figures.frontier import UpTo
 from testbed.figures.measure import Runner, Say
 from testbed.figures.why import why
-from testbed.inputs import load_inputs
 from testbed.sim.planning import shared_cache
 from testbed.topology.model import Topology
-from testbed.units import format_rate
 
 
 class ClaimRecord(TypedDict):

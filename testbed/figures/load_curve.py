@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed.experiments.inputs import load_inputs
 from testbed.figures.claims import Conditions, RunAsk
 from testbed.figures.measure import Runner, Say
-from testbed.inputs import load_inputs
 from testbed.metrics.summary import speedup
 from testbed.sim.planning import shared_cache
 

@@ -1,4 +1,4 @@
-"""Runs what the claims ask for, by either backend: training runs through testbed.runs
+"""Runs what the claims ask for, by either backend: training runs through testbed.experiments.run
 (the same run directories `simulate`, `up` and `compare` write) and the one-transfer
 measurement, in the simulator's flow model or over the emulated WAN (time-dilated where
 the link exceeds what this machine forwards)."""
@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import TestbedError
+from testbed.experiments.inputs import Inputs
+from testbed.experiments.run import run, simulated
+from testbed.experiments.sweep import first_dcs
 from testbed.figures.claims import Backend, Requests, RunAsk, RunFigures, TransferFigures
-from testbed.inputs import Inputs
-from testbed.job_file import load_job
-from testbed.pacing import paced
-from testbed.run_spec import RunSpec
-from testbed.runs import run, simulated
+from testbed.job.load import load_job
+from testbed.plan.pacing import paced
+from testbed.run.spec import RunSpec
 from testbed.sim.one_transfer import one_transfer_s
-from testbed.sim.sweep import first_dcs
 from testbed.topology.model import Topology
 
 Say = Callable[[str], None]
@@ -136,10 +136,10 @@ def _emulated_transfer(topology: Topology, a: str, b: str, nbytes: int,
                        connections: int, force_pacing: bool = False) -> float:
     """Over the emulated pair of DCs, dilated and paced as a run would be (or paced
     regardless); in represented seconds."""
-    from testbed.dilation import choose_dilation, dilate_topology
     from testbed.net.network import bring_up, tear_down
-    from testbed.runtime.capacity import machine_capacity_bps
-    from testbed.runtime.probe import timed_messages
+    from testbed.run.dilation import choose_dilation, dilate_topology
+    from testbed.runtime.coordinator.capacity import machine_capacity_bps
+    from testbed.runtime.coordinator.probe import timed_messages
 
     pair = first_dcs(_only(topology, a, b), 2)
     rate = pair.bottleneck_bps(a, b)

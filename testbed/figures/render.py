@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from testbed.common.fsutil import write_atomic
 from testbed.figures.claims import BACKENDS
 from testbed.figures.collect import ClaimRecord
-from testbed.fsutil import write_atomic
 
 README_BEGIN = "<!-- paper-claims:begin (testbed figures --readme README.md) -->"
 README_END = "<!-- paper-claims:end -->"

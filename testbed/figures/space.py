@@ -15,7 +15,7 @@ Where each range comes from:
   tuning guides tell long fat networks to set them to (ESnet's fasterdata "Linux host
   tuning"; RFC 7323 for the window scaling that allows it).
 - Models of 7B-175B: Llama 2 7B and 70B (Touvron et al. 2023) and GPT-3 175B (Brown et
-  al. 2020), as testbed.job's presets have them, besides the conditions' own; a model too
+  al. 2020), as testbed.job.model's presets have them, besides the conditions' own; a model too
   big for the conditions' GPUs gets tensor parallelism of 8 inside a server, as
   Megatron-LM trains on DGX A100s (Narayanan et al. 2021), and 8 times the GPUs per DC,
   so each DC keeps as many model replicas' worth of GPU groups.
@@ -35,9 +35,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from testbed.sim.sweep import first_dcs, vary
+from testbed.common.units import format_rate
+from testbed.experiments.sweep import first_dcs, vary
 from testbed.topology.model import TcpSettings, Topology
-from testbed.units import format_rate
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ ended, and the time to reach a target loss. Pure: the run's losses and iteration
 typed records out.
 
 Times are represented seconds since the run's start (an emulated run slowed K-fold by time
-dilation reports wall / K, testbed.dilation), so curves from runs at different dilations,
+dilation reports wall / K, testbed.run.dilation), so curves from runs at different dilations,
 and from different policies, share one axis.
 """
 

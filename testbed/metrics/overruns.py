@@ -9,14 +9,15 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from testbed.inference import percentile
-from testbed.spans import Span, is_wait
+from testbed.common.spans import Span, is_wait
+from testbed.inference.workload import percentile
 
 
 @dataclass(frozen=True)
 class Overruns:
     prefills: int
-    """Prefills started inside a receive's or an all-reduce's wait (testbed.spans.is_wait)."""
+    """Prefills started inside a receive's or an all-reduce's wait
+    (testbed.common.spans.is_wait)."""
     overran: int
     mean_s: float | None
     """Of the overruns."""

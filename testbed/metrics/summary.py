@@ -1,7 +1,7 @@
 """From a trace (timed spans per GPU, from either backend) to the numbers a run reports.
 
-Spans are testbed.spans.Span: what each GPU did and when, on one clock in seconds; read
-as rows (testbed.span_table), so the simulator's rows of a whole tensor-parallel group are
+Spans are testbed.common.spans.Span: what each GPU did and when, on one clock in seconds; read
+as rows (testbed.common.span_table), so the simulator's rows of a whole tensor-parallel group are
 counted once per group, not once per GPU, with the same results.
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from testbed.span_table import rows
-from testbed.spans import Span, SpanKind
+from testbed.common.span_table import rows
+from testbed.common.spans import Span, SpanKind
 
 TRAINING_KINDS: tuple[SpanKind, ...] = ("forward", "backward", "step", "outer_step")
 BUSY_KINDS: tuple[SpanKind, ...] = (*TRAINING_KINDS, "prefill")
@@ -23,7 +23,7 @@ BUSY_KINDS: tuple[SpanKind, ...] = (*TRAINING_KINDS, "prefill")
 @dataclass(frozen=True)
 class Epoch:
     """Iterations from `first` on ran on these GPUs, each of this many tokens: a run that
-    went on with another plan after losing a worker (testbed.recovery) has several."""
+    went on with another plan after losing a worker (testbed.run.recovery) has several."""
 
     first: int
     gpus: tuple[str, ...]

@@ -20,7 +20,8 @@ from testbed.net.state import (
 )
 from testbed.net.teardown import clean_state
 
-OUR_MODULES = ("testbed.net.delayline", "testbed.runtime.worker", "testbed.runtime.decode")
+OUR_MODULES = ("testbed.net.delayline", "testbed.runtime.worker.process",
+               "testbed.runtime.worker.decode")
 
 
 @dataclass

@@ -7,7 +7,7 @@ import json
 import os
 import signal
 
-from testbed.fsutil import write_atomic
+from testbed.common.fsutil import write_atomic
 from testbed.net import netns as kernel
 from testbed.net.layout import Shape
 from testbed.net.network import Network

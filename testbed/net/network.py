@@ -34,7 +34,7 @@ from testbed.net.state import (
     state_lock,
 )
 from testbed.net.teardown import ALLOWED_CC, clean_state
-from testbed.pacing import PACING_RATIO
+from testbed.plan.pacing import PACING_RATIO
 from testbed.topology.cluster import Cluster
 from testbed.topology.model import Topology
 
@@ -51,7 +51,7 @@ ROUTER_SYSCTLS = {
 HOST_SYSCTLS = {
     "net.ipv6.conf.all.disable_ipv6": "1",
     "net.ipv6.conf.default.disable_ipv6": "1",
-    # a paced socket (testbed.pacing) is also paced at a multiple of cwnd/srtt; unpaced
+    # a paced socket (testbed.plan.pacing) is also paced at a multiple of cwnd/srtt; unpaced
     # sockets and BBR (which sets its own rate) do not use these
     "net.ipv4.tcp_pacing_ss_ratio": str(round(PACING_RATIO * 100)),
     "net.ipv4.tcp_pacing_ca_ratio": str(round(PACING_RATIO * 100)),

@@ -7,10 +7,12 @@ from dataclasses import replace
 from enum import StrEnum
 from typing import Any
 
-from testbed.compute import gpu_memory_bytes
+from testbed.common.sizes import MAX_MICROBATCHES
+from testbed.common.units import plural
 from testbed.errors import InputError
-from testbed.job import Job
+from testbed.job.model import Job
 from testbed.plan.collective import EVERY_STEP, Collective
+from testbed.plan.compute import gpu_memory_bytes
 from testbed.plan.lowering import lower
 from testbed.plan.model import (
     Action,
@@ -30,9 +32,7 @@ from testbed.plan.torch_order import (
     checked_torch_order,
     stage_ranks,
 )
-from testbed.sizes import MAX_MICROBATCHES
 from testbed.topology.model import Topology
-from testbed.units import plural
 
 
 class LinkKind(StrEnum):

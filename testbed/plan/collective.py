@@ -86,7 +86,7 @@ class Collective:
     reduces: Reduces = Reduces.GRADIENTS
     fragment: int = 0
     fragments: int = 1
-    """Fragment `fragment` of `fragments` of the stage's parameters (testbed.fragments
+    """Fragment `fragment` of `fragments` of the stage's parameters (testbed.job.fragments
     says which tensors); 0 of 1 is all of them."""
     payload: str = ""
     """fp32, bf16, fp16, int8, int4 or topP% (see PAYLOADS); '' is the job's dtype."""

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from testbed.compute import collective_bytes, stage_cost
-from testbed.job import Job
+from testbed.common.units import human_bytes, human_duration, plural
+from testbed.job.model import Job
 from testbed.plan.activations import in_flight
 from testbed.plan.collective import Reduces, Scope
+from testbed.plan.compute import collective_bytes, stage_cost
 from testbed.plan.ideal import ideal_bubble_fraction
 from testbed.plan.model import Op, Plan
 from testbed.plan.text import format_cycle
 from testbed.topology.model import Topology
-from testbed.units import human_bytes, human_duration, plural
 
 
 def wan_crossings(plan: Plan, topology: Topology) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from testbed.plan.model import Action, Op, Plan
 
 UNIT = {Op.F: 1.0, Op.B: 2.0, Op.I: 1.0, Op.W: 1.0}
-"""A backward costs two forwards (as testbed.compute models it); torch's zero-bubble
+"""A backward costs two forwards (as testbed.plan.compute models it); torch's zero-bubble
 schedules assume its halves equal."""
 
 

@@ -14,19 +14,19 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from testbed.compute import gpu_memory_bytes
+from testbed.common.input_files import MAX_CSV_BYTES, read_input
+from testbed.common.sizes import MAX_MICROBATCHES
+from testbed.common.units import plural
 from testbed.errors import InputError, PlanError
-from testbed.input_files import MAX_CSV_BYTES, read_input
-from testbed.job import Job
+from testbed.job.model import Job
 from testbed.plan.build import Schedule, build_plan, file_order_placement
+from testbed.plan.compute import gpu_memory_bytes
 from testbed.plan.model import Plan
 from testbed.plan.schedules import Sends
 from testbed.plan.text import parse_plan_csv
 from testbed.plan.torch_order import is_torch_csv, parse_torch_csv
 from testbed.plan.validate import validate_plan
-from testbed.sizes import MAX_MICROBATCHES
 from testbed.topology.model import Topology
-from testbed.units import plural
 
 
 def load_plan(path: str | Path, topology: Topology, job: Job) -> Plan:

@@ -12,10 +12,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from testbed.common.input_files import MAX_CSV_BYTES, read_input
+from testbed.common.units import plural
 from testbed.errors import InputError
-from testbed.input_files import MAX_CSV_BYTES, read_input
 from testbed.plan.model import Action, HostTcp, OuterOptimizer, Plan, Sharing, Worker
-from testbed.units import plural
 
 _INT_META = ("dp", "pp", "tp", "microbatches", "microbatch_size")
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from testbed.errors import InputError
-from testbed.job import Job
+from testbed.job.model import Job
 from testbed.plan.model import Action
 
 TORCH_CLASSES = {

@@ -7,9 +7,8 @@ TrainingPolicy and BubblePolicy as the current one) and the registry refuses a m
 
 from __future__ import annotations
 
-from testbed.compute import StageCost, ring_allreduce_s, stage_cost
 from testbed.errors import InputError
-from testbed.job import Job
+from testbed.job.model import Job
 from testbed.plan.build import (
     Connections,
     LinkKind,
@@ -24,6 +23,7 @@ from testbed.plan.build import (
     virtual_placement,
 )
 from testbed.plan.collective import Collective, Reduces, Scope
+from testbed.plan.compute import StageCost, ring_allreduce_s, stage_cost
 from testbed.plan.model import (
     Action,
     HostTcp,
@@ -35,6 +35,7 @@ from testbed.plan.model import (
     split_layers,
 )
 from testbed.plan.schedules import Sends
+from testbed.plan.tcp_model import PAYLOAD_EFFICIENCY, WINDOW_EFFICIENCY, HostLimits
 from testbed.policy.base import (
     API_VERSION,
     Bubble,
@@ -57,7 +58,6 @@ from testbed.policy.option_parsers import (
     payload,
     positive,
 )
-from testbed.tcp_model import PAYLOAD_EFFICIENCY, WINDOW_EFFICIENCY, HostLimits
 from testbed.topology.model import Topology
 
 __all__ = [

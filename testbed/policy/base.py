@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
 from testbed.errors import InputError, did_you_mean
-from testbed.job import Job
+from testbed.job.model import Job
 from testbed.plan.model import Op, Plan
 from testbed.policy.context import PlanningContext
 from testbed.topology.model import Topology

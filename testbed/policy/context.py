@@ -12,10 +12,10 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-from testbed.job import Job
+from testbed.job.model import Job
 from testbed.plan.model import Plan
+from testbed.plan.tcp_model import HostLimits
 from testbed.policy.parallel import Pool, forked_pool
-from testbed.tcp_model import HostLimits
 
 R = TypeVar("R")
 

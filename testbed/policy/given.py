@@ -7,7 +7,7 @@ which grants links first come first served, as the base policy does."""
 from __future__ import annotations
 
 from testbed.errors import InputError
-from testbed.job import Job
+from testbed.job.model import Job
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.policy.context import PlanningContext

@@ -14,7 +14,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from testbed.errors import InputError, PluginError, did_you_mean
-from testbed.job import Job
+from testbed.job.model import Job
 from testbed.plan.model import Plan
 from testbed.plan.validate import validate_plan
 from testbed.policy.base import API_VERSION, BubblePolicy, TrainingPolicy

@@ -15,14 +15,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from testbed.choices import TraceChoice
-from testbed.fsutil import atomic_output
+from testbed.common.choices import TraceChoice
+from testbed.common.fsutil import atomic_output
+from testbed.common.span_table import rows
+from testbed.common.spans import Span, SpanDetail, SpanKind
+from testbed.common.units import plural
 from testbed.plan.model import Plan
 from testbed.report.stream import write_json_items
-from testbed.span_table import rows
-from testbed.spans import Span, SpanDetail, SpanKind
 from testbed.topology import Topology
-from testbed.units import plural
 
 SUMMARY_GPUS = 256
 """Tracks a summary trace keeps at most (whole replicas, at least one)."""

@@ -17,8 +17,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from testbed.choices import FigureFormat
-from testbed.fsutil import atomic_output, write_atomic
+from testbed.common.choices import FigureFormat
+from testbed.common.fsutil import atomic_output, write_atomic
 
 FORMATS: tuple[FigureFormat, ...] = ("png", "pdf", "svg")
 DPI = 150
@@ -28,7 +28,7 @@ WIDE = 10.0
 
 def save_figure(fig: Any, path: Path) -> None:
     """Write a figure in the format its suffix names (never through a link there:
-    testbed.fsutil), cropped to what it draws so no title or label is cut, and close it."""
+    testbed.common.fsutil), cropped to what it draws so no title or label is cut, and close it."""
     fmt = path.suffix.lstrip(".")
     if fmt not in FORMATS:
         raise ValueError(f"{path}: figures are {', '.join(FORMATS)}")

@@ -16,8 +16,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
+from testbed.common.spans import Span
 from testbed.report.figure_files import beside, save_figure, write_csv
-from testbed.spans import Span
 
 HATCH = {"forward": "", "backward": "", "step": "", "allreduce": "xx", "recv": "..",
          "wait_grant": "//", "wait_send": "\\\\", "prefill": "oo", "kv_transfer": "--"}

@@ -13,6 +13,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from testbed.common.spans import Span
+from testbed.common.units import parse_duration, parse_rate
 from testbed.metrics.loss import LossPoint
 from testbed.report.figure_files import (
     beside,
@@ -22,8 +24,6 @@ from testbed.report.figure_files import (
     spans_decade,
     write_csv,
 )
-from testbed.spans import Span
-from testbed.units import parse_duration, parse_rate
 
 HATCHES = ("", "//", "..", "xx", "\\\\", "--", "oo", "++")
 

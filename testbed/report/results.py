@@ -15,22 +15,22 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from testbed.bubbles import RequestRow
-from testbed.choices import TraceChoice
-from testbed.compute import memory_summary
-from testbed.fsutil import atomic_output, write_atomic
-from testbed.job import Job
+from testbed.common.choices import TraceChoice
+from testbed.common.fsutil import atomic_output, write_atomic
+from testbed.common.span_table import rows
+from testbed.common.spans import Span
+from testbed.common.yamlio import to_yaml
+from testbed.inference.bubbles import RequestRow
+from testbed.job.model import Job
 from testbed.metrics.loss import loss_curve, no_loss_reason, time_to_loss
 from testbed.metrics.summary import Summary
+from testbed.plan.compute import memory_summary
 from testbed.plan.model import Plan
 from testbed.plan.text import plan_to_csv
 from testbed.report.chrome import TRACE_FILE, trace_events, trace_scope, write_trace
+from testbed.report.run_dirs import fresh_directory
 from testbed.report.stream import dumps, write_json_items
-from testbed.run_dirs import fresh_directory
-from testbed.span_table import rows
-from testbed.spans import Span
 from testbed.topology import Topology, dump_topology
-from testbed.yamlio import to_yaml
 
 SCHEMA = 1
 RUNS_DIR = Path("runs")

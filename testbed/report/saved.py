@@ -11,9 +11,9 @@ from typing import Any
 
 import orjson
 
+from testbed.common.spans import Span
 from testbed.errors import InputError
 from testbed.report.compare import RunEntry
-from testbed.spans import Span
 
 NUMBER = "number"
 OPTIONAL_NUMBER = "number or null"

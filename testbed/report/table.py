@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from testbed.common.units import human_bytes, plural
 from testbed.metrics.loss import time_to_loss_text
-from testbed.units import human_bytes, plural
 
 
 def _pct(value: float | None) -> str:

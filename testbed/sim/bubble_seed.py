@@ -1,14 +1,14 @@
 """Bubbles predicted from the plan: until waits have been measured the broker also uses the
 simulator's model of them, so the first iteration is filled too, and the second is not
-planned on the first's waits alone (testbed.bubbles.BubbleBroker.modeled_waits)."""
+planned on the first's waits alone (testbed.inference.bubbles.BubbleBroker.modeled_waits)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from testbed.errors import TestbedError
-from testbed.inference import WaitKey, predicted_bubbles
-from testbed.job import Job
+from testbed.inference.workload import WaitKey, predicted_bubbles
+from testbed.job.model import Job
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.sim.profile import Profile

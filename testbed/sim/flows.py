@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from testbed.pacing import PACING_RATIO
-from testbed.tcp_model import MSS
+from testbed.plan.pacing import PACING_RATIO
+from testbed.plan.tcp_model import MSS
 
 INITIAL_WINDOW = 10 * MSS
 RTO_MIN = 0.2

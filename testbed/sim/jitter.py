@@ -10,7 +10,7 @@ import random
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
-from testbed.units import parse_fraction
+from testbed.common.units import parse_fraction
 
 NoiseKind = Literal["compute", "prefill", "network"]
 KINDS: tuple[NoiseKind, ...] = ("compute", "prefill", "network")

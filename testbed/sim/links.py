@@ -8,7 +8,7 @@ import functools
 import itertools
 from collections.abc import Iterable
 
-from testbed.net_events import Change
+from testbed.scenario.net_events import Change
 from testbed.sim.network import RTO_MIN, FluidNetwork, Schedule, resume_after_outage
 from testbed.sim.workers import SimWorker
 from testbed.topology.model import Topology

@@ -1,13 +1,13 @@
 """A scenario's failure in the simulator: the first that takes a GPU of the plan ends the
-run at its time, with what ended before it (testbed.segments goes on from there)."""
+run at its time, with what ended before it (testbed.run.segments goes on from there)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from testbed.net_events import NetEvent, event_spans
-from testbed.scenario import WorkerLoss
-from testbed.span_table import SpanTable
+from testbed.common.span_table import SpanTable
+from testbed.scenario.net_events import NetEvent, event_spans
+from testbed.scenario.scenario import WorkerLoss
 
 
 def first_loss(losses: Sequence[WorkerLoss], gpus: Sequence[str]) -> WorkerLoss | None:

@@ -8,7 +8,7 @@ Each round a flow may send one window of bytes at its fair share of the path; if
 out before the round (RTT) is over it pauses, and its share goes to others. So a transfer
 smaller than a window leaves at line rate, one flow on a long link averages window/RTT,
 and many flows fill the link. There is no loss: senders whose messages could overflow a queue
-are paced (testbed.pacing), as the emulator's are, and within a round a paced flow sends
+are paced (testbed.plan.pacing), as the emulator's are, and within a round a paced flow sends
 at most PACING_RATIO windows per RTT. Rounds that change nothing but the window run
 without events of their own (`FluidNetwork._coast`), to the same results.
 Pure: time is passed in, nothing sleeps.
@@ -21,14 +21,14 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from testbed.plan.tcp_model import MSS as MSS
+from testbed.plan.tcp_model import PAYLOAD_EFFICIENCY as PAYLOAD_EFFICIENCY
+from testbed.plan.tcp_model import WINDOW_EFFICIENCY as WINDOW_EFFICIENCY
 from testbed.sim.flows import INITIAL_WINDOW as INITIAL_WINDOW
 from testbed.sim.flows import RTO_MIN as RTO_MIN
 from testbed.sim.flows import Flow, cap, plain_round, state_of
 from testbed.sim.flows import Pair as Pair
 from testbed.sim.max_min import max_min as max_min
-from testbed.tcp_model import MSS as MSS
-from testbed.tcp_model import PAYLOAD_EFFICIENCY as PAYLOAD_EFFICIENCY
-from testbed.tcp_model import WINDOW_EFFICIENCY as WINDOW_EFFICIENCY
 
 
 def resume_after_outage(outage_s: float, rto_s: float) -> float:

@@ -4,7 +4,7 @@ connection counts without a training job around them."""
 
 from __future__ import annotations
 
-from testbed.pacing import paced
+from testbed.plan.pacing import paced
 from testbed.sim.agenda import Agenda
 from testbed.sim.network import RTO_MIN, WINDOW_EFFICIENCY, FluidNetwork, Pair
 from testbed.topology.model import Topology

@@ -14,8 +14,8 @@ from contextvars import ContextVar
 from typing import Any
 
 from testbed.errors import TestbedError
-from testbed.host_limits import this_machine
-from testbed.job import Job
+from testbed.job.model import Job
+from testbed.plan.host_limits import this_machine
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.policy.context import PlanningContext

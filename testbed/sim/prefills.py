@@ -7,15 +7,15 @@ from __future__ import annotations
 import functools
 import itertools
 
-from testbed.bubbles import BubbleBroker
-from testbed.inference import kv_bytes, modeled_batch_s
-from testbed.job import InferenceWorkload
+from testbed.common.span_table import SpanTable
+from testbed.inference.bubbles import BubbleBroker
+from testbed.inference.workload import kv_bytes, modeled_batch_s
+from testbed.job.model import InferenceWorkload
 from testbed.policy.base import Chunk, Request
 from testbed.sim.jitter import Noise
 from testbed.sim.links import Links
 from testbed.sim.network import WINDOW_EFFICIENCY, FluidNetwork, Pair, Schedule
 from testbed.sim.workers import Resume, SimWorker
-from testbed.span_table import SpanTable
 from testbed.topology.model import Topology
 
 

@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from testbed.common.fsutil import write_atomic
 from testbed.errors import InputError
-from testbed.fsutil import write_atomic
 from testbed.report.saved import INTEGER, OPTIONAL_TEXT, check, per_gpu, read_json, read_span_rows
 
 Profile = dict[int, dict[str, float]]

@@ -15,14 +15,14 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from testbed.compute import collective_bytes, ring_allgather_s, ring_allreduce_s
-from testbed.job import Job
+from testbed.common.span_table import SpanTable
+from testbed.job.model import Job
 from testbed.plan.collective import Collective, Scope
+from testbed.plan.compute import collective_bytes, ring_allgather_s, ring_allreduce_s
 from testbed.plan.model import Op, Plan
 from testbed.sim.network import Schedule
 from testbed.sim.transfers import Transfers
 from testbed.sim.workers import Joined, Resume, SimWorker
-from testbed.span_table import SpanTable
 from testbed.topology.model import Topology
 
 GroupKey = tuple[int, Scope, str]

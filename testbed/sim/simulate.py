@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from testbed.bubbles import BubbleBroker
+from testbed.common.spans import Span
 from testbed.errors import TestbedError
-from testbed.job import Job
+from testbed.inference.bubbles import BubbleBroker
+from testbed.job.model import Job
 from testbed.metrics.summary import Summary, run_iteration_s, summarize
-from testbed.net_events import NetEvent
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
+from testbed.scenario.net_events import NetEvent
+from testbed.scenario.slowdowns import Straggler
 from testbed.sim.jitter import Jitter
 from testbed.sim.profile import Profile
 from testbed.sim.simulator import SimResult, Simulator
-from testbed.slowdowns import Straggler
-from testbed.spans import Span
 from testbed.topology.model import Topology
 
 
@@ -27,7 +27,7 @@ def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPoli
                   ) -> tuple[Summary, Sequence[Span]]:
     """Simulate a plan; the summary and spans, computed exactly as for the emulator.
     `events`: what changes the links (network events, link traces' steps);
-    `stragglers`: slower compute (testbed.slowdowns)."""
+    `stragglers`: slower compute (testbed.scenario.slowdowns)."""
     result = _run(Simulator(topology, job, plan, policy, profile, bubbles=broker,
                             events=events, jitter=jitter, stragglers=stragglers))
     return summarize(result.spans, plan.used_gpus(), result.start, tokens_per_iteration(job, plan),

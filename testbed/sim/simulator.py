@@ -14,12 +14,12 @@ import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from testbed.bubbles import BubbleBroker
-from testbed.compute import stage_costs
-from testbed.job import Job
+from testbed.common.span_table import SpanTable
+from testbed.inference.bubbles import BubbleBroker
+from testbed.job.model import Job
 from testbed.metrics.summary import median_at_least, slower_after
-from testbed.net_events import NetEvent, changes, event_spans
 from testbed.plan.collective import Collective
+from testbed.plan.compute import stage_costs
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.plan.interpret import (
     AllReduce,
@@ -42,7 +42,9 @@ from testbed.plan.interpret import (
 from testbed.plan.model import Action, Plan
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import TrainingPolicy
-from testbed.scenario import WorkerLoss
+from testbed.scenario.net_events import NetEvent, changes, event_spans
+from testbed.scenario.scenario import WorkerLoss
+from testbed.scenario.slowdowns import Straggler, factor_at, slowdowns_for
 from testbed.sim.agenda import Agenda
 from testbed.sim.jitter import Jitter, Noise
 from testbed.sim.links import Links, capacities
@@ -52,8 +54,6 @@ from testbed.sim.prefills import Prefills
 from testbed.sim.rings import AllReduces
 from testbed.sim.transfers import Transfers
 from testbed.sim.workers import SendKey, SimWorker
-from testbed.slowdowns import Straggler, factor_at, slowdowns_for
-from testbed.span_table import SpanTable
 from testbed.topology.model import Topology
 
 

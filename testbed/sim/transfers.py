@@ -10,15 +10,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from testbed.pacing import GRADIENTS, paced
+from testbed.common.span_table import SpanTable
 from testbed.plan.model import Op, Plan, Sharing
+from testbed.plan.pacing import GRADIENTS, paced
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import Transfer
 from testbed.sim.jitter import Noise
 from testbed.sim.links import Links
 from testbed.sim.network import RTO_MIN, WINDOW_EFFICIENCY, FluidNetwork, Pair
 from testbed.sim.workers import SimWorker
-from testbed.span_table import SpanTable
 from testbed.topology.model import Topology
 
 Arrival = Callable[[float], None]
@@ -54,7 +54,7 @@ class Transfers:
     def pair(self, src: SimWorker, dst: SimWorker, latency: float, largest: float,
              now: float) -> Pair:
         """The pair's connections; `largest`: the biggest message they carry, which decides
-        whether they are paced (testbed.pacing), as in the emulator."""
+        whether they are paced (testbed.plan.pacing), as in the emulator."""
         key = (src.lead, dst.lead)
         if key not in self.pairs:
             tcp_src, tcp_dst = self.topology.tcp_for(src.dc), self.topology.tcp_for(dst.dc)

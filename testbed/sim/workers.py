@@ -9,11 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Unpack
 
+from testbed.common.span_table import SpanTable
+from testbed.common.spans import SpanDetail, SpanKind
 from testbed.plan.collective import Collective
 from testbed.plan.interpret import Phase, SendWait, Step
-from testbed.slowdowns import Slowdown
-from testbed.span_table import SpanTable
-from testbed.spans import SpanDetail, SpanKind
+from testbed.scenario.slowdowns import Slowdown
 
 SendKey = tuple[int, Phase, int, int]
 """(iteration, phase, receiving stage, microbatch) of one of a worker's sends (a GPU

@@ -13,11 +13,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed.common.fields import Fields, integer, positive, text
+from testbed.common.yamlio import read_yaml
 from testbed.errors import InputError
-from testbed.fields import Fields, integer, positive, text
 from testbed.net.layout import MAX_SLOTS
 from testbed.topology.model import Topology
-from testbed.yamlio import read_yaml
 
 MACHINE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 VXLAN_OVERHEAD = 50

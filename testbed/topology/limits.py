@@ -3,8 +3,8 @@ against, in topology files and network events alike."""
 
 from __future__ import annotations
 
-from testbed.fields import bounded, positive
-from testbed.units import format_duration, format_rate, parse_duration, parse_rate
+from testbed.common.fields import bounded, positive
+from testbed.common.units import format_duration, format_rate, parse_duration, parse_rate
 
 # What both backends can do: rates from 1 Mbit/s (slower links make a tiny message last
 # minutes and the kernel's rate tables coarse; the shapers' upper limits are checked when

@@ -5,8 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from testbed.fields import Fields, at_most, boolean, integer, number, positive, text
-from testbed.sizes import MAX_GPUS
+from testbed.common.fields import Fields, at_most, boolean, integer, number, positive, text
+from testbed.common.sizes import MAX_GPUS
+from testbed.common.units import (
+    format_duration,
+    format_flops,
+    format_fraction,
+    format_rate,
+    format_size,
+    parse_duration,
+    parse_flops,
+    parse_fraction,
+    parse_size,
+)
+from testbed.common.yamlio import read_yaml
 from testbed.topology.limits import DC_LATENCY, RATE, WAN_LATENCY
 from testbed.topology.model import (
     BUILTIN_GPU_TYPES,
@@ -20,18 +32,6 @@ from testbed.topology.model import (
     Topology,
     WanLink,
 )
-from testbed.units import (
-    format_duration,
-    format_flops,
-    format_fraction,
-    format_rate,
-    format_size,
-    parse_duration,
-    parse_flops,
-    parse_fraction,
-    parse_size,
-)
-from testbed.yamlio import read_yaml
 
 TOPOLOGY_KEYS = ("name", "tcp", "gpu_types", "datacenters", "wan", "job", "events")
 DATACENTER_KEYS = ("name", "gpus", "gpu", "bandwidth", "latency", "tcp")
@@ -67,7 +67,7 @@ def parse_topology(
                         tuple(events) if events is not None else None, source)
     _check_connected(topology, top)
     if events is not None:
-        from testbed.net_events import parse_events
+        from testbed.scenario.net_events import parse_events
 
         parse_events(list(events), topology, source)  # refuse a bad event now
     return topology

@@ -135,9 +135,9 @@ class Topology:
     links: tuple[WanLink, ...]
     tcp: TcpSettings = TcpSettings()
     job: Mapping[str, Any] | None = None
-    """The raw `job` section; `testbed.job` parses it."""
+    """The raw `job` section; `testbed.job.model` parses it."""
     events: tuple[Any, ...] | None = None
-    """The raw `events` section; `testbed.net_events` parses it against the links."""
+    """The raw `events` section; `testbed.scenario.net_events` parses it against the links."""
     source: str | None = field(default=None, compare=False)
 
     def dc(self, name: str) -> Datacenter:

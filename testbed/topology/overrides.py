@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from testbed.common.units import plural
+from testbed.common.yamlio import parse_yaml
 from testbed.errors import InputError, did_you_mean
 from testbed.topology.load import DATACENTER_KEYS, LINK_KEYS, dump_topology, parse_topology
 from testbed.topology.model import Topology
-from testbed.units import plural
-from testbed.yamlio import parse_yaml
 
 SECTIONS = ("wan", "tcp", "dc", "dcs")
 """First parts of the keys that are the topology's, not the job's."""

@@ -1,0 +1,285 @@
+"""The emulator as a backend: the plan run by real processes over the emulated WAN, with
+the simulator's prediction beside it and time dilation where the links exceed what this
+machine can forward."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal
+
+from testbed.backends.emulate_segments import Segments, segment_runner
+from testbed.backends.simulate import (
+    SimulatorBackend,
+    check_recoverable,
+    joined_spans,
+    recovery_results,
+    simulate_with_failures,
+)
+from testbed.common.choices import EmulatedCompute
+from testbed.common.spans import Span
+from testbed.common.units import human_bytes
+from testbed.errors import InputError, TestbedError
+from testbed.inference.bubbles import inference_results, make_broker
+from testbed.metrics.overruns import prefill_overruns
+from testbed.metrics.summary import summarize
+from testbed.plan.model import Plan
+from testbed.policy.base import TrainingPolicy
+from testbed.report.results import RunRecord
+from testbed.run.backend import BackendRun, Say
+from testbed.run.checkpoint import Progress
+from testbed.run.dilation import (
+    MachineLoad,
+    choose_for,
+    dilate_events,
+    dilate_job,
+    dilate_topology,
+    peak_rate_bps,
+    represented_inference,
+    represented_requests,
+    represented_spans,
+    spans_per_second,
+    usable_share,
+)
+from testbed.run.resume import check_checkpointable, checkpoints_for, save_settings
+from testbed.run.segments import run_segments
+from testbed.run.spec import RunSpec
+from testbed.runtime.coordinator.coordinator import Coordinator, Interrupted, RunFailed
+from testbed.runtime.coordinator.health import busy_now, suggest_dilation
+from testbed.runtime.coordinator.memory import (
+    MemoryPlan,
+    MemoryUse,
+    available_memory,
+    coordinator_now,
+    predict_memory,
+)
+from testbed.runtime.coordinator.preflight import check_emulable, choose_compute
+from testbed.runtime.coordinator.run_config import RunConfig
+from testbed.runtime.coordinator.signals import run_with_signals
+from testbed.runtime.worker.process import run_loop
+from testbed.scenario.scenario import dilated
+from testbed.sim.bubble_seed import modeled_waits
+from testbed.sim.simulate import simulate_plan, tokens_per_iteration, wan_capacity_bps
+from testbed.topology.seats import describe_run
+
+PREDICTED_ITERATIONS = 20
+"""Iterations the simulator runs to predict an emulated run's iteration time (and peak
+rate): enough for the steady state, few enough that a run of a million iterations does
+not wait for its prediction."""
+
+
+class EmulatorBackend:
+    name: Literal["emulate"] = "emulate"
+
+    def check(self, spec: RunSpec, plan: Plan, resume: Progress | None) -> None:
+        """What the emulator does not run is refused before anything starts (torch's
+        whole schedule language it runs: virtual stages, split backwards, overlapped
+        units)."""
+        if spec.jitter:
+            raise InputError("applies to the simulator: an emulated run has its own noise",
+                             "--jitter")
+        check_emulable(spec, plan)
+        check_recoverable(spec)
+        if spec.checkpoint_every or resume:
+            check_checkpointable(spec, plan)
+        if spec.cluster is not None:
+            check_across_machines(spec, resume)
+
+    def execute(self, spec: RunSpec, plan: Plan, policy: TrainingPolicy, directory: Path,
+                say: Say, resume: Progress | None) -> BackendRun:
+        return _emulate(spec, plan, policy, directory, say, resume)
+
+
+def check_across_machines(spec: RunSpec, resume: Progress | None) -> None:
+    """What a run across machines does not do yet, refused before anything starts."""
+    if spec.checkpoint_every or resume is not None:
+        raise InputError("checkpoints and --resume are for runs on one machine", "--cluster")
+    if spec.scenario.failures:
+        raise InputError("a scenario's failures are for runs on one machine", "--cluster")
+
+
+def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path, say: Say,
+             resume: Progress | None) -> BackendRun:
+    mode = choose_compute(spec.compute, len(plan.used_gpus()))
+    broker = make_broker(spec.topology, spec.job, plan, spec.bubble_policy, spec.bubble_options)
+    simulable = False
+    try:
+        SimulatorBackend().check(spec, plan, resume)  # what it does not run, it cannot predict
+        simulable = True
+        preview = replace(spec.job, iterations=min(
+            spec.job.iterations, max(PREDICTED_ITERATIONS, plan.period)))
+        simulated, predicted_spans = simulate_plan(spec.topology, preview, plan, chosen,
+                                                   spec.profile, broker, spec.link_events,
+                                                   stragglers=spec.scenario.stragglers)
+        predicted = simulated.typical_s
+    except TestbedError as exc:  # the emulator can still run the plan
+        say(f"warning: no prediction for this run: {exc}")
+        predicted, predicted_spans = None, []
+    memory = predict_memory(spec.topology, spec.job, plan, mode, coordinator_now())
+    k = _choose_dilation(spec, predicted_spans, mode, plan, memory, say)
+    if predicted is not None:
+        wall = predicted * (spec.job.iterations + 1) * k
+        say(f"the simulator predicts {predicted:.3f} s per iteration; at dilation "
+            f"{k} training takes about {_wall_time(wall)} of wall time")
+        if spec.wall_budget_s is not None and wall > spec.wall_budget_s:
+            raise TestbedError(
+                f"not run: at dilation {k} it would take about {_wall_time(wall)} of wall "
+                f"time ({predicted:.3g} s per iteration predicted), over the "
+                f"{_wall_time(spec.wall_budget_s)} budget")
+    if spec.checkpoint_every and resume is None:
+        save_settings(directory, spec, mode, k)
+    if spec.scenario.failures:
+        return _in_segments(spec, plan, chosen, directory, say, mode, k, predicted, memory)
+    checkpoints = None
+    if spec.checkpoint_every or resume:
+        checkpoints = checkpoints_for(directory, spec.checkpoint_every, len(plan.used_gpus()),
+                                      resume)
+    config = RunConfig(dilate_topology(spec.topology, k), dilate_job(spec.job, k), plan, chosen,
+                       mode, directory / "logs", spec.shaper, spec.stall_timeout_s * k,
+                       allreduce=spec.allreduce, pacing=spec.pacing,
+                       activations=spec.activations, bubble_policy=spec.bubble_policy,
+                       bubble_options=spec.bubble_options,
+                       bubble_seed=modeled_waits(spec.topology, spec.job, plan, chosen,
+                                                 spec.profile, k)
+                       if spec.bubble_policy and simulable else {},
+                       events=dilate_events(spec.link_events, k), dilation=k,
+                       checkpoints=checkpoints, cluster=spec.cluster,
+                       stragglers=dilated(spec.scenario, k).stragglers)
+    coordinator = Coordinator(config, say=say)
+    error: TestbedError | None = None
+    try:
+        run_loop(run_with_signals(coordinator))
+    except (RunFailed, Interrupted) as exc:
+        error = exc
+    outcome = coordinator.outcome
+    if outcome is None:
+        raise error or TestbedError("the run ended before it started")
+    spans = represented_spans(outcome.spans, outcome.start, k)
+    summary = outcome.summary if k == 1 else summarize(
+        spans, plan.used_gpus(), outcome.start, tokens_per_iteration(spec.job, plan),
+        wan_capacity_bps(spec.topology, plan), plan.period)
+    health = outcome.health
+    if health is not None and health.cpu_bound and predicted and summary.typical_s:
+        # what the run needed to keep the represented pace sets the next dilation
+        health = replace(health, suggested_dilation=suggest_dilation(
+            k, health.cpu_busy, summary.typical_s / predicted))
+    if health is not None and health.warning():
+        say(f"warning: {health.warning()}")
+    until = max((s["end"] for s in outcome.spans), default=outcome.start) - outcome.start
+    inference = inference_results(coordinator.topology, coordinator.job, plan,
+                                  coordinator.broker, until)
+    record = RunRecord(
+        backend="emulate", policy=spec.policy, bubble_policy=spec.bubble_policy,
+        topology=spec.topology, job=spec.job, plan=plan, shaper=outcome.shaper,
+        compute=mode, summary=summary, spans=spans, start=outcome.start,
+        status=outcome.status, error=outcome.error, losses=outcome.losses,
+        policy_options=spec.policy_options,
+        extra={"allreduce": spec.allreduce, "pacing": spec.pacing,
+               "activations": spec.activations, "events": [e.as_raw() for e in spec.events],
+               "scenario": spec.scenario.as_results(),
+               "dilation": k, "dilation_requested": spec.dilation,
+               "checkpoint_every": spec.checkpoint_every,
+               "cluster": None if spec.cluster is None else describe_run(spec.cluster),
+               "resumed_at": resume.resumed_at if resume else [],
+               **prediction_fields(predicted, summary.typical_s),
+               "emulation": None if health is None else health.as_dict(),
+               "memory": _memory_block(outcome.memory, memory),
+               "inference": _with_overruns(represented_inference(inference, k), spans,
+                                           coordinator.broker is not None)},
+        requests=None if coordinator.broker is None else represented_requests(
+            coordinator.broker.request_rows(until), k))
+    return BackendRun(record, error)
+
+
+def _in_segments(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
+                 say: Say, mode: EmulatedCompute, k: int, predicted: float | None,
+                 memory: MemoryPlan) -> BackendRun:
+    """A run with a scenario's failures, in segments (testbed.run.segments); the prediction
+    beside it is the simulator's of the same run, failures and recoveries included, and
+    the memory predicted is the first plan's."""
+    try:
+        simulated = simulate_with_failures(spec, plan, chosen, lambda _m: None).record.summary
+        predicted = simulated.typical_s
+    except TestbedError as exc:
+        say(f"warning: no prediction for this run with its failures: {exc}")
+    seen = Segments()
+    joined = run_segments(spec, plan, chosen, segment_runner(spec, chosen, directory, mode, k,
+                                                             say, seen), say)
+    spans = joined_spans(spec, joined)
+    summary = summarize(spans, joined.gpus, 0.0, tokens_per_iteration(spec.job, plan),
+                        wan_capacity_bps(spec.topology, plan), plan.period, joined.epochs)
+    error = joined.error
+    status = "interrupted" if isinstance(error, Interrupted) else "failed" if error else "ok"
+    health = seen.health
+    if health is not None and health.warning():
+        say(f"warning: {health.warning()}")
+    record = RunRecord(
+        backend="emulate", policy=spec.policy, bubble_policy=None, topology=spec.topology,
+        job=spec.job, plan=plan, shaper=seen.shaper, compute=mode, summary=summary,
+        spans=spans, start=0.0, status=status, error=str(error) if error else None,
+        losses=joined.losses, policy_options=spec.policy_options,
+        extra={"allreduce": spec.allreduce, "pacing": spec.pacing,
+               "activations": spec.activations, "events": [e.as_raw() for e in spec.events],
+               "scenario": spec.scenario.as_results(), "dilation": k,
+               "dilation_requested": spec.dilation, "checkpoint_every": spec.checkpoint_every,
+               "cluster": None, "resumed_at": [],
+               **prediction_fields(predicted, summary.typical_s),
+               "emulation": None if health is None else health.as_dict(),
+               "memory": _memory_block(seen.memory, memory),
+               **recovery_results(spec, joined)})
+    return BackendRun(record, error)
+
+
+def _with_overruns(inference: dict[str, Any], spans: list[Span], filled: bool
+                   ) -> dict[str, Any]:
+    """How often prefills held training past their bubbles, in represented time."""
+    return {**inference, "overruns": prefill_overruns(spans).as_dict()} if filled else inference
+
+
+def _memory_block(measured: MemoryUse | None, predicted: MemoryPlan) -> dict[str, Any]:
+    """The run's peak memory as measured, beside what was predicted before it started."""
+    return {**(measured.as_dict() if measured else {}), "predicted": predicted.as_dict(),
+            "available_bytes": available_memory()}
+
+
+def _wall_time(seconds: float) -> str:
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.3g} s"
+
+
+def prediction_fields(predicted: float | None, measured: float | None) -> dict[str, Any]:
+    """The simulator's iteration time for the same plan, and the emulator's error against
+    it (positive: the emulator was slower)."""
+    error = None
+    if predicted and measured is not None:
+        error = (measured - predicted) / predicted
+    return {"predicted_iteration_s": predicted, "prediction_error": error}
+
+
+def _choose_dilation(spec: RunSpec, predicted_spans: Sequence[Span], compute: str,
+                     plan: Plan, memory: MemoryPlan, say: Say) -> int:
+    if spec.dilation != "auto":
+        return spec.dilation
+    from testbed.runtime.coordinator.capacity import cores, machine_capacity_bps, worker_costs
+
+    load = MachineLoad(
+        peak_rate_bps(predicted_spans,
+                      wan_only=spec.activations == "auto" and compute == "emulated"),
+        machine_capacity_bps(say), spans_per_second(predicted_spans),
+        len(plan.used_gpus()), cores(), worker_costs(say))
+    background = busy_now()
+    usable = usable_share(background)
+    k = choose_for(load, usable)
+    say(f"dilation auto: {k}: at dilation 1 the plan asks of this machine's {load.cores} "
+        f"cores {load.forwarding:.0%} to forward its peak {load.peak_bps / 1e9:.2f} Gbit/s "
+        f"(it forwards {load.capacity_bps / 1e9:.2f}), {load.bookkeeping:.0%} for the "
+        f"workers' {load.spans_per_s:,.0f} actions a second "
+        f"({load.costs.span_cpu_s * 1e6:.0f} us of CPU each), both shrinking K-fold, and "
+        f"{load.upkeep:.0%} for {load.workers} workers' upkeep, which does not; it may "
+        f"use {usable:.0%}, half of what other work leaves ({background:.0%} busy now). "
+        f"Memory ({human_bytes(memory.total)} predicted) is the same at any dilation")
+    return k

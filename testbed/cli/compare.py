@@ -1,0 +1,204 @@
+"""`testbed compare` and `testbed report`: policies side by side, honest about noise."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from testbed.cli.options import (
+    checkpoint_option,
+    emulation_options,
+    event_options,
+    force_option,
+    format_option,
+    jitter_option,
+    job_flags,
+    job_options,
+    parse_dilation,
+    results_dir,
+    scenario_options,
+    target_loss_option,
+    trace_option,
+)
+from testbed.common.choices import (
+    ActivationsChoice,
+    BackendName,
+    ComputeChoice,
+    FigureFormat,
+    OnFailure,
+    TraceChoice,
+)
+from testbed.common.fsutil import write_atomic
+from testbed.common.units import plural
+from testbed.errors import InputError
+from testbed.experiments.comparison import GivenRun, comparison_runs, run_comparison, write_compare
+from testbed.experiments.inputs import load_inputs
+from testbed.plan.load import given_plan
+from testbed.policy.registry import DEFAULT_COMPARISON, DEFAULT_POLICY
+from testbed.report.compare import RunEntry, markdown_table, table_rows, table_text
+from testbed.report.results import new_run_dir
+from testbed.report.saved import load_compare, load_spans
+from testbed.run.spec import RunSpec
+from testbed.sim.jitter import Jitter
+from testbed.topology import load_topology
+from testbed.topology.model import Topology
+
+
+@click.command()
+@click.argument("topology", metavar="TOPOLOGY.yaml",
+                type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-p", "--policy", "policies", multiple=True, default=DEFAULT_COMPARISON,
+              show_default=True, help="Training policy; repeat to compare several. The first "
+              "is the baseline for speed-ups. Default: the default policy against Atlas.")
+@click.option("--plan", "plan_paths", multiple=True, metavar="FILE",
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="A plan to run beside the policies, its row named by the file: a plan's "
+              "CSV (`testbed plan --csv`, saved or edited by hand) or torch's CSV form of a "
+              "pipeline schedule, validated and dry-run first, run with the hooks of the "
+              "policy it records (or plan-file). Repeatable; without -p only the plans are "
+              "compared.")
+@click.option("-b", "--bubble", "bubbles", multiple=True,
+              help="Bubble policy; repeat for several. Every policy runs with each.")
+@click.option("-o", "--option", "policy_opts", multiple=True, metavar="[POLICY.]KEY=VALUE",
+              help="Policy option, for one policy (atlas.connections=8) or all.")
+@click.option("--backend", type=click.Choice(["emulate", "simulate"]), default="simulate",
+              show_default=True, help="emulate: real workers over the emulated WAN (root).")
+@click.option("--repeat", type=int, default=1, show_default=True,
+              help="Runs per combination; the table shows the median and the spread.")
+@click.option("--compute", type=click.Choice(["auto", "real", "emulated"]), default="auto",
+              show_default=True, help="Compute mode for the emulate backend.")
+@job_options
+@event_options
+@scenario_options
+@checkpoint_option
+@emulation_options
+@jitter_option
+@target_loss_option
+@trace_option
+@force_option
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Directory for the comparison (default: a new one under runs/).")
+@format_option
+def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, ...],
+            bubbles: tuple[str, ...], policy_opts: tuple[str, ...], backend: BackendName,
+            repeat: int,
+            compute: ComputeChoice, out: Path | None, pacing: str,
+            activations: ActivationsChoice, dilation: str, jitter: Jitter | None,
+            target_loss: float | None, force: bool, fmt: FigureFormat,
+            trace: TraceChoice, on_failure: OnFailure, checkpoint_every: int | None,
+            **kwargs: Any) -> None:
+    """Run policies on the same topology, job and seed, one after another, and compare.
+
+    Prints a table (iteration time with its spread over repeats, speed-up against the
+    first policy as a ratio of tokens/s, tokens/s, the time to --target-loss, GPU and WAN
+    utilization, TTFT when bubbles are filled) and writes compare.json, compare.csv, every
+    run's own directory, and plots (iterations.png, gantt.png, wan.png, and loss.png: loss
+    against time, where the runs measured a loss). A run that fails is reported as
+    failed, with why under the table; the others still run. `testbed report DIR` redraws
+    all of it from the files.
+    """
+    if repeat < 1:
+        raise InputError("must be at least 1", "--repeat")
+    if backend == "emulate":
+        from testbed.cli.net import require_root
+
+        require_root()
+    factor = parse_dilation(dilation)
+    if backend == "simulate" and factor != 1:
+        raise InputError("applies to --backend emulate only (the simulator has no clock "
+                         "to slow down)", "--dilation")
+    if backend == "emulate" and jitter:
+        raise InputError("applies to --backend simulate only (an emulated run has its own "
+                         "noise)", "--jitter")
+    inputs = load_inputs(topology, **job_flags(kwargs))
+    if plan_paths and click.get_current_context().get_parameter_source(
+            "policies") is not ParameterSource.COMMANDLINE:
+        policies = ()  # the plans alone, unless policies are named beside them
+    plans = [GivenRun(str(path), *given_plan(path, inputs.topology, inputs.job))
+             for path in plan_paths]
+    base = RunSpec(backend, inputs.topology, inputs.job, DEFAULT_POLICY, {}, compute=compute,
+                   events=inputs.events, pacing=pacing == "on", activations=activations,
+                   dilation=factor, jitter=jitter, target_loss=target_loss, trace=trace,
+                   scenario=inputs.scenario, on_failure=on_failure,
+                   checkpoint_every=checkpoint_every or 0)
+    runs = comparison_runs(base, policies, bubbles, policy_opts, repeat, plans)
+    directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, "compare"))
+    with click.progressbar(length=len(runs), label=f"{backend}: {plural(len(runs), 'run')}",
+                           file=sys.stderr, item_show_func=lambda x: x) as bar:
+        done = run_comparison(runs, directory, lambda name: bar.update(0, name),
+                              lambda name: bar.update(1, name))
+    entries = [entry for entry, _ in done]
+    config = {"topology": str(topology), "backend": backend,
+              "policies": list(policies), "plans": [str(p) for p in plan_paths],
+              "bubbles": list(bubbles), "repeat": repeat,
+              "options": list(policy_opts), "job_overrides": _overrides(kwargs),
+              "jitter": jitter.as_dict() if jitter else None, "target_loss": target_loss,
+              "scenario": inputs.scenario.source, "on_failure": on_failure}
+    write_compare(directory, config, entries)
+    if jitter:
+        click.echo(f"jitter (CV): compute {jitter.compute:.0%}, prefill {jitter.prefill:.0%}, "
+                   f"network {jitter.network:.0%}; seeds {inputs.job.seed}.."
+                   f"{inputs.job.seed + repeat - 1}")
+    show(directory, entries, inputs.topology, fmt=fmt)
+
+
+def _overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in kwargs.items()
+            if v not in (None, ())}
+
+
+def show(directory: Path, entries: list[RunEntry], topology: Topology,
+         plots: bool = True, fmt: FigureFormat = "png") -> None:
+    """Print the table and draw every plot from the runs' files, each in `fmt` with its
+    CSV beside it."""
+    from testbed.report.gantt import GanttPanel, gantt_plot
+    from testbed.report.plots import iteration_plot, loss_plot, wan_plot
+
+    rows = table_rows(entries)
+    firsts: dict[str, RunEntry] = {}
+    for entry in entries:
+        if entry.status == "ok" and entry.results is not None:
+            firsts.setdefault(entry.combo, entry)
+    spans = {combo: load_spans(directory, entry) for combo, entry in firsts.items()}
+    click.echo(table_text(rows))
+    write_atomic(directory / "table.md", markdown_table(rows) + "\n", 0o644)
+    if not plots:
+        click.echo(f"wrote table.md in {directory}")
+        return
+    iteration_plot(rows, directory / f"iterations.{fmt}")
+    panels, wan = [], []
+    capacity: dict[str, float] = {}
+    for link in topology.links:
+        capacity[f"{link.a}>{link.b}"] = capacity[f"{link.b}>{link.a}"] = link.bandwidth_bps
+    for combo, entry in firsts.items():
+        start, run_spans = spans[combo]
+        done = len(entry.results["iteration_time_s"]["all"]) if entry.results else 0
+        iteration = 1 if done > 1 else 0
+        placement = ((entry.results or {}).get("plan") or {}).get("placement") or {}
+        panels.append(GanttPanel(combo, run_spans, start, iteration, placement))
+        wan.append((combo, run_spans, start, capacity))
+    if panels:
+        gantt_plot(panels, directory / f"gantt.{fmt}")
+        wan_plot(wan, directory / f"wan.{fmt}")
+    curves = [(combo, entry.results["loss_curve"]) for combo, entry in firsts.items()
+              if entry.results and entry.results.get("loss_curve")]
+    if curves:
+        target = next((row.to_loss.target for row in rows if row.to_loss), None)
+        loss_plot(curves, directory / f"loss.{fmt}", target)
+    click.echo(f"wrote compare.json, compare.csv, table.md and plots in {directory}")
+
+
+@click.command()
+@click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--plots/--no-plots", default=True, show_default=True,
+              help="Draw the plots again (the table alone is instant).")
+@format_option
+def report(directory: Path, plots: bool, fmt: FigureFormat) -> None:
+    """Rebuild a comparison's table and plots from its saved results, without rerunning."""
+    _, entries = load_compare(directory)
+    topology = load_topology(directory / "topology.yaml")
+    show(directory, entries, topology, plots, fmt)

@@ -1,0 +1,186 @@
+"""`testbed sweep`: a grid of what-ifs in the simulator, its points run in parallel."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import statistics
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from testbed.cli.options import (
+    event_options,
+    force_option,
+    jitter_option,
+    job_flags,
+    job_options,
+    results_dir,
+)
+from testbed.cli.simulate import profile_option
+from testbed.common.units import plural
+from testbed.errors import InputError
+from testbed.experiments.inputs import load_inputs
+from testbed.experiments.sweep import (
+    Point,
+    SweepSettings,
+    columns,
+    parse_vary,
+    points,
+    with_speedups,
+)
+from testbed.experiments.sweep_store import holds_sweep, record, rows, start, write_csv
+from testbed.experiments.sweep_workers import Runner, runner
+from testbed.net.interrupts import Terminated
+from testbed.policy.parallel import cores
+from testbed.policy.registry import DEFAULT_POLICY, check_policies
+from testbed.report.results import new_run_dir
+from testbed.sim.jitter import Jitter
+from testbed.sim.profile import load_profile
+
+SHOWN_ROWS = 40
+"""Rows printed at the end; sweep.csv has them all."""
+
+
+@click.command()
+@click.argument("topology", metavar="TOPOLOGY.yaml",
+                type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-p", "--policy", "policies", multiple=True, default=(DEFAULT_POLICY,),
+              show_default=True, help="Policies to compare. Repeatable.")
+@click.option("--vary", "varies", multiple=True, required=True, metavar="KEY=V1,V2,...",
+              help="A knob and its values (KEY=V1;V2;... when values hold commas): any --set "
+              "key (a job key such as microbatches or model.layers; wan.latency, "
+              "wan.bandwidth, wan.A-B.KEY for one link, tcp.KEY, dc.KEY, dc.NAME.KEY, dcs "
+              "for the first N datacenters), option.[POLICY.]KEY (a policy option), jitter, "
+              "event (none for none). Repeatable: every combination runs.")
+@click.option("-b", "--bubble", "bubbles", multiple=True,
+              help="Bubble policy; repeat for several. Every policy runs with each.")
+@click.option("-o", "--option", "policy_opts", multiple=True, metavar="[POLICY.]KEY=VALUE",
+              help="Policy option at every point, for one policy (atlas.connections=8) or all.")
+@click.option("--repeat", type=int, default=1, show_default=True,
+              help="Runs per point and combination, repeat k with jitter seeded by the "
+              "job's seed + k (as compare).")
+@click.option("--workers", type=int, metavar="N",
+              help="Points simulated at once, in local processes (default: this machine's "
+              "cores); with --ray local, the CPUs of the local Ray instance.")
+@click.option("--ray", "ray_address", metavar="ADDRESS|local",
+              help="Run the points as tasks on a Ray cluster (its address, every node with "
+              "testbed installed), or on a Ray instance started here (local). Needs "
+              "pip install 'testbed[ray]'.")
+@job_options
+@event_options
+@jitter_option
+@profile_option
+@force_option
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Directory for the sweep (default: a new one under runs/). One that holds "
+              "an interrupted run of the same sweep: it goes on with the points it has.")
+def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
+          bubbles: tuple[str, ...], policy_opts: tuple[str, ...], repeat: int,
+          workers: int | None, ray_address: str | None, jitter: Jitter | None,
+          profile_path: Path | None, out: Path | None, force: bool, **kwargs: Any) -> None:
+    """What-if grid in the simulator: one CSV row per point and run, and a plot.
+
+    Every combination of the --vary knobs is a point; each point runs every policy with
+    each bubble policy, --repeat times. Points run in parallel (--workers, --ray), and
+    sweep.csv is the same whatever runs them. An interrupted sweep keeps the points it
+    finished: the same command with --out DIR goes on from there.
+
+    Example: testbed sweep topologies/paper-3dc.yaml -p gpipe -p atlas
+    --vary wan.latency=10ms,20ms,40ms,80ms --vary option.atlas.connections=1,4
+    """
+    if repeat < 1:
+        raise InputError("must be at least 1", "--repeat")
+    workers = cores() if workers is None else workers
+    if workers < 1:
+        raise InputError(f"must be at least 1, got {workers}", "--workers")
+    inputs = load_inputs(topology, **job_flags(kwargs))
+    check_policies([(name, {}) for name in policies], [(name, {}) for name in bubbles])
+    settings = SweepSettings(inputs, policies, tuple(parse_vary(v) for v in varies), bubbles,
+                             policy_opts, repeat, jitter,
+                             load_profile(profile_path) if profile_path else None)
+    grid = points(settings)
+    with runner(workers, ray_address) as run:
+        resuming = out is not None and out.is_dir() and holds_sweep(out) and not force
+        directory = results_dir(out, force or resuming,
+                                lambda: new_run_dir(inputs.topology.name, "sweep"))
+        done = start(directory, settings.describe(), grid, force)
+        if done:
+            click.echo(f"going on with {plural(len(done), 'point')} of {len(grid)} done in "
+                       f"{directory}", err=True)
+        where = f"Ray ({ray_address})" if ray_address else \
+            plural(min(workers, max(len(grid) - len(done), 1)), "local worker")
+        _run(directory, grid, done, run, where)
+    table = with_speedups(rows(directory, grid), policies, [k.key for k in settings.knobs])
+    csv_path = write_csv(directory, columns(settings), table)
+    from testbed.report.plots import sweep_plot
+
+    keys = [k.key for k in settings.knobs] + (["bubble"] if bubbles else [])
+    sweep_plot(_medians(table, keys), keys, directory / "sweep.png")
+    _show(table, keys)
+    click.echo(f"wrote {csv_path} and {directory / 'sweep.png'}")
+
+
+def _run(directory: Path, grid: list[Point], done: dict[int, Any], run: Runner,
+         where: str) -> None:
+    todo = [p for p in grid if p.index not in done]
+    finished = [len(done)]
+    label = f"simulating {plural(len(grid), 'point')} on {where}"
+    try:
+        with _terminate_raises(), click.progressbar(length=len(grid), label=label,
+                                                    file=sys.stderr) as bar:
+            bar.update(len(done))
+
+            def store(index: int, found: list[dict[str, Any]]) -> None:
+                record(directory, grid[index], found)
+                finished[0] += 1
+                bar.update(1)
+
+            run(todo, store)
+    except (KeyboardInterrupt, Terminated):
+        click.echo(f"stopped after {finished[0]} of {plural(len(grid), 'point')}; the same "
+                   f"command with --out {directory} goes on from there", err=True)
+        raise
+
+
+@contextlib.contextmanager
+def _terminate_raises() -> Iterator[None]:
+    """SIGTERM raises Terminated, so the workers are stopped and the points kept (Ctrl-C
+    keeps Python's own KeyboardInterrupt, which a policy's code passes on: policy.guard)."""
+
+    def raise_terminated(_signum: int, _frame: FrameType | None) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _medians(table: list[dict[str, Any]], keys: list[str]) -> list[dict[str, Any]]:
+    """One row per point and combination, the median iteration over its repeats."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in table:
+        groups.setdefault((row["policy"], *(row.get(k) for k in keys)), []).append(row)
+    out = []
+    for group in groups.values():
+        times = [r["iteration_s"] for r in group if r.get("iteration_s") is not None]
+        out.append({**group[0], "iteration_s": statistics.median(times) if times else None})
+    return out
+
+
+def _show(table: list[dict[str, Any]], keys: list[str]) -> None:
+    for row in table[:SHOWN_ROWS]:
+        label = ", ".join(f"{k}={row.get(k)}" for k in keys)
+        if "repeat" in row:
+            label += f", repeat {row['repeat']}"
+        value = (f"{row['iteration_s']:.3f} s" if row.get("iteration_s") is not None
+                 else row.get("error") or "no iteration")
+        click.echo(f"{row['policy']:<14} {label:<40} {value}")
+    if len(table) > SHOWN_ROWS:
+        click.echo(f"... {plural(len(table) - SHOWN_ROWS, 'more row')} in sweep.csv")

@@ -1,0 +1,33 @@
+"""Limits on the counts that set how large a plan and a run are. A value past one (a typo,
+an extra zero) is one line naming the key, the value and the limit, not minutes of
+planning and gigabytes of memory before anything is said.
+
+Each leaves the largest published training setups, and the shipped paper-scale topology
+(gpt3-4dc: GPT-3 175B on 1,024 H100s, 32 microbatches per replica), well inside; measured
+on this 2-core machine (`/usr/bin/time testbed plan|simulate ...`):
+
+- microbatches per replica per iteration, given or derived from `global_batch`: the plan
+  holds every microbatch's actions on every GPU. Megatron-style schedules use a few times
+  the pipeline depth (gpt3-4dc: 32 for 16 stages); 1,024 covers 64 stages at 16 per stage.
+  Planning two-dc takes about 1 s at 1,024, 10 s and 300 MB at 65,536, and 2,000,000 ran
+  for minutes at 3.7 GB.
+- GPUs in one topology: the plan has a worker per GPU (over tp). 16,384 is the largest
+  published training run's size (Llama 3 405B); 65,536 leaves room for studies past it.
+  gpt3-4dc grown to 32,768 GPUs (8 microbatches) plans, simulates and writes its results
+  in under a minute at 245 MB (spans are kept per tensor-parallel group,
+  testbed.common.span_table); at 400,000 planning alone took 2 minutes and 2.4 GB.
+- iterations: the simulator keeps every iteration's spans (paper-3dc: 200 iterations took
+  9 s and 370 MB, about 1.8 MB each), and a figure is a median over tens of iterations.
+  10,000 is a day of emulated paper-3dc and about as much as this machine's memory holds
+  simulated.
+"""
+
+from __future__ import annotations
+
+MAX_MICROBATCHES = 1024
+MAX_GPUS = 65_536
+MAX_ITERATIONS = 10_000
+MAX_GLOBAL_BATCH = MAX_MICROBATCHES * MAX_GPUS
+"""Sequences per iteration: as many microbatches as allowed on every GPU a topology may
+have (a bound checked as the job is read; the microbatches it makes per replica are
+checked when a plan is built, once dp is known)."""

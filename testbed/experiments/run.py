@@ -1,0 +1,120 @@
+"""One run of a policy on a topology and job, by either backend, written to its directory.
+
+`up`, `simulate` and `compare` all go through here, so every run directory has the same
+files whichever command or backend made it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from testbed.common.choices import BackendName
+from testbed.common.fsutil import write_atomic
+from testbed.common.yamlio import to_yaml
+from testbed.errors import InputError, TestbedError
+from testbed.inference.memory import check_inference_memory
+from testbed.job.load import dump_job
+from testbed.metrics.loss import check_target_loss
+from testbed.plan.host_tcp import hosts_as_planned
+from testbed.plan.model import Plan
+from testbed.policy import bubble_policy, training_policy
+from testbed.policy.base import TrainingPolicy
+from testbed.report.results import RunRecord, write_run
+from testbed.report.run_dirs import holding
+from testbed.run.backend import Backend, Say
+from testbed.run.checkpoint import Progress
+from testbed.run.spec import RunSpec
+from testbed.sim.planning import plan_with_simulator
+
+
+@dataclass
+class RunResult:
+    results: dict[str, Any]
+    """results.json as written."""
+    directory: Path
+    error: TestbedError | None = None
+    """Why the run ended early (its results are written all the same)."""
+    record: RunRecord | None = None
+    """The same results typed: plan, summary, spans."""
+
+
+def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
+        resume: Progress | None = None) -> RunResult:
+    """Execute one run; its directory is complete (results.json last) even if it fails.
+    `resume`: go on from that checkpoint of this directory's run (emulator)."""
+    spec, plan, chosen = prepare(spec, say)
+    backend = backend_for(spec.backend)
+    try:
+        backend.check(spec, plan, resume)
+    except InputError as exc:  # what the backend refuses of a given plan is in its file
+        if spec.plan_file is None or exc.source != f"-p {plan.policy}":
+            raise
+        raise exc.at(spec.plan_file) from None
+    started = time.monotonic()
+    directory.mkdir(parents=True, exist_ok=True)
+    with holding(directory):  # one process at a time writes here (testbed.report.run_dirs)
+        write_atomic(directory / "job.yaml", to_yaml(dump_job(spec.job)), 0o644)
+        outcome = backend.execute(spec, plan, chosen, directory, say, resume)
+        record, error = outcome.record, outcome.error
+        record.wall_s = time.monotonic() - started
+        record.target_loss = spec.target_loss
+        record.plan_file = spec.plan_file
+        record.trace = spec.trace
+        results = write_run(directory, record)
+    left_out = results["trace"]["left_out"]
+    if left_out:
+        say(left_out)
+    return RunResult(results, directory, error, record)
+
+
+def prepare(spec: RunSpec, say: Say) -> tuple[RunSpec, Plan, TrainingPolicy]:
+    """The run as it will go: the policy's plan, whole cycles of it, the host TCP settings
+    it asks for, and memory for the prefills it will take."""
+    if spec.target_loss is not None:
+        check_target_loss(spec.target_loss, "target_loss")
+    chosen = training_policy(spec.policy, spec.policy_options)
+    plan = spec.plan if spec.plan is not None else \
+        plan_with_simulator(chosen, spec.topology, spec.job)
+    spec = whole_cycles(spec, plan.period, say)
+    # the host TCP settings the plan asks for, on both backends and in the run's topology.yaml
+    spec = replace(spec, topology=hosts_as_planned(spec.topology, plan))
+    if spec.bubble_policy is not None and bubble_policy(spec.bubble_policy,
+                                                       spec.bubble_options).fills:
+        check_inference_memory(spec.topology, spec.job, plan)
+    return spec, plan, chosen
+
+
+def simulated(spec: RunSpec) -> RunRecord:
+    """A simulated run kept in memory, no directory written: a sweep's thousands of points
+    keep a row each, not a directory of spans."""
+    from testbed.backends.simulate import SimulatorBackend
+
+    spec, plan, chosen = prepare(replace(spec, backend="simulate"), lambda _m: None)
+    return SimulatorBackend().record(spec, plan, chosen)
+
+
+def whole_cycles(spec: RunSpec, period: int, say: Say) -> RunSpec:
+    """A plan whose iterations differ (a sync every H) runs whole cycles: tokens per second
+    over part of a cycle would leave the sync out, or count it too often."""
+    iterations = spec.job.iterations
+    if iterations % period == 0:
+        return spec
+    whole = -(-iterations // period) * period
+    say(f"running {whole} iterations, not {iterations}: the plan's cycle is {period} "
+        "iterations long, and a run measures whole cycles")
+    return replace(spec, job=replace(spec.job, iterations=whole))
+
+
+def backend_for(name: BackendName) -> Backend:
+    """The backend by name, imported only when asked for: a simulation never loads the
+    emulator's runtime."""
+    if name == "simulate":
+        from testbed.backends.simulate import SimulatorBackend
+
+        return SimulatorBackend()
+    from testbed.backends.emulate import EmulatorBackend
+
+    return EmulatorBackend()

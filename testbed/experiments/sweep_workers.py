@@ -1,0 +1,177 @@
+"""Running a sweep's points: in this process, in local worker processes, or as tasks on a
+Ray cluster. A point is the unit of work and plans with a cache of its own, so its rows
+are the same whichever process runs it, after whichever points.
+
+Local workers are spawned (not forked: nothing of this process, its held directory
+among it, passes to them), ignore Ctrl-C (this process stops them) and die with this
+process, however it dies (PR_SET_PDEATHSIG). Ray is an optional extra
+(`pip install 'testbed[ray]'`); on a cluster, every node needs this testbed installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import shutil
+import signal
+import socket
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from testbed.errors import InputError, TestbedError, one_line
+from testbed.experiments.run import simulated
+from testbed.experiments.sweep import Point, row_metrics
+from testbed.policy.parallel import share_cores
+from testbed.sim.planning import shared_cache
+
+Row = dict[str, Any]
+Done = Callable[[int, list[Row]], None]
+"""Called in this process as each point finishes: its index and rows."""
+LOCAL_RAY = "local"
+PROBE_S = 10.0
+"""How long a cluster's address has to answer."""
+
+
+def run_point(point: Point) -> list[Row]:
+    """The point's rows, one per run; a run that fails is a row with its error."""
+    rows = []
+    with shared_cache(fresh=True):  # ablations reuse their parent's search, within the point
+        for run in point.runs:
+            row: Row = {**dict(point.values), **run.labels}
+            try:
+                record = simulated(run.spec)
+                row.update(row_metrics(record.results()))
+                row["error"] = one_line(record.error) if record.error else ""
+            except TestbedError as exc:
+                row["error"] = one_line(str(exc))
+            rows.append(row)
+    return rows
+
+
+Runner = Callable[[Sequence[Point], Done], None]
+
+
+@contextlib.contextmanager
+def runner(workers: int = 1, ray: str | None = None) -> Iterator[Runner]:
+    """What runs points, `workers` at a time (on `ray`: a cluster's address, or "local"
+    for a Ray instance of `workers` CPUs on this machine), ready before a sweep makes
+    anything: an unreachable cluster is refused first."""
+    if ray is None:
+        yield lambda points, done: _locally(points, done, workers)
+        return
+    module = _ray()
+    temp = tempfile.mkdtemp(prefix="testbed-ray-") if ray == LOCAL_RAY else None
+    try:
+        _connect(module, ray, workers, temp)
+        yield lambda points, done: _ray_tasks(module, points, done)
+    finally:
+        module.shutdown()
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+def _locally(points: Sequence[Point], done: Done, workers: int) -> None:
+    if workers <= 1 or len(points) <= 1:
+        for point in points:
+            done(point.index, run_point(point))
+    else:
+        _on_processes(points, done, workers)
+
+
+def _worker_start(workers: int) -> None:
+    from testbed.net.enter import libc
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the sweep, which stops us
+    libc().prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: a killed sweep takes us along
+    share_cores(workers)  # the other workers plan and simulate on the other cores
+
+
+def _on_processes(points: Sequence[Point], done: Done, workers: int) -> None:
+    count = min(workers, len(points))
+    executor = ProcessPoolExecutor(count, multiprocessing.get_context("spawn"), _worker_start,
+                                   (count,))
+    try:
+        pending: dict[Future[list[Row]], int] = {
+            executor.submit(run_point, point): point.index for point in points}
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                done(pending.pop(future), future.result())
+    except BrokenProcessPool:
+        _stop(executor)
+        raise TestbedError("a sweep worker process died (killed, or out of memory?); the "
+                           "points done are kept: run the same sweep again to go on") from None
+    except BaseException:
+        _stop(executor)
+        raise
+    executor.shutdown()
+
+
+def _stop(executor: ProcessPoolExecutor) -> None:
+    """Stop the workers now, their points unfinished (3.11 has no public way: 3.14's
+    terminate_workers does this)."""
+    processes = list((executor._processes or {}).values())
+    executor.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.kill()
+    for process in processes:
+        process.join()
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise InputError("needs Ray, an optional extra: pip install 'testbed[ray]'",
+                         "--ray") from None
+    return ray
+
+
+def _connect(ray: Any, address: str, workers: int, temp: str | None) -> None:
+    if temp is None:
+        _reachable(address)
+    try:
+        if temp is not None:
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.ERROR, _temp_dir=temp)
+        else:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise InputError(f"cannot start or reach Ray at {address!r}: {one_line(str(exc))}",
+                         "--ray") from None
+
+
+def _reachable(address: str) -> None:
+    """A cluster's HOST:PORT answers, or a one-line error now (Ray itself retries for
+    minutes)."""
+    host, sep, port = address.rpartition(":")
+    if "://" in address or not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=PROBE_S).close()
+    except OSError as exc:
+        raise InputError(f"no Ray cluster answers at {address!r}: "
+                         f"{exc.strerror or exc}", "--ray") from None
+
+
+def _ray_tasks(ray: Any, points: Sequence[Point], done: Done) -> None:
+    task = ray.remote(num_cpus=1, max_retries=0)(run_point)
+    pending = {task.remote(point): point.index for point in points}
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                try:
+                    rows = ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    raise TestbedError(f"a sweep task failed on Ray: {one_line(str(exc))}; "
+                                       "the points done are kept: run the same sweep again "
+                                       "to go on") from None
+                done(pending.pop(ref), rows)
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)

@@ -1,0 +1,201 @@
+"""The training job (model shape, batch, parallelism) and an optional inference workload;
+their files are read in testbed.job.load."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from testbed.errors import InputError
+
+MlpKind = Literal["gelu", "swiglu"]
+MLP_MATRICES: Mapping[MlpKind, int] = {"gelu": 2, "swiglu": 3}
+"""Weight matrices of a layer's MLP: up and down (GPT's GELU MLP), or gate, up and down
+(Llama's SwiGLU)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer, enough to count FLOPs, bytes and build it in torch."""
+
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    vocab: int
+    kv_heads: int | None = None
+    ffn: int | None = None
+    mlp: MlpKind = "gelu"
+    tied_embeddings: bool = False
+    """The output layer reuses the token embedding's matrix (GPT-2, GPT-3) instead of
+    having its own (Llama 2). Under pipeline parallelism the first and the last stage
+    each hold it, as Megatron does; a model in one piece holds it once."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def ffn_hidden(self) -> int:
+        return self.ffn if self.ffn is not None else 4 * self.hidden
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
+    def params_per_layer(self) -> int:
+        """A layer's weight matrices: query and output projections, keys and values (fewer
+        heads under grouped-query attention), and the MLP's. Norms and biases, a few
+        thousandths of a layer, are left out."""
+        kv = 2 * self.hidden * self.n_kv_heads * self.head_dim
+        mlp = MLP_MATRICES[self.mlp] * self.hidden * self.ffn_hidden
+        return 2 * self.hidden * self.hidden + kv + mlp
+
+    @property
+    def embedding_params(self) -> int:
+        """The token embedding; an untied output layer has as many again."""
+        return self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        """The whole model's weight matrices, a tied embedding counted once."""
+        heads = 1 if self.tied_embeddings else 2
+        return self.layers * self.params_per_layer + heads * self.embedding_params
+
+
+MODEL_PRESETS: Mapping[str, ModelShape] = {
+    # Ours, small enough to train on a CPU: GELU and untied, the shape they have always
+    # been costed and trained as (their results do not move)
+    "tiny": ModelShape(layers=4, hidden=64, heads=4, seq_len=32, vocab=256),
+    "small": ModelShape(layers=6, hidden=256, heads=8, seq_len=128, vocab=1024),
+    # GPT-2 (Radford et al. 2019; Hugging Face `gpt2`, `gpt2-xl` config.json: n_layer,
+    # n_embd, n_head, n_ctx, vocab_size 50257, tied output layer): 124M and 1,558M
+    "gpt2": ModelShape(layers=12, hidden=768, heads=12, seq_len=1024, vocab=50257,
+                       tied_embeddings=True),
+    "gpt2-xl": ModelShape(layers=48, hidden=1600, heads=25, seq_len=1024, vocab=50257,
+                          tied_embeddings=True),
+    # GPT-3 175B (Brown et al. 2020, Table 2.1: 96 layers, d_model 12288, 96 heads,
+    # context 2048; GPT-2's tokenizer and tied embeddings): 175.0B
+    "gpt3-175b": ModelShape(layers=96, hidden=12288, heads=96, seq_len=2048, vocab=50257,
+                            tied_embeddings=True),
+    # Llama 2 (Touvron et al. 2023; Hugging Face `meta-llama/Llama-2-7b-hf`, `-70b-hf`
+    # config.json: intermediate_size, num_key_value_heads, vocab_size 32000,
+    # tie_word_embeddings false; SwiGLU MLP): 6,738M and 68,977M
+    "llama2-7b": ModelShape(layers=32, hidden=4096, heads=32, seq_len=4096, vocab=32000,
+                            ffn=11008, mlp="swiglu"),
+    "llama2-70b": ModelShape(layers=80, hidden=8192, heads=64, seq_len=4096, vocab=32000,
+                             kv_heads=8, ffn=28672, mlp="swiglu"),
+}
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+DataFormat = Literal["text", "uint16"]
+DATA_FORMATS: Mapping[str, DataFormat] = {".txt": "text", ".bin": "uint16"}
+"""A data file's format when only its path is given, by extension."""
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """A corpus on disk for real compute to train on instead of the synthetic one: text
+    read byte by byte (each byte a token: 256 of them), or little-endian uint16 token ids
+    (as nanoGPT's prepare scripts write `train.bin`)."""
+
+    path: str
+    """Absolute: every worker opens it by this path (on every machine of a cluster)."""
+    format: DataFormat
+    tokens: int
+
+
+@dataclass(frozen=True)
+class PromptLengths:
+    """How long prompts are: fixed, uniform in [low, high], or lognormal around a median."""
+
+    distribution: str
+    low: int = 0
+    high: int = 0
+    median: float = 0.0
+    sigma: float = 0.0
+
+    @property
+    def mean(self) -> float:
+        if self.distribution == "fixed":
+            return float(self.low)
+        if self.distribution == "uniform":
+            return (self.low + self.high) / 2
+        return self.median * math.exp(self.sigma**2 / 2)
+
+
+@dataclass(frozen=True)
+class InferenceWorkload:
+    """Prefill requests to serve inside training bubbles."""
+
+    model: ModelShape
+    arrival_rate: float = 0.0
+    """Requests per second (Poisson); ignored when a trace is given."""
+    prompt: PromptLengths = PromptLengths("fixed", 128, 128)
+    trace: tuple[tuple[float, int], ...] | None = None
+    """(arrival time in seconds, prompt length) pairs from a trace file."""
+    decode_dc: str | None = None
+    deadline_s: float = 5.0
+    """A request not started this long after arrival is rejected."""
+    max_batch_tokens: int = 8192
+    """Most prompt tokens one prefill pass takes (several prompts batched, or a chunk of a
+    longer one): a serving engine's token budget per step. Each GPU that fills bubbles
+    keeps room for this many tokens' KV cache beside the longest prompt's."""
+
+
+@dataclass(frozen=True)
+class Job:
+    model: ModelShape
+    microbatch_size: int = 1
+    microbatches: int | None = None
+    global_batch: int | None = None
+    dp: int | None = None
+    pp: int | None = None
+    tp: int = 1
+    iterations: int = 5
+    seed: int = 0
+    dtype: str = "bf16"
+    inference: InferenceWorkload | None = None
+    source: str | None = field(default=None, compare=False)
+    data: DataFile | None = None
+    """None: the seeded synthetic corpus (testbed.runtime.worker.model.Corpus)."""
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def tokens_per_microbatch(self) -> int:
+        return self.microbatch_size * self.model.seq_len
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes crossing a stage boundary per microbatch: batch x seq x hidden x dtype."""
+        return self.microbatch_size * self.model.seq_len * self.model.hidden * self.dtype_bytes
+
+    def microbatches_for(self, dp: int) -> int:
+        """Microbatches per replica per iteration once the number of replicas is known."""
+        per_step = dp * self.microbatch_size
+        if self.microbatches is not None:
+            if self.global_batch is not None and self.global_batch != per_step * self.microbatches:
+                raise InputError(
+                    f"global_batch {self.global_batch} != dp {dp} x microbatch_size "
+                    f"{self.microbatch_size} x microbatches {self.microbatches}",
+                    self.source,
+                    "job.global_batch",
+                )
+            return self.microbatches
+        if self.global_batch is not None:
+            if self.global_batch % per_step:
+                raise InputError(
+                    f"global_batch {self.global_batch} is not a multiple of dp {dp} x "
+                    f"microbatch_size {self.microbatch_size}",
+                    self.source,
+                    "job.global_batch",
+                )
+            return self.global_batch // per_step
+        return 8

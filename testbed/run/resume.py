@@ -1,0 +1,140 @@
+"""Checkpointed emulated runs: the settings `up --checkpoint-every` writes before training,
+and what `up --resume RUN_DIR` reads back to go on from the newest complete checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, get_args
+
+from testbed.common.choices import ActivationsChoice, AllReduceChoice, EmulatedCompute, ShaperChoice
+from testbed.common.fields import (
+    Fields,
+    boolean,
+    bounded,
+    integer,
+    number,
+    positive,
+    string,
+    text,
+)
+from testbed.common.fsutil import write_atomic
+from testbed.common.yamlio import to_yaml
+from testbed.errors import InputError
+from testbed.job.load import dump_job, load_job
+from testbed.net.state import process_start_ticks
+from testbed.plan.model import Plan
+from testbed.policy.option_parsers import one_of
+from testbed.report.saved import read_json
+from testbed.run.checkpoint import (
+    CHECKPOINT_DIR,
+    FORMAT,
+    Checkpoints,
+    Progress,
+    iteration_dir,
+    read_progress,
+)
+from testbed.run.dilation import MAX_DILATION
+from testbed.run.spec import RunSpec
+from testbed.topology.load import dump_topology, load_topology
+
+SETTINGS_FILE = "run.json"
+_SETTINGS = ("policy", "policy_options", "compute", "shaper", "allreduce", "stall_timeout_s",
+             "pacing", "activations", "dilation", "checkpoint_every", "target_loss")
+
+
+def check_checkpointable(spec: RunSpec, plan: Plan) -> None:
+    """What a resumed run could not reproduce is refused before anything starts."""
+    if spec.checkpoint_every % plan.period:
+        raise InputError(f"{spec.checkpoint_every} is not a multiple of the plan's cycle of "
+                         f"{plan.period} iterations (checkpoints are taken between cycles, "
+                         "when no sync is under way)", "--checkpoint-every")
+    if (spec.events or spec.scenario) and spec.on_failure == "stop":
+        raise InputError("checkpointing a run with network events is not supported, nor "
+                         "one with a scenario (their times would restart with a resumed "
+                         "run), but for --on-failure restart or replan, whose recovery "
+                         "carries them over", "--checkpoint-every")
+    if spec.bubble_policy:
+        raise InputError("checkpointing a run that fills bubbles is not supported (its "
+                         "inference requests are not carried over)", "--checkpoint-every")
+    if spec.plan is not None:
+        raise InputError("checkpointing a run of a given plan (--plan) is not supported "
+                         "(a resumed run would ask its policy for a plan)", "--checkpoint-every")
+
+
+def save_settings(directory: Path, spec: RunSpec, compute: str, dilation: int) -> None:
+    """Everything that decides the run, with `auto` choices resolved, so that a resumed
+    run is the same run."""
+    folder = directory / CHECKPOINT_DIR
+    settings = {name: getattr(spec, name) for name in _SETTINGS}
+    settings.update(format=FORMAT, compute=compute, dilation=dilation,
+                    timed=bool(spec.events or spec.scenario))
+    write_atomic(folder / "topology.yaml", to_yaml(dump_topology(spec.topology)), 0o644)
+    write_atomic(folder / "job.yaml", to_yaml(dump_job(spec.job)), 0o644)
+    write_atomic(folder / SETTINGS_FILE, json.dumps(settings, indent=1), 0o644)
+
+
+def checkpoints_for(directory: Path, every: int, workers: int,
+                    prior: Progress | None) -> Checkpoints:
+    pid = os.getpid()
+    return Checkpoints(directory / CHECKPOINT_DIR, every, workers, pid,
+                       process_start_ticks(pid) or 0, prior)
+
+
+def load_resumption(directory: Path) -> tuple[RunSpec, Progress]:
+    """The run's spec and the progress it resumes from, every saved file checked (types
+    and ranges) before anything is made; a located InputError where one is not right."""
+    folder = directory / CHECKPOINT_DIR
+    settings_path = folder / SETTINGS_FILE
+    if not settings_path.is_file():
+        raise InputError(f"{directory} holds no checkpointed run (no {CHECKPOINT_DIR}/"
+                         f"{SETTINGS_FILE}; was it started with --checkpoint-every?)", "--resume")
+    settings = read_settings(settings_path)
+    if settings.pop("timed"):
+        raise InputError("the run had network events or a scenario, whose times a resumed "
+                         "run cannot carry over; start it again", str(settings_path), "timed")
+    progress = read_progress(folder)
+    if progress is None:
+        raise InputError("no checkpoint was completed before the run ended; start it again",
+                         str(folder))
+    if process_start_ticks(progress.owner_pid) == progress.owner_ticks:
+        raise InputError(f"the run is still going (process {progress.owner_pid}); stop it "
+                         "before resuming", str(directory))
+    topology = load_topology(folder / "topology.yaml")
+    job = load_job(topology.job, topology.source, folder / "job.yaml", [])
+    if progress.completed >= job.iterations:
+        raise InputError(f"the run already finished its {job.iterations} iterations",
+                         str(directory))
+    saved = iteration_dir(folder, progress.completed)
+    if settings["compute"] == "real" and not saved.is_dir():
+        raise InputError(f"{saved} is missing", str(folder / "state.json"), "completed")
+    spec = RunSpec("emulate", topology, job, **settings)
+    progress.resumed_at.append(progress.completed)
+    return spec, progress
+
+
+def read_settings(path: Path) -> dict[str, Any]:
+    """run.json: every setting `save_settings` wrote, each of its type and range."""
+    top = Fields(read_json(path), str(path))
+    version = top.get("format", integer)
+    if version != FORMAT:
+        raise top.error("format", f"format {version} is not {FORMAT}")
+    options = top.section("policy_options", required=True)
+    assert options is not None
+    settings = {
+        "policy": top.get("policy", text),
+        "policy_options": {key: options.get(key, string) for key in options.data},
+        "compute": top.get("compute", one_of(*get_args(EmulatedCompute))),
+        "shaper": top.get("shaper", one_of(*get_args(ShaperChoice))),
+        "allreduce": top.get("allreduce", one_of(*get_args(AllReduceChoice))),
+        "stall_timeout_s": top.get("stall_timeout_s", positive(number)),
+        "pacing": top.get("pacing", boolean),
+        "activations": top.get("activations", one_of(*get_args(ActivationsChoice))),
+        "dilation": top.get("dilation", bounded(integer, 1, MAX_DILATION, str)),
+        "checkpoint_every": top.get("checkpoint_every", positive(integer)),
+        "target_loss": top.get("target_loss", positive(number), None),  # absent: none
+        "timed": top.get("timed", boolean, False),  # absent: written before scenarios
+    }
+    top.done()
+    return settings

@@ -1,0 +1,67 @@
+"""What an emulated run was asked to do: fixed before it starts, read by every part."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed.common.choices import ActivationsChoice, AllReduceChoice, EmulatedCompute, ShaperChoice
+from testbed.inference.workload import WaitKey
+from testbed.job.model import Job
+from testbed.plan.model import Plan
+from testbed.policy.base import TrainingPolicy
+from testbed.run.checkpoint import Checkpoints
+from testbed.scenario.net_events import NetEvent
+from testbed.scenario.scenario import WorkerLoss
+from testbed.scenario.slowdowns import Straggler
+from testbed.topology.model import Topology
+from testbed.topology.seats import ClusterRun
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    topology: Topology
+    """As emulated: dilated when `dilation` > 1."""
+    job: Job
+    plan: Plan
+    policy: TrainingPolicy
+    compute: EmulatedCompute
+    """Timed sleeps or torch."""
+    log_dir: Path
+    shaper: ShaperChoice = "auto"
+    stall_timeout_s: float = 120.0
+    save_dir: Path | None = None
+    """Where workers write their stage's final parameters (real compute)."""
+    allreduce: AllReduceChoice = "auto"
+    """"real": send every gradient byte; "auto": model intra-DC rings in emulated compute."""
+    pacing: bool = True
+    """Cap each cross-DC connection at its share of the path's rate (testbed.plan.pacing)."""
+    activations: ActivationsChoice = "auto"
+    """"auto": with emulated compute, activations between stages in one DC are modeled at
+    the DC's bandwidth; "real": they cross the network as real bytes."""
+    bubble_policy: str | None = None
+    bubble_options: dict[str, str] | None = None
+    bubble_seed: dict[WaitKey, float] = field(default_factory=dict)
+    """Modeled waits per (GPU, action), dilated: bubble predictions before any is measured."""
+    events: tuple[NetEvent, ...] = ()
+    """Network events applied during training, at times from its start."""
+    dilation: int = 1
+    """Real seconds per represented second; the topology and times given are dilated."""
+    checkpoints: Checkpoints | None = None
+    """Where and how often the run checkpoints, and what it resumed from (if it did)."""
+    cluster: ClusterRun | None = None
+    """A run across machines: the cluster, and this machine (its coordinator)."""
+    stragglers: tuple[Straggler, ...] = ()
+    """Slower compute during training (testbed.scenario.slowdowns), dilated."""
+    losses: tuple[WorkerLoss, ...] = ()
+    """The scenario's failures to come, dilated: the first that takes a worker of the
+    plan ends the run (testbed.run.segments goes on from there)."""
+
+    def decode_dcs(self, with_bubbles: bool) -> tuple[str, ...]:
+        """DCs that get a decode server: the workload's named one, else every DC used."""
+        if not with_bubbles:
+            return ()
+        named = self.job.inference.decode_dc if self.job.inference else None
+        if named and named != "local":
+            return (named,)
+        return tuple(dict.fromkeys(self.topology.dc_of(g) for g in self.plan.used_gpus()))

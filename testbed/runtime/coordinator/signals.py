@@ -1,0 +1,45 @@
+"""Running a coordinator under SIGINT and SIGTERM: either signal becomes an orderly
+teardown and Interrupted, never a half-removed network."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from typing import TYPE_CHECKING
+
+from testbed.errors import TestbedError
+from testbed.runtime.coordinator.failure import Interrupted
+
+if TYPE_CHECKING:
+    from testbed.runtime.coordinator.coordinator import Coordinator, RunOutcome
+
+
+async def run_with_signals(coordinator: Coordinator) -> RunOutcome:
+    """Run, turning SIGINT/SIGTERM into an orderly teardown and Interrupted."""
+    loop = asyncio.get_running_loop()
+    received: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        if not received:
+            received.append(signum)
+            coordinator.say("stopping: tearing down")
+            inner.cancel()
+
+    inner = asyncio.ensure_future(coordinator.run())
+    handled = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(RuntimeError, ValueError):  # not the main thread
+            loop.add_signal_handler(signum, on_signal, signum)
+            handled.append(signum)
+    try:
+        return await asyncio.shield(inner)
+    except asyncio.CancelledError:
+        with contextlib.suppress(asyncio.CancelledError, TestbedError):
+            await inner
+        if received:
+            raise Interrupted(received[0]) from None
+        raise
+    finally:
+        for signum in handled:
+            loop.remove_signal_handler(signum)
