@@ -86,3 +86,10 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """` (did you mean 'x'?)` when one of `choices` is close to a mistyped `word`, else ``."""
     close = difflib.get_close_matches(word, [str(choice) for choice in choices], n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class Terminated(Exception):
+    """SIGTERM, turned into an exception so teardown runs (not a TestbedError: nothing
+    went wrong, the command was asked to stop)."""
+
+    exit_code = 143

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from testbed.common.stats import percentile
 from testbed.errors import PluginError
 from testbed.experiments.inputs import load_inputs
 from testbed.inference.bubbles import BubbleBroker, make_broker
@@ -20,7 +21,6 @@ from testbed.inference.workload import (
     arrivals,
     dedicated_ttft,
     fit_prefill,
-    percentile,
     predicted_bubbles,
 )
 from testbed.job.load import parse_job

@@ -41,10 +41,10 @@ from testbed.runtime.coordinator.health import (
     delay_line_lateness,
     suggest_dilation,
 )
-from testbed.scenario.net_events import NetEvent
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulator import Simulator
 from testbed.topology import load_topology
+from testbed.topology.net_events import NetEvent
 
 from .conftest import TOPOLOGIES
 from .strategies import job_fitting, topologies

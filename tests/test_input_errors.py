@@ -13,10 +13,10 @@ import yaml
 from testbed.errors import InputError
 from testbed.experiments.inputs import load_inputs
 from testbed.job.load import load_job
-from testbed.scenario.net_events import parse_event
 from testbed.topology import load_topology
 from testbed.topology.cluster import parse_cluster
 from testbed.topology.load import parse_topology
+from testbed.topology.net_events import parse_event
 from tests.test_cli import call
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,9 +10,9 @@ from testbed.errors import InputError
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.run import run
 from testbed.run.spec import RunSpec
-from testbed.scenario.net_events import changes, parse_event, parse_event_flag
 from testbed.sim.network import resume_after_outage
 from testbed.topology import load_topology
+from testbed.topology.net_events import changes, parse_event, parse_event_flag
 
 ROOT = Path(__file__).resolve().parent.parent
 THREE = ROOT / "topologies" / "paper-3dc.yaml"

@@ -16,10 +16,10 @@ from testbed.experiments.run import run
 from testbed.run.recovery import shift_events
 from testbed.run.spec import RunSpec
 from testbed.scenario.link_traces import read_trace_csv
-from testbed.scenario.net_events import changes, parse_event_flag
 from testbed.scenario.scenario import load_scenario
 from testbed.scenario.slowdowns import Slowdown, Straggler, factor_at
 from testbed.topology import load_topology
+from testbed.topology.net_events import changes, parse_event_flag
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO = ROOT / "topologies" / "two-dc.yaml"

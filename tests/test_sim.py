@@ -21,7 +21,6 @@ from testbed.job.model import Job, ModelShape
 from testbed.metrics.summary import summarize
 from testbed.plan.model import Op
 from testbed.policy import training_policy
-from testbed.scenario.net_events import parse_event_flag
 from testbed.sim.agenda import Agenda
 from testbed.sim.network import (
     INITIAL_WINDOW,
@@ -35,6 +34,7 @@ from testbed.sim.profile import profile_from_spans
 from testbed.sim.simulate import simulated_iteration_s
 from testbed.sim.simulator import Simulator
 from testbed.topology import parse_topology
+from testbed.topology.net_events import parse_event_flag
 
 from .strategies import job_fitting, topologies
 

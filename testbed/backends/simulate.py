@@ -19,10 +19,10 @@ from testbed.run.checkpoint import Progress
 from testbed.run.recovery import resume_from
 from testbed.run.segments import Joined, RunSegment, Segment, SegmentResult, run_segments
 from testbed.run.spec import RunSpec
-from testbed.scenario.net_events import event_spans
 from testbed.sim.bubble_seed import modeled_waits
 from testbed.sim.simulate import simulate_plan, tokens_per_iteration, wan_capacity_bps
 from testbed.sim.simulator import Simulator
+from testbed.topology.net_events import event_spans
 
 
 class SimulatorBackend:

@@ -1,0 +1,1 @@
+"""The testbed command: one module per group of subcommands (testbed.cli.main holds the group)."""

@@ -27,9 +27,8 @@ from testbed.cli.simulate import profile, simulate
 from testbed.cli.sweep import sweep
 from testbed.common.fsutil import write_atomic
 from testbed.common.units import human_duration, human_rate, plural
-from testbed.errors import EXIT_INPUT, TestbedError, one_line
+from testbed.errors import EXIT_INPUT, Terminated, TestbedError, one_line
 from testbed.experiments.inputs import load_inputs
-from testbed.net.interrupts import Terminated
 from testbed.plan import plan_grid, plan_to_csv, validate_plan
 from testbed.plan.describe import describe_plan
 from testbed.plan.load import load_plan

@@ -12,8 +12,8 @@ from typing import Any
 import click
 
 from testbed.common.units import human_rate
-from testbed.errors import NetworkError, TestbedError
-from testbed.net.interrupts import Terminated, critical, stop_point, stop_signals
+from testbed.errors import NetworkError, Terminated, TestbedError
+from testbed.net.interrupts import critical, stop_point, stop_signals
 from testbed.net.layout import check_limits
 from testbed.net.state import RunState, all_states
 from testbed.topology import Topology, load_topology

@@ -23,7 +23,7 @@ from testbed.cli.options import (
 )
 from testbed.cli.simulate import profile_option
 from testbed.common.units import plural
-from testbed.errors import InputError
+from testbed.errors import InputError, Terminated
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.sweep import (
     Point,
@@ -35,7 +35,6 @@ from testbed.experiments.sweep import (
 )
 from testbed.experiments.sweep_store import holds_sweep, record, rows, start, write_csv
 from testbed.experiments.sweep_workers import Runner, runner
-from testbed.net.interrupts import Terminated
 from testbed.policy.parallel import cores
 from testbed.policy.registry import DEFAULT_POLICY, check_policies
 from testbed.report.results import new_run_dir

@@ -1,0 +1,2 @@
+"""Experiments made of runs: one run by either backend, a comparison of policies, a sweep over
+a design space, and the inputs with overrides applied."""

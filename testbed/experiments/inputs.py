@@ -9,9 +9,9 @@ from typing import Any
 
 from testbed.job.load import load_job
 from testbed.job.model import Job
-from testbed.scenario.net_events import NetEvent, parse_event_flag, parse_events
 from testbed.scenario.scenario import Scenario, load_scenario
 from testbed.topology import Topology, load_topology
+from testbed.topology.net_events import NetEvent, parse_event_flag, parse_events
 from testbed.topology.overrides import is_topology_key, override
 
 JOB_FLAGS = ("iterations", "microbatches", "dp", "pp", "seed")

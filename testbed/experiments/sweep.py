@@ -27,11 +27,11 @@ from testbed.job.load import apply_overrides, dump_job, parse_job
 from testbed.job.model import Job
 from testbed.policy.registry import TRAINING_GROUP, discover
 from testbed.run.spec import RunSpec
-from testbed.scenario.net_events import NetEvent, parse_event_flag
 from testbed.sim.jitter import Jitter, parse_jitter
 from testbed.sim.profile import Profile
 from testbed.topology.load import dump_topology
 from testbed.topology.model import Topology
+from testbed.topology.net_events import NetEvent, parse_event_flag
 from testbed.topology.overrides import first_dcs, is_topology_key, override
 
 __all__ = ["Knob", "Point", "SweepSettings", "first_dcs", "grid", "parse_vary", "points",

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
+from testbed.common.stats import percentile
 from testbed.errors import InputError, PluginError
 from testbed.inference.workload import (
     PrefillModel,
@@ -23,7 +24,6 @@ from testbed.inference.workload import (
     dedicated_ttft,
     kv_bytes,
     modeled_prefill_s,
-    percentile,
     wait_key,
 )
 from testbed.job.model import Job

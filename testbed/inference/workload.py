@@ -198,14 +198,6 @@ def predicted_bubbles(spans: Iterable[Mapping[str, Any]], history: int = 3,
     return out
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
-    return ordered[index]
-
-
 def dedicated_ttft(requests: Sequence[Request], gpus: int, prefill_s: Any,
                    kv_s: Any) -> list[float]:
     """TTFT on a dedicated prefill cluster of `gpus` GPUs serving first come first served:

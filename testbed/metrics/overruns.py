@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from testbed.common.spans import Span, is_wait
-from testbed.inference.workload import percentile
+from testbed.common.stats import percentile
 
 
 @dataclass(frozen=True)

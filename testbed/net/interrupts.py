@@ -17,16 +17,12 @@ import signal
 from collections.abc import Iterator
 from types import FrameType
 
+from testbed.errors import Terminated
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _MAIN_PID = os.getpid()
 _pending: list[int] = []
 _critical = [0]
-
-
-class Terminated(Exception):
-    """SIGTERM, turned into an exception so teardown runs."""
-
-    exit_code = 143
 
 
 def stop_point() -> None:

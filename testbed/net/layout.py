@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass
 
 from testbed.errors import InputError
+from testbed.topology.limits import MAX_SLOTS
 from testbed.topology.model import Topology
 
-MAX_SLOTS = 64
 MAX_DCS = 250
 MAX_HOSTS_PER_DC = 240
 HOST_IF = "eth0"

@@ -7,8 +7,9 @@ from collections.abc import Callable
 
 from testbed.errors import NetworkError
 from testbed.net import netns as kernel
-from testbed.net.layout import MAX_SLOTS, Layout
+from testbed.net.layout import Layout
 from testbed.net.state import all_states
+from testbed.topology.limits import MAX_SLOTS
 
 
 def refuse_taken_names(layout: Layout) -> None:

@@ -102,9 +102,9 @@ def _watch_sigint() -> None:
 
 def _from_signal(exc: BaseException) -> bool:
     """Whether an exception is, or was raised while handling, a real Ctrl-C or a SIGTERM
-    turned into an exception (testbed.net.interrupts.Terminated): the command's to stop,
+    turned into an exception (testbed.errors.Terminated): the command's to stop,
     never the plugin's error."""
-    from testbed.net.interrupts import Terminated
+    from testbed.errors import Terminated
 
     seen: BaseException | None = exc
     while seen is not None:

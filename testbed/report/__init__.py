@@ -1,0 +1,1 @@
+"""Results files, traces, tables and plots of runs."""

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from testbed.common.spans import Span
 from testbed.job.model import Job
-from testbed.scenario.net_events import NetEvent
 from testbed.topology.model import Datacenter, TcpSettings, Topology, WanLink
+from testbed.topology.net_events import NetEvent
 
 if TYPE_CHECKING:
     from testbed.inference.bubbles import RequestRow

@@ -21,10 +21,10 @@ from testbed.common.spans import Span
 from testbed.errors import PlanError
 from testbed.plan.model import Plan
 from testbed.run.checkpoint import checkpoint_due
-from testbed.scenario.net_events import NetEvent
 from testbed.scenario.scenario import Recovery, WorkerLoss
 from testbed.scenario.slowdowns import Straggler
 from testbed.topology.model import Datacenter, Topology
+from testbed.topology.net_events import NetEvent
 
 
 @dataclass(frozen=True)

@@ -33,12 +33,12 @@ from testbed.run.recovery import (
     survivors,
 )
 from testbed.run.spec import RunSpec
-from testbed.scenario.net_events import NetEvent
 from testbed.scenario.scenario import WorkerLoss
 from testbed.scenario.slowdowns import Straggler
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import tokens_per_iteration
 from testbed.topology.model import Topology
+from testbed.topology.net_events import NetEvent
 
 
 @dataclass(frozen=True)

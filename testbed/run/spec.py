@@ -16,11 +16,11 @@ from testbed.common.choices import (
 )
 from testbed.job.model import Job
 from testbed.plan.model import Plan
-from testbed.scenario.net_events import NetEvent
 from testbed.scenario.scenario import Scenario
 from testbed.sim.jitter import Jitter
 from testbed.sim.profile import Profile
 from testbed.topology import Topology
+from testbed.topology.net_events import NetEvent
 from testbed.topology.seats import ClusterRun
 
 

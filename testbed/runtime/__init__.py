@@ -1,0 +1,1 @@
+"""The emulator's processes: the coordinator and the workers, and the wire between them."""

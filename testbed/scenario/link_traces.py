@@ -4,7 +4,7 @@ measurements or a seeded generator (`diurnal`, `random-walk`), for one direction
 Interpolation is a step: each row's values hold from its time until the next row that
 gives that column (each column on its own), the last ones for the rest of the run; before
 the first row the link has the topology's values. A trace becomes network events
-(testbed.scenario.net_events), one per row and column, beneath any event on the same link, so
+(testbed.topology.net_events), one per row and column, beneath any event on the same link, so
 both backends apply it as they apply events: the emulator by changing the live link, the
 simulator by changing its capacities and latencies.
 """
@@ -24,9 +24,9 @@ from testbed.common.fields import Fields, bounded, integer, positive
 from testbed.common.input_files import MAX_CSV_BYTES, read_input
 from testbed.common.units import format_rate, parse_duration, parse_fraction
 from testbed.errors import InputError, join_key
-from testbed.scenario.net_events import NetEvent
 from testbed.topology.limits import DC_LATENCY, MAX_RATE_BPS, MIN_RATE_BPS, RATE
 from testbed.topology.model import Topology
+from testbed.topology.net_events import NetEvent
 
 MAX_STEPS = 100_000
 """Rows (or generated steps) per trace: a day at one a second is 86,400."""

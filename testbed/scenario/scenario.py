@@ -26,9 +26,9 @@ from testbed.common.units import parse_duration
 from testbed.common.yamlio import read_yaml
 from testbed.errors import InputError
 from testbed.scenario.link_traces import LinkTrace, parse_trace
-from testbed.scenario.net_events import NetEvent, parse_events
 from testbed.scenario.slowdowns import Straggler
 from testbed.topology.model import Topology
+from testbed.topology.net_events import NetEvent, parse_events
 
 SECTIONS = ("events", "traces", "stragglers", "failures", "recovery")
 MAX_SLOWER = 1000.0

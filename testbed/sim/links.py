@@ -8,10 +8,10 @@ import functools
 import itertools
 from collections.abc import Iterable
 
-from testbed.scenario.net_events import Change
 from testbed.sim.network import RTO_MIN, FluidNetwork, Schedule, resume_after_outage
 from testbed.sim.workers import SimWorker
 from testbed.topology.model import Topology
+from testbed.topology.net_events import Change
 
 
 def link_key(a: str, b: str) -> tuple[str, str]:

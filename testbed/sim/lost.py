@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from testbed.common.span_table import SpanTable
-from testbed.scenario.net_events import NetEvent, event_spans
 from testbed.scenario.scenario import WorkerLoss
+from testbed.topology.net_events import NetEvent, event_spans
 
 
 def first_loss(losses: Sequence[WorkerLoss], gpus: Sequence[str]) -> WorkerLoss | None:

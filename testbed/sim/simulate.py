@@ -12,12 +12,12 @@ from testbed.job.model import Job
 from testbed.metrics.summary import Summary, run_iteration_s, summarize
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
-from testbed.scenario.net_events import NetEvent
 from testbed.scenario.slowdowns import Straggler
 from testbed.sim.jitter import Jitter
 from testbed.sim.profile import Profile
 from testbed.sim.simulator import SimResult, Simulator
 from testbed.topology.model import Topology
+from testbed.topology.net_events import NetEvent
 
 
 def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,

@@ -42,7 +42,6 @@ from testbed.plan.interpret import (
 from testbed.plan.model import Action, Plan
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import TrainingPolicy
-from testbed.scenario.net_events import NetEvent, changes, event_spans
 from testbed.scenario.scenario import WorkerLoss
 from testbed.scenario.slowdowns import Straggler, factor_at, slowdowns_for
 from testbed.sim.agenda import Agenda
@@ -55,6 +54,7 @@ from testbed.sim.rings import AllReduces
 from testbed.sim.transfers import Transfers
 from testbed.sim.workers import SendKey, SimWorker
 from testbed.topology.model import Topology
+from testbed.topology.net_events import NetEvent, changes, event_spans
 
 
 @dataclass

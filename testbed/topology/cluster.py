@@ -16,7 +16,7 @@ from pathlib import Path
 from testbed.common.fields import Fields, integer, positive, text
 from testbed.common.yamlio import read_yaml
 from testbed.errors import InputError
-from testbed.net.layout import MAX_SLOTS
+from testbed.topology.limits import MAX_SLOTS
 from testbed.topology.model import Topology
 
 MACHINE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")

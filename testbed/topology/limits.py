@@ -1,5 +1,5 @@
 """What both backends can do with a link: the bounds every rate and delay is checked
-against, in topology files and network events alike."""
+against, in topology files and network events alike; and how many runs one host holds."""
 
 from __future__ import annotations
 
@@ -14,3 +14,6 @@ MAX_LATENCY_S = 10.0
 RATE = bounded(parse_rate, MIN_RATE_BPS, MAX_RATE_BPS, format_rate)
 WAN_LATENCY = bounded(positive(parse_duration), 0.0, MAX_LATENCY_S, format_duration)
 DC_LATENCY = bounded(parse_duration, 0.0, MAX_LATENCY_S, format_duration)
+
+# Runs one host holds at once: slot k takes the address block 10.(64 + k).0.0/16 (net.layout).
+MAX_SLOTS = 64

@@ -67,7 +67,7 @@ def parse_topology(
                         tuple(events) if events is not None else None, source)
     _check_connected(topology, top)
     if events is not None:
-        from testbed.scenario.net_events import parse_events
+        from testbed.topology.net_events import parse_events
 
         parse_events(list(events), topology, source)  # refuse a bad event now
     return topology

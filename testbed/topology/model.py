@@ -137,7 +137,7 @@ class Topology:
     job: Mapping[str, Any] | None = None
     """The raw `job` section; `testbed.job.model` parses it."""
     events: tuple[Any, ...] | None = None
-    """The raw `events` section; `testbed.scenario.net_events` parses it against the links."""
+    """The raw `events` section; `testbed.topology.net_events` parses it against the links."""
     source: str | None = field(default=None, compare=False)
 
     def dc(self, name: str) -> Datacenter:

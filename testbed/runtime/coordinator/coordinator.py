@@ -60,9 +60,9 @@ from testbed.runtime.wire.messages import (
 )
 from testbed.runtime.wire.protocol import ProtocolError
 from testbed.runtime.wire.secret import run_token
-from testbed.scenario.net_events import event_spans
 from testbed.sim.simulate import tokens_per_iteration, wan_capacity_bps
 from testbed.topology.model import Topology
+from testbed.topology.net_events import event_spans
 
 __all__ = ["Coordinator", "Interrupted", "RunFailed", "RunOutcome"]
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testbed.common.stats import percentile
+
 BUSY_LIMIT = 0.9
 """Share of all cores busy above which the machine, not the network, sets the pace."""
 LAG_LIMIT_S = 0.005
@@ -127,7 +129,7 @@ def assess(cpu_busy: float, lags_s: Iterable[float], lateness: tuple[float, floa
            dilation: int = 1, workers_cpu: float | None = None,
            span_cpu_s: float | None = None) -> Health:
     """Judge a run from its signals; real-time figures are divided by the dilation."""
-    lag = p99(lags_s) / dilation
+    lag = (percentile(lags_s, 0.99) or 0.0) / dilation
     late = None if lateness is None else (lateness[0] / dilation, lateness[1] / dilation)
     reasons = []
     if cpu_busy >= BUSY_LIMIT:
@@ -160,10 +162,3 @@ def suggest_dilation(dilation: int, cpu_busy: float, stretch: float = 1.0) -> in
     to keep the represented pace) brought down to TARGET_BUSY, and at least one more."""
     return max(dilation + 1,
                math.ceil(dilation * max(1.0, stretch) * cpu_busy / TARGET_BUSY - 1e-9))
-
-
-def p99(values: Iterable[float]) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]

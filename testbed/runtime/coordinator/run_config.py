@@ -11,10 +11,10 @@ from testbed.job.model import Job
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.run.checkpoint import Checkpoints
-from testbed.scenario.net_events import NetEvent
 from testbed.scenario.scenario import WorkerLoss
 from testbed.scenario.slowdowns import Straggler
 from testbed.topology.model import Topology
+from testbed.topology.net_events import NetEvent
 from testbed.topology.seats import ClusterRun
 
 

@@ -15,8 +15,8 @@ from testbed.runtime.coordinator.cluster_run import ClusterJoins
 from testbed.runtime.coordinator.hosts import Hosts
 from testbed.runtime.coordinator.pool import WorkerHandle
 from testbed.runtime.coordinator.run_config import RunConfig
-from testbed.scenario.net_events import NetEvent, changes
 from testbed.scenario.scenario import WorkerLoss
+from testbed.topology.net_events import NetEvent, changes
 
 
 class TimedChanges:

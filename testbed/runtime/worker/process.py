@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.common.stats import percentile
 from testbed.errors import TestbedError, one_line
 from testbed.run.checkpoint import checkpoint_due, iteration_dir, save_stage, stage_file
-from testbed.runtime.coordinator.health import p99
 from testbed.runtime.wire.join_messages import LinkChange
 from testbed.runtime.wire.messages import (
     Abort,
@@ -139,7 +139,7 @@ async def serve_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, g
                 raise
             spans, runner.spans = runner.spans, []
             await send(writer, IterationDone(iteration, started, clock.now(), loss, spans,
-                                             p99(lags)))
+                                             percentile(lags, 0.99) or 0.0))
             lags.clear()
             await checkpoint_if_due(runner, iteration + 1)
         await runner.collectives.drain()
