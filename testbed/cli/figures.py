@@ -38,7 +38,7 @@ from testbed.figures.render import (
 )
 from testbed.report.results import new_run_dir
 
-SHIPPED = Path(__file__).resolve().parent.parent / "topologies"
+SHIPPED = Path(__file__).resolve().parents[2] / "topologies"
 DEFAULT_CONDITIONS = ("wan-3dc.yaml", "paper-3dc.yaml")
 """Cloud inter-region links with Linux's TCP defaults, and leased 1 Gbit/s circuits (the
 contrast where one flow already fills most of a link); their comments give the sources."""
