@@ -45,7 +45,7 @@ from testbed.run.dilation import (
 from testbed.run.resume import check_checkpointable, checkpoints_for, save_settings
 from testbed.run.segments import run_segments
 from testbed.run.spec import RunSpec
-from testbed.runtime.coordinator.coordinator import Coordinator, Interrupted, RunFailed
+from testbed.runtime.coordinator.coordinator import Coordinator, Interrupted
 from testbed.runtime.coordinator.health import busy_now, suggest_dilation
 from testbed.runtime.coordinator.memory import (
     MemoryPlan,
@@ -56,8 +56,7 @@ from testbed.runtime.coordinator.memory import (
 )
 from testbed.runtime.coordinator.preflight import check_emulable, choose_compute
 from testbed.runtime.coordinator.run_config import RunConfig
-from testbed.runtime.coordinator.signals import run_with_signals
-from testbed.runtime.worker.process import run_loop
+from testbed.runtime.coordinator.signals import run_to_the_end
 from testbed.scenario.scenario import dilated
 from testbed.sim.bubble_seed import modeled_waits
 from testbed.sim.simulate import simulate_plan, tokens_per_iteration, wan_capacity_bps
@@ -147,12 +146,7 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
                        checkpoints=checkpoints, cluster=spec.cluster,
                        stragglers=dilated(spec.scenario, k).stragglers)
     coordinator = Coordinator(config, say=say)
-    error: TestbedError | None = None
-    try:
-        run_loop(run_with_signals(coordinator))
-    except (RunFailed, Interrupted) as exc:
-        error = exc
-    outcome = coordinator.outcome
+    outcome, error = run_to_the_end(coordinator)
     if outcome is None:
         raise error or TestbedError("the run ended before it started")
     spans = represented_spans(outcome.spans, outcome.start, k)

@@ -21,13 +21,12 @@ from testbed.run.dilation import dilate_events, dilate_job, dilate_topology, rep
 from testbed.run.resume import checkpoints_for
 from testbed.run.segments import RunSegment, Segment, SegmentResult
 from testbed.run.spec import RunSpec
-from testbed.runtime.coordinator.coordinator import Coordinator, Interrupted, RunFailed
+from testbed.runtime.coordinator.coordinator import Coordinator, Interrupted
 from testbed.runtime.coordinator.health import Health
 from testbed.runtime.coordinator.memory import MemoryUse
 from testbed.runtime.coordinator.preflight import check_emulable
 from testbed.runtime.coordinator.run_config import RunConfig
-from testbed.runtime.coordinator.signals import run_with_signals
-from testbed.runtime.worker.process import run_loop
+from testbed.runtime.coordinator.signals import run_to_the_end
 from testbed.scenario.scenario import dilated
 
 
@@ -66,15 +65,11 @@ def segment_runner(spec: RunSpec, policy: TrainingPolicy, directory: Path,
             events=dilate_events(segment.events, k), dilation=k, checkpoints=checkpoints,
             stragglers=scenario.stragglers, losses=scenario.failures)
         coordinator = Coordinator(config, say=say)
-        error: TestbedError | None = None
         try:
-            run_loop(run_with_signals(coordinator))
-        except (RunFailed, Interrupted) as exc:
-            error = exc
+            outcome, error = run_to_the_end(coordinator)
         finally:
             if checkpoints is not None and checkpoints.moved is not None:
                 shutil.rmtree(checkpoints.moved, ignore_errors=True)
-        outcome = coordinator.outcome
         if outcome is None:
             return SegmentResult([], error=error or TestbedError("the run ended before it "
                                                                  "started"))

@@ -9,10 +9,21 @@ import signal
 from typing import TYPE_CHECKING
 
 from testbed.errors import TestbedError
-from testbed.runtime.coordinator.failure import Interrupted
+from testbed.runtime.coordinator.failure import Interrupted, RunFailed
+from testbed.runtime.worker.process import run_loop
 
 if TYPE_CHECKING:
     from testbed.runtime.coordinator.coordinator import Coordinator, RunOutcome
+
+
+def run_to_the_end(coordinator: Coordinator) -> tuple[RunOutcome | None, TestbedError | None]:
+    """Run on the workers' kind of event loop, under the signals: what the run produced
+    (None if it ended before it started) and, if it stopped early, why."""
+    try:
+        run_loop(run_with_signals(coordinator))
+    except (RunFailed, Interrupted) as exc:
+        return coordinator.outcome, exc
+    return coordinator.outcome, None
 
 
 async def run_with_signals(coordinator: Coordinator) -> RunOutcome:
