@@ -49,7 +49,7 @@ SCHEDULES: list[tuple[str, str, dict[str, str]]] = [
 SHAPE = ("dp=2", "pp=6")
 """Every schedule but Atlas's: the same GPUs, two per DC in each pipeline."""
 RATE = "400/s"
-"""BubbleTea's request rate: enough to fill what bubbles it can (README, BubbleTea)."""
+"""BubbleTea's request rate: enough to fill what bubbles it can (docs/bubbletea.md)."""
 ITERATIONS = 3
 CONDITIONS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "paper-3dc": ("paper-3dc", ()),

@@ -119,3 +119,17 @@ def test_an_unknown_or_missing_table_is_refused(tables: ModuleType, tmp_path: Pa
     with pytest.raises(SystemExit, match="no page holds the table"):
         tables.main(["--check"])
 
+
+
+def test_the_readme_is_a_five_minute_read_that_links_to_the_pages() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 300
+    linked = set(re.findall(r"\]\(docs/([a-z-]+\.md)(?:#[a-z0-9-]+)?\)", readme))
+    pages = {path.name for path in (ROOT / "docs").glob("*.md")}
+    assert linked and linked <= pages
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert pages == set(re.findall(r"^ *- [^:]+: ([a-z-]+\.md)$", nav, re.M))
+    assert "scripts/setup && .venv/bin/testbed up topologies/paper-3dc.yaml -p atlas" in readme
+    assert "scripts/setup && scripts/check" in readme
+    assert ".venv/bin/mkdocs serve" in readme
+
