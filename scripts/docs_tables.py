@@ -73,6 +73,19 @@ def _fidelity_trace(report: dict[str, Any]) -> str:
     return str(_script("bench_fidelity").trace_table(report))
 
 
+def _emulator_scale(report: dict[str, Any]) -> str:
+    return str(_script("bench_emulator_scale").readme(report))
+
+
+def _bubbles(report: dict[str, Any]) -> str:
+    return str(_script("bench_bubbles").table(report["paper-3dc"]))
+
+
+def _measured(name: str) -> Callable[..., str]:
+    """A renderer of scripts/measured_tables.py (tables no benchmark script prints)."""
+    return getattr(_script("measured_tables"), name)  # type: ignore[no-any-return]
+
+
 def _claims(records: list[Any]) -> str:
     from testbed.figures.render import claims_block
 
@@ -90,8 +103,34 @@ TABLES: dict[str, Table] = {
                        "scripts/bench_scenarios.py"),
     "sweep-speed": Table(("benchmarks/sweep.json",), _sweep, "scripts/bench_sweep.py"),
     "paper-claims": Table(("benchmarks/claims/claims.json",), _claims,
-                          "scripts/bench_claims.py (testbed figures)"),
+                          "scripts/bench_claims.py"),
     "diloco": Table(("benchmarks/diloco.json",), _diloco, "scripts/bench_diloco.py"),
+    "net-rtt": Table(("benchmarks/net.json",), _measured("net_rtt"), "scripts/bench_net.py"),
+    "net-throughput": Table(("benchmarks/net.json",), _measured("net_throughput"),
+                            "scripts/bench_net.py"),
+    "cluster-net": Table(("benchmarks/cluster-net.json",), _measured("cluster_net"),
+                         "scripts/bench_cluster.py"),
+    "cluster-run": Table(("benchmarks/cluster-run.json", "benchmarks/cluster-run-2.json"),
+                         _measured("cluster_run"), "scripts/bench_cluster_run.py"),
+    "transport": Table(("benchmarks/transport.json",), _measured("transport"),
+                       "scripts/bench_transport.py"),
+    "transport-pacing": Table(("benchmarks/transport-pacing.json",),
+                              _measured("transport_pacing"),
+                              "scripts/bench_transport.py --pacing"),
+    "emulator-scale": Table(("benchmarks/emulator-scale.json",), _emulator_scale,
+                            "scripts/bench_emulator_scale.py"),
+    "sim-speed": Table(("benchmarks/sim-speed.json",), _measured("sim_speed"),
+                       "scripts/bench_sim.py --skip-emulator"),
+    "sim-e2e": Table(("benchmarks/sim-e2e.json",), _measured("sim_e2e"),
+                     "scripts/bench_sim.py --skip-scale --e2e SIZES"),
+    "atlas-transfer": Table(("benchmarks/atlas-transfer.json",), _measured("atlas_transfer"),
+                            "scripts/bench_atlas.py --parts transfer --emulate"),
+    "atlas-scaling": Table(("benchmarks/atlas-scaling.json",), _measured("atlas_scaling"),
+                           "scripts/bench_atlas.py --parts scaling"),
+    "bubbles": Table(("benchmarks/bubbles.json",), _bubbles, "scripts/bench_bubbles.py"),
+    "bubbles-paper-scale": Table(("benchmarks/bubbles-paper-scale.json",),
+                                 _measured("bubbles_paper_scale"),
+                                 "scripts/bench_bubbles.py --paper-scale"),
     "schedules": Table(("benchmarks/schedules.json",), _schedules,
                        "scripts/bench_schedules.py"),
 }
