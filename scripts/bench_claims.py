@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The paper's claims in both columns: `testbed figures` in the simulator, then over the
 emulated WAN into the same directory (root; about an hour on 2 cores), then claims.json,
-figures.md and the PNGs copied to benchmarks/claims/ and the README's table rewritten.
+figures.md and the PNGs copied to benchmarks/claims/ and the table of docs/claims.md
+rewritten from them (as scripts/docs_tables.py does).
 
 `.venv/bin/python scripts/bench_claims.py [--out runs/figures-claims] [--simulate-only]`
 """
@@ -19,12 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 KEEP = ("claims.json", "figures.md")
 
 
-def figures(backend: str, out: Path, readme: bool) -> float:
+def figures(backend: str, out: Path) -> float:
     started = time.monotonic()
     command = [str(Path(sys.executable).parent / "testbed"), "figures", "--backend", backend,
                "--out", str(out)]
-    if readme:
-        command += ["--readme", str(ROOT / "README.md")]
     subprocess.run(command, cwd=ROOT, check=True)
     return time.monotonic() - started
 
@@ -37,15 +36,18 @@ def main() -> None:
     out = args.out if args.out.is_absolute() else ROOT / args.out
     if out.exists():
         shutil.rmtree(out)
-    took = {"simulate": figures("simulate", out, args.simulate_only)}
+    took = {"simulate": figures("simulate", out)}
     if not args.simulate_only:
-        took["emulate"] = figures("emulate", out, True)
+        took["emulate"] = figures("emulate", out)
     keep = ROOT / "benchmarks" / "claims"
     if keep.exists():
         shutil.rmtree(keep)
     keep.mkdir(parents=True)
     for path in [*(out / name for name in KEEP), *sorted(out.glob("*.png"))]:
         shutil.copy2(path, keep / path.name)
+    from docs_tables import DOCS, render_into
+
+    render_into(DOCS / "claims.md", "paper-claims")
     print(" ".join(f"{backend} {seconds:.0f} s" for backend, seconds in took.items()))
 
 

@@ -3,7 +3,7 @@
 (and, emulated with real compute, by time to a target loss).
 
 `.venv/bin/python scripts/bench_diloco.py [--parts simulate,bandwidth,emulate] [--json F]
-[--plot F.png] [--from-json F] [--readme README.md]` (`--parts ''` with `--from-json` only
+[--plot F.png] [--from-json F] [--readme docs/diloco.md]` (`--parts ''` with `--from-json` only
 renders); simulate and bandwidth take a few minutes, emulate (root) a few more.
 
 - simulate: paper-3dc and wan-3dc in the simulator: tokens/s, WAN bytes per inner step,
@@ -156,13 +156,8 @@ def plot_losses(emulated: dict[str, Any], path: Path) -> None:
     plt.close(figure)
 
 
-BEGIN = ("<!-- diloco:begin (scripts/bench_diloco.py --from-json benchmarks/diloco.json "
-         "--readme README.md) -->")
-END = "<!-- diloco:end -->"
-
-
 def tables(report: dict[str, Any]) -> str:
-    """The README's tables, from the benchmark's JSON alone."""
+    """The documentation's tables, from the benchmark's JSON alone."""
     lines: list[str] = []
     simulated = report.get("simulate", {})
     if simulated:
@@ -213,13 +208,12 @@ def tables(report: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip()
 
 
-def write_readme(readme: Path, report: dict[str, Any]) -> None:
-    text = readme.read_text(encoding="utf-8")
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise SystemExit(f"{readme}: no {BEGIN} ... {END} section to replace")
-    readme.write_text(text[: start + len(BEGIN)] + "\n" + tables(report) + "\n" + text[end:],
-                      encoding="utf-8")
+def write_readme(page: Path, report: dict[str, Any], source: Path | None) -> None:
+    """The tables into `page` (docs/...) between its markers, stamped with the commit
+    of `source`, the JSON it came from (scripts/docs_tables.py does the same from the JSON)."""
+    from docs_tables import write_block
+
+    write_block(page, "diloco", tables(report), [] if source is None else [source])
 
 
 def main() -> None:
@@ -234,7 +228,9 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, help="emulate: loss against time, as PNG")
     parser.add_argument("--from-json", type=Path,
                         help="start from this report (parts not run keep its figures)")
-    parser.add_argument("--readme", type=Path, help="rewrite the tables between its markers")
+    parser.add_argument("--readme", type=Path, metavar="PAGE.md",
+                        help="rewrite the tables between the markers of this page "
+                        "(docs/diloco.md)")
     args = parser.parse_args()
     parts = [p for p in args.parts.split(",") if p]
     report: dict[str, Any] = json.loads(args.from_json.read_text()) if args.from_json else {}
@@ -252,7 +248,7 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     if args.readme:
-        write_readme(args.readme, report)
+        write_readme(args.readme, report, args.json or args.from_json)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ held and how busy the machine was (by this run, and by everything else on it).
 
 Run as root: `.venv/bin/python scripts/bench_emulator_scale.py [--gpus 16,32,64]
 [--repeat 3] [--policy gpipe] [--json benchmarks/emulator-scale.json]`; `--readme`
-prints the README's table from the JSON without running anything.
+prints the table of docs/training.md from the JSON without running anything.
 
 The topologies are generated (`scale_topology`): four DCs of GPUS/4 A100s, every pair
 joined by a 1 Gbit/s link 10-70 ms long, paper-3dc's TCP; a 24-layer GPT (hidden 1024,
@@ -175,7 +175,7 @@ def main() -> None:
     parser.add_argument("--policy", default="gpipe")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "emulator-scale.json")
     parser.add_argument("--readme", action="store_true",
-                        help="print the README table from --json and stop")
+                        help="print the documentation's table from --json and stop")
     args = parser.parse_args()
     if args.readme:
         print(readme(json.loads(args.json.read_text())))

@@ -15,7 +15,7 @@ when nothing happens (its iterations chosen from a calm simulated run; DiLoCo sy
 
 As root: `.venv/bin/python scripts/bench_scenarios.py [--policies gpipe,atlas,diloco]
 [--backends simulate,emulate] [--seconds 30] [--json benchmarks/scenarios.json]
-[--readme README.md]`; `--from-json F --backends ''` only rewrites the README's table.
+[--readme docs/scenarios.md]`; `--from-json F --backends ''` only rewrites the page's table.
 """
 
 from __future__ import annotations
@@ -39,10 +39,6 @@ CONDITIONS = {"calm": (None, "stop"),
               "trace": (ROOT / "scenarios" / "two-dc-wan-trace.yaml", "stop"),
               "restart": (ROOT / "scenarios" / "two-dc-lose-a-worker.yaml", "restart"),
               "replan": (ROOT / "scenarios" / "two-dc-lose-a-worker.yaml", "replan")}
-BEGIN = ("<!-- scenarios:begin (scripts/bench_scenarios.py --from-json "
-         "benchmarks/scenarios.json --backends '' --readme README.md) -->")
-END = "<!-- scenarios:end -->"
-
 
 def sizes(policy: str, seconds: float, scratch: Path) -> tuple[int, int, int]:
     """(iterations, period, checkpoint interval) for a calm run of about `seconds`."""
@@ -131,13 +127,12 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_readme(readme: Path, report: dict[str, Any]) -> None:
-    text = readme.read_text(encoding="utf-8")
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise SystemExit(f"{readme}: no {BEGIN} ... {END} section to replace")
-    readme.write_text(text[: start + len(BEGIN)] + "\n" + table(report) + "\n" + text[end:],
-                      encoding="utf-8")
+def write_readme(page: Path, report: dict[str, Any], source: Path | None) -> None:
+    """The table into `page` (docs/...) between its markers, stamped with the commit
+    of `source`, the JSON it came from (scripts/docs_tables.py does the same from the JSON)."""
+    from docs_tables import write_block
+
+    write_block(page, "scenarios", table(report), [] if source is None else [source])
 
 
 def main() -> None:
@@ -148,7 +143,9 @@ def main() -> None:
                         help="represented seconds of a calm run of each policy")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "scenarios.json")
     parser.add_argument("--from-json", type=Path, help="start from this report")
-    parser.add_argument("--readme", type=Path, help="rewrite the table between its markers")
+    parser.add_argument("--readme", type=Path, metavar="PAGE.md",
+                        help="rewrite the table between the markers of this page "
+                        "(docs/scenarios.md)")
     args = parser.parse_args()
     report: dict[str, Any] = json.loads(args.from_json.read_text()) if args.from_json else {}
     backends = [b for b in args.backends.split(",") if b]
@@ -160,7 +157,8 @@ def main() -> None:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     print(table(report.get("runs", {})))
     if args.readme:
-        write_readme(args.readme, report.get("runs", {}))
+        write_readme(args.readme, report.get("runs", {}),
+                     args.json if backends else args.from_json)
 
 
 if __name__ == "__main__":

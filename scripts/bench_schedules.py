@@ -4,7 +4,7 @@ GPU), ZB-V, DualPipeV and Atlas, by iteration time, bubbles, activation memory a
 BubbleTea fills.
 
 `.venv/bin/python scripts/bench_schedules.py [--parts simulate,emulate] [--json F]
-[--from-json F] [--readme README.md] [--only LABEL,...]` (`--parts ''` with `--from-json`
+[--from-json F] [--readme docs/plans.md] [--only LABEL,...]` (`--parts ''` with `--from-json`
 only renders); simulate takes a few minutes, emulate (root) about two minutes a schedule.
 
 - simulate: paper-3dc and wan-3dc in the simulator, and paper-3dc with its WAN links
@@ -49,7 +49,7 @@ SCHEDULES: list[tuple[str, str, dict[str, str]]] = [
 SHAPE = ("dp=2", "pp=6")
 """Every schedule but Atlas's: the same GPUs, two per DC in each pipeline."""
 RATE = "400/s"
-"""BubbleTea's request rate: enough to fill what bubbles it can (README, BubbleTea)."""
+"""BubbleTea's request rate: enough to fill what bubbles it can (docs/bubbletea.md)."""
 ITERATIONS = 3
 CONDITIONS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "paper-3dc": ("paper-3dc", ()),
@@ -148,11 +148,6 @@ def emulate_part(work: Path, only: list[str]) -> dict[str, Any]:
     return out
 
 
-BEGIN = ("<!-- schedules:begin (scripts/bench_schedules.py --from-json "
-         "benchmarks/schedules.json --readme README.md) -->")
-END = "<!-- schedules:end -->"
-
-
 def _plan(row: dict[str, Any]) -> str:
     plan = row["plan"]
     stages = "" if plan["stages_per_gpu"] == 1 else f", {plan['stages_per_gpu']} stages each"
@@ -169,7 +164,7 @@ def _change(fraction: float) -> str:
 
 
 def tables(report: dict[str, Any]) -> str:
-    """The README's tables, from the benchmark's JSON alone."""
+    """The documentation's tables, from the benchmark's JSON alone."""
     lines: list[str] = []
     for topology, rows in report.get("simulate", {}).items():
         lines += [f"{topology}, simulated:", "",
@@ -205,13 +200,12 @@ def tables(report: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip()
 
 
-def write_readme(readme: Path, report: dict[str, Any]) -> None:
-    text = readme.read_text(encoding="utf-8")
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise SystemExit(f"{readme}: no {BEGIN} ... {END} section to replace")
-    readme.write_text(text[: start + len(BEGIN)] + "\n" + tables(report) + "\n" + text[end:],
-                      encoding="utf-8")
+def write_readme(page: Path, report: dict[str, Any], source: Path | None) -> None:
+    """The tables into `page` (docs/...) between its markers, stamped with the commit
+    of `source`, the JSON it came from (scripts/docs_tables.py does the same from the JSON)."""
+    from docs_tables import write_block
+
+    write_block(page, "schedules", tables(report), [] if source is None else [source])
 
 
 def main() -> None:
@@ -222,7 +216,9 @@ def main() -> None:
                         help="comma-separated schedule labels to run (default: all)")
     parser.add_argument("--from-json", type=Path,
                         help="start from this report (parts not run keep its figures)")
-    parser.add_argument("--readme", type=Path, help="rewrite the tables between its markers")
+    parser.add_argument("--readme", type=Path, metavar="PAGE.md",
+                        help="rewrite the tables between the markers of this page "
+                        "(docs/plans.md)")
     args = parser.parse_args()
     parts = [p for p in args.parts.split(",") if p]
     only = [label for label in args.only.split(",") if label]
@@ -237,7 +233,7 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     if args.readme:
-        write_readme(args.readme, report)
+        write_readme(args.readme, report, args.json or args.from_json)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 by a local Ray instance of two CPUs, and whether all of them write the same sweep.csv.
 
 `.venv/bin/python scripts/bench_sweep.py [--rounds N] [--json F] [--from-json F]
-[--readme README.md]`: each round runs the three one after another (the order turning
+[--readme docs/comparing.md]`: each round runs the three one after another (the order turning
 each round, so a burst of load on a shared machine does not always fall on one), and a
 ratio is the one-process time over the other's in the same round. The machine's load
 average is recorded before and after each run: on a machine shared with others, a ratio
@@ -87,13 +87,8 @@ def measure(rounds: int) -> dict[str, Any]:
             "same_csv": len(csvs) == 1}
 
 
-BEGIN = ("<!-- sweep-speed:begin (scripts/bench_sweep.py --from-json benchmarks/sweep.json "
-         "--readme README.md) -->")
-END = "<!-- sweep-speed:end -->"
-
-
 def table(report: dict[str, Any]) -> str:
-    """The README's table, from the benchmark's JSON alone."""
+    """The documentation's table, from the benchmark's JSON alone."""
     lines = ["| round | " + " | ".join(MODES) + " | CPU seconds of each | load average "
              "(1 min) before each |",
              "| --- | " + " | ".join("---" for _ in MODES) + " | --- | --- |"]
@@ -112,13 +107,12 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_readme(readme: Path, report: dict[str, Any]) -> None:
-    text = readme.read_text(encoding="utf-8")
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise SystemExit(f"{readme}: no {BEGIN} ... {END} section to replace")
-    readme.write_text(text[: start + len(BEGIN)] + "\n" + table(report) + "\n" + text[end:],
-                      encoding="utf-8")
+def write_readme(page: Path, report: dict[str, Any], source: Path | None) -> None:
+    """The table into `page` (docs/...) between its markers, stamped with the commit
+    of `source`, the JSON it came from (scripts/docs_tables.py does the same from the JSON)."""
+    from docs_tables import write_block
+
+    write_block(page, "sweep-speed", table(report), [] if source is None else [source])
 
 
 def main() -> None:
@@ -126,14 +120,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, help="write the measurements here")
     parser.add_argument("--from-json", type=Path, help="render this report, run nothing")
-    parser.add_argument("--readme", type=Path, help="rewrite the table between its markers")
+    parser.add_argument("--readme", type=Path, metavar="PAGE.md",
+                        help="rewrite the table between the markers of this page "
+                        "(docs/comparing.md)")
     args = parser.parse_args()
     report = json.loads(args.from_json.read_text()) if args.from_json else measure(args.rounds)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     print(table(report))
     if args.readme:
-        write_readme(args.readme, report)
+        write_readme(args.readme, report, args.json or args.from_json)
 
 
 if __name__ == "__main__":

@@ -49,13 +49,14 @@ def test_bad_input_is_the_commands_error() -> None:
         api.load(TOPOLOGIES / "two-dc.yaml", iterations=0)
 
 
-def test_the_readme_script_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    readme = (ROOT / "README.md").read_text()
-    script = re.search(r"## Scripting experiments.*?```python\n(.*?)```", readme, re.S)
-    assert script, "the README shows a script using testbed.api"
+def test_the_documentations_script_runs(tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    page = (ROOT / "docs" / "api.md").read_text()
+    script = re.search(r"```python\n(.*?)```", page, re.S)
+    assert script, "docs/api.md shows a script using testbed.api"
     monkeypatch.chdir(tmp_path)
     (tmp_path / "topologies").symlink_to(ROOT / "topologies")
-    exec(compile(script.group(1), "README.md", "exec"), {})
+    exec(compile(script.group(1), "docs/api.md", "exec"), {})
     assert any((tmp_path / "runs").iterdir())
 
 

@@ -1,5 +1,5 @@
-"""`testbed figures`: claims as data, their figures from runs, the records and the README
-table, and the command end to end on a small topology in the simulator."""
+"""`testbed figures`: claims as data, their figures from runs, the records and the
+documentation's table, and the command end to end on a small topology in the simulator."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from testbed.figures.claims import (
 )
 from testbed.figures.collect import BackendFigures, Measurement, records
 from testbed.figures.measure import figures_of
-from testbed.figures.render import README_BEGIN, README_END, claims_table, update_readme
+from testbed.figures.render import claims_table, has_markers, update_markdown
 from testbed.job.load import parse_job
 from testbed.sim.one_transfer import one_transfer_s
 from testbed.topology import parse_topology
@@ -130,18 +130,28 @@ def test_records_keep_the_other_backends_column() -> None:
     assert failed[0]["not_run"]["emulate"] == "it failed"
 
 
-def test_the_readme_table_is_replaced_between_its_markers(tmp_path: Path) -> None:
+def test_the_table_is_replaced_between_the_markers_of_any_markdown_file(
+        tmp_path: Path) -> None:
     saved = records([_measurement("temporal", 1.2)], "simulate", [])
     table = claims_table(saved)
     assert "1.20x (below target)" in table and "up to 1.82x" in table
-    readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{README_BEGIN}\nold\n{README_END}\nrest\n")
-    update_readme(readme, saved)
-    text = readme.read_text()
+    page = tmp_path / "page.md"
+    begin = "<!-- paper-claims:begin (any command) -->"
+    page.write_text(f"intro\n{begin}\nold\n<!-- paper-claims:end -->\nrest\n")
+    assert has_markers(page)
+    update_markdown(page, saved)
+    text = page.read_text()
     assert "old" not in text and table in text and text.endswith("rest\n")
-    readme.write_text("no markers\n")
+    assert text.startswith(f"intro\n{begin}\n")  # the begin marker as it was written
+    page.write_text("no markers\n")
+    assert not has_markers(page)
     with pytest.raises(ValueError, match="no"):
-        update_readme(readme, saved)
+        update_markdown(page, saved)
+
+
+def test_the_documentations_claims_page_has_the_markers() -> None:
+    """`testbed figures --readme docs/claims.md` has its table to replace."""
+    assert has_markers(ROOT / "docs" / "claims.md")
 
 
 def _figures(args: list[str]) -> tuple[int, str]:

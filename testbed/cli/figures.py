@@ -27,13 +27,12 @@ from testbed.figures.frontier import SPACES, SearchName, default_workers, search
 from testbed.figures.load_curve import load_curve
 from testbed.figures.measure import Say
 from testbed.figures.render import (
-    README_BEGIN,
-    README_END,
+    MARKERS,
     claims_table,
     details_markdown,
     has_markers,
     load_records,
-    update_readme,
+    update_markdown,
     write_records,
 )
 from testbed.report.results import new_run_dir
@@ -59,8 +58,10 @@ contrast where one flow already fills most of a link); their comments give the s
               "wan-3dc.yaml and paper-3dc.yaml).")
 @click.option("--claims", "only", metavar="ID,...",
               help="Only these claims (ids as in claims.json, before the colon).")
-@click.option("--readme", type=click.Path(dir_okay=False, path_type=Path),
-              help="Rewrite the Paper claims table between this file's markers.")
+@click.option("--readme", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.md",
+              help="Rewrite the Paper claims table, and what bounds each claim, between "
+              "the markers <!-- paper-claims:begin --> and <!-- paper-claims:end --> of "
+              "this Markdown file (the documentation's page is docs/claims.md).")
 @click.option("--emulate-budget", "budget_min", type=click.FloatRange(min=0, min_open=True),
               default=20.0, show_default=True, metavar="MINUTES",
               help="Skip (and say so) an emulated run the simulator predicts would take "
@@ -105,8 +106,8 @@ def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: 
     conditions = [_conditions(path) for path in paths]
     wanted = _wanted(only, conditions)
     if readme is not None and (not readme.is_file() or not has_markers(readme)):
-        raise InputError(f"{readme} is not a file with the {README_BEGIN} ... {README_END} "
-                         "markers the table goes between", "--readme")
+        raise InputError(f"{readme} is not a file with the {MARKERS} markers the table "
+                         "goes between", "--readme")
     directory = out or new_run_dir("claims", "figures")
     if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
         raise InputError(f"{directory} is not a plain directory", "--out")
@@ -139,7 +140,7 @@ def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: 
         claim_plot(record, directory / f"{record['id'].replace(':', '-')}.{fmt}")
     if readme is not None:
         try:
-            update_readme(readme, saved)
+            update_markdown(readme, saved)
         except ValueError as exc:
             raise InputError(str(exc), "--readme") from None
     click.echo(claims_table(saved))

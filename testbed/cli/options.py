@@ -91,7 +91,7 @@ def scenario_options(func: F) -> F:
         metavar="FILE",
         help="Scenario file (YAML): network events, link traces (CSV or generated), "
         "stragglers and failures during the run, times from the start of training "
-        "(see README, Scenarios).")(func)
+        "(see docs/scenarios.md).")(func)
 
 
 def checkpoint_option(func: F) -> F:
@@ -224,7 +224,7 @@ def emulation_options(func: F) -> F:
         "latencies, compute, events and TCP's minimum RTO x K); every reported figure is "
         "in represented time. auto: the smallest K at which the plan's peak rate and its "
         "workers' CPU per action fit what this machine can give (both measured once, "
-        "cached; see README, Time dilation).")(func)
+        "cached; see docs/training.md, Time dilation).")(func)
     func = click.option(
         "--activations", type=click.Choice(["auto", "real"]), default="auto",
         show_default=True,
@@ -235,7 +235,7 @@ def emulation_options(func: F) -> F:
     return click.option(
         "--pacing", type=click.Choice(["on", "off"]), default="on", show_default=True,
         help="on: each cross-DC connection is paced at its share of the path's rate, as "
-        "the simulator assumes (see README, Pacing). off: unpaced bursts, to see what "
+        "the simulator assumes (see docs/training.md, Pacing). off: unpaced bursts, to see what "
         "they cost.")(func)
 
 

@@ -1,9 +1,10 @@
 """claims.json, a table per claim with its runs (figures.md), a PNG per claim, and the
-README's "Paper claims" table, all from the claim records."""
+documentation's "Paper claims" table (docs/claims.md), all from the claim records."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,10 @@ from testbed.common.fsutil import write_atomic
 from testbed.figures.claims import BACKENDS
 from testbed.figures.collect import ClaimRecord
 
-README_BEGIN = "<!-- paper-claims:begin (testbed figures --readme README.md) -->"
-README_END = "<!-- paper-claims:end -->"
+MARKERS = "<!-- paper-claims:begin --> ... <!-- paper-claims:end -->"
+"""Where the table goes in a Markdown file (the begin marker may name a command)."""
+_BLOCK = re.compile(r"<!-- paper-claims:begin(?: \([^)\n]*\))? -->\n(.*?)"
+                    r"<!-- paper-claims:end -->", re.S)
 
 
 def load_records(path: Path) -> list[ClaimRecord]:
@@ -53,7 +56,7 @@ def _verdict(record: ClaimRecord, backend: str) -> str:
 
 
 def claims_table(records: Sequence[ClaimRecord]) -> str:
-    """The README's table: one row per claim and conditions, with the largest figure the
+    """The documentation's table: one row per claim and conditions, with the largest figure the
     search of the design space found and where."""
     lines = ["| claim | paper | ours, simulated | ours, emulated | conditions | "
              "up to, simulated (where) |", "| --- | --- | --- | --- | --- | --- |"]
@@ -141,19 +144,23 @@ def _cell(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def has_markers(readme: Path) -> bool:
-    text = readme.read_text()
-    return README_BEGIN in text and text.find(README_END) > text.find(README_BEGIN)
-
-
-def update_readme(readme: Path, records: Sequence[ClaimRecord]) -> None:
-    """Replace the table between the markers (which must be there)."""
-    text = readme.read_text()
-    start, end = text.find(README_BEGIN), text.find(README_END)
-    if start < 0 or end < start:
-        raise ValueError(f"{readme}: no {README_BEGIN} ... {README_END} section to replace")
+def claims_block(records: Sequence[ClaimRecord]) -> str:
+    """What goes between the markers: the table, then what bounds each figure."""
     bounds = bounds_list(records)
-    block = claims_table(records) + ("\n\nWhat bounds each figure, computed from its "
-                                     "simulated runs:\n\n" + bounds if bounds else "")
-    new = text[: start + len(README_BEGIN)] + "\n" + block + "\n" + text[end:]
-    write_atomic(readme, new, 0o644)
+    return claims_table(records) + ("\n\nWhat bounds each figure, computed from its "
+                                    "simulated runs:\n\n" + bounds if bounds else "")
+
+
+def has_markers(page: Path) -> bool:
+    return _BLOCK.search(page.read_text(encoding="utf-8", errors="replace")) is not None
+
+
+def update_markdown(page: Path, records: Sequence[ClaimRecord]) -> None:
+    """Replace the table between the markers of a Markdown file (which must be there);
+    the begin marker stays as written."""
+    text = page.read_text(encoding="utf-8")
+    found = _BLOCK.search(text)
+    if found is None:
+        raise ValueError(f"{page}: no {MARKERS} section to replace")
+    new = text[: found.start(1)] + claims_block(records) + "\n" + text[found.end(1):]
+    write_atomic(page, new, 0o644)

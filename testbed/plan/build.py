@@ -371,7 +371,7 @@ Tail = Callable[[int], Sequence[Action]]
 
 def cycled(plan: Plan, tails: Sequence[Tail], outer: OuterOptimizer | None = None) -> Plan:
     """`plan` as a cycle of len(tails) iterations: iteration i runs every GPU's actions
-    followed by tails[i](its stage), of each stage it holds (a sync every H steps: H - 1
+    followed by tails[i] (its stage), of each stage it holds (a sync every H steps: H - 1
     empty tails, then the sync). Iterations with the same tails share one program."""
     if not tails:
         raise ValueError("a cycle needs at least one iteration")

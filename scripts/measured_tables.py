@@ -1,0 +1,177 @@
+"""The documentation's measured tables whose benchmark script prints no table of its own
+in the pages' form: each function takes the loaded JSON file(s) and returns the Markdown
+table (scripts/docs_tables.py puts it between its page's markers)."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from typing import Any
+
+
+def _rate(text: str) -> str:
+    """`100Mbit` as `100 Mbit/s`."""
+    match = re.fullmatch(r"([\d.]+)([KMG]bit)", text)
+    return f"{match.group(1)} {match.group(2)}/s" if match else text
+
+
+def _rows(header: str, rows: list[str]) -> str:
+    columns = header.count("|") - 1
+    return "\n".join([header, "| " + " | ".join("---" for _ in range(columns)) + " |", *rows])
+
+
+def net_rtt(report: dict[str, Any]) -> str:
+    """Round trips through the userspace shaper against the configured ones."""
+    return _rows("| one-way latency | configured RTT | median RTT | min RTT | p99 RTT |", [
+        f"| {r['one_way_ms']:g} ms | {r['rtt_configured_ms']:g} ms | {r['median_ms']:.2f} ms "
+        f"| {r['min_ms']:.2f} ms | {r['p99_ms']:.2f} ms |" for r in report["rtt"]])
+
+
+def net_throughput(report: dict[str, Any]) -> str:
+    """One flow and eight through a 100 ms round trip, and the delay lines' CPU."""
+    return _rows("| rate (100 ms RTT) | 1 flow | 8 flows | 8 flows / rate | delay-line CPU |", [
+        f"| {_rate(r['rate'])} | {r['one_flow_gbps']:.3f} Gbit/s | {r['8_flows_gbps']:.3f} "
+        f"Gbit/s | {r['of_rate']:.1%} | {r['delay_line_cpu_s_per_gbit']:.2g} cores per "
+        "Gbit/s |" for r in report["throughput_100ms_rtt"]])
+
+
+def cluster_net(report: dict[str, Any]) -> str:
+    """Each WAN link on one machine and across machines: RTT and iperf3 rates (Gbit/s)."""
+    one, many = report["one_machine"]["links"], report["cluster"]["links"]
+    return _rows("| link | RTT configured | one machine | across machines | rate | 4 flows: one "
+                 "machine | across machines | 8 flows: one machine | across machines |", [
+        f"| {name} | {link['configured_rtt_ms']:.1f} ms | {link['rtt_ms']:.2f} ms | "
+        f"{many[name]['rtt_ms']:.2f} ms | {link['configured_bps'] / 1e9:g} | "
+        f"{link['rate_bps'] / 1e9:.3f} | {many[name]['rate_bps'] / 1e9:.3f} | "
+        f"{link['rate_8_bps'] / 1e9:.3f} | {many[name]['rate_8_bps'] / 1e9:.3f} |"
+        for name, link in one.items()])
+
+
+def transport(rows: list[dict[str, Any]]) -> str:
+    """Goodput of one 128 MiB message by round trip and connections (Gbit/s)."""
+    counts = sorted({r["connections"] for r in rows})
+    rtts = sorted({r["rtt_ms"] for r in rows})
+    by = {(r["rtt_ms"], r["connections"]): r["median_gbps"] for r in rows}
+    header = "| RTT | " + " | ".join(f"{c} connection" if c == 1 else str(c)
+                                     for c in counts) + " |"
+    return _rows(header, [
+        f"| {rtt:g} ms | " + " | ".join(
+            "-" if (rtt, c) not in by else
+            f"{by[rtt, c]:.2f}" + (" Gbit/s" if i == 0 else "") for i, c in enumerate(counts))
+        + " |" for rtt in rtts])
+
+
+def _range(seconds: float, spread: list[float]) -> str:
+    return f"{seconds:.3f} s ({spread[0]:.2f}-{spread[1]:.2f})"
+
+
+def transport_pacing(rows: list[dict[str, Any]]) -> str:
+    """One 21 MB message, fresh and warm, paced and not, against iperf3."""
+    return _rows("| slow start after idle | connections | iperf3 -P N, fresh | ours fresh, "
+                 "unpaced | ours fresh, paced | ours warm, unpaced | ours warm, paced |", [
+        f"| {'on' if r['slow_start_after_idle'] else 'off'} | {r['connections']} | "
+        f"{r['iperf3_fresh_s']:.3f} s | {r['fresh_unpaced_s']:.3f} s | "
+        f"{r['fresh_paced_s']:.3f} s | {_range(r['warm_unpaced_s'], r['warm_unpaced_range_s'])}"
+        f" | {_range(r['warm_paced_s'], r['warm_paced_range_s'])} |" for r in rows])
+
+
+def cluster_run(*reports: dict[str, Any]) -> str:
+    """Training across namespace machines against one machine and the simulator, one
+    report per split of the DCs over machines (median of runs, each run's median in
+    brackets when there are several)."""
+
+    def spread(block: dict[str, Any]) -> str:
+        medians = [r["median_s"] for r in block["runs"]]
+        inside = f" ({min(medians):.2f}-{max(medians):.2f})" if len(medians) > 1 else ""
+        return f"{block['median_s']:.3f} s{inside}"
+
+    def setup(block: dict[str, Any]) -> str:
+        return f"{statistics.median(r['setup_s'] for r in block['runs']):.1f} s"
+
+    rows = []
+    for report in reports:
+        for row in report["rows"]:
+            one, many, sim = row["one_machine"], row["across"], row["simulated_s"]
+            rows.append(f"| {len(report['machines'])} | {row['policy']} | {sim:.3f} s | "
+                        f"{spread(one)} | {spread(many)} | "
+                        f"{many['median_s'] / one['median_s']:.3f} | "
+                        f"{many['median_s'] / sim:.3f} | {setup(one)} | {setup(many)} |")
+    return _rows("| machines | policy | simulated | one machine | across machines | across / "
+                 "one | across / simulated | setup: one machine | across machines |", rows)
+
+
+def _seconds(value: float) -> str:
+    """Three significant digits, two decimals below a second: 0.43 s, 1.96 s, 26.3 s."""
+    return f"{value:.2f} s" if value < 1 else f"{value:#.3g} s"
+
+
+def sim_speed(report: dict[str, Any]) -> str:
+    """Wall time of one simulated iteration by GPUs and microbatches."""
+    rows = report["scale"]
+    counts = sorted({r["microbatches"] for r in rows})
+    by = {(r["gpus"], r["microbatches"]): r["wall_s"] for r in rows}
+    return _rows("| GPUs | " + " | ".join(f"{m} microbatches" for m in counts) + " |", [
+        f"| {gpus:,} | " + " | ".join(f"{by[gpus, m]:.2f} s" if (gpus, m) in by else "not run"
+                                      for m in counts) + " |"
+        for gpus in sorted({r["gpus"] for r in rows})])
+
+
+def sim_e2e(report: dict[str, Any]) -> str:
+    """`testbed simulate` end to end beside the simulator's core: the best round (by wall
+    time) of each size, and the CPU ratio of the other rounds."""
+    sizes: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for row in report["e2e"]:
+        sizes.setdefault((row["gpus"], row["microbatches"]), []).append(row)
+    lines = []
+    for (gpus, microbatches), rounds in sizes.items():
+        best = min(rounds, key=lambda r: r["e2e_s"])
+        others = [r["cpu_ratio"] for r in rounds if r is not best]
+        spread = sorted({f"{ratio:.1f}" for ratio in others}, key=float)
+        other = f" ({spread[0]}-{spread[-1]}x)" if len(spread) > 1 else \
+            f" ({spread[0]}x)" if spread else ""
+        lines.append(f"| {gpus:,} x {microbatches} | {_seconds(best['e2e_s'])} | "
+                     f"{_seconds(best['e2e_cpu_s'])} | {_seconds(best['core_cpu_s'])} | "
+                     f"{best['cpu_ratio']:.1f}x{other} |")
+    return _rows("| GPUs x microbatches | `testbed simulate`, wall | CPU | core, CPU | CPU ratio "
+                 "(other rounds) |", lines)
+
+
+def bubbles_paper_scale(report: dict[str, Any]) -> str:
+    """Bubble filling on gpt3-4dc with Atlas: training slowdown, utilization, TTFT."""
+
+    def ttft(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f} s" if value < 0.01 else f"{value:.2f} s"
+
+    return _rows("| requests/s | bubbles | iteration | slowdown | GPU util (total) | served / "
+                 "arrived | TTFT p50 | TTFT p99 |", [
+        f"| {r['rate']:,.0f} | {r['bubble']} | {r['iteration_s']:.3f} s | "
+        + ("-" if r["bubble"] == "none" else f"{r['slowdown']:+.2%}")
+        + f" | {r['total_util']:.1%} | {r['served']:,} / {r['requests']:,} | "
+        f"{ttft(r['ttft_p50'])} | {ttft(r['ttft_p99'])} |" for r in report["gpt3-4dc"]])
+
+
+def atlas_transfer(report: dict[str, Any]) -> str:
+    """One microbatch's activations over one link: one connection against Atlas's,
+    simulated and emulated, from fresh windows and from open ones."""
+    parts = (("cold", "sim", "simulated cold"), ("first", "emu", "emulated first"),
+             ("warm", "sim", "simulated warm"), ("later", "emu", "emulated later"))
+    header = "| one-way latency | Atlas's connections | " + " | ".join(
+        f"{title}: 1 conn | Atlas | speed-up" for _, _, title in parts) + " |"
+    lines = []
+    for r in report["transfer"]:
+        cells = []
+        for when, backend, _ in parts:
+            one, many = r[f"{backend}_1_{when}_s"], r[f"{backend}_n_{when}_s"]
+            cells.append(f"{one:.2f} s | {many:.2f} s | {one / many:.2f}x")
+        lines.append(f"| {r['one_way_ms']} ms | {r['atlas_connections']} | "
+                     + " | ".join(cells) + " |")
+    return _rows(header, lines)
+
+
+def atlas_scaling(report: dict[str, Any]) -> str:
+    """Tokens/s as DCs join, the batch fixed: GPipe over every DC against Atlas."""
+    return _rows("| DCs | GPUs | gpipe tokens/s | atlas tokens/s | Atlas's plan |", [
+        f"| {r['dcs']} | {r['gpus']} | "
+        + ("does not fit" if r["gpipe_tokens_per_s"] is None else
+           f"{r['gpipe_tokens_per_s']:,.0f}")
+        + f" | {r['atlas_tokens_per_s']:,.0f} | {r['atlas_plan']} |" for r in report["scaling"]])
