@@ -16,6 +16,7 @@ from testbed.choices import (
     FigureFormat,
     OnFailure,
     TraceChoice,
+    values_of,
 )
 from testbed.cli_options import (
     checkpoint_option,
@@ -65,11 +66,11 @@ from testbed.units import plural
               help="Bubble policy; repeat for several. Every policy runs with each.")
 @click.option("-o", "--option", "policy_opts", multiple=True, metavar="[POLICY.]KEY=VALUE",
               help="Policy option, for one policy (atlas.connections=8) or all.")
-@click.option("--backend", type=click.Choice(["emulate", "simulate"]), default="simulate",
+@click.option("--backend", type=click.Choice(values_of(BackendName)), default="simulate",
               show_default=True, help="emulate: real workers over the emulated WAN (root).")
 @click.option("--repeat", type=int, default=1, show_default=True,
               help="Runs per combination; the table shows the median and the spread.")
-@click.option("--compute", type=click.Choice(["auto", "real", "emulated"]), default="auto",
+@click.option("--compute", type=click.Choice(values_of(ComputeChoice)), default="auto",
               show_default=True, help="Compute mode for the emulate backend.")
 @job_options
 @event_options

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from testbed.choices import ShaperChoice, values_of
 from testbed.errors import NetworkError, TestbedError
 from testbed.net.interrupts import Terminated, critical, stop_point, stop_signals
 from testbed.net.layout import check_limits
@@ -19,7 +20,7 @@ from testbed.topology import Topology, load_topology
 from testbed.topology.cluster import Cluster, load_cluster, machine_at
 from testbed.units import human_rate
 
-SHAPERS = ["auto", "netem", "userspace"]
+SHAPERS = values_of(ShaperChoice)
 machine_option = click.option(
     "--machine", help="Which machine of --cluster this is (default: the one whose address "
     "is on this machine).")

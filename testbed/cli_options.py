@@ -11,6 +11,13 @@ import click
 from click.core import ParameterSource
 
 from testbed.api import with_given_plan
+from testbed.choices import (
+    ActivationsChoice,
+    FigureFormat,
+    OnFailure,
+    TraceChoice,
+    values_of,
+)
 from testbed.dilation import MAX_DILATION
 from testbed.errors import InputError
 from testbed.inputs import JOB_FLAGS
@@ -81,7 +88,7 @@ def scenario_options(func: F) -> F:
     """--scenario FILE and --on-failure: what happens during the run (testbed.scenario)
     and what a lost worker does to it (testbed.recovery)."""
     func = click.option(
-        "--on-failure", "on_failure", type=click.Choice(["stop", "restart", "replan"]),
+        "--on-failure", "on_failure", type=click.Choice(values_of(OnFailure)),
         default="stop", show_default=True,
         help="When a scenario's failure takes a worker: stop the run; restart from the "
         "last checkpoint (--checkpoint-every) on the same GPUs once the lost one is back; "
@@ -146,7 +153,7 @@ def _parse_target_loss(_ctx: click.Context, _param: click.Parameter, value: str 
 def trace_option(func: F) -> F:
     """--trace: how much of the run trace.json.gz draws (testbed.report.chrome)."""
     return click.option(
-        "--trace", "trace", type=click.Choice(["summary", "full", "none"]), default="summary",
+        "--trace", "trace", type=click.Choice(values_of(TraceChoice)), default="summary",
         show_default=True,
         help="trace.json.gz (Perfetto): summary draws every GPU up to 256 of them, past that "
         "one track per tensor-parallel group in as many whole replicas as fit in 256 (and "
@@ -226,7 +233,7 @@ def emulation_options(func: F) -> F:
         "workers' CPU per action fit what this machine can give (both measured once, "
         "cached; see README, Time dilation).")(func)
     func = click.option(
-        "--activations", type=click.Choice(["auto", "real"]), default="auto",
+        "--activations", type=click.Choice(values_of(ActivationsChoice)), default="auto",
         show_default=True,
         help="auto: with emulated compute, activations between stages in one DC are "
         "modeled at the DC's bandwidth, as the simulator moves them (this machine cannot "
@@ -245,7 +252,7 @@ def force_option(func: F) -> F:
 
 
 def format_option(func: F) -> F:
-    return click.option("--format", "fmt", type=click.Choice(["png", "pdf", "svg"]),
+    return click.option("--format", "fmt", type=click.Choice(values_of(FigureFormat)),
                         default="png", show_default=True,
                         help="File format of the plots (each has a CSV of its numbers "
                         "beside it).")(func)

@@ -18,6 +18,7 @@ from testbed.choices import (
     OnFailure,
     ShaperChoice,
     TraceChoice,
+    values_of,
 )
 from testbed.cli_net import SHAPERS, machine_option, require_root, this_machine
 from testbed.cli_options import (
@@ -72,7 +73,7 @@ def echo_err(message: str) -> None:
 @force_option
 @click.option(
     "--compute",
-    type=click.Choice(["auto", "real", "emulated"]),
+    type=click.Choice(values_of(ComputeChoice)),
     default="auto",
     show_default=True,
     help="real: torch forward/backward; emulated: each GPU is held busy for the "
@@ -93,7 +94,7 @@ def echo_err(message: str) -> None:
 )
 @click.option(
     "--allreduce",
-    type=click.Choice(["auto", "real"]),
+    type=click.Choice(values_of(AllReduceChoice)),
     default="auto",
     show_default=True,
     help="auto: with emulated compute, gradient all-reduces inside one DC are modeled at the "
