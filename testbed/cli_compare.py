@@ -70,7 +70,8 @@ from testbed.units import plural
               show_default=True, help="emulate: real workers over the emulated WAN (root).")
 @click.option("--repeat", type=int, default=1, show_default=True,
               help="Runs per combination; the table shows the median and the spread.")
-@click.option("--compute", type=click.Choice(values_of(ComputeChoice)), default="auto",
+@click.option("--compute", type=click.Choice(values_of(ComputeChoice)),
+              default=RunSpec.compute,
               show_default=True, help="Compute mode for the emulate backend.")
 @job_options
 @event_options

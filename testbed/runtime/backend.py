@@ -16,9 +16,6 @@ from testbed.choices import EmulatedCompute
 from testbed.dilation import (
     MachineLoad,
     choose_for,
-    dilate_events,
-    dilate_job,
-    dilate_topology,
     peak_rate_bps,
     represented_inference,
     represented_requests,
@@ -49,7 +46,6 @@ from testbed.runtime.recovering import Segments, segment_runner
 from testbed.runtime.run_config import RunConfig
 from testbed.runtime.signals import run_with_signals
 from testbed.runtime.worker import run_loop
-from testbed.scenario import dilated
 from testbed.segments import run_segments
 from testbed.sim.backend import (
     SimulatorBackend,
@@ -135,17 +131,11 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
     if spec.checkpoint_every or resume:
         checkpoints = checkpoints_for(directory, spec.checkpoint_every, len(plan.used_gpus()),
                                       resume)
-    config = RunConfig(dilate_topology(spec.topology, k), dilate_job(spec.job, k), plan, chosen,
-                       mode, directory / "logs", spec.shaper, spec.stall_timeout_s * k,
-                       allreduce=spec.allreduce, pacing=spec.pacing,
-                       activations=spec.activations, bubble_policy=spec.bubble_policy,
-                       bubble_options=spec.bubble_options,
-                       bubble_seed=modeled_waits(spec.topology, spec.job, plan, chosen,
-                                                 spec.profile, k)
-                       if spec.bubble_policy and simulable else {},
-                       events=dilate_events(spec.link_events, k), dilation=k,
-                       checkpoints=checkpoints, cluster=spec.cluster,
-                       stragglers=dilated(spec.scenario, k).stragglers)
+    config = RunConfig.for_spec(
+        spec, spec.topology, plan, chosen, mode, directory / "logs", k, spec.link_events,
+        spec.scenario, checkpoints=checkpoints,
+        bubble_seed=modeled_waits(spec.topology, spec.job, plan, chosen, spec.profile, k)
+        if spec.bubble_policy and simulable else {})
     coordinator = Coordinator(config, say=say)
     error: TestbedError | None = None
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 from testbed.backend import Say
 from testbed.checkpoint import Checkpoints, Progress, iteration_dir, shifted
 from testbed.choices import EmulatedCompute
-from testbed.dilation import dilate_events, dilate_job, dilate_topology, represented_spans
+from testbed.dilation import represented_spans
 from testbed.errors import TestbedError
 from testbed.net.state import process_start_ticks
 from testbed.plan.model import Plan
@@ -27,7 +27,6 @@ from testbed.runtime.preflight import check_emulable
 from testbed.runtime.run_config import RunConfig
 from testbed.runtime.signals import run_with_signals
 from testbed.runtime.worker import run_loop
-from testbed.scenario import dilated
 from testbed.segments import RunSegment, Segment, SegmentResult
 
 
@@ -55,16 +54,12 @@ def segment_runner(spec: RunSpec, policy: TrainingPolicy, directory: Path,
             checkpoints = _checkpoints(spec, directory, segment, compute)
         except TestbedError as exc:
             return SegmentResult([], error=exc)
-        scenario = dilated(dataclasses.replace(
-            spec.scenario, stragglers=segment.stragglers, failures=segment.losses), k)
-        config = RunConfig(
-            dilate_topology(segment.topology, k), dilate_job(spec.job, k), segment.plan,
-            policy, compute, directory / ("logs" if not segment.index
-                                          else f"logs-{segment.index + 1}"),
-            spec.shaper, spec.stall_timeout_s * k, allreduce=spec.allreduce,
-            pacing=spec.pacing, activations=spec.activations,
-            events=dilate_events(segment.events, k), dilation=k, checkpoints=checkpoints,
-            stragglers=scenario.stragglers, losses=scenario.failures)
+        scenario = dataclasses.replace(
+            spec.scenario, stragglers=segment.stragglers, failures=segment.losses)
+        config = RunConfig.for_spec(
+            spec, segment.topology, segment.plan, policy, compute,
+            directory / ("logs" if not segment.index else f"logs-{segment.index + 1}"), k,
+            segment.events, scenario, checkpoints=checkpoints)
         coordinator = Coordinator(config, say=say)
         error: TestbedError | None = None
         try:
