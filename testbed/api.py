@@ -35,6 +35,8 @@ from testbed.policy import training_policy
 from testbed.policy.registry import DEFAULT_POLICY, check_policies, given_plan_policy
 from testbed.report.compare import Row, RunEntry, table_rows
 from testbed.report.results import RunRecord, new_run_dir
+from testbed.report.results_schema import from_json
+from testbed.report.run_results import Results
 from testbed.run_dirs import remove_if_empty
 from testbed.run_spec import RunSpec
 from testbed.runs import run as run_spec
@@ -52,8 +54,14 @@ class Result:
     directory: Path
     record: RunRecord
     results: dict[str, Any]
-    """results.json as written."""
+    """results.json as written (`typed`: the same as types)."""
     error: TestbedError | None = None
+
+    @property
+    def typed(self) -> Results:
+        """results.json as types (testbed.report.run_results)."""
+        typed: Results = from_json(Results, self.results)
+        return typed
 
     @property
     def iteration_s(self) -> float:
@@ -83,8 +91,7 @@ class Result:
     def time_to_loss(self) -> TimeToLoss | None:
         """Time and tokens to the target loss (`target_loss=`), or why there are none;
         None when no target was given."""
-        found: TimeToLoss | None = self.results.get("time_to_loss")
-        return found
+        return self.typed.time_to_loss
 
 
 def load(topology: str | Path, job: str | Path | None = None, *,

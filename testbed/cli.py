@@ -22,6 +22,7 @@ from testbed.cli_options import (
     policy_options,
     topology_argument,
 )
+from testbed.cli_results import results
 from testbed.cli_run import up
 from testbed.cli_sim import profile, simulate
 from testbed.cli_sweep import sweep
@@ -240,6 +241,7 @@ cli.add_command(sweep)
 cli.add_command(compare)
 cli.add_command(report)
 cli.add_command(figures)
+cli.add_command(results)
 
 
 def main(argv: list[str] | None = None) -> None:
