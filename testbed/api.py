@@ -34,7 +34,9 @@ from testbed.policy import training_policy
 from testbed.policy.registry import DEFAULT_POLICY, check_policies, given_plan_policy
 from testbed.report.compare import Row, RunEntry, table_rows
 from testbed.report.results import RunRecord, new_run_dir
+from testbed.report.results_schema import from_json
 from testbed.report.run_dirs import remove_if_empty
+from testbed.report.run_results import Results
 from testbed.run.backend import Say
 from testbed.run.checkpoint import Progress
 from testbed.run.spec import RunSpec
@@ -52,8 +54,14 @@ class Result:
     directory: Path
     record: RunRecord
     results: dict[str, Any]
-    """results.json as written."""
+    """results.json as written (`typed`: the same as types)."""
     error: TestbedError | None = None
+
+    @property
+    def typed(self) -> Results:
+        """results.json as types (testbed.report.run_results)."""
+        typed: Results = from_json(Results, self.results)
+        return typed
 
     @property
     def iteration_s(self) -> float:
@@ -83,8 +91,7 @@ class Result:
     def time_to_loss(self) -> TimeToLoss | None:
         """Time and tokens to the target loss (`target_loss=`), or why there are none;
         None when no target was given."""
-        found: TimeToLoss | None = self.results.get("time_to_loss")
-        return found
+        return self.typed.time_to_loss
 
 
 def load(topology: str | Path, job: str | Path | None = None, *,
@@ -142,8 +149,8 @@ def simulate(inputs: Inputs, policy: str | None = None,
              options: Mapping[str, str] | None = None, *, plan: GivenPlan | None = None,
              bubble: str | None = None, bubble_options: Mapping[str, str] | None = None,
              profile: Profile | None = None, out: str | Path | None = None,
-             target_loss: float | None = None, on_failure: OnFailure = "stop",
-             checkpoint_every: int = 0) -> Result:
+             target_loss: float | None = None, on_failure: OnFailure = RunSpec.on_failure,
+             checkpoint_every: int = RunSpec.checkpoint_every) -> Result:
     """`testbed simulate`: the plan at any scale, modeled compute, flow-level network (no
     loss: a `target_loss` is answered with the reason). `plan`: run this one; `policy`
     then labels the run and answers its hooks (default: the plan's own, else `plan-file`;
@@ -160,10 +167,11 @@ def simulate(inputs: Inputs, policy: str | None = None,
 def emulate(inputs: Inputs, policy: str | None = None,
             options: Mapping[str, str] | None = None, *, plan: GivenPlan | None = None,
             bubble: str | None = None, bubble_options: Mapping[str, str] | None = None,
-            compute: ComputeChoice = "auto", shaper: ShaperChoice = "auto",
+            compute: ComputeChoice = RunSpec.compute, shaper: ShaperChoice = RunSpec.shaper,
             dilation: int | None = 1, out: str | Path | None = None,
             say: Say = print, target_loss: float | None = None,
-            on_failure: OnFailure = "stop", checkpoint_every: int = 0) -> Result:
+            on_failure: OnFailure = RunSpec.on_failure,
+            checkpoint_every: int = RunSpec.checkpoint_every) -> Result:
     """`testbed up`: real processes over the emulated WAN (needs root). `dilation`: run K
     times slower than represented time, None to choose K from this machine;
     `target_loss`: report the time to reach it (`Result.time_to_loss`); `plan`,
@@ -208,9 +216,9 @@ def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPla
             backend: BackendName = "simulate",
             options: Mapping[str, object] | None = None, bubbles: Sequence[str] = (),
             repeat: int = 1, jitter: str | None = None, out: str | Path | None = None,
-            say: Say = lambda _m: None, compute: ComputeChoice = "auto",
-            target_loss: float | None = None, on_failure: OnFailure = "stop",
-            checkpoint_every: int = 0) -> Comparison:
+            say: Say = lambda _m: None, compute: ComputeChoice = RunSpec.compute,
+            target_loss: float | None = None, on_failure: OnFailure = RunSpec.on_failure,
+            checkpoint_every: int = RunSpec.checkpoint_every) -> Comparison:
     """`testbed compare`: each policy, and each given plan beside them (keyed by its file as
     given, or `plan:POLICY` for a Plan), with each bubble policy, `repeat` times, on the
     same inputs, by one backend, planned with one shared cache (so ablations reuse their

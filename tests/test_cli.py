@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal, get_args, get_origin, get_type_hints
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -165,3 +169,30 @@ def test_a_simulation_names_no_shaper(tmp_path: Path) -> None:
                            str(tmp_path / "run")])
     assert code == 0, err
     assert "shaper" not in out and "compute modeled" in out
+
+
+def _commands(group: click.Group, path: str = "") -> Iterator[tuple[str, click.Command]]:
+    for name, command in group.commands.items():
+        yield f"{path}{name}", command
+        if isinstance(command, click.Group):
+            yield from _commands(command, f"{path}{name} ")
+
+
+def test_every_choice_is_its_literal_type() -> None:
+    """A choice offered on the command line is the Literal its command's argument is
+    typed with, in order: a new value is written once, in its type."""
+    from testbed.cli.main import cli
+
+    checked = 0
+    for name, command in _commands(cli):
+        assert command.callback is not None
+        hints = get_type_hints(inspect.unwrap(command.callback))
+        for param in command.params:
+            if not isinstance(param.type, click.Choice) or param.name not in hints:
+                continue
+            literal = hints[param.name]
+            if get_origin(literal) is not Literal:
+                continue
+            assert list(param.type.choices) == list(get_args(literal)), (name, param.name)
+            checked += 1
+    assert checked >= 10

@@ -3,6 +3,7 @@ documentation's table, and the command end to end on a small topology in the sim
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -222,5 +223,12 @@ def test_the_search_keeps_the_stated_conditions_and_survives_the_other_backend()
 def test_a_gpu_holding_two_stages_counts_once() -> None:
     """ZB-V's placement names each GPU under two stages: the claims' reasons count GPUs."""
     placement = {"0,0": ["east-0"], "0,1": ["east-1"], "0,2": ["east-1"], "0,3": ["east-0"]}
-    figures = figures_of({"plan": {"dp": 1, "pp": 4, "placement": placement}})
+    from testbed.experiments.inputs import load_inputs
+    from testbed.experiments.run import simulated
+    from testbed.run.spec import RunSpec
+
+    inputs = load_inputs(ROOT / "topologies" / "two-dc.yaml")
+    results = simulated(RunSpec("simulate", inputs.topology, inputs.job, "1f1b", {})).typed()
+    figures = figures_of(dataclasses.replace(
+        results, plan={"dp": 1, "pp": 4, "placement": placement}))
     assert figures.gpus == 2 and figures.plan == "dp 1 x pp 4 on east"

@@ -31,5 +31,7 @@ def test_the_wheel_holds_every_module(tmp_path: Path) -> None:
     )
     (wheel,) = tmp_path.glob("testbed-*.whl")
     with zipfile.ZipFile(wheel) as archive:
-        packed = {name for name in archive.namelist() if name.endswith(".py")}
+        names = set(archive.namelist())
+    packed = {name for name in names if name.endswith(".py")}
     assert _source_modules() - packed == set()
+    assert "testbed/report/results.schema.json" in names  # `testbed results validate` reads it

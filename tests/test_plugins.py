@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,13 +11,15 @@ import sys
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_origin, get_type_hints
 
 import pytest
 
 from testbed.errors import PluginError
 from testbed.policy import api, registry
 from testbed.policy.api import API_VERSION, Job, Plan, PlanningContext, Topology, TrainingPolicy
+from testbed.policy.base import NoSettings
+from testbed.policy.option_parsers import option_text
 from testbed.policy.registry import TRAINING_GROUP, discover, training_policy
 
 ROOT = Path(__file__).parent.parent
@@ -96,7 +99,7 @@ def test_an_ablation_lists_what_it_pins_and_refuses_it_as_an_option() -> None:
     rows = {row["name"]: row for row in json.loads(result.stdout)}
     assert rows["atlas-no-temporal"]["fixed"] == {"temporal": False}
     assert "temporal" not in rows["atlas-no-temporal"]["options"]
-    assert rows["atlas-no-multiconn"]["fixed"] == {"connections": 1}
+    assert rows["atlas-no-multiconn"]["fixed"] == {"connections": 1, "max_connections": 0}
     assert "connections" not in rows["atlas-no-multiconn"]["options"]
     assert rows["atlas-no-selection"]["fixed"] == {"selection": False}
     assert rows["atlas"]["fixed"] == {} and rows["atlas"]["options"]["temporal"]["default"]
@@ -308,3 +311,55 @@ def test_up_reports_a_plugins_exit(hostile_plugin_path: Path, tmp_path: Path) ->
                       hostile_plugin_path)
     assert result.returncode == 1, result.stderr
     assert "policy 'exits' failed while planning: SystemExit: 0 (at " in result.stderr
+
+
+def _installed() -> list[type[Any]]:
+    from testbed.policy.registry import BUBBLE_GROUP
+
+    found = []
+    for group in (TRAINING_GROUP, BUBBLE_GROUP):
+        found += [info.cls for info in discover(group).values() if info.cls is not None]
+    return found
+
+
+def test_every_policys_settings_are_its_typed_dataclass() -> None:
+    """Each option's parser gives its field's type, the default read back is the default,
+    and a policy built with options holds them as typed fields."""
+    policies = _installed()
+    assert len(policies) >= 15
+    for cls in policies:
+        hints = get_type_hints(cls.settings_type)
+        if cls.settings_type is not NoSettings:  # the hooks read what -o sets, typed
+            assert get_type_hints(cls)["settings"] is cls.settings_type, cls.name
+        for option in cls.options:
+            parsed = option.parse(option_text(option.default))
+            assert parsed == option.default, (cls.name, option.name)
+            kind = hints[option.name]
+            expected = str if get_origin(kind) is Literal else kind
+            assert isinstance(parsed, expected), (cls.name, option.name)
+        policy = cls()
+        assert dataclasses.is_dataclass(policy.settings)
+        assert isinstance(policy.settings, cls.settings_type)
+    atlas = training_policy("atlas", {"connections": "8", "temporal": "off"})
+    assert atlas.settings.connections == 8 and atlas.settings.temporal is False
+    assert training_policy("atlas-no-temporal").settings.temporal is False  # fixed
+
+
+def test_a_settings_field_not_made_with_setting_is_refused_at_definition() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Loose:
+        connections: int = 1
+
+    with pytest.raises(TypeError, match=r"Loose.connections: make it with setting"):
+        type("LoosePolicy", (TrainingPolicy,), {"settings_type": Loose, "plan": None})
+    with pytest.raises(TypeError, match="fixed names no setting"):
+        type("Pinned", (TrainingPolicy,), {"fixed": {"nothing": 1}, "plan": None})
+
+
+def test_a_bad_option_names_the_policy_and_key() -> None:
+    from testbed.errors import InputError
+
+    with pytest.raises(InputError) as bad:
+        training_policy("diloco", {"inner_steps": "0"})
+    assert str(bad.value) == ("--option: inner_steps: bad value '0' for diloco: must be at "
+                              "least 1")

@@ -14,6 +14,7 @@ import torch
 
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.run import run
+from testbed.report.results_schema import check_results
 from testbed.run.spec import RunSpec
 from testbed.runtime.worker.reference import merge_stages, train_one_process
 
@@ -90,6 +91,7 @@ def test_a_run_that_loses_a_worker_goes_on_and_completes_every_iteration(
     outcome = run(spec, tmp_path / "run")
     results = outcome.results
     assert outcome.error is None and results["status"] == "ok"
+    check_results(results, "results.json")  # the segments' keys are in the shipped schema
     assert results["iterations"] == 30
     (failure,) = results["failures"]
     assert failure["worker"] == "west-1" and failure["action"] == on_failure

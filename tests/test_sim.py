@@ -400,6 +400,7 @@ def test_results_files_are_strict_json_a_nan_loss_is_null(tmp_path: Path) -> Non
 
     from testbed import api
     from testbed.report.results import write_run
+    from testbed.report.results_schema import check_results
 
     result = api.simulate(api.load(ROOT / "topologies" / "two-dc.yaml"), "gpipe",
                           out=tmp_path / "run")
@@ -416,6 +417,7 @@ def test_results_files_are_strict_json_a_nan_loss_is_null(tmp_path: Path) -> Non
                parse_constant=refuse)
     results = json.loads((tmp_path / "nan" / "results.json").read_text())
     assert results["loss"] == {"0": 2.5, "1": None, "2": None}
+    check_results(results, "results.json")  # the schema takes the null
 
 
 @pytest.mark.parametrize(("topology", "policy", "sets", "events", "jitter"), [

@@ -26,6 +26,7 @@ from testbed.experiments.inputs import load_inputs
 from testbed.job.model import Job
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.policy import training_policy
+from testbed.report.results_schema import check_results
 from testbed.runtime.coordinator.coordinator import Coordinator, RunFailed
 from testbed.runtime.coordinator.hosts import NamespaceHosts
 from testbed.runtime.coordinator.run_config import RunConfig
@@ -146,8 +147,9 @@ def test_up_writes_results_and_trace(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     results = json.loads((out / "results.json").read_text())
+    check_results(results, "results.json")  # the emulator's keys are in the shipped schema
     for key in (
-        "schema",
+        "schema_version",
         "backend",
         "policy",
         "bubble_policy",
@@ -444,6 +446,7 @@ def test_bubbletea_over_the_emulator_serves_prefills_to_decode_servers(tmp_path:
     outcome = run(spec, tmp_path / "run")
     results = outcome.results
     assert results["status"] == "ok", results["error"]
+    check_results(results, "results.json")  # the emulator's inference block too
     inference = results["inference"]
     assert inference["served"] > 10
     assert inference["chunked"] >= inference["served"]  # the last chunk, then the KV cache

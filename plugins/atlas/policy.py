@@ -7,8 +7,8 @@ import functools
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
-from typing import Any, ClassVar
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, cast, get_args
 
 from testbed.policy.api import (
     Action,
@@ -18,7 +18,6 @@ from testbed.policy.api import (
     Job,
     LinkKind,
     Op,
-    Option,
     Plan,
     PlanningContext,
     Schedule,
@@ -31,13 +30,14 @@ from testbed.policy.api import (
     non_negative_int,
     on_off,
     one_of,
+    setting,
 )
 
 from .estimate import LINUX_DEFAULTS, connections_to_fill, estimate, lower_bound
 from .explain import why_chosen
 from .placement import Chain, capacity, fill, largest_first, place, tie_orders
 from .schedules import one_per_gpu, placed, two_per_gpu
-from .search import Candidate, search
+from .search import Candidate, Mode, search
 
 ORDERS = ("pipeline", "microbatch", "fifo")
 LARGE = 256
@@ -52,32 +52,43 @@ microbatch."""
 """Plans whose receive positions the policy keeps at once."""
 
 
+def _mode(text: str) -> Mode:
+    return cast(Mode, one_of(*get_args(Mode))(text))
+
+
+@dataclass(frozen=True)
+class AtlasSettings:
+    connections: int = setting(0, "TCP connections per cross-DC peer pair (0: enough to fill "
+                               "the link from its bandwidth-delay product and the TCP window)",
+                               non_negative_int)
+    max_connections: int = setting(0, "upper bound when chosen automatically (0: what the "
+                                   "path needs, within the hosts' open-file and TCP-memory "
+                                   "limits)", non_negative_int)
+    temporal: bool = setting(True, "temporal WAN sharing: one transfer at a time per link "
+                             "direction and DP-cell, in a workload-aware order (on/off)", on_off)
+    order: str = setting("microbatch", "who gets the link next: microbatch (the transfer its "
+                         "receiver needs soonest), pipeline (lowest replica first), fifo",
+                         one_of(*ORDERS))
+    selection: bool = setting(True, "choose DCs and the DP/PP split by predicted throughput "
+                              "(off: every DC, largest first)", on_off)
+    search: Mode = setting("staged", "staged: rank by the closed form and simulate the "
+                           "promising plans; grid: simulate every DC subset, dp, pp and "
+                           "schedule; exhaustive: and each with every mechanism (slow; "
+                           "ground truths)", _mode)
+    warm: bool = setting(True, "keep windows open between turns on a link: the plan asks its "
+                         "hosts for slow start after idle off (on/off)", on_off)
+    two_per_gpu: bool = setting(True, "also try torch's interleaved 1F1B and zero-bubble "
+                                "orders over two stages per GPU where they fit, for the best "
+                                "placements (on/off; off plans without importing torch)",
+                                on_off)
+
+
 class AtlasPolicy(TrainingPolicy):
     name = "atlas"
     summary = ("Atlas: stages over DCs (DP inside DCs), DC selection, N TCP connections, "
                "temporal WAN sharing")
-    options: ClassVar[tuple[Option, ...]] = (
-        Option("connections", 0, "TCP connections per cross-DC peer pair (0: enough to fill "
-               "the link from its bandwidth-delay product and the TCP window)", non_negative_int),
-        Option("max_connections", 0, "upper bound when chosen automatically (0: what the "
-               "path needs, within the hosts' open-file and TCP-memory limits)",
-               non_negative_int),
-        Option("temporal", True, "temporal WAN sharing: one transfer at a time per link "
-               "direction and DP-cell, in a workload-aware order (on/off)", on_off),
-        Option("order", "microbatch", "who gets the link next: microbatch (the transfer its "
-               "receiver needs soonest), pipeline (lowest replica first), fifo", one_of(*ORDERS)),
-        Option("selection", True, "choose DCs and the DP/PP split by predicted throughput "
-               "(off: every DC, largest first)", on_off),
-        Option("search", "staged", "staged: rank by the closed form and simulate the "
-               "promising plans; grid: simulate every DC subset, dp, pp and schedule; "
-               "exhaustive: and each with every mechanism (slow; ground truths)",
-               one_of("staged", "grid", "exhaustive")),
-        Option("warm", True, "keep windows open between turns on a link: the plan asks its "
-               "hosts for slow start after idle off (on/off)", on_off),
-        Option("two_per_gpu", True, "also try torch's interleaved 1F1B and zero-bubble orders "
-               "over two stages per GPU where they fit, for the best placements (on/off; off "
-               "plans without importing torch)", on_off),
-    )
+    settings_type: ClassVar[type[Any]] = AtlasSettings
+    settings: AtlasSettings
     multi_connection: ClassVar[bool] = True
 
     # --- the plan ----------------------------------------------------------------------
@@ -114,7 +125,7 @@ class AtlasPolicy(TrainingPolicy):
                              f"{', '.join(f'{dc.name} {dc.gpus}' for dc in topology.datacenters)}"
                              " GPUs", topology.source, "job")
         every_dc = len(topology.datacenters)
-        pool = candidates if self.settings["selection"] else \
+        pool = candidates if self.settings.selection else \
             [c for c in candidates if len(c.dcs) == every_dc]
         if not pool:
             raise InputError("selection off, and no placement uses every datacenter",
@@ -125,35 +136,35 @@ class AtlasPolicy(TrainingPolicy):
                 self._assemble(topology, probe, c), probe, stop_above)) as simulations:
             state = search(pool, lambda c, floor: self._simulate(
                 topology, probe, c, context, floor, simulations.submit), self._mechanisms,
-                every_dc, self.settings["search"], lambda c: self._two_per_gpu(topology, job, c),
+                every_dc, self.settings.search, lambda c: self._two_per_gpu(topology, job, c),
                 simulations.size)
         ranked = state.ranked()
         if not ranked:
             return pool[0], pool[:8], "closed-form estimate (the simulation failed)"
-        return ranked[0], ranked, why_chosen(ranked, len(pool), bool(self.settings["selection"]),
-                                       self.settings["search"])
+        return ranked[0], ranked, why_chosen(ranked, len(pool), self.settings.selection,
+                                       self.settings.search)
 
     def _mechanisms(self, candidate: Candidate) -> list[Candidate]:
         """The candidate with fair sharing, each other DP-cell size, one connection."""
         base = replace(candidate, simulated_s=None, at_least=False)
         out = []
-        if self.settings["temporal"]:
+        if self.settings.temporal:
             out.append(replace(base, temporal=False, cell=0))
             out += [replace(base, temporal=True, cell=size)
                     for size in range(1, candidate.dp + 1)
                     if candidate.dp % size == 0 and size != (candidate.cell or candidate.dp)]
-        if self.multi_connection and not self.settings["connections"]:
+        if self.multi_connection and not self.settings.connections:
             out.append(replace(base, multi=not candidate.multi))
         return out
 
     def _connections(self, topology: Topology, dc_a: str, dc_b: str, multi: bool) -> int:
         if dc_a == dc_b or not multi:
             return 1
-        fixed = int(self.settings["connections"])
+        fixed = self.settings.connections
         if fixed:
             return fixed
         return connections_to_fill(topology, dc_a, dc_b, self.limits,
-                                   int(self.settings["max_connections"]))
+                                   self.settings.max_connections)
 
     def _assemble(self, topology: Topology, job: Job, candidate: Candidate) -> Plan:
         placement = placed(topology, job, candidate.chain, candidate.dp,
@@ -167,13 +178,13 @@ class AtlasPolicy(TrainingPolicy):
             connections=lambda a, b, kind: between(topology.dc_of(a), topology.dc_of(b))
             if kind is LinkKind.PIPELINE else 1,
             sharing=sharing, dp_cells=candidate.cells,
-            host_tcp=HostTcp(slow_start_after_idle=False) if self.settings["warm"] else None)
+            host_tcp=HostTcp(slow_start_after_idle=False) if self.settings.warm else None)
 
     def _candidates(self, topology: Topology, job: Job) -> list[Candidate]:
         """Every DC subset in its best chain order, every DP/PP split that fits, ranked by
         closed-form throughput; with selection off, only all DCs largest first."""
         names = [dc.name for dc in topology.datacenters]
-        subsets = [names] if not self.settings["selection"] else [
+        subsets = [names] if not self.settings.selection else [
             list(c) for k in range(1, len(names) + 1) for c in itertools.combinations(names, k)]
         out: list[Candidate] = []
         for subset in subsets:
@@ -188,13 +199,13 @@ class AtlasPolicy(TrainingPolicy):
                         continue
                     placement = place(topology, chain, dp, job.tp)
                     conns = None if self.multi_connection else 1
-                    if self.settings["connections"]:
-                        conns = int(self.settings["connections"])
+                    if self.settings.connections:
+                        conns = self.settings.connections
                     tokens = dp * m * job.microbatch_size * job.model.seq_len
                     schedules = [Candidate(tuple(chain.dcs), dp, pp, chain, 0.0, tokens,
                                            schedule_kind=kind, extra_warmup=extra,
                                            per_crossing=per_crossing,
-                                           temporal=bool(self.settings["temporal"]),
+                                           temporal=self.settings.temporal,
                                            multi=self.multi_connection)
                                  for kind, extra, per_crossing in one_per_gpu(m, len(chain.dcs))]
                     for candidate in schedules:
@@ -212,7 +223,7 @@ class AtlasPolicy(TrainingPolicy):
     def _two_per_gpu(self, topology: Topology, job: Job, base: Candidate) -> list[Candidate]:
         """torch's orders over two stages per GPU of `base`'s placement, unless switched
         off (schedules.two_per_gpu)."""
-        return two_per_gpu(topology, job, base) if self.settings["two_per_gpu"] else []
+        return two_per_gpu(topology, job, base) if self.settings.two_per_gpu else []
 
     def _dps(self, topology: Topology, job: Job, subset: Sequence[str]) -> list[int]:
         if job.dp is not None:
@@ -256,7 +267,7 @@ class AtlasPolicy(TrainingPolicy):
         (tokens/s) only a lower bound on the time (`at_least`). Kept in the context's
         cache: ablations re-run Atlas's own selection."""
         key = ("atlas", repr(topology), repr(probe), repr(candidate.key),
-               repr(sorted((k, v) for k, v in self.settings.items() if k != "search")))
+               repr(replace(self.settings, search="staged")))  # any search: one result
         stop_above = None if floor is None else candidate.tokens / floor
 
         def result(seconds: float | None, at_least: bool) -> Candidate | None:
@@ -284,7 +295,7 @@ class AtlasPolicy(TrainingPolicy):
         at full rate and the pipelines fall into a staggered rhythm where one computes
         while another sends; microbatch: the transfer the receiver needs soonest (its
         position in the receiver's action list); fifo: arrival order."""
-        order = self.settings["order"]
+        order = self.settings.order
         if order == "fifo":
             return min(waiting, key=lambda t: (t.ready_at, t.id))
         receives, known, ranks = self._receives(plan)
@@ -343,20 +354,16 @@ class _Ablation(AtlasPolicy):
 
     def full_choice(self, topology: Topology, job: Job, context: PlanningContext) -> Candidate:
         full = AtlasPolicy()
-        full.settings.update({k: v for k, v in self.settings.items() if k not in self.fixed})
+        full.settings = replace(self.settings, **{k: getattr(full.settings, k)
+                                                  for k in self.fixed})
         chosen, _, _ = full.choose(topology, job, context)
         return chosen
-
-
-def _options_without(*names: str) -> tuple[Option, ...]:
-    return tuple(o for o in AtlasPolicy.options if o.name not in names)
 
 
 class AtlasNoMultiConnection(_Ablation):
     name = "atlas-no-multiconn"
     summary = "Atlas's placement with one TCP connection per peer pair (ablation)"
-    options = _options_without("connections", "max_connections")
-    fixed: ClassVar[dict[str, Any]] = {"connections": 1}
+    fixed: ClassVar[dict[str, Any]] = {"connections": 1, "max_connections": 0}
 
     def choose(self, topology: Topology, job: Job, context: PlanningContext
                ) -> tuple[Candidate, list[Candidate], str]:
@@ -368,7 +375,6 @@ class AtlasNoMultiConnection(_Ablation):
 class AtlasNoTemporal(_Ablation):
     name = "atlas-no-temporal"
     summary = "Atlas's placement with fair (TCP) WAN sharing instead of temporal (ablation)"
-    options = _options_without("temporal")
     fixed: ClassVar[dict[str, Any]] = {"temporal": False}
 
     def choose(self, topology: Topology, job: Job, context: PlanningContext
@@ -381,5 +387,4 @@ class AtlasNoTemporal(_Ablation):
 class AtlasNoSelection(AtlasPolicy):
     name = "atlas-no-selection"
     summary = "Atlas using every DC, largest first, without DC selection (ablation)"
-    options = _options_without("selection")
     fixed: ClassVar[dict[str, Any]] = {"selection": False}

@@ -6,10 +6,12 @@ Compression, Lin et al. 2018, which keeps 0.1%). Placement as dp-across-dc."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
 from testbed.policy.api import (
     Collective,
     Job,
-    Option,
     Plan,
     PlanningContext,
     Schedule,
@@ -18,19 +20,24 @@ from testbed.policy.api import (
     build_plan,
     dc_pipelines,
     payload,
+    setting,
 )
+
+
+@dataclass(frozen=True)
+class CompressedSettings:
+    payload: str = setting("int8", "int8 or int4 (blockwise absmax), or topP% (the largest "
+                           "P% of values with their indices; DGC keeps 0.1%)", payload)
 
 
 class DpCompressedPolicy(TrainingPolicy):
     name = "dp-compressed"
     summary = ("DP across DCs, gradients compressed (int8, int4 or top-k) with error feedback "
                "before every all-reduce")
-    options = (
-        Option("payload", "int8", "int8 or int4 (blockwise absmax), or topP% (the largest "
-               "P% of values with their indices; DGC keeps 0.1%)", payload),
-    )
+    settings_type: ClassVar[type[Any]] = CompressedSettings
+    settings: CompressedSettings
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
-        gradients = Collective(payload=self.settings["payload"])
+        gradients = Collective(payload=self.settings.payload)
         return build_plan(self.name, topology, job, dc_pipelines(topology, job),
                           Schedule.ONE_F_ONE_B, gradients=gradients)

@@ -6,12 +6,12 @@ comparison). torch's schedules for several stages per GPU place the same way
 
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from testbed.policy.api import (
     InputError,
     Job,
-    Option,
     Plan,
     PlanningContext,
     Schedule,
@@ -22,20 +22,29 @@ from testbed.policy.api import (
     default_pp,
     file_order_placement,
     one_of,
+    setting,
     virtual_placement,
 )
 
-SENDS = Option("sends", Sends.TORCH, "torch: wait on sends as torch's schedule does; eager: "
-               "never wait on a send", lambda raw: Sends(one_of(*Sends)(raw)))
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    sends: Sends = setting(Sends.TORCH, "torch: wait on sends as torch's schedule does; "
+                           "eager: never wait on a send", lambda raw: Sends(one_of(*Sends)(raw)))
 
 
 class FileOrderPipeline(TrainingPolicy):
     """A pipeline of `pp` GPUs (the job's, or one per DC) over the topology's GPUs in file
-    order, replicas side by side; each GPU holds `virtual` stages (1 unless the policy
-    has that setting) as torch's mapping for the schedule puts them."""
+    order, replicas side by side; each GPU holds `virtual()` stages as torch's mapping
+    for the schedule puts them."""
 
     schedule: ClassVar[Schedule]
-    options: ClassVar[tuple[Option, ...]] = (SENDS,)
+    settings_type: ClassVar[type[Any]] = PipelineSettings
+    settings: PipelineSettings
+
+    def virtual(self) -> int:
+        """Stages per GPU: one (torch's schedules for several have it as a setting)."""
+        return 1
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
         pp = default_pp(topology, job)
@@ -48,9 +57,9 @@ class FileOrderPipeline(TrainingPolicy):
                 "job.pp",
             )
         ranks = file_order_placement(topology, dp, pp, job.tp)
-        placement = virtual_placement(ranks, self.schedule, self.settings.get("virtual", 1))
+        placement = virtual_placement(ranks, self.schedule, self.virtual())
         return build_plan(self.name, topology, job, placement, self.schedule,
-                          sends=self.settings["sends"])
+                          sends=self.settings.sends)
 
 
 class GPipePolicy(FileOrderPipeline):

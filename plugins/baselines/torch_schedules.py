@@ -10,46 +10,59 @@ stages (ZB-V and DualPipeV hold exactly two per GPU, V-shaped)."""
 
 from __future__ import annotations
 
-from testbed.policy.api import Option, Schedule, at_least_one
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from .pipeline import SENDS, FileOrderPipeline
+from testbed.policy.api import Schedule, at_least_one, setting
 
-VIRTUAL = Option("virtual", 2, "stages per GPU (GPU g of P holds stages g, g + P, ...)",
-                 at_least_one)
+from .pipeline import FileOrderPipeline, PipelineSettings
 
 
-class Interleaved1F1BPolicy(FileOrderPipeline):
+@dataclass(frozen=True)
+class VirtualSettings(PipelineSettings):
+    virtual: int = setting(2, "stages per GPU (GPU g of P holds stages g, g + P, ...)",
+                           at_least_one)
+
+
+class VirtualStages(FileOrderPipeline):
+    """Several stages per GPU: `virtual` of them."""
+
+    settings_type: ClassVar[type[Any]] = VirtualSettings
+    settings: VirtualSettings
+
+    def virtual(self) -> int:
+        return self.settings.virtual
+
+
+class Interleaved1F1BPolicy(VirtualStages):
     name = "interleaved-1f1b"
     summary = ("torch's ScheduleInterleaved1F1B (Megatron's interleaved 1F1B), `virtual` "
                "stages per GPU, stages over DCs in file order")
     schedule = Schedule.INTERLEAVED_1F1B
-    options = (VIRTUAL, SENDS)
 
 
-class LoopedBFSPolicy(FileOrderPipeline):
+class LoopedBFSPolicy(VirtualStages):
     name = "looped-bfs"
     summary = ("torch's ScheduleLoopedBFS (breadth-first: every microbatch through a GPU's "
                "earlier stage first), `virtual` stages per GPU")
     schedule = Schedule.LOOPED_BFS
-    options = (VIRTUAL, SENDS)
 
 
-class InterleavedZeroBubblePolicy(FileOrderPipeline):
+class InterleavedZeroBubblePolicy(VirtualStages):
     name = "interleaved-zb"
     summary = ("torch's ScheduleInterleavedZeroBubble (ZB1P: backward split into I and W, "
                "W fills bubbles), `virtual` stages per GPU")
     schedule = Schedule.INTERLEAVED_ZB
-    options = (VIRTUAL, SENDS)
 
 
-class ZeroBubbleVPolicy(FileOrderPipeline):
+class ZeroBubbleVPolicy(VirtualStages):
     name = "zb-v"
     summary = "torch's ScheduleZBVZeroBubble (ZB-V: two stages per GPU in a V, I and W split)"
     schedule = Schedule.ZB_V
     fixed = {"virtual": 2}
 
 
-class DualPipeVPolicy(FileOrderPipeline):
+class DualPipeVPolicy(VirtualStages):
     name = "dualpipe-v"
     summary = ("torch's ScheduleDualPipeV (DeepSeek's DualPipe in a V: overlapped forward "
                "and backward, two stages per GPU)")

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 from testbed.policy.api import (
     Bubble,
     BubblePolicy,
     Chunk,
-    Option,
     PrefillTimes,
     Request,
     at_least_one,
     fraction,
     non_negative,
     on_off,
+    setting,
 )
 
 MISSES = 200
@@ -32,20 +33,25 @@ COVER = 0.9
 """Share of those misses the learned guard covers."""
 
 
+@dataclass(frozen=True)
+class BubbleTeaSettings:
+    guard: float = setting(0.1, "fraction of the predicted bubble kept free as a margin (the "
+                           "least the learned guard keeps)", fraction)
+    guard_s: float = setting(0.002, "seconds kept free at the end of every bubble",
+                             non_negative)
+    learn: bool = setting(False, "widen the guard to cover 90% of recent prediction misses "
+                          "(on/off)", on_off)
+    batch: int = setting(1, "most prompts prefilled in one pass", at_least_one)
+    chunk: bool = setting(True, "fill what is left of a bubble with a chunk of the oldest "
+                          "prompt that does not fit whole (on/off)", on_off)
+    min_chunk: int = setting(64, "fewest prompt tokens worth a chunk", at_least_one)
+
+
 class BubbleTeaPolicy(BubblePolicy):
     name = "bubbletea"
     summary = "prefill in predicted bubbles, only what fits (oldest request first)"
-    options = (
-        Option("guard", 0.1, "fraction of the predicted bubble kept free as a margin (the "
-               "least the learned guard keeps)", fraction),
-        Option("guard_s", 0.002, "seconds kept free at the end of every bubble", non_negative),
-        Option("learn", False, "widen the guard to cover 90% of recent prediction misses "
-               "(on/off)", on_off),
-        Option("batch", 1, "most prompts prefilled in one pass", at_least_one),
-        Option("chunk", True, "fill what is left of a bubble with a chunk of the oldest "
-               "prompt that does not fit whole (on/off)", on_off),
-        Option("min_chunk", 64, "fewest prompt tokens worth a chunk", at_least_one),
-    )
+    settings_type: ClassVar[type[Any]] = BubbleTeaSettings
+    settings: BubbleTeaSettings
 
     def __init__(self, **values: str) -> None:
         super().__init__(**values)
@@ -64,8 +70,8 @@ class BubbleTeaPolicy(BubblePolicy):
     def guard(self) -> float:
         """The share of a predicted bubble kept free: the configured one, or what covers
         recent misses of bubble and prefill predictions together, whichever is larger."""
-        guard = float(self.settings["guard"])
-        if not self.settings["learn"]:
+        guard = self.settings.guard
+        if not self.settings.learn:
             return guard
         bubble, prefill = (_quantile(self.misses[k], COVER) for k in ("bubble", "prefill"))
         # room = bubble x (1 - b) must hold prefill x (1 + p): keep 1 - (1 - b) / (1 + p)
@@ -73,7 +79,7 @@ class BubbleTeaPolicy(BubblePolicy):
 
     def room(self, bubble: Bubble, now: float) -> float:
         """Seconds of the predicted bubble a prefill may take."""
-        return (bubble.end - now) * (1 - self.guard()) - float(self.settings["guard_s"])
+        return (bubble.end - now) * (1 - self.guard()) - self.settings.guard_s
 
     def admit(self, bubble: Bubble, queue: Sequence[Request], now: float,
               prefill_time: Callable[[int], float]) -> Request | None:
@@ -103,7 +109,7 @@ class BubbleTeaPolicy(BubblePolicy):
             if _tokens(chosen) + whole.tokens <= max_tokens and \
                     prefill.batch([*chosen, whole]) <= room:
                 chosen.append(whole)
-        while len(chosen) < self.settings["batch"]:
+        while len(chosen) < self.settings.batch:
             probe = Request(-1, now, max_tokens)  # the longest new prompt that fits
             found = _largest_chunk(probe, chosen, room, max_tokens - _tokens(chosen), prefill)
             longest = found.end if found else 0
@@ -112,14 +118,14 @@ class BubbleTeaPolicy(BubblePolicy):
             if pick is None:
                 break
             chosen.append(Chunk(pick, 0, pick.prompt_len))
-        if not self.settings["chunk"] or len(chosen) == self.settings["batch"]:
+        if not self.settings.chunk or len(chosen) == self.settings.batch:
             return chosen
         taken = {c.request.id for c in chosen}
         oldest = next((r for r in queue if r.id not in taken), None)
         if oldest is None:
             return chosen  # one chunked here comes first: at most one is under way per GPU
         chunk = _largest_chunk(oldest, chosen, room, max_tokens - _tokens(chosen), prefill)
-        worth = min(self.settings["min_chunk"], oldest.remaining, max_tokens)
+        worth = min(self.settings.min_chunk, oldest.remaining, max_tokens)
         if chunk is not None and chunk.tokens >= worth:
             chosen.append(chunk)
         return chosen

@@ -17,6 +17,8 @@ keeps them: they are not counted against GPU memory.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from testbed.policy.api import (
     Action,
@@ -25,7 +27,6 @@ from testbed.policy.api import (
     Job,
     LinkKind,
     Op,
-    Option,
     OuterOptimizer,
     Plan,
     PlanningContext,
@@ -43,6 +44,7 @@ from testbed.policy.api import (
     non_negative_int,
     one_of,
     positive,
+    setting,
 )
 
 BITS = {"32": "fp32", "16": "bf16", "8": "int8", "4": "int4"}
@@ -60,9 +62,36 @@ def _nothing(stage: int) -> Sequence[Action]:
     return ()
 
 
-CONNECTIONS = Option("connections", 1, "TCP connections per cross-DC pair of replicas for "
-                     "the syncs (1, as the baselines; one flow is capped at window / RTT)",
-                     at_least_one)
+CONNECTIONS_HELP = ("TCP connections per cross-DC pair of replicas for the syncs (1, as the "
+                    "baselines; one flow is capped at window / RTT)")
+
+
+@dataclass(frozen=True)
+class DiLoCoSettings:
+    inner_steps: int = setting(500, "H, inner steps per sync (the paper: 500)", at_least_one)
+    outer_lr: float = setting(0.7, "outer SGD learning rate (the paper: 0.7)", positive)
+    outer_momentum: float = setting(0.9, "outer Nesterov momentum (the paper: 0.9)",
+                                    fraction)
+    outer_bits: str = setting("bf16", "bits per synced delta: 32, 16 (bf16, as OpenDiLoCo "
+                              "found lossless), 8 or 4 (int8/int4 blockwise)", _bits)
+    connections: int = setting(1, CONNECTIONS_HELP, at_least_one)
+
+
+@dataclass(frozen=True)
+class StreamingSettings:
+    inner_steps: int = setting(100, "H, inner steps between two syncs of one fragment "
+                               "(the paper: 100)", at_least_one)
+    fragments: int = setting(0, "fragments synced in turn; 0: one per 3 blocks, as the "
+                             "paper's", non_negative_int)
+    overlap: int = setting(1, "inner steps a fragment's sync runs behind (the paper: 1 to 5)",
+                           non_negative_int)
+    mixing: float = setting(0.5, "weight the local parameters keep when an overlapped sync "
+                            "lands (the paper's alpha: 0.5)", fraction)
+    outer_lr: float = setting(0.7, "outer SGD learning rate (DiLoCo's 0.7)", positive)
+    outer_momentum: float = setting(0.9, "outer Nesterov momentum (DiLoCo's 0.9)", fraction)
+    outer_bits: str = setting("bf16", "bits per synced delta: 32, 16, 8 or 4 (the paper: 4)",
+                              _bits)
+    connections: int = setting(1, CONNECTIONS_HELP, at_least_one)
 
 
 def inner_plan(name: str, topology: Topology, job: Job, connections: int = 1) -> Plan:
@@ -89,52 +118,33 @@ class DiLoCoPolicy(TrainingPolicy):
     name = "diloco"
     summary = ("DiLoCo: replicas per DC take H local steps, then average parameter deltas "
                "across DCs and take an outer Nesterov step (arXiv 2311.08105)")
-    options = (
-        Option("inner_steps", 500, "H, inner steps per sync (the paper: 500)", at_least_one),
-        Option("outer_lr", 0.7, "outer SGD learning rate (the paper: 0.7)", positive),
-        Option("outer_momentum", 0.9, "outer Nesterov momentum (the paper: 0.9)", fraction),
-        Option("outer_bits", "bf16", "bits per synced delta: 32, 16 (bf16, as OpenDiLoCo "
-               "found lossless), 8 or 4 (int8/int4 blockwise)", _bits),
-        CONNECTIONS,
-    )
+    settings_type: ClassVar[type[Any]] = DiLoCoSettings
+    settings: DiLoCoSettings
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
-        inner = inner_plan(self.name, topology, job, self.settings["connections"])
-        deltas = Collective(Reduces.DELTAS, payload=self.settings["outer_bits"])
+        inner = inner_plan(self.name, topology, job, self.settings.connections)
+        deltas = Collective(Reduces.DELTAS, payload=self.settings.outer_bits)
 
         def sync(stage: int) -> Sequence[Action]:
             return (Action(stage, Op.ALLREDUCE, None, deltas), Action(stage, Op.OUTER_STEP))
 
-        steps = self.settings["inner_steps"]
+        steps = self.settings.inner_steps
         tails: list[Tail] = [*([_nothing] * (steps - 1)), sync]
-        return cycled(inner, tails, OuterOptimizer(self.settings["outer_lr"],
-                                                   self.settings["outer_momentum"]))
+        return cycled(inner, tails, OuterOptimizer(self.settings.outer_lr,
+                                                   self.settings.outer_momentum))
 
 
 class StreamingDiLoCoPolicy(TrainingPolicy):
     name = "streaming-diloco"
     summary = ("Streaming DiLoCo: fragments synced in turn, overlapped with inner steps, "
                "optionally 4-bit (arXiv 2501.18512)")
-    options = (
-        Option("inner_steps", 100, "H, inner steps between two syncs of one fragment "
-               "(the paper: 100)", at_least_one),
-        Option("fragments", 0, "fragments synced in turn; 0: one per 3 blocks, as the "
-               "paper's", non_negative_int),
-        Option("overlap", 1, "inner steps a fragment's sync runs behind (the paper: 1 to 5)",
-               non_negative_int),
-        Option("mixing", 0.5, "weight the local parameters keep when an overlapped sync "
-               "lands (the paper's alpha: 0.5)", fraction),
-        Option("outer_lr", 0.7, "outer SGD learning rate (DiLoCo's 0.7)", positive),
-        Option("outer_momentum", 0.9, "outer Nesterov momentum (DiLoCo's 0.9)", fraction),
-        Option("outer_bits", "bf16", "bits per synced delta: 32, 16, 8 or 4 (the paper: 4)",
-               _bits),
-        CONNECTIONS,
-    )
+    settings_type: ClassVar[type[Any]] = StreamingSettings
+    settings: StreamingSettings
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
-        inner = inner_plan(self.name, topology, job, self.settings["connections"])
-        steps, overlap = self.settings["inner_steps"], self.settings["overlap"]
-        fragments = self.settings["fragments"] or max(1, job.model.layers // 3)
+        inner = inner_plan(self.name, topology, job, self.settings.connections)
+        steps, overlap = self.settings.inner_steps, self.settings.overlap
+        fragments = self.settings.fragments or max(1, job.model.layers // 3)
         fragments = min(fragments, job.model.layers)
         spacing = steps // fragments
         if spacing < overlap + 1:
@@ -146,17 +156,17 @@ class StreamingDiLoCoPolicy(TrainingPolicy):
         tails: list[list[tuple[Op, Collective]]] = [[] for _ in range(steps)]
         for k in range(fragments):
             done = (k + 1) * steps // fragments - 1  # the sync lands after this step
-            deltas = Collective(Reduces.DELTAS, k, fragments, self.settings["outer_bits"])
+            deltas = Collective(Reduces.DELTAS, k, fragments, self.settings.outer_bits)
             outer = Collective(Reduces.DELTAS, k, fragments)
             if overlap == 0:
                 tails[done] += [(Op.ALLREDUCE, deltas), (Op.OUTER_STEP, outer)]
             else:
                 tails[done - overlap].append((Op.ALLREDUCE_START, deltas))
                 tails[done] += [(Op.ALLREDUCE_WAIT, deltas), (Op.OUTER_STEP, outer)]
-        mixing = self.settings["mixing"] if overlap else 0.0
+        mixing = self.settings.mixing if overlap else 0.0
         return cycled(inner, [_tail(t) for t in tails],
-                      OuterOptimizer(self.settings["outer_lr"],
-                                     self.settings["outer_momentum"], mixing=mixing))
+                      OuterOptimizer(self.settings.outer_lr,
+                                     self.settings.outer_momentum, mixing=mixing))
 
 
 def _tail(actions: list[tuple[Op, Collective]]) -> Tail:

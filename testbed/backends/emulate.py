@@ -32,9 +32,6 @@ from testbed.run.checkpoint import Progress
 from testbed.run.dilation import (
     MachineLoad,
     choose_for,
-    dilate_events,
-    dilate_job,
-    dilate_topology,
     peak_rate_bps,
     represented_inference,
     represented_requests,
@@ -57,7 +54,6 @@ from testbed.runtime.coordinator.memory import (
 from testbed.runtime.coordinator.preflight import check_emulable, choose_compute
 from testbed.runtime.coordinator.run_config import RunConfig
 from testbed.runtime.coordinator.signals import run_to_the_end
-from testbed.scenario.scenario import dilated
 from testbed.sim.bubble_seed import modeled_waits
 from testbed.sim.simulate import simulate_plan, tokens_per_iteration, wan_capacity_bps
 from testbed.topology.seats import describe_run
@@ -134,17 +130,11 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
     if spec.checkpoint_every or resume:
         checkpoints = checkpoints_for(directory, spec.checkpoint_every, len(plan.used_gpus()),
                                       resume)
-    config = RunConfig(dilate_topology(spec.topology, k), dilate_job(spec.job, k), plan, chosen,
-                       mode, directory / "logs", spec.shaper, spec.stall_timeout_s * k,
-                       allreduce=spec.allreduce, pacing=spec.pacing,
-                       activations=spec.activations, bubble_policy=spec.bubble_policy,
-                       bubble_options=spec.bubble_options,
-                       bubble_seed=modeled_waits(spec.topology, spec.job, plan, chosen,
-                                                 spec.profile, k)
-                       if spec.bubble_policy and simulable else {},
-                       events=dilate_events(spec.link_events, k), dilation=k,
-                       checkpoints=checkpoints, cluster=spec.cluster,
-                       stragglers=dilated(spec.scenario, k).stragglers)
+    config = RunConfig.for_spec(
+        spec, spec.topology, plan, chosen, mode, directory / "logs", k, spec.link_events,
+        spec.scenario, checkpoints=checkpoints,
+        bubble_seed=modeled_waits(spec.topology, spec.job, plan, chosen, spec.profile, k)
+        if spec.bubble_policy and simulable else {})
     coordinator = Coordinator(config, say=say)
     outcome, error = run_to_the_end(coordinator)
     if outcome is None:

@@ -17,7 +17,7 @@ from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.run.backend import Say
 from testbed.run.checkpoint import Checkpoints, Progress, iteration_dir, shifted
-from testbed.run.dilation import dilate_events, dilate_job, dilate_topology, represented_spans
+from testbed.run.dilation import represented_spans
 from testbed.run.resume import checkpoints_for
 from testbed.run.segments import RunSegment, Segment, SegmentResult
 from testbed.run.spec import RunSpec
@@ -27,7 +27,6 @@ from testbed.runtime.coordinator.memory import MemoryUse
 from testbed.runtime.coordinator.preflight import check_emulable
 from testbed.runtime.coordinator.run_config import RunConfig
 from testbed.runtime.coordinator.signals import run_to_the_end
-from testbed.scenario.scenario import dilated
 
 
 @dataclasses.dataclass
@@ -54,16 +53,12 @@ def segment_runner(spec: RunSpec, policy: TrainingPolicy, directory: Path,
             checkpoints = _checkpoints(spec, directory, segment, compute)
         except TestbedError as exc:
             return SegmentResult([], error=exc)
-        scenario = dilated(dataclasses.replace(
-            spec.scenario, stragglers=segment.stragglers, failures=segment.losses), k)
-        config = RunConfig(
-            dilate_topology(segment.topology, k), dilate_job(spec.job, k), segment.plan,
-            policy, compute, directory / ("logs" if not segment.index
-                                          else f"logs-{segment.index + 1}"),
-            spec.shaper, spec.stall_timeout_s * k, allreduce=spec.allreduce,
-            pacing=spec.pacing, activations=spec.activations,
-            events=dilate_events(segment.events, k), dilation=k, checkpoints=checkpoints,
-            stragglers=scenario.stragglers, losses=scenario.failures)
+        scenario = dataclasses.replace(
+            spec.scenario, stragglers=segment.stragglers, failures=segment.losses)
+        config = RunConfig.for_spec(
+            spec, segment.topology, segment.plan, policy, compute,
+            directory / ("logs" if not segment.index else f"logs-{segment.index + 1}"), k,
+            segment.events, scenario, checkpoints=checkpoints)
         coordinator = Coordinator(config, say=say)
         try:
             outcome, error = run_to_the_end(coordinator)

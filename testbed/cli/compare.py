@@ -31,6 +31,7 @@ from testbed.common.choices import (
     FigureFormat,
     OnFailure,
     TraceChoice,
+    values_of,
 )
 from testbed.common.fsutil import write_atomic
 from testbed.common.units import plural
@@ -65,11 +66,12 @@ from testbed.topology.model import Topology
               help="Bubble policy; repeat for several. Every policy runs with each.")
 @click.option("-o", "--option", "policy_opts", multiple=True, metavar="[POLICY.]KEY=VALUE",
               help="Policy option, for one policy (atlas.connections=8) or all.")
-@click.option("--backend", type=click.Choice(["emulate", "simulate"]), default="simulate",
+@click.option("--backend", type=click.Choice(values_of(BackendName)), default="simulate",
               show_default=True, help="emulate: real workers over the emulated WAN (root).")
 @click.option("--repeat", type=int, default=1, show_default=True,
               help="Runs per combination; the table shows the median and the spread.")
-@click.option("--compute", type=click.Choice(["auto", "real", "emulated"]), default="auto",
+@click.option("--compute", type=click.Choice(values_of(ComputeChoice)),
+              default=RunSpec.compute,
               show_default=True, help="Compute mode for the emulate backend.")
 @job_options
 @event_options

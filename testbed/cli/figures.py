@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from testbed.cli.options import format_option
-from testbed.common.choices import FigureFormat
+from testbed.common.choices import FigureFormat, values_of
 from testbed.common.fsutil import write_atomic
 from testbed.errors import InputError
 from testbed.experiments.inputs import load_inputs
@@ -44,7 +44,7 @@ contrast where one flow already fills most of a link); their comments give the s
 
 
 @click.command()
-@click.option("--backend", type=click.Choice(["simulate", "emulate", "both"]),
+@click.option("--backend", type=click.Choice([*values_of(Backend), "both"]),
               default="simulate", show_default=True,
               help="Which column to measure; emulate runs real workers over the emulated "
               "WAN (root; time-dilated where links exceed this machine) and takes far longer.")
@@ -66,7 +66,7 @@ contrast where one flow already fills most of a link); their comments give the s
               default=20.0, show_default=True, metavar="MINUTES",
               help="Skip (and say so) an emulated run the simulator predicts would take "
               "longer than this at its dilation.")
-@click.option("--frontier", "search", type=click.Choice(["coarse", "full", "off"]),
+@click.option("--frontier", "search", type=click.Choice(values_of(SearchName)),
               default="coarse", show_default=True,
               help="With the simulator: search each claim's design space (WAN latency and "
               "bandwidth, TCP buffers, model, DCs, request rate) for where its figure is "

@@ -22,6 +22,7 @@ from testbed.cli.options import (
     policy_options,
     topology_argument,
 )
+from testbed.cli.results import results
 from testbed.cli.run import up
 from testbed.cli.simulate import profile, simulate
 from testbed.cli.sweep import sweep
@@ -239,6 +240,7 @@ cli.add_command(sweep)
 cli.add_command(compare)
 cli.add_command(report)
 cli.add_command(figures)
+cli.add_command(results)
 
 
 def main(argv: list[str] | None = None) -> None:

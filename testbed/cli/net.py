@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from testbed.common.choices import ShaperChoice, values_of
 from testbed.common.units import human_rate
 from testbed.errors import NetworkError, Terminated, TestbedError
 from testbed.net.interrupts import critical, stop_point, stop_signals
@@ -19,7 +20,7 @@ from testbed.net.state import RunState, all_states
 from testbed.topology import Topology, load_topology
 from testbed.topology.cluster import Cluster, load_cluster, machine_at
 
-SHAPERS = ["auto", "netem", "userspace"]
+SHAPERS = values_of(ShaperChoice)
 machine_option = click.option(
     "--machine", help="Which machine of --cluster this is (default: the one whose address "
     "is on this machine).")

@@ -11,9 +11,17 @@ import click
 from click.core import ParameterSource
 
 from testbed.api import with_given_plan
+from testbed.common.choices import (
+    ActivationsChoice,
+    FigureFormat,
+    OnFailure,
+    TraceChoice,
+    values_of,
+)
 from testbed.errors import InputError
 from testbed.experiments.inputs import JOB_FLAGS
 from testbed.metrics.loss import check_target_loss
+from testbed.policy.option_parsers import option_text
 from testbed.policy.registry import DEFAULT_POLICY
 from testbed.report.run_dirs import claim
 from testbed.run.dilation import MAX_DILATION
@@ -81,8 +89,8 @@ def scenario_options(func: F) -> F:
     """--scenario FILE and --on-failure: what happens during the run (testbed.scenario.scenario)
     and what a lost worker does to it (testbed.run.recovery)."""
     func = click.option(
-        "--on-failure", "on_failure", type=click.Choice(["stop", "restart", "replan"]),
-        default="stop", show_default=True,
+        "--on-failure", "on_failure", type=click.Choice(values_of(OnFailure)),
+        default=RunSpec.on_failure, show_default=True,
         help="When a scenario's failure takes a worker: stop the run; restart from the "
         "last checkpoint (--checkpoint-every) on the same GPUs once the lost one is back; "
         "or replan on the GPUs still alive and go on from the last checkpoint.")(func)
@@ -146,7 +154,7 @@ def _parse_target_loss(_ctx: click.Context, _param: click.Parameter, value: str 
 def trace_option(func: F) -> F:
     """--trace: how much of the run trace.json.gz draws (testbed.report.chrome)."""
     return click.option(
-        "--trace", "trace", type=click.Choice(["summary", "full", "none"]), default="summary",
+        "--trace", "trace", type=click.Choice(values_of(TraceChoice)), default=RunSpec.trace,
         show_default=True,
         help="trace.json.gz (Perfetto): summary draws every GPU up to 256 of them, past that "
         "one track per tensor-parallel group in as many whole replicas as fit in 256 (and "
@@ -219,21 +227,23 @@ def parse_dilation(text: str) -> int | Literal["auto"]:
 def emulation_options(func: F) -> F:
     """How the emulator represents the network: dilation, pacing, intra-DC activations."""
     func = click.option(
-        "--dilation", default="1", show_default=True, metavar="K|auto",
+        "--dilation", default=str(RunSpec.dilation), show_default=True, metavar="K|auto",
         help="Run the emulation K times slower than the time it represents (link rates / K; "
         "latencies, compute, events and TCP's minimum RTO x K); every reported figure is "
         "in represented time. auto: the smallest K at which the plan's peak rate and its "
         "workers' CPU per action fit what this machine can give (both measured once, "
         "cached; see docs/training.md, Time dilation).")(func)
     func = click.option(
-        "--activations", type=click.Choice(["auto", "real"]), default="auto",
+        "--activations", type=click.Choice(values_of(ActivationsChoice)),
+        default=RunSpec.activations,
         show_default=True,
         help="auto: with emulated compute, activations between stages in one DC are "
         "modeled at the DC's bandwidth, as the simulator moves them (this machine cannot "
         "push intra-DC rates through Python); across DCs they always move real bytes. "
         "real: always move real bytes.")(func)
     return click.option(
-        "--pacing", type=click.Choice(["on", "off"]), default="on", show_default=True,
+        "--pacing", type=click.Choice(["on", "off"]), default=option_text(RunSpec.pacing),
+        show_default=True,
         help="on: each cross-DC connection is paced at its share of the path's rate, as "
         "the simulator assumes (see docs/training.md, Pacing). off: unpaced bursts, to see what "
         "they cost.")(func)
@@ -245,7 +255,7 @@ def force_option(func: F) -> F:
 
 
 def format_option(func: F) -> F:
-    return click.option("--format", "fmt", type=click.Choice(["png", "pdf", "svg"]),
+    return click.option("--format", "fmt", type=click.Choice(values_of(FigureFormat)),
                         default="png", show_default=True,
                         help="File format of the plots (each has a CSV of its numbers "
                         "beside it).")(func)

@@ -35,6 +35,7 @@ from testbed.common.choices import (
     OnFailure,
     ShaperChoice,
     TraceChoice,
+    values_of,
 )
 from testbed.errors import InputError
 from testbed.experiments.inputs import load_inputs
@@ -72,8 +73,8 @@ def echo_err(message: str) -> None:
 @force_option
 @click.option(
     "--compute",
-    type=click.Choice(["auto", "real", "emulated"]),
-    default="auto",
+    type=click.Choice(values_of(ComputeChoice)),
+    default=RunSpec.compute,
     show_default=True,
     help="real: torch forward/backward; emulated: each GPU is held busy for the "
     "modeled time while real-size tensors cross the network. auto: real when "
@@ -82,7 +83,7 @@ def echo_err(message: str) -> None:
 @click.option(
     "--shaper",
     type=click.Choice(SHAPERS),
-    default="auto",
+    default=RunSpec.shaper,
     show_default=True,
     help="netem where the kernel has it, else the userspace delay line.",
 )
@@ -93,8 +94,8 @@ def echo_err(message: str) -> None:
 )
 @click.option(
     "--allreduce",
-    type=click.Choice(["auto", "real"]),
-    default="auto",
+    type=click.Choice(values_of(AllReduceChoice)),
+    default=RunSpec.allreduce,
     show_default=True,
     help="auto: with emulated compute, gradient all-reduces inside one DC are modeled at the "
     "DC's bandwidth (this machine cannot push intra-DC rates through Python); all-reduces "
@@ -103,7 +104,7 @@ def echo_err(message: str) -> None:
 @click.option(
     "--stall-timeout",
     type=float,
-    default=120.0,
+    default=RunSpec.stall_timeout_s,
     show_default=True,
     help="Seconds in which no worker finishes an iteration before the run is declared "
     "hung (set it above an iteration's length).",

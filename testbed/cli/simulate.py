@@ -88,7 +88,7 @@ def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], plan_pat
     outcome = run(spec, directory, lambda message: click.echo(message, err=True))
     for line in run_summary(outcome.results):
         click.echo(line)
-    click.echo(f"simulated in {outcome.results['wall_s']:.2f} s; results in {directory}")
+    click.echo(f"simulated in {outcome.typed.wall_s or 0:.2f} s; results in {directory}")
     if outcome.error is not None:  # a scenario's failure that stopped the run
         click.echo(f"testbed: error: {outcome.error}", err=True)
         sys.exit(outcome.error.exit_code)

@@ -3,7 +3,7 @@ that is never taken."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 BackendName = Literal["simulate", "emulate"]
 ComputeChoice = Literal["auto", "emulated", "real"]
@@ -26,3 +26,9 @@ OnFailure = Literal["stop", "restart", "replan"]
 """What a run does when a scenario's failure takes a worker: end (as a dead worker ends a
 run), go on from the last checkpoint on the same GPUs once the lost one is back, or go
 on from it at once on a plan for the GPUs still alive."""
+
+
+def values_of(choice: object) -> list[str]:
+    """A Literal type's values, in order: what a command-line choice offers, so a new value
+    is written once, in its type."""
+    return list(get_args(choice))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,9 @@ from testbed.plan.model import Plan
 from testbed.policy import bubble_policy, training_policy
 from testbed.policy.base import TrainingPolicy
 from testbed.report.results import RunRecord, write_run
+from testbed.report.results_schema import to_json
 from testbed.report.run_dirs import holding
+from testbed.report.run_results import Results
 from testbed.run.backend import Backend, Say
 from testbed.run.checkpoint import Progress
 from testbed.run.spec import RunSpec
@@ -32,13 +35,19 @@ from testbed.sim.planning import plan_with_simulator
 
 @dataclass
 class RunResult:
-    results: dict[str, Any]
-    """results.json as written."""
+    typed: Results
+    """results.json as types (testbed.report.run_results)."""
     directory: Path
     error: TestbedError | None = None
     """Why the run ended early (its results are written all the same)."""
     record: RunRecord | None = None
-    """The same results typed: plan, summary, spans."""
+    """What made the results: plan, summary, spans."""
+
+    @cached_property
+    def results(self) -> dict[str, Any]:
+        """results.json as written."""
+        written: dict[str, Any] = to_json(self.typed)
+        return written
 
 
 def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
@@ -64,9 +73,8 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
         record.plan_file = spec.plan_file
         record.trace = spec.trace
         results = write_run(directory, record)
-    left_out = results["trace"]["left_out"]
-    if left_out:
-        say(left_out)
+    if results.trace.left_out:
+        say(results.trace.left_out)
     return RunResult(results, directory, error, record)
 
 

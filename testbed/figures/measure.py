@@ -9,7 +9,6 @@ import dataclasses
 import statistics
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from testbed.errors import TestbedError
 from testbed.experiments.inputs import Inputs
@@ -18,6 +17,7 @@ from testbed.experiments.sweep import first_dcs
 from testbed.figures.claims import Backend, Requests, RunAsk, RunFigures, TransferFigures
 from testbed.job.load import load_job
 from testbed.plan.pacing import paced
+from testbed.report.run_results import Inference, Results
 from testbed.run.spec import RunSpec
 from testbed.sim.one_transfer import one_transfer_s
 from testbed.topology.model import Topology
@@ -29,32 +29,29 @@ EMULATED_MESSAGES = 5
 the rest is the warm figure."""
 
 
-def figures_of(results: dict[str, Any]) -> RunFigures:
+def figures_of(results: Results) -> RunFigures:
     """What the claims read from a results.json."""
-    utilization = results.get("gpu_utilization") or {}
-    plan = results.get("plan") or {}
+    plan = results.plan
     dcs = sorted({gpu.rpartition("-")[0] for gpus in (plan.get("placement") or {}).values()
                   for gpu in gpus})
     # a GPU holding several stages (interleaved, ZB-V) is one GPU
     gpus = len({gpu for g in (plan.get("placement") or {}).values() for gpu in g})
     return RunFigures(
-        iteration_s=(results.get("iteration_time_s") or {}).get("median"),
-        tokens_per_s=results.get("tokens_per_s"),
-        utilization_training=utilization.get("training"),
-        utilization_total=utilization.get("total"),
+        iteration_s=results.iteration_time_s.median, tokens_per_s=results.tokens_per_s,
+        utilization_training=results.gpu_utilization.training,
+        utilization_total=results.gpu_utilization.total,
         plan=f"dp {plan.get('dp')} x pp {plan.get('pp')} on {'+'.join(dcs)}" if plan else "",
-        gpus=gpus or None, wan_utilization=(results.get("wan") or {}).get("utilization"),
-        requests=requests_of(results.get("inference") or {}))
+        gpus=gpus or None, wan_utilization=results.wan.utilization,
+        requests=requests_of(results.inference))
 
 
-def requests_of(inference: dict[str, Any]) -> Requests | None:
+def requests_of(inference: Inference) -> Requests | None:
     """The inference block's counts, or None for a run that had no requests."""
-    if not inference.get("requests"):
+    if not inference.requests:
         return None
-    ttft = inference.get("ttft_s") or {}
-    overruns = inference.get("overruns") or {}
-    return Requests(inference["requests"], inference["served"], inference.get("expired"),
-                    inference["rejected"], ttft.get("p50"), ttft.get("p99"),
+    overruns = inference.overruns or {}
+    return Requests(inference.requests, inference.served, inference.expired,
+                    inference.rejected, inference.ttft_s.p50, inference.ttft_s.p99,
                     overruns.get("prefills"), overruns.get("overran"))
 
 
@@ -106,13 +103,13 @@ class Runner:
                            dilation="auto" if self.backend == "emulate" else 1,
                            wall_budget_s=self.wall_budget_s)
             if self.directory is None:
-                return figures_of(simulated(spec).results())
+                return figures_of(simulated(spec).typed())
             outcome = run(spec, self.directory / "runs" / name, lambda m: self.say(f"  {m}"))
         except TestbedError as exc:
             return str(exc)
         if outcome.error is not None:
             return str(outcome.error)
-        return figures_of(outcome.results)
+        return figures_of(outcome.typed)
 
 
 def transfer(topology: Topology, link: tuple[str, str], nbytes: int, connections: int,

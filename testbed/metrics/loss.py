@@ -25,8 +25,9 @@ class LossPoint(TypedDict):
     """Represented seconds from the run's start to the end of this step's optimizer step."""
     tokens: int
     """Tokens processed up to and including this step."""
-    loss: float
-    """Mean over the replicas of the mean over microbatches (NaN: diverged; null in JSON)."""
+    loss: float | None
+    """Mean over the replicas of the mean over microbatches (NaN: diverged; null in JSON,
+    and so read back)."""
 
 
 class TimeToLoss(TypedDict):
@@ -84,10 +85,11 @@ def time_to_loss(curve: Sequence[LossPoint], target: float,
         return TimeToLoss(target=target, reached=None, iteration=None, time_s=None,
                           tokens=None, reason=no_loss)
     for point in curve:
-        if point["loss"] <= target:  # NaN never is
+        loss = point["loss"]
+        if loss is not None and loss <= target:  # NaN never is
             return TimeToLoss(target=target, reached=True, iteration=point["iteration"],
                               time_s=point["time_s"], tokens=point["tokens"], reason=None)
-    finite = [p["loss"] for p in curve if math.isfinite(p["loss"])]
+    finite = [loss for p in curve if (loss := p["loss"]) is not None and math.isfinite(loss)]
     lowest = f"; lowest loss {min(finite):.4f}" if finite else ""
     return TimeToLoss(target=target, reached=False, iteration=None, time_s=None, tokens=None,
                       reason=f"not reached in {len(curve)} iterations{lowest}")

@@ -41,11 +41,13 @@ from testbed.policy.base import (
     Bubble,
     BubblePolicy,
     Chunk,
+    NoSettings,
     Option,
     PrefillTimes,
     Request,
     TrainingPolicy,
     Transfer,
+    setting,
 )
 from testbed.policy.context import PlanningContext
 from testbed.policy.option_parsers import (
@@ -75,6 +77,7 @@ __all__ = [
     "InputError",
     "Job",
     "LinkKind",
+    "NoSettings",
     "Op",
     "Option",
     "OuterOptimizer",
@@ -108,6 +111,7 @@ __all__ = [
     "payload",
     "positive",
     "ring_allreduce_s",
+    "setting",
     "split_layers",
     "stage_cost",
     "virtual_placement",

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from testbed.errors import InputError, did_you_mean
 from testbed.job.model import Job
@@ -18,20 +18,53 @@ from testbed.plan.model import Op, Plan
 from testbed.policy.context import PlanningContext
 from testbed.topology.model import Topology
 
-API_VERSION = 1
+API_VERSION = 2
 """The version of the policy interface (hooks, their arguments, `testbed.policy.api`).
 It changes only when a plugin written for the previous one would break; the registry
-refuses a plugin declaring another."""
+refuses a plugin declaring another. 2: a policy's settings are a dataclass it declares
+(`settings_type`, fields made with `setting`), no longer `options` and a dict."""
+
+T = TypeVar("T")
+
+
+def setting(default: T, help: str, parse: Callable[[str], T]) -> T:
+    """A field of a policy's settings dataclass that a user sets as `-o name=value`: its
+    default, one line of help, and the parser of its text (a ValueError says what is
+    wrong)."""
+    value: T = field(default=default, metadata={"help": help, "parse": parse})
+    return value
+
+
+@dataclass(frozen=True)
+class NoSettings:
+    """The settings of a policy that has none."""
 
 
 @dataclass(frozen=True)
 class Option:
-    """A policy setting a user can pass as `-o name=value`."""
+    """A policy setting a user can pass as `-o name=value` (a field of its settings)."""
 
     name: str
     default: Any
     help: str
     parse: Callable[[str], Any] = str
+
+
+def options_of(settings_type: type[Any], fixed: Mapping[str, Any]) -> tuple[Option, ...]:
+    """The options of a settings dataclass: its fields but those `fixed` pins."""
+    out = []
+    for f in fields(settings_type):
+        if f.name in fixed:
+            continue
+        if "parse" not in f.metadata or f.default is MISSING:
+            raise TypeError(f"{settings_type.__name__}.{f.name}: make it with setting("
+                            "default, help, parse)")
+        out.append(Option(f.name, f.default, f.metadata["help"], f.metadata["parse"]))
+    unknown = set(fixed) - {f.name for f in fields(settings_type)}
+    if unknown:
+        raise TypeError(f"fixed names no setting of {settings_type.__name__}: "
+                        f"{', '.join(sorted(unknown))}")
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -121,26 +154,37 @@ class _Configurable:
     """The policy API version this plugin is written for."""
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
-    options: ClassVar[tuple[Option, ...]] = ()
+    settings_type: ClassVar[type[Any]] = NoSettings
+    """The policy's settings: a frozen dataclass whose fields are made with `setting`.
+    A policy also annotates `settings` with it, so its hooks read typed fields."""
     fixed: ClassVar[dict[str, Any]] = {}
     """Settings a variant pins (an ablation switching a mechanism off): in `settings`,
     listed by `testbed plugins`, never taken as an option."""
+    options: ClassVar[tuple[Option, ...]] = ()
+    """What `-o` takes: made from `settings_type` and `fixed`, never declared."""
+    settings: Any
+    """This policy's settings_type, with the defaults, `fixed` and the options given."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.api_version == API_VERSION:  # the registry refuses the others, by name
+            cls.options = options_of(cls.settings_type, cls.fixed)
 
     def __init__(self, **values: str) -> None:
         known = {option.name: option for option in self.options}
-        self.settings: dict[str, Any] = {o.name: o.default for o in self.options}
-        self.settings.update(self.fixed)
+        chosen: dict[str, Any] = dict(self.fixed)
         for key, raw in values.items():
             if key not in known:
                 names = ", ".join(known) or "none"
                 raise InputError(f"unknown option {key!r} for {self.name}"
                                  f"{did_you_mean(key, known)}; options: {names}", "--option", key)
             try:
-                self.settings[key] = known[key].parse(raw)
+                chosen[key] = known[key].parse(raw)
             except ValueError as exc:
                 raise InputError(
                     f"bad value {raw!r} for {self.name}: {exc}", "--option", key
                 ) from None
+        self.settings = self.settings_type(**chosen)
 
 
 class TrainingPolicy(_Configurable, ABC):

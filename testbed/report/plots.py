@@ -107,7 +107,7 @@ def loss_plot(curves: Sequence[tuple[str, Sequence[LossPoint]]], path: Path,
     kept = [(label, [p for p in curve if p["loss"] is not None and math.isfinite(p["loss"])])
             for label, curve in curves]
     for i, (label, points) in enumerate(kept):
-        ax.plot([p["time_s"] for p in points], [p["loss"] for p in points],
+        ax.plot([p["time_s"] for p in points], [p["loss"] or 0.0 for p in points],  # None left out
                 markevery=max(1, len(points) // 12), markersize=4, linewidth=1, label=label,
                 **line_style(i))
     if target is not None:

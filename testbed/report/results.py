@@ -28,11 +28,12 @@ from testbed.plan.compute import memory_summary
 from testbed.plan.model import Plan
 from testbed.plan.text import plan_to_csv
 from testbed.report.chrome import TRACE_FILE, trace_events, trace_scope, write_trace
+from testbed.report.results_schema import from_json, to_json
 from testbed.report.run_dirs import fresh_directory
+from testbed.report.run_results import SCHEMA_VERSION, Results
 from testbed.report.stream import dumps, write_json_items
 from testbed.topology import Topology, dump_topology
 
-SCHEMA = 1
 RUNS_DIR = Path("runs")
 
 
@@ -88,8 +89,19 @@ class RunRecord:
     """How much of the run trace.json.gz draws (testbed.report.chrome)."""
 
     def results(self) -> dict[str, Any]:
+        """results.json's content (testbed.report.run_results' types as JSON)."""
+        json_value: dict[str, Any] = to_json(self.typed())
+        return json_value
+
+    def typed(self) -> Results:
+        """What results.json holds, as types; a key the types do not have is a bug here,
+        refused before anything is written."""
+        typed: Results = from_json(Results, self._fields())
+        return typed
+
+    def _fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
             "backend": self.backend,
             "policy": self.policy,
             "bubble_policy": self.bubble_policy,
@@ -146,9 +158,9 @@ class RunRecord:
         }
 
 
-def write_run(directory: Path, record: RunRecord) -> dict[str, Any]:
+def write_run(directory: Path, record: RunRecord) -> Results:
     """Write every file of a run; results.json last, so its presence means complete. The
-    trace as `record.trace` asks (testbed.report.chrome). results.json as written."""
+    trace as `record.trace` asks (testbed.report.chrome). results.json as types."""
     directory.mkdir(parents=True, exist_ok=True)
     write_atomic(directory / "topology.yaml", to_yaml(dump_topology(record.topology)), 0o644)
     write_atomic(directory / "plan.csv", plan_to_csv(record.plan), 0o644)
@@ -161,8 +173,9 @@ def write_run(directory: Path, record: RunRecord) -> dict[str, Any]:
                          span_rows(record.spans), b"]}")
     if record.requests is not None:
         write_atomic(directory / "requests.csv", requests_csv(record.requests), 0o644)
-    results = record.results()
-    write_atomic(directory / "results.json", strict_json(results, indent=True), 0o644)
+    results = record.typed()
+    write_atomic(directory / "results.json", strict_json(to_json(results), indent=True),
+                 0o644)
     return results
 
 

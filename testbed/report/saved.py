@@ -14,6 +14,7 @@ import orjson
 from testbed.common.spans import Span
 from testbed.errors import InputError
 from testbed.report.compare import RunEntry
+from testbed.report.results_schema import check_results
 
 NUMBER = "number"
 OPTIONAL_NUMBER = "number or null"
@@ -148,12 +149,21 @@ def load_compare(directory: Path) -> tuple[dict[str, Any], list[RunEntry]]:
         results = directory / relative / "results.json"
         if results.exists():  # results on disk are the record; re-read them
             entry.results = read_json(results)
-            check(entry.results, RESULTS, str(results))
-            for key, shape in LATER_RESULTS.items():
-                if entry.results.get(key) is not None:
-                    check(entry.results[key], shape, str(results), key)
+            _check_run(entry.results, str(results))
         entries.append(entry)
     return data, entries
+
+
+def _check_run(results: Any, where: str) -> None:
+    """A run's results.json against the shipped schema; one written before testbed had
+    it (no `schema_version`) against the keys report reads."""
+    if isinstance(results, dict) and "schema_version" in results:
+        check_results(results, where)
+        return
+    check(results, RESULTS, where)
+    for key, shape in LATER_RESULTS.items():
+        if results.get(key) is not None:
+            check(results[key], shape, where, key)
 
 
 def load_spans(directory: Path, entry: RunEntry) -> tuple[float, list[Span]]:

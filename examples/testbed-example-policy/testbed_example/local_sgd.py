@@ -4,13 +4,14 @@ Communicates Little", 2019). A plan that spans iterations: a cycle of `every` pr
 the last one ending in a sync of parameter deltas."""
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from testbed.policy.api import (
     Action,
     Collective,
     Job,
     Op,
-    Option,
     OuterOptimizer,
     Plan,
     PlanningContext,
@@ -22,14 +23,21 @@ from testbed.policy.api import (
     build_plan,
     cycled,
     dc_pipelines,
+    setting,
 )
+
+
+@dataclass(frozen=True)
+class LocalSgdSettings:
+    every: int = setting(8, "steps between averages", at_least_one)
 
 
 class LocalSgd(TrainingPolicy):
     name = "local-sgd"  # must equal the entry-point name
     summary = "replicas per DC step on their own, then average parameters every N steps"
-    api_version = 1
-    options = (Option("every", 8, "steps between averages", at_least_one),)
+    api_version = 2
+    settings_type: ClassVar[type[Any]] = LocalSgdSettings
+    settings: LocalSgdSettings
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
         # whole pipelines inside datacenters; no gradient all-reduce: replicas step apart
@@ -45,6 +53,6 @@ class LocalSgd(TrainingPolicy):
             deltas = Collective(Reduces.DELTAS)
             return (Action(stage, Op.ALLREDUCE, None, deltas), Action(stage, Op.OUTER_STEP))
 
-        every = self.settings["every"]
+        every = self.settings.every
         return cycled(inner, [*([alone] * (every - 1)), average],
                       OuterOptimizer(lr=1.0, momentum=0.0, nesterov=False))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from testbed.common.choices import ActivationsChoice, AllReduceChoice, EmulatedCompute, ShaperChoice
 from testbed.inference.workload import WaitKey
@@ -11,7 +13,9 @@ from testbed.job.model import Job
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.run.checkpoint import Checkpoints
-from testbed.scenario.scenario import WorkerLoss
+from testbed.run.dilation import dilate_events, dilate_job, dilate_topology
+from testbed.run.spec import RunSpec
+from testbed.scenario.scenario import Scenario, WorkerLoss, dilated
 from testbed.scenario.slowdowns import Straggler
 from testbed.topology.model import Topology
 from testbed.topology.net_events import NetEvent
@@ -20,6 +24,9 @@ from testbed.topology.seats import ClusterRun
 
 @dataclass(frozen=True)
 class RunConfig:
+    """An emulated run: a RunSpec's choices (its defaults are RunSpec's), with what the
+    run was given to do at its dilation. `for_spec` makes one from a RunSpec."""
+
     topology: Topology
     """As emulated: dilated when `dilation` > 1."""
     job: Job
@@ -28,22 +35,22 @@ class RunConfig:
     compute: EmulatedCompute
     """Timed sleeps or torch."""
     log_dir: Path
-    shaper: ShaperChoice = "auto"
-    stall_timeout_s: float = 120.0
+    shaper: ShaperChoice = RunSpec.shaper
+    stall_timeout_s: float = RunSpec.stall_timeout_s
     save_dir: Path | None = None
     """Where workers write their stage's final parameters (real compute)."""
-    allreduce: AllReduceChoice = "auto"
+    allreduce: AllReduceChoice = RunSpec.allreduce
     """"real": send every gradient byte; "auto": model intra-DC rings in emulated compute."""
-    pacing: bool = True
+    pacing: bool = RunSpec.pacing
     """Cap each cross-DC connection at its share of the path's rate (testbed.plan.pacing)."""
-    activations: ActivationsChoice = "auto"
+    activations: ActivationsChoice = RunSpec.activations
     """"auto": with emulated compute, activations between stages in one DC are modeled at
     the DC's bandwidth; "real": they cross the network as real bytes."""
-    bubble_policy: str | None = None
-    bubble_options: dict[str, str] | None = None
+    bubble_policy: str | None = RunSpec.bubble_policy
+    bubble_options: dict[str, str] | None = RunSpec.bubble_options
     bubble_seed: dict[WaitKey, float] = field(default_factory=dict)
     """Modeled waits per (GPU, action), dilated: bubble predictions before any is measured."""
-    events: tuple[NetEvent, ...] = ()
+    events: tuple[NetEvent, ...] = RunSpec.events
     """Network events applied during training, at times from its start."""
     dilation: int = 1
     """Real seconds per represented second; the topology and times given are dilated."""
@@ -56,6 +63,22 @@ class RunConfig:
     losses: tuple[WorkerLoss, ...] = ()
     """The scenario's failures to come, dilated: the first that takes a worker of the
     plan ends the run (testbed.run.segments goes on from there)."""
+
+    @classmethod
+    def for_spec(cls, spec: RunSpec, topology: Topology, plan: Plan, policy: TrainingPolicy,
+                 compute: EmulatedCompute, log_dir: Path, k: int,
+                 events: Iterable[NetEvent], scenario: Scenario, **rest: Any) -> RunConfig:
+        """`spec` run at dilation `k` on `topology` (the spec's, or a segment's after a
+        failure): it, the job, the stall timeout, `events` and `scenario`'s stragglers
+        and failures dilated; the spec's other choices as they are."""
+        slowed = dilated(scenario, k)
+        return cls(dilate_topology(topology, k), dilate_job(spec.job, k), plan, policy,
+                   compute, log_dir, shaper=spec.shaper,
+                   stall_timeout_s=spec.stall_timeout_s * k, allreduce=spec.allreduce,
+                   pacing=spec.pacing, activations=spec.activations,
+                   bubble_policy=spec.bubble_policy, bubble_options=spec.bubble_options,
+                   events=dilate_events(events, k), dilation=k, cluster=spec.cluster,
+                   stragglers=slowed.stragglers, losses=slowed.failures, **rest)
 
     def decode_dcs(self, with_bubbles: bool) -> tuple[str, ...]:
         """DCs that get a decode server: the workload's named one, else every DC used."""

@@ -1,0 +1,204 @@
+"""results.json's JSON Schema (draft 2020-12), made from the types of
+testbed.report.run_results, and the conversions between those types and JSON.
+
+The schema ships as results.schema.json beside this module; `python -m
+testbed.report.results_schema` writes it again after the types change (a test checks the
+two agree). `validate_results` checks a results.json against the shipped schema and
+refuses it in one line naming the file, the key and the problem."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints, is_typeddict
+
+from testbed.errors import InputError
+from testbed.report.run_results import SCHEMA_VERSION, Results
+
+SCHEMA_FILE = "results.schema.json"
+DIALECT = "https://json-schema.org/draft/2020-12/schema"
+_SIMPLE: dict[Any, str] = {int: "integer", float: "number", str: "string", bool: "boolean",
+                           type(None): "null"}
+
+
+def json_schema(kind: Any) -> dict[str, Any]:
+    """The schema of values of a type: a dataclass or TypedDict as a closed object (its
+    fields with a default of None, OMITTED ones, may be absent), list and dict[str, X],
+    Literal, unions; Any (an open block) as anything."""
+    origin = get_origin(kind)
+    if kind is Any:
+        return {}
+    if kind in _SIMPLE:
+        return {"type": _SIMPLE[kind]}
+    if origin is Literal:
+        return {"enum": list(get_args(kind))}
+    if origin in (Union, types.UnionType):
+        members = [json_schema(a) for a in get_args(kind)]
+        if all(list(m) == ["type"] for m in members):
+            return {"type": [m["type"] for m in members]}
+        return {"anyOf": members}
+    if origin is list:
+        return {"type": "array", "items": json_schema(get_args(kind)[0])}
+    if origin is dict:
+        value = json_schema(get_args(kind)[1])
+        return {"type": "object", **({"additionalProperties": value} if value else {})}
+    if dataclasses.is_dataclass(kind) and isinstance(kind, type):
+        hints = get_type_hints(kind)
+        fields = dataclasses.fields(kind)
+        return _object(kind, {f.name: hints[f.name] for f in fields},
+                       [f.name for f in fields if not f.metadata.get("omitted")])
+    if is_typeddict(kind):
+        hints = get_type_hints(kind)
+        return _object(kind, hints, [k for k in hints if k in kind.__required_keys__])
+    raise TypeError(f"no JSON Schema for {kind!r}")
+
+
+def _object(kind: type, hints: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "object"}
+    if kind.__doc__ and not kind.__doc__.startswith(f"{kind.__name__}("):
+        out["description"] = " ".join(kind.__doc__.split())
+    out["properties"] = {name: json_schema(hint) for name, hint in hints.items()}
+    out["required"] = required
+    out["additionalProperties"] = False
+    return out
+
+
+def results_schema() -> dict[str, Any]:
+    """The whole document for results.json, as shipped."""
+    body = json_schema(Results)
+    body["properties"]["schema_version"] = {"const": SCHEMA_VERSION}
+    return {"$schema": DIALECT, "$id": f"testbed:results.schema.json#{SCHEMA_VERSION}",
+            "title": "testbed results.json", "schema_version": SCHEMA_VERSION, **body}
+
+
+def schema_text() -> str:
+    return json.dumps(results_schema(), indent=2) + "\n"
+
+
+def shipped_schema() -> dict[str, Any]:
+    """results.schema.json as installed with the package."""
+    loaded: dict[str, Any] = json.loads(
+        files("testbed.report").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
+    return loaded
+
+
+def to_json(value: Any) -> Any:
+    """A results value as JSON holds it: dataclasses as objects, an OMITTED field that is
+    None left out."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if not (f.metadata.get("omitted") and getattr(value, f.name) is None)}
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json(v) for v in value]
+    return value
+
+
+def from_json(kind: Any, value: Any) -> Any:
+    """A value of `kind` from JSON that fits its schema (validate first)."""
+    origin = get_origin(kind)
+    if value is None:
+        return None
+    if origin in (Union, types.UnionType):
+        members = [a for a in get_args(kind) if a is not type(None)]
+        return from_json(members[0], value) if len(members) == 1 else value
+    if dataclasses.is_dataclass(kind) and isinstance(kind, type):
+        hints = get_type_hints(kind)
+        unknown = set(value) - set(hints)
+        if unknown:
+            raise ValueError(f"{kind.__name__} has no {', '.join(sorted(unknown))}")
+        return kind(**{f.name: from_json(hints[f.name], value[f.name])
+                       for f in dataclasses.fields(kind) if f.name in value})
+    if origin is list:
+        return [from_json(get_args(kind)[0], v) for v in value]
+    if origin is dict:
+        return {k: from_json(get_args(kind)[1], v) for k, v in value.items()}
+    if kind is float and isinstance(value, int):
+        return float(value)
+    return value
+
+
+def results_from(data: dict[str, Any], where: str) -> Results:
+    """Parsed results.json content, checked against the shipped schema."""
+    check_results(data, where)
+    results: Results = from_json(Results, data)
+    return results
+
+
+def check_results(data: Any, where: str) -> None:
+    """Raise a one-line InputError naming `where`, the key and the problem where `data`
+    does not match results.schema.json."""
+    import jsonschema
+
+    if not isinstance(data, dict):
+        raise InputError(f"expected a mapping, got {_kind(data)}", where)
+    version = data.get("schema_version")
+    if version is None:
+        raise InputError(f"missing: written before testbed's results had a schema (this "
+                         f"testbed reads schema_version {SCHEMA_VERSION})", where,
+                         "schema_version")
+    if version != SCHEMA_VERSION:
+        raise InputError(f"{version!r}: written by another version of testbed (this one "
+                         f"reads {SCHEMA_VERSION})", where, "schema_version")
+    validator = jsonschema.Draft202012Validator(shipped_schema())
+    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    while error is not None and error.validator == "anyOf":
+        # a value of the right kind (a list, not null) wrong inside: say where inside
+        inside = [e for e in error.context or () if e.relative_path]
+        if not inside:
+            break
+        error = jsonschema.exceptions.best_match(inside)
+    if error is not None:
+        key, problem = _located(error)
+        raise InputError(problem, where, key or None)
+
+
+def _located(error: Any) -> tuple[str, str]:
+    """A schema error as a dotted key (list items as [i]) and a short problem."""
+    key = ""
+    for part in error.absolute_path:
+        key += f"[{part}]" if isinstance(part, int) else f"{'.' if key else ''}{part}"
+    schema, instance = error.schema, error.instance
+    if error.validator == "required":
+        name = next(n for n in schema["required"] if n not in instance)
+        return _join(key, name), "missing"
+    if error.validator == "additionalProperties":
+        name = next(n for n in instance if n not in schema.get("properties", {}))
+        return _join(key, name), f"unknown key (not in schema_version {SCHEMA_VERSION})"
+    return key, f"expected {_describe(schema)}, got {_kind(instance)}"
+
+
+def _describe(schema: dict[str, Any]) -> str:
+    if "anyOf" in schema:
+        return " or ".join(_describe(s) for s in schema["anyOf"])
+    if "enum" in schema:
+        return "one of " + ", ".join(json.dumps(v) for v in schema["enum"])
+    if "const" in schema:
+        return json.dumps(schema["const"])
+    kinds = schema.get("type", "anything")
+    names = {"object": "a mapping", "array": "a list", "null": "null"}
+    return " or ".join(names.get(k, k) for k in ([kinds] if isinstance(kinds, str) else kinds))
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool | int | float):
+        return f"{type(value).__name__} {value!r}"
+    if isinstance(value, str):
+        return f"text {value[:40]!r}"
+    if isinstance(value, dict):
+        return "a mapping"
+    return "a list" if isinstance(value, list) else type(value).__name__
+
+
+def _join(key: str, name: str) -> str:
+    return f"{key}.{name}" if key else name
+
+
+if __name__ == "__main__":
+    Path(__file__).with_name(SCHEMA_FILE).write_text(schema_text())

@@ -1,0 +1,194 @@
+"""results.json as types: the record every run writes, whichever backend ran it. The
+dataclasses here are the contract; results.schema.json beside this module is generated
+from them (`python -m testbed.report.results_schema`, checked by a test) and is what users
+validate saved results against (`testbed results validate`).
+
+Blocks whose inner shape belongs to another part of testbed (the plan, memory, the TCP
+settings, a scenario, the emulator's health) are typed as mappings and left open; the rest
+is closed: a key the types do not know is refused. `SCHEMA_VERSION` changes whenever a
+file written by this version would not validate against the previous schema, or the
+reverse."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from testbed.common.choices import (
+    ActivationsChoice,
+    AllReduceChoice,
+    BackendName,
+    Compute,
+    OnFailure,
+    Status,
+    TraceChoice,
+)
+from testbed.metrics.loss import LossPoint, TimeToLoss
+
+SCHEMA_VERSION = 2
+"""1: results.json before it had a schema (a `schema` key); 2: the first with one."""
+
+OMITTED = {"omitted": True}
+"""Field metadata: a key one backend writes and the other leaves out (absent, never null,
+where the run has no value for it)."""
+
+
+@dataclass(frozen=True)
+class IterationTimes:
+    """Seconds per training iteration: the measured ones (the first, warm-up, left out)."""
+
+    median: float | None
+    min: float | None
+    max: float | None
+    mean: float | None
+    all: list[float]
+    """Every iteration's, the first included."""
+
+
+@dataclass(frozen=True)
+class CycleTimes:
+    """A plan whose iterations differ repeats every `period` of them: the mean over
+    whole cycles."""
+
+    mean: float | None
+    period: int
+    cycles: int
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    measured: int
+    """Tokens of the measured iterations."""
+    total: int
+    measured_s: float | None
+    """Seconds the measured iterations took."""
+
+
+@dataclass(frozen=True)
+class GpuUtilization:
+    training: float | None
+    total: float | None
+    """Training and inference prefills."""
+
+
+@dataclass(frozen=True)
+class WanUse:
+    bytes: int
+    utilization: float | None
+
+
+@dataclass(frozen=True)
+class Ttft:
+    """Time to first token (seconds) over served requests."""
+
+    p50: float | None
+    p99: float | None
+    mean: float | None = field(default=None, metadata=OMITTED)
+
+
+@dataclass(frozen=True)
+class Dedicated:
+    """The reference: the same requests on GPUs of their own."""
+
+    gpus: int
+    ttft_s: Ttft
+
+
+@dataclass(frozen=True)
+class Inference:
+    """Inference requests served in training's bubbles (all zero when none arrived)."""
+
+    requests: int
+    served: int
+    expired: int
+    rejected: int
+    ttft_s: Ttft
+    served_share: float | None = field(default=None, metadata=OMITTED)
+    pending: int | None = field(default=None, metadata=OMITTED)
+    chunked: int | None = field(default=None, metadata=OMITTED)
+    batched_passes: int | None = field(default=None, metadata=OMITTED)
+    kv_bytes: int | None = field(default=None, metadata=OMITTED)
+    policy: str | None = field(default=None, metadata=OMITTED)
+    """The bubble policy."""
+    dedicated: Dedicated | None = field(default=None, metadata=OMITTED)
+    overruns: dict[str, Any] | None = field(default=None, metadata=OMITTED)
+    """Emulator: how often prefills held training past their bubbles."""
+
+
+@dataclass(frozen=True)
+class Versions:
+    testbed: str
+    torch: str
+    python: str
+    kernel: str
+
+
+@dataclass(frozen=True)
+class TraceInfo:
+    detail: TraceChoice
+    left_out: str | None
+    """What trace.json.gz leaves out, in one line."""
+
+
+@dataclass(frozen=True)
+class Results:
+    """One run's results.json."""
+
+    schema_version: int
+    backend: BackendName
+    policy: str
+    bubble_policy: str | None
+    topology: str
+    shaper: str | None
+    """The emulator's link shaper (netem or userspace); null in the simulator."""
+    compute: Compute
+    iterations: int
+    iterations_requested: int
+    iteration_time_s: IterationTimes
+    cycle_time_s: CycleTimes
+    tokens_per_s: float | None
+    goodput_tokens_per_s: float | None
+    tokens: TokenCounts
+    gpu_utilization: GpuUtilization
+    wan: WanUse
+    training_slowdown: float | None
+    inference: Inference
+    plan: dict[str, Any]
+    plan_file: str | None
+    memory: dict[str, Any]
+    seed: int
+    status: Status
+    error: str | None
+    loss: dict[str, float | None]
+    """Loss by iteration (null: diverged)."""
+    loss_curve: list[LossPoint] | None
+    loss_note: str | None
+    """Why the run has no loss (its compute measured none)."""
+    time_to_loss: TimeToLoss | None
+    policy_options: dict[str, str]
+    tcp: dict[str, dict[str, str]]
+    versions: Versions
+    wall_s: float | None
+    trace: TraceInfo
+    events: list[dict[str, Any]] = field(default_factory=list)
+    scenario: dict[str, Any] | None = None
+    pacing: bool | Literal["assumed"] = True
+    """The emulator's --pacing; the simulator assumes paced connections."""
+    # the simulator's
+    profile: bool | None = field(default=None, metadata=OMITTED)
+    jitter: dict[str, Any] | None = field(default=None, metadata=OMITTED)
+    # the emulator's
+    allreduce: AllReduceChoice | None = field(default=None, metadata=OMITTED)
+    activations: ActivationsChoice | None = field(default=None, metadata=OMITTED)
+    dilation: int | None = field(default=None, metadata=OMITTED)
+    dilation_requested: int | Literal["auto"] | None = field(default=None, metadata=OMITTED)
+    checkpoint_every: int | None = field(default=None, metadata=OMITTED)
+    cluster: dict[str, Any] | None = field(default=None, metadata=OMITTED)
+    resumed_at: list[int] | None = field(default=None, metadata=OMITTED)
+    predicted_iteration_s: float | None = field(default=None, metadata=OMITTED)
+    prediction_error: float | None = field(default=None, metadata=OMITTED)
+    emulation: dict[str, Any] | None = field(default=None, metadata=OMITTED)
+    # a run with a scenario's failures
+    on_failure: OnFailure | None = field(default=None, metadata=OMITTED)
+    failures: list[dict[str, Any]] | None = field(default=None, metadata=OMITTED)
+    time_lost_s: float | None = field(default=None, metadata=OMITTED)

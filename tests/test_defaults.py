@@ -1,0 +1,94 @@
+"""Every default of a run is written once, in RunSpec: the emulator's RunConfig, the
+command-line options and the Python API take theirs from it."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed import api
+from testbed.cli.main import cli
+from testbed.experiments.inputs import load_inputs
+from testbed.policy import training_policy
+from testbed.run.dilation import dilate_events
+from testbed.run.spec import RunSpec
+from testbed.runtime.coordinator.run_config import RunConfig
+from testbed.sim.planning import plan_with_simulator
+from testbed.topology.net_events import NetEvent
+from tests.conftest import TOPOLOGIES
+
+SPEC = {f.name: f for f in dataclasses.fields(RunSpec)}
+CLI_NAMES = {"stall_timeout": "stall_timeout_s"}
+
+
+def _default(name: str) -> Any:
+    return SPEC[name].default
+
+
+def _as_cli(value: object) -> object:
+    """A RunSpec default as its command-line option writes it."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+@pytest.mark.parametrize("command", ["up", "simulate", "compare"])
+def test_command_line_defaults_are_run_specs(command: str) -> None:
+    checked = 0
+    for param in cli.commands[command].params:
+        name = CLI_NAMES.get(param.name or "", param.name or "")
+        if name not in SPEC or SPEC[name].default is dataclasses.MISSING \
+                or param.default is None or not param.show_default:
+            continue
+        assert param.default == _as_cli(_default(name)), (command, param.name)
+        checked += 1
+    assert checked >= 2
+
+
+@pytest.mark.parametrize("function", [api.simulate, api.emulate, api.compare])
+def test_api_defaults_are_run_specs(function: Any) -> None:
+    checked = 0
+    for name, param in inspect.signature(function).parameters.items():
+        if name in SPEC and SPEC[name].default is not dataclasses.MISSING \
+                and param.default is not None:
+            assert param.default == _default(name), (function.__name__, name)
+            checked += 1
+    assert checked >= 2
+
+
+def test_run_config_defaults_are_run_specs() -> None:
+    shared = [f for f in dataclasses.fields(RunConfig)
+              if f.name in SPEC and f.default is not dataclasses.MISSING]
+    assert len(shared) >= 8
+    for field in shared:
+        assert field.default == _default(field.name), field.name
+
+
+def test_run_config_takes_every_choice_of_its_spec() -> None:
+    """A spec whose every choice differs from the default reaches the emulator's config
+    whole: times dilated, nothing dropped on the way."""
+    inputs = load_inputs(TOPOLOGIES / "two-dc.yaml")
+    chosen = training_policy("1f1b")
+    plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
+    event = NetEvent(1.0, "east", "west", "latency", 0.05, None)
+    spec = RunSpec("emulate", inputs.topology, inputs.job, "1f1b", {}, "greedy", {"x": "1"},
+                   shaper="userspace", allreduce="real", stall_timeout_s=7.0, pacing=False,
+                   activations="real", events=(event,), dilation=3)
+    config = RunConfig.for_spec(spec, spec.topology, plan, chosen, "emulated", Path("logs"),
+                                3, spec.link_events, spec.scenario)
+    for field in dataclasses.fields(RunConfig):
+        if field.name not in SPEC or field.name in ("topology", "job", "plan", "policy",
+                                                    "compute"):
+            continue
+        ours = getattr(spec, field.name)
+        if field.name == "stall_timeout_s":
+            ours *= 3
+        elif field.name == "events":
+            ours = dilate_events(spec.link_events, 3)
+        assert getattr(config, field.name) == ours, field.name
+        if field.default is not dataclasses.MISSING and field.name != "cluster":
+            assert ours != field.default, f"{field.name}: the spec should differ from it"

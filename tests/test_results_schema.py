@@ -1,0 +1,127 @@
+"""results.json's contract: the types of testbed.report.run_results, the JSON Schema
+shipped beside them (the two cannot drift), every kind of run's results.json validating
+against it, and a damaged one refused in one line naming the file and the key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed.report.results_schema import (
+    from_json,
+    results_from,
+    results_schema,
+    schema_text,
+    shipped_schema,
+    to_json,
+)
+from testbed.report.run_results import SCHEMA_VERSION, Results
+from tests.conftest import ROOT, TOPOLOGIES
+from tests.test_cli import call
+
+PAPER = str(TOPOLOGIES / "paper-3dc.yaml")
+TWO_DC = str(TOPOLOGIES / "two-dc.yaml")
+
+
+def test_the_shipped_schema_is_the_one_the_types_make() -> None:
+    """results.schema.json is `python -m testbed.report.results_schema`'s output: a
+    change to the types without regenerating it fails here."""
+    shipped = (ROOT / "testbed" / "report" / "results.schema.json").read_text()
+    assert shipped == schema_text()
+    assert shipped_schema() == results_schema()
+    assert shipped_schema()["schema_version"] == SCHEMA_VERSION
+
+
+def _simulated(tmp: Path, *args: str) -> tuple[Path, dict[str, Any]]:
+    out = tmp / "run"
+    code, _, err = call(["simulate", *args, "--out", str(out)])
+    assert code == 0, err
+    return out, json.loads((out / "results.json").read_text())
+
+
+def _valid(path: Path) -> str:
+    code, out, err = call(["results", "validate", str(path)])
+    assert code == 0, err
+    return out
+
+
+@pytest.mark.parametrize(("args", "block"), [
+    pytest.param([TWO_DC, "-p", "1f1b"], "loss_note", id="plain"),
+    pytest.param([PAPER, "-p", "atlas", "-b", "bubbletea", "--iterations", "3",
+                  "--jitter", "compute=10%,prefill=10%"], "jitter", id="bubbles-jitter"),
+    pytest.param([TWO_DC, "-p", "1f1b", "--iterations", "150", "--scenario",
+                  str(ROOT / "scenarios" / "two-dc-lose-a-worker.yaml"),
+                  "--on-failure", "replan", "--checkpoint-every", "5"], "failures",
+                 id="failures"),
+])
+def test_a_simulated_runs_results_validate_and_read_back_typed(
+        tmp_path: Path, args: list[str], block: str) -> None:
+    """Each kind of run fills the blocks it has (`block`: one that only it fills)."""
+    directory, data = _simulated(tmp_path, *args)
+    assert data[block]
+    if "-b" in args:
+        assert data["inference"]["requests"] and data["inference"]["overruns"]
+    assert data["schema_version"] == SCHEMA_VERSION
+    assert "ok: 1 results.json" in _valid(directory)
+    typed = results_from(data, "results.json")
+    assert isinstance(typed, Results)
+    assert typed.iteration_time_s.all == data["iteration_time_s"]["all"]
+    assert typed.inference.requests == data["inference"]["requests"]
+    assert to_json(typed) == data  # nothing lost or added on the way
+
+
+def test_compares_runs_validate(tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    code, _, err = call(["compare", TWO_DC, "-p", "1f1b", "-p", "gpipe", "--iterations", "2",
+                         "--out", str(out)])
+    assert code == 0, err
+    assert "ok: 2 results.json" in _valid(out)
+
+
+def _damaged(tmp: Path, change: Any) -> Path:
+    _, data = _simulated(tmp, TWO_DC, "-p", "1f1b")
+    change(data)
+    path = tmp / "results.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize(("change", "key", "problem"), [
+    (lambda d: d["iteration_time_s"].update(median="fast"), "iteration_time_s.median",
+     "expected number or null, got text 'fast'"),
+    (lambda d: d["inference"]["ttft_s"].pop("p99"), "inference.ttft_s.p99", "missing"),
+    (lambda d: d.update(status="great"), "status", "expected one of"),
+    (lambda d: d.update(surprise=1), "surprise", "unknown key"),
+    (lambda d: d.update(loss_curve=[{"iteration": 1}]), "loss_curve[0]", "missing"),
+    (lambda d: d.update(tokens_per_s=True), "tokens_per_s", "got bool True"),
+    (lambda d: d.update(schema_version=1), "schema_version", "another version"),
+    (lambda d: d.pop("schema_version"), "schema_version", "before testbed's results had"),
+])
+def test_a_damaged_results_json_is_refused_naming_the_key(
+        tmp_path: Path, change: Any, key: str, problem: str) -> None:
+    path = _damaged(tmp_path, change)
+    code, _, err = call(["results", "validate", str(path)])
+    assert code == 2
+    assert err.count("\n") == 1, err
+    assert f"{path}: {key}" in err and problem in err, err
+
+
+def test_validate_says_what_it_did_not_find(tmp_path: Path) -> None:
+    code, _, err = call(["results", "validate", str(tmp_path)])
+    assert code == 2 and "no results.json" in err and str(tmp_path) in err
+
+
+def test_from_json_refuses_a_key_the_types_do_not_have() -> None:
+    """The writer builds results.json through the types: a key a backend adds without
+    adding it to them fails the run's writing, before the file exists."""
+    with pytest.raises(ValueError, match="no surprise"):
+        from_json(Results, {"surprise": 1})
+
+
+def test_the_printed_schema_is_the_shipped_one() -> None:
+    code, out, _ = call(["results", "schema"])
+    assert code == 0
+    assert json.loads(out) == shipped_schema()
