@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -41,9 +42,11 @@ from testbed.runtime.coordinator.health import (
     delay_line_lateness,
     suggest_dilation,
 )
+from testbed.sim.flows import MIN_RTT_S
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulator import Simulator
 from testbed.topology import load_topology
+from testbed.topology.model import Topology
 from testbed.topology.net_events import NetEvent
 
 from .conftest import TOPOLOGIES
@@ -69,11 +72,23 @@ def test_dilated_links_keep_bytes_and_stretch_time(topology, k: int) -> None:  #
     assert dilated.tcp.window_bytes == topology.tcp.window_bytes
 
 
+def _above_the_rtt_floor(topology: Topology) -> Topology:
+    least = MIN_RTT_S / 2
+    return dataclasses.replace(
+        topology,
+        datacenters=tuple(dataclasses.replace(dc, latency_s=max(dc.latency_s, least))
+                          for dc in topology.datacenters),
+        links=tuple(dataclasses.replace(link, latency_s=max(link.latency_s, least))
+                    for link in topology.links))
+
+
 @settings(max_examples=30)
 @given(st.data(), topologies(max_dcs=3, max_gpus=3), st.sampled_from([2, 4, 5]))
 def test_simulated_figures_are_invariant_in_k(data, topology, k: int) -> None:  # type: ignore[no-untyped-def]
     """The simulator of a dilated network, converted back, says what the undilated one
-    says: every duration scales by K and nothing else changes."""
+    says: every duration scales by K and nothing else changes. Above the hosts' round-trip
+    floor, that is (MIN_RTT_S, which dilation does not slow): latencies are lifted to it."""
+    topology = _above_the_rtt_floor(topology)
     job = data.draw(job_fitting(topology))
     policy = training_policy(data.draw(st.sampled_from(["gpipe", "1f1b"])))
     plan = plan_with_simulator(policy, topology, job)

@@ -12,6 +12,10 @@ from testbed.plan.tcp_model import MSS
 
 INITIAL_WINDOW = 10 * MSS
 RTO_MIN = 0.2
+MIN_RTT_S = 1e-5
+"""The shortest round trip a pair has, whatever its links' latency: the hosts' own stacks.
+Time dilation slows the represented network, not the hosts, so this floor is not scaled
+by K in a dilated topology."""
 
 
 @dataclass

@@ -12,6 +12,7 @@ from testbed.inference.bubbles import BubbleBroker
 from testbed.inference.workload import kv_bytes, modeled_batch_s
 from testbed.job.model import InferenceWorkload
 from testbed.policy.base import Chunk, Request
+from testbed.sim.flows import MIN_RTT_S
 from testbed.sim.jitter import Noise
 from testbed.sim.links import Links
 from testbed.sim.network import WINDOW_EFFICIENCY, FluidNetwork, Pair, Schedule
@@ -73,7 +74,7 @@ class Prefills:
             Pair(
                 1,
                 WINDOW_EFFICIENCY * self.topology.tcp_for(worker.dc).wmem[2],
-                max(2 * latency, 1e-5),
+                max(2 * latency, MIN_RTT_S),
                 self.topology.tcp_for(worker.dc).slow_start_after_idle,
             ),
         )

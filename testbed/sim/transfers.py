@@ -15,6 +15,7 @@ from testbed.plan.model import Op, Plan, Sharing
 from testbed.plan.pacing import GRADIENTS, paced
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import Transfer
+from testbed.sim.flows import MIN_RTT_S
 from testbed.sim.jitter import Noise
 from testbed.sim.links import Links
 from testbed.sim.network import RTO_MIN, WINDOW_EFFICIENCY, FluidNetwork, Pair
@@ -61,12 +62,12 @@ class Transfers:
             window = WINDOW_EFFICIENCY * min(tcp_src.wmem[2], tcp_dst.rmem[2])
             connections = self.plan.connections_between(src.lead, dst.lead) * len(src.gpus)
             self.pairs[key] = Pair(
-                connections, window, max(2 * latency, 1e-5), tcp_src.slow_start_after_idle,
+                connections, window, max(2 * latency, MIN_RTT_S), tcp_src.slow_start_after_idle,
                 tcp_src.rto_min_s or RTO_MIN, paced(self.topology, src.dc, dst.dc, largest),
             )
         pair = self.pairs[key]
         # a latency event changes it for later rounds
-        self.network.retime(now, pair, max(2 * latency, 1e-5))
+        self.network.retime(now, pair, max(2 * latency, MIN_RTT_S))
         return pair
 
     def send(
