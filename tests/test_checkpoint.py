@@ -19,6 +19,7 @@ from testbed.run.checkpoint import (
     iteration_dir,
     prior_elapsed,
     read_progress,
+    stage_file,
 )
 from testbed.run.resume import load_resumption
 
@@ -78,6 +79,21 @@ def test_only_a_checkpoint_every_worker_wrote_is_committed(tmp_path: Path) -> No
     iteration_dir(tmp_path, 4).mkdir()
     checkpoints.commit(4, {}, [], start=100.0)
     assert [p.name for p in tmp_path.glob("it*")] == ["it4"]  # the older one is gone
+
+
+def test_a_commit_leaves_the_newer_checkpoints_workers_are_writing(tmp_path: Path) -> None:
+    """Workers go on while a commit is written: on a busy machine they wrote their parts
+    of 4 and 6 before 2's commit dropped the older checkpoints, and 6 is the one the run
+    ends on."""
+    checkpoints = Checkpoints(tmp_path, 2, 1, 1, 1)
+    for done in (2, 4, 6):
+        iteration_dir(tmp_path, done).mkdir()
+        stage_file(iteration_dir(tmp_path, done), 0, 0).write_bytes(b"saved")
+    (tmp_path / "moved-1").mkdir()  # a replanned run's moved state: the run's to remove
+    for done in (2, 4, 6):
+        checkpoints.commit(done, {}, [], start=100.0)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["it6", "moved-1"]
+    assert stage_file(iteration_dir(tmp_path, 6), 0, 0).read_bytes() == b"saved"
 
 
 def test_a_resumed_run_carries_the_earlier_iterations_first(tmp_path: Path) -> None:

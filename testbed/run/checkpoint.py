@@ -45,6 +45,15 @@ def iteration_dir(checkpoint: Path, done: int) -> Path:
     return checkpoint / f"it{done}"
 
 
+def _taken_after(path: Path) -> int | None:
+    """The iterations done when the checkpoint in `path` (iteration_dir) was taken; None
+    where `path` is not one."""
+    name = path.name
+    if not (name.startswith("it") and name[2:].isdigit() and path.is_dir()):
+        return None
+    return int(name[2:])
+
+
 def stage_file(directory: Path, replica: int, stage: int) -> Path:
     return directory / f"r{replica}-s{stage}.pt"
 
@@ -148,7 +157,9 @@ class Checkpoints:
 
     def commit(self, done: int, losses: dict[int, float], spans: list[Span],
                start: float) -> None:
-        """Name checkpoint `done` in state.json (atomically), then drop the older ones."""
+        """Name checkpoint `done` in state.json (atomically), then drop the older ones.
+        Only the older: workers do not wait for a commit, so by the time this one is
+        written (an fsync on a busy machine), they may be writing the next ones."""
         prior = self.prior
         kept = [] if prior is None else list(prior.spans)
         kept += shifted([s for s in spans if int(s.get("iteration", -1)) < done],
@@ -161,9 +172,9 @@ class Checkpoints:
         self.committed = done
         self._parts.pop(done, None)
         for old in self.directory.glob("it*"):
-            if old.is_dir() and old.name != iteration_dir(self.directory, done).name:
+            taken = _taken_after(old)
+            if taken is not None and taken < done:
                 shutil.rmtree(old, ignore_errors=True)
-
 
     @property
     def first_iteration(self) -> int:
