@@ -481,3 +481,53 @@ def test_a_stop_while_atlas_plans_on_several_cores_leaves_no_worker_and_no_trace
     time.sleep(0.5)
     assert not [w for w in workers if Path(f"/proc/{w}").exists()
                 and Path(f"/proc/{w}/stat").read_text().split()[2] != "Z"]
+
+
+LOADED_AT_FORK = """
+import sys
+from testbed.inputs import load_inputs
+from testbed.policy import training_policy
+from testbed.policy.context import PlanningContext
+
+class Watched(PlanningContext):
+    def pool(self, work):
+        print("torch" in sys.modules, flush=True)
+        return super().pool(work)
+
+inputs = load_inputs(sys.argv[1])
+policy = training_policy("atlas", {"two_per_gpu": sys.argv[2]})
+policy.plan(inputs.topology, inputs.job, Watched(inputs.job))
+"""
+
+
+@pytest.mark.parametrize("two_per_gpu", ["on", "off"])
+def test_atlas_loads_torch_before_its_planning_pool_forks_where_it_will_try_its_orders(
+        two_per_gpu: str) -> None:
+    """The pool's workers inherit torch instead of each importing it (seconds each):
+    loaded before the pool opens where two stages per GPU may be tried, not at all where
+    they are off (a fresh process: nothing else has loaded torch)."""
+    done = subprocess.run([sys.executable, "-c", LOADED_AT_FORK,
+                           str(ROOT / "topologies" / "paper-3dc.yaml"), two_per_gpu],
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.split() == (["True"] if two_per_gpu == "on" else ["False"])
+
+
+PINNED = {
+    "paper-3dc": {"dcs": ["east", "central"], "stages": [4, 4], "dp": 1, "pp": 8,
+                  "schedule": "1f1b+2/2/2/2/0/0/0/0", "temporal": False, "dp_cell": None,
+                  "multi_connection": True, "predicted_s": 9.6336, "simulated_s": 9.749,
+                  "at_least": False, "tokens_per_s": 10083.5},
+    "wan-3dc": {"dcs": ["east", "central", "west"], "stages": [2, 2, 2], "dp": 2, "pp": 6,
+                "schedule": "zb-v", "temporal": True, "dp_cell": 2, "multi_connection": True,
+                "predicted_s": 5.8959, "simulated_s": 5.5274, "at_least": False,
+                "tokens_per_s": 17785.0},
+}
+"""Atlas's choice on shipped topologies, as its search made it before planning was made
+faster: making it faster must change no choice and no simulated time."""
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_atlas_chooses_as_it_always_has(name: str) -> None:
+    inputs = load_inputs(ROOT / "topologies" / f"{name}.yaml")
+    plan = plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job, CACHE)
+    assert plan.notes["dc_selection"]["chosen"] == PINNED[name]

@@ -28,6 +28,7 @@ from testbed.policy.api import (
     Transfer,
     build_plan,
     fits_memory,
+    load_torch,
     non_negative_int,
     on_off,
     one_of,
@@ -36,7 +37,7 @@ from testbed.policy.api import (
 from .estimate import LINUX_DEFAULTS, connections_to_fill, estimate, lower_bound
 from .explain import why_chosen
 from .placement import Chain, capacity, fill, largest_first, place, tie_orders
-from .schedules import one_per_gpu, placed, two_per_gpu
+from .schedules import one_per_gpu, placed, two_fit, two_per_gpu
 from .search import Candidate, search
 
 ORDERS = ("pipeline", "microbatch", "fifo")
@@ -121,6 +122,10 @@ class AtlasPolicy(TrainingPolicy):
                              topology.source, "job")
         probe = replace(job, iterations=min(job.iterations, PROBE_ITERATIONS)
                         if topology.total_gpus <= LARGE else min(job.iterations, 2))
+        if self.settings["two_per_gpu"] and any(two_fit(job, c.pp) for c in pool):
+            # torch's orders are tried on the best placements: loaded here, before the
+            # pool forks, its workers inherit torch instead of each importing it (seconds)
+            load_torch()
         with context.pool(lambda c, stop_above: context.simulate(
                 self._assemble(topology, probe, c), probe, stop_above)) as simulations:
             state = search(pool, lambda c, floor: self._simulate(

@@ -35,6 +35,7 @@ from testbed.plan.model import (
     split_layers,
 )
 from testbed.plan.schedules import Sends
+from testbed.plan.torch_order import load_torch
 from testbed.policy.base import (
     API_VERSION,
     Bubble,
@@ -101,6 +102,7 @@ __all__ = [
     "file_order_placement",
     "fits_memory",
     "fraction",
+    "load_torch",
     "non_negative",
     "non_negative_int",
     "on_off",
