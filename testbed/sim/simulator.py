@@ -88,6 +88,7 @@ class Simulator:
         stragglers: Sequence[Straggler] = (),
         losses: Sequence[WorkerLoss] = (),
         first_iteration: int = 0,
+        spans: SpanTable | None = None,
     ) -> None:
         """`stop_above`: seconds; the run stops as soon as its median measured iteration
         must be longer (a planner needs no more of a candidate slower than its best).
@@ -95,7 +96,8 @@ class Simulator:
         iterations says nothing of the run (its syncs are a few long ones), so such a
         plan runs to its end and is judged over whole cycles (testbed.metrics.summary).
         `stragglers`: slower compute; `losses`: the first to take a GPU of the plan ends the
-        run (testbed.sim.lost); `first_iteration`: where a run from a checkpoint starts."""
+        run (testbed.sim.lost); `first_iteration`: where a run from a checkpoint starts;
+        `spans`: where the run's spans go (default: a new table of them all)."""
         topology = hosts_as_planned(topology, plan)
         self.topology, self.job, self.plan, self.policy = topology, job, plan, policy
         self.net_events = tuple(events)
@@ -105,7 +107,7 @@ class Simulator:
         self.jitter = jitter or Jitter()
         self.noise = Noise(self.jitter)
         self.agenda = Agenda()
-        self.spans = SpanTable()
+        self.spans = SpanTable() if spans is None else spans
         self.workers: dict[tuple[int, int], SimWorker] = {}
         """By (replica, stage): a GPU holding several stages is there under each."""
         self.gpu_workers: list[SimWorker] = []
