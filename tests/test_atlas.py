@@ -512,6 +512,40 @@ def test_atlas_loads_torch_before_its_planning_pool_forks_where_it_will_try_its_
     assert done.stdout.split() == (["True"] if two_per_gpu == "on" else ["False"])
 
 
+def test_ranking_transfers_as_they_arrive_chooses_as_ranking_the_queue_anew() -> None:
+    """Atlas keeps each queue's transfers in a heap as they arrive: across grants,
+    arrivals, transfers that leave without a grant (a run stopped early) and runs of the
+    same plan again, each choice is the one a policy with no memory makes of the same
+    queue."""
+    from testbed.plan.model import Op
+    from testbed.policy.base import Transfer
+
+    inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml")
+    policy = training_policy("atlas")
+    plan = plan_with_simulator(policy, inputs.topology, inputs.job, CACHE)
+    sends = [(replica, stage, op) for replica in range(plan.dp) for stage in range(plan.pp)
+             for op in (Op.SEND_F, Op.SEND_B)
+             if 0 <= stage + (1 if op is Op.SEND_F else -1) < plan.pp]
+    rng = random.Random(7)
+    ids = itertools.count()
+    link = ("east", "central")
+    for _run in range(3):  # the same plan again: the heaps still hold the last run's
+        waiting: list[Transfer] = []
+        for _ in range(300):
+            for _ in range(rng.randint(0, 3)):
+                replica, stage, op = rng.choice(sends)
+                waiting.append(Transfer(next(ids), "a", "b", *link, op, replica, stage,
+                                        rng.randrange(plan.microbatches), 1, 0.0,
+                                        rng.randrange(2)))
+            if waiting and rng.random() < 0.1:
+                waiting.pop(rng.randrange(len(waiting)))  # left without a grant
+            if waiting:
+                chosen = policy.next_transfer(plan, link, tuple(waiting))
+                assert chosen is training_policy("atlas").next_transfer(
+                    plan, link, tuple(waiting))
+                waiting.remove(chosen)
+
+
 PINNED = {
     "paper-3dc": {"dcs": ["east", "central"], "stages": [4, 4], "dp": 1, "pp": 8,
                   "schedule": "1f1b+2/2/2/2/0/0/0/0", "temporal": False, "dp_cell": None,

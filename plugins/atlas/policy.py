@@ -4,6 +4,7 @@ temporal sharing of WAN links. Its ablations are registered as policies of their
 from __future__ import annotations
 
 import functools
+import heapq
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -292,41 +293,92 @@ class AtlasPolicy(TrainingPolicy):
         order = self.settings["order"]
         if order == "fifo":
             return min(waiting, key=lambda t: (t.ready_at, t.id))
-        receives, known, ranks = self._receives(plan)
+        receives, known, ranks, queues = self._receives(plan)
 
         def rank(t: Transfer) -> tuple[int, int, int, int]:
-            """(iteration, where its receiver waits for it, replica, id), made once per
-            transfer while it waits: its link's queue is ranked anew at every grant."""
+            """(iteration, where its receiver waits for it, replica, id)."""
+            key: TransferKey = (t.kind, t.stage, t.replica, t.microbatch)
+            if key not in known:
+                known[key] = _needed_at(plan, receives, t)
+            return (t.iteration, known[key], t.replica, t.id)
+
+        if order == "microbatch":
+            return queues.of(link, waiting[0].replica).least(waiting, rank)
+
+        def ranked(t: Transfer) -> tuple[int, int, int, int]:
+            """`rank`, made once per transfer while it waits: its link's queue is ranked
+            anew at every grant."""
             mine = ranks.get(id(t))
             if mine is None or mine[0] is not t:
-                key: TransferKey = (t.kind, t.stage, t.replica, t.microbatch)
-                if key not in known:
-                    known[key] = _needed_at(plan, receives, t)
-                mine = ranks[id(t)] = (t, (t.iteration, known[key], t.replica, t.id))
+                mine = ranks[id(t)] = (t, rank(t))
             return mine[1]
 
         # pipeline: the receiver's position only among the lowest iteration and replica's
-        first = min((t.iteration, t.replica) for t in waiting) if order == "pipeline" else None
-        chosen = min(waiting, key=rank) if first is None else min(
-            (t for t in waiting if (t.iteration, t.replica) == first), key=rank)
+        first = min((t.iteration, t.replica) for t in waiting)
+        chosen = min((t for t in waiting if (t.iteration, t.replica) == first), key=ranked)
         ranks.pop(id(chosen), None)
         return chosen
 
     def _receives(self, plan: Plan) -> tuple[dict[str, dict[Action, int]],
-                                             dict[TransferKey, int], dict[int, Any]]:
+                                             dict[TransferKey, int], dict[int, Any],
+                                             _Queues]:
         """Where each receive sits in its GPU's action list, filled in per GPU as asked,
-        each transfer's answer by what it depends on, and the rank of each transfer
-        waiting (by id, with the transfer), for the last few plans this policy arbitrated
-        (planning simulates many)."""
+        each transfer's answer by what it depends on, the rank of each transfer waiting
+        (by id, with the transfer), and the waiting transfers ranked per link and
+        queue, for the last few plans this policy arbitrated (planning simulates many)."""
         cached = self._receive_index.get(id(plan))
         if cached is not None and cached[0] is plan:
-            return cached[1], cached[2], cached[3]
+            return cached[1], cached[2], cached[3], cached[4]
         if len(self._receive_index) >= RECEIVE_INDEXES:
             self._receive_index.pop(next(iter(self._receive_index)))
         entry: tuple[Plan, dict[str, dict[Action, int]], dict[TransferKey, int],
-                     dict[int, Any]] = (plan, {}, {}, {})
+                     dict[int, Any], _Queues] = (plan, {}, {}, {}, _Queues(plan))
         self._receive_index[id(plan)] = entry
-        return entry[1], entry[2], entry[3]
+        return entry[1], entry[2], entry[3], entry[4]
+
+
+class _Queues:
+    """A plan's waiting transfers ranked per link direction and DP-cell (the arbiter's
+    queues: testbed.policy.arbiter)."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.cell_of = {replica: i for i, cell in enumerate(plan.dp_cells) for replica in cell}
+        self.ranked: dict[tuple[tuple[str, str], int], _Ranked] = {}
+
+    def of(self, link: tuple[str, str], replica: int) -> _Ranked:
+        key = (link, self.cell_of.get(replica, 0))
+        if key not in self.ranked:
+            self.ranked[key] = _Ranked()
+        return self.ranked[key]
+
+
+class _Ranked:
+    """The transfers of one queue (a link direction's DP-cell) in a heap by rank, each
+    ranked when first seen waiting: a grant then takes the least one still waiting
+    instead of ranking the whole queue anew (hundreds wait on a link at scale). The same
+    choice as the least rank over `waiting`: every transfer waiting is in the heap, and
+    ranks are unique (they end in the transfer's id)."""
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[tuple[int, int, int, int], int, Transfer]] = []
+        self.held: dict[int, Transfer] = {}
+        """The transfers in the heap, by id() (the heap holds them: no id is reused)."""
+        self.count = itertools.count()
+        """Breaks ties between equal ranks: one run's transfer left over from another run
+        of the same plan (stopped early) and its namesake."""
+
+    def least(self, waiting: Sequence[Transfer],
+              rank: Callable[[Transfer], tuple[int, int, int, int]]) -> Transfer:
+        here = dict(zip(map(id, waiting), waiting, strict=True))
+        for new in here.keys() - self.held.keys():
+            transfer = self.held[new] = here[new]
+            heapq.heappush(self.heap, (rank(transfer), next(self.count), transfer))
+        while True:
+            _, _, transfer = heapq.heappop(self.heap)
+            del self.held[id(transfer)]
+            if here.get(id(transfer)) is transfer:
+                return transfer
+            # no longer waiting (a run that stopped early left it): dropped
 
 
 def _needed_at(plan: Plan, receives: dict[str, dict[Action, int]], transfer: Transfer) -> int:
