@@ -90,7 +90,8 @@ class AtlasPolicy(TrainingPolicy):
     def __init__(self, **values: str) -> None:
         super().__init__(**values)
         self._receive_index: dict[int, tuple[Plan, dict[str, dict[Action, int]],
-                                             dict[TransferKey, int], dict[int, Any]]] = {}
+                                             dict[TransferKey, int], dict[int, Any],
+                                             _Queues]] = {}
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
         began = time.monotonic()
