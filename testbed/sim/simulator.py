@@ -96,8 +96,7 @@ class Simulator:
         iterations says nothing of the run (its syncs are a few long ones), so such a
         plan runs to its end and is judged over whole cycles (testbed.metrics.summary).
         `stragglers`: slower compute; `losses`: the first to take a GPU of the plan ends the
-        run (testbed.sim.lost); `first_iteration`: where a run from a checkpoint starts;
-        `spans`: where the run's spans go (default: a new table of them all)."""
+        run (testbed.sim.lost); `first_iteration`: where a run from a checkpoint starts."""
         topology = hosts_as_planned(topology, plan)
         self.topology, self.job, self.plan, self.policy = topology, job, plan, policy
         self.net_events = tuple(events)
@@ -107,7 +106,7 @@ class Simulator:
         self.jitter = jitter or Jitter()
         self.noise = Noise(self.jitter)
         self.agenda = Agenda()
-        self.spans = SpanTable() if spans is None else spans
+        self.spans = SpanTable() if spans is None else spans  # a planner's keeps some only
         self.workers: dict[tuple[int, int], SimWorker] = {}
         """By (replica, stage): a GPU holding several stages is there under each."""
         self.gpu_workers: list[SimWorker] = []
@@ -382,7 +381,6 @@ class Simulator:
             worker.resume_after_prefill = True
             return
         self._advance(worker, now)
-
 
 
 def _sender(phase: Phase, to_stage: int) -> int:
