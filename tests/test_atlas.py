@@ -565,3 +565,51 @@ def test_atlas_chooses_as_it_always_has(name: str) -> None:
     inputs = load_inputs(ROOT / "topologies" / f"{name}.yaml")
     plan = plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job, CACHE)
     assert plan.notes["dc_selection"]["chosen"] == PINNED[name]
+
+
+def test_candidates_atlas_takes_for_twins_make_the_same_plan() -> None:
+    """Schedules that give every GPU the same actions (1F1B with all microbatches in
+    warm-up and GPipe; more warm-up than there are microbatches) make one plan, whatever
+    their names: what lets Atlas simulate it once."""
+    from dataclasses import replace
+
+    from testbed_plugins.atlas.twins import twin
+
+    inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml")
+    policy = training_policy("atlas")
+    groups: dict[Any, list[Any]] = {}
+    for candidate in policy._candidates(inputs.topology, inputs.job):  # type: ignore[attr-defined]
+        groups.setdefault(twin(inputs.job, candidate), []).append(candidate)
+    twins = [group for group in groups.values() if len(group) > 1]
+    assert len(twins) > 10 and len({c.schedule for g in twins for c in g}) > 2
+    for group in twins:
+        plans = [replace(policy._assemble(inputs.topology, inputs.job, c), notes={})  # type: ignore[attr-defined]
+                 for c in group]
+        assert all(plan == plans[0] for plan in plans[1:]), [c.schedule for c in group]
+
+
+def test_atlas_never_simulates_the_same_plan_to_the_same_stop_twice() -> None:
+    """A candidate whose plan was simulated already (a twin under another schedule's
+    name) takes that answer where the same run would give it."""
+    from dataclasses import replace
+
+    from testbed.sim.planning import planning_context
+
+    inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml")
+    policy = training_policy("atlas")
+    context = planning_context(inputs.topology, inputs.job, policy, {})
+    runs: list[tuple[Any, float | None]] = []
+    simulate = context._simulator
+    assert simulate is not None
+
+    def counted(plan: Any, job: Any, stop_above: float | None) -> float | None:
+        runs.append((replace(plan, notes={}), stop_above))
+        return simulate(plan, job, stop_above)
+
+    context._simulator = counted
+    context.processes = 1  # the runs counted here, not in forked workers
+    chosen, _, _ = policy.choose(inputs.topology, inputs.job, context)  # type: ignore[attr-defined]
+    assert chosen.describe() == PINNED["paper-3dc"]
+    assert len(runs) > 20
+    for i, (plan, stop) in enumerate(runs):
+        assert not any(plan == other and stop == other_stop for other, other_stop in runs[:i])

@@ -4,7 +4,6 @@ temporal sharing of WAN links. Its ablations are registered as policies of their
 from __future__ import annotations
 
 import functools
-import heapq
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -38,8 +37,10 @@ from testbed.policy.api import (
 from .estimate import LINUX_DEFAULTS, connections_to_fill, estimate, lower_bound
 from .explain import why_chosen
 from .placement import Chain, capacity, fill, largest_first, place, tie_orders
+from .ranking import Queues, needed_at
 from .schedules import one_per_gpu, placed, two_fit, two_per_gpu
 from .search import Candidate, search
+from .twins import Answer, once, reused, twin
 
 ORDERS = ("pipeline", "microbatch", "fifo")
 LARGE = 256
@@ -91,7 +92,7 @@ class AtlasPolicy(TrainingPolicy):
         super().__init__(**values)
         self._receive_index: dict[int, tuple[Plan, dict[str, dict[Action, int]],
                                              dict[TransferKey, int], dict[int, Any],
-                                             _Queues]] = {}
+                                             Queues]] = {}
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
         began = time.monotonic()
@@ -128,10 +129,12 @@ class AtlasPolicy(TrainingPolicy):
             # torch's orders are tried on the best placements: loaded here, before the
             # pool forks, its workers inherit torch instead of each importing it (seconds)
             load_torch()
+        twins: dict[Any, tuple[float | None, Answer]] = {}
         with context.pool(lambda c, stop_above: context.simulate(
                 self._assemble(topology, probe, c), probe, stop_above)) as simulations:
             state = search(pool, lambda c, floor: self._simulate(
-                topology, probe, c, context, floor, simulations.submit), self._mechanisms,
+                topology, probe, c, context, floor, simulations.submit, twins),
+                self._mechanisms,
                 every_dc, self.settings["search"], lambda c: self._two_per_gpu(topology, job, c),
                 simulations.size)
         ranked = state.ranked()
@@ -255,13 +258,16 @@ class AtlasPolicy(TrainingPolicy):
 
     def _simulate(self, topology: Topology, probe: Job, candidate: Candidate,
                   context: PlanningContext, floor: float | None,
-                  submit: Callable[..., Callable[[], float | None]]
+                  submit: Callable[..., Callable[[], float | None]],
+                  twins: dict[Any, tuple[float | None, Answer]]
                   ) -> Callable[[], Candidate | None]:
         """Starts simulating the candidate (`submit(candidate, stop_above)`: a warm-up and
         two measured iterations, or one on large topologies); what it returns waits for
         the candidate with its iteration time, or None if it cannot run; below `floor`
         (tokens/s) only a lower bound on the time (`at_least`). Kept in the context's
-        cache: ablations re-run Atlas's own selection."""
+        cache: ablations re-run Atlas's own selection. `twins`: by `twin`, the stop and
+        the answer of each plan simulated in this search: a candidate whose plan is one of
+        them takes its answer where the same run would give it (twins.py)."""
         key = ("atlas", repr(topology), repr(probe), repr(candidate.key),
                repr(sorted((k, v) for k, v in self.settings.items() if k != "search")))
         stop_above = None if floor is None else candidate.tokens / floor
@@ -274,7 +280,12 @@ class AtlasPolicy(TrainingPolicy):
         if known is not None and not (known[1] and (stop_above is None or known[0] is None
                                                      or known[0] <= stop_above)):
             return lambda: result(*known)
-        waiting = submit(candidate, stop_above)
+        same = twin(probe, candidate)
+        earlier = twins.get(same) if same is not None else None
+        waiting = once(submit(candidate, stop_above) if earlier is None else
+                       reused(earlier, stop_above, lambda: submit(candidate, stop_above)))
+        if same is not None:
+            twins[same] = (stop_above, waiting)
 
         def measured() -> Candidate | None:
             seconds = waiting()
@@ -300,7 +311,7 @@ class AtlasPolicy(TrainingPolicy):
             """(iteration, where its receiver waits for it, replica, id)."""
             key: TransferKey = (t.kind, t.stage, t.replica, t.microbatch)
             if key not in known:
-                known[key] = _needed_at(plan, receives, t)
+                known[key] = needed_at(plan, receives, t)
             return (t.iteration, known[key], t.replica, t.id)
 
         if order == "microbatch":
@@ -322,7 +333,7 @@ class AtlasPolicy(TrainingPolicy):
 
     def _receives(self, plan: Plan) -> tuple[dict[str, dict[Action, int]],
                                              dict[TransferKey, int], dict[int, Any],
-                                             _Queues]:
+                                             Queues]:
         """Where each receive sits in its GPU's action list, filled in per GPU as asked,
         each transfer's answer by what it depends on, the rank of each transfer waiting
         (by id, with the transfer), and the waiting transfers ranked per link and
@@ -333,66 +344,9 @@ class AtlasPolicy(TrainingPolicy):
         if len(self._receive_index) >= RECEIVE_INDEXES:
             self._receive_index.pop(next(iter(self._receive_index)))
         entry: tuple[Plan, dict[str, dict[Action, int]], dict[TransferKey, int],
-                     dict[int, Any], _Queues] = (plan, {}, {}, {}, _Queues(plan))
+                     dict[int, Any], Queues] = (plan, {}, {}, {}, Queues(plan))
         self._receive_index[id(plan)] = entry
         return entry[1], entry[2], entry[3], entry[4]
-
-
-class _Queues:
-    """A plan's waiting transfers ranked per link direction and DP-cell (the arbiter's
-    queues: testbed.policy.arbiter)."""
-
-    def __init__(self, plan: Plan) -> None:
-        self.cell_of = {replica: i for i, cell in enumerate(plan.dp_cells) for replica in cell}
-        self.ranked: dict[tuple[tuple[str, str], int], _Ranked] = {}
-
-    def of(self, link: tuple[str, str], replica: int) -> _Ranked:
-        key = (link, self.cell_of.get(replica, 0))
-        if key not in self.ranked:
-            self.ranked[key] = _Ranked()
-        return self.ranked[key]
-
-
-class _Ranked:
-    """The transfers of one queue (a link direction's DP-cell) in a heap by rank, each
-    ranked when first seen waiting: a grant then takes the least one still waiting
-    instead of ranking the whole queue anew (hundreds wait on a link at scale). The same
-    choice as the least rank over `waiting`: every transfer waiting is in the heap, and
-    ranks are unique (they end in the transfer's id)."""
-
-    def __init__(self) -> None:
-        self.heap: list[tuple[tuple[int, int, int, int], int, Transfer]] = []
-        self.held: dict[int, Transfer] = {}
-        """The transfers in the heap, by id() (the heap holds them: no id is reused)."""
-        self.count = itertools.count()
-        """Breaks ties between equal ranks: one run's transfer left over from another run
-        of the same plan (stopped early) and its namesake."""
-
-    def least(self, waiting: Sequence[Transfer],
-              rank: Callable[[Transfer], tuple[int, int, int, int]]) -> Transfer:
-        here = dict(zip(map(id, waiting), waiting, strict=True))
-        for new in here.keys() - self.held.keys():
-            transfer = self.held[new] = here[new]
-            heapq.heappush(self.heap, (rank(transfer), next(self.count), transfer))
-        while True:
-            _, _, transfer = heapq.heappop(self.heap)
-            del self.held[id(transfer)]
-            if here.get(id(transfer)) is transfer:
-                return transfer
-            # no longer waiting (a run that stopped early left it): dropped
-
-
-def _needed_at(plan: Plan, receives: dict[str, dict[Action, int]], transfer: Transfer) -> int:
-    """Where the receiving stage waits for this transfer in its action list."""
-    forward = transfer.kind is Op.SEND_F
-    stage = transfer.stage + (1 if forward else -1)
-    gpu = plan.lead_gpu(transfer.replica, stage)
-    positions = receives.get(gpu)
-    if positions is None:
-        positions = receives[gpu] = {action: i for i, action in enumerate(plan.actions[gpu])
-                                     if action.op in (Op.RECV_F, Op.RECV_B)}
-    wanted = Action(stage, Op.RECV_F if forward else Op.RECV_B, transfer.microbatch)
-    return positions.get(wanted, len(plan.actions[gpu]))
 
 
 class _Ablation(AtlasPolicy):

@@ -34,7 +34,7 @@ from testbed.plan.model import (
     Worker,
     split_layers,
 )
-from testbed.plan.schedules import Sends
+from testbed.plan.schedules import Sends, schedule_actions
 from testbed.plan.torch_order import load_torch
 from testbed.policy.base import (
     API_VERSION,
@@ -110,6 +110,7 @@ __all__ = [
     "payload",
     "positive",
     "ring_allreduce_s",
+    "schedule_actions",
     "split_layers",
     "stage_cost",
     "virtual_placement",
