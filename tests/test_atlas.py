@@ -613,3 +613,50 @@ def test_atlas_never_simulates_the_same_plan_to_the_same_stop_twice() -> None:
     assert len(runs) > 20
     for i, (plan, stop) in enumerate(runs):
         assert not any(plan == other and stop == other_stop for other, other_stop in runs[:i])
+
+
+def test_candidates_start_a_step_early_and_again_only_where_their_due_floor_differs() -> None:
+    """With two measuring at once, candidate i starts before i - 2 is in (a process that is
+    done need not wait), on the floor known then; once i - 2 is in, the floor it is due
+    (the best of those before i - 1) decides: the same, it goes on; else it starts again."""
+    from dataclasses import replace
+
+    from testbed_plugins.atlas.placement import Chain
+    from testbed_plugins.atlas.search import Candidate, Search
+
+    seconds = [5.0, 4.0, 6.0, 3.0, 7.0, 7.5, 2.0, 8.0]
+    dcs = ("east",)
+    candidates = [Candidate(dcs, dp, 1, Chain(dcs, (1,)), 1.0, 100) for dp in range(8)]
+    started: list[tuple[int, float | None]] = []
+    under_way: set[int] = set()
+    most = 0
+
+    def measure(candidate: Any, floor: float | None) -> Any:
+        nonlocal most
+        started.append((candidate.dp, floor))
+        under_way.add(candidate.dp)
+        most = max(most, len(under_way))
+
+        def wait() -> Any:
+            under_way.discard(candidate.dp)
+            return replace(candidate, simulated_s=seconds[candidate.dp])
+        return wait
+
+    state = Search(measure, bounded=True, ahead=2)
+
+    def best() -> float | None:
+        done = state.best(lambda _c: True)
+        return None if done is None else done.tokens_per_s
+
+    state.run(candidates, best)
+    assert most == 3
+
+    def best_of(first: int) -> float | None:
+        return 100 / min(seconds[:first]) if first > 0 else None
+
+    due = [best_of(i - 1) for i in range(8)]
+    known = [best_of(i - 2) if i >= 2 else None for i in range(8)]  # when started early
+    assert {dp: floor for dp, floor in started} == dict(enumerate(due))  # each one's last
+    again = sorted(dp for dp in range(8) if [d for d, _ in started].count(dp) == 2)
+    assert again == [dp for dp in range(2, 8) if known[dp] != due[dp]] and again
+    assert len(started) == 8 + len(again)
