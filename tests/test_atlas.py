@@ -481,3 +481,182 @@ def test_a_stop_while_atlas_plans_on_several_cores_leaves_no_worker_and_no_trace
     time.sleep(0.5)
     assert not [w for w in workers if Path(f"/proc/{w}").exists()
                 and Path(f"/proc/{w}/stat").read_text().split()[2] != "Z"]
+
+
+LOADED_AT_FORK = """
+import sys
+from testbed.experiments.inputs import load_inputs
+from testbed.policy import training_policy
+from testbed.policy.context import PlanningContext
+
+class Watched(PlanningContext):
+    def pool(self, work):
+        print("torch" in sys.modules, flush=True)
+        return super().pool(work)
+
+inputs = load_inputs(sys.argv[1])
+policy = training_policy("atlas", {"two_per_gpu": sys.argv[2]})
+policy.plan(inputs.topology, inputs.job, Watched(inputs.job))
+"""
+
+
+@pytest.mark.parametrize("two_per_gpu", ["on", "off"])
+def test_atlas_loads_torch_before_its_planning_pool_forks_where_it_will_try_its_orders(
+        two_per_gpu: str) -> None:
+    """The pool's workers inherit torch instead of each importing it (seconds each):
+    loaded before the pool opens where two stages per GPU may be tried, not at all where
+    they are off (a fresh process: nothing else has loaded torch)."""
+    done = subprocess.run([sys.executable, "-c", LOADED_AT_FORK,
+                           str(ROOT / "topologies" / "paper-3dc.yaml"), two_per_gpu],
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.split() == (["True"] if two_per_gpu == "on" else ["False"])
+
+
+def test_ranking_transfers_as_they_arrive_chooses_as_ranking_the_queue_anew() -> None:
+    """Atlas keeps each queue's transfers in a heap as they arrive: across grants,
+    arrivals, transfers that leave without a grant (a run stopped early) and runs of the
+    same plan again, each choice is the one a policy with no memory makes of the same
+    queue."""
+    from testbed.plan.model import Op
+    from testbed.policy.base import Transfer
+
+    inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml")
+    policy = training_policy("atlas")
+    plan = plan_with_simulator(policy, inputs.topology, inputs.job, CACHE)
+    sends = [(replica, stage, op) for replica in range(plan.dp) for stage in range(plan.pp)
+             for op in (Op.SEND_F, Op.SEND_B)
+             if 0 <= stage + (1 if op is Op.SEND_F else -1) < plan.pp]
+    rng = random.Random(7)
+    ids = itertools.count()
+    link = ("east", "central")
+    for _run in range(3):  # the same plan again: the heaps still hold the last run's
+        waiting: list[Transfer] = []
+        for _ in range(300):
+            for _ in range(rng.randint(0, 3)):
+                replica, stage, op = rng.choice(sends)
+                waiting.append(Transfer(next(ids), "a", "b", *link, op, replica, stage,
+                                        rng.randrange(plan.microbatches), 1, 0.0,
+                                        rng.randrange(2)))
+            if waiting and rng.random() < 0.1:
+                waiting.pop(rng.randrange(len(waiting)))  # left without a grant
+            if waiting:
+                chosen = policy.next_transfer(plan, link, tuple(waiting))
+                assert chosen is training_policy("atlas").next_transfer(
+                    plan, link, tuple(waiting))
+                waiting.remove(chosen)
+
+
+PINNED = {
+    "paper-3dc": {"dcs": ["east", "central"], "stages": [4, 4], "dp": 1, "pp": 8,
+                  "schedule": "1f1b+2/2/2/2/0/0/0/0", "temporal": False, "dp_cell": None,
+                  "multi_connection": True, "predicted_s": 9.6336, "simulated_s": 9.749,
+                  "at_least": False, "tokens_per_s": 10083.5},
+    "wan-3dc": {"dcs": ["east", "central", "west"], "stages": [2, 2, 2], "dp": 2, "pp": 6,
+                "schedule": "zb-v", "temporal": True, "dp_cell": 2, "multi_connection": True,
+                "predicted_s": 5.8959, "simulated_s": 5.5274, "at_least": False,
+                "tokens_per_s": 17785.0},
+}
+"""Atlas's choice on shipped topologies, as its search made it before planning was made
+faster: making it faster must change no choice and no simulated time."""
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_atlas_chooses_as_it_always_has(name: str) -> None:
+    inputs = load_inputs(ROOT / "topologies" / f"{name}.yaml")
+    plan = plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job, CACHE)
+    assert plan.notes["dc_selection"]["chosen"] == PINNED[name]
+
+
+def test_candidates_atlas_takes_for_twins_make_the_same_plan() -> None:
+    """Schedules that give every GPU the same actions (1F1B with all microbatches in
+    warm-up and GPipe; more warm-up than there are microbatches) make one plan, whatever
+    their names: what lets Atlas simulate it once."""
+    from dataclasses import replace
+
+    from testbed_plugins.atlas.twins import twin
+
+    inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml")
+    policy = training_policy("atlas")
+    groups: dict[Any, list[Any]] = {}
+    for candidate in policy._candidates(inputs.topology, inputs.job):  # type: ignore[attr-defined]
+        groups.setdefault(twin(inputs.job, candidate), []).append(candidate)
+    twins = [group for group in groups.values() if len(group) > 1]
+    assert len(twins) > 10 and len({c.schedule for g in twins for c in g}) > 2
+    for group in twins:
+        plans = [replace(policy._assemble(inputs.topology, inputs.job, c), notes={})  # type: ignore[attr-defined]
+                 for c in group]
+        assert all(plan == plans[0] for plan in plans[1:]), [c.schedule for c in group]
+
+
+def test_atlas_never_simulates_the_same_plan_to_the_same_stop_twice() -> None:
+    """A candidate whose plan was simulated already (a twin under another schedule's
+    name) takes that answer where the same run would give it."""
+    from dataclasses import replace
+
+    from testbed.sim.planning import planning_context
+
+    inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml")
+    policy = training_policy("atlas")
+    context = planning_context(inputs.topology, inputs.job, policy, {})
+    runs: list[tuple[Any, float | None]] = []
+    simulate = context._simulator
+    assert simulate is not None
+
+    def counted(plan: Any, job: Any, stop_above: float | None) -> float | None:
+        runs.append((replace(plan, notes={}), stop_above))
+        return simulate(plan, job, stop_above)
+
+    context._simulator = counted
+    context.processes = 1  # the runs counted here, not in forked workers
+    chosen, _, _ = policy.choose(inputs.topology, inputs.job, context)  # type: ignore[attr-defined]
+    assert chosen.describe() == PINNED["paper-3dc"]
+    assert len(runs) > 20
+    for i, (plan, stop) in enumerate(runs):
+        assert not any(plan == other and stop == other_stop for other, other_stop in runs[:i])
+
+
+def test_candidates_start_a_step_early_and_again_only_where_their_due_floor_differs() -> None:
+    """With two measuring at once, candidate i starts before i - 2 is in (a process that is
+    done need not wait), on the floor known then; once i - 2 is in, the floor it is due
+    (the best of those before i - 1) decides: the same, it goes on; else it starts again."""
+    from dataclasses import replace
+
+    from testbed_plugins.atlas.placement import Chain
+    from testbed_plugins.atlas.search import Candidate, Search
+
+    seconds = [5.0, 4.0, 6.0, 3.0, 7.0, 7.5, 2.0, 8.0]
+    dcs = ("east",)
+    candidates = [Candidate(dcs, dp, 1, Chain(dcs, (1,)), 1.0, 100) for dp in range(8)]
+    started: list[tuple[int, float | None]] = []
+    under_way: set[int] = set()
+    most = 0
+
+    def measure(candidate: Any, floor: float | None) -> Any:
+        nonlocal most
+        started.append((candidate.dp, floor))
+        under_way.add(candidate.dp)
+        most = max(most, len(under_way))
+
+        def wait() -> Any:
+            under_way.discard(candidate.dp)
+            return replace(candidate, simulated_s=seconds[candidate.dp])
+        return wait
+
+    state = Search(measure, bounded=True, ahead=2)
+
+    def best() -> float | None:
+        done = state.best(lambda _c: True)
+        return None if done is None else done.tokens_per_s
+
+    state.run(candidates, best)
+    assert most == 3
+
+    def best_of(first: int) -> float | None:
+        return 100 / min(seconds[:first]) if first > 0 else None
+
+    due = [best_of(i - 1) for i in range(8)]
+    known = [best_of(i - 2) if i >= 2 else None for i in range(8)]  # when started early
+    assert {dp: floor for dp, floor in started} == dict(enumerate(due))  # each one's last
+    again = sorted(dp for dp in range(8) if [d for d, _ in started].count(dp) == 2)
+    assert again == [dp for dp in range(2, 8) if known[dp] != due[dp]] and again
+    assert len(started) == 8 + len(again)

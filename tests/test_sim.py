@@ -18,7 +18,7 @@ from testbed.common.spans import Span, SpanKind
 from testbed.errors import InputError
 from testbed.experiments.inputs import load_inputs
 from testbed.job.model import Job, ModelShape
-from testbed.metrics.summary import summarize
+from testbed.metrics.summary import run_iteration_s, summarize
 from testbed.plan.model import Op
 from testbed.policy import training_policy
 from testbed.sim.agenda import Agenda
@@ -31,7 +31,7 @@ from testbed.sim.network import (
 )
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.profile import profile_from_spans
-from testbed.sim.simulate import simulated_iteration_s
+from testbed.sim.simulate import StepRows, simulated_iteration_s
 from testbed.sim.simulator import Simulator
 from testbed.topology import parse_topology
 from testbed.topology.net_events import parse_event_flag
@@ -347,6 +347,22 @@ def test_waiting_on_sends_slows_1f1b_where_transfers_outlast_compute() -> None:
         spans = Simulator(topology, job, plan, chosen).run().spans
         times[sends] = max(s["end"] for s in spans)
     assert times["torch"] > times["eager"]
+
+
+@pytest.mark.parametrize("name", ["paper-3dc", "wan-3dc"])
+def test_planning_keeps_only_the_steps_and_times_iterations_as_a_full_run(name: str) -> None:
+    """A planner's simulation keeps the optimizer steps' spans alone (a run keeps hundreds
+    of thousands of others), and its iteration time is the full run's to the bit."""
+    inputs = load_inputs(ROOT / "topologies" / f"{name}.yaml", sets=("iterations=3",))
+    for policy_name in ("1f1b", "atlas"):
+        policy = training_policy(policy_name)
+        plan = plan_with_simulator(policy, inputs.topology, inputs.job)
+        full = Simulator(inputs.topology, inputs.job, plan, policy).run()
+        steps = Simulator(inputs.topology, inputs.job, plan, policy, spans=StepRows()).run()
+        assert {s["kind"] for s in steps.spans} == {"step"}
+        assert list(steps.spans) == [s for s in full.spans if s["kind"] == "step"]
+        expected = run_iteration_s(full.spans, plan.used_gpus(), full.start, plan.period)
+        assert simulated_iteration_s(inputs.topology, inputs.job, plan, policy) == expected
 
 
 def test_a_run_told_where_to_stop_stops_there_with_a_true_bound() -> None:

@@ -27,6 +27,7 @@ from testbed.policy.api import (
     Transfer,
     build_plan,
     fits_memory,
+    load_torch,
     non_negative_int,
     on_off,
     one_of,
@@ -36,8 +37,10 @@ from testbed.policy.api import (
 from .estimate import LINUX_DEFAULTS, connections_to_fill, estimate, lower_bound
 from .explain import why_chosen
 from .placement import Chain, capacity, fill, largest_first, place, tie_orders
-from .schedules import one_per_gpu, placed, two_per_gpu
+from .ranking import Queues, needed_at
+from .schedules import one_per_gpu, placed, two_fit, two_per_gpu
 from .search import Candidate, Mode, search
+from .twins import Answer, once, reused, twin
 
 ORDERS = ("pipeline", "microbatch", "fifo")
 LARGE = 256
@@ -99,7 +102,8 @@ class AtlasPolicy(TrainingPolicy):
     def __init__(self, **values: str) -> None:
         super().__init__(**values)
         self._receive_index: dict[int, tuple[Plan, dict[str, dict[Action, int]],
-                                             dict[TransferKey, int], dict[int, Any]]] = {}
+                                             dict[TransferKey, int], dict[int, Any],
+                                             Queues]] = {}
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
         began = time.monotonic()
@@ -132,10 +136,16 @@ class AtlasPolicy(TrainingPolicy):
                              topology.source, "job")
         probe = replace(job, iterations=min(job.iterations, PROBE_ITERATIONS)
                         if topology.total_gpus <= LARGE else min(job.iterations, 2))
+        if self.settings["two_per_gpu"] and any(two_fit(job, c.pp) for c in pool):
+            # torch's orders are tried on the best placements: loaded here, before the
+            # pool forks, its workers inherit torch instead of each importing it (seconds)
+            load_torch()
+        twins: dict[Any, tuple[float | None, Answer]] = {}
         with context.pool(lambda c, stop_above: context.simulate(
                 self._assemble(topology, probe, c), probe, stop_above)) as simulations:
             state = search(pool, lambda c, floor: self._simulate(
-                topology, probe, c, context, floor, simulations.submit), self._mechanisms,
+                topology, probe, c, context, floor, simulations.submit, twins),
+                self._mechanisms,
                 every_dc, self.settings.search, lambda c: self._two_per_gpu(topology, job, c),
                 simulations.size)
         ranked = state.ranked()
@@ -259,13 +269,16 @@ class AtlasPolicy(TrainingPolicy):
 
     def _simulate(self, topology: Topology, probe: Job, candidate: Candidate,
                   context: PlanningContext, floor: float | None,
-                  submit: Callable[..., Callable[[], float | None]]
+                  submit: Callable[..., Callable[[], float | None]],
+                  twins: dict[Any, tuple[float | None, Answer]]
                   ) -> Callable[[], Candidate | None]:
         """Starts simulating the candidate (`submit(candidate, stop_above)`: a warm-up and
         two measured iterations, or one on large topologies); what it returns waits for
         the candidate with its iteration time, or None if it cannot run; below `floor`
         (tokens/s) only a lower bound on the time (`at_least`). Kept in the context's
-        cache: ablations re-run Atlas's own selection."""
+        cache: ablations re-run Atlas's own selection. `twins`: by `twin`, the stop and
+        the answer of each plan simulated in this search: a candidate whose plan is one of
+        them takes its answer where the same run would give it (twins.py)."""
         key = ("atlas", repr(topology), repr(probe), repr(candidate.key),
                repr(replace(self.settings, search="staged")))  # any search: one result
         stop_above = None if floor is None else candidate.tokens / floor
@@ -278,7 +291,12 @@ class AtlasPolicy(TrainingPolicy):
         if known is not None and not (known[1] and (stop_above is None or known[0] is None
                                                      or known[0] <= stop_above)):
             return lambda: result(*known)
-        waiting = submit(candidate, stop_above)
+        same = twin(probe, candidate)
+        earlier = twins.get(same) if same is not None else None
+        waiting = once(submit(candidate, stop_above) if earlier is None else
+                       reused(earlier, stop_above, lambda: submit(candidate, stop_above)))
+        if same is not None:
+            twins[same] = (stop_above, waiting)
 
         def measured() -> Candidate | None:
             seconds = waiting()
@@ -298,54 +316,48 @@ class AtlasPolicy(TrainingPolicy):
         order = self.settings.order
         if order == "fifo":
             return min(waiting, key=lambda t: (t.ready_at, t.id))
-        receives, known, ranks = self._receives(plan)
+        receives, known, ranks, queues = self._receives(plan)
 
         def rank(t: Transfer) -> tuple[int, int, int, int]:
-            """(iteration, where its receiver waits for it, replica, id), made once per
-            transfer while it waits: its link's queue is ranked anew at every grant."""
+            """(iteration, where its receiver waits for it, replica, id)."""
+            key: TransferKey = (t.kind, t.stage, t.replica, t.microbatch)
+            if key not in known:
+                known[key] = needed_at(plan, receives, t)
+            return (t.iteration, known[key], t.replica, t.id)
+
+        if order == "microbatch":
+            return queues.of(link, waiting[0].replica).least(waiting, rank)
+
+        def ranked(t: Transfer) -> tuple[int, int, int, int]:
+            """`rank`, made once per transfer while it waits: its link's queue is ranked
+            anew at every grant."""
             mine = ranks.get(id(t))
             if mine is None or mine[0] is not t:
-                key: TransferKey = (t.kind, t.stage, t.replica, t.microbatch)
-                if key not in known:
-                    known[key] = _needed_at(plan, receives, t)
-                mine = ranks[id(t)] = (t, (t.iteration, known[key], t.replica, t.id))
+                mine = ranks[id(t)] = (t, rank(t))
             return mine[1]
 
         # pipeline: the receiver's position only among the lowest iteration and replica's
-        first = min((t.iteration, t.replica) for t in waiting) if order == "pipeline" else None
-        chosen = min(waiting, key=rank) if first is None else min(
-            (t for t in waiting if (t.iteration, t.replica) == first), key=rank)
+        first = min((t.iteration, t.replica) for t in waiting)
+        chosen = min((t for t in waiting if (t.iteration, t.replica) == first), key=ranked)
         ranks.pop(id(chosen), None)
         return chosen
 
     def _receives(self, plan: Plan) -> tuple[dict[str, dict[Action, int]],
-                                             dict[TransferKey, int], dict[int, Any]]:
+                                             dict[TransferKey, int], dict[int, Any],
+                                             Queues]:
         """Where each receive sits in its GPU's action list, filled in per GPU as asked,
-        each transfer's answer by what it depends on, and the rank of each transfer
-        waiting (by id, with the transfer), for the last few plans this policy arbitrated
-        (planning simulates many)."""
+        each transfer's answer by what it depends on, the rank of each transfer waiting
+        (by id, with the transfer), and the waiting transfers ranked per link and
+        queue, for the last few plans this policy arbitrated (planning simulates many)."""
         cached = self._receive_index.get(id(plan))
         if cached is not None and cached[0] is plan:
-            return cached[1], cached[2], cached[3]
+            return cached[1], cached[2], cached[3], cached[4]
         if len(self._receive_index) >= RECEIVE_INDEXES:
             self._receive_index.pop(next(iter(self._receive_index)))
         entry: tuple[Plan, dict[str, dict[Action, int]], dict[TransferKey, int],
-                     dict[int, Any]] = (plan, {}, {}, {})
+                     dict[int, Any], Queues] = (plan, {}, {}, {}, Queues(plan))
         self._receive_index[id(plan)] = entry
-        return entry[1], entry[2], entry[3]
-
-
-def _needed_at(plan: Plan, receives: dict[str, dict[Action, int]], transfer: Transfer) -> int:
-    """Where the receiving stage waits for this transfer in its action list."""
-    forward = transfer.kind is Op.SEND_F
-    stage = transfer.stage + (1 if forward else -1)
-    gpu = plan.lead_gpu(transfer.replica, stage)
-    positions = receives.get(gpu)
-    if positions is None:
-        positions = receives[gpu] = {action: i for i, action in enumerate(plan.actions[gpu])
-                                     if action.op in (Op.RECV_F, Op.RECV_B)}
-    wanted = Action(stage, Op.RECV_F if forward else Op.RECV_B, transfer.microbatch)
-    return positions.get(wanted, len(plan.actions[gpu]))
+        return entry[1], entry[2], entry[3], entry[4]
 
 
 class _Ablation(AtlasPolicy):

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from testbed.policy.api import Job, Schedule, Topology, Worker, fits_memory, virtual_placement
+from testbed.policy.api import (
+    Job,
+    Schedule,
+    Topology,
+    Worker,
+    fits_memory,
+    virtual_placement,
+)
 
 from .placement import Chain, place
 from .search import Candidate
@@ -32,7 +39,7 @@ def two_per_gpu(topology: Topology, job: Job, base: Candidate) -> list[Candidate
     """torch's orders over two stages per GPU of `base`'s placement (TWO_PER_GPU), each
     where the model has a layer per stage, torch takes the microbatches, and it fits in
     memory; estimated as `base` (the closed form has no term for them)."""
-    if 2 * base.pp > job.model.layers:
+    if not two_fit(job, base.pp):
         return []
     out = []
     for kind in TWO_PER_GPU:
@@ -41,6 +48,11 @@ def two_per_gpu(topology: Topology, job: Job, base: Candidate) -> list[Candidate
             out.append(replace(base, schedule_kind=kind, extra_warmup=0, per_crossing=False,
                                virtual=2, simulated_s=None, at_least=False))
     return out
+
+
+def two_fit(job: Job, pp: int) -> bool:
+    """Whether the model has a layer for each of two stages per GPU of `pp`."""
+    return 2 * pp <= job.model.layers
 
 
 def placed(topology: Topology, job: Job, chain: Chain, dp: int, schedule: Schedule,

@@ -127,6 +127,20 @@ Mode = Literal["staged", "grid", "exhaustive"]
 
 
 @dataclass
+class _Started:
+    """A candidate under way in `Search.run`."""
+
+    candidate: Candidate
+    measuring: bool
+    lowest: float | None
+    """The floor it was started with."""
+    waiter: Waiter | None
+    """None: what is known of it will do."""
+    sure: bool
+    """Started with the floor it is due (else early, on the floor known then)."""
+
+
+@dataclass
 class Search:
     """The candidates measured so far, by key. With `bounded`, a measurement stops once the
     candidate is sure to fall below a floor where it changes nothing the staged search
@@ -138,11 +152,14 @@ class Search:
     measured: dict[tuple[Any, ...], Candidate | None] = field(default_factory=dict)
     bounded: bool = False
     ahead: int = 1
-    """Measurements under way at once (the processes measuring). Candidate i is started
-    once those before i - ahead + 1 are in, with the floor they give: so the results, and
+    """Measurements under way at once (the processes measuring). Candidate i is measured
+    with the floor those before i - ahead + 1 give once they are in: so the results, and
     what was stopped early, are the same in every run on as many processes; with more
     than one, some floors are lower than one after another would give (fewer candidates
-    stop early), which changes no choice (see `run`)."""
+    stop early), which changes no choice (see `run`). With more than one, candidate i is
+    also started a step early, on the floor known then, so that a process that is done
+    need not wait for an earlier candidate: once those before i - ahead + 1 are in, a
+    floor that differs starts it again (the early run is left unused)."""
 
     def run(self, candidates: Iterable[Candidate],
             floor: Callable[[], float | None] | None = None) -> list[Candidate]:
@@ -151,35 +168,56 @@ class Search:
         below a floor would have been measured below it too: starting some with a lower
         floor measures them further, never to a different rank among those above it."""
         out: list[Candidate] = []
-        started: deque[tuple[Candidate, Waiter | None]] = deque()
+        started: deque[_Started] = deque()
+        early = 1 if self.ahead > 1 else 0
         for candidate in candidates:
-            if any(c.key == candidate.key for c, _ in started):
+            if any(s.candidate.key == candidate.key for s in started):
                 while started:  # the same plan under way: its result first
-                    self._collect(started.popleft(), out)
-            while len(started) >= self.ahead:
-                self._collect(started.popleft(), out)
-            started.append((candidate, self._start(candidate, floor)))
+                    self._collect(started, out, floor)
+            while len(started) >= self.ahead + early:
+                self._collect(started, out, floor)
+            started.append(self._start(candidate, floor, sure=len(started) < self.ahead))
         while started:
-            self._collect(started.popleft(), out)
+            self._collect(started, out, floor)
         return out
 
-    def _start(self, candidate: Candidate, floor: Callable[[], float | None] | None
-               ) -> Waiter | None:
-        """The candidate's measurement started, unless what is known of it will do."""
+    def _start(self, candidate: Candidate, floor: Callable[[], float | None] | None,
+               sure: bool) -> _Started:
+        """The candidate's measurement started, unless what is known of it will do; `sure`:
+        with the floor it is due (those before i - ahead + 1 are in)."""
+        measuring, lowest = self._due(candidate, floor)
+        return _Started(candidate, measuring, lowest,
+                        self.measure(candidate, lowest) if measuring else None, sure)
+
+    def _due(self, candidate: Candidate, floor: Callable[[], float | None] | None
+             ) -> tuple[bool, float | None]:
+        """Whether the candidate is to be measured now, and with which floor."""
         known = self.measured.get(candidate.key)
         if candidate.key not in self.measured or (known is not None and known.at_least):
             lowest = (floor or self.leaders_floor)() if self.bounded else None
             if known is None or lowest is None or known.tokens_per_s >= lowest:
-                return self.measure(candidate, lowest)
-        return None
+                return True, lowest
+        return False, None
 
-    def _collect(self, entry: tuple[Candidate, Waiter | None], out: list[Candidate]) -> None:
-        candidate, waiter = entry
-        if waiter is not None:
-            self.measured[candidate.key] = waiter()
-        result = self.measured[candidate.key]
+    def _collect(self, started: deque[_Started], out: list[Candidate],
+                 floor: Callable[[], float | None] | None) -> None:
+        """The first under way, in; then the one whose floor that completes checked."""
+        entry = started.popleft()
+        if entry.waiter is not None:
+            self.measured[entry.candidate.key] = entry.waiter()
+        result = self.measured[entry.candidate.key]
         if result is not None:
             out.append(result)
+        if len(started) >= self.ahead and not started[self.ahead - 1].sure:
+            self._confirm(started[self.ahead - 1], floor)
+
+    def _confirm(self, entry: _Started, floor: Callable[[], float | None] | None) -> None:
+        """A candidate started early: measured again where its due floor differs."""
+        measuring, lowest = self._due(entry.candidate, floor)
+        if measuring != entry.measuring or (measuring and lowest != entry.lowest):
+            entry.measuring, entry.lowest = measuring, lowest
+            entry.waiter = self.measure(entry.candidate, lowest) if measuring else None
+        entry.sure = True
 
     def leaders_floor(self) -> float | None:
         """The LEADERS-th best distinct placement's tokens/s; None while fewer are known."""

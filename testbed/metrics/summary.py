@@ -18,6 +18,8 @@ from testbed.common.spans import Span, SpanKind
 
 TRAINING_KINDS: tuple[SpanKind, ...] = ("forward", "backward", "step", "outer_step")
 BUSY_KINDS: tuple[SpanKind, ...] = (*TRAINING_KINDS, "prefill")
+STEP_KINDS: tuple[SpanKind, ...] = ("step", "outer_step")
+"""The spans `iteration_ends` reads."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ def iteration_ends(spans: Iterable[Span], gpus: Sequence[str],
     stepped: dict[int, set[str]] = {}
     ends: dict[int, float] = {}
     for group, kind, _, end, iteration, _ in rows(spans):
-        if kind == "step" or kind == "outer_step":
+        if kind in STEP_KINDS:
             if kind == "step":
                 stepped.setdefault(iteration, set()).update(group)
             ends[iteration] = max(ends.get(iteration, end), end)

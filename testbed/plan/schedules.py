@@ -210,3 +210,17 @@ def stage_actions(
         actions = torch_1f1b(stage, stages, microbatches,
                              extra_warmup_of(schedule, stage, stages))
     return with_update(actions, stage, replicas, gradients)
+
+
+def schedule_actions(schedule: str, stages: int, microbatches: int, replicas: int,
+                     sends: Sends = Sends.EAGER, gradients: Collective | None = EVERY_STEP
+                     ) -> tuple[tuple[Action, ...], ...]:
+    """Each stage's compute order and action list under this schedule (one stage per
+    GPU), as build_plan gives its GPUs: two schedules with the same make the same plan
+    on the same placement, so a planner need simulate only one (more warm-up than there
+    are microbatches to keep in flight is the same 1F1B; with every microbatch in
+    warm-up it may be GPipe)."""
+    return tuple((*schedule_compute(schedule, stage, stages, microbatches),
+                  *stage_actions(schedule, stage, stages, microbatches, replicas, sends,
+                                 gradients))
+                 for stage in range(stages))

@@ -53,6 +53,13 @@ class TorchOrder:
         return tuple(sorted(s for s, r in self.stage_rank.items() if r == rank))
 
 
+def load_torch() -> None:
+    """Import torch's pipelining schedules now (seconds, once per process): a planner that
+    forks workers which will build torch's orders loads it first, so that they inherit it
+    instead of each importing it again."""
+    import torch.distributed.pipelining.schedules  # noqa: F401
+
+
 def stage_ranks(schedule: str, ranks: int, virtual: int) -> dict[int, int]:
     """Each stage's rank under `schedule`: torch's own mapping (looped or V-shaped)."""
     from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping

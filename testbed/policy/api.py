@@ -34,8 +34,9 @@ from testbed.plan.model import (
     Worker,
     split_layers,
 )
-from testbed.plan.schedules import Sends
+from testbed.plan.schedules import Sends, schedule_actions
 from testbed.plan.tcp_model import PAYLOAD_EFFICIENCY, WINDOW_EFFICIENCY, HostLimits
+from testbed.plan.torch_order import load_torch
 from testbed.policy.base import (
     API_VERSION,
     Bubble,
@@ -104,6 +105,7 @@ __all__ = [
     "file_order_placement",
     "fits_memory",
     "fraction",
+    "load_torch",
     "non_negative",
     "non_negative_int",
     "on_off",
@@ -111,6 +113,7 @@ __all__ = [
     "payload",
     "positive",
     "ring_allreduce_s",
+    "schedule_actions",
     "setting",
     "split_layers",
     "stage_cost",

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from testbed.common.spans import Span
+from testbed.common.span_table import SpanTable
+from testbed.common.spans import Span, SpanDetail, SpanKind
 from testbed.errors import TestbedError
 from testbed.inference.bubbles import BubbleBroker
 from testbed.job.model import Job
-from testbed.metrics.summary import Summary, run_iteration_s, summarize
+from testbed.metrics.summary import STEP_KINDS, Summary, run_iteration_s, summarize
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.scenario.slowdowns import Straggler
@@ -40,11 +41,23 @@ def simulated_iteration_s(topology: Topology, job: Job, plan: Plan, policy: Trai
     a cycle the mean over whole cycles), without the rest of the summary; the same figure
     `simulate_plan`'s summary gets its tokens/s from. With `stop_above`, a run whose
     median must exceed it stops there, and the answer is then a lower bound, itself above
-    `stop_above` (a cycle runs to its end: see Simulator)."""
-    result = _run(Simulator(topology, job, plan, policy, stop_above=stop_above))
+    `stop_above` (a cycle runs to its end: see Simulator). Only the steps' spans are
+    kept: the iteration ends are all it reads (a run keeps hundreds of thousands)."""
+    result = _run(Simulator(topology, job, plan, policy, stop_above=stop_above,
+                            spans=StepRows()))
     if result.median_at_least is not None:
         return result.median_at_least
     return run_iteration_s(result.spans, plan.used_gpus(), result.start, plan.period)
+
+
+class StepRows(SpanTable):
+    """A span table that keeps the optimizer steps' rows alone (testbed.metrics.summary's
+    iteration_ends reads no others) and drops the rest as they come."""
+
+    def add(self, gpus: tuple[str, ...], kind: SpanKind, start: float, end: float,
+            iteration: int, detail: SpanDetail) -> None:
+        if kind in STEP_KINDS:
+            super().add(gpus, kind, start, end, iteration, detail)
 
 
 def _run(simulator: Simulator) -> SimResult:

@@ -88,6 +88,7 @@ class Simulator:
         stragglers: Sequence[Straggler] = (),
         losses: Sequence[WorkerLoss] = (),
         first_iteration: int = 0,
+        spans: SpanTable | None = None,
     ) -> None:
         """`stop_above`: seconds; the run stops as soon as its median measured iteration
         must be longer (a planner needs no more of a candidate slower than its best).
@@ -105,7 +106,7 @@ class Simulator:
         self.jitter = jitter or Jitter()
         self.noise = Noise(self.jitter)
         self.agenda = Agenda()
-        self.spans = SpanTable()
+        self.spans = SpanTable() if spans is None else spans  # a planner's keeps some only
         self.workers: dict[tuple[int, int], SimWorker] = {}
         """By (replica, stage): a GPU holding several stages is there under each."""
         self.gpu_workers: list[SimWorker] = []
@@ -380,7 +381,6 @@ class Simulator:
             worker.resume_after_prefill = True
             return
         self._advance(worker, now)
-
 
 
 def _sender(phase: Phase, to_stage: int) -> int:
