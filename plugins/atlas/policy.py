@@ -136,7 +136,7 @@ class AtlasPolicy(TrainingPolicy):
                              topology.source, "job")
         probe = replace(job, iterations=min(job.iterations, PROBE_ITERATIONS)
                         if topology.total_gpus <= LARGE else min(job.iterations, 2))
-        if self.settings["two_per_gpu"] and any(two_fit(job, c.pp) for c in pool):
+        if self.settings.two_per_gpu and any(two_fit(job, c.pp) for c in pool):
             # torch's orders are tried on the best placements: loaded here, before the
             # pool forks, its workers inherit torch instead of each importing it (seconds)
             load_torch()
