@@ -7,8 +7,8 @@ import functools
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, ClassVar, cast, get_args
+from dataclasses import replace
+from typing import Any, ClassVar
 
 from testbed.policy.api import (
     Action,
@@ -28,10 +28,6 @@ from testbed.policy.api import (
     build_plan,
     fits_memory,
     load_torch,
-    non_negative_int,
-    on_off,
-    one_of,
-    setting,
 )
 
 from .estimate import LINUX_DEFAULTS, connections_to_fill, estimate, lower_bound
@@ -39,51 +35,20 @@ from .explain import why_chosen
 from .placement import Chain, capacity, fill, largest_first, place, tie_orders
 from .ranking import Queues, needed_at
 from .schedules import one_per_gpu, placed, two_fit, two_per_gpu
-from .search import Candidate, Mode, search
+from .search import Candidate, search
+from .settings import AtlasSettings
 from .twins import Answer, once, reused, twin
 
-ORDERS = ("pipeline", "microbatch", "fifo")
 LARGE = 256
 """GPUs above which candidates are simulated for two iterations only (a warm-up and one
 measured): the first alone starts with cold windows and ranks plans by their start."""
 PROBE_ITERATIONS = 3
 """Enough for the staggered rhythm of temporal sharing to settle after the first."""
 RECEIVE_INDEXES = 8
+"""Plans whose receive positions the policy keeps at once."""
 TransferKey = tuple[Op, int, int, int]
 """What a transfer's receive position depends on: kind, sending stage, replica,
 microbatch."""
-"""Plans whose receive positions the policy keeps at once."""
-
-
-def _mode(text: str) -> Mode:
-    return cast(Mode, one_of(*get_args(Mode))(text))
-
-
-@dataclass(frozen=True)
-class AtlasSettings:
-    connections: int = setting(0, "TCP connections per cross-DC peer pair (0: enough to fill "
-                               "the link from its bandwidth-delay product and the TCP window)",
-                               non_negative_int)
-    max_connections: int = setting(0, "upper bound when chosen automatically (0: what the "
-                                   "path needs, within the hosts' open-file and TCP-memory "
-                                   "limits)", non_negative_int)
-    temporal: bool = setting(True, "temporal WAN sharing: one transfer at a time per link "
-                             "direction and DP-cell, in a workload-aware order (on/off)", on_off)
-    order: str = setting("microbatch", "who gets the link next: microbatch (the transfer its "
-                         "receiver needs soonest), pipeline (lowest replica first), fifo",
-                         one_of(*ORDERS))
-    selection: bool = setting(True, "choose DCs and the DP/PP split by predicted throughput "
-                              "(off: every DC, largest first)", on_off)
-    search: Mode = setting("staged", "staged: rank by the closed form and simulate the "
-                           "promising plans; grid: simulate every DC subset, dp, pp and "
-                           "schedule; exhaustive: and each with every mechanism (slow; "
-                           "ground truths)", _mode)
-    warm: bool = setting(True, "keep windows open between turns on a link: the plan asks its "
-                         "hosts for slow start after idle off (on/off)", on_off)
-    two_per_gpu: bool = setting(True, "also try torch's interleaved 1F1B and zero-bubble "
-                                "orders over two stages per GPU where they fit, for the best "
-                                "placements (on/off; off plans without importing torch)",
-                                on_off)
 
 
 class AtlasPolicy(TrainingPolicy):
@@ -145,8 +110,8 @@ class AtlasPolicy(TrainingPolicy):
                 self._assemble(topology, probe, c), probe, stop_above)) as simulations:
             state = search(pool, lambda c, floor: self._simulate(
                 topology, probe, c, context, floor, simulations.submit, twins),
-                self._mechanisms,
-                every_dc, self.settings.search, lambda c: self._two_per_gpu(topology, job, c),
+                self._mechanisms, every_dc, self.settings.search,
+                lambda c: self._two_per_gpu(topology, job, c),
                 simulations.size)
         ranked = state.ranked()
         if not ranked:
