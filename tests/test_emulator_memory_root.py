@@ -17,6 +17,8 @@ import yaml
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("clean_host")]
 ROOT = Path(__file__).resolve().parent.parent
 BOUND = 300 * 2**20
+STOPPING = 2**20
+"""What a worker may still take while it stops, after the run last read its high-water mark."""
 """The most any emulated worker may hold, however many microbatches are in flight."""
 
 
@@ -98,9 +100,11 @@ def test_a_gpipe_run_over_thin_links_keeps_every_worker_small(dcs: int, tmp_path
     assert max(sampler.peaks.values()) < BOUND, sampler.peaks
     assert not sampler.torch, f"torch is loaded in {sorted(sampler.torch)}"
     memory = results["memory"]
-    # the run reports what the workers held at their peaks: at least what was seen here
-    assert memory["largest_worker_bytes"] >= max(sampler.peaks.values())
-    assert memory["workers_peak_bytes"] >= sum(sampler.peaks.values())
+    # the run reports what the workers held at their peaks, read when training ended; the
+    # sampler here goes on reading while they stop, which may add a little
+    workers = len(sampler.peaks)
+    assert memory["largest_worker_bytes"] >= max(sampler.peaks.values()) - STOPPING
+    assert memory["workers_peak_bytes"] >= sum(sampler.peaks.values()) - workers * STOPPING
     assert memory["largest_worker_bytes"] < BOUND
     assert memory["workers_peak_bytes"] <= memory["predicted"]["workers_bytes"]
     assert "memory        workers" in output
