@@ -126,6 +126,7 @@ def test_why_prefills_take_points_of_gpu_time_and_count_the_waiting() -> None:
     assert text is not None and text.endswith("the load, not the bubbles, bounds it")
 
 
+@pytest.mark.benchmark  # 38 s; tests/test_sweep.py checks one process against two workers
 def test_a_search_is_the_same_on_one_process_and_on_two(small: Path) -> None:
     topology = load_topology(small)
     cond = Conditions(str(small), "small")
