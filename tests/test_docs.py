@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -84,7 +83,6 @@ def test_a_table_is_rendered_from_its_json_and_checked_against_it(
     assert tables.main([]) == 0 and "| 10,083 |" in page.read_text()
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_the_stamp_names_the_commit_that_measured_the_json(
         tables: ModuleType, tmp_path: Path) -> None:
     page = tmp_path / "docs" / "page.md"
