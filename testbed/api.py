@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.common.choices import BackendName, ComputeChoice, OnFailure, ShaperChoice
+from testbed.common.codec import from_json
 from testbed.errors import InputError, TestbedError
 from testbed.experiments.comparison import GivenRun, comparison_runs, run_comparison, write_compare
 from testbed.experiments.inputs import Inputs, load_inputs
@@ -34,7 +35,6 @@ from testbed.policy import training_policy
 from testbed.policy.registry import DEFAULT_POLICY, check_policies, given_plan_policy
 from testbed.report.compare import Row, RunEntry, table_rows
 from testbed.report.results import RunRecord, new_run_dir
-from testbed.report.results_schema import from_json
 from testbed.report.run_dirs import remove_if_empty
 from testbed.report.run_results import Results
 from testbed.run.backend import Say
@@ -60,7 +60,7 @@ class Result:
     @property
     def typed(self) -> Results:
         """results.json as types (testbed.report.run_results)."""
-        typed: Results = from_json(Results, self.results)
+        typed: Results = from_json(self.results, Results, "results")
         return typed
 
     @property

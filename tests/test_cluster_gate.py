@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from testbed.runtime.wire.codec import to_json
+from testbed.common.codec import to_json
 from testbed.runtime.wire.join_messages import Assign, Join
 from testbed.runtime.wire.protocol import (
     MAX_CONTROL_BYTES,

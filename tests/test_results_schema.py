@@ -10,13 +10,12 @@ from typing import Any
 
 import pytest
 
+from testbed.common.codec import from_json, to_json
 from testbed.report.results_schema import (
-    from_json,
     results_from,
     results_schema,
     schema_text,
     shipped_schema,
-    to_json,
 )
 from testbed.report.run_results import SCHEMA_VERSION, Results
 from tests.conftest import ROOT, TOPOLOGIES
@@ -118,7 +117,7 @@ def test_from_json_refuses_a_key_the_types_do_not_have() -> None:
     """The writer builds results.json through the types: a key a backend adds without
     adding it to them fails the run's writing, before the file exists."""
     with pytest.raises(ValueError, match="no surprise"):
-        from_json(Results, {"surprise": 1})
+        from_json({"surprise": 1}, Results, "results")
 
 
 def test_the_printed_schema_is_the_shipped_one() -> None:

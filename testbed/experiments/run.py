@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.common.choices import BackendName
+from testbed.common.codec import to_json
 from testbed.common.fsutil import write_atomic
 from testbed.common.yamlio import to_yaml
 from testbed.errors import InputError, TestbedError
@@ -24,7 +25,6 @@ from testbed.plan.model import Plan
 from testbed.policy import bubble_policy, training_policy
 from testbed.policy.base import TrainingPolicy
 from testbed.report.results import RunRecord, write_run
-from testbed.report.results_schema import to_json
 from testbed.report.run_dirs import holding
 from testbed.report.run_results import Results
 from testbed.run.backend import Backend, Say

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.common.choices import TraceChoice
+from testbed.common.codec import from_json, to_json
 from testbed.common.fsutil import atomic_output, write_atomic
 from testbed.common.span_table import rows
 from testbed.common.spans import Span
@@ -28,7 +29,6 @@ from testbed.plan.compute import memory_summary
 from testbed.plan.model import Plan
 from testbed.plan.text import plan_to_csv
 from testbed.report.chrome import TRACE_FILE, trace_events, trace_scope, write_trace
-from testbed.report.results_schema import from_json, to_json
 from testbed.report.run_dirs import fresh_directory
 from testbed.report.run_results import SCHEMA_VERSION, Results
 from testbed.report.stream import dumps, write_json_items
@@ -96,7 +96,7 @@ class RunRecord:
     def typed(self) -> Results:
         """What results.json holds, as types; a key the types do not have is a bug here,
         refused before anything is written."""
-        typed: Results = from_json(Results, self._fields())
+        typed: Results = from_json(self._fields(), Results, "results")
         return typed
 
     def _fields(self) -> dict[str, Any]:

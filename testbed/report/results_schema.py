@@ -1,5 +1,5 @@
 """results.json's JSON Schema (draft 2020-12), made from the types of
-testbed.report.run_results, and the conversions between those types and JSON.
+testbed.report.run_results (testbed.common.codec converts between those types and JSON).
 
 The schema ships as results.schema.json beside this module; `python -m
 testbed.report.results_schema` writes it again after the types change (a test checks the
@@ -15,6 +15,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints, is_typeddict
 
+from testbed.common.codec import OMITTED, from_json
 from testbed.errors import InputError
 from testbed.report.run_results import SCHEMA_VERSION, Results
 
@@ -49,7 +50,7 @@ def json_schema(kind: Any) -> dict[str, Any]:
         hints = get_type_hints(kind)
         fields = dataclasses.fields(kind)
         return _object(kind, {f.name: hints[f.name] for f in fields},
-                       [f.name for f in fields if not f.metadata.get("omitted")])
+                       [f.name for f in fields if f.metadata != OMITTED])
     if is_typeddict(kind):
         hints = get_type_hints(kind)
         return _object(kind, hints, [k for k in hints if k in kind.__required_keys__])
@@ -85,47 +86,10 @@ def shipped_schema() -> dict[str, Any]:
     return loaded
 
 
-def to_json(value: Any) -> Any:
-    """A results value as JSON holds it: dataclasses as objects, an OMITTED field that is
-    None left out."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)
-                if not (f.metadata.get("omitted") and getattr(value, f.name) is None)}
-    if isinstance(value, dict):
-        return {k: to_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [to_json(v) for v in value]
-    return value
-
-
-def from_json(kind: Any, value: Any) -> Any:
-    """A value of `kind` from JSON that fits its schema (validate first)."""
-    origin = get_origin(kind)
-    if value is None:
-        return None
-    if origin in (Union, types.UnionType):
-        members = [a for a in get_args(kind) if a is not type(None)]
-        return from_json(members[0], value) if len(members) == 1 else value
-    if dataclasses.is_dataclass(kind) and isinstance(kind, type):
-        hints = get_type_hints(kind)
-        unknown = set(value) - set(hints)
-        if unknown:
-            raise ValueError(f"{kind.__name__} has no {', '.join(sorted(unknown))}")
-        return kind(**{f.name: from_json(hints[f.name], value[f.name])
-                       for f in dataclasses.fields(kind) if f.name in value})
-    if origin is list:
-        return [from_json(get_args(kind)[0], v) for v in value]
-    if origin is dict:
-        return {k: from_json(get_args(kind)[1], v) for k, v in value.items()}
-    if kind is float and isinstance(value, int):
-        return float(value)
-    return value
-
-
 def results_from(data: dict[str, Any], where: str) -> Results:
     """Parsed results.json content, checked against the shipped schema."""
     check_results(data, where)
-    results: Results = from_json(Results, data)
+    results: Results = from_json(data, Results, where)
     return results
 
 

@@ -23,14 +23,12 @@ from testbed.common.choices import (
     Status,
     TraceChoice,
 )
+from testbed.common.codec import OMITTED
 from testbed.metrics.loss import LossPoint, TimeToLoss
 
 SCHEMA_VERSION = 2
 """1: results.json before it had a schema (a `schema` key); 2: the first with one."""
 
-OMITTED = {"omitted": True}
-"""Field metadata: a key one backend writes and the other leaves out (absent, never null,
-where the run has no value for it)."""
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from testbed.common.codec import to_json
 from testbed.runtime.coordinator.control_server import HELLO_TIMEOUT_S
-from testbed.runtime.wire.codec import to_json
 from testbed.runtime.wire.join_messages import Challenge, Join, Refused
 from testbed.runtime.wire.messages import receive_as, send
 from testbed.runtime.wire.protocol import MAX_UNPROVEN_BYTES, ProtocolError, frame, keep_alive

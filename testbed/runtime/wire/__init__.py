@@ -1,2 +1,2 @@
-"""What crosses between the run's processes: framing, messages as typed records, the codec, and
-the secret a machine proves to join."""
+"""What crosses between the run's processes: framing, messages as typed records, and the
+secret a machine proves to join."""

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from testbed.common.choices import EmulatedCompute
+from testbed.common.codec import DecodeError, build, to_json
 from testbed.common.spans import Span
 from testbed.job.model import DataFile, ModelShape
 from testbed.plan.model import OuterOptimizer
-from testbed.runtime.wire.codec import build, to_json
 from testbed.runtime.wire.protocol import (
     MAX_CONTROL_BYTES,
     ProtocolError,
@@ -351,7 +351,7 @@ class Config(Message):
         return self.cycle[iteration % len(self.cycle)] if self.cycle else 0
 
 
-# --- encoding (testbed.runtime.wire.codec) ---------------------------------------------------
+# --- encoding (testbed.common.codec) ---------------------------------------------------
 
 
 def decode(data: dict[str, Any], *expected: type[Message]) -> Message:
@@ -361,7 +361,10 @@ def decode(data: dict[str, Any], *expected: type[Message]) -> Message:
     if cls is None or (expected and cls not in expected):
         wanted = " or ".join(c.op for c in expected) or "a message"
         raise ProtocolError(f"expected {wanted}, got {str(data.get('op'))[:40]!r}")
-    message: Message = build(cls, data, cls.op)
+    try:
+        message: Message = build(cls, data, cls.op)
+    except DecodeError as exc:
+        raise ProtocolError(str(exc)) from None
     return message
 
 

@@ -25,11 +25,11 @@ import sys
 import time
 from pathlib import Path
 
+from testbed.common.codec import to_json
 from testbed.errors import TestbedError, one_line
 from testbed.net.enter import enter_netns, libc
 from testbed.net.link_changes import change_link
 from testbed.net.network import Network, bring_up, tear_down
-from testbed.runtime.wire.codec import to_json
 from testbed.runtime.wire.join_messages import (
     Assign,
     Challenge,

@@ -1,5 +1,6 @@
-"""Dataclasses to JSON-ready data and back, checked against their type hints: the
-control protocol's encoding (testbed.runtime.wire.messages), usable for any frozen record."""
+"""Dataclasses to JSON-ready data and back, checked against their type hints: the control
+protocol's messages (testbed.runtime.wire.messages) and results.json's types
+(testbed.report.run_results) alike."""
 
 from __future__ import annotations
 
@@ -9,18 +10,28 @@ import typing
 from dataclasses import MISSING, fields, is_dataclass
 from typing import Any, Literal, Union
 
-from testbed.runtime.wire.protocol import ProtocolError
+OMITTED = {"omitted": True}
+"""Field metadata: a key written only when it has a value (absent, never null, otherwise)."""
+
+
+class DecodeError(ValueError):
+    """Data that does not fit the type it is read as; the message says where."""
+
 
 
 def to_json(value: Any) -> Any:
     """A dataclass (a message, or any part of one) as JSON-ready data; a class with a
-    non-empty `op` class attribute also writes it."""
+    non-empty `op` class attribute also writes it, and a field marked `omitted` in its
+    metadata is left out while it is None."""
     if is_dataclass(value) and not isinstance(value, type):
         op = getattr(value, "op", None)
         out: dict[str, Any] = {"op": op} if op else {}
         names: dict[str, str] = getattr(value, "wire_names", {})
         for f in fields(value):
-            out[names.get(f.name, f.name)] = to_json(getattr(value, f.name))
+            field_value = getattr(value, f.name)
+            if field_value is None and f.metadata == OMITTED:
+                continue
+            out[names.get(f.name, f.name)] = to_json(field_value)
         return out
     if isinstance(value, list | tuple):
         return [to_json(v) for v in value]
@@ -39,7 +50,7 @@ def _hints(cls: type[Any]) -> dict[str, Any]:
 
 
 def from_json(value: Any, hint: Any, where: str) -> Any:
-    """`value` as `hint`, or ProtocolError naming where it does not fit."""
+    """`value` as `hint`, or DecodeError naming where it does not fit."""
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
         args = typing.get_args(hint)
@@ -47,52 +58,56 @@ def from_json(value: Any, hint: Any, where: str) -> Any:
             return None
         for arg in args:
             if arg is not type(None):
-                with contextlib.suppress(ProtocolError):
+                with contextlib.suppress(DecodeError):
                     return from_json(value, arg, where)
-        raise ProtocolError(f"{where} is {type(value).__name__}")
+        raise DecodeError(f"{where} is {type(value).__name__}")
     if hint is Any:
         return value
     if origin is Literal:
         if value not in typing.get_args(hint):
-            raise ProtocolError(f"{where} is {str(value)[:40]!r}, not one of "
+            raise DecodeError(f"{where} is {str(value)[:40]!r}, not one of "
                                 f"{', '.join(map(repr, typing.get_args(hint)))}")
         return value
     if hint in (int, float, bool, str):
         ok = isinstance(value, hint) and (hint is bool or not isinstance(value, bool))
         if hint is float and isinstance(value, int) and not isinstance(value, bool):
-            ok = True
+            return float(value)
         if not ok:
-            raise ProtocolError(f"{where} is {type(value).__name__}, not {hint.__name__}")
+            raise DecodeError(f"{where} is {type(value).__name__}, not {hint.__name__}")
         return value
     if origin is list:
         if not isinstance(value, list):
-            raise ProtocolError(f"{where} is not a list")
+            raise DecodeError(f"{where} is not a list")
         (item,) = typing.get_args(hint)
         return [from_json(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
     if origin is dict or typing.is_typeddict(hint):
         if not isinstance(value, dict):
-            raise ProtocolError(f"{where} is not an object")
+            raise DecodeError(f"{where} is not an object")
         if origin is None:
             return value  # a TypedDict: its fields are the receiver's business
         _, item = typing.get_args(hint)
         return {str(k): from_json(v, item, f"{where}.{k}") for k, v in value.items()}
     if isinstance(hint, type) and is_dataclass(hint):
         if not isinstance(value, dict):
-            raise ProtocolError(f"{where} is not an object")
+            raise DecodeError(f"{where} is not an object")
         return build(hint, value, where)
-    raise ProtocolError(f"{where}: no rule for {hint!r}")
+    raise DecodeError(f"{where}: no rule for {hint!r}")
 
 
 def build(cls: type[Any], data: dict[str, Any], where: str) -> Any:
-    """An instance of dataclass `cls` from `data`; ProtocolError naming what is wrong."""
+    """An instance of dataclass `cls` from `data`; DecodeError naming what is wrong, a key
+    `cls` does not have among it."""
     names: dict[str, str] = getattr(cls, "wire_names", {})
     hints = _hints(cls)
+    unknown = set(data) - {names.get(f.name, f.name) for f in fields(cls)} - {"op"}
+    if unknown:
+        raise DecodeError(f"{where}: {cls.__name__} has no {', '.join(sorted(unknown))}")
     values: dict[str, Any] = {}
     for f in fields(cls):
         key = names.get(f.name, f.name)
         if key not in data:
             if f.default is MISSING and f.default_factory is MISSING:
-                raise ProtocolError(f"{where}: missing {key!r}")
+                raise DecodeError(f"{where}: missing {key!r}")
             continue
         values[f.name] = from_json(data[key], hints[f.name], f"{where}.{key}")
     return cls(**values)
