@@ -49,6 +49,17 @@ def _hints(cls: type[Any]) -> dict[str, Any]:
     return _HINTS[cls]
 
 
+_KEYS: dict[type[Any], frozenset[str]] = {}
+
+
+def _keys(cls: type[Any]) -> frozenset[str]:
+    """The keys data of `cls` may hold: its fields (as named on the wire) and `op`."""
+    if cls not in _KEYS:
+        names: dict[str, str] = getattr(cls, "wire_names", {})
+        _KEYS[cls] = frozenset({names.get(f.name, f.name) for f in fields(cls)} | {"op"})
+    return _KEYS[cls]
+
+
 def from_json(value: Any, hint: Any, where: str) -> Any:
     """`value` as `hint`, or DecodeError naming where it does not fit."""
     origin = typing.get_origin(hint)
@@ -99,7 +110,7 @@ def build(cls: type[Any], data: dict[str, Any], where: str) -> Any:
     `cls` does not have among it."""
     names: dict[str, str] = getattr(cls, "wire_names", {})
     hints = _hints(cls)
-    unknown = set(data) - {names.get(f.name, f.name) for f in fields(cls)} - {"op"}
+    unknown = data.keys() - _keys(cls)
     if unknown:
         raise DecodeError(f"{where}: {cls.__name__} has no {', '.join(sorted(unknown))}")
     values: dict[str, Any] = {}
