@@ -105,8 +105,13 @@ class BubbleBroker:
 
     def queue(self, now: float) -> list[Request]:
         """Arrived, not started, not past their deadline (those are rejected here), in
-        arrival order. Amortized: arrivals join at the back, the expired leave from the
-        front, and a request leaves when it starts."""
+        arrival order."""
+        self._catch_up(now)
+        return list(self._queue)
+
+    def _catch_up(self, now: float) -> None:
+        """The queue as of `now`. Amortized: arrivals join at the back, the expired leave
+        from the front, and a request leaves when it starts."""
         while True:
             if self._pending is None:
                 self._pending = next(self.source, None)
@@ -121,7 +126,6 @@ class BubbleBroker:
             expired = self._queue.popleft()
             del self._queued[expired.id]
             self.rejected.add(expired.id)
-        return list(self._queue)
 
     def on_idle(self, gpu: str, action: int, now: float, since: float, iteration: int = 0
                 ) -> tuple[Chunk, ...]:
@@ -130,14 +134,15 @@ class BubbleBroker:
         usual wait there. The policy sees the requests chunked on this GPU first, then the
         queue oldest first."""
         mine = [r for r in self._partial.values() if self.started[r.id][0] == gpu]
-        queue = mine + self.queue(now)
+        self._catch_up(now)
+        queue = (*mine, *self._queue)  # one copy: the queue runs to thousands
         if not queue:
             return ()
         predicted = self.predicted(gpu, action, self.program_of(iteration), now - since)
         bubble = Bubble(gpu, since, since + (predicted or 0.0))
         with plugin_code(f"bubble policy {self.policy.name!r} failed in admit",
                          type(self.policy).__module__):
-            chunks = tuple(self.policy.admit_batch(bubble, tuple(queue), now, self.prefill,
+            chunks = tuple(self.policy.admit_batch(bubble, queue, now, self.prefill,
                                                    self.max_batch_tokens))
         self._check(chunks, gpu)
         for chunk in chunks:
@@ -200,7 +205,7 @@ class BubbleBroker:
         """Every arrival counted once: served (its first token went out; `expired`: of
         those, the ones whose first token came after the deadline), rejected (not started
         within the deadline), or pending when the run ended (queued, or part-way)."""
-        self.queue(until)
+        self._catch_up(until)
         arrived = [r for r in self.requests if r.arrival <= until]
         ttfts = list(self.ttft.values())
         return {
@@ -221,7 +226,7 @@ class BubbleBroker:
 
     def request_rows(self, until: float) -> list[RequestRow]:
         """One row per request arrived by `until`, in arrival order (requests.csv)."""
-        self.queue(until)
+        self._catch_up(until)
         rows: list[RequestRow] = []
         for request in self.requests:
             if request.arrival > until:

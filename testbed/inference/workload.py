@@ -116,7 +116,7 @@ class PrefillModel:
         if not self._distinct:
             self._distinct = len({(t, q) for t, q, _ in self.samples}) >= 3
         if self._distinct:
-            self.coefficients = _solve_sums(self._sums, [s for *_, s in self.samples])
+            self.coefficients = _solve_sums(self._sums, lambda: [s for *_, s in self.samples])
 
     def _add(self, sample: tuple[int, int, float], sign: float) -> None:
         for i, term in enumerate(_normal_terms(*sample)):
@@ -138,8 +138,11 @@ class PrefillModel:
 
 
 def _regressors(chunks: Iterable[Chunk]) -> tuple[int, int]:
-    pairs = [(c.end - c.start, c.end * c.end - c.start * c.start) for c in chunks]
-    return sum(t for t, _ in pairs), sum(q for _, q in pairs)
+    tokens = squares = 0
+    for c in chunks:
+        tokens += c.end - c.start
+        squares += c.end * c.end - c.start * c.start
+    return tokens, squares
 
 
 def fit_prefill(points: Sequence[tuple[float, float, float]]) -> tuple[float, float, float]:
@@ -148,7 +151,7 @@ def fit_prefill(points: Sequence[tuple[float, float, float]]) -> tuple[float, fl
     for x, z, y in points:
         for i, term in enumerate(_normal_terms(x, z, y)):
             sums[i] += term
-    return _solve_sums(sums, [y for *_, y in points])
+    return _solve_sums(sums, lambda: [y for *_, y in points])
 
 
 def _normal_terms(x: float, z: float, y: float) -> tuple[float, ...]:
@@ -157,19 +160,22 @@ def _normal_terms(x: float, z: float, y: float) -> tuple[float, ...]:
     return (1.0, x, z, x * x, x * z, z * z, y, x * y, z * y)
 
 
-def _solve_sums(sums: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
+def _solve_sums(sums: Sequence[float], ys: Callable[[], Sequence[float]]
+                ) -> tuple[float, float, float]:
+    """`ys`: the points' values, asked for only where the system is singular."""
     n, x, z, xx, xz, zz, y, xy, zy = sums
     return _solve3([[n, x, z], [x, xx, xz], [z, xz, zz]], [y, xy, zy], ys)
 
 
-def _solve3(m: list[list[float]], v: list[float], ys: Sequence[float]
+def _solve3(m: list[list[float]], v: list[float], ys: Callable[[], Sequence[float]]
             ) -> tuple[float, float, float]:
     a = [[*row[:], value] for row, value in zip(m, v, strict=True)]
     for col in range(3):
         pivot = max(range(col, 3), key=lambda r: abs(a[r][col]))
         a[col], a[pivot] = a[pivot], a[col]
         if abs(a[col][col]) < 1e-30:
-            return (statistics.fmean(ys) if ys else 0.0, 0.0, 0.0)
+            values = ys()
+            return (statistics.fmean(values) if values else 0.0, 0.0, 0.0)
         for r in range(3):
             if r != col:
                 factor = a[r][col] / a[col][col]

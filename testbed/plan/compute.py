@@ -8,6 +8,7 @@ LM head (2 x tokens x hidden x vocab).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -123,10 +124,12 @@ def stage_costs(
     return costs
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def prefill_flops(model: ModelShape, end: int, start: int = 0) -> float:
     """Prefill of prompt tokens [start, end) through the whole inference model: the layers'
     FLOPs up to `end` less those up to `start` (so a prompt's chunks add up to the whole
-    prompt), and the head once for the token it predicts."""
+    prompt), and the head once for the token it predicts. Kept per argument: a bubble
+    policy asks for the same lengths thousands of times a run."""
     def layers_upto(tokens: int) -> float:
         if tokens <= 0:
             return 0.0
