@@ -73,7 +73,7 @@ class AtlasPolicy(TrainingPolicy):
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
         began = time.monotonic()
         self.limits = context.host_limits
-        chosen, considered, why = self.choose(topology, job, context)
+        chosen, considered, why, kept = self.decided(topology, job, context)
         plan = self._assemble(topology, job, chosen)
         notes = dict(plan.notes)
         notes["dc_selection"] = {"chosen": chosen.describe(), "why": why,
@@ -81,7 +81,21 @@ class AtlasPolicy(TrainingPolicy):
         bound = lower_bound(topology, job, chosen.chain.stage_dcs(), chosen.dp, job.tp)
         notes["lower_bound_s"] = float(f"{bound:.4g}")  # four significant digits at any scale
         notes["planning_s"] = round(time.monotonic() - began, 2)
+        notes["planning_kept"] = kept
         return replace(plan, notes=notes)
+
+    def decided(self, topology: Topology, job: Job, context: PlanningContext
+                ) -> tuple[Candidate, list[Candidate], str, bool]:
+        """`choose`'s answer, and whether it was kept from an earlier command (the same
+        inputs, processes and code: context.memo) instead of searched again."""
+        key = ("atlas.choose", type(self).__name__, repr(topology), repr(job),
+               repr(self.settings), repr(self.limits), context.pool_size)
+        kept = context.memo.get(key)
+        if kept is not None:
+            return (*kept, True)
+        chosen, considered, why = self.choose(topology, job, context)
+        context.memo.put(key, (chosen, considered, why))
+        return chosen, considered, why, False
 
     def choose(self, topology: Topology, job: Job, context: PlanningContext
                ) -> tuple[Candidate, list[Candidate], str]:
@@ -333,8 +347,8 @@ class _Ablation(AtlasPolicy):
         full = AtlasPolicy()
         full.settings = replace(self.settings, **{k: getattr(full.settings, k)
                                                   for k in self.fixed})
-        chosen, _, _ = full.choose(topology, job, context)
-        return chosen
+        full.limits = self.limits  # the hosts' limits, as plan() read them
+        return full.decided(topology, job, context)[0]
 
 
 class AtlasNoMultiConnection(_Ablation):

@@ -3,7 +3,8 @@
 The caller builds it (testbed.sim.planning wires the simulator in), so a policy can weigh
 candidate plans by simulating them without importing the simulator, and keep results in
 a cache the caller decides the life of: one command planning several policies shares
-one, so variants that re-run a policy's search reuse its simulations.
+one, so variants that re-run a policy's search reuse its simulations. A search's answer
+may also be kept across commands (`memo`, on disk where the caller allows it).
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
+from testbed.common.memo import Memo, NoMemo
 from testbed.job.model import Job
 from testbed.plan.model import Plan
 from testbed.plan.tcp_model import HostLimits
-from testbed.policy.parallel import Pool, forked_pool
+from testbed.policy.parallel import Pool, forked_pool, pool_size
 
 R = TypeVar("R")
 
@@ -30,7 +32,8 @@ class PlanningContext:
 
     def __init__(self, job: Job | None = None, simulator: Simulator | None = None,
                  cache: dict[Any, Any] | None = None,
-                 host_limits: HostLimits | None = None, processes: int = 1) -> None:
+                 host_limits: HostLimits | None = None, processes: int = 1,
+                 memo: Memo | None = None) -> None:
         self.job = job
         self.processes = processes
         """How many processes planning may spread simulations over (`pool`)."""
@@ -41,6 +44,11 @@ class PlanningContext:
         self.cache: dict[Any, Any] = {} if cache is None else cache
         """Results a policy wants to remember; shared by every plan of one command, so
         keys must say everything the value depends on (and whose key it is)."""
+        self.memo: Memo = memo or NoMemo()
+        """Answers kept across commands on this machine (`get(key)`, None when not kept;
+        `put(key, value)`, the value picklable): for a search whose answer is a function
+        of its inputs alone. The key must say everything the answer depends on, and whose
+        key it is; the store adds the version of testbed's and the policy's code."""
         self._simulator = simulator
 
     def simulate(self, plan: Plan, job: Job | None = None, stop_above: float | None = None
@@ -68,3 +76,8 @@ class PlanningContext:
         then); its arguments and results are pickled. With one process (or where forking
         is unsafe: see testbed.policy.parallel) each call runs at once, here."""
         return forked_pool(work, self.processes)
+
+    @property
+    def pool_size(self) -> int:
+        """How many calls `pool` would run at once, were it opened now."""
+        return pool_size(self.processes)

@@ -57,11 +57,18 @@ def share_cores(workers: int) -> None:
     _sharing = workers
 
 
+def pool_size(processes: int) -> int:
+    """How many calls a pool of `processes` opened now runs at once (`Pool.size`)."""
+    if processes <= 1 or _work is not None or threading.active_count() > 1:
+        return 1
+    return processes
+
+
 @contextmanager
 def forked_pool(work: Callable[..., R], processes: int) -> Iterator[Pool[R]]:
     """`submit(*args)` starts `work(*args)` in one of `processes` forked workers."""
     global _work
-    if processes <= 1 or _work is not None or threading.active_count() > 1:
+    if pool_size(processes) == 1:
         yield Pool(_at_once(work), 1)
         return
     _work = work

@@ -3,7 +3,8 @@ for its plan comes through here, so policies never import the simulator themselv
 
 The cache a policy sees lives as long as `shared_cache` is open (the whole command, for
 the CLI), or one plan without it: a command that plans several policies (compare,
-sweep, repeats) then simulates each candidate once, whichever policy asks.
+sweep, repeats) then simulates each candidate once, whichever policy asks. Answers a
+policy keeps across commands go to the user's store (testbed.common.memo).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from testbed.common.memo import user_memo
 from testbed.errors import TestbedError
 from testbed.job.model import Job
 from testbed.plan.host_limits import this_machine
@@ -57,7 +59,8 @@ def planning_context(topology: Topology, job: Job, policy: TrainingPolicy,
 
     if cache is None:
         cache = _SHARED.get()
-    return PlanningContext(job, simulate, cache, this_machine(), planning_processes())
+    return PlanningContext(job, simulate, cache, this_machine(), planning_processes(),
+                           user_memo([type(policy).__module__]))
 
 
 def plan_with_simulator(policy: TrainingPolicy, topology: Topology, job: Job,

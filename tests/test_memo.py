@@ -1,0 +1,127 @@
+"""Planning answers kept across commands: read back only for the same key on the same
+code, the same plan and results as a fresh search, and a store that cannot be written
+costs nothing but the saving."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed.common.memo import DiskMemo, NoMemo, code_version, user_memo
+from testbed.experiments.inputs import load_inputs
+from testbed.policy import training_policy
+from testbed.sim.planning import plan_with_simulator
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The store on, in a folder of this test's own."""
+    monkeypatch.setenv("TESTBED_CACHE", "on")
+    monkeypatch.setenv("TESTBED_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_an_answer_is_read_back_only_for_its_key_and_its_code(tmp_path: Path) -> None:
+    memo = DiskMemo(tmp_path / "a.sqlite", "v1")
+    assert memo.get(("k", 1)) is None
+    memo.put(("k", 1), (1.5, [2, "x"]))
+    assert memo.get(("k", 1)) == (1.5, [2, "x"])
+    assert memo.get(("k", 2)) is None
+    assert DiskMemo(tmp_path / "a.sqlite", "v2").get(("k", 1)) is None  # other code
+    assert DiskMemo(tmp_path / "a.sqlite", "v1").get(("k", 1)) == (1.5, [2, "x"])
+
+
+def test_a_store_that_cannot_be_written_warns_once_and_keeps_nothing(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    memo = DiskMemo(blocked / "a.sqlite", "v1")  # its folder is a file
+    with pytest.warns(UserWarning, match="not keeping planning answers") as caught:
+        memo.put("k", 1)
+        assert memo.get("k") is None
+    assert len(caught) == 1
+
+
+def test_the_store_is_off_where_the_user_says_so(monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path) -> None:
+    monkeypatch.setenv("TESTBED_CACHE", "off")
+    assert isinstance(user_memo(["testbed"]), NoMemo)
+    monkeypatch.setenv("TESTBED_CACHE", "on")
+    monkeypatch.setenv("TESTBED_CACHE_DIR", str(tmp_path))
+    memo = user_memo(["testbed"])
+    assert isinstance(memo, DiskMemo) and memo.path.parent == tmp_path
+    monkeypatch.delenv("TESTBED_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    memo = user_memo(["testbed"])
+    assert isinstance(memo, DiskMemo) and memo.path.parent == tmp_path / "xdg" / "testbed"
+
+
+def test_the_code_version_changes_with_any_source_file_of_the_package(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "kept_pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "policy.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import kept_pkg.sub.policy  # noqa: F401
+
+    before = code_version(["kept_pkg.sub.policy"])
+    assert code_version(["kept_pkg.sub.policy"]) == before
+    (package / "sub" / "policy.py").write_text("X = 22\n")
+    assert code_version(["kept_pkg.sub.policy"]) != before
+
+
+def test_atlas_reads_its_search_back_and_plans_the_same(kept: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second plan of the same inputs runs no simulation and makes the same plan, with
+    the same candidates and reasons; other inputs search again."""
+    import testbed.sim.planning as planning
+
+    inputs = load_inputs(ROOT / "topologies" / "two-dc.yaml")
+    first = plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job, {})
+    assert first.notes["planning_kept"] is False
+
+    def no_simulation(*_args: Any, **_kwargs: Any) -> Any:
+        raise AssertionError("simulated again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(planning, "simulated_iteration_s", no_simulation)
+        again = plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job, {})
+        ablation = plan_with_simulator(training_policy("atlas-no-temporal"),
+                                       inputs.topology, inputs.job, {})
+    assert again.notes["planning_kept"] is True
+    assert ablation.placement == first.placement
+    drop = {"planning_s", "planning_kept"}
+    assert {k: v for k, v in again.notes.items() if k not in drop} == \
+        {k: v for k, v in first.notes.items() if k not in drop}
+    assert again.programs == first.programs and again.placement == first.placement
+    other = plan_with_simulator(training_policy("atlas", {"temporal": "off"}),
+                                inputs.topology, inputs.job, {})
+    assert other.notes["planning_kept"] is False
+
+
+def test_a_command_run_again_writes_the_same_results(kept: Path, tmp_path: Path) -> None:
+    testbed = Path(sys.executable).parent / "testbed"
+    runs = []
+    for name in ("first", "again"):
+        subprocess.run([str(testbed), "simulate", str(ROOT / "topologies" / "two-dc.yaml"),
+                        "-p", "atlas", "--out", str(tmp_path / name)], check=True,
+                       capture_output=True, env=os.environ.copy())
+        runs.append(json.loads((tmp_path / name / "results.json").read_text()))
+    first, again = runs
+    assert (first["plan"]["notes"]["planning_kept"], again["plan"]["notes"]["planning_kept"]) \
+        == (False, True)
+    for run in runs:
+        run.pop("wall_s", None)
+        for key in ("planning_s", "planning_kept"):
+            run["plan"]["notes"].pop(key)
+    assert first == again
+    assert (kept / "answers.sqlite").exists()
