@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from testbed.inference.workload import predicted_bubbles
 from testbed.sim.profile import read_spans
 
 ROOT = Path(__file__).resolve().parent.parent
+os.environ["TESTBED_CACHE"] = "off"  # every plan search timed as a first one: none read back
 NOISE = ("--jitter", "compute=10%,prefill=10%", "--set", "inference.arrival_rate=400/s",
          "--iterations", "4", "--repeat", "5")
 LONG = ("--job", "benchmarks/long-prompts/job.yaml")

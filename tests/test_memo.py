@@ -17,7 +17,7 @@ import pytest
 from testbed.common.memo import DiskMemo, NoMemo, code_version, user_memo
 from testbed.experiments.inputs import load_inputs
 from testbed.policy import training_policy
-from testbed.sim.planning import plan_with_simulator
+from testbed.sim.planning import keeping_answers, plan_with_simulator
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,13 +87,14 @@ def test_atlas_reads_its_search_back_and_plans_the_same(kept: Path,
     import testbed.sim.planning as planning
 
     inputs = load_inputs(ROOT / "topologies" / "two-dc.yaml")
-    first = plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job, {})
+    with keeping_answers():
+        first = plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job, {})
     assert first.notes["planning_kept"] is False
 
     def no_simulation(*_args: Any, **_kwargs: Any) -> Any:
         raise AssertionError("simulated again")
 
-    with monkeypatch.context() as patched:
+    with monkeypatch.context() as patched, keeping_answers():
         patched.setattr(planning, "simulated_iteration_s", no_simulation)
         again = plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job, {})
         ablation = plan_with_simulator(training_policy("atlas-no-temporal"),
@@ -104,9 +105,13 @@ def test_atlas_reads_its_search_back_and_plans_the_same(kept: Path,
     assert {k: v for k, v in again.notes.items() if k not in drop} == \
         {k: v for k, v in first.notes.items() if k not in drop}
     assert again.programs == first.programs and again.placement == first.placement
-    other = plan_with_simulator(training_policy("atlas", {"temporal": "off"}),
-                                inputs.topology, inputs.job, {})
+    with keeping_answers():
+        other = plan_with_simulator(training_policy("atlas", {"temporal": "off"}),
+                                    inputs.topology, inputs.job, {})
     assert other.notes["planning_kept"] is False
+    # outside `keeping_answers` (the API's default), nothing is read back
+    assert plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job,
+                               {}).notes["planning_kept"] is False
 
 
 def test_a_command_run_again_writes_the_same_results(kept: Path, tmp_path: Path) -> None:

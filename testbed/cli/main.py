@@ -37,7 +37,7 @@ from testbed.policy import discover, parse_options
 from testbed.policy.option_parsers import option_text
 from testbed.policy.registry import BUBBLE_GROUP, TRAINING_GROUP
 from testbed.report.run_dirs import released
-from testbed.sim.planning import shared_cache
+from testbed.sim.planning import keeping_answers, shared_cache
 
 EPILOG = """\b
 Examples:
@@ -247,8 +247,9 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning known failures into one line and an exit code."""
     _debug.clear()
     try:
-        # plans of one command share simulations (compare, sweep); it holds its directories
-        with shared_cache(), released():
+        # plans of one command share simulations (compare, sweep), and searches read back
+        # what the same search answered before; it holds its directories
+        with shared_cache(), keeping_answers(), released():
             code = cli.main(args=argv, prog_name="testbed", standalone_mode=False)
     except click.exceptions.Abort as exc:
         _traceback(exc)

@@ -4,7 +4,8 @@ for its plan comes through here, so policies never import the simulator themselv
 The cache a policy sees lives as long as `shared_cache` is open (the whole command, for
 the CLI), or one plan without it: a command that plans several policies (compare,
 sweep, repeats) then simulates each candidate once, whichever policy asks. Answers a
-policy keeps across commands go to the user's store (testbed.common.memo).
+policy keeps across commands go to the user's store (testbed.common.memo) inside
+`keeping_answers`, as the CLI's commands run.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from testbed.common.memo import user_memo
+from testbed.common.memo import NoMemo, user_memo
 from testbed.errors import TestbedError
 from testbed.job.model import Job
 from testbed.plan.host_limits import this_machine
@@ -27,6 +28,19 @@ from testbed.sim.simulate import simulated_iteration_s
 from testbed.topology.model import Topology
 
 _SHARED: ContextVar[dict[Any, Any] | None] = ContextVar("planning_cache", default=None)
+_KEEPING: ContextVar[bool] = ContextVar("planning_memo", default=False)
+
+
+@contextmanager
+def keeping_answers() -> Iterator[None]:
+    """Plans made inside may read and keep answers in the user's store across commands
+    (testbed.common.memo; the CLI's commands run inside; elsewhere nothing is kept unless
+    asked for here)."""
+    token = _KEEPING.set(True)
+    try:
+        yield
+    finally:
+        _KEEPING.reset(token)
 
 
 @contextmanager
@@ -59,8 +73,8 @@ def planning_context(topology: Topology, job: Job, policy: TrainingPolicy,
 
     if cache is None:
         cache = _SHARED.get()
-    return PlanningContext(job, simulate, cache, this_machine(), planning_processes(),
-                           user_memo([type(policy).__module__]))
+    memo = user_memo([type(policy).__module__]) if _KEEPING.get() else NoMemo()
+    return PlanningContext(job, simulate, cache, this_machine(), planning_processes(), memo)
 
 
 def plan_with_simulator(policy: TrainingPolicy, topology: Topology, job: Job,
