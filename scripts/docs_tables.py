@@ -123,6 +123,9 @@ TABLES: dict[str, Table] = {
                        "scripts/bench_sim.py --skip-emulator"),
     "sim-e2e": Table(("benchmarks/sim-e2e.json",), _measured("sim_e2e"),
                      "scripts/bench_sim.py --skip-scale --e2e SIZES"),
+    "sim-e2e-searched": Table(("benchmarks/sim-e2e.json",), _measured("sim_e2e_searched"),
+                              "scripts/bench_sim.py --skip-scale --e2e SIZES --atlas GPUS "
+                              "--bubbles"),
     "atlas-transfer": Table(("benchmarks/atlas-transfer.json",), _measured("atlas_transfer"),
                             "scripts/bench_atlas.py --parts transfer --emulate"),
     "atlas-scaling": Table(("benchmarks/atlas-scaling.json",), _measured("atlas_scaling"),

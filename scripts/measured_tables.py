@@ -4,6 +4,7 @@ table (scripts/docs_tables.py puts it between its page's markers)."""
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from typing import Any
@@ -132,8 +133,44 @@ def sim_e2e(report: dict[str, Any]) -> str:
         lines.append(f"| {gpus:,} x {microbatches} | {_seconds(best['e2e_s'])} | "
                      f"{_seconds(best['e2e_cpu_s'])} | {_seconds(best['core_cpu_s'])} | "
                      f"{best['cpu_ratio']:.1f}x{other} |")
-    return _rows("| GPUs x microbatches | `testbed simulate`, wall | CPU | core, CPU | CPU ratio "
-                 "(other rounds) |", lines)
+    table = _rows("| GPUs x microbatches | `testbed simulate`, wall | CPU | core, CPU | CPU "
+                  "ratio (other rounds) |", lines)
+    best = {gpus: min(rounds, key=lambda r: r["e2e_s"])
+            for (gpus, microbatches), rounds in sizes.items()
+            if microbatches == 8 and gpus >= 4096}
+    if len(best) < 2:
+        return table
+
+    def growth(key: str) -> float:
+        return statistics.linear_regression([math.log(g) for g in best],
+                                            [math.log(r[key]) for r in best.values()]).slope
+
+    return (f"{table}\n\nFrom {min(best):,} to {max(best):,} GPUs at 8 microbatches, the "
+            f"best rounds' wall time grows as GPUs^{growth('e2e_s'):.2f} and their CPU time "
+            f"as GPUs^{growth('e2e_cpu_s'):.2f}.")
+
+
+def sim_e2e_searched(report: dict[str, Any]) -> str:
+    """Atlas at scale and BubbleTea on paper-3dc end to end: the first run (which searches
+    Atlas's plan) and the same run again (which reads the search back), every round."""
+    cases = (("atlas_e2e", "Atlas, GPT-3 on {gpus:,} GPUs x 8, 2 iterations"),
+             ("bubbles_e2e", "Atlas + BubbleTea, paper-3dc at 400 requests/s, 4 iterations"))
+    lines = []
+    for key, title in cases:
+        for planning in ("searched", "kept"):
+            rounds = [r for r in report.get(key, []) if r.get("planning") == planning]
+            if not rounds:
+                continue
+            best = min(rounds, key=lambda r: r["e2e_s"])
+            walls = ", ".join(_seconds(r["e2e_s"]) for r in rounds)
+            loads = sorted(r["load"][0] for r in rounds)
+            speed = ", ".join(f"{r['faster_than_real_time']:.1f}x" for r in rounds) \
+                if "faster_than_real_time" in best else "-"
+            lines.append(f"| {title.format(**best)} | {planning} | {walls} | "
+                         f"{_seconds(best['e2e_cpu_s'])} | {_seconds(best['planning_s'])} | "
+                         f"{speed} | {loads[0]:.1f}-{loads[-1]:.1f} |")
+    return _rows("| `testbed simulate` | plan search | wall (rounds) | CPU (best) | planning "
+                 "(best) | faster than real time | load |", lines)
 
 
 def bubbles_paper_scale(report: dict[str, Any]) -> str:
