@@ -131,6 +131,21 @@ def test_the_default_trace_of_a_large_run_is_a_summary_that_says_what_it_left_ou
     assert sum(e.get("cat") == "forward" for e in events) == len(forwards)
 
 
+def test_a_summary_trace_fills_its_tracks_where_gpus_hold_two_stages(tmp_path: Path
+                                                                   ) -> None:
+    """Two stages per GPU: a replica takes half as many tracks as it has stages, so twice
+    as many whole replicas fit (not half the tracks left empty)."""
+    from testbed.report.chrome import trace_scope
+
+    inputs = load_inputs(gpt3(tmp_path, 4096))
+    plan = plan_with_simulator(training_policy("interleaved-1f1b", {"virtual": "2"}),
+                               inputs.topology, inputs.job)
+    assert plan.pp == 32 and plan.dp == 32  # 16 GPU groups per replica, two stages each
+    kept, said = trace_scope(plan, "summary")
+    assert kept is not None and len(kept) == SUMMARY_GPUS == 16 * 16
+    assert said is not None and "replicas 0-15 of 32" in said
+
+
 def test_a_full_trace_draws_every_gpu_and_none_writes_none(tmp_path: Path) -> None:
     topology = gpt3(tmp_path, 512)
     code, _, err = _cli(["simulate", str(topology), "--trace", "full",

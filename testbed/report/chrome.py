@@ -61,7 +61,10 @@ def trace_scope(plan: Plan, detail: TraceChoice) -> tuple[frozenset[str] | None,
     gpus = plan.used_gpus()
     if detail == "full" or len(gpus) <= SUMMARY_GPUS:
         return None, None
-    replicas = max(1, SUMMARY_GPUS // plan.pp)
+    # a replica's tracks: its groups' lead GPUs, fewer than its stages where a GPU holds
+    # several (virtual stages)
+    per_replica = len({plan.lead_gpu(0, s) for s in range(plan.pp)})
+    replicas = max(1, SUMMARY_GPUS // per_replica)
     kept = frozenset(plan.lead_gpu(r, s) for r in range(min(replicas, plan.dp))
                      for s in range(plan.pp))
     which = "replica 0" if replicas == 1 else f"replicas 0-{min(replicas, plan.dp) - 1}"
