@@ -18,6 +18,10 @@ class TestbedError(Exception):
     exit_code = EXIT_RUNTIME
 
 
+class TestbedWarning(UserWarning):
+    """Something the user should know that stops nothing: the CLI shows it as one line."""
+
+
 class InputError(TestbedError):
     """Bad input: names the file, the key path and the problem."""
 

@@ -131,3 +131,19 @@ def test_a_command_run_again_writes_the_same_results(kept: Path, tmp_path: Path)
             run["plan"]["notes"].pop(key)
     assert first == again
     assert (kept / "answers.sqlite").exists()
+
+
+def test_a_command_whose_store_cannot_be_written_says_so_in_one_line_and_runs(
+        tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "testbed"), "plan",
+         str(ROOT / "topologies" / "two-dc.yaml"), "-p", "atlas"], capture_output=True,
+        text=True, env={**os.environ, "TESTBED_CACHE": "on",
+                        "TESTBED_CACHE_DIR": str(blocked / "cache")})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        f"testbed: warning: {blocked / 'cache' / 'answers.sqlite'}: not keeping planning "
+        f"answers ([Errno 20] Not a directory: '{blocked / 'cache'}'); set TESTBED_CACHE=off "
+        "to silence this"]

@@ -6,6 +6,7 @@ import errno
 import json
 import sys
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from testbed.cli.simulate import profile, simulate
 from testbed.cli.sweep import sweep
 from testbed.common.fsutil import write_atomic
 from testbed.common.units import human_duration, human_rate, plural
-from testbed.errors import EXIT_INPUT, Terminated, TestbedError, one_line
+from testbed.errors import EXIT_INPUT, Terminated, TestbedError, TestbedWarning, one_line
 from testbed.experiments.inputs import load_inputs
 from testbed.plan import plan_grid, plan_to_csv, validate_plan
 from testbed.plan.describe import describe_plan
@@ -243,9 +244,27 @@ cli.add_command(figures)
 cli.add_command(results)
 
 
+def _one_line_warnings() -> None:
+    """testbed's own warnings as `testbed: warning: ...` (no source line); others as
+    Python shows them."""
+    shown = warnings.showwarning
+    if getattr(shown, "testbed", False):
+        return
+
+    def show(message: Warning | str, category: type[Warning], *args: Any,
+             **kwargs: Any) -> None:
+        if issubclass(category, TestbedWarning):
+            click.echo(f"testbed: warning: {one_line(str(message))}", err=True)
+        else:
+            shown(message, category, *args, **kwargs)
+    show.testbed = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning known failures into one line and an exit code."""
     _debug.clear()
+    _one_line_warnings()
     try:
         # plans of one command share simulations (compare, sweep), and searches read back
         # what the same search answered before; it holds its directories

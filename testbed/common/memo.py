@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from testbed.errors import TestbedWarning
+
 ENV_DIR = "TESTBED_CACHE_DIR"
 ENV_SWITCH = "TESTBED_CACHE"
 FILE = "answers.sqlite"
@@ -87,7 +89,7 @@ class DiskMemo:
         except (OSError, sqlite3.Error) as error:
             self._broken = True
             warnings.warn(f"{self.path}: not keeping planning answers ({error}); set "
-                          f"{ENV_SWITCH}=off to silence this", stacklevel=3)
+                          f"{ENV_SWITCH}=off to silence this", TestbedWarning, stacklevel=3)
             return None
 
     def _connect(self) -> sqlite3.Connection:
