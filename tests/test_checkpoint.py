@@ -217,7 +217,7 @@ def test_run_json_reads_back_what_a_run_saved(tmp_path: Path) -> None:
                         "compute": "real", "shaper": "auto", "allreduce": "auto",
                         "stall_timeout_s": 30.0, "pacing": False, "activations": "auto",
                         "dilation": 4, "checkpoint_every": 3, "target_loss": 2.5,
-                        "timed": False}
+                        "timed": False, "plan_file": None}
     saved = json.loads((tmp_path / "checkpoint" / "run.json").read_text())
     del saved["target_loss"]  # saved before runs had a target: none
     (tmp_path / "checkpoint" / "run.json").write_text(json.dumps(saved))

@@ -192,11 +192,23 @@ def test_what_a_backend_refuses_of_a_given_plan_names_its_file(
         api.simulate(api.load(TWO_DC), plan=path, out=tmp_path / "run")
 
 
-def test_checkpointing_a_given_plan_is_refused() -> None:
+def test_a_checkpointed_run_of_a_given_plan_resumes_with_that_plan(tmp_path: Path) -> None:
+    """The plan is saved beside the run's settings; `up --resume` runs it again (not the
+    policy's plan), checked as a given plan is, and records where it first came from."""
+    from testbed.run.checkpoint import CHECKPOINT_DIR, Progress
+    from testbed.run.resume import load_resumption, save_settings
+
     inputs = api.load(TWO_DC)
-    plan = api.plan(inputs, "1f1b")
+    plan = api.plan(inputs, "gpipe")  # not the policy the run names: 1f1b's would differ
     spec = RunSpec("emulate", inputs.topology, inputs.job, "1f1b", {}, checkpoint_every=1,
-                   plan=plan)
-    with pytest.raises(InputError, match="--checkpoint-every: checkpointing a run of a given "
-                                         "plan"):
-        check_checkpointable(spec, plan)
+                   plan=plan, plan_file="mine.csv")
+    check_checkpointable(spec, plan)
+    save_settings(tmp_path, spec, "emulated", 1)
+    (tmp_path / CHECKPOINT_DIR / "state.json").write_text(
+        Progress(1, {}, [], 1, 1, []).as_json())
+    resumed, _ = load_resumption(tmp_path)
+    assert resumed.plan is not None and resumed.plan_file == "mine.csv"
+    assert resumed.plan.actions == plan.actions and resumed.plan.placement == plan.placement
+    (tmp_path / CHECKPOINT_DIR / "plan.csv").write_text("meta,layers,1\n")
+    with pytest.raises(InputError, match=r"checkpoint/plan\.csv"):
+        load_resumption(tmp_path)

@@ -1,5 +1,6 @@
-"""Checkpointed emulated runs: the settings `up --checkpoint-every` writes before training,
-and what `up --resume RUN_DIR` reads back to go on from the newest complete checkpoint."""
+"""Checkpointed emulated runs: the settings `up --checkpoint-every` writes before training
+(with a given plan, the plan itself), and what `up --resume RUN_DIR` reads back to go on
+from the newest complete checkpoint."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ from testbed.common.yamlio import to_yaml
 from testbed.errors import InputError
 from testbed.job.load import dump_job, load_job
 from testbed.net.state import process_start_ticks
+from testbed.plan.load import load_plan
 from testbed.plan.model import Plan
+from testbed.plan.text import plan_to_csv
 from testbed.policy.option_parsers import one_of
 from testbed.report.saved import read_json
 from testbed.run.checkpoint import (
@@ -40,6 +43,8 @@ from testbed.run.spec import RunSpec
 from testbed.topology.load import dump_topology, load_topology
 
 SETTINGS_FILE = "run.json"
+PLAN_FILE = "plan.csv"
+"""A given plan (`--plan`), as the run ran it: a resumed run runs it again."""
 _SETTINGS = ("policy", "policy_options", "compute", "shaper", "allreduce", "stall_timeout_s",
              "pacing", "activations", "dilation", "checkpoint_every", "target_loss")
 
@@ -58,9 +63,6 @@ def check_checkpointable(spec: RunSpec, plan: Plan) -> None:
     if spec.bubble_policy:
         raise InputError("checkpointing a run that fills bubbles is not supported (its "
                          "inference requests are not carried over)", "--checkpoint-every")
-    if spec.plan is not None:
-        raise InputError("checkpointing a run of a given plan (--plan) is not supported "
-                         "(a resumed run would ask its policy for a plan)", "--checkpoint-every")
 
 
 def save_settings(directory: Path, spec: RunSpec, compute: str, dilation: int) -> None:
@@ -69,9 +71,11 @@ def save_settings(directory: Path, spec: RunSpec, compute: str, dilation: int) -
     folder = directory / CHECKPOINT_DIR
     settings = {name: getattr(spec, name) for name in _SETTINGS}
     settings.update(format=FORMAT, compute=compute, dilation=dilation,
-                    timed=bool(spec.events or spec.scenario))
+                    timed=bool(spec.events or spec.scenario), plan_file=spec.plan_file)
     write_atomic(folder / "topology.yaml", to_yaml(dump_topology(spec.topology)), 0o644)
     write_atomic(folder / "job.yaml", to_yaml(dump_job(spec.job)), 0o644)
+    if spec.plan is not None:
+        write_atomic(folder / PLAN_FILE, plan_to_csv(spec.plan), 0o644)
     write_atomic(folder / SETTINGS_FILE, json.dumps(settings, indent=1), 0o644)
 
 
@@ -109,7 +113,9 @@ def load_resumption(directory: Path) -> tuple[RunSpec, Progress]:
     saved = iteration_dir(folder, progress.completed)
     if settings["compute"] == "real" and not saved.is_dir():
         raise InputError(f"{saved} is missing", str(folder / "state.json"), "completed")
-    spec = RunSpec("emulate", topology, job, **settings)
+    given = folder / PLAN_FILE
+    plan = load_plan(given, topology, job) if given.is_file() else None
+    spec = RunSpec("emulate", topology, job, **settings, plan=plan)
     progress.resumed_at.append(progress.completed)
     return spec, progress
 
@@ -135,6 +141,7 @@ def read_settings(path: Path) -> dict[str, Any]:
         "checkpoint_every": top.get("checkpoint_every", positive(integer)),
         "target_loss": top.get("target_loss", positive(number), None),  # absent: none
         "timed": top.get("timed", boolean, False),  # absent: written before scenarios
+        "plan_file": top.get("plan_file", string, None),  # absent or null: the policy's
     }
     top.done()
     return settings
