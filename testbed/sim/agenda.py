@@ -19,7 +19,8 @@ class Agenda:
         """Callbacks later than this are not run (a run that has shown enough stops)."""
 
     def at(self, time: float, callback: Callable[[float], None]) -> None:
-        heapq.heappush(self._heap, (max(time, self.now), next(self._seq), callback))
+        now = self.now
+        heapq.heappush(self._heap, (time if time > now else now, next(self._seq), callback))
 
     def run(self) -> int:
         """Run every callback in time order until none is left or the next is later than

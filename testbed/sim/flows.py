@@ -97,8 +97,10 @@ class Flow:
 
     def progress(self, now: float) -> None:
         sent = self.rate / 8 * (now - self.updated)
-        self.remaining = max(0.0, self.remaining - sent)
-        self.budget = max(0.0, self.budget - sent)
+        remaining, budget = self.remaining - sent, self.budget - sent
+        # max(0.0, x) written out: the hottest lines of a run
+        self.remaining = remaining if remaining > 0.0 else 0.0
+        self.budget = budget if budget > 0.0 else 0.0
         self.updated = now
 
 
@@ -129,19 +131,25 @@ def plain_round(flow: Flow, now: float, state: State) -> State | None:
     run here come out to the bit as if each had its own event."""
     pair = flow.pair
     updated, remaining, budget, round_budget, cwnd = state
+    # max and min written out (the same values): a large run calls this a million times
     sent = flow.rate / 8 * (now - updated)
-    remaining = max(0.0, remaining - sent)
-    budget = max(0.0, budget - sent)
-    active = max(1, pair.active)
-    old_cap = PACING_RATIO * (pair.connections * min(cwnd, pair.window) / active) * 8 \
-        / pair.rtt if pair.paced else float("inf")
-    cwnd = min(pair.window, cwnd + (round_budget - budget) / pair.connections)
-    if cwnd >= pair.window:
+    remaining -= sent
+    if not remaining > 0.0:
+        remaining = 0.0
+    budget -= sent
+    if not budget > 0.0:
+        budget = 0.0
+    window, rtt = pair.window, pair.rtt
+    active = pair.active if pair.active > 1 else 1
+    old_cap = PACING_RATIO * (pair.connections * (cwnd if cwnd <= window else window)
+                              / active) * 8 / rtt if pair.paced else float("inf")
+    cwnd += (round_budget - budget) / pair.connections
+    if cwnd >= window:
         return None
-    budget = pair.connections * min(cwnd, pair.window) / active
-    new_cap = PACING_RATIO * budget * 8 / pair.rtt if pair.paced else float("inf")
-    if not flow.rate < min(old_cap, new_cap):
+    budget = pair.connections * cwnd / active
+    new_cap = PACING_RATIO * budget * 8 / rtt if pair.paced else float("inf")
+    if not (flow.rate < old_cap and flow.rate < new_cap):
         return None
-    if now + min(remaining, budget) * 8 / flow.rate <= now + pair.rtt:
+    if now + (remaining if remaining <= budget else budget) * 8 / flow.rate <= now + rtt:
         return None
     return now, remaining, budget, budget, cwnd

@@ -206,11 +206,18 @@ class FluidNetwork:
     def _share(self, now: float, flow: Flow) -> None:
         """The flow's rate changed: a flow alone on its links takes at once what max_min
         would give it (its cap or its slowest link); otherwise its component shares anew."""
-        if any(len(self.users[r]) > 1 for r in flow.resources):
-            self._reallocate(now, flow.resources)
-            return
-        rate = 0.0 if flow.paused else min(
-            cap(flow), *(self.capacity[r] * PAYLOAD_EFFICIENCY for r in flow.resources))
+        users, capacity = self.users, self.capacity
+        for resource in flow.resources:  # loops, not any() and min(): a hot path
+            if len(users[resource]) > 1:
+                self._reallocate(now, flow.resources)
+                return
+        rate = 0.0
+        if not flow.paused:
+            rate = cap(flow)
+            for resource in flow.resources:
+                link = capacity[resource] * PAYLOAD_EFFICIENCY
+                if link < rate:
+                    rate = link
         self._set_rate(now, flow, rate)
 
     def _event(self, now: float, flow_id: int, version: int) -> None:
@@ -304,7 +311,8 @@ class FluidNetwork:
         ends first: its end decides anew."""
         flow.version += 1
         flow.scheduled = True
-        done = now + min(flow.remaining, flow.budget) * 8 / flow.rate
+        left = flow.remaining if flow.remaining <= flow.budget else flow.budget
+        done = now + left * 8 / flow.rate
         if done > flow.round_end:
             return
         self.schedule(done, functools.partial(self._event, flow_id=flow.id, version=flow.version))

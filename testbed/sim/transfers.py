@@ -67,7 +67,8 @@ class Transfers:
             )
         pair = self.pairs[key]
         # a latency event changes it for later rounds
-        self.network.retime(now, pair, max(2 * latency, MIN_RTT_S))
+        rtt = 2 * latency
+        self.network.retime(now, pair, rtt if rtt > MIN_RTT_S else MIN_RTT_S)
         return pair
 
     def send(
