@@ -203,6 +203,17 @@ def test_after_a_machine_bound_run_the_suggestion_covers_what_it_needed() -> Non
     assert suggest_dilation(4, 0.9, 0.98) == 6
 
 
+def test_a_machine_bound_run_suggests_what_it_needed_whichever_way_it_ran() -> None:
+    """One run or segments of one (a scenario's failures): the suggestion weighs how far
+    its iterations fell behind the simulator's, where both are known."""
+    busy = assess(1.0, [0.001], None, dilation=1)
+    assert busy.cpu_bound and busy.suggested_dilation == 2
+    assert busy.behind(26.0, 1.0).suggested_dilation == 44
+    assert busy.behind(None, 1.0) == busy and busy.behind(26.0, None) == busy
+    calm = assess(0.5, [0.001], None)
+    assert calm.behind(26.0, 1.0) == calm
+
+
 @pytest.mark.parametrize("text", ["0", "-2", "x", "1.5", "65", ""])
 def test_bad_dilation_is_an_input_error(text: str) -> None:
     with pytest.raises(InputError, match="--dilation"):

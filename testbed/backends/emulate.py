@@ -43,7 +43,7 @@ from testbed.run.resume import check_checkpointable, checkpoints_for, save_setti
 from testbed.run.segments import run_segments
 from testbed.run.spec import RunSpec
 from testbed.runtime.coordinator.coordinator import Coordinator, Interrupted
-from testbed.runtime.coordinator.health import busy_now, suggest_dilation
+from testbed.runtime.coordinator.health import busy_now
 from testbed.runtime.coordinator.memory import (
     MemoryPlan,
     MemoryUse,
@@ -143,11 +143,9 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
     summary = outcome.summary if k == 1 else summarize(
         spans, plan.used_gpus(), outcome.start, tokens_per_iteration(spec.job, plan),
         wan_capacity_bps(spec.topology, plan), plan.period)
-    health = outcome.health
-    if health is not None and health.cpu_bound and predicted and summary.typical_s:
-        # what the run needed to keep the represented pace sets the next dilation
-        health = replace(health, suggested_dilation=suggest_dilation(
-            k, health.cpu_busy, summary.typical_s / predicted))
+    # what the run needed to keep the represented pace sets the next dilation
+    health = None if outcome.health is None else \
+        outcome.health.behind(summary.typical_s, predicted)
     if health is not None and health.warning():
         say(f"warning: {health.warning()}")
     until = max((s["end"] for s in outcome.spans), default=outcome.start) - outcome.start
@@ -195,7 +193,7 @@ def _in_segments(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: P
                         wan_capacity_bps(spec.topology, plan), plan.period, joined.epochs)
     error = joined.error
     status = "interrupted" if isinstance(error, Interrupted) else "failed" if error else "ok"
-    health = seen.health
+    health = None if seen.health is None else seen.health.behind(summary.typical_s, predicted)
     if health is not None and health.warning():
         say(f"warning: {health.warning()}")
     record = RunRecord(

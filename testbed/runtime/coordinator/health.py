@@ -12,7 +12,7 @@ import math
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,15 @@ class Health:
                 "delay_line_late_max_s": self.delay_line_late_max_s,
                 "reasons": list(self.reasons), "dilation": self.dilation,
                 "suggested_dilation": self.suggested_dilation, "span_cpu_s": self.span_cpu_s}
+
+    def behind(self, measured_s: float | None, predicted_s: float | None) -> Health:
+        """The same, its suggestion covering how much longer the run's iterations took
+        than the simulator's (`suggest_dilation`'s stretch), where the machine set the
+        pace and both are known."""
+        if not (self.cpu_bound and measured_s and predicted_s):
+            return self
+        return replace(self, suggested_dilation=suggest_dilation(
+            self.dilation, self.cpu_busy, measured_s / predicted_s))
 
     def warning(self) -> str | None:
         if not self.cpu_bound:
