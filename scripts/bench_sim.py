@@ -332,7 +332,6 @@ def main() -> None:
                         help="emulator topologies to compare against (comma-separated)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    os.environ["TESTBED_CACHE"] = "off"  # the bench's own plans: every search run
     compile_once()
     results: dict[str, Any] = {"scale": [] if args.skip_scale else scale_table(
         _sizes(args.sizes) if args.sizes else DEFAULT_SIZES)}

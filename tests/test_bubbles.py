@@ -89,7 +89,7 @@ def test_broker_predicts_the_median_recent_wait_and_rejects_late_requests() -> N
     chosen = broker.on_idle("g", 3, 0.25, 0.2)  # room 0.35, prefill 0.1
     assert [c.request.id for c in chosen] == [0]
     broker.delivered(0, 0.5, 1000)
-    broker.queue(3.0)  # request 1 waited 2.9 s > 2 s: rejected
+    broker.catch_up(3.0)  # request 1 waited 2.9 s > 2 s: rejected
     summary = broker.summary(6.0)
     assert summary["served"] == 1 and summary["rejected"] == 1 and summary["pending"] == 1
     assert summary["ttft_s"]["p50"] == pytest.approx(0.5)

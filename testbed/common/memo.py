@@ -15,6 +15,7 @@ nothing and says why once: the answers are then computed, as without it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import os
@@ -117,7 +118,14 @@ def user_memo(modules: Iterable[str]) -> Memo:
     nothing where `TESTBED_CACHE=off`."""
     if os.environ.get(ENV_SWITCH, "").strip().lower() in ("off", "0", "no", "false"):
         return NoMemo()
-    return DiskMemo(cache_dir() / FILE, code_version({"testbed", *modules}))
+    return DiskMemo(cache_dir() / FILE, _running_version(frozenset({"testbed", *modules})))
+
+
+@functools.cache
+def _running_version(modules: frozenset[str]) -> str:
+    """`code_version` once per process: the code running is what it imported (a command
+    planning many times walks the sources once)."""
+    return code_version(modules)
 
 
 def code_version(modules: Iterable[str]) -> str:

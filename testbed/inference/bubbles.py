@@ -103,15 +103,10 @@ class BubbleBroker:
             return None
         return longer[len(longer) // 2] if len(longer) >= HISTORY else longer[0]
 
-    def queue(self, now: float) -> list[Request]:
-        """Arrived, not started, not past their deadline (those are rejected here), in
-        arrival order."""
-        self._catch_up(now)
-        return list(self._queue)
-
-    def _catch_up(self, now: float) -> None:
-        """The queue as of `now`. Amortized: arrivals join at the back, the expired leave
-        from the front, and a request leaves when it starts."""
+    def catch_up(self, now: float) -> None:
+        """The queue as of `now`: arrived, not started, not past their deadline (those are
+        rejected here), in arrival order. Amortized: arrivals join at the back, the expired
+        leave from the front, and a request leaves when it starts."""
         while True:
             if self._pending is None:
                 self._pending = next(self.source, None)
@@ -134,7 +129,7 @@ class BubbleBroker:
         usual wait there. The policy sees the requests chunked on this GPU first, then the
         queue oldest first."""
         mine = [r for r in self._partial.values() if self.started[r.id][0] == gpu]
-        self._catch_up(now)
+        self.catch_up(now)
         queue = (*mine, *self._queue)  # one copy: the queue runs to thousands
         if not queue:
             return ()
@@ -205,7 +200,7 @@ class BubbleBroker:
         """Every arrival counted once: served (its first token went out; `expired`: of
         those, the ones whose first token came after the deadline), rejected (not started
         within the deadline), or pending when the run ended (queued, or part-way)."""
-        self._catch_up(until)
+        self.catch_up(until)
         arrived = [r for r in self.requests if r.arrival <= until]
         ttfts = list(self.ttft.values())
         return {
@@ -226,7 +221,7 @@ class BubbleBroker:
 
     def request_rows(self, until: float) -> list[RequestRow]:
         """One row per request arrived by `until`, in arrival order (requests.csv)."""
-        self._catch_up(until)
+        self.catch_up(until)
         rows: list[RequestRow] = []
         for request in self.requests:
             if request.arrival > until:
