@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from enum import StrEnum
 
@@ -189,18 +190,36 @@ def extra_warmup_of(schedule: str, stage: int, stages: int) -> int:
     return extras[stage] if len(extras) > 1 else extras[0]
 
 
+ORDERS_KEPT = 4096
+"""Stage orders kept once made: a plan search builds and checks the same ones for every
+placement, replica count and DC subset (Action is immutable, so they are shared)."""
+
+
 def schedule_compute(schedule: str, stage: int, stages: int, microbatches: int) -> list[Action]:
+    return list(_schedule_compute(schedule, stage, stages, microbatches))
+
+
+@functools.lru_cache(maxsize=ORDERS_KEPT)
+def _schedule_compute(schedule: str, stage: int, stages: int, microbatches: int
+                      ) -> tuple[Action, ...]:
     name, _ = parse_schedule(schedule)
     if name == "gpipe":
-        return gpipe_compute(stage, stages, microbatches)
-    return one_f_one_b_compute(stage, stages, microbatches,
-                               extra_warmup_of(schedule, stage, stages))
+        return tuple(gpipe_compute(stage, stages, microbatches))
+    return tuple(one_f_one_b_compute(stage, stages, microbatches,
+                                     extra_warmup_of(schedule, stage, stages)))
 
 
 def stage_actions(
     schedule: str, stage: int, stages: int, microbatches: int, replicas: int,
     sends: Sends = Sends.EAGER, gradients: Collective | None = EVERY_STEP,
 ) -> list[Action]:
+    return list(_stage_actions(schedule, stage, stages, microbatches, replicas, sends,
+                               gradients))
+
+
+@functools.lru_cache(maxsize=ORDERS_KEPT)
+def _stage_actions(schedule: str, stage: int, stages: int, microbatches: int, replicas: int,
+                   sends: Sends, gradients: Collective | None) -> tuple[Action, ...]:
     if sends is Sends.EAGER:
         actions = with_communication(schedule_compute(schedule, stage, stages, microbatches),
                                      stages)
@@ -209,7 +228,7 @@ def stage_actions(
     else:
         actions = torch_1f1b(stage, stages, microbatches,
                              extra_warmup_of(schedule, stage, stages))
-    return with_update(actions, stage, replicas, gradients)
+    return tuple(with_update(actions, stage, replicas, gradients))
 
 
 def schedule_actions(schedule: str, stages: int, microbatches: int, replicas: int,
