@@ -15,6 +15,7 @@ from typing import Any
 from testbed.common.choices import BackendName
 from testbed.common.codec import to_json
 from testbed.common.fsutil import write_atomic
+from testbed.common.heap import old_objects_frozen
 from testbed.common.yamlio import to_yaml
 from testbed.errors import InputError, TestbedError
 from testbed.inference.memory import check_inference_memory
@@ -72,7 +73,8 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
         record.target_loss = spec.target_loss
         record.plan_file = spec.plan_file
         record.trace = spec.trace
-        results = write_run(directory, record)
+        with old_objects_frozen():  # the record: what the files are written from
+            results = write_run(directory, record)
     if results.trace.left_out:
         say(results.trace.left_out)
     return RunResult(results, directory, error, record)
