@@ -133,3 +133,28 @@ def test_both_send_modes_compute_in_the_same_order(schedule: str, microbatches: 
             waits = [a for a in actions if a.op.is_wait]
             sent = [a for a in actions if a.op.is_send]
             assert len(waits) == (len(sent) if sends is Sends.TORCH else 0)
+
+
+def test_torch_loaded_in_a_thread_while_another_asks_for_an_order() -> None:
+    """A planner preloads torch in a thread while its main thread may build an order:
+    both go through one lock (Python's import locks see a deadlock where two threads
+    import a package and one of its modules at once, and fail one of them)."""
+    import subprocess
+    import sys
+
+    code = ("import threading\n"
+            "from testbed.plan.torch_order import load_torch, stage_ranks\n"
+            "errors = []\n"
+            "def preload():\n"
+            "    try:\n"
+            "        load_torch()\n"
+            "    except BaseException as exc:\n"
+            "        errors.append(repr(exc))\n"
+            "thread = threading.Thread(target=preload)\n"
+            "thread.start()\n"
+            "print(sorted(stage_ranks('interleaved-1f1b', 2, 2).items()))\n"
+            "thread.join()\n"
+            "print(errors)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.splitlines() == ["[(0, 0), (1, 1), (2, 0), (3, 1)]", "[]"]

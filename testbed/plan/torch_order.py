@@ -15,6 +15,7 @@ import functools
 import io
 import logging
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,15 +54,23 @@ class TorchOrder:
         return tuple(sorted(s for s, r in self.stage_rank.items() if r == rank))
 
 
+_LOADING = threading.Lock()
+"""Held while torch is imported (load_torch)."""
+
+
 def load_torch() -> None:
-    """Import torch's pipelining schedules now (seconds, once per process): a planner that
-    forks workers which will build torch's orders loads it first, so that they inherit it
-    instead of each importing it again."""
-    import torch.distributed.pipelining.schedules  # noqa: F401
+    """Import torch's pipelining schedules now (seconds, once per process): a planner whose
+    forked workers will build torch's orders preloads it (PlanningContext.pool), so that
+    they inherit it instead of each importing it again. Every import of torch here comes
+    through one lock: Python's import locks see a deadlock where two threads import a
+    package and its module at once (and one of them fails)."""
+    with _LOADING:
+        import torch.distributed.pipelining.schedules  # noqa: F401
 
 
 def stage_ranks(schedule: str, ranks: int, virtual: int) -> dict[int, int]:
     """Each stage's rank under `schedule`: torch's own mapping (looped or V-shaped)."""
+    load_torch()
     from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 
     style = "v" if schedule in V_SHAPED else "loop"
@@ -72,6 +81,7 @@ def stage_ranks(schedule: str, ranks: int, virtual: int) -> dict[int, int]:
 def torch_order(schedule: str, ranks: int, virtual: int, microbatches: int) -> TorchOrder:
     """The compute order torch's class for `schedule` gives `ranks` ranks with `virtual`
     stages each. ValueError with torch's reason where torch refuses."""
+    load_torch()
     import torch.distributed.pipelining.schedules as schedules
 
     mapping = stage_ranks(schedule, ranks, virtual)

@@ -68,14 +68,20 @@ class PlanningContext:
             raise ValueError("simulate needs a job: this context was made without one")
         return self._simulator(plan, run, stop_above)
 
-    def pool(self, work: Callable[..., R]) -> AbstractContextManager[Pool[R]]:
+    def pool(self, work: Callable[..., R], preload: Callable[[], object] | None = None
+             ) -> AbstractContextManager[Pool[R]]:
         """Spread calls of `work` over `processes` processes: inside the block,
         `pool.submit(*args)` starts `work(*args)` and returns a function that waits for
         its result (`pool.size` of them run at once). `work` runs in processes forked when
         the block opens (so it may close over anything, the policy's own state as it is
         then); its arguments and results are pickled. With one process (or where forking
-        is unsafe: see testbed.policy.parallel) each call runs at once, here."""
-        return forked_pool(work, self.processes)
+        is unsafe: see testbed.policy.parallel) each call runs at once, here.
+
+        `preload`: a slow import some calls need (`load_torch`): it runs here while the
+        first calls run there, and the processes are forked again once it is done and
+        none is busy, to inherit it; `work` must therefore not depend on state that
+        changes inside the block. Ignored where calls run here."""
+        return forked_pool(work, self.processes, preload)
 
     @property
     def pool_size(self) -> int:

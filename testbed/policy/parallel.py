@@ -6,8 +6,10 @@ runs at once, in this process: the same results, one after another."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
+import multiprocessing.pool
 import os
 import signal
 import threading
@@ -15,6 +17,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+
+from testbed.common.heap import old_objects_frozen
 
 R = TypeVar("R")
 
@@ -65,20 +69,71 @@ def pool_size(processes: int) -> int:
 
 
 @contextmanager
-def forked_pool(work: Callable[..., R], processes: int) -> Iterator[Pool[R]]:
-    """`submit(*args)` starts `work(*args)` in one of `processes` forked workers."""
+def forked_pool(work: Callable[..., R], processes: int,
+                preload: Callable[[], object] | None = None) -> Iterator[Pool[R]]:
+    """`submit(*args)` starts `work(*args)` in one of `processes` forked workers. With
+    `preload` (an import the work will need, seconds long), see `_Workers`."""
     global _work
     if pool_size(processes) == 1:
         yield Pool(_at_once(work), 1)
         return
     _work = work
-    pool = multiprocessing.get_context("fork").Pool(processes, _worker_start, (os.getpid(),))
+    workers = _Workers(processes, preload)
     try:
-        yield Pool(lambda *args: pool.apply_async(_call, args).get, processes)
+        yield Pool(workers.submit, processes)
     finally:
-        pool.terminate()
-        pool.join()
+        workers.close()
         _work = None
+
+
+class _Workers:
+    """The forked workers. A `preload` runs in a thread of this process while they start
+    on the first calls, using what the cores leave idle (this process mostly waits for
+    results), instead of before the fork while the other cores wait; once it is done,
+    and no call is under way, the workers are forked again and inherit what it loaded.
+    A call that needs it before then loads it itself: the same results either way."""
+
+    def __init__(self, processes: int, preload: Callable[[], object] | None) -> None:
+        self.processes = processes
+        self.pool = self._fork()
+        self.under_way: list[multiprocessing.pool.AsyncResult[Any]] = []
+        self.loading: threading.Thread | None = None
+        if preload is not None:
+            self.loading = threading.Thread(target=_quietly, args=(preload,), daemon=True,
+                                            name="testbed-preload")
+            self.loading.start()
+
+    def _fork(self) -> multiprocessing.pool.Pool:
+        return multiprocessing.get_context("fork").Pool(self.processes, _worker_start,
+                                                        (os.getpid(),))
+
+    def submit(self, *args: Any) -> Waiter[Any]:
+        self.under_way = [r for r in self.under_way if not r.ready()]
+        if self.loading is not None and not self.loading.is_alive() and not self.under_way:
+            self.loading.join()
+            self.loading = None
+            self._stop()
+            self.pool = self._fork()
+        result = self.pool.apply_async(_call, args)
+        self.under_way.append(result)
+        return result.get
+
+    def _stop(self) -> None:
+        self.pool.terminate()
+        self.pool.join()
+
+    def close(self) -> None:
+        """Stops the workers; waits for a preload still running (no thread is left
+        behind: a later pool forks only where this process runs no other thread)."""
+        self._stop()
+        if self.loading is not None:
+            self.loading.join()
+
+
+def _quietly(preload: Callable[[], object]) -> None:
+    """A preload that fails is left to the call that needs what it loads, to fail there."""
+    with contextlib.suppress(BaseException):
+        preload()
 
 
 PR_SET_PDEATHSIG = 1
@@ -98,7 +153,8 @@ def _worker_start(parent: int) -> None:
 
 def _call(*args: Any) -> Any:
     assert _work is not None  # set before the workers were forked
-    return _work(*args)
+    with old_objects_frozen():  # what the worker inherited, and its earlier calls' results
+        return _work(*args)
 
 
 def _at_once(work: Callable[..., R]) -> Submit[R]:
