@@ -422,6 +422,82 @@ def test_a_planning_pool_runs_its_calls_in_other_processes() -> None:
         assert serial.size == 1 and serial.submit(7)() == (7, os.getpid())
 
 
+_PRELOADED: list[str] = []
+
+
+def test_a_planning_pool_preloads_while_its_workers_start_then_forks_them_again() -> None:
+    """The preload runs here while the first calls run in the workers; once it is done
+    and no call is under way, the calls run in workers forked afterwards, which inherit
+    what it loaded. No thread is left behind, and a preload that fails is left to the
+    calls (they run as they would have)."""
+    import os
+    import threading
+
+    from testbed.policy.context import PlanningContext
+
+    _PRELOADED.clear()
+    threads = threading.active_count()
+    first_done, loaded = threading.Event(), threading.Event()
+
+    def preload() -> None:
+        assert first_done.wait(10)  # a slow import
+        _PRELOADED.append("torch, say")
+        loaded.set()
+
+    with PlanningContext(processes=2).pool(lambda x: (x, tuple(_PRELOADED), os.getpid()),
+                                           preload) as pool:
+        first = pool.submit(0)()
+        first_done.set()
+        assert loaded.wait(10)
+        later = [pool.submit(i) for i in (1, 2)]
+        results = [wait() for wait in later]
+    assert first[:2] == (0, ()) and first[2] != os.getpid()  # a worker forked before it
+    assert [x for x, _, _ in results] == [1, 2]
+    assert all(inherited == ("torch, say",) for _, inherited, _ in results)
+    assert threading.active_count() == threads
+
+    def fails() -> None:
+        raise ImportError("no such module")
+
+    with PlanningContext(processes=2).pool(lambda x: x * 2, fails) as pool:
+        assert [pool.submit(i)() for i in range(4)] == [0, 2, 4, 6]
+    assert threading.active_count() == threads
+    with PlanningContext().pool(lambda x: x, lambda: _PRELOADED.append("no")) as serial:
+        assert serial.submit(3)() == 3
+    assert _PRELOADED == ["torch, say"]  # where calls run here, nothing to preload for
+
+
+def test_answers_another_measurement_gives_do_not_hold_back_the_processes() -> None:
+    """A candidate whose answer is known (`Known`) takes no process: two measurements stay
+    under way beside any number of them, and the results are those measured."""
+    from dataclasses import replace
+
+    from testbed_plugins.atlas.placement import Chain
+    from testbed_plugins.atlas.search import Candidate, Known, Search
+
+    dcs = ("east",)
+    candidates = [Candidate(dcs, dp, 1, Chain(dcs, (1,)), 1.0, 100) for dp in range(9)]
+    under_way: set[int] = set()
+    most = 0
+
+    def measure(candidate: Any, _floor: float | None) -> Any:
+        nonlocal most
+        answer = replace(candidate, simulated_s=float(candidate.dp + 1))
+        if candidate.dp % 3:
+            return Known(lambda: answer)
+        under_way.add(candidate.dp)
+        most = max(most, len(under_way))
+
+        def wait() -> Any:
+            under_way.discard(candidate.dp)
+            return answer
+        return wait
+
+    out = Search(measure, ahead=2).run(candidates)
+    assert [c.simulated_s for c in out] == [float(dp + 1) for dp in range(9)]
+    assert most == 3  # all three measured ones at once (two, and one started early)
+
+
 @pytest.mark.parametrize("name", ["paper-3dc",
                                   pytest.param("wan-3dc", marks=pytest.mark.benchmark)])
 def test_candidates_measured_in_parallel_make_the_same_choice(name: str) -> None:
@@ -483,16 +559,16 @@ def test_a_stop_while_atlas_plans_on_several_cores_leaves_no_worker_and_no_trace
                 and Path(f"/proc/{w}/stat").read_text().split()[2] != "Z"]
 
 
-LOADED_AT_FORK = """
+PRELOADED = """
 import sys
 from testbed.experiments.inputs import load_inputs
 from testbed.policy import training_policy
 from testbed.policy.context import PlanningContext
 
 class Watched(PlanningContext):
-    def pool(self, work):
-        print("torch" in sys.modules, flush=True)
-        return super().pool(work)
+    def pool(self, work, preload=None):
+        print("torch" in sys.modules, getattr(preload, "__name__", None), flush=True)
+        return super().pool(work, preload)
 
 inputs = load_inputs(sys.argv[1])
 policy = training_policy("atlas", {"two_per_gpu": sys.argv[2]})
@@ -501,15 +577,16 @@ policy.plan(inputs.topology, inputs.job, Watched(inputs.job))
 
 
 @pytest.mark.parametrize("two_per_gpu", ["on", "off"])
-def test_atlas_loads_torch_before_its_planning_pool_forks_where_it_will_try_its_orders(
+def test_atlas_preloads_torch_in_its_planning_pool_where_it_will_try_its_orders(
         two_per_gpu: str) -> None:
-    """The pool's workers inherit torch instead of each importing it (seconds each):
-    loaded before the pool opens where two stages per GPU may be tried, not at all where
-    they are off (a fresh process: nothing else has loaded torch)."""
-    done = subprocess.run([sys.executable, "-c", LOADED_AT_FORK,
+    """The pool's workers inherit torch instead of each importing it (seconds each), and
+    torch loads while the first candidates are simulated, not before: preloaded where two
+    stages per GPU may be tried, not at all where they are off (a fresh process: nothing
+    else has loaded torch)."""
+    done = subprocess.run([sys.executable, "-c", PRELOADED,
                            str(ROOT / "topologies" / "paper-3dc.yaml"), two_per_gpu],
                           capture_output=True, text=True, check=True)
-    assert done.stdout.split() == (["True"] if two_per_gpu == "on" else ["False"])
+    assert done.stdout.split() == ["False", "load_torch" if two_per_gpu == "on" else "None"]
 
 
 def test_ranking_transfers_as_they_arrive_chooses_as_ranking_the_queue_anew() -> None:

@@ -35,7 +35,7 @@ from .explain import why_chosen
 from .placement import Chain, capacity, fill, largest_first, place, tie_orders
 from .ranking import Queues, needed_at
 from .schedules import one_per_gpu, placed, two_fit, two_per_gpu
-from .search import Candidate, search
+from .search import Candidate, Known, search
 from .settings import AtlasSettings
 from .twins import Answer, once, reused, twin
 
@@ -115,13 +115,14 @@ class AtlasPolicy(TrainingPolicy):
                              topology.source, "job")
         probe = replace(job, iterations=min(job.iterations, PROBE_ITERATIONS)
                         if topology.total_gpus <= LARGE else min(job.iterations, 2))
-        if self.settings.two_per_gpu and any(two_fit(job, c.pp) for c in pool):
-            # torch's orders are tried on the best placements: loaded here, before the
-            # pool forks, its workers inherit torch instead of each importing it (seconds)
-            load_torch()
+        # torch's orders are tried on the best placements: loaded while the first
+        # candidates are simulated, then inherited by the pool's workers
+        preload = load_torch if self.settings.two_per_gpu and \
+            any(two_fit(job, c.pp) for c in pool) else None
         twins: dict[Any, tuple[float | None, Answer]] = {}
         with context.pool(lambda c, stop_above: context.simulate(
-                self._assemble(topology, probe, c), probe, stop_above)) as simulations:
+                self._assemble(topology, probe, c), probe, stop_above),
+                preload) as simulations:
             state = search(pool, lambda c, floor: self._simulate(
                 topology, probe, c, context, floor, simulations.submit, twins),
                 self._mechanisms, every_dc, self.settings.search,
@@ -269,7 +270,7 @@ class AtlasPolicy(TrainingPolicy):
         known: tuple[float | None, bool] | None = context.cache.get(key)
         if known is not None and not (known[1] and (stop_above is None or known[0] is None
                                                      or known[0] <= stop_above)):
-            return lambda: result(*known)
+            return Known(lambda: result(*known))
         same = twin(probe, candidate)
         earlier = twins.get(same) if same is not None else None
         waiting = once(submit(candidate, stop_above) if earlier is None else
@@ -282,7 +283,7 @@ class AtlasPolicy(TrainingPolicy):
             at_least = seconds is not None and stop_above is not None and seconds > stop_above
             context.cache[key] = (seconds, at_least)
             return result(seconds, at_least)
-        return measured
+        return measured if earlier is None else Known(measured)
 
     # --- temporal sharing ---------------------------------------------------------------
 

@@ -122,7 +122,19 @@ Measure = Callable[[Candidate, "float | None"], Waiter]
 """Starts measuring a candidate and returns what waits for the result; the second
 argument is a floor in tokens/s: a candidate sure to fall below it may be returned with a
 lower bound on its time (`at_least`). A measure that runs at once returns its result in
-a function that has it."""
+a function that has it; one whose answer another measurement gives returns it in `Known`."""
+
+
+class Known:
+    """A waiter whose answer takes no process of its own (kept from an earlier
+    measurement, or the same plan measured for another candidate): `Search.run` starts
+    the next measurements beside it, so that the processes do not wait on it."""
+
+    def __init__(self, wait: Waiter) -> None:
+        self._wait = wait
+
+    def __call__(self) -> Candidate | None:
+        return self._wait()
 Mode = Literal["staged", "grid", "exhaustive"]
 
 
@@ -174,7 +186,7 @@ class Search:
             if any(s.candidate.key == candidate.key for s in started):
                 while started:  # the same plan under way: its result first
                     self._collect(started, out, floor)
-            while len(started) >= self.ahead + early:
+            while _busy(started) >= self.ahead + early:
                 self._collect(started, out, floor)
             started.append(self._start(candidate, floor, sure=len(started) < self.ahead))
         while started:
@@ -231,6 +243,11 @@ class Search:
     def ranked(self) -> list[Candidate]:
         return sorted((c for c in self.measured.values() if c is not None),
                       key=lambda c: (-c.tokens_per_s, repr(c.key)))
+
+
+def _busy(started: Iterable[_Started]) -> int:
+    """Measurements under way that take a process."""
+    return sum(1 for s in started if s.waiter is not None and not isinstance(s.waiter, Known))
 
 
 def search(pool: Sequence[Candidate], measure: Measure,
