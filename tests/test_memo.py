@@ -83,7 +83,9 @@ def test_the_code_version_changes_with_any_source_file_of_the_package(
 def test_atlas_reads_its_search_back_and_plans_the_same(kept: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A second plan of the same inputs runs no simulation and makes the same plan, with
-    the same candidates and reasons; other inputs search again."""
+    the same candidates and reasons, and so does one of a longer run with requests to
+    serve (the search simulates a few iterations of training alone); other inputs
+    search again."""
     import testbed.sim.planning as planning
 
     inputs = load_inputs(ROOT / "topologies" / "two-dc.yaml")
@@ -99,6 +101,11 @@ def test_atlas_reads_its_search_back_and_plans_the_same(kept: Path,
         again = plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job, {})
         ablation = plan_with_simulator(training_policy("atlas-no-temporal"),
                                        inputs.topology, inputs.job, {})
+        serving = load_inputs(ROOT / "topologies" / "two-dc.yaml",
+                              sets=("inference.arrival_rate=100/s", "iterations=7"))
+        longer = plan_with_simulator(training_policy("atlas"), serving.topology,
+                                     serving.job, {})
+    assert longer.notes["planning_kept"] is True and longer.programs == first.programs
     assert again.notes["planning_kept"] is True
     assert ablation.placement == first.placement
     drop = {"planning_s", "planning_kept"}

@@ -51,6 +51,14 @@ TransferKey = tuple[Op, int, int, int]
 microbatch."""
 
 
+def searched_job(topology: Topology, job: Job) -> Job:
+    """The job as Atlas's search simulates it: a few iterations (PROBE_ITERATIONS, or two
+    above LARGE GPUs) of training alone, since the candidates' runs fill no bubbles (an
+    inference workload changes nothing they measure)."""
+    return replace(job, inference=None, iterations=min(
+        job.iterations, PROBE_ITERATIONS if topology.total_gpus <= LARGE else 2))
+
+
 class AtlasPolicy(TrainingPolicy):
     name = "atlas"
     summary = ("Atlas: stages over DCs (DP inside DCs), DC selection, N TCP connections, "
@@ -87,13 +95,16 @@ class AtlasPolicy(TrainingPolicy):
     def decided(self, topology: Topology, job: Job, context: PlanningContext
                 ) -> tuple[Candidate, list[Candidate], str, bool]:
         """`choose`'s answer, and whether it was kept from an earlier command (the same
-        inputs, processes and code: context.memo) instead of searched again."""
-        key = ("atlas.choose", type(self).__name__, repr(topology), repr(job),
+        inputs, processes and code: context.memo) instead of searched again. The search
+        sees the job as `searched_job` gives it: runs that differ only in their length or
+        their inference workload share it (within a command, and across commands)."""
+        searched = searched_job(topology, job)
+        key = ("atlas.choose", type(self).__name__, repr(topology), repr(searched),
                repr(self.settings), repr(self.limits), context.pool_size)
         kept = context.memo.get(key)
         if kept is not None:
             return (*kept, True)
-        chosen, considered, why = self.choose(topology, job, context)
+        chosen, considered, why = self.choose(topology, searched, context)
         context.memo.put(key, (chosen, considered, why))
         return chosen, considered, why, False
 
@@ -113,8 +124,7 @@ class AtlasPolicy(TrainingPolicy):
         if not pool:
             raise InputError("selection off, and no placement uses every datacenter",
                              topology.source, "job")
-        probe = replace(job, iterations=min(job.iterations, PROBE_ITERATIONS)
-                        if topology.total_gpus <= LARGE else min(job.iterations, 2))
+        probe = searched_job(topology, job)
         # torch's orders are tried on the best placements: loaded while the first
         # candidates are simulated, then inherited by the pool's workers
         preload = load_torch if self.settings.two_per_gpu and \
