@@ -4,6 +4,7 @@ costs nothing but the saving."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -154,3 +155,22 @@ def test_a_command_whose_store_cannot_be_written_says_so_in_one_line_and_runs(
         f"testbed: warning: {blocked / 'cache' / 'answers.sqlite'}: not keeping planning "
         f"answers ([Errno 20] Not a directory: '{blocked / 'cache'}'); set TESTBED_CACHE=off "
         "to silence this"]
+
+
+def test_a_sweeps_workers_keep_their_searches_as_its_own_process_would(
+        kept: Path, tmp_path: Path) -> None:
+    """Points run in spawned workers keep answers in the user's store, as the sweep's
+    process does: arrival rates are one search (the job as Atlas simulates it), kept once
+    by whichever worker made it."""
+    import sqlite3
+
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "testbed"), "sweep",
+         str(ROOT / "topologies" / "two-dc.yaml"), "-p", "atlas",
+         "--vary", "inference.arrival_rate=50/s,100/s", "--workers", "2",
+         "--out", str(tmp_path / "sweep")], capture_output=True, text=True,
+        env=os.environ.copy(), check=False)
+    assert done.returncode == 0, done.stderr
+    with contextlib.closing(sqlite3.connect(kept / "answers.sqlite")) as store:
+        keys = [row[0] for row in store.execute("SELECT key FROM answers")]
+    assert len(keys) == 1

@@ -1,6 +1,8 @@
 """Running a sweep's points: in this process, in local worker processes, or as tasks on a
 Ray cluster. A point is the unit of work and plans with a cache of its own, so its rows
-are the same whichever process runs it, after whichever points.
+are the same whichever process runs it, after whichever points; where the sweep keeps
+planning answers across commands, its workers do too (a kept answer is the one the search
+would give).
 
 Local workers are spawned (not forked: nothing of this process, its held directory
 among it, passes to them), ignore Ctrl-C (this process stops them) and die with this
@@ -26,7 +28,7 @@ from testbed.errors import InputError, TestbedError, one_line
 from testbed.experiments.run import simulated
 from testbed.experiments.sweep import Point, row_metrics
 from testbed.policy.parallel import share_cores
-from testbed.sim.planning import shared_cache
+from testbed.sim.planning import keeping_answers, keeps_answers, shared_cache
 
 Row = dict[str, Any]
 Done = Callable[[int, list[Row]], None]
@@ -36,10 +38,13 @@ PROBE_S = 10.0
 """How long a cluster's address has to answer."""
 
 
-def run_point(point: Point) -> list[Row]:
-    """The point's rows, one per run; a run that fails is a row with its error."""
+def run_point(point: Point, keep: bool = False) -> list[Row]:
+    """The point's rows, one per run; a run that fails is a row with its error. `keep`:
+    plans may keep answers in the user's store, as the sweep's own process does
+    (testbed.sim.planning.keeping_answers): its workers share their searches."""
     rows = []
-    with shared_cache(fresh=True):  # ablations reuse their parent's search, within the point
+    kept = keeping_answers() if keep else contextlib.nullcontext()
+    with shared_cache(fresh=True), kept:  # ablations reuse their parent's search, in a point
         for run in point.runs:
             row: Row = {**dict(point.values), **run.labels}
             try:
@@ -96,7 +101,8 @@ def _on_processes(points: Sequence[Point], done: Done, workers: int) -> None:
                                    (count,))
     try:
         pending: dict[Future[list[Row]], int] = {
-            executor.submit(run_point, point): point.index for point in points}
+            executor.submit(run_point, point, keeps_answers()): point.index
+            for point in points}
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
@@ -160,7 +166,7 @@ def _reachable(address: str) -> None:
 
 def _ray_tasks(ray: Any, points: Sequence[Point], done: Done) -> None:
     task = ray.remote(num_cpus=1, max_retries=0)(run_point)
-    pending = {task.remote(point): point.index for point in points}
+    pending = {task.remote(point, keeps_answers()): point.index for point in points}
     try:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)

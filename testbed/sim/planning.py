@@ -43,6 +43,12 @@ def keeping_answers() -> Iterator[None]:
         _KEEPING.reset(token)
 
 
+def keeps_answers() -> bool:
+    """Whether plans made here may keep answers (inside `keeping_answers`): what a command
+    hands to the processes it spreads its runs over."""
+    return _KEEPING.get()
+
+
 @contextmanager
 def shared_cache(fresh: bool = False) -> Iterator[dict[Any, Any]]:
     """One cache for every plan made inside; an enclosing one is reused, not replaced,
