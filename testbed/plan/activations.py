@@ -43,6 +43,19 @@ def in_flight(actions: Iterable[Action]) -> dict[int, int]:
 def peak_layers_held(actions: Iterable[Action], layers: Mapping[int, int]) -> int:
     """The most (microbatch, layer) activations held at once over all the stages of the
     actions (`layers`: per stage): what a GPU holding several stages needs at its worst
-    moment."""
-    return max((sum(count * layers[stage] for stage, count in held.items())
-                for held in holdings(actions)), default=0)
+    moment. The sum over stages of microbatches held times layers moves by one stage's
+    layers at each F, B or W: a running total, not a sum per action (a plan search checks
+    thousands of orders)."""
+    total, peak = 0, None
+    for action in actions:
+        changed = False
+        for leaf in action.leaves:
+            if leaf.op is Op.F:
+                total += layers[leaf.stage]
+                changed = True
+            elif leaf.op is Op.B or leaf.op is Op.W:
+                total -= layers[leaf.stage]
+                changed = True
+        if changed and (peak is None or total > peak):
+            peak = total
+    return 0 if peak is None else peak
