@@ -181,17 +181,25 @@ class Search:
         floor measures them further, never to a different rank among those above it."""
         out: list[Candidate] = []
         started: deque[_Started] = deque()
-        early = 1 if self.ahead > 1 else 0
         for candidate in candidates:
             if any(s.candidate.key == candidate.key for s in started):
                 while started:  # the same plan under way: its result first
                     self._collect(started, out, floor)
-            while _busy(started) >= self.ahead + early:
+            while self._full(started):
                 self._collect(started, out, floor)
             started.append(self._start(candidate, floor, sure=len(started) < self.ahead))
         while started:
             self._collect(started, out, floor)
         return out
+
+    def _full(self, started: deque[_Started]) -> bool:
+        """Whether those under way are collected from before another starts: with one
+        process every candidate waits for all before it (nothing runs beside it); with
+        more, once `ahead` and one started early take a process each (a `Known` answer
+        takes none)."""
+        if self.ahead == 1:
+            return bool(started)
+        return _busy(started) >= self.ahead + 1
 
     def _start(self, candidate: Candidate, floor: Callable[[], float | None] | None,
                sure: bool) -> _Started:
