@@ -135,6 +135,8 @@ class Known:
 
     def __call__(self) -> Candidate | None:
         return self._wait()
+
+
 Mode = Literal["staged", "grid", "exhaustive"]
 
 
