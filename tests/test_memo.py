@@ -41,6 +41,16 @@ def test_an_answer_is_read_back_only_for_its_key_and_its_code(tmp_path: Path) ->
     assert DiskMemo(tmp_path / "a.sqlite", "v1").get(("k", 1)) == (1.5, [2, "x"])
 
 
+def test_a_store_keeps_its_newest_answers(tmp_path: Path) -> None:
+    """The oldest written go first; one written again is new."""
+    store = DiskMemo(tmp_path / "answers.sqlite", "v1", keep=3)
+    for key in ("a", "b", "c"):
+        store.put(key, key.upper())
+    store.put("a", "A again")
+    store.put("d", "D")
+    assert [store.get(key) for key in "abcd"] == ["A again", None, "C", "D"]
+
+
 def test_a_store_that_cannot_be_written_warns_once_and_keeps_nothing(tmp_path: Path) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("")

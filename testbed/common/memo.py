@@ -9,8 +9,11 @@ starts afresh. The answer read back is the one that code computed for that key: 
 answer a fresh search gives, since the search is deterministic.
 
 Where: `$TESTBED_CACHE_DIR`, else `$XDG_CACHE_HOME/testbed`, else `~/.cache/testbed`;
-`TESTBED_CACHE=off` keeps nothing. A store that cannot be opened or written keeps
-nothing and says why once: the answers are then computed, as without it.
+`TESTBED_CACHE=off` keeps nothing. The store keeps the newest KEPT answers written (an
+Atlas answer is a few kilobytes): every edit of the code starts new keys, and a sweep
+writes one per point whose search differs, so it would otherwise only grow. A store that
+cannot be opened or written keeps nothing and says why once: the answers are then
+computed, as without it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from testbed.errors import TestbedWarning
 ENV_DIR = "TESTBED_CACHE_DIR"
 ENV_SWITCH = "TESTBED_CACHE"
 FILE = "answers.sqlite"
+KEPT = 10_000
+"""Answers a store keeps, the newest written (tens of megabytes at most)."""
 
 
 class Memo(Protocol):
@@ -60,6 +65,8 @@ class DiskMemo:
 
     path: Path
     version: str
+    keep: int = KEPT
+    """The newest answers written that it keeps."""
     _connection: sqlite3.Connection | None = field(default=None, repr=False)
     _pid: int = 0
     _broken: bool = False
@@ -76,6 +83,9 @@ class DiskMemo:
     def put(self, key: Any, value: Any) -> None:
         self._run("INSERT OR REPLACE INTO answers (key, value) VALUES (?, ?)",
                   (self._digest(key), pickle.dumps(value, pickle.HIGHEST_PROTOCOL)))
+        # a row written gets the next rowid (a replaced one too): the oldest go first
+        self._run("DELETE FROM answers WHERE rowid <= (SELECT MAX(rowid) FROM answers) - ?",
+                  (self.keep,))
 
     def _digest(self, key: Any) -> str:
         return hashlib.sha256(f"{self.version}\0{key!r}".encode()).hexdigest()
