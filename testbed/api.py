@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from testbed.common.choices import BackendName, ComputeChoice, OnFailure, ShaperChoice
 from testbed.common.codec import from_json
@@ -168,12 +168,13 @@ def emulate(inputs: Inputs, policy: str | None = None,
             options: Mapping[str, str] | None = None, *, plan: GivenPlan | None = None,
             bubble: str | None = None, bubble_options: Mapping[str, str] | None = None,
             compute: ComputeChoice = RunSpec.compute, shaper: ShaperChoice = RunSpec.shaper,
-            dilation: int | None = 1, out: str | Path | None = None,
+            dilation: int | Literal["auto"] | None = RunSpec.dilation,
+            out: str | Path | None = None,
             say: Say = print, target_loss: float | None = None,
             on_failure: OnFailure = RunSpec.on_failure,
             checkpoint_every: int = RunSpec.checkpoint_every) -> Result:
     """`testbed up`: real processes over the emulated WAN (needs root). `dilation`: run K
-    times slower than represented time, None to choose K from this machine;
+    times slower than represented time, "auto" (or None) to choose K from this machine;
     `target_loss`: report the time to reach it (`Result.time_to_loss`); `plan`,
     `on_failure` and `checkpoint_every`: as for `simulate`."""
     spec = RunSpec("emulate", inputs.topology, inputs.job, policy or DEFAULT_POLICY,
