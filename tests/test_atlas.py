@@ -467,6 +467,28 @@ def test_a_planning_pool_preloads_while_its_workers_start_then_forks_them_again(
     assert _PRELOADED == ["torch, say"]  # where calls run here, nothing to preload for
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_long_search_says_how_it_goes(processes: int, monkeypatch: pytest.MonkeyPatch
+                                        ) -> None:
+    """Planning with somewhere to say it: a line per candidate simulated where one is due
+    at once (every 0 s), each counted once in the planning process, whether it ran there
+    or in a pool's worker."""
+    import testbed.policy.context as context_module
+    import testbed.sim.planning as planning
+
+    monkeypatch.setattr(context_module, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(planning, "planning_processes", lambda: processes)
+    inputs = load_inputs(ROOT / "topologies" / "two-dc.yaml")
+    lines: list[str] = []
+    planning.plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job, {},
+                                 say=lines.append)
+    assert len(lines) >= 5
+    assert all(line.startswith("planning with atlas: ") and line.endswith(" s so far")
+               for line in lines)
+    counts = [int(line.split(": ")[1].split()[0]) for line in lines]
+    assert counts == list(range(1, len(lines) + 1))
+
+
 def test_answers_another_measurement_gives_do_not_hold_back_the_processes() -> None:
     """A candidate whose answer is known (`Known`) takes no process: two measurements stay
     under way beside any number of them, and the results are those measured."""

@@ -87,7 +87,7 @@ def prepare(spec: RunSpec, say: Say) -> tuple[RunSpec, Plan, TrainingPolicy]:
         check_target_loss(spec.target_loss, "target_loss")
     chosen = training_policy(spec.policy, spec.policy_options)
     plan = spec.plan if spec.plan is not None else \
-        plan_with_simulator(chosen, spec.topology, spec.job)
+        plan_with_simulator(chosen, spec.topology, spec.job, say=say)
     spec = whole_cycles(spec, plan.period, say)
     # the host TCP settings the plan asks for, on both backends and in the run's topology.yaml
     spec = replace(spec, topology=hosts_as_planned(spec.topology, plan))

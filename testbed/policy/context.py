@@ -9,8 +9,10 @@ may also be kept across commands (`memo`, on disk where the caller allows it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar
 
 from testbed.common.memo import Memo, NoMemo
@@ -26,6 +28,35 @@ Simulator = Callable[[Plan, Job, "float | None"], "float | None"]
 the third argument is `stop_above` (see `PlanningContext.simulate`)."""
 
 
+PROGRESS_EVERY_S = 5.0
+"""How often a long search's progress is shown: a line at most this often, the first once
+the search has taken this long (a quick one says nothing)."""
+
+
+class SearchProgress:
+    """Lines for the user while a policy's search runs: `simulated()` after each candidate
+    plan simulated, a line at most every PROGRESS_EVERY_S. Counted in the planning
+    process alone: a pool's workers inherit it, and their calls are counted as their
+    results come back."""
+
+    def __init__(self, say: Callable[[str], None], what: str) -> None:
+        self.say = say
+        self.what = what
+        self.count = 0
+        self.began = self.shown = time.monotonic()
+        self._pid = os.getpid()
+
+    def simulated(self) -> None:
+        if os.getpid() != self._pid:
+            return
+        self.count += 1
+        now = time.monotonic()
+        if now - self.shown >= PROGRESS_EVERY_S:
+            self.shown = now
+            self.say(f"{self.what}: {self.count} candidate plans simulated, "
+                     f"{now - self.began:.0f} s so far")
+
+
 class PlanningContext:
     """Handed to `TrainingPolicy.plan`. Without a simulator (tests, tools that only need
     a plan), `simulate` answers None, as for a plan that cannot be simulated."""
@@ -33,7 +64,7 @@ class PlanningContext:
     def __init__(self, job: Job | None = None, simulator: Simulator | None = None,
                  cache: dict[Any, Any] | None = None,
                  host_limits: HostLimits | None = None, processes: int = 1,
-                 memo: Memo | None = None) -> None:
+                 memo: Memo | None = None, progress: SearchProgress | None = None) -> None:
         self.job = job
         self.processes = processes
         """How many processes planning may spread simulations over (`pool`)."""
@@ -50,6 +81,7 @@ class PlanningContext:
         of its inputs alone. The key must say everything the answer depends on, and whose
         key it is; the store adds the version of testbed's and the policy's code."""
         self._simulator = simulator
+        self._progress = progress
 
     def simulate(self, plan: Plan, job: Job | None = None, stop_above: float | None = None
                  ) -> float | None:
@@ -66,7 +98,10 @@ class PlanningContext:
         run = job if job is not None else self.job
         if run is None:
             raise ValueError("simulate needs a job: this context was made without one")
-        return self._simulator(plan, run, stop_above)
+        seconds = self._simulator(plan, run, stop_above)
+        if self._progress is not None:
+            self._progress.simulated()
+        return seconds
 
     def pool(self, work: Callable[..., R], preload: Callable[[], object] | None = None
              ) -> AbstractContextManager[Pool[R]]:
@@ -81,9 +116,32 @@ class PlanningContext:
         first calls run there, and the processes are forked again once it is done and
         none is busy, to inherit it; `work` must therefore not depend on state that
         changes inside the block. Ignored where calls run here."""
-        return forked_pool(work, self.processes, preload)
+        return _counted(forked_pool(work, self.processes, preload), self._progress)
 
     @property
     def pool_size(self) -> int:
         """How many calls `pool` would run at once, were it opened now."""
         return pool_size(self.processes)
+
+
+@contextmanager
+def _counted(opened: AbstractContextManager[Pool[R]], progress: SearchProgress | None
+             ) -> Iterator[Pool[R]]:
+    """The pool, its calls counted as simulated plans as their results come back here
+    (where they run here, `simulate` counts them)."""
+    with opened as pool:
+        if progress is None or pool.size == 1:
+            yield pool
+            return
+
+        def submit(*args: Any) -> Callable[[], R]:
+            wait = pool.submit(*args)
+            answers: list[R] = []
+
+            def waited() -> R:
+                if not answers:
+                    answers.append(wait())
+                    progress.simulated()
+                return answers[0]
+            return waited
+        yield Pool(submit, pool.size)

@@ -10,7 +10,7 @@ policy keeps across commands go to the user's store (testbed.common.memo) inside
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -21,7 +21,7 @@ from testbed.job.model import Job
 from testbed.plan.host_limits import this_machine
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
-from testbed.policy.context import PlanningContext
+from testbed.policy.context import PlanningContext, SearchProgress
 from testbed.policy.parallel import planning_processes
 from testbed.policy.registry import make_plan
 from testbed.sim.simulate import simulated_iteration_s
@@ -67,9 +67,11 @@ def shared_cache(fresh: bool = False) -> Iterator[dict[Any, Any]]:
 
 
 def planning_context(topology: Topology, job: Job, policy: TrainingPolicy,
-                     cache: dict[Any, Any] | None = None) -> PlanningContext:
+                     cache: dict[Any, Any] | None = None,
+                     say: Callable[[str], None] | None = None) -> PlanningContext:
     """A context whose `simulate` runs the simulator on this topology, arbitrated by
-    `policy` (its `next_transfer`), as a run of the plan would be."""
+    `policy` (its `next_transfer`), as a run of the plan would be; `say`: where a long
+    search's progress goes (SearchProgress)."""
 
     def simulate(plan: Plan, run: Job, stop_above: float | None) -> float | None:
         try:
@@ -80,11 +82,16 @@ def planning_context(topology: Topology, job: Job, policy: TrainingPolicy,
     if cache is None:
         cache = _SHARED.get()
     memo = user_memo([type(policy).__module__]) if _KEEPING.get() else NoMemo()
-    return PlanningContext(job, simulate, cache, this_machine(), planning_processes(), memo)
+    progress = None if say is None else SearchProgress(say, f"planning with {policy.name}")
+    return PlanningContext(job, simulate, cache, this_machine(), planning_processes(), memo,
+                           progress)
 
 
 def plan_with_simulator(policy: TrainingPolicy, topology: Topology, job: Job,
-                        cache: dict[Any, Any] | None = None) -> Plan:
+                        cache: dict[Any, Any] | None = None,
+                        say: Callable[[str], None] | None = None) -> Plan:
     """The policy's validated plan (testbed.policy.registry.make_plan), made with the
-    simulator available; `cache` defaults to the open shared one, else a fresh one."""
-    return make_plan(policy, topology, job, planning_context(topology, job, policy, cache))
+    simulator available; `cache` defaults to the open shared one, else a fresh one;
+    `say`: where a long search's progress goes."""
+    return make_plan(policy, topology, job,
+                     planning_context(topology, job, policy, cache, say))
