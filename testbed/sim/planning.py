@@ -81,7 +81,7 @@ def planning_context(topology: Topology, job: Job, policy: TrainingPolicy,
 
     if cache is None:
         cache = _SHARED.get()
-    memo = user_memo([type(policy).__module__]) if _KEEPING.get() else NoMemo()
+    memo = user_memo([type(policy).__module__]) if keeps_answers() else NoMemo()
     progress = None if say is None else SearchProgress(say, f"planning with {policy.name}")
     return PlanningContext(job, simulate, cache, this_machine(), planning_processes(), memo,
                            progress)
