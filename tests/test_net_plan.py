@@ -121,6 +121,31 @@ def test_host_links_carry_half_the_dc_latency_each_way() -> None:
     assert any("intra-DC latency of a" in note for note in plan.notes)
 
 
+@pytest.mark.parametrize("shaper", [Shaper.NETEM, Shaper.USERSPACE])
+def test_rates_reach_tc_as_whole_bytes_per_second(shaper: Shaper) -> None:
+    """A WAN written in bytes per second (1.25GB/s = 10 Gbit/s) is shaped at that rate;
+    every rate goes to the kernel as an integer of bytes per second (tc's ratespec unit),
+    never as tc's text units, where `mbps` means megabytes."""
+    topology = parse_topology(
+        {
+            "datacenters": [{"name": "a", "gpus": 1, "bandwidth": "100Gbps"},
+                            {"name": "b", "gpus": 1, "bandwidth": "100Gbit"}],
+            "wan": [{"between": ["a", "b"], "latency": "5ms", "bandwidth": "250MB/s"}],
+        },
+        "t",
+    )
+    assert topology.link("a", "b").bandwidth_bps == 2e9
+    layout = build_layout(topology)
+    plan = plan_shaping(layout, shaper)
+    rates = [(q.kind, q.params[k]) for q in plan.qdiscs for k in ("rate", "ceil")
+             if k in q.params]
+    assert rates and all(type(rate) is int for _, rate in rates)
+    wan = {q.params["rate"] for q in plan.qdiscs
+           if any(q.ifname in (p.ifname, p.tun) for p in layout.ports) and "rate" in q.params}
+    assert wan == {250_000_000}
+    assert {rate for _, rate in rates} == {250_000_000, 12_500_000_000}
+
+
 def test_limits_are_checked_before_anything_is_made() -> None:
     topology = parse_topology({"datacenters": [{"name": "a", "gpus": 300}]}, "big.yaml")
     with pytest.raises(

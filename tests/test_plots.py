@@ -33,6 +33,16 @@ def test_line_styles_stay_apart_and_log_axes_need_a_decade() -> None:
     assert not spans_decade([0.0, 100.0]) and not spans_decade([])
 
 
+def test_swept_rates_are_placed_in_their_own_units() -> None:
+    """Bandwidths in Gbit/s whichever way they are written; arrival rates per second
+    (they were read as bits per second and labelled Gbit/s)."""
+    assert plots.axis_values("wan.bandwidth", ["1.25GB/s", "10Gbit", "500Mbps"]) == \
+        ([10.0, 10.0, 0.5], "wan.bandwidth (Gbit/s)")
+    assert plots.axis_values("inference.arrival_rate", ["20/s", "1200/min", "50"]) == \
+        ([20.0, 20.0, 50.0], "inference.arrival_rate (per s)")
+    assert plots.axis_values("wan.bandwidth", ["10mbps"]) is None
+
+
 def test_sweep_axes_are_numeric_and_logarithmic_over_decades(drawn: list[Any],
                                                              tmp_path: Path) -> None:
     rows = [{"policy": p, "wan.bandwidth": bw, "iteration_s": s}

@@ -14,18 +14,10 @@ _NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 _QUANTITY = re.compile(rf"^\s*{_NUMBER}\s*([A-Za-z%/]*)\s*$")
 
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "min": 60.0}
-_RATE_UNITS = {
-    "bit": 1.0,
-    "kbit": 1e3,
-    "mbit": 1e6,
-    "gbit": 1e9,
-    "tbit": 1e12,
-    "bps": 1.0,
-    "kbps": 1e3,
-    "mbps": 1e6,
-    "gbps": 1e9,
-    "tbps": 1e12,
-}
+_PREFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
+             "ki": 1024.0, "mi": 1024.0**2, "gi": 1024.0**3, "ti": 1024.0**4}
+_RATE_UNIT = re.compile(r"^(?P<prefix>[kmgt]i?)?(?:(?P<bit>bits?)(?:/s)?|(?P<b>b)(?:ps|/s))$",
+                        re.IGNORECASE)
 _SIZE_UNITS = {
     "b": 1,
     "kb": 1000,
@@ -82,14 +74,48 @@ def parse_duration(text: object) -> float:
 
 
 def parse_rate(text: object) -> float:
-    """Bits per second from `10Gbit`, `500Mbit`, `1gbps`; a bare number is bit/s."""
+    """Bits per second from `10Gbit`, `500Mbit/s`, `10Gbps` or bytes per second from
+    `1.25GB/s`, `10MBps`, `1GiB/s`; a bare number is bit/s.
+
+    Case tells bits from bytes where it can: `bit` in any case is bits; `b` is bits and `B`
+    bytes in `Mbps`, `MBps`, `Mb/s`, `MB/s`. A spelling in one case only (`mbps`, `MBPS`)
+    cannot tell them apart, and tc reads `mbps` as megabytes per second where networking
+    reads megabits: it is refused, naming both readings."""
     value, unit = _split(text, "rate")
-    key = unit.lower().removesuffix("/s")
-    if key == "":
+    if unit == "":
         return value
-    if key not in _RATE_UNITS:
-        raise ValueError(f"unknown rate unit {unit!r} in {text!r} (use bit, Kbit, Mbit, Gbit)")
-    return value * _RATE_UNITS[key]
+    match = _RATE_UNIT.match(unit)
+    if not match:
+        raise ValueError(f"unknown rate unit {unit!r} in {text!r} "
+                         "(use bit, Kbit, Mbit, Gbit, or bytes per second as MB/s)")
+    scale = _PREFIXES[(match["prefix"] or "").lower()]
+    if match["bit"] or (match["b"] == "b" and not unit.islower()):
+        return value * scale
+    if match["b"] == "B" and not unit.isupper():
+        return value * scale * 8
+    number = str(text).strip()[: -len(unit)].strip()
+    prefix = (match["prefix"] or "").capitalize()
+    bits, nbytes = f"{number} {prefix}bit/s", f"{number} {prefix}B/s"
+    if unit.lower().endswith("ps"):  # tc's spelling, which tc reads as bytes in any case
+        bits, nbytes = f"{bits} (networking)", f"{nbytes} (tc)"
+    raise ValueError(f"{text!r} is ambiguous: {bits} or {nbytes}; write {number}{prefix}bit "
+                     f"or {number}{prefix}B/s")
+
+
+def parse_per_second(text: object) -> float:
+    """Events per second from `20/s`, `1200/min` or `1/5s`; a bare number is per second."""
+    count, per = text, "s"
+    if isinstance(text, str) and "/" in text:
+        count, _, per = text.partition("/")
+        per = per.strip()
+    try:
+        value, unit = _split(count, "count")
+        seconds = parse_duration(per if per[:1].isdigit() or per[:1] == "." else "1" + per)
+    except ValueError:
+        value, unit, seconds = 0.0, "?", 0.0
+    if unit or seconds <= 0 or not math.isfinite(value / seconds):
+        raise ValueError(f"expected a count per time like '20/s' or '1200/min', got {text!r}")
+    return value / seconds
 
 
 def parse_size(text: object) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 from testbed.common.fields import Fields, at_most, boolean, integer, number, positive, text
 from testbed.common.input_files import MAX_CSV_BYTES, read_input
 from testbed.common.sizes import MAX_GLOBAL_BATCH, MAX_ITERATIONS, MAX_MICROBATCHES
-from testbed.common.units import parse_duration, plural
+from testbed.common.units import parse_duration, parse_per_second, plural
 from testbed.common.yamlio import parse_yaml, read_yaml
 from testbed.errors import InputError
 from testbed.job.data import dump_data, parse_data
@@ -245,7 +245,7 @@ def _parse_inference(fields: Fields | None, source: str | None) -> InferenceWork
     if fields is None:
         return None
     model = _parse_model(fields, "model")
-    rate = fields.get("arrival_rate", _parse_per_second, 0.0)
+    rate = fields.get("arrival_rate", parse_per_second, 0.0)
     prompt = _parse_prompt(fields.section("prompt_length", keys=(
         "distribution", "value", "min", "max", "median", "sigma")))
     trace = None
@@ -278,19 +278,6 @@ def _trace_rows(fields: Fields) -> tuple[tuple[float, int], ...]:
     if not rows:
         raise fields.error("trace_rows", "holds no requests")
     return tuple(sorted(rows))
-
-
-def _parse_per_second(value: Any) -> float:
-    """`20/s`, `20`, or `1200/min`."""
-    if isinstance(value, str) and "/" in value:
-        count, _, unit = value.partition("/")
-        seconds = parse_duration("1" + unit.strip()) if unit.strip() != "s" else 1.0
-        rate = float(count) / seconds
-    else:
-        rate = number(value)
-    if rate < 0 or not math.isfinite(rate):
-        raise ValueError(f"must be zero or more, got {value!r}")
-    return rate
 
 
 def _parse_prompt(fields: Fields | None) -> PromptLengths:

@@ -11,7 +11,8 @@ Two shapers sit behind one interface:
   as on a real link, and TCP stays end to end.
 
 Host links get htb for their rate under both shapers (and netem for intra-DC latency where
-netem exists).
+netem exists). Rates go to the kernel as integers of bytes per second, tc's ratespec unit,
+never as tc's text units (where `mbps` means megabytes per second).
 """
 
 from __future__ import annotations

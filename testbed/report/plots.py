@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from testbed.common.spans import Span
-from testbed.common.units import parse_duration, parse_rate
+from testbed.common.units import parse_duration, parse_per_second, parse_rate
 from testbed.metrics.loss import LossPoint
 from testbed.report.figure_files import (
     beside,
@@ -30,12 +30,15 @@ HATCHES = ("", "//", "..", "xx", "\\\\", "--", "oo", "++")
 
 def axis_values(key: str, values: Sequence[str]) -> tuple[list[float], str] | None:
     """Values of a swept key as numbers on a numeric axis with its label: latencies in ms,
-    rates in Gbit/s, plain numbers as they are; None when any is not a number."""
+    bandwidths in Gbit/s, arrival rates per second, plain numbers as they are; None when
+    any is not a number."""
     try:
         if key.endswith("latency"):
             return [parse_duration(v) * 1e3 for v in values], f"{key} (ms)"
-        if key.endswith("bandwidth") or key.endswith("rate"):
+        if key.endswith("bandwidth"):
             return [parse_rate(v) / 1e9 for v in values], f"{key} (Gbit/s)"
+        if key.endswith("arrival_rate"):
+            return [parse_per_second(v) for v in values], f"{key} (per s)"
         return [float(v) for v in values], key
     except ValueError:
         return None
