@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from testbed.common.codec import from_json, to_json
@@ -32,6 +33,19 @@ def test_the_shipped_schema_is_the_one_the_types_make() -> None:
     assert shipped == schema_text()
     assert shipped_schema() == results_schema()
     assert shipped_schema()["schema_version"] == SCHEMA_VERSION
+
+
+def test_the_shipped_schema_is_a_valid_json_schema_for_stock_validators(
+        tmp_path: Path) -> None:
+    """Its `$id` once ended in `#2`, a fragment draft 2020-12's metaschema forbids: stock
+    validators refused the schema before reading a result. The version is in its path."""
+    schema = shipped_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["$id"] == f"testbed:results/{SCHEMA_VERSION}.schema.json"
+    _, data = _simulated(tmp_path, TWO_DC, "-p", "1f1b")
+    jsonschema.validate(data, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**data, "surprise": 1}, schema)
 
 
 def _simulated(tmp: Path, *args: str) -> tuple[Path, dict[str, Any]]:

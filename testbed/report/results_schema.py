@@ -71,7 +71,9 @@ def results_schema() -> dict[str, Any]:
     """The whole document for results.json, as shipped."""
     body = json_schema(Results)
     body["properties"]["schema_version"] = {"const": SCHEMA_VERSION}
-    return {"$schema": DIALECT, "$id": f"testbed:results.schema.json#{SCHEMA_VERSION}",
+    # the version goes in $id's path: draft 2020-12 forbids a fragment there (`...#2`
+    # made every stock validator refuse the schema itself)
+    return {"$schema": DIALECT, "$id": f"testbed:results/{SCHEMA_VERSION}.schema.json",
             "title": "testbed results.json", "schema_version": SCHEMA_VERSION, **body}
 
 
