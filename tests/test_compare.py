@@ -122,6 +122,28 @@ def test_every_failed_row_says_why_in_one_line() -> None:
     assert markdown_table(rows).splitlines()[-2:] == lines[-2:]
 
 
+def _timed(repeat: int, median: float) -> RunEntry:
+    entry = _entry("a", repeat, None)
+    assert entry.results is not None
+    entry.results["iteration_time_s"]["median"] = median
+    return entry
+
+
+def test_the_spread_is_over_repeats_and_a_single_run_has_none() -> None:
+    """One repeat showed `21.531-21.531`, a spread of nothing."""
+    def spread(entries: list[RunEntry]) -> str:
+        header, _, row = table_text(table_rows(entries)).splitlines()[:3]
+        column = header.index("spread (s)")
+        return row[column:].split()[0]
+
+    assert spread([_timed(0, 21.531)]) == "-"
+    assert "| a | 21.531 | - |" in markdown_table(table_rows([_timed(0, 21.531)]))
+    assert spread([_timed(0, 21.531), _timed(1, 20.5)]) == "20.500-21.531"
+    # a repeat that failed leaves one time: no spread either
+    assert spread([_timed(0, 21.531), _entry("a", 1, "link down")]) == "-"
+
+
+
 PAPER = str(ROOT / "topologies" / "paper-3dc.yaml")
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from testbed.errors import one_line
 from testbed.metrics.interval import Interval, mean_interval
 from testbed.metrics.summary import speedup
+from testbed.report.table import aligned
 
 NOTE_CHARS = 300
 """A failed run's error as the table's note shows it, at most (compare.json has it all)."""
@@ -173,10 +174,18 @@ class Row:
     """An emulated run whose pace this machine set (results' emulation.cpu_bound)."""
     to_loss: ToLoss | None = None
     """The time to the target loss over repeats; None when no target was given."""
+    timed: int = 0
+    """Runs with a typical iteration time: the spread is over them."""
+
+    def spread_text(self) -> str:
+        """`low-high` over repeats; `-` for a single one, which has no spread."""
+        if self.timed < 2 or self.iteration_low is None or self.iteration_high is None:
+            return "-"
+        return f"{self.iteration_low:.3f}-{self.iteration_high:.3f}"
 
     def emulation_cells(self) -> list[str]:
-        bound = " machine-bound" if self.machine_bound else ""
-        return [_fmt(self.predicted, "{:.3f}"), f"{self.dilation or 1}{bound}"]
+        return [_fmt(self.predicted, "{:.3f}"), str(self.dilation or 1),
+                "yes" if self.machine_bound else "no"]
 
 
 def typical_s(results: dict[str, Any]) -> float | None:
@@ -222,6 +231,7 @@ def table_rows(entries: Sequence[RunEntry]) -> list[Row]:
             machine_bound=any((r.get("emulation") or {}).get("cpu_bound") for r in ok),
             to_loss=to_loss(ok),
             requests=requests_of(ok),
+            timed=len(medians),
         ))
     base = rows[0].tokens_per_s if rows else None
     by_combo = {row.combo: row for row in rows}
@@ -308,7 +318,7 @@ def _header(rows: Sequence[Row]) -> list[str]:
         header += ["served", "rejected", "expired"]
     header.append("slowdown")
     if any(row.predicted is not None for row in rows):
-        header += ["simulated (s)", "dilation"]
+        header += ["simulated (s)", "dilation", "machine-bound"]
     return header
 
 
@@ -320,7 +330,7 @@ def _cells(row: Row, header: Sequence[str], unit: str) -> list[str]:
     return [
         row.combo + (f" ({row.failed} failed)" if row.failed else ""),
         _fmt(row.iteration_s, "{:.3f}"),
-        f"{row.iteration_low:.3f}-{row.iteration_high:.3f}",
+        row.spread_text(),
         _fmt(row.speedup, "{:.2f}x"),
         _fmt(row.tokens_per_s, "{:.0f}"),
         *([row.to_loss.cell(unit) if row.to_loss else "-"] if targeted else []),
@@ -338,14 +348,7 @@ def _cells(row: Row, header: Sequence[str], unit: str) -> list[str]:
 def table_text(rows: Sequence[Row]) -> str:
     """A plain-text table a terminal, a log and a paper draft can all take."""
     header = _header(rows)
-    lines = [_cells(row, header, "") for row in rows]
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines, strict=True)]
-    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
-    out.append("  ".join("-" * w for w in widths))
-    out += ["  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-            for line in lines]
-    out += notes(rows)
-    return "\n".join(out)
+    return "\n".join(aligned(header, [_cells(row, header, "") for row in rows]) + notes(rows))
 
 
 def markdown_table(rows: Sequence[Row]) -> str:

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from testbed.common.units import human_bytes, plural
 from testbed.metrics.loss import time_to_loss_text
+
+
+def aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A plain-text table a terminal, a log and a paper draft can all take: the header,
+    a rule under it, then the rows, each column as wide as its widest cell."""
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    out.append("  ".join("-" * w for w in widths))
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            for row in rows]
+    return out
 
 
 def _pct(value: float | None) -> str:
