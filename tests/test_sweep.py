@@ -73,6 +73,18 @@ def test_workers_write_the_same_csv_as_one_process(tmp_path: Path) -> None:
     assert all(r["speedup"] == "1.0" for r in rows if r["policy"] == "gpipe")
 
 
+def test_the_printed_table_has_a_header_row(tmp_path: Path) -> None:
+    """Rows were printed without one: which column was which was left to guess."""
+    code, out, err = _sweep(tmp_path / "one", *GRID, "--workers", "1")
+    assert code == 0, err
+    header, rule, first, *_ = out.splitlines()
+    assert [h for h in header.split("  ") if h] == [
+        "policy", "wan.latency", "microbatches", "iteration (s)", "speed-up"]
+    assert set(rule) == {"-", " "}
+    iteration = float(_rows(tmp_path / "one")[0]["iteration_s"])
+    assert first.split() == ["gpipe", "10ms", "2", f"{iteration:.3f}", "1.00x"]
+
+
 def test_ray_local_writes_the_same_csv_as_one_process(tmp_path: Path) -> None:
     code, _, err = _sweep(tmp_path / "one", *GRID, "--workers", "1")
     assert code == 0, err

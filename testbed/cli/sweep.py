@@ -23,7 +23,7 @@ from testbed.cli.options import (
 )
 from testbed.cli.simulate import profile_option
 from testbed.common.units import plural
-from testbed.errors import InputError, Terminated
+from testbed.errors import InputError, Terminated, one_line
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.sweep import (
     Point,
@@ -38,6 +38,7 @@ from testbed.experiments.sweep_workers import Runner, runner
 from testbed.policy.parallel import cores
 from testbed.policy.registry import DEFAULT_POLICY, check_policies
 from testbed.report.results import new_run_dir
+from testbed.report.table import aligned
 from testbed.sim.jitter import Jitter
 from testbed.sim.profile import load_profile
 
@@ -174,12 +175,26 @@ def _medians(table: list[dict[str, Any]], keys: list[str]) -> list[dict[str, Any
 
 
 def _show(table: list[dict[str, Any]], keys: list[str]) -> None:
+    """The first rows as a table: what varied, the policy, the repeat, the iteration and,
+    with more than one policy, the speed-up; a failed point's reason in the last column."""
+    repeats = any("repeat" in row for row in table)
+    speedups = len({row["policy"] for row in table}) > 1  # as sweep.csv has them
+    failed = any(row.get("iteration_s") is None for row in table[:SHOWN_ROWS])
+    header = ["policy", *keys, *(["repeat"] if repeats else []), "iteration (s)",
+              *(["speed-up"] if speedups else []), *(["error"] if failed else [])]
+    lines = []
     for row in table[:SHOWN_ROWS]:
-        label = ", ".join(f"{k}={row.get(k)}" for k in keys)
-        if "repeat" in row:
-            label += f", repeat {row['repeat']}"
-        value = (f"{row['iteration_s']:.3f} s" if row.get("iteration_s") is not None
-                 else row.get("error") or "no iteration")
-        click.echo(f"{row['policy']:<14} {label:<40} {value}")
+        iteration = row.get("iteration_s")
+        speedup = row.get("speedup")
+        lines.append([
+            row["policy"], *(str(row.get(k, "")) for k in keys),
+            *([str(row.get("repeat", ""))] if repeats else []),
+            "-" if iteration is None else f"{iteration:.3f}",
+            *([("-" if speedup is None else f"{speedup:.2f}x")] if speedups else []),
+            *([one_line(row.get("error") or "no iteration") if iteration is None else ""]
+              if failed else []),
+        ])
+    for line in aligned(header, lines):
+        click.echo(line)
     if len(table) > SHOWN_ROWS:
         click.echo(f"... {plural(len(table) - SHOWN_ROWS, 'more row')} in sweep.csv")
