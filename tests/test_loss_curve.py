@@ -52,6 +52,8 @@ def test_time_to_loss_is_the_first_step_at_or_below_the_target() -> None:
     assert time_to_loss_text(missed) == ("loss <= 2.5 not reached in 6 iterations; lowest "
                                          "loss 2.9000")
     assert time_to_loss([], 2.5)["reason"] == "not reached in 0 iterations"
+    assert time_to_loss(_curve([5.0]), 2.5)["reason"] == ("not reached in 1 iteration; "
+                                                         "lowest loss 5.0000")
     unknown = time_to_loss([], 2.5, SIMULATED)
     assert unknown["reached"] is None and unknown["reason"] == SIMULATED
     assert time_to_loss_text(unknown) == f"n/a: {SIMULATED}"

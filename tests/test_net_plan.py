@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from testbed.errors import InputError, NetworkError
+from testbed.net.cleanup import DownReport
 from testbed.net.delayline import Port
 from testbed.net.layout import MIN_QUEUE_BYTES, Shape, build_layout, check_limits
 from testbed.net.shaping import TBF_MAX_BPS, Shaper, htb_burst, netem_limit, plan_shaping
@@ -144,6 +145,17 @@ def test_rates_reach_tc_as_whole_bytes_per_second(shaper: Shaper) -> None:
            if any(q.ifname in (p.ifname, p.tun) for p in layout.ports) and "rate" in q.params}
     assert wan == {250_000_000}
     assert {rate for _, rate in rates} == {250_000_000, 12_500_000_000}
+
+
+def test_down_counts_what_it_removed_in_words_that_agree() -> None:
+    """`testbed down` said "removed 1 runs"."""
+    one = DownReport(runs=["r1"], namespaces=["a"], processes=[7])
+    assert one.summary() == ["removed 1 run, 1 namespace, 1 stray process"]
+    two = DownReport(runs=["r1", "r2"], namespaces=["a", "b"], processes=[7, 8], stopped=["r1"])
+    assert two.summary() == ["stopped 1 live run (each removed what it had made)",
+                             "removed 2 runs, 2 namespaces, 2 stray processes"]
+    assert DownReport(live=["r3"]).summary() == ["nothing to remove (1 live run left alone)"]
+    assert DownReport().summary() == ["nothing to remove"]
 
 
 def test_limits_are_checked_before_anything_is_made() -> None:

@@ -244,7 +244,7 @@ def test_detach_ls_exec_down() -> None:
     finally:
         down = _cli(["down"])
     assert down.returncode == 0
-    assert "removed 1 runs" in down.stdout
+    assert "removed 1 run," in down.stdout
 
 
 def test_two_networks_at_once_do_not_collide() -> None:
@@ -388,13 +388,13 @@ def test_down_leaves_a_live_run_alone() -> None:
         namespaces = set(list_namespaces())
         down = _cli(["down"])
         assert down.returncode == 0, down.stderr
-        assert "left alone" in down.stderr and "1 live runs left alone" in down.stdout
+        assert "left alone" in down.stderr and "1 live run left alone" in down.stdout
         assert live.poll() is None and set(list_namespaces()) == namespaces
         unknown = _cli(["down", "no-such-run"])
         assert unknown.returncode == 1 and "no run no-such-run" in unknown.stderr
         named = _cli(["down", run_id])
         assert named.returncode == 0, named.stderr
-        assert "stopped 1 live runs" in named.stdout
+        assert "stopped 1 live run " in named.stdout
         live.wait(timeout=30)
     finally:
         if live.poll() is None:

@@ -274,16 +274,8 @@ def down(run: str | None, stop_live: bool) -> None:
     report = clean(echo_err, run=run, stop_live=stop_live)
     for problem in report.problems:
         echo_err(f"down: {problem}")
-    if report.stopped:
-        click.echo(f"stopped {len(report.stopped)} live runs (each removed what it had made)")
-    if report.nothing:
-        click.echo("nothing to remove" + (f" ({len(report.live)} live runs left alone)"
-                                          if report.live else ""))
-    elif report.runs or report.namespaces or report.processes:
-        click.echo(
-            f"removed {len(report.runs)} runs, {len(report.namespaces)} namespaces, "
-            f"{len(report.processes)} stray processes"
-        )
+    for line in report.summary():
+        click.echo(line)
     if any("still present" in p or p.startswith("no run ") for p in report.problems):
         sys.exit(1)
 

@@ -22,6 +22,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
+from testbed.common.units import plural
 from testbed.errors import TestbedError
 from testbed.experiments.inputs import Inputs
 from testbed.figures.claim_runs import BackendFigures, measure_claim
@@ -188,8 +189,8 @@ def evaluate(topology: Topology, conditions: Conditions,
     engine can take over; a point's result depends on nothing but the point."""
     if not tasks:
         return []
-    say(f"frontier, {phase}: {len(tasks)} points on {min(workers, len(tasks))} "
-        f"process{'es' if min(workers, len(tasks)) > 1 else ''}")
+    say(f"frontier, {phase}: {plural(len(tasks), 'point')} on "
+        f"{plural(min(workers, len(tasks)), 'process', 'processes')}")
     jobs = [(topology, conditions, point, wanted) for point, wanted in tasks]
     if workers <= 1 or len(tasks) == 1:
         return [measure_point(*job) for job in jobs]

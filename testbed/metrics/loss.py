@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
+from testbed.common.units import plural
 from testbed.errors import InputError
 
 
@@ -92,7 +93,7 @@ def time_to_loss(curve: Sequence[LossPoint], target: float,
     finite = [loss for p in curve if (loss := p["loss"]) is not None and math.isfinite(loss)]
     lowest = f"; lowest loss {min(finite):.4f}" if finite else ""
     return TimeToLoss(target=target, reached=False, iteration=None, time_s=None, tokens=None,
-                      reason=f"not reached in {len(curve)} iterations{lowest}")
+                      reason=f"not reached in {plural(len(curve), 'iteration')}{lowest}")
 
 
 def time_to_loss_text(result: TimeToLoss) -> str:

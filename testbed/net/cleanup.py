@@ -10,6 +10,7 @@ from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from testbed.common.units import plural
 from testbed.net import netns as kernel
 from testbed.net.state import (
     RunState,
@@ -38,6 +39,21 @@ class DownReport:
     @property
     def nothing(self) -> bool:
         return not (self.runs or self.namespaces or self.processes or self.stopped)
+
+    def summary(self) -> list[str]:
+        """What `testbed down` prints when it is done."""
+        lines = []
+        if self.stopped:
+            lines.append(f"stopped {plural(len(self.stopped), 'live run')} (each removed what "
+                         "it had made)")
+        if self.nothing:
+            lines.append("nothing to remove" + (f" ({plural(len(self.live), 'live run')} left "
+                                                "alone)" if self.live else ""))
+        elif self.runs or self.namespaces or self.processes:
+            lines.append(f"removed {plural(len(self.runs), 'run')}, "
+                         f"{plural(len(self.namespaces), 'namespace')}, "
+                         f"{plural(len(self.processes), 'stray process', 'stray processes')}")
+        return lines
 
 
 def stray_processes(keep_parents: Set[int] = frozenset()) -> list[int]:
@@ -100,8 +116,9 @@ def down(say: Callable[[str], None] = lambda _m: None, grace_s: float = 5.0,
             continue
         present = [ns for ns in state.namespaces if (kernel.NETNS_DIR / ns).exists()]
         say(
-            f"removing run {state.run_id} ({state.topology}): {len(present)} namespaces, "
-            f"{len(state.processes)} processes"
+            f"removing run {state.run_id} ({state.topology}): "
+            f"{plural(len(present), 'namespace')}, "
+            f"{plural(len(state.processes), 'process', 'processes')}"
         )
         report.problems += clean_state(state)
         report.runs.append(state.run_id)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testbed.common.units import plural
 from testbed.errors import NetworkError
 from testbed.net import netns as kernel
 from testbed.net.interrupts import critical, stop_point
@@ -177,8 +178,9 @@ def bring_up(
             tear_down(network)
             raise
     say(
-        f"network up in {time.monotonic() - started:.1f} s: {len(network.layout.nodes)} "
-        f"hosts, {len(network.layout.routers)} routers, shaper {chosen.value}"
+        f"network up in {time.monotonic() - started:.1f} s: "
+        f"{plural(len(network.layout.nodes), 'host')}, "
+        f"{plural(len(network.layout.routers), 'router')}, shaper {chosen.value}"
     )
     return network
 
@@ -216,7 +218,8 @@ def _recorded(topology: Topology, chosen: Shaper, detached: bool, seed: int,
 
 def _build(network: Network, say: Progress) -> None:
     layout, topology = network.layout, network.topology
-    say(f"creating {len(layout.namespaces())} namespaces (shaper {network.shaper.value})")
+    say(f"creating {plural(len(layout.namespaces()), 'namespace')} (shaper "
+        f"{network.shaper.value})")
     for ns in layout.namespaces():
         stop_point()
         kernel.create_namespace(ns)

@@ -52,7 +52,7 @@ def _cycle(results: dict[str, Any]) -> list[str]:
     if cycle.get("period", 1) <= 1:
         return []
     return [f"  cycle         {cycle['period']} iterations, mean {_secs(cycle['mean'])} over "
-            f"{cycle['cycles']} whole cycle{'' if cycle['cycles'] == 1 else 's'}"]
+            f"{plural(cycle['cycles'], 'whole cycle')}"]
 
 
 def _prediction(results: dict[str, Any]) -> list[str]:
@@ -110,7 +110,7 @@ def run_summary(results: dict[str, Any]) -> list[str]:
     curve = results.get("loss_curve") or []
     if curve:
         lines.append(f"  loss          {_loss(curve[0]['loss'])} -> {_loss(curve[-1]['loss'])} "
-                     f"over {len(curve)} iterations")
+                     f"over {plural(len(curve), 'iteration')}")
     if results.get("time_to_loss"):
         lines.append(f"  time to loss  {time_to_loss_text(results['time_to_loss'])}")
     inference = results.get("inference") or {}
@@ -126,7 +126,8 @@ def run_summary(results: dict[str, Any]) -> list[str]:
     overruns = inference.get("overruns")
     if overruns and overruns.get("prefills"):
         lines.append(
-            f"  overruns      {overruns['overran']} of {overruns['prefills']} prefills held "
+            f"  overruns      {overruns['overran']} of "
+            f"{plural(overruns['prefills'], 'prefill')} held "
             f"training past their bubble, mean {_secs(overruns['mean_s'])} max "
             f"{_secs(overruns['max_s'])}")
     if results.get("training_slowdown") is not None:
@@ -149,7 +150,7 @@ def _failures(results: dict[str, Any]) -> list[str]:
         after = failure["plan_after"]
         if after != failure["plan_before"]:
             line += f"; then dp {after['dp']} x pp {after['pp']} on "
-            line += f"{sum(len(gpus) for gpus in after['placement'].values())} GPUs"
+            line += plural(sum(len(gpus) for gpus in after["placement"].values()), "GPU")
         lines.append(line)
     if failures and results.get("goodput_tokens_per_s"):
         lines.append(f"  goodput       {results['goodput_tokens_per_s']:.0f} tokens/s over "

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from testbed.common.spans import Span
+from testbed.common.units import plural
 from testbed.errors import TestbedError
 from testbed.job.model import Job
 from testbed.metrics.summary import Epoch, iteration_ends
@@ -127,9 +128,9 @@ def run_segments(spec: RunSpec, plan: Plan, policy: TrainingPolicy, run: RunSegm
             if action == "replan":
                 gone = lost_at(scenario.failures, resumed)
                 restore, place = (plan, place.names), survivors(spec.topology, gone)
-                say(f"replanning on the {place.topology.total_gpus} GPUs left (without "
-                    f"{', '.join(sorted(gone))})" if gone else "replanning on all "
-                    f"{place.topology.total_gpus} GPUs (every one lost is back)")
+                gpus = plural(place.topology.total_gpus, "GPU")
+                say(f"replanning on the {gpus} left (without {', '.join(sorted(gone))})"
+                    if gone else f"replanning on all {gpus} (every one lost is back)")
                 plan = plan_with_simulator(policy, place.topology, _replanned(spec.job))
         except TestbedError as exc:
             failures.append(stopped)

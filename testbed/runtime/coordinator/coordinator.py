@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from testbed.common.choices import EmulatedCompute, Status
 from testbed.common.spans import Span
+from testbed.common.units import plural
 from testbed.errors import TestbedError
 from testbed.inference.bubbles import BubbleBroker, make_broker
 from testbed.job.model import Job
@@ -168,8 +169,8 @@ class Coordinator:
         decode_dcs = config.decode_dcs(self.broker is not None)
         await to_the_end(asyncio.to_thread(self.hosts.bring_up, config.topology, decode_dcs))
         self.pool.plan_workers(config.plan, decode_dcs)
-        self.say(f"starting {len(self.pool.workers)} workers ({config.compute} compute)"
-                 + (f" and {len(self.pool.decoders)} decode servers"
+        self.say(f"starting {plural(len(self.pool.workers), 'worker')} ({config.compute} "
+                 "compute)" + (f" and {plural(len(self.pool.decoders), 'decode server')}"
                     if self.pool.decoders else ""))
         timeout = STARTUP_TIMEOUT_S
         if config.cluster is None:
@@ -216,8 +217,9 @@ class Coordinator:
             await worker.tell(Start(start))
         plan = config.plan
         virtual = f" (x {plan.stages_per_gpu} virtual stages)" if plan.stages_per_gpu > 1 else ""
-        self.say(f"training: {config.job.iterations} iterations, dp {plan.dp} x pp "
-                 f"{plan.gpus_per_pipeline}{virtual}, {plan.microbatches} microbatches")
+        self.say(f"training: {plural(config.job.iterations, 'iteration')}, dp {plan.dp} x pp "
+                 f"{plan.gpus_per_pipeline}{virtual}, "
+                 f"{plural(plan.microbatches, 'microbatch', 'microbatches')}")
         readers = [asyncio.create_task(self._serve(w)) for w in self.pool.workers]
         decoding = [asyncio.create_task(self._serve_decoder(d)) for d in self.pool.decoders]
         stall = asyncio.create_task(self._stall_watch())

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.common.choices import EmulatedCompute
-from testbed.common.units import human_bytes
+from testbed.common.units import human_bytes, plural
 from testbed.errors import InputError
 from testbed.job.model import Job
 from testbed.plan.activations import peak_layers_held
@@ -125,7 +125,7 @@ def check_memory(memory: MemoryPlan, available: int | None, source: str | None) 
     if available is None or memory.total <= available:
         return
     raise InputError(
-        f"{memory.workers} workers with {memory.compute} compute need about "
+        f"{plural(memory.workers, 'worker')} with {memory.compute} compute need about "
         f"{human_bytes(memory.total)} of memory ({memory.parts()}); this machine has "
         f"{human_bytes(available)} available (MemAvailable){how_to_fit(memory, available)}",
         source, "datacenters")
