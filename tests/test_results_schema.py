@@ -108,7 +108,8 @@ def _damaged(tmp: Path, change: Any) -> Path:
     (lambda d: d["inference"]["ttft_s"].pop("p99"), "inference.ttft_s.p99", "missing"),
     (lambda d: d.update(status="great"), "status", "expected one of"),
     (lambda d: d.update(surprise=1), "surprise", "unknown key"),
-    (lambda d: d.update(loss_curve=[{"iteration": 1}]), "loss_curve[0]", "missing"),
+    (lambda d: d.update(loss_curve=[{"iteration": 1, "time_s": 0.5, "tokens": 8}]),
+     "loss_curve[0].loss", "missing"),
     (lambda d: d.update(tokens_per_s=True), "tokens_per_s", "got bool True"),
     (lambda d: d.update(schema_version=1), "schema_version", "another version"),
     (lambda d: d.pop("schema_version"), "schema_version", "before testbed's results had"),
@@ -120,6 +121,49 @@ def test_a_damaged_results_json_is_refused_naming_the_key(
     assert code == 2
     assert err.count("\n") == 1, err
     assert f"{path}: {key}" in err and problem in err, err
+
+
+def test_validate_reports_every_problem_in_every_file(tmp_path: Path) -> None:
+    """It stopped at the first: a file broken in three places took three runs to mend."""
+    _, data = _simulated(tmp_path, TWO_DC, "-p", "1f1b")
+    broken = json.loads(json.dumps(data))
+    broken["iteration_time_s"]["median"] = "fast"
+    broken["inference"]["ttft_s"].pop("p99")
+    broken.update(surprise=1, also=2, loss_curve=[{"iteration": 1}, {"iteration": "2"}])
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "results.json").write_text(json.dumps(broken))
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "results.json").write_text(json.dumps({**data, "status": "great"}))
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "results.json").write_text(json.dumps(data))
+    code, out, err = call(["results", "validate", str(tmp_path / "a"), str(tmp_path / "b"),
+                           str(tmp_path / "c")])
+    assert code == 2
+    a, b = tmp_path / "a" / "results.json", tmp_path / "b" / "results.json"
+    assert sorted(err.splitlines()) == sorted([
+        f"testbed: error: {a}: iteration_time_s.median: expected number or null, got text "
+        "'fast'",
+        f"testbed: error: {a}: inference.ttft_s.p99: missing",
+        f"testbed: error: {a}: surprise: unknown key (not in schema_version 2)",
+        f"testbed: error: {a}: also: unknown key (not in schema_version 2)",
+        *(f"testbed: error: {a}: loss_curve[{i}].{key}: missing"
+          for i in (0, 1) for key in ("time_s", "tokens", "loss")),
+        f"testbed: error: {a}: loss_curve[1].iteration: expected integer, got text '2'",
+        f"testbed: error: {b}: status: expected one of \"ok\", \"failed\", "
+        "\"interrupted\", got text 'great'",
+    ])
+    assert out == f"{tmp_path / 'c'}: ok: 1 results.json, schema_version 2\n"
+
+
+def test_validate_caps_what_it_prints_and_says_how_many_more(tmp_path: Path) -> None:
+    _, data = _simulated(tmp_path, TWO_DC, "-p", "1f1b")
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({**data, **{f"extra{i}": i for i in range(25)}}))
+    code, _, err = call(["results", "validate", str(path)])
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == 21
+    assert all(f"{path}: extra" in line for line in lines[:20])
+    assert lines[20] == "testbed: error: 5 more problems not shown (25 in all)"
 
 
 def test_validate_says_what_it_did_not_find(tmp_path: Path) -> None:

@@ -7,12 +7,15 @@ from pathlib import Path
 
 import click
 
-from testbed.errors import InputError
-from testbed.report.results_schema import check_results, shipped_schema
+from testbed.common.units import plural
+from testbed.errors import EXIT_INPUT, InputError, one_line
+from testbed.report.results_schema import results_problems, shipped_schema
 from testbed.report.run_results import SCHEMA_VERSION
 from testbed.report.saved import read_json
 
 RESULTS_FILE = "results.json"
+SHOWN_PROBLEMS = 20
+"""Problems `validate` prints: a file from another program can have thousands."""
 
 
 @click.group()
@@ -27,14 +30,33 @@ def validate(paths: tuple[Path, ...]) -> None:
     """Check results.json files against the shipped schema (`testbed results schema`).
 
     A directory is searched for every results.json under it (a run's, a comparison's or
-    a figures' directory). Exit code 0 when all are valid; 2 with one line naming the
-    file, key and problem at the first that is not.
+    a figures' directory). Exit code 0 when all are valid; 2 when any is not, with one
+    line per problem naming the file, the key (a JSON path) and the problem (the first
+    20; then how many more).
     """
+    problems: list[InputError] = []
     for path in paths:
-        found = _results_files(path)
+        try:
+            found = _results_files(path)
+        except InputError as exc:
+            problems.append(exc)
+            continue
+        before = len(problems)
         for file in found:
-            check_results(read_json(file), str(file))
-        click.echo(f"{path}: ok: {len(found)} results.json, schema_version {SCHEMA_VERSION}")
+            try:
+                problems += results_problems(read_json(file), str(file))
+            except InputError as exc:  # not JSON, unreadable
+                problems.append(exc)
+        if len(problems) == before:
+            click.echo(f"{path}: ok: {len(found)} results.json, "
+                       f"schema_version {SCHEMA_VERSION}")
+    for problem in problems[:SHOWN_PROBLEMS]:
+        click.echo(f"testbed: error: {one_line(str(problem))}", err=True)
+    if len(problems) > SHOWN_PROBLEMS:
+        click.echo(f"testbed: error: {plural(len(problems) - SHOWN_PROBLEMS, 'more problem')} "
+                   f"not shown ({len(problems)} in all)", err=True)
+    if problems:
+        raise click.exceptions.Exit(EXIT_INPUT)
 
 
 @results.command()

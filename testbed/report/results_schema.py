@@ -97,45 +97,66 @@ def results_from(data: dict[str, Any], where: str) -> Results:
 
 def check_results(data: Any, where: str) -> None:
     """Raise a one-line InputError naming `where`, the key and the problem where `data`
-    does not match results.schema.json."""
+    does not match results.schema.json (the most telling problem, of all there are)."""
+    problems = results_problems(data, where)
+    if problems:
+        raise problems[0]
+
+
+def results_problems(data: Any, where: str) -> list[InputError]:
+    """Every way `data` does not match results.schema.json, each one line naming `where`,
+    the key (a JSON path: `inference.ttft_s.p99`, `loss_curve[0].loss`) and the problem;
+    the most telling first (jsonschema's best match), the rest in the schema's order."""
     import jsonschema
 
     if not isinstance(data, dict):
-        raise InputError(f"expected a mapping, got {_kind(data)}", where)
+        return [InputError(f"expected a mapping, got {_kind(data)}", where)]
     version = data.get("schema_version")
     if version is None:
-        raise InputError(f"missing: written before testbed's results had a schema (this "
-                         f"testbed reads schema_version {SCHEMA_VERSION})", where,
-                         "schema_version")
+        return [InputError(f"missing: written before testbed's results had a schema (this "
+                           f"testbed reads schema_version {SCHEMA_VERSION})", where,
+                           "schema_version")]
     if version != SCHEMA_VERSION:
-        raise InputError(f"{version!r}: written by another version of testbed (this one "
-                         f"reads {SCHEMA_VERSION})", where, "schema_version")
-    validator = jsonschema.Draft202012Validator(shipped_schema())
-    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
-    while error is not None and error.validator == "anyOf":
-        # a value of the right kind (a list, not null) wrong inside: say where inside
-        inside = [e for e in error.context or () if e.relative_path]
-        if not inside:
-            break
-        error = jsonschema.exceptions.best_match(inside)
-    if error is not None:
-        key, problem = _located(error)
-        raise InputError(problem, where, key or None)
+        return [InputError(f"{version!r}: written by another version of testbed (this one "
+                           f"reads {SCHEMA_VERSION})", where, "schema_version")]
+    errors = list(jsonschema.Draft202012Validator(shipped_schema()).iter_errors(data))
+    best = jsonschema.exceptions.best_match(errors)
+    leaves = [leaf for error in ([best] if best else []) + errors for leaf in _leaves(error)]
+    located = dict.fromkeys(found for leaf in leaves for found in _located(leaf))
+    return [InputError(problem, where, key or None) for key, problem in located]
 
 
-def _located(error: Any) -> tuple[str, str]:
-    """A schema error as a dotted key (list items as [i]) and a short problem."""
+def _leaves(error: Any) -> list[Any]:
+    """The errors to report for one: for a value of the right kind (a list, not null) that
+    is wrong inside, the errors inside the branch of anyOf it fits, the most telling first;
+    else the error itself."""
+    import jsonschema
+
+    if error.validator != "anyOf":
+        return [error]
+    inside = [e for e in error.context or () if e.relative_path]
+    if not inside:
+        return [error]
+    fits = max(inside, key=jsonschema.exceptions.relevance).schema_path[0]
+    branch = [e for e in inside if e.schema_path[0] == fits]
+    first = jsonschema.exceptions.best_match(branch)
+    return [leaf for e in (first, *branch) for leaf in _leaves(e)]
+
+
+def _located(error: Any) -> list[tuple[str, str]]:
+    """A schema error as dotted keys (list items as [i]), each with a short problem: one
+    per missing or unknown key."""
     key = ""
     for part in error.absolute_path:
         key += f"[{part}]" if isinstance(part, int) else f"{'.' if key else ''}{part}"
     schema, instance = error.schema, error.instance
     if error.validator == "required":
-        name = next(n for n in schema["required"] if n not in instance)
-        return _join(key, name), "missing"
+        return [(_join(key, name), "missing") for name in schema["required"]
+                if name not in instance]
     if error.validator == "additionalProperties":
-        name = next(n for n in instance if n not in schema.get("properties", {}))
-        return _join(key, name), f"unknown key (not in schema_version {SCHEMA_VERSION})"
-    return key, f"expected {_describe(schema)}, got {_kind(instance)}"
+        return [(_join(key, name), f"unknown key (not in schema_version {SCHEMA_VERSION})")
+                for name in instance if name not in schema.get("properties", {})]
+    return [(key, f"expected {_describe(schema)}, got {_kind(instance)}")]
 
 
 def _describe(schema: dict[str, Any]) -> str:
