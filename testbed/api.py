@@ -102,16 +102,46 @@ def load(topology: str | Path, job: str | Path | None = None, *,
     (`{"model.layers": 8}`); `job_values`: the job flags (iterations, microbatches, dp,
     pp, seed); `events`: network events as `--event` takes them; `scenario`: a scenario
     file (link traces, stragglers, failures) as `--scenario` takes it."""
-    overrides = tuple(f"{key}={value}" for key, value in (sets or {}).items())
+    given = _mapping(sets, "sets", "{'model.layers': 8}")
+    overrides = tuple(f"{key}={value}" for key, value in given.items())
     overrides += tuple(f"{key}={value}" for key, value in job_values.items())
-    return load_inputs(Path(topology), Path(job) if job else None, overrides, tuple(events),
+    return load_inputs(Path(topology), Path(job) if job else None, overrides,
+                       _texts(events, "events", "['at=30s,link=east-west,down=5s']"),
                        Path(scenario) if scenario is not None else None)
+
+
+def _mapping(value: object, name: str, example: str) -> dict[str, Any]:
+    """A mapping argument, or a one-line InputError naming it (`KEY=VALUE` texts are how
+    the commands take these, not the functions)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InputError(f"expected a mapping like {example}, got {_kind(value)}", None, name)
+    return dict(value)
+
+
+def _options(value: object, name: str = "options") -> dict[str, Any]:
+    return _mapping(value, name, "{'connections': '8'}")
+
+
+def _texts(value: object, name: str, example: str) -> tuple[str, ...]:
+    """A list of texts, or a one-line InputError naming it (one text alone would be taken
+    a character at a time)."""
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence) \
+            or not all(isinstance(item, str) for item in value):
+        raise InputError(f"expected a list of texts like {example}, got {_kind(value)}", None,
+                         name)
+    return tuple(value)
+
+
+def _kind(value: object) -> str:
+    return f"{type(value).__name__} {value!r}"
 
 
 def plan(inputs: Inputs, policy: str = DEFAULT_POLICY,
          options: Mapping[str, str] | None = None) -> Plan:
     """The policy's validated plan, as `testbed plan` shows it."""
-    chosen = training_policy(policy, dict(options or {}))
+    chosen = training_policy(policy, _options(options))
     return plan_with_simulator(chosen, inputs.topology, inputs.job)
 
 
@@ -158,7 +188,8 @@ def simulate(inputs: Inputs, policy: str | None = None,
     `on_failure` and `checkpoint_every`: what the scenario's failures do
     (testbed.run.recovery)."""
     spec = RunSpec("simulate", inputs.topology, inputs.job, policy or DEFAULT_POLICY,
-                   dict(options or {}), bubble, dict(bubble_options or {}), profile=profile,
+                   _options(options), bubble, _options(bubble_options, "bubble_options"),
+                   profile=profile,
                    events=inputs.events, target_loss=target_loss, scenario=inputs.scenario,
                    on_failure=on_failure, checkpoint_every=checkpoint_every)
     return run(with_given_plan(spec, plan, policy), out)
@@ -178,7 +209,8 @@ def emulate(inputs: Inputs, policy: str | None = None,
     `target_loss`: report the time to reach it (`Result.time_to_loss`); `plan`,
     `on_failure` and `checkpoint_every`: as for `simulate`."""
     spec = RunSpec("emulate", inputs.topology, inputs.job, policy or DEFAULT_POLICY,
-                   dict(options or {}), bubble, dict(bubble_options or {}), compute=compute,
+                   _options(options), bubble, _options(bubble_options, "bubble_options"),
+                   compute=compute,
                    shaper=shaper, events=inputs.events,
                    dilation="auto" if dilation is None else dilation, target_loss=target_loss,
                    scenario=inputs.scenario, on_failure=on_failure,
@@ -239,7 +271,10 @@ def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPla
         noise = parse_jitter(jitter) if jitter is not None else None
     except ValueError as exc:
         raise InputError(str(exc), "jitter") from None
-    pairs = [f"{key}={value}" for key, value in (options or {}).items()]
+    policies = _texts(policies, "policies", "['gpipe', 'atlas']")
+    bubbles = _texts(bubbles, "bubbles", "['bubbletea']")
+    given_options = _mapping(options, "options", "{'atlas.connections': 8}")
+    pairs = [f"{key}={value}" for key, value in given_options.items()]
     base = RunSpec(backend, inputs.topology, inputs.job, DEFAULT_POLICY, {}, compute=compute,
                    events=inputs.events, jitter=noise or None, target_loss=target_loss,
                    scenario=inputs.scenario, on_failure=on_failure,

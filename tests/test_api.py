@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,8 @@ from testbed import api
 from testbed.errors import InputError
 
 from .conftest import TOPOLOGIES
+
+TWO_DC = TOPOLOGIES / "two-dc.yaml"
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,6 +50,26 @@ def test_plan_and_simulate_match_the_commands(tmp_path: Path) -> None:
 def test_bad_input_is_the_commands_error() -> None:
     with pytest.raises(InputError, match="iterations"):
         api.load(TOPOLOGIES / "two-dc.yaml", iterations=0)
+
+
+@pytest.mark.parametrize(("call", "expected"), [
+    (lambda: api.load(TWO_DC, sets=["model.layers=8"]),
+     "sets: expected a mapping like {'model.layers': 8}, got list ['model.layers=8']"),
+    (lambda: api.load(TWO_DC, sets="model.layers=8"),
+     "sets: expected a mapping like {'model.layers': 8}, got str 'model.layers=8'"),
+    (lambda: api.load(TWO_DC, events="at=1s,link=east-west,down=5s"),
+     "events: expected a list of texts like ['at=30s,link=east-west,down=5s'], got str "
+     "'at=1s,link=east-west,down=5s'"),
+    (lambda: api.plan(api.load(TWO_DC), "gpipe", options=["sends=eager"]),
+     "options: expected a mapping like {'connections': '8'}, got list ['sends=eager']"),
+    (lambda: api.compare(api.load(TWO_DC), "gpipe"),
+     "policies: expected a list of texts like ['gpipe', 'atlas'], got str 'gpipe'"),
+])
+def test_an_argument_of_the_wrong_type_is_one_line_naming_it(call: Any, expected: str) -> None:
+    """`sets=[...]` raised AttributeError: 'list' object has no attribute 'items'."""
+    with pytest.raises(InputError) as info:
+        call()
+    assert str(info.value) == expected
 
 
 def test_the_documentations_script_runs(tmp_path: Path,
