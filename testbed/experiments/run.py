@@ -7,6 +7,7 @@ files whichever command or backend made it.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -17,7 +18,7 @@ from testbed.common.codec import to_json
 from testbed.common.fsutil import write_atomic
 from testbed.common.heap import old_objects_frozen
 from testbed.common.yamlio import to_yaml
-from testbed.errors import InputError, TestbedError
+from testbed.errors import InputError, TestbedError, TestbedWarning
 from testbed.inference.memory import check_inference_memory
 from testbed.job.load import dump_job
 from testbed.metrics.loss import check_target_loss
@@ -88,7 +89,7 @@ def prepare(spec: RunSpec, say: Say) -> tuple[RunSpec, Plan, TrainingPolicy]:
     chosen = training_policy(spec.policy, spec.policy_options)
     plan = spec.plan if spec.plan is not None else \
         plan_with_simulator(chosen, spec.topology, spec.job, say=say)
-    spec = whole_cycles(spec, plan.period, say)
+    spec = whole_cycles(spec, plan.period)
     # the host TCP settings the plan asks for, on both backends and in the run's topology.yaml
     spec = replace(spec, topology=hosts_as_planned(spec.topology, plan))
     if spec.bubble_policy is not None and bubble_policy(spec.bubble_policy,
@@ -106,15 +107,18 @@ def simulated(spec: RunSpec) -> RunRecord:
     return SimulatorBackend().record(spec, plan, chosen)
 
 
-def whole_cycles(spec: RunSpec, period: int, say: Say) -> RunSpec:
+def whole_cycles(spec: RunSpec, period: int) -> RunSpec:
     """A plan whose iterations differ (a sync every H) runs whole cycles: tokens per second
-    over part of a cycle would leave the sync out, or count it too often."""
+    over part of a cycle would leave the sync out, or count it too often. Every command
+    that changes what was asked says so: here, as a TestbedWarning (the CLI's one line on
+    stderr, a Python warning to API users), once per policy and count."""
     iterations = spec.job.iterations
     if iterations % period == 0:
         return spec
     whole = -(-iterations // period) * period
-    say(f"running {whole} iterations, not {iterations}: the plan's cycle is {period} "
-        "iterations long, and a run measures whole cycles")
+    warnings.warn(f"{spec.policy}: running {whole} iterations, not {iterations}: the plan's "
+                  f"cycle is {period} iterations long, and a run measures whole cycles",
+                  TestbedWarning, stacklevel=1)
     return replace(spec, job=replace(spec.job, iterations=whole))
 
 

@@ -19,12 +19,13 @@ import shutil
 import signal
 import socket
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from testbed.errors import InputError, TestbedError, one_line
+from testbed.errors import InputError, TestbedError, TestbedWarning, one_line
 from testbed.experiments.run import simulated
 from testbed.experiments.sweep import Point, row_metrics
 from testbed.policy.parallel import share_cores
@@ -33,6 +34,8 @@ from testbed.sim.planning import keeping_answers, keeps_answers, shared_cache
 Row = dict[str, Any]
 Done = Callable[[int, list[Row]], None]
 """Called in this process as each point finishes: its index and rows."""
+WARNINGS = "warnings"
+"""A row's key for what its run warned of (never written to sweep.csv)."""
 LOCAL_RAY = "local"
 PROBE_S = 10.0
 """How long a cluster's address has to answer."""
@@ -41,20 +44,41 @@ PROBE_S = 10.0
 def run_point(point: Point, keep: bool = False) -> list[Row]:
     """The point's rows, one per run; a run that fails is a row with its error. `keep`:
     plans may keep answers in the user's store, as the sweep's own process does
-    (testbed.sim.planning.keeping_answers): its workers share their searches."""
+    (testbed.sim.planning.keeping_answers): its workers share their searches. What a run
+    warns of goes with its row (`WARNINGS`), for the sweep's own process to say."""
     rows = []
     kept = keeping_answers() if keep else contextlib.nullcontext()
     with shared_cache(fresh=True), kept:  # ablations reuse their parent's search, in a point
         for run in point.runs:
             row: Row = {**dict(point.values), **run.labels}
-            try:
-                record = simulated(run.spec)
-                row.update(row_metrics(record.results()))
-                row["error"] = one_line(record.error) if record.error else ""
-            except TestbedError as exc:
-                row["error"] = one_line(str(exc))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", TestbedWarning)
+                try:
+                    record = simulated(run.spec)
+                    row.update(row_metrics(record.results()))
+                    row["error"] = one_line(record.error) if record.error else ""
+                except TestbedError as exc:
+                    row["error"] = one_line(str(exc))
+            for warning in caught:
+                if issubclass(warning.category, TestbedWarning):
+                    row.setdefault(WARNINGS, []).append(str(warning.message))
+                else:
+                    warnings.warn_explicit(warning.message, warning.category,
+                                           warning.filename, warning.lineno)
             rows.append(row)
     return rows
+
+
+def said(done: Done) -> Done:
+    """`done`, after saying in this process what each row's run warned of (once for the
+    same words: Python's warning filter), wherever the point ran."""
+    def relay(index: int, rows: list[Row]) -> None:
+        for row in rows:
+            for message in row.pop(WARNINGS, ()):
+                warnings.warn(message, TestbedWarning, stacklevel=1)
+        done(index, rows)
+
+    return relay
 
 
 Runner = Callable[[Sequence[Point], Done], None]
@@ -66,13 +90,13 @@ def runner(workers: int = 1, ray: str | None = None) -> Iterator[Runner]:
     for a Ray instance of `workers` CPUs on this machine), ready before a sweep makes
     anything: an unreachable cluster is refused first."""
     if ray is None:
-        yield lambda points, done: _locally(points, done, workers)
+        yield lambda points, done: _locally(points, said(done), workers)
         return
     module = _ray()
     temp = tempfile.mkdtemp(prefix="testbed-ray-") if ray == LOCAL_RAY else None
     try:
         _connect(module, ray, workers, temp)
-        yield lambda points, done: _ray_tasks(module, points, done)
+        yield lambda points, done: _ray_tasks(module, points, said(done))
     finally:
         module.shutdown()
         if temp is not None:
