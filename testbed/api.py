@@ -255,14 +255,16 @@ def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPla
     """`testbed compare`: each policy, and each given plan beside them (keyed by its file as
     given, or `plan:POLICY` for a Plan), with each bubble policy, `repeat` times, on the
     same inputs, by one backend, planned with one shared cache (so ablations reuse their
-    parent's search). `options`: as `-o` takes them (`{"atlas.connections": 8}` for one
-    policy, `{"connections": 8}` for every training policy, `{"bubbletea.KEY": V}` for a
-    bubble policy); `jitter`: as `--jitter` takes it (simulator; repeat k is seeded with
-    the job's seed + k); `out`: the comparison's directory, written as the command writes
-    it; `compute`: the emulator's (loss needs "real"); the inputs' scenario, with
-    `on_failure` and `checkpoint_every`, in every run. A run that fails is kept with its
-    error (`Result.error`, or a `failed` row). Compare runs by `Result.speedup` (tokens/s)
-    and `Result.time_to_loss`."""
+    parent's search). `policies`: as `-p` names them, a policy or a labelled variant of
+    one (`["diloco:h10", "diloco:h100"]`, keyed by the label). `options`: as `-o` takes
+    them (`{"atlas.connections": 8}` for one policy, `{"diloco:h10.inner_steps": 10}` for
+    one variant, `{"connections": 8}` for every training policy, the most specific
+    winning; `{"bubbletea.KEY": V}` for a bubble policy); `jitter`: as `--jitter` takes
+    it (simulator; repeat k is seeded with the job's seed + k); `out`: the comparison's
+    directory, written as the command writes it; `compute`: the emulator's (loss needs
+    "real"); the inputs' scenario, with `on_failure` and `checkpoint_every`, in every
+    run. A run that fails is kept with its error (`Result.error`, or a `failed` row).
+    Compare runs by `Result.speedup` (tokens/s) and `Result.time_to_loss`."""
     from testbed.sim.jitter import parse_jitter
 
     if repeat < 1:

@@ -54,7 +54,9 @@ from testbed.topology.model import Topology
                 type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-p", "--policy", "policies", multiple=True, default=DEFAULT_COMPARISON,
               show_default=True, help="Training policy; repeat to compare several. The first "
-              "is the baseline for speed-ups. Default: the default policy against Atlas.")
+              "is the baseline for speed-ups. Default: the default policy against Atlas. "
+              "POLICY:LABEL is a variant of POLICY in a row of its own, with options of "
+              "its own (-o POLICY:LABEL.KEY=VALUE).")
 @click.option("--plan", "plan_paths", multiple=True, metavar="FILE",
               type=click.Path(dir_okay=False, path_type=Path),
               help="A plan to run beside the policies, its row named by the file: a plan's "
@@ -65,7 +67,8 @@ from testbed.topology.model import Topology
 @click.option("-b", "--bubble", "bubbles", multiple=True,
               help="Bubble policy; repeat for several. Every policy runs with each.")
 @click.option("-o", "--option", "policy_opts", multiple=True, metavar="[POLICY.]KEY=VALUE",
-              help="Policy option, for one policy (atlas.connections=8) or all.")
+              help="Policy option, for one policy (atlas.connections=8), one labelled "
+              "variant (diloco:h10.inner_steps=10) or all; the most specific wins.")
 @click.option("--backend", type=click.Choice(values_of(BackendName)), default="simulate",
               show_default=True, help="emulate: real workers over the emulated WAN (root).")
 @click.option("--repeat", type=int, default=1, show_default=True,

@@ -37,6 +37,7 @@ from testbed.experiments.sweep_store import holds_sweep, record, rows, start, wr
 from testbed.experiments.sweep_workers import Runner, runner
 from testbed.policy.parallel import cores
 from testbed.policy.registry import DEFAULT_POLICY, check_policies
+from testbed.policy.routing import variants
 from testbed.report.results import new_run_dir
 from testbed.report.table import aligned
 from testbed.sim.jitter import Jitter
@@ -50,7 +51,8 @@ SHOWN_ROWS = 40
 @click.argument("topology", metavar="TOPOLOGY.yaml",
                 type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-p", "--policy", "policies", multiple=True, default=(DEFAULT_POLICY,),
-              show_default=True, help="Policies to compare. Repeatable.")
+              show_default=True, help="Policies to compare. Repeatable; POLICY:LABEL for "
+              "a variant of a policy with options of its own (as compare).")
 @click.option("--vary", "varies", multiple=True, required=True, metavar="KEY=V1,V2,...",
               help="A knob and its values (KEY=V1;V2;... when values hold commas): any --set "
               "key (a job key such as microbatches or model.layers; wan.latency, "
@@ -99,7 +101,8 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
     if workers < 1:
         raise InputError(f"must be at least 1, got {workers}", "--workers")
     inputs = load_inputs(topology, **job_flags(kwargs))
-    check_policies([(name, {}) for name in policies], [(name, {}) for name in bubbles])
+    check_policies([(v.policy, {}) for v in variants(policies)],
+                   [(name, {}) for name in bubbles])
     settings = SweepSettings(inputs, policies, tuple(parse_vary(v) for v in varies), bubbles,
                              policy_opts, repeat, jitter,
                              load_profile(profile_path) if profile_path else None)

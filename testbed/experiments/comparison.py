@@ -16,7 +16,7 @@ from testbed.experiments.run import RunResult
 from testbed.experiments.run import run as run_one
 from testbed.plan.model import Plan
 from testbed.policy.registry import check_policies, given_plan_policy
-from testbed.policy.routing import check_owners, options_for
+from testbed.policy.routing import check_owners, options_for, variants
 from testbed.report.compare import RunEntry, csv_text, table_rows
 from testbed.report.results import strict_json
 from testbed.report.run_dirs import one_name
@@ -56,23 +56,28 @@ def comparison_runs(base: RunSpec, policies: Sequence[str], bubbles: Sequence[st
                     ) -> list[ComparisonRun]:
     """Every run: each policy and each given plan with each bubble policy, `repeat` times,
     repeat k seeding the jitter with the job's seed + k (every combination meets the same
-    noise in its k-th repeat). `options`: `-o [POLICY.]KEY=VALUE`, for policies (a given
-    plan takes none). Every policy and option is checked first."""
-    check_owners(options, [*policies, *bubbles])
-    check_policies([(p, options_for(p, options)) for p in policies],
+    noise in its k-th repeat). `policies`: as `-p` names them, `POLICY` or a labelled
+    variant `POLICY:LABEL` (testbed.policy.routing); `options`: `-o [OWNER.]KEY=VALUE`,
+    for policies (a given plan takes none). Every policy and option is checked first."""
+    chosen = variants(policies)
+    names = list(dict.fromkeys([*(v.policy for v in chosen), *policies]))
+    check_owners(options, [*names, *bubbles])
+    check_policies([(v.policy, options_for(v.policy, options, label=v.name)) for v in chosen],
                    [(b, options_for(b, options, False)) for b in bubbles])
-    rows: list[tuple[str, Plan | None, str | None]] = [(p, None, None) for p in policies]
-    rows += [(given.label, given.plan, given.plan_file) for given in plans]
+    rows: list[tuple[str, str, Plan | None, str | None]] = [
+        (v.name, v.policy, None, None) for v in chosen]
+    rows += [(given.label, given_plan_policy(given.plan, None), given.plan, given.plan_file)
+             for given in plans]
     out = []
-    for label, plan, plan_file in rows:
-        policy = label if plan is None else given_plan_policy(plan, None)
+    for label, policy, plan, plan_file in rows:
         for bubble in bubbles or (None,):
             for k in range(repeat):
                 name = f"{one_name(label)}{'+' + bubble if bubble else ''}-r{k + 1}"
                 jitter = base.jitter.with_seed(base.job.seed + k) if base.jitter else None
                 out.append(ComparisonRun(name, label, k, replace(
                     base, policy=policy,
-                    policy_options=options_for(policy, options) if plan is None else {},
+                    policy_options=options_for(policy, options, label=label)
+                    if plan is None else {},
                     plan=plan, plan_file=plan_file,
                     bubble_policy=bubble,
                     bubble_options=options_for(bubble, options, False) if bubble else None,

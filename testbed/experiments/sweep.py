@@ -172,7 +172,7 @@ def _runs(settings: SweepSettings, values: tuple[tuple[str, str], ...]) -> list[
         raise exc
     out = []
     for run in runs:
-        labels: dict[str, Any] = {"policy": run.spec.policy}
+        labels: dict[str, Any] = {"policy": run.label}  # a labelled variant's label
         if settings.bubbles:
             labels["bubble"] = run.spec.bubble_policy
         if settings.repeat > 1:
