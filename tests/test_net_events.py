@@ -113,7 +113,8 @@ def test_events_are_in_the_results_and_the_trace(tmp_path: Path) -> None:
     import json
 
     results = _simulate(tmp_path, "at=20s,link=east-central,down=10s")
-    assert results["events"] == [{"at": "20s", "link": ["east", "central"], "down": "10s"}]
+    assert results["events"] == [{"at": "20s", "link": ["east", "central"], "down": "10s",
+                                  "applied": True}]
     trace = json.loads(gzip.decompress((tmp_path / "run" / "trace.json.gz").read_bytes()))
     marks = [e for e in trace["traceEvents"] if e.get("name") == "net_event"]
     assert len(marks) == 1 and marks[0]["dur"] == pytest.approx(10e6)

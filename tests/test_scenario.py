@@ -227,7 +227,8 @@ def test_a_dc_straggler_slows_compute_by_its_factor_in_the_simulator(tmp_path: P
     path = _scenario(tmp_path, "stragglers: [{dc: east, slower: 2}, {dc: central, "
                      "slower: 2}, {dc: west, slower: 2}]")
     slow = _simulate(tmp_path, "slow", path, THREE, 3)
-    assert slow["scenario"]["stragglers"][0] == {"at": "0s", "dc": "east", "slower": 2.0}  # type: ignore[index]
+    assert slow["scenario"]["stragglers"][0] == {"at": "0s", "dc": "east", "slower": 2.0,  # type: ignore[index]
+                                                 "applied": True}
     def compute_s(name: str) -> float:
         return sum(float(s["end"]) - float(s["start"]) for s in _spans(tmp_path / name)  # type: ignore[arg-type]
                    if s["kind"] in ("forward", "backward"))

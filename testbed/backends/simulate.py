@@ -87,8 +87,7 @@ def _record(spec: RunSpec, plan: Plan, summary: Any, spans: Any, inference: Any,
         status=status, error=error,
         extra={"profile": bool(spec.profile), "pacing": "assumed",
                "jitter": spec.jitter.as_dict() if spec.jitter else None,
-               "events": [e.as_raw() for e in spec.events],
-               "scenario": spec.scenario.as_results(), "inference": inference, **more},
+               "inference": inference, **more},
         requests=requests)
 
 

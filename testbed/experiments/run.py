@@ -17,6 +17,7 @@ from testbed.common.choices import BackendName
 from testbed.common.codec import to_json
 from testbed.common.fsutil import write_atomic
 from testbed.common.heap import old_objects_frozen
+from testbed.common.span_table import last_end
 from testbed.common.yamlio import to_yaml
 from testbed.errors import InputError, TestbedError, TestbedWarning
 from testbed.inference.memory import check_inference_memory
@@ -32,6 +33,13 @@ from testbed.report.run_results import Results
 from testbed.run.backend import Backend, Say
 from testbed.run.checkpoint import Progress
 from testbed.run.spec import RunSpec
+from testbed.scenario.reach import (
+    applied_results,
+    entries,
+    iterations_to_reach,
+    late_warning,
+    reach,
+)
 from testbed.sim.planning import plan_with_simulator
 
 
@@ -70,6 +78,7 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
         write_atomic(directory / "job.yaml", to_yaml(dump_job(spec.job)), 0o644)
         outcome = backend.execute(spec, plan, chosen, directory, say, resume)
         record, error = outcome.record, outcome.error
+        reached(spec, record)
         record.wall_s = time.monotonic() - started
         record.target_loss = spec.target_loss
         record.plan_file = spec.plan_file
@@ -104,7 +113,29 @@ def simulated(spec: RunSpec) -> RunRecord:
     from testbed.backends.simulate import SimulatorBackend
 
     spec, plan, chosen = prepare(replace(spec, backend="simulate"), lambda _m: None)
-    return SimulatorBackend().record(spec, plan, chosen)
+    record = SimulatorBackend().record(spec, plan, chosen)
+    reached(spec, record)
+    return record
+
+
+def reached(spec: RunSpec, record: RunRecord) -> None:
+    """Which of the run's events and scenario entries its training reached, in its results
+    (`applied`, whichever backend ran it); a run that completed before some of them began
+    warns, naming them and the `--iterations` that would reach them (from its own
+    iteration time)."""
+    failed = [(f["worker"], f["at_s"]) for f in (record.extra or {}).get("failures") or []]
+    found = reach(entries(spec.events, spec.scenario), last_end(record.spans) - record.start,
+                  failed)
+    record.extra = {**(record.extra or {}),
+                    **applied_results(spec.events, spec.scenario, found)}
+    late, summary = found.late, record.summary
+    if not late or record.status != "ok":
+        return  # a run that stopped early says why itself
+    ends, typical = summary.iteration_ends_s, summary.typical_s
+    iterations = None if not ends or not typical else iterations_to_reach(
+        max(e.at_s for e in late), len(ends), ends[-1], typical, summary.period)
+    warnings.warn(late_warning(late, found.end_s, iterations, typical), TestbedWarning,
+                  stacklevel=1)
 
 
 def whole_cycles(spec: RunSpec, period: int) -> RunSpec:

@@ -169,7 +169,11 @@ class Results:
     wall_s: float | None
     trace: TraceInfo
     events: list[dict[str, Any]] = field(default_factory=list)
+    """Each network event as a topology's `events` entry, with `applied`: whether it
+    began before training ended (testbed.scenario.reach)."""
     scenario: dict[str, Any] | None = None
+    """The scenario file's traces, stragglers and failures, each with `applied` (a trace
+    also with `steps_applied`), and its recovery."""
     pacing: bool | Literal["assumed"] = True
     """The emulator's --pacing; the simulator assumes paced connections."""
     # the simulator's

@@ -132,8 +132,28 @@ def run_summary(results: dict[str, Any]) -> list[str]:
             f"{_secs(overruns['max_s'])}")
     if results.get("training_slowdown") is not None:
         lines.append(f"  slowdown      {results['training_slowdown']:+.2%} vs no filling")
+    lines += _applied(results)
     lines += _failures(results)
     return lines
+
+
+def _applied(results: dict[str, Any]) -> list[str]:
+    """How many of the run's network events and scenario entries it applied (the rest
+    began after training ended); nothing for a run without any, or from before it
+    was recorded."""
+    scenario = results.get("scenario") or {}
+    parts, late = [], False
+    for section, items in (("events", results.get("events")),
+                           *((k, scenario.get(k)) for k in ("traces", "stragglers",
+                                                            "failures"))):
+        known = [item["applied"] for item in items or [] if "applied" in item]
+        if known:
+            parts.append(f"{section} {sum(known)} of {len(known)}")
+            late = late or not all(known)
+    if not parts:
+        return []
+    return [f"  applied       {', '.join(parts)}"
+            + (" (the rest began after training ended)" if late else "")]
 
 
 def _failures(results: dict[str, Any]) -> list[str]:
