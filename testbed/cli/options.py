@@ -11,11 +11,13 @@ import click
 from click.core import ParameterSource
 
 from testbed.api import with_given_plan
+from testbed.cli.progress import EVERY_S, Reporter
 from testbed.common.choices import (
     ActivationsChoice,
     FigureFormat,
     OnFailure,
     TraceChoice,
+    Verbosity,
     values_of,
 )
 from testbed.errors import InputError
@@ -252,6 +254,39 @@ def emulation_options(func: F) -> F:
 def force_option(func: F) -> F:
     return click.option("--force", is_flag=True,
                         help="Write into an --out directory that already holds files.")(func)
+
+
+PROGRESS_HELP = (
+    "Progress on stderr: on a terminal a bar; elsewhere (a log, a pipe) a status line such "
+    "as `compare: 3/8 runs done, now atlas-r2, 2m10s elapsed` as each run starts and "
+    f"every {EVERY_S:g} s. --quiet: none (errors, warnings and the results remain); "
+    "--verbose: also each run's own lines (the emulator's, the plan search's) and a line "
+    "as each run or point ends.")
+RUN_PROGRESS_HELP = (
+    "--quiet: errors, warnings and the results only, none of the run's progress lines "
+    "(its plan search's; up's, per iteration); --verbose: those lines, as without either "
+    "(a run's own lines are this command's progress).")
+
+
+def verbosity_option(func: F) -> F:
+    """--quiet/--verbose of a command that runs many runs or points (testbed.cli.progress)."""
+    return _verbosity(PROGRESS_HELP)(func)
+
+
+def run_verbosity_option(func: F) -> F:
+    """--quiet/--verbose of a command of one run, whose own lines are its progress."""
+    return _verbosity(RUN_PROGRESS_HELP)(func)
+
+
+def _verbosity(help_text: str) -> Callable[[F], F]:
+    """The option gives the command its Reporter, named after the command."""
+
+    def reporter(ctx: click.Context, _param: click.Parameter, quiet: bool | None) -> Reporter:
+        verbosity: Verbosity = "normal" if quiet is None else "quiet" if quiet else "verbose"
+        return Reporter(ctx.info_name or "testbed", verbosity)
+
+    return click.option("--quiet/--verbose", "-q/-v", "reporter", default=None,
+                        callback=reporter, help=help_text)
 
 
 def format_option(func: F) -> F:

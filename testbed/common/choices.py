@@ -26,6 +26,9 @@ OnFailure = Literal["stop", "restart", "replan"]
 """What a run does when a scenario's failure takes a worker: end (as a dead worker ends a
 run), go on from the last checkpoint on the same GPUs once the lost one is back, or go
 on from it at once on a plan for the GPUs still alive."""
+Verbosity = Literal["quiet", "normal", "verbose"]
+"""How much a long command shows while it works (testbed.cli.progress): errors, warnings
+and its results alone; its own progress too; and each run's own lines as well."""
 
 
 def values_of(choice: object) -> list[str]:

@@ -61,11 +61,24 @@ def share_cores(workers: int) -> None:
     _sharing = workers
 
 
+class ForkSafeThread(threading.Thread):
+    """A thread a fork may find running: it holds nothing a forked worker could need while
+    the fork is under way (testbed.cli.progress's status lines: they are written under a
+    lock that forking holds). Planning forks beside it, as beside no thread."""
+
+
 def pool_size(processes: int) -> int:
     """How many calls a pool of `processes` opened now runs at once (`Pool.size`)."""
-    if processes <= 1 or _work is not None or threading.active_count() > 1:
+    if processes <= 1 or _work is not None or _other_threads():
         return 1
     return processes
+
+
+def _other_threads() -> bool:
+    """Whether another thread runs that a fork could catch holding a lock."""
+    here = threading.current_thread()
+    return any(thread is not here and not isinstance(thread, ForkSafeThread)
+               for thread in threading.enumerate())
 
 
 @contextmanager
