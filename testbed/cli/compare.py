@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,9 @@ from testbed.cli.options import (
     scenario_options,
     target_loss_option,
     trace_option,
+    verbosity_option,
 )
+from testbed.cli.progress import Reporter
 from testbed.common.choices import (
     ActivationsChoice,
     BackendName,
@@ -88,6 +89,7 @@ from testbed.topology.model import Topology
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the comparison (default: a new one under runs/).")
 @format_option
+@verbosity_option
 def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, ...],
             bubbles: tuple[str, ...], policy_opts: tuple[str, ...], backend: BackendName,
             repeat: int,
@@ -95,7 +97,7 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
             activations: ActivationsChoice, dilation: str, jitter: Jitter | None,
             target_loss: float | None, force: bool, fmt: FigureFormat,
             trace: TraceChoice, on_failure: OnFailure, checkpoint_every: int | None,
-            **kwargs: Any) -> None:
+            reporter: Reporter, **kwargs: Any) -> None:
     """Run policies on the same topology, job and seed, one after another, and compare.
 
     Prints a table (iteration time with its spread over repeats, speed-up against the
@@ -132,10 +134,8 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
                    checkpoint_every=checkpoint_every or 0)
     runs = comparison_runs(base, policies, bubbles, policy_opts, repeat, plans)
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, "compare"))
-    with click.progressbar(length=len(runs), label=f"{backend}: {plural(len(runs), 'run')}",
-                           file=sys.stderr, item_show_func=lambda x: x) as bar:
-        done = run_comparison(runs, directory, lambda name: bar.update(0, name),
-                              lambda name: bar.update(1, name))
+    with reporter.counting(f"{backend}: {plural(len(runs), 'run')}", len(runs), "run") as steps:
+        done = run_comparison(runs, directory, steps.start, steps.finish, reporter.detail)
     entries = [entry for entry, _ in done]
     config = {"topology": str(topology), "backend": backend,
               "policies": list(policies), "plans": [str(p) for p in plan_paths],

@@ -23,11 +23,13 @@ from testbed.cli.options import (
     policy_option,
     policy_options,
     results_dir,
+    run_verbosity_option,
     scenario_options,
     target_loss_option,
     trace_option,
     with_plan,
 )
+from testbed.cli.progress import Reporter
 from testbed.common.choices import (
     ActivationsChoice,
     AllReduceChoice,
@@ -132,6 +134,7 @@ def echo_err(message: str) -> None:
 @machine_option
 @click.option("--join-timeout", type=click.FloatRange(min=1), default=300.0,
               show_default=True, help="Seconds the other machines get to join (--cluster).")
+@run_verbosity_option
 def up(
     topology: Path | None,
     policy: str,
@@ -156,6 +159,7 @@ def up(
     target_loss: float | None,
     trace: TraceChoice,
     on_failure: OnFailure,
+    reporter: Reporter,
     **kwargs: Any,
 ) -> None:
     """Train over the emulated WAN: one worker process per GPU in its namespace.
@@ -196,7 +200,7 @@ def up(
         check(spec)
         directory = results_dir(out, force,
                                 lambda: new_run_dir(inputs.topology.name, spec.policy))
-    outcome = run(spec, directory, echo_err, progress)
+    outcome = run(spec, directory, reporter.say, progress)
     for line in run_summary(outcome.results):
         click.echo(line)
     click.echo(f"results in {directory}")
@@ -218,9 +222,10 @@ def cluster_run(path: Path | None, machine: str | None, join_timeout: float,
 
 
 def refuse_with_resume(topology: Path | None) -> None:
-    """A resumed run is the run it was: nothing given on this command line may change it."""
+    """A resumed run is the run it was: nothing given on this command line may change it
+    (how much it shows of its progress, --quiet or --verbose, may)."""
     context = click.get_current_context()
-    given = [name for name in context.params if name != "resume"
+    given = [name for name in context.params if name not in ("resume", "reporter")
              and context.get_parameter_source(name) is ParameterSource.COMMANDLINE]
     if topology is not None or given:
         what = "TOPOLOGY.yaml" if topology is not None else f"--{given[0].replace('_', '-')}"

@@ -22,11 +22,13 @@ from testbed.cli.options import (
     policy_option,
     policy_options,
     results_dir,
+    run_verbosity_option,
     scenario_options,
     target_loss_option,
     trace_option,
     with_plan,
 )
+from testbed.cli.progress import Reporter
 from testbed.common.choices import OnFailure, TraceChoice
 from testbed.experiments.inputs import load_inputs
 from testbed.policy import parse_options
@@ -60,11 +62,12 @@ profile_option = click.option(
 @force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Results directory (default: a new one under runs/).")
+@run_verbosity_option
 def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], plan_path: Path | None,
              bubble: str | None, bubble_opts: tuple[str, ...], profile_path: Path | None,
              out: Path | None, force: bool, jitter: Jitter | None, target_loss: float | None,
              trace: TraceChoice, on_failure: OnFailure, checkpoint_every: int | None,
-             **kwargs: Any) -> None:
+             reporter: Reporter, **kwargs: Any) -> None:
     """Simulate the plan at any scale: modeled compute, flow-level network.
 
     Compute times come from FLOPs and the GPU type's sustained rate (or --profile);
@@ -85,7 +88,7 @@ def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], plan_pat
     spec = with_plan(spec, plan_path)
     check(spec)
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, spec.policy))
-    outcome = run(spec, directory, lambda message: click.echo(message, err=True))
+    outcome = run(spec, directory, reporter.say)
     for line in run_summary(outcome.results):
         click.echo(line)
     click.echo(f"simulated in {outcome.typed.wall_s or 0:.2f} s; results in {directory}")

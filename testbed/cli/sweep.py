@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import signal
 import statistics
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -20,7 +19,9 @@ from testbed.cli.options import (
     job_flags,
     job_options,
     results_dir,
+    verbosity_option,
 )
+from testbed.cli.progress import Reporter
 from testbed.cli.simulate import profile_option
 from testbed.common.units import plural
 from testbed.errors import InputError, Terminated, one_line
@@ -81,10 +82,12 @@ SHOWN_ROWS = 40
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the sweep (default: a new one under runs/). One that holds "
               "an interrupted run of the same sweep: it goes on with the points it has.")
+@verbosity_option
 def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
           bubbles: tuple[str, ...], policy_opts: tuple[str, ...], repeat: int,
           workers: int | None, ray_address: str | None, jitter: Jitter | None,
-          profile_path: Path | None, out: Path | None, force: bool, **kwargs: Any) -> None:
+          profile_path: Path | None, out: Path | None, force: bool, reporter: Reporter,
+          **kwargs: Any) -> None:
     """What-if grid in the simulator: one CSV row per point and run, and a plot.
 
     Every combination of the --vary knobs is a point; each point runs every policy with
@@ -113,11 +116,11 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
                                 lambda: new_run_dir(inputs.topology.name, "sweep"))
         done = start(directory, settings.describe(), grid, force)
         if done:
-            click.echo(f"going on with {plural(len(done), 'point')} of {len(grid)} done in "
-                       f"{directory}", err=True)
+            reporter.say(f"going on with {plural(len(done), 'point')} of {len(grid)} done in "
+                         f"{directory}")
         where = f"Ray ({ray_address})" if ray_address else \
             plural(min(workers, max(len(grid) - len(done), 1)), "local worker")
-        _run(directory, grid, done, run, where)
+        _run(directory, grid, done, run, where, reporter)
     table = with_speedups(rows(directory, grid), policies, [k.key for k in settings.knobs])
     csv_path = write_csv(directory, columns(settings), table)
     from testbed.report.plots import sweep_plot
@@ -129,25 +132,29 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
 
 
 def _run(directory: Path, grid: list[Point], done: dict[int, Any], run: Runner,
-         where: str) -> None:
+         where: str, reporter: Reporter) -> None:
     todo = [p for p in grid if p.index not in done]
     finished = [len(done)]
     label = f"simulating {plural(len(grid), 'point')} on {where}"
     try:
-        with _terminate_raises(), click.progressbar(length=len(grid), label=label,
-                                                    file=sys.stderr) as bar:
-            bar.update(len(done))
+        with _terminate_raises(), reporter.counting(label, len(grid), "point",
+                                                    len(done)) as steps:
 
             def store(index: int, found: list[dict[str, Any]]) -> None:
                 record(directory, grid[index], found)
                 finished[0] += 1
-                bar.update(1)
+                steps.finish(_named(grid[index]))
 
             run(todo, store)
     except (KeyboardInterrupt, Terminated):
         click.echo(f"stopped after {finished[0]} of {plural(len(grid), 'point')}; the same "
                    f"command with --out {directory} goes on from there", err=True)
         raise
+
+
+def _named(point: Point) -> str:
+    """A point as a progress line names it: its knobs' values."""
+    return ", ".join(f"{key}={value}" for key, value in point.values) or f"point {point.index}"
 
 
 @contextlib.contextmanager
