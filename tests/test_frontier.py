@@ -132,8 +132,8 @@ def test_a_search_is_the_same_on_one_process_and_on_two(small: Path) -> None:
     cond = Conditions(str(small), "small")
     space = Space((5, 50), (1,), (1.0,), (), (2,), ())
     wanted = ["pp_vs_dp", "dc_selection"]
-    one = search(topology, cond, wanted, space, 1, lambda _m: None)
-    two = search(topology, cond, wanted, space, 2, lambda _m: None)
+    one = search(topology, cond, wanted, space, 1)
+    two = search(topology, cond, wanted, space, 2)
     assert one == two
     points = list(one["dc_selection"].results)
     # the grid, then from the best cell each knob in turn

@@ -6,13 +6,16 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import click
 
-from testbed.cli.options import format_option
+from testbed.cli.options import format_option, verbosity_option
+from testbed.cli.progress import Reporter
 from testbed.common.choices import FigureFormat, values_of
 from testbed.common.fsutil import write_atomic
+from testbed.common.progress import Counting, Steps
 from testbed.errors import InputError
 from testbed.experiments.inputs import load_inputs
 from testbed.figures.claims import BACKENDS, Backend, Conditions, claims
@@ -76,9 +79,10 @@ contrast where one flow already fills most of a link); their comments give the s
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes the search simulates points in  [default: the cores]")
 @format_option
+@verbosity_option
 def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: str | None,
             readme: Path | None, budget_min: float, search: SearchName, workers: int | None,
-            fmt: FigureFormat) -> None:
+            fmt: FigureFormat, reporter: Reporter) -> None:
     """Reproduce each of the paper's claims: multiple connections, PP against DP across
     DCs, temporal sharing, Atlas against GPipe, 1F1B and DP across DCs, weak scaling with
     DCs, DC selection, the bubbles Atlas leaves, BubbleTea's utilization and slowdown.
@@ -122,10 +126,14 @@ def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: 
         raise InputError(str(exc), "--out") from None
 
     def say(message: str) -> None:
-        click.echo(f"[{time.strftime('%H:%M:%S')}] {message}", err=True)
+        reporter.say(_stamped(message))
+
+    def count(title: str, total: int, unit: str) -> AbstractContextManager[Steps]:
+        return reporter.counting(_stamped(title), total, unit)
 
     for chosen in backends:
-        measured = measure(conditions, chosen, wanted, directory, say, budget_min * 60)
+        measured = measure(conditions, chosen, wanted, directory, say, budget_min * 60,
+                           reporter.detail, count)
         saved = records(measured, chosen, saved)
         write_records(directory / "claims.json", saved)
     if "simulate" in backends:
@@ -133,7 +141,8 @@ def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: 
             for cond in conditions:
                 _load_curve(cond, directory, fmt, say)
         if search != "off":
-            saved = _frontiers(conditions, wanted, saved, search, workers, directory, fmt, say)
+            saved = _frontiers(conditions, wanted, saved, search, workers, directory, fmt, say,
+                               count)
             write_records(directory / "claims.json", saved)
     write_atomic(directory / "figures.md", details_markdown(saved) + "\n", 0o644)
     for record in saved:
@@ -159,16 +168,21 @@ def _load_curve(cond: Conditions, directory: Path, fmt: FigureFormat, say: Say) 
               f"{cond.summary}", directory / f"load-{Path(cond.topology).stem}.{fmt}")
 
 
+def _stamped(message: str) -> str:
+    return f"[{time.strftime('%H:%M:%S')}] {message}"
+
+
 def _frontiers(conditions: list[Conditions], wanted: set[str] | None,
                saved: list[ClaimRecord], search: SearchName, workers: int | None,
-               directory: Path, fmt: FigureFormat, say: Say) -> list[ClaimRecord]:
+               directory: Path, fmt: FigureFormat, say: Say, count: Counting
+               ) -> list[ClaimRecord]:
     """Each claim searched once per shape of conditions: its up_to in the records and a
     heat map (named after its first conditions where the shapes differ)."""
     from testbed.figures.charts import heat_map
 
     started = time.monotonic()
     found = search_all(conditions, wanted, SPACES[search], workers or default_workers(),
-                       say)
+                       count)
     shapes = {tuple(f.conditions) for f in found}
     by_key = {}
     for f in found:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
-from testbed.common.units import format_rate
+from testbed.common.progress import Counting, unseen
+from testbed.common.units import format_rate, plural
 from testbed.experiments.inputs import load_inputs
 from testbed.figures.claim_runs import BackendFigures, measure_claim
 from testbed.figures.claims import Backend, ClaimSpec, Conditions, claims
@@ -66,18 +67,28 @@ def summarize_conditions(topology: Topology) -> str:
 
 
 def measure(conditions: Sequence[Conditions], backend: Backend, only: set[str] | None,
-            directory: Path, say: Say, wall_budget_s: float | None = None
-            ) -> list[Measurement]:
-    out: list[Measurement] = []
+            directory: Path, say: Say, wall_budget_s: float | None = None,
+            detail: Say = lambda _m: None, count: Counting = unseen) -> list[Measurement]:
+    """Every wanted claim at every set of conditions, each claim a step of `count`; `say`:
+    a line as each run starts, `detail`: the runs' own lines."""
+    todo = []
     for cond in conditions:
         inputs = load_inputs(Path(cond.topology))
-        name = inputs.topology.name
-        runner = Runner(inputs, backend, directory / name / backend, say, wall_budget_s)
-        with shared_cache():
-            for spec in claims(inputs.topology, inputs.job, cond):
-                if only is not None and spec.id not in only:
-                    continue
-                out.append(Measurement(spec, cond, measure_claim(runner, spec)))
+        todo.append((cond, inputs, [spec for spec in claims(inputs.topology, inputs.job, cond)
+                                    if only is None or spec.id in only]))
+    total = sum(len(specs) for _, _, specs in todo)
+    out: list[Measurement] = []
+    with count(f"{backend}: {plural(total, 'claim')}", total, "claim") as steps:
+        for cond, inputs, specs in todo:
+            name = inputs.topology.name
+            runner = Runner(inputs, backend, directory / name / backend, say, wall_budget_s,
+                            detail)
+            with shared_cache():
+                for spec in specs:
+                    step = f"{spec.id} on {name}"
+                    steps.start(step)
+                    out.append(Measurement(spec, cond, measure_claim(runner, spec)))
+                    steps.finish(step)
     return out
 
 

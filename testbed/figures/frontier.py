@@ -15,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
+from testbed.common.progress import Counting, unseen
 from testbed.common.units import plural
 from testbed.errors import TestbedError
 from testbed.experiments.inputs import Inputs
@@ -119,16 +120,14 @@ class Frontier:
                     points=len(self.results), search=search)
 
 
-Say = Callable[[str], None]
-
-
 def search(topology: Topology, conditions: Conditions, wanted: Sequence[str], space: Space,
-           workers: int, say: Say) -> dict[str, Frontier]:
-    """Each wanted claim's frontier over `space`, from the conditions' topology and job."""
+           workers: int, count: Counting = unseen) -> dict[str, Frontier]:
+    """Each wanted claim's frontier over `space`, from the conditions' topology and job;
+    each phase's points counted by `count`."""
     frontiers = {claim: Frontier(claim, {}) for claim in wanted}
     grid = [Point(lat, bw) for lat in space.latencies_ms for bw in space.bandwidths_gbit]
     _merge(frontiers, evaluate(topology, conditions,
-                               [(p, tuple(wanted)) for p in grid], workers, say, "grid"))
+                               [(p, tuple(wanted)) for p in grid], workers, count, "grid"))
     asks: dict[Point, list[str]] = {}
     for claim, frontier in frontiers.items():
         best = frontier.best()
@@ -140,14 +139,14 @@ def search(topology: Topology, conditions: Conditions, wanted: Sequence[str], sp
                 point = dataclasses.replace(start, **{knob: value})
                 if point not in frontier.results:
                     asks.setdefault(point, []).append(claim)
-    _merge(frontiers, evaluate(topology, conditions, _tasks(asks), workers, say,
+    _merge(frontiers, evaluate(topology, conditions, _tasks(asks), workers, count,
                                "one knob at a time"))
     asks = {}
     for claim, frontier in frontiers.items():
         combined = _combined(frontier, KNOBS.get(claim, OTHER_KNOBS))
         if combined is not None and combined not in frontier.results:
             asks.setdefault(combined, []).append(claim)
-    _merge(frontiers, evaluate(topology, conditions, _tasks(asks), workers, say,
+    _merge(frontiers, evaluate(topology, conditions, _tasks(asks), workers, count,
                                "the best knobs together"))
     return frontiers
 
@@ -182,24 +181,30 @@ def _merge(frontiers: dict[str, Frontier], results: Iterable[PointResult]) -> No
 
 
 def evaluate(topology: Topology, conditions: Conditions,
-             tasks: Sequence[tuple[Point, tuple[str, ...]]], workers: int, say: Say,
+             tasks: Sequence[tuple[Point, tuple[str, ...]]], workers: int, count: Counting,
              phase: str) -> list[PointResult]:
     """Each (point, claims) measured, in order: in this process with one worker, else in
-    a pool of `workers` processes. The one place points are run, so that a distributed
-    engine can take over; a point's result depends on nothing but the point."""
+    a pool of `workers` processes; each point a step of `count` as it ends. The one place
+    points are run, so that a distributed engine can take over; a point's result depends
+    on nothing but the point."""
     if not tasks:
         return []
-    say(f"frontier, {phase}: {plural(len(tasks), 'point')} on "
-        f"{plural(min(workers, len(tasks)), 'process', 'processes')}")
-    jobs = [(topology, conditions, point, wanted) for point, wanted in tasks]
-    if workers <= 1 or len(tasks) == 1:
-        return [measure_point(*job) for job in jobs]
-    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=get_context("spawn")) as pool:
-        return list(pool.map(_measure_packed, jobs))
-
-
-def _measure_packed(job: tuple[Topology, Conditions, Point, tuple[str, ...]]) -> PointResult:
-    return measure_point(*job)
+    processes = min(workers, len(tasks))
+    title = (f"frontier, {phase}: {plural(len(tasks), 'point')} on "
+             f"{plural(processes, 'process', 'processes')}")
+    with count(title, len(tasks), "point") as steps:
+        if processes <= 1:
+            out = []
+            for point, wanted in tasks:
+                out.append(measure_point(topology, conditions, point, wanted))
+                steps.finish(point.describe())
+            return out
+        with ProcessPoolExecutor(processes, mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(measure_point, topology, conditions, point, wanted): point
+                       for point, wanted in tasks}
+            for future in as_completed(futures):
+                steps.finish(futures[future].describe())
+            return [future.result() for future in futures]
 
 
 def measure_point(topology: Topology, conditions: Conditions, point: Point,
@@ -235,7 +240,7 @@ class ClaimSearch:
 
 
 def search_all(conditions: Sequence[Conditions], wanted: set[str] | None, space: Space,
-               workers: int, say: Say) -> list[ClaimSearch]:
+               workers: int, count: Counting = unseen) -> list[ClaimSearch]:
     """Every wanted claim searched once per shape of conditions."""
     shapes: dict[str, list[tuple[Conditions, Topology]]] = {}
     for cond in conditions:
@@ -246,7 +251,7 @@ def search_all(conditions: Sequence[Conditions], wanted: set[str] | None, space:
         cond, topology = members[0]
         specs = [s for s in claims(topology, load_job(topology.job, topology.source), cond)
                  if wanted is None or s.id in wanted]
-        found = search(topology, cond, [s.id for s in specs], space, workers, say)
+        found = search(topology, cond, [s.id for s in specs], space, workers, count)
         out += [ClaimSearch(s.id, [c.topology for c, _ in members], found[s.id], s.target,
                             s.at_most) for s in specs]
     return out

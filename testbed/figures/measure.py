@@ -70,10 +70,12 @@ class Runner:
     """Runs each distinct ask once per backend and conditions (claims share runs)."""
 
     def __init__(self, inputs: Inputs, backend: Backend, directory: Path | None, say: Say,
-                 wall_budget_s: float | None = None) -> None:
+                 wall_budget_s: float | None = None, detail: Say = lambda _m: None) -> None:
         self.inputs, self.backend, self.directory, self.say = inputs, backend, directory, say
         """`directory` None: simulated runs kept in memory, written nowhere (a search
-        over many points keeps only their figures)."""
+        over many points keeps only their figures). `say`: a line as each run starts;
+        `detail`: the written runs' own lines (the emulator's, the plan search's)."""
+        self.detail = detail
         self.wall_budget_s = wall_budget_s
         """Emulator: runs predicted to take longer are skipped, with the reason."""
         self.done: dict[RunAsk, RunFigures | str] = {}
@@ -104,7 +106,7 @@ class Runner:
                            wall_budget_s=self.wall_budget_s)
             if self.directory is None:
                 return figures_of(simulated(spec).typed())
-            outcome = run(spec, self.directory / "runs" / name, lambda m: self.say(f"  {m}"))
+            outcome = run(spec, self.directory / "runs" / name, self.detail)
         except TestbedError as exc:
             return str(exc)
         if outcome.error is not None:
