@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
+from testbed.common.jsonio import read_json
 from testbed.common.units import plural
 from testbed.errors import EXIT_INPUT, InputError, one_line
 from testbed.report.results_schema import results_problems, shipped_schema
 from testbed.report.run_results import SCHEMA_VERSION
-from testbed.report.saved import read_json
 
 RESULTS_FILE = "results.json"
 SHOWN_PROBLEMS = 20

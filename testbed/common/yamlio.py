@@ -1,5 +1,6 @@
 """YAML in and out, strict: duplicate keys and syntax errors are located one-line errors,
-and a document is bounded: the file's size, and how far its aliases expand."""
+and a document is bounded: the file's size, how deep it nests, and how far its aliases
+expand."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from testbed.common.input_files import MAX_YAML_BYTES, read_input
+from testbed.common.input_files import MAX_NESTING, MAX_YAML_BYTES, read_input
 from testbed.errors import InputError
 
 MAX_ALIAS_NODES = 100_000
@@ -20,7 +21,8 @@ minutes and gigabytes. Templates for a hundred datacenters need a few thousand."
 
 class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last),
-    an alias inside its own anchor, and aliases standing for more than MAX_ALIAS_NODES."""
+    an alias inside its own anchor, aliases standing for more than MAX_ALIAS_NODES, and
+    nodes nested more than MAX_NESTING deep (composing recurses)."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
@@ -29,6 +31,13 @@ class _StrictLoader(yaml.SafeLoader):
         self._aliased = 0
         self._anchored: dict[str, int] = {}
         """Nodes each finished anchor stands for."""
+        self._depth = 0
+        """Lists and mappings the node being composed is inside."""
+        self._reach = 0
+        """The deepest level of lists and mappings reached inside the node being composed
+        (an alias reaching as deep below it as its anchor does)."""
+        self._heights: dict[str, int] = {}
+        """Levels of lists and mappings inside each finished anchor, its own included."""
 
     def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         event: yaml.Event = self.peek_event()  # type: ignore[no-untyped-call]
@@ -40,13 +49,29 @@ class _StrictLoader(yaml.SafeLoader):
             self._aliased += size or 0
             if self._aliased > MAX_ALIAS_NODES:
                 raise _refused(f"aliases expand to more than {MAX_ALIAS_NODES:,} values", event)
+            self._nested(self._depth + self._heights.get(event.anchor or "", 0), event)
             return super().compose_node(parent, index)
-        before = self._nodes
-        node = super().compose_node(parent, index)
+        collection = isinstance(event, yaml.CollectionStartEvent)
+        self._nested(self._depth + collection, event)
+        before, outer = self._nodes, self._reach
+        self._reach = self._depth = self._depth + collection
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= collection
+        height, self._reach = self._reach - self._depth, max(outer, self._reach)
         self._nodes += 1
         if isinstance(event, yaml.NodeEvent) and event.anchor is not None:
             self._anchored[event.anchor] = self._nodes - before
+            self._heights[event.anchor] = height
         return node
+
+    def _nested(self, depth: int, event: yaml.Event) -> None:
+        """Refuse a node `depth` levels of lists and mappings deep, past MAX_NESTING."""
+        if depth > MAX_NESTING:
+            raise _refused(f"nested deeper than {MAX_NESTING} levels of lists and mappings",
+                           event)
+        self._reach = max(self._reach, depth)
 
 
 def _refused(problem: str, event: yaml.Event) -> yaml.composer.ComposerError:

@@ -15,12 +15,14 @@ import hashlib
 import io
 import json
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from testbed.common.fsutil import write_atomic
-from testbed.common.input_files import read_input
+from testbed.common.input_files import read_bounded
+from testbed.common.jsonio import MAX_JSON_BYTES, MAX_RECORD_BYTES, loads
 from testbed.errors import InputError
 from testbed.experiments.sweep import Point
 
@@ -28,7 +30,6 @@ SWEEP_FILE = "sweep.json"
 POINTS_FILE = "points.jsonl"
 CSV_FILE = "sweep.csv"
 SCHEMA = 1
-MAX_SWEEP_JSON = 64 << 20
 Row = dict[str, Any]
 
 
@@ -98,8 +99,8 @@ def write_csv(directory: Path, columns: Sequence[str], table: Sequence[Row]) -> 
 
 def _saved(directory: Path) -> dict[str, Any]:
     try:
-        saved = json.loads(read_input(directory / SWEEP_FILE, MAX_SWEEP_JSON))
-    except ValueError:
+        saved = loads(read_bounded(directory / SWEEP_FILE, MAX_JSON_BYTES, follow=False))
+    except ValueError:  # not JSON, or nested past what any file of ours is
         saved = None
     if not isinstance(saved, dict) or saved.get("schema") != SCHEMA:
         raise InputError(f"{directory / SWEEP_FILE} is not a sweep this testbed wrote; give "
@@ -111,19 +112,19 @@ def _points(path: Path, points: Sequence[Point]) -> dict[int, list[Row]]:
     """The saved points that are this sweep's (a line cut short by a kill is left out)."""
     done: dict[int, list[Row]] = {}
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:  # none yet, or not a file of ours (a link is never followed)
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return done  # not a file of ours (a link is never followed)
+    except FileNotFoundError:
         return done
-    with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            try:
-                item = json.loads(line)
-                index, values, found = item["index"], item["values"], item["rows"]
-            except (ValueError, TypeError, KeyError):
-                continue
-            if (isinstance(index, int) and 0 <= index < len(points)
-                    and values == [list(v) for v in points[index].values]
-                    and isinstance(found, list) and len(found) == len(points[index].runs)
-                    and all(isinstance(r, dict) for r in found)):
-                done[index] = found
+    for line in read_bounded(path, MAX_RECORD_BYTES, follow=False).splitlines():
+        try:
+            item = loads(line)
+            index, values, found = item["index"], item["values"], item["rows"]
+        except (ValueError, TypeError, KeyError):
+            continue
+        if (isinstance(index, int) and 0 <= index < len(points)
+                and values == [list(v) for v in points[index].values]
+                and isinstance(found, list) and len(found) == len(points[index].runs)
+                and all(isinstance(r, dict) for r in found)):
+            done[index] = found
     return done

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.common.fsutil import write_atomic
+from testbed.common.jsonio import read_json
 from testbed.figures.claims import BACKENDS
 from testbed.figures.collect import ClaimRecord
 
@@ -23,7 +24,7 @@ def load_records(path: Path) -> list[ClaimRecord]:
     """Records a previous invocation wrote, or none."""
     if not path.exists():
         return []
-    data = json.loads(path.read_text())
+    data = read_json(path)
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a list of claims")
     return data

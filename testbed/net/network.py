@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testbed.common.jsonio import read_json
 from testbed.common.units import plural
-from testbed.errors import NetworkError
+from testbed.errors import InputError, NetworkError
 from testbed.net import netns as kernel
 from testbed.net.interrupts import critical, stop_point
 from testbed.net.layout import HOST_IF, Layout, build_layout
@@ -144,8 +145,8 @@ class Network:
         time.sleep(0.05)
         for key in self.delay_lines:
             path = self.stats_dir / f"delayline-{key}.json"
-            with contextlib.suppress(OSError, ValueError):
-                out[key] = json.loads(path.read_text())
+            with contextlib.suppress(InputError):
+                out[key] = read_json(path)
         return out
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from testbed.common.fsutil import write_atomic
+from testbed.common.jsonio import read_json
+from testbed.errors import InputError
 
 STATE_DIR = Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed"))
 SCHEMA = 1
@@ -61,7 +63,7 @@ class RunState:
 
     @classmethod
     def load(cls, path: Path) -> RunState:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path, follow=False)
         data.pop("schema", None)
         data["processes"] = [ProcessRecord(**p) for p in data.get("processes", [])]
         return cls(**data)
@@ -90,7 +92,7 @@ def all_states() -> list[RunState]:
     for path in sorted(STATE_DIR.glob("*.json")):
         try:
             states.append(RunState.load(path))
-        except (OSError, ValueError, TypeError, KeyError):
+        except (InputError, TypeError, KeyError, AttributeError):
             continue  # a damaged file names nothing we can trust; `down` reports it
     return states
 

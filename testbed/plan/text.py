@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.common.input_files import MAX_CSV_BYTES, read_input
+from testbed.common.jsonio import loads
 from testbed.common.units import plural
 from testbed.errors import InputError
 from testbed.plan.model import Action, HostTcp, OuterOptimizer, Plan, Sharing, Worker
@@ -174,7 +175,7 @@ def parse_plan_csv(text: str, source: str | None = None) -> Plan:
             parse_value = _on_off if key == "nesterov" else _finite
             outer = replace(outer, **{key: cell(2, parse_value, key)})
         elif kind == "note":
-            notes[cell(1, str, "key")] = cell(2, json.loads, "JSON value")
+            notes[cell(1, str, "key")] = cell(2, loads, "JSON value")
         else:
             raise InputError(
                 f"unknown row kind {kind!r} (meta, place, actions, program, conn, share, cell, "

@@ -4,13 +4,11 @@ gives one located error and no half-written output."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import orjson
-
+from testbed.common.jsonio import MAX_RECORD_BYTES, read_json
 from testbed.common.spans import Span
 from testbed.errors import InputError
 from testbed.report.compare import RunEntry
@@ -89,25 +87,10 @@ def _kind(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def read_json(path: Path) -> Any:
-    """A JSON file (orjson; the standard library's reader for the NaN and Infinity that
-    files of older versions may hold)."""
-    try:
-        data = path.read_bytes()
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return json.loads(data.decode("utf-8"), parse_constant=lambda c: float(c))
-    except FileNotFoundError:
-        raise InputError("missing file", str(path)) from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"unreadable: {exc}", str(path)) from None
-
-
 def read_span_rows(path: Path) -> tuple[float, list[dict[str, Any]]]:
     """A run's spans.json: its start and its rows, each checked to have a kind and times
     and to name its GPU (`gpu`) or a group of GPUs that did the same (`gpus`)."""
-    data = read_json(path)
+    data = read_json(path, MAX_RECORD_BYTES)
     check(data, SPANS, str(path))
     for i, row in enumerate(data["spans"]):
         if "gpus" not in row:

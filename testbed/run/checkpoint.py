@@ -23,9 +23,9 @@ from typing import Any
 
 from testbed.common.fields import Fields, integer, number, positive
 from testbed.common.fsutil import write_atomic
+from testbed.common.jsonio import MAX_RECORD_BYTES, read_json
 from testbed.common.spans import Span, read_span
 from testbed.errors import InputError
-from testbed.report.saved import read_json
 
 CHECKPOINT_DIR = "checkpoint"
 STATE_FILE = "state.json"
@@ -218,7 +218,7 @@ def read_progress(checkpoint: Path) -> Progress | None:
     path = checkpoint / STATE_FILE
     if not path.exists():
         return None
-    return parse_progress(read_json(path), str(path))
+    return parse_progress(read_json(path, MAX_RECORD_BYTES), str(path))
 
 
 def save_stage(save: Any, directory: Path, replica: int, stage: int) -> None:

@@ -21,6 +21,7 @@ from testbed.common.fields import (
     text,
 )
 from testbed.common.fsutil import write_atomic
+from testbed.common.jsonio import read_json
 from testbed.common.yamlio import to_yaml
 from testbed.errors import InputError
 from testbed.job.load import dump_job, load_job
@@ -29,7 +30,6 @@ from testbed.plan.load import load_plan
 from testbed.plan.model import Plan
 from testbed.plan.text import plan_to_csv
 from testbed.policy.option_parsers import one_of
-from testbed.report.saved import read_json
 from testbed.run.checkpoint import (
     CHECKPOINT_DIR,
     FORMAT,

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from testbed.common.fsutil import write_atomic
+from testbed.common.jsonio import read_json
 from testbed.errors import InputError
-from testbed.report.saved import INTEGER, OPTIONAL_TEXT, check, per_gpu, read_json, read_span_rows
+from testbed.report.saved import INTEGER, OPTIONAL_TEXT, check, per_gpu, read_span_rows
 
 Profile = dict[int, dict[str, float]]
 
@@ -106,14 +107,12 @@ def read_spans(path: Path) -> list[Mapping[str, Any]]:
 
 def load_profile(path: Path) -> Profile:
     source = str(path)
+    data = read_json(path)
     try:
-        data = json.loads(path.read_text())
         stages = data["stages"]
         profile = {int(stage): {key: float(value) for key, value in times.items()
                                 if key in ("forward_s", "backward_s")}
                    for stage, times in stages.items()}
-    except FileNotFoundError:
-        raise InputError("no such file", source) from None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InputError(f"not a profile (expected {{\"stages\": {{\"0\": {{\"forward_s\": "
                          f"...}}}}}}): {exc}", source) from None

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from testbed.common.fsutil import write_atomic
+from testbed.common.jsonio import read_json
+from testbed.errors import InputError
 from testbed.net.network import bring_up, tear_down
 from testbed.run.dilation import WorkerCosts
 from testbed.runtime.coordinator.calibrate import measure_worker_costs
@@ -39,8 +41,8 @@ def _key() -> str:
 def _cached() -> dict[str, Any]:
     """This machine's cached figures (none from another kernel or core count)."""
     try:
-        data = json.loads(CACHE.read_text())
-    except (OSError, ValueError):
+        data = read_json(CACHE)
+    except InputError:
         return {}
     return data if isinstance(data, dict) and data.get("machine") == _key() else {}
 

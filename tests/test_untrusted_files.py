@@ -1,0 +1,170 @@
+"""Files testbed is told to write and files it reads back, as a careless or hostile user
+leaves them: an output the user names that is a device, a pipe or a link to this
+process's stdout stays what it is; an output directory's links are never followed; every
+file read back is bounded in size and depth (one line naming it, never a traceback or a
+MemoryError); and nothing read from a file reaches the terminal as control sequences, or
+quotes a file a scenario names."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from testbed.common.input_files import MAX_NESTING
+from testbed.common.jsonio import MAX_JSON_BYTES
+from testbed.errors import InputError
+from testbed.experiments.sweep import Point
+from testbed.experiments.sweep_store import POINTS_FILE, SWEEP_FILE, start
+from testbed.plan.text import parse_plan_csv
+from testbed.run.resume import load_resumption
+from tests.test_checkpoint import _saved
+from tests.test_cli import call
+
+ROOT = Path(__file__).resolve().parent.parent
+TWO_DC = ROOT / "topologies" / "two-dc.yaml"
+PLAN = ["plan", str(TWO_DC), "-p", "gpipe"]
+DEEP = "[" * 100_000 + "]" * 100_000
+"""Deep enough that the standard library's JSON reader recurses out."""
+NESTED = f"nested deeper than {MAX_NESTING} levels of lists and mappings"
+needs_root = pytest.mark.skipif(os.geteuid() != 0,
+                                reason="mknod of a character or block device needs root")
+
+
+def _plan_csv(tmp_path: Path) -> str:
+    plain = tmp_path / "plain.csv"
+    code, _, err = call([*PLAN, "--csv", str(plain)])
+    assert code == 0, err
+    return plain.read_text()
+
+
+def _run(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    code, _, err = call(["simulate", str(TWO_DC), "-p", "gpipe", "--iterations", "3",
+                         "--out", str(run)])
+    assert code == 0, err
+    return run
+
+
+def _one_line(code: int, err: str) -> str:
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    return err.removeprefix("testbed: error: ").rstrip("\n")
+
+
+# Files read back: bounded in size and kind.
+
+def test_results_validate_refuses_a_device_and_a_huge_file_before_reading(
+        tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").symlink_to("/dev/zero")
+    code, _, err = call(["results", "validate", str(run)])
+    assert _one_line(code, err) == \
+        f"{run / 'results.json'}: is not a regular file (a device or socket?)"
+    big = tmp_path / "big.json"
+    with open(big, "wb") as sparse:
+        sparse.truncate(MAX_JSON_BYTES + 1)
+    code, _, err = call(["results", "validate", str(big)])
+    assert _one_line(code, err) == f"{big}: larger than 64 MiB: not an input file of testbed"
+
+
+def test_resume_refuses_a_state_file_that_is_a_device(tmp_path: Path) -> None:
+    run = _saved(tmp_path)
+    state = run / "checkpoint" / "state.json"
+    state.unlink()
+    state.symlink_to("/dev/zero")
+    with pytest.raises(InputError) as caught:
+        load_resumption(run)
+    assert str(caught.value) == f"{state}: is not a regular file (a device or socket?)"
+
+
+def test_report_refuses_a_comparison_file_that_is_a_device(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "compare.json").symlink_to("/dev/zero")
+    code, _, err = call(["report", str(out)])
+    assert _one_line(code, err) == \
+        f"{out / 'compare.json'}: is not a regular file (a device or socket?)"
+
+
+# Files read back: bounded in depth.
+
+def test_a_deeply_nested_yaml_file_or_set_value_is_one_line(tmp_path: Path) -> None:
+    """822 bytes of `[` ended in a RecursionError; an alias standing for a deep anchor
+    deep inside counts as deep as it stands for."""
+    path = tmp_path / "deep.yaml"
+    path.write_text("name: " + "[" * 408 + "]" * 408 + "\n")
+    code, _, err = call(["validate", str(path)])
+    assert _one_line(code, err) == f"{path}: line 1: YAML error: {NESTED}"
+    half = "[" * 40 + "{}" + "]" * 40
+    path.write_text(f"a: &a {half}\nb: " + "[" * 40 + "*a" + "]" * 40 + "\n")
+    code, _, err = call(["validate", str(path)])
+    assert _one_line(code, err) == f"{path}: line 2: YAML error: {NESTED}"
+    code, _, err = call(["validate", str(TWO_DC), "--set", "model.layers=" + DEEP[:800]
+                         + DEEP[-800:]])
+    assert _one_line(code, err) == f"--set: line 1: YAML error: {NESTED}"
+
+
+@pytest.mark.parametrize("deep", [DEEP, "[" * 200 + "]" * 200])
+def test_deeply_nested_results_spans_and_comparisons_are_one_line(
+        tmp_path: Path, deep: str) -> None:
+    """Past what orjson reads (1,024 levels), and within it but past what any code that
+    walks the value may recurse through."""
+    run = _run(tmp_path)
+    results = json.loads((run / "results.json").read_text())
+    (run / "results.json").write_text(json.dumps(results)[:-1] + f', "extra": {deep}}}')
+    code, _, err = call(["results", "validate", str(run)])
+    assert _one_line(code, err).startswith(f"{run / 'results.json'}: ")
+    assert err.endswith(f"{NESTED}\n")
+    spans = (run / "spans.json").read_text()
+    (run / "spans.json").write_text(spans[:-1] + f', "extra": {deep}}}')
+    code, _, err = call(["profile", str(run)])
+    assert err.endswith(f"{NESTED}\n") and str(run / "spans.json") in _one_line(code, err)
+    (tmp_path / "compare.json").write_text(f'{{"runs": {deep}}}')
+    code, _, err = call(["report", str(tmp_path)])
+    key = "runs: " if deep != DEEP else ""  # where orjson reads it, the key is known
+    assert _one_line(code, err) == f"{tmp_path / 'compare.json'}: {key}{NESTED}"
+
+
+def test_a_deeply_nested_checkpoint_is_one_line(tmp_path: Path) -> None:
+    run = _saved(tmp_path, raw_state=f'{{"completed": 3, "spans": {DEEP}}}')
+    with pytest.raises(InputError) as caught:
+        load_resumption(run)
+    assert str(caught.value).endswith(NESTED)
+    assert str(caught.value).startswith(f"{run / 'checkpoint' / 'state.json'}: ")
+
+
+def test_a_deeply_nested_run_state_file_is_damaged_not_a_traceback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`testbed down` and `net ls` list run state files: a deep one is damaged, skipped."""
+    from testbed.net import state
+
+    monkeypatch.setattr(state, "STATE_DIR", tmp_path)
+    (tmp_path / "deep.json").write_text(DEEP)
+    assert state.all_states() == []
+    assert state.damaged_state_files() == [tmp_path / "deep.json"]
+
+
+def test_a_deeply_nested_sweep_file_or_point_is_refused_or_left_out(tmp_path: Path) -> None:
+    point = Point(0, (("microbatches", "4"),), ())
+    assert start(tmp_path, {"a": 1}, [point], force=False) == {}
+    (tmp_path / POINTS_FILE).write_text(
+        DEEP + "\n" + json.dumps({"index": 0, "values": [["microbatches", "4"]], "rows": []})
+        + "\n")
+    assert start(tmp_path, {"a": 1}, [point], force=False) == {0: []}
+    (tmp_path / SWEEP_FILE).write_text(DEEP)
+    with pytest.raises(InputError) as caught:
+        start(tmp_path, {"a": 1}, [point], force=False)
+    assert "is not a sweep this testbed wrote" in str(caught.value)
+
+
+@pytest.mark.parametrize("depth", [60_000, 100])
+def test_a_deeply_nested_plan_note_is_one_line(tmp_path: Path, depth: int) -> None:
+    """A CSV cell holds at most 131,072 characters: 60,000 levels still recurse out."""
+    text = _plan_csv(tmp_path) + f'note,deep,"{"[" * depth + "]" * depth}"\n'
+    with pytest.raises(InputError) as caught:
+        parse_plan_csv(text, "plan.csv")
+    lines = text.count("\n")
+    assert str(caught.value) == f"plan.csv: line {lines}: bad JSON value: {NESTED}"
