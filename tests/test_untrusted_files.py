@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,6 +55,78 @@ def _run(tmp_path: Path) -> Path:
 def _one_line(code: int, err: str) -> str:
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     return err.removeprefix("testbed: error: ").rstrip("\n")
+
+
+# Outputs the user names: a pipe, a device, this process's stdout are written into.
+
+def test_a_named_pipe_takes_the_output_and_stays_a_pipe(tmp_path: Path) -> None:
+    expected = _plan_csv(tmp_path)
+    fifo = tmp_path / "plan.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader waits on the other end
+    try:
+        code, out, err = call([*PLAN, "--csv", str(fifo)])
+        written = os.read(reader, 1 << 20)
+    finally:
+        os.close(reader)
+    assert code == 0, err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert written.decode() == expected
+    assert f"plan written to {fifo}" in out
+
+
+@pytest.mark.parametrize("stdout", ["pipe", "file"])
+def test_a_link_to_this_process_stdout_takes_the_output_in_order_and_stays_a_link(
+        tmp_path: Path, stdout: str) -> None:
+    """`--csv /dev/stdout` (here a copy of the link: /proc/self/fd/1), whether stdout is a
+    pipe or a file the shell opened (`> out.txt`): the CSV goes out after the grid,
+    before the line that says where it went, and the link stays."""
+    expected = _plan_csv(tmp_path)
+    link = tmp_path / "stdout"
+    link.symlink_to("/proc/self/fd/1")
+    argv = [sys.executable, "-c", "import sys; from testbed.cli.main import main; "
+            "main(sys.argv[1:])", *PLAN, "--csv", str(link)]
+    captured = tmp_path / "out.txt"
+    with open(captured, "w") as into:
+        done = subprocess.run(argv, stdout=subprocess.PIPE if stdout == "pipe" else into,
+                              stderr=subprocess.PIPE, text=True, timeout=300, check=False)
+    out = done.stdout if stdout == "pipe" else captured.read_text()
+    assert done.returncode == 0, done.stderr
+    assert link.is_symlink() and os.readlink(link) == "/proc/self/fd/1"
+    assert out.count(expected) == 1
+    assert out.index("policy gpipe:") < out.index(expected) < out.index(f"plan written to {link}")
+
+
+def test_a_socket_named_as_an_output_is_refused_and_stays(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(path))
+        code, _, err = call([*PLAN, "--csv", str(path)])
+    assert _one_line(code, err) == (f"--csv: {path} is a socket; give a file, a pipe or a "
+                                    "character device such as /dev/null")
+    assert stat.S_ISSOCK(os.lstat(path).st_mode)
+
+
+@needs_root
+def test_a_device_named_as_an_output_stays_a_device(tmp_path: Path) -> None:
+    """A copy of /dev/null (never the machine's own) takes `plan --csv` and `profile -o`
+    and is still the device after; a block device is refused before it is opened."""
+    null = tmp_path / "null"
+    os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    code, _, err = call([*PLAN, "--csv", str(null)])
+    assert code == 0, err
+    assert stat.S_ISCHR(os.lstat(null).st_mode)
+    run = _run(tmp_path)
+    code, out, err = call(["profile", str(run), "-o", str(null)])
+    assert code == 0, err
+    assert stat.S_ISCHR(os.lstat(null).st_mode) and not (run / "profile.json").exists()
+    assert f"profile written to {null}" in out
+    disk = tmp_path / "disk"
+    os.mknod(disk, stat.S_IFBLK | 0o600, os.makedev(7, 250))
+    code, _, err = call([*PLAN, "--csv", str(disk)])
+    assert _one_line(code, err) == (f"--csv: {disk} is a block device (a disk?); give a "
+                                    "file, a pipe or a character device such as /dev/null")
+    assert stat.S_ISBLK(os.lstat(disk).st_mode)
 
 
 # Files read back: bounded in size and kind.

@@ -27,7 +27,7 @@ from testbed.cli.results import results
 from testbed.cli.run import up
 from testbed.cli.simulate import profile, simulate
 from testbed.cli.sweep import sweep
-from testbed.common.fsutil import write_atomic
+from testbed.common.fsutil import write_named
 from testbed.common.units import human_duration, human_rate, plural
 from testbed.errors import EXIT_INPUT, Terminated, TestbedError, TestbedWarning, one_line
 from testbed.experiments.inputs import load_inputs
@@ -177,7 +177,7 @@ def plan(
     for line in describe_plan(the_plan, inputs.topology, inputs.job):
         click.echo(line)
     if csv_out is not None:
-        write_atomic(csv_out, plan_to_csv(the_plan), 0o644)
+        write_named(csv_out, plan_to_csv(the_plan), "--csv")
         click.echo(f"plan written to {csv_out}")
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -104,15 +103,13 @@ def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], plan_pat
 def profile(run_dir: Path, output: Path | None) -> None:
     """Measure per-stage forward/backward times from a run, for `simulate --profile`, and
     how much compute and prefill times varied, for `simulate --jitter`."""
-    target = output or run_dir / "profile.json"
-    stages = write_profile(run_dir, target)
+    stages, spread = write_profile(run_dir, output)
     for stage, times in stages.items():
         click.echo(f"stage {stage}: forward {times.get('forward_s', 0) * 1e3:.3f} ms, "
                    f"backward {times.get('backward_s', 0) * 1e3:.3f} ms")
-    spread = json.loads(target.read_text())["spread"]
     measured = {k: v for k, v in spread.items() if v is not None}
     if measured:
         jitter = ",".join(f"{k}={v:.1%}" for k, v in measured.items())
         click.echo(f"measured spread (CV): {', '.join(f'{k} {v:.1%}' for k, v in measured.items())}"
                    f"; to simulate it: --jitter {jitter}")
-    click.echo(f"profile written to {target}")
+    click.echo(f"profile written to {output or run_dir / 'profile.json'}")

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from testbed.common.fsutil import write_atomic
+from testbed.common.fsutil import write_atomic, write_named
 from testbed.common.jsonio import read_json
 from testbed.figures.claims import BACKENDS
 from testbed.figures.collect import ClaimRecord
@@ -157,11 +157,11 @@ def has_markers(page: Path) -> bool:
 
 
 def update_markdown(page: Path, records: Sequence[ClaimRecord]) -> None:
-    """Replace the table between the markers of a Markdown file (which must be there);
-    the begin marker stays as written."""
+    """Replace the table between the markers of a Markdown file the user named (which
+    must be there); the begin marker stays as written."""
     text = page.read_text(encoding="utf-8")
     found = _BLOCK.search(text)
     if found is None:
         raise ValueError(f"{page}: no {MARKERS} section to replace")
     new = text[: found.start(1)] + claims_block(records) + "\n" + text[found.end(1):]
-    write_atomic(page, new, 0o644)
+    write_named(page, new, "--readme")

@@ -8,12 +8,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from testbed.common.fsutil import write_atomic
+from testbed.common.fsutil import write_atomic, write_named
 from testbed.common.jsonio import read_json
 from testbed.errors import InputError
 from testbed.report.saved import INTEGER, OPTIONAL_TEXT, check, per_gpu, read_span_rows
 
 Profile = dict[int, dict[str, float]]
+Spread = dict[str, float | None]
+"""A coefficient of variation per kind of work (None where not measured)."""
 
 
 def profile_from_spans(spans: Sequence[Mapping[str, Any]]) -> Profile:
@@ -38,7 +40,7 @@ def profile_from_spans(spans: Sequence[Mapping[str, Any]]) -> Profile:
     return profile
 
 
-def measured_spread(spans: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+def measured_spread(spans: Sequence[Mapping[str, Any]]) -> Spread:
     """How much the same work varied in time, as a coefficient of variation to give
     `--jitter`: forwards and backwards of each stage after the first iteration, and
     prefill passes of the same token count; pooled over those groups (None without two
@@ -63,7 +65,9 @@ def measured_spread(spans: Sequence[Mapping[str, Any]]) -> dict[str, float | Non
     return out
 
 
-def write_profile(run_dir: Path, output: Path) -> Profile:
+def write_profile(run_dir: Path, output: Path | None) -> tuple[Profile, Spread]:
+    """Measure a run's profile and write it: to `output` (a file the user named, `-o`),
+    else RUN_DIR/profile.json; the per-stage times and the spread it holds."""
     spans_path = run_dir / "spans.json"
     if not spans_path.exists():
         raise InputError("no spans.json: not a results directory of `testbed up` or "
@@ -78,11 +82,16 @@ def write_profile(run_dir: Path, output: Path) -> Profile:
     if results.exists():
         source = read_json(results)
         check(source, {key: OPTIONAL_TEXT for key in SOURCE_KEYS}, str(results))
-    write_atomic(output, json.dumps({
+    spread = measured_spread(spans)
+    text = json.dumps({
         "source": str(run_dir), **{key: source.get(key) for key in SOURCE_KEYS},
-        "spread": measured_spread(spans),
-        "stages": {str(k): v for k, v in profile.items()}}, indent=1, allow_nan=False), 0o644)
-    return profile
+        "spread": spread, "stages": {str(k): v for k, v in profile.items()}},
+        indent=1, allow_nan=False)
+    if output is None:
+        write_atomic(run_dir / "profile.json", text, 0o644)
+    else:
+        write_named(output, text, "-o")
+    return profile, spread
 
 
 SOURCE_KEYS = ("compute", "topology", "policy")
