@@ -129,6 +129,21 @@ def test_a_device_named_as_an_output_stays_a_device(tmp_path: Path) -> None:
     assert stat.S_ISBLK(os.lstat(disk).st_mode)
 
 
+# An output directory's links are never followed.
+
+def test_compare_force_replaces_a_runs_link_in_out_and_writes_nothing_through_it(
+        tmp_path: Path) -> None:
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / "runs").symlink_to(elsewhere)
+    code, _, err = call(["compare", str(TWO_DC), "-p", "gpipe", "--out", str(out), "--force"])
+    assert code == 0, err
+    assert list(elsewhere.iterdir()) == []
+    assert not (out / "runs").is_symlink()
+    assert (out / "runs" / "gpipe-r1" / "results.json").is_file()
+
+
 # Files read back: bounded in size and kind.
 
 def test_results_validate_refuses_a_device_and_a_huge_file_before_reading(

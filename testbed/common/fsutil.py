@@ -4,7 +4,8 @@ Every output of ours goes through here. A results directory may hold a symbolic 
 where an output belongs (planted, or copied along); as root, opening that name would
 write into whatever it points at. So outputs are written to a fresh file created beside
 the target (exclusively: never an existing name, so never a link) and renamed over it,
-which replaces a link instead of following it.
+which replaces a link instead of following it; a directory of ours inside one is made
+the same way (own_directory).
 
 A file the user names on the command line (`plan --csv`, `profile -o`, `figures
 --readme`) is different in one way: it may be a device or a pipe meant to take the
@@ -59,6 +60,21 @@ def open_fresh(path: Path, mode: int = 0o644) -> TextIO:
         path.unlink()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     return os.fdopen(fd, "w", encoding="utf-8")
+
+
+def own_directory(root: Path, *names: str) -> Path:
+    """`root/names...`, each a directory of ours inside the output directory `root`:
+    made where missing; whatever else holds one of the names (a symbolic link above all,
+    planted or copied along) is removed first, never followed."""
+    path = root
+    for name in names:
+        path = path / name
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                os.unlink(path)
+        with contextlib.suppress(FileExistsError):
+            path.mkdir()
+    return path
 
 
 def write_named(path: Path, text: str, option: str) -> None:

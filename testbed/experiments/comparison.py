@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from testbed.common.fsutil import write_atomic
+from testbed.common.fsutil import own_directory, write_atomic
 from testbed.common.yamlio import to_yaml
 from testbed.errors import TestbedError
 from testbed.experiments.run import RunResult
@@ -104,7 +104,7 @@ def run_comparison(runs: Sequence[ComparisonRun], directory: Path,
 
 
 def _run(run: ComparisonRun, directory: Path, say: Say) -> tuple[RunEntry, RunResult | None]:
-    run_dir = directory / "runs" / run.name
+    run_dir = own_directory(directory, "runs", run.name)  # never through a link there
     relative = str(run_dir.relative_to(directory))
     bubble = run.spec.bubble_policy
     try:

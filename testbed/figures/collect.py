@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
+from testbed.common.fsutil import own_directory
 from testbed.common.progress import Counting, unseen
 from testbed.common.units import format_rate, plural
 from testbed.experiments.inputs import load_inputs
@@ -81,8 +82,8 @@ def measure(conditions: Sequence[Conditions], backend: Backend, only: set[str] |
     with count(f"{backend}: {plural(total, 'claim')}", total, "claim") as steps:
         for cond, inputs, specs in todo:
             name = inputs.topology.name
-            runner = Runner(inputs, backend, directory / name / backend, say, wall_budget_s,
-                            detail)
+            runner = Runner(inputs, backend, own_directory(directory, name, backend), say,
+                            wall_budget_s, detail)
             with shared_cache():
                 for spec in specs:
                     step = f"{spec.id} on {name}"

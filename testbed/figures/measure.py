@@ -10,6 +10,7 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+from testbed.common.fsutil import own_directory
 from testbed.errors import TestbedError
 from testbed.experiments.inputs import Inputs
 from testbed.experiments.run import run, simulated
@@ -106,7 +107,7 @@ class Runner:
                            wall_budget_s=self.wall_budget_s)
             if self.directory is None:
                 return figures_of(simulated(spec).typed())
-            outcome = run(spec, self.directory / "runs" / name, self.detail)
+            outcome = run(spec, own_directory(self.directory, "runs", name), self.detail)
         except TestbedError as exc:
             return str(exc)
         if outcome.error is not None:

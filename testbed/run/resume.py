@@ -20,7 +20,7 @@ from testbed.common.fields import (
     string,
     text,
 )
-from testbed.common.fsutil import write_atomic
+from testbed.common.fsutil import own_directory, write_atomic
 from testbed.common.jsonio import read_json
 from testbed.common.yamlio import to_yaml
 from testbed.errors import InputError
@@ -68,7 +68,7 @@ def check_checkpointable(spec: RunSpec, plan: Plan) -> None:
 def save_settings(directory: Path, spec: RunSpec, compute: str, dilation: int) -> None:
     """Everything that decides the run, with `auto` choices resolved, so that a resumed
     run is the same run."""
-    folder = directory / CHECKPOINT_DIR
+    folder = own_directory(directory, CHECKPOINT_DIR)
     settings = {name: getattr(spec, name) for name in _SETTINGS}
     settings.update(format=FORMAT, compute=compute, dilation=dilation,
                     timed=bool(spec.events or spec.scenario), plan_file=spec.plan_file)

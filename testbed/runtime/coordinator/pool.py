@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from testbed.common.fsutil import open_fresh
+from testbed.common.fsutil import open_fresh, own_directory
 from testbed.plan.model import Plan
 from testbed.runtime.coordinator.exits import (
     SAMPLE_S,
@@ -106,7 +106,7 @@ class WorkerPool:
 
     async def launch(self, machine: str, argv: list[str], netns: str | None) -> None:
         """Start this machine's torchrun; its exit before the run ends fails the run."""
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        own_directory(self.log_dir.parent, self.log_dir.name)
         handle = WorkerHandle(-1, f"torchrun-{machine}", -1, -1, machine=machine,
                               launcher=True)
         handle.log_path = self.log_dir / f"torchrun-{machine}.log"
@@ -118,7 +118,7 @@ class WorkerPool:
         self._watchers.append(asyncio.create_task(self._watch(handle)))
 
     async def start(self, socket_path: Path) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        own_directory(self.log_dir.parent, self.log_dir.name)
         for handle in self.everyone:
             await self._spawn(handle, socket_path)
 
