@@ -259,3 +259,24 @@ def test_a_deeply_nested_plan_note_is_one_line(tmp_path: Path, depth: int) -> No
         parse_plan_csv(text, "plan.csv")
     lines = text.count("\n")
     assert str(caught.value) == f"plan.csv: line {lines}: bad JSON value: {NESTED}"
+
+
+# Nothing is quoted from a file a scenario names.
+
+def test_a_trace_naming_another_file_never_quotes_it(tmp_path: Path) -> None:
+    """As root a scenario could name /etc/shadow as a trace: the error says where and
+    what is wrong, never what the file holds."""
+    from testbed.scenario.scenario import load_scenario
+    from testbed.topology import load_topology
+
+    topology = load_topology(TWO_DC)
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text("traces: [{link: east-west, csv: secret}]\n")
+    for held, where in (("root:$6$s3cr3t:19000:0:99999:7:::\n", "secret: header"),
+                        ("time_s,bandwidth\n0,s3cr3t\n", "secret: line 2.bandwidth"),
+                        ("time_s,bandwidth\n0,1Gbit\n-1s3cr3t,2Gbit\n",
+                         "secret: line 3.time_s")):
+        (tmp_path / "secret").write_text(held)
+        with pytest.raises(InputError) as caught:
+            load_scenario(scenario, topology)
+        assert where in str(caught.value) and "s3cr3t" not in str(caught.value)

@@ -24,7 +24,7 @@ from testbed.common.fields import Fields, bounded, integer, positive
 from testbed.common.input_files import MAX_CSV_BYTES, read_input
 from testbed.common.units import format_rate, parse_duration, parse_fraction
 from testbed.errors import InputError, join_key
-from testbed.topology.limits import DC_LATENCY, MAX_RATE_BPS, MIN_RATE_BPS, RATE
+from testbed.topology.limits import DC_LATENCY, MAX_LATENCY_S, MAX_RATE_BPS, MIN_RATE_BPS, RATE
 from testbed.topology.model import Topology
 from testbed.topology.net_events import NetEvent
 
@@ -32,6 +32,14 @@ MAX_STEPS = 100_000
 """Rows (or generated steps) per trace: a day at one a second is 86,400."""
 COLUMNS = ("time_s", "bandwidth", "latency", "loss")
 GENERATORS = ("diurnal", "random-walk")
+FORMS = {
+    "time_s": "a time like '10s' or 10 (seconds), finite, not negative",
+    "bandwidth": f"a rate like '10Gbit', from {format_rate(MIN_RATE_BPS)} to "
+                 f"{format_rate(MAX_RATE_BPS)}",
+    "latency": f"a one-way latency like '40ms', from 0 to {MAX_LATENCY_S:g}s",
+    "loss": "a loss like '1%', below 100% (an outage is an event's `down`)",
+}
+"""What each column takes, as its errors say (they never quote the cell)."""
 INTERPOLATION = "step"
 """How a trace's values are held between rows (recorded with the run)."""
 
@@ -145,20 +153,25 @@ def read_trace_csv(path: Path, display: str | None = None) -> tuple[TracePoint, 
     units as topology files do (`500Mbit`, `40ms`, `1%`); a bare number is bit/s,
     seconds, a fraction. An empty latency or loss cell leaves it as it was; a line
     whose first cell starts with `#` is a comment. Line numbers in errors count every
-    line."""
+    line. An error names the file, the line and the column, never what the file holds:
+    a scenario may name any file (as root, /etc/shadow), and a message quoting it would
+    show its first line."""
     source = str(path)
     reader = csv.reader(io.StringIO(read_input(path, MAX_CSV_BYTES)))
-    numbered = [(reader.line_num, row) for row in reader if any(c.strip() for c in row)
-                and not row[0].lstrip().startswith("#")]
+    try:
+        numbered = [(reader.line_num, row) for row in reader if any(c.strip() for c in row)
+                    and not row[0].lstrip().startswith("#")]
+    except csv.Error as exc:
+        raise InputError(f"not CSV: {exc}", source, f"line {reader.line_num}") from None
     rows = [row for _, row in numbered]
     if not rows:
         raise InputError("empty trace: expected a header (time_s,bandwidth[,latency,loss]) "
                          "and rows", source)
     header = [cell.strip() for cell in rows[0]]
-    for name in header:
+    for column, name in enumerate(header, start=1):
         if name not in COLUMNS:
-            raise InputError(f"unknown column {name!r} (columns: {', '.join(COLUMNS)})",
-                             source, "header")
+            raise InputError(f"column {column} is not one of {', '.join(COLUMNS)}", source,
+                             "header")
     for name in ("time_s", "bandwidth"):
         if name not in header:
             raise InputError(f"no {name!r} column (columns: time_s, bandwidth[, latency, "
@@ -176,8 +189,8 @@ def read_trace_csv(path: Path, display: str | None = None) -> tuple[TracePoint, 
         at = _cell(cells, "time_s", _time, source, where, required=True)
         assert at is not None
         if points and at <= points[-1].at_s:
-            raise InputError(f"time {at:g} s is not after the previous row's "
-                             f"({points[-1].at_s:g} s)", source, join_key(where, "time_s"))
+            raise InputError("time is not after the previous row's", source,
+                             join_key(where, "time_s"))
         points.append(TracePoint(
             at, _cell(cells, "bandwidth", RATE, source, where, required=True),
             _cell(cells, "latency", DC_LATENCY, source, where),
@@ -196,8 +209,8 @@ def _cell(cells: dict[str, str], name: str, parse: Callable[[Any], float], sourc
         return None
     try:
         return float(parse(text))
-    except ValueError as exc:
-        raise InputError(str(exc), source, join_key(where, name)) from None
+    except ValueError:
+        raise InputError(f"expected {FORMS[name]}", source, join_key(where, name)) from None
 
 
 def _time(value: Any) -> float:
