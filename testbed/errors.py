@@ -76,7 +76,16 @@ def one_line(text: str) -> str:
     """A message as one printable line of bounded length: newlines and control characters
     escaped, so a key or value from a broken file cannot break the one-line error
     contract."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in clip(text.strip(), 1000))
+    return printable(clip(text.strip(), 1000)).replace("\n", "\\n")
+
+
+def printable(text: str) -> str:
+    """`text` as a terminal shows it and does nothing else: every character a terminal
+    would act on (ESC and the sequences it starts, other control characters, invisible
+    and direction-changing marks) written as its escape, `\x1b`; line breaks kept. Text
+    read from a file (a saved policy name, an error, a reason) passes through here, or
+    through one_line, before it is printed."""
+    return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in text)
 
 
 def clip(text: str, limit: int = MAX_PROBLEM) -> str:

@@ -261,7 +261,7 @@ def test_a_deeply_nested_plan_note_is_one_line(tmp_path: Path, depth: int) -> No
     assert str(caught.value) == f"plan.csv: line {lines}: bad JSON value: {NESTED}"
 
 
-# Nothing is quoted from a file a scenario names.
+# Nothing from a file is obeyed by the terminal, or quoted from a file a scenario names.
 
 def test_a_trace_naming_another_file_never_quotes_it(tmp_path: Path) -> None:
     """As root a scenario could name /etc/shadow as a trace: the error says where and
@@ -280,3 +280,21 @@ def test_a_trace_naming_another_file_never_quotes_it(tmp_path: Path) -> None:
         with pytest.raises(InputError) as caught:
             load_scenario(scenario, topology)
         assert where in str(caught.value) and "s3cr3t" not in str(caught.value)
+
+
+def test_report_shows_escape_sequences_from_saved_files_and_never_sends_them(
+        tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code, _, err = call(["compare", str(TWO_DC), "-p", "gpipe", "-p", "1f1b", "--out",
+                         str(out)])
+    assert code == 0, err
+    saved = json.loads((out / "compare.json").read_text())
+    saved["runs"][0]["policy"] = "gpipe\x1b]0;owned\x07\x1b[2J"
+    saved["runs"][1].update(status="failed", error="boom\x1b]52;c;ZXZpbA==\x07")
+    (out / "compare.json").write_text(json.dumps(saved))
+    code, out_text, err = call(["report", str(out), "--no-plots"])
+    assert code == 0, err
+    assert "\x1b" not in out_text and "\x07" not in out_text
+    assert "gpipe\\x1b]0;owned\\x07\\x1b[2J" in out_text
+    assert "boom\\x1b]52;c;ZXZpbA==\\x07" in out_text
+    assert "\x1b" not in (out / "table.md").read_text()

@@ -16,7 +16,7 @@ from testbed.cli.progress import Reporter
 from testbed.common.choices import FigureFormat, values_of
 from testbed.common.fsutil import write_atomic
 from testbed.common.progress import Counting, Steps
-from testbed.errors import InputError
+from testbed.errors import InputError, printable
 from testbed.experiments.inputs import load_inputs
 from testbed.figures.claims import BACKENDS, Backend, Conditions, claims
 from testbed.figures.collect import (
@@ -152,7 +152,7 @@ def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: 
             update_markdown(readme, saved)
         except ValueError as exc:
             raise InputError(str(exc), "--readme") from None
-    click.echo(claims_table(saved))
+    click.echo(printable(claims_table(saved)))  # from claims.json
     click.echo(f"\nclaims.json, figures.md, a figure per claim (and its heat map and "
                f"load curves with the simulator) in {directory}", file=sys.stdout)
 

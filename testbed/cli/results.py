@@ -9,7 +9,7 @@ import click
 
 from testbed.common.jsonio import read_json
 from testbed.common.units import plural
-from testbed.errors import EXIT_INPUT, InputError, one_line
+from testbed.errors import EXIT_INPUT, InputError, one_line, printable
 from testbed.report.results_schema import results_problems, shipped_schema
 from testbed.report.run_results import SCHEMA_VERSION
 
@@ -48,8 +48,8 @@ def validate(paths: tuple[Path, ...]) -> None:
             except InputError as exc:  # not JSON, unreadable
                 problems.append(exc)
         if len(problems) == before:
-            click.echo(f"{path}: ok: {len(found)} results.json, "
-                       f"schema_version {SCHEMA_VERSION}")
+            click.echo(printable(f"{path}: ok: {len(found)} results.json, "
+                                 f"schema_version {SCHEMA_VERSION}"))
     for problem in problems[:SHOWN_PROBLEMS]:
         click.echo(f"testbed: error: {one_line(str(problem))}", err=True)
     if len(problems) > SHOWN_PROBLEMS:

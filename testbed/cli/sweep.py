@@ -204,7 +204,7 @@ def _show(table: list[dict[str, Any]], keys: list[str]) -> None:
             *([one_line(row.get("error") or "no iteration") if iteration is None else ""]
               if failed else []),
         ])
-    for line in aligned(header, lines):
+    for line in aligned(header, lines):  # cells from points.jsonl: aligned escapes them
         click.echo(line)
     if len(table) > SHOWN_ROWS:
         click.echo(f"... {plural(len(table) - SHOWN_ROWS, 'more row')} in sweep.csv")

@@ -346,9 +346,12 @@ def _cells(row: Row, header: Sequence[str], unit: str) -> list[str]:
 
 
 def table_text(rows: Sequence[Row]) -> str:
-    """A plain-text table a terminal, a log and a paper draft can all take."""
+    """A plain-text table a terminal, a log and a paper draft can all take (what came
+    from files, a policy's name or a reason, as one printable line: testbed.errors)."""
     header = _header(rows)
-    return "\n".join(aligned(header, [_cells(row, header, "") for row in rows]) + notes(rows))
+    return "
+".join(aligned(header, [_cells(row, header, "") for row in rows])
+                     + [one_line(note) for note in notes(rows)])
 
 
 def markdown_table(rows: Sequence[Row]) -> str:
@@ -361,6 +364,6 @@ def markdown_table(rows: Sequence[Row]) -> str:
         cells = _cells(row, header, " ")
         if row.iteration_s is None:
             cells = [row.combo, "failed"] + [""] * (len(header) - 2)
-        lines.append("| " + " | ".join(cells) + " |")
-    explained = notes(rows)
+        lines.append("| " + " | ".join(one_line(cell) for cell in cells) + " |")
+    explained = [one_line(note) for note in notes(rows)]
     return "\n".join(lines + (["", *explained] if explained else []))

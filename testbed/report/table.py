@@ -6,12 +6,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from testbed.common.units import human_bytes, plural
+from testbed.errors import one_line
 from testbed.metrics.loss import time_to_loss_text
 
 
 def aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     """A plain-text table a terminal, a log and a paper draft can all take: the header,
-    a rule under it, then the rows, each column as wide as its widest cell."""
+    a rule under it, then the rows, each column as wide as its widest cell; a cell (a
+    policy's name or a reason read back from a file) as one printable line."""
+    rows = [[one_line(str(cell)) for cell in row] for row in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
     out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
     out.append("  ".join("-" * w for w in widths))
