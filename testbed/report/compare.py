@@ -349,8 +349,7 @@ def table_text(rows: Sequence[Row]) -> str:
     """A plain-text table a terminal, a log and a paper draft can all take (what came
     from files, a policy's name or a reason, as one printable line: testbed.errors)."""
     header = _header(rows)
-    return "
-".join(aligned(header, [_cells(row, header, "") for row in rows])
+    return "\n".join(aligned(header, [_cells(row, header, "") for row in rows])
                      + [one_line(note) for note in notes(rows)])
 
 
