@@ -1,6 +1,7 @@
 """Dataclasses to JSON-ready data and back, checked against their type hints: the control
-protocol's messages (testbed.runtime.wire.messages) and results.json's types
-(testbed.report.run_results) alike."""
+protocol's messages (testbed.runtime.wire.messages), results.json's types
+(testbed.report.run_results) and the planning store's answers (testbed.common.memo)
+alike."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 import types
 import typing
 from dataclasses import MISSING, fields, is_dataclass
+from enum import Enum
 from typing import Any, Literal, Union
 
 OMITTED = {"omitted": True}
@@ -22,7 +24,10 @@ class DecodeError(ValueError):
 def to_json(value: Any) -> Any:
     """A dataclass (a message, or any part of one) as JSON-ready data; a class with a
     non-empty `op` class attribute also writes it, and a field marked `omitted` in its
-    metadata is left out while it is None."""
+    metadata is left out while it is None; an enum member as its value, a tuple as a
+    list."""
+    if isinstance(value, Enum):
+        return value.value
     if is_dataclass(value) and not isinstance(value, type):
         op = getattr(value, "op", None)
         out: dict[str, Any] = {"op": op} if op else {}
@@ -91,6 +96,21 @@ def from_json(value: Any, hint: Any, where: str) -> Any:
             raise DecodeError(f"{where} is not a list")
         (item,) = typing.get_args(hint)
         return [from_json(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise DecodeError(f"{where} is not a list")
+        items = typing.get_args(hint)
+        if len(items) == 2 and items[1] is Ellipsis:
+            items = (items[0],) * len(value)
+        elif len(items) != len(value):
+            raise DecodeError(f"{where} has {len(value)} items, not {len(items)}")
+        return tuple(from_json(v, item, f"{where}[{i}]")
+                     for i, (v, item) in enumerate(zip(value, items, strict=True)))
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        try:
+            return hint(value)
+        except (ValueError, TypeError):
+            raise DecodeError(f"{where} is {str(value)[:40]!r}, not a {hint.__name__}") from None
     if origin is dict or typing.is_typeddict(hint):
         if not isinstance(value, dict):
             raise DecodeError(f"{where} is not an object")
