@@ -7,6 +7,8 @@ import dataclasses
 import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -257,7 +259,7 @@ def test_the_workers_cpu_is_measured_once_and_cached(tmp_path: Path,
     capacity, per kernel and core count."""
     from testbed.runtime.coordinator import capacity
 
-    monkeypatch.setattr(capacity, "CACHE", tmp_path / "capacity.json")
+    monkeypatch.setenv("TESTBED_CAPACITY_DIR", str(tmp_path))
     said: list[str] = []
     costs = capacity.worker_costs(said.append)
     assert len(said) == 1 and "measuring" in said[0]
@@ -266,6 +268,78 @@ def test_the_workers_cpu_is_measured_once_and_cached(tmp_path: Path,
     assert capacity.worker_costs(said.append) == costs and len(said) == 1
     cached = json.loads((tmp_path / "capacity.json").read_text())
     assert cached["span_cpu_s"] == costs.span_cpu_s and "bps" not in cached
+
+
+def test_the_capacity_cache_has_a_variable_of_its_own(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`TESTBED_CACHE=off` (the planning store's older switch) makes no folder `./off/`;
+    `TESTBED_CAPACITY_DIR` moves the cache, and is an absolute path."""
+    from testbed.runtime.coordinator import capacity
+
+    work, kept = tmp_path / "work", tmp_path / "kept"
+    work.mkdir()
+    script = ("from testbed.run.dilation import WorkerCosts\n"
+              "from testbed.runtime.coordinator import capacity\n"
+              "capacity.measure_worker_costs = lambda: WorkerCosts(5e-05, 0.002)\n"
+              "capacity.worker_costs()\n")
+    subprocess.run([sys.executable, "-c", script], cwd=work, check=True, env={
+        **os.environ, "TESTBED_CACHE": "off", "TESTBED_CAPACITY_DIR": str(kept)})
+    assert list(work.iterdir()) == []
+    assert json.loads((kept / "capacity.json").read_text())["span_cpu_s"] == 5e-05
+    monkeypatch.setenv("TESTBED_CAPACITY_DIR", "off")
+    with pytest.raises(InputError, match=r"^TESTBED_CAPACITY_DIR: 'off' is not an absolute"):
+        capacity.cache_file()
+
+
+@pytest.mark.parametrize("value", [1e-300, math.inf, math.nan, -1.0, 0, 1e300, True, "2e9",
+                                   None])
+def test_implausible_cached_capacity_figures_are_measured_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: object) -> None:
+    """A figure read back outside its plausible range (1e-300 or Infinity would make the
+    dilation 64 or 1) is not used: it is measured again, and the measurement kept."""
+    from testbed.runtime.coordinator import capacity
+
+    monkeypatch.setenv("TESTBED_CAPACITY_DIR", str(tmp_path))
+    (tmp_path / "capacity.json").write_text(json.dumps({
+        "machine": capacity._key(), "bps": value, "span_cpu_s": value,
+        "idle_worker_cpu": value}))
+    measured: list[str] = []
+    costs = WorkerCosts(5e-05, 0.002)
+    monkeypatch.setattr(capacity, "_probe", lambda: measured.append("bps") or 1.5e9)
+    monkeypatch.setattr(capacity, "measure_worker_costs",
+                        lambda: measured.append("costs") or costs)
+    for _ in range(2):  # measured once, then read back
+        assert capacity.machine_capacity_bps() == 1.5e9
+        assert capacity.worker_costs() == costs
+    assert measured == ["bps", "costs"]
+
+
+@pytest.mark.parametrize("change", ["a link", "writable by all"])
+def test_a_capacity_cache_others_could_write_is_measured_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    """Figures read only from a file of testbed's own: a link (never followed) or a file
+    anyone may write is treated as absent, said once; the new measurement replaces it."""
+    from testbed.runtime.coordinator import capacity
+
+    folder = tmp_path / "kept"
+    folder.mkdir()
+    monkeypatch.setenv("TESTBED_CAPACITY_DIR", str(folder))
+    figures = json.dumps({"machine": capacity._key(), "span_cpu_s": 1e-4,
+                          "idle_worker_cpu": 0.01})
+    cached = folder / "capacity.json"
+    if change == "a link":
+        (tmp_path / "elsewhere.json").write_text(figures)
+        cached.symlink_to(tmp_path / "elsewhere.json")
+    else:
+        cached.write_text(figures)
+        cached.chmod(0o666)
+    costs = WorkerCosts(5e-05, 0.002)
+    monkeypatch.setattr(capacity, "measure_worker_costs", lambda: costs)
+    with pytest.warns(UserWarning, match="not trusted") as caught:
+        assert capacity.worker_costs() == costs
+    assert len(caught) == 1
+    assert not cached.is_symlink() and cached.stat().st_mode & 0o022 == 0
+    assert capacity.worker_costs() == costs
 
 
 def test_an_idle_worker_wakes_ten_times_a_second() -> None:
