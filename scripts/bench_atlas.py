@@ -33,7 +33,7 @@ from testbed.sim.simulator import Simulator
 from testbed.topology import parse_topology
 
 ROOT = Path(__file__).resolve().parent.parent
-os.environ["TESTBED_CACHE"] = "off"  # every plan search timed as a first one: none read back
+os.environ["TESTBED_PLANNING_STORE"] = "off"  # every search timed as a first: none read back
 ACTIVATION = 1 * 2048 * 5120 * 2  # paper-3dc's microbatch at a stage boundary (bf16)
 
 

@@ -24,7 +24,7 @@ from testbed.inference.workload import predicted_bubbles
 from testbed.sim.profile import read_spans
 
 ROOT = Path(__file__).resolve().parent.parent
-os.environ["TESTBED_CACHE"] = "off"  # every plan search timed as a first one: none read back
+os.environ["TESTBED_PLANNING_STORE"] = "off"  # every search timed as a first: none read back
 NOISE = ("--jitter", "compute=10%,prefill=10%", "--set", "inference.arrival_rate=400/s",
          "--iterations", "4", "--repeat", "5")
 LONG = ("--job", "benchmarks/long-prompts/job.yaml")

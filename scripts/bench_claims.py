@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-os.environ["TESTBED_CACHE"] = "off"  # every plan search timed as a first one: none read back
+os.environ["TESTBED_PLANNING_STORE"] = "off"  # every search timed as a first: none read back
 KEEP = ("claims.json", "figures.md")
 
 

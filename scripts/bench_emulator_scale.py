@@ -37,7 +37,7 @@ import yaml
 from testbed.runtime.coordinator.health import busy_share, read_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
-os.environ["TESTBED_CACHE"] = "off"  # every plan search timed as a first one: none read back
+os.environ["TESTBED_PLANNING_STORE"] = "off"  # every search timed as a first: none read back
 LOCK = "/tmp/tb-root.lock"
 DCS = ["sjc", "ord", "iad", "ams"]
 LATENCY_MS = {("sjc", "ord"): 20, ("ord", "iad"): 10, ("iad", "ams"): 40, ("sjc", "iad"): 30,

@@ -98,9 +98,9 @@ def user_env(kept: Path | None = None) -> dict[str, str]:
     its answer back), or none when `kept` is None."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     if kept is None:
-        env["TESTBED_CACHE"] = "off"
+        env["TESTBED_PLANNING_STORE"] = "off"
     else:
-        env.update(TESTBED_CACHE="on", TESTBED_CACHE_DIR=str(kept))
+        env.update(TESTBED_PLANNING_STORE="on", TESTBED_PLANNING_STORE_DIR=str(kept))
     return env
 
 

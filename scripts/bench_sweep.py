@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-os.environ["TESTBED_CACHE"] = "off"  # every plan search timed as a first one: none read back
+os.environ["TESTBED_PLANNING_STORE"] = "off"  # every search timed as a first: none read back
 SWEEP = ["topologies/paper-3dc.yaml", "-p", "gpipe", "-p", "atlas",
          "--vary", "wan.latency=10ms,20ms,40ms,80ms", "--vary", "wan.bandwidth=1Gbit,10Gbit"]
 MODES: dict[str, list[str]] = {

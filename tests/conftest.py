@@ -19,7 +19,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 # Planning answers kept across commands (testbed.common.memo) would let one test's search
 # answer another's, and fill the user's cache: off here (and in every command a test
 # starts); tests of the store name a folder of their own.
-os.environ["TESTBED_CACHE"] = "off"
+os.environ["TESTBED_PLANNING_STORE"] = "off"
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGIES = ROOT / "topologies"

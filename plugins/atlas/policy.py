@@ -33,30 +33,18 @@ from testbed.policy.api import (
 from .estimate import LINUX_DEFAULTS, connections_to_fill, estimate, lower_bound
 from .explain import why_chosen
 from .placement import Chain, capacity, fill, largest_first, place, tie_orders
+from .probe import searched_job
 from .ranking import Queues, needed_at
 from .schedules import one_per_gpu, placed, two_fit, two_per_gpu
-from .search import Candidate, Known, search
+from .search import Candidate, Choice, Known, search
 from .settings import AtlasSettings
 from .twins import Answer, once, reused, twin
 
-LARGE = 256
-"""GPUs above which candidates are simulated for two iterations only (a warm-up and one
-measured): the first alone starts with cold windows and ranks plans by their start."""
-PROBE_ITERATIONS = 3
-"""Enough for the staggered rhythm of temporal sharing to settle after the first."""
 RECEIVE_INDEXES = 8
 """Plans whose receive positions the policy keeps at once."""
 TransferKey = tuple[Op, int, int, int]
 """What a transfer's receive position depends on: kind, sending stage, replica,
 microbatch."""
-
-
-def searched_job(topology: Topology, job: Job) -> Job:
-    """The job as Atlas's search simulates it: a few iterations (PROBE_ITERATIONS, or two
-    above LARGE GPUs) of training alone, since the candidates' runs fill no bubbles (an
-    inference workload changes nothing they measure)."""
-    return replace(job, inference=None, iterations=min(
-        job.iterations, PROBE_ITERATIONS if topology.total_gpus <= LARGE else 2))
 
 
 class AtlasPolicy(TrainingPolicy):
@@ -101,12 +89,22 @@ class AtlasPolicy(TrainingPolicy):
         searched = searched_job(topology, job)
         key = ("atlas.choose", type(self).__name__, repr(topology), repr(searched),
                repr(self.settings), repr(self.limits), context.pool_size)
-        kept = context.memo.get(key)
+        kept = context.memo.get(key, Choice, functools.partial(self.holds, topology, searched,
+                                                               context))
         if kept is not None:
-            return (*kept, True)
+            return kept.chosen, kept.considered, kept.why, True
         chosen, considered, why = self.choose(topology, searched, context)
-        context.memo.put(key, (chosen, considered, why))
+        context.memo.put(key, Choice(chosen, considered, why))
         return chosen, considered, why, False
+
+    def holds(self, topology: Topology, job: Job, context: PlanningContext,
+              choice: Choice) -> bool:
+        """Whether a kept choice is one this search makes (a plausible wrong one, such as
+        its slowest candidate, is not used): ranked first, and its time the simulator's
+        for its plan now (one candidate's share of a search; None for both where the
+        closed form chose)."""
+        return choice.ranked_first() and choice.chosen.simulated_s == context.simulate(
+            self._assemble(topology, job, choice.chosen), job)
 
     def choose(self, topology: Topology, job: Job, context: PlanningContext
                ) -> tuple[Candidate, list[Candidate], str]:
@@ -360,6 +358,11 @@ class _Ablation(AtlasPolicy):
                                                   for k in self.fixed})
         full.limits = self.limits  # the hosts' limits, as plan() read them
         return full.decided(topology, job, context)[0]
+
+    def holds(self, topology: Topology, job: Job, context: PlanningContext,
+              choice: Choice) -> bool:
+        """Full Atlas's choice (itself kept and checked), one mechanism off: made again."""
+        return Choice(*self.choose(topology, job, context)) == choice
 
 
 class AtlasNoMultiConnection(_Ablation):

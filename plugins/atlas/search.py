@@ -117,6 +117,24 @@ class Candidate:
                 "tokens_per_s": round(self.tokens_per_s, 1)}
 
 
+@dataclass(frozen=True)
+class Choice:
+    """A search's answer as the planning store keeps it: the candidate chosen, every one
+    measured (the chosen first), and why it won."""
+
+    chosen: Candidate
+    considered: list[Candidate]
+    why: str
+
+    def ranked_first(self) -> bool:
+        """Whether the chosen is the first and fastest of those listed, and measured
+        exactly, as a search ranks them (a bound never wins: it is below a floor some
+        candidate measured above it set)."""
+        best = self.chosen.tokens_per_s
+        return not self.chosen.at_least and self.considered[:1] == [self.chosen] and \
+            all(c.tokens_per_s <= best for c in self.considered)
+
+
 Waiter = Callable[[], "Candidate | None"]
 Measure = Callable[[Candidate, "float | None"], Waiter]
 """Starts measuring a candidate and returns what waits for the result; the second

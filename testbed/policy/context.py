@@ -76,10 +76,12 @@ class PlanningContext:
         """Results a policy wants to remember; shared by every plan of one command, so
         keys must say everything the value depends on (and whose key it is)."""
         self.memo: Memo = memo or NoMemo()
-        """Answers kept across commands on this machine (`get(key)`, None when not kept;
-        `put(key, value)`, the value picklable): for a search whose answer is a function
-        of its inputs alone. The key must say everything the answer depends on, and whose
-        key it is; the store adds the version of testbed's and the policy's code."""
+        """Answers kept across commands on this machine (`put(key, value)`, the value a
+        dataclass the codec reads back; `get(key, kind, check)`, None when none is kept,
+        or it is not a `kind`, or `check(answer)` rejects it): for a search whose answer
+        is a function of its inputs alone. The key must say everything the answer depends
+        on, and whose key it is; the store adds the version of testbed's and the policy's
+        code (testbed.common.memo)."""
         self._simulator = simulator
         self._progress = progress
 
