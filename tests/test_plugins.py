@@ -15,6 +15,7 @@ from typing import Any, Literal, get_origin, get_type_hints
 
 import pytest
 
+from testbed import DISTRIBUTION
 from testbed.errors import PluginError
 from testbed.policy import api, registry
 from testbed.policy.api import API_VERSION, Job, Plan, PlanningContext, Topology, TrainingPolicy
@@ -50,7 +51,7 @@ def test_builtins_are_listed_with_their_distribution() -> None:
     assert result.returncode == 0, result.stderr
     rows = {row["name"]: row for row in json.loads(result.stdout)}
     for name in ("gpipe", "1f1b", "dp-across-dc"):
-        assert rows[name]["distribution"] == "testbed"
+        assert rows[name]["distribution"] == DISTRIBUTION
         assert rows[name]["status"] == "ok"
 
 

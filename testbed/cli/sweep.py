@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from testbed import DISTRIBUTION
 from testbed.cli.options import (
     event_options,
     force_option,
@@ -73,7 +74,7 @@ SHOWN_ROWS = 40
 @click.option("--ray", "ray_address", metavar="ADDRESS|local",
               help="Run the points as tasks on a Ray cluster (its address, every node with "
               "testbed installed), or on a Ray instance started here (local). Needs "
-              "pip install 'testbed[ray]'.")
+              f"pip install '{DISTRIBUTION}[ray]'.")
 @job_options
 @event_options
 @jitter_option

@@ -7,7 +7,7 @@ would give).
 Local workers are spawned (not forked: nothing of this process, its held directory
 among it, passes to them), ignore Ctrl-C (this process stops them) and die with this
 process, however it dies (PR_SET_PDEATHSIG). Ray is an optional extra
-(`pip install 'testbed[ray]'`); on a cluster, every node needs this testbed installed.
+(`pip install 'geo-testbed[ray]'`); on a cluster, every node needs this testbed installed.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from testbed import DISTRIBUTION
 from testbed.errors import InputError, TestbedError, TestbedWarning, one_line
 from testbed.experiments.run import simulated
 from testbed.experiments.sweep import Point, row_metrics
@@ -156,7 +157,7 @@ def _ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise InputError("needs Ray, an optional extra: pip install 'testbed[ray]'",
+        raise InputError(f"needs Ray, an optional extra: pip install '{DISTRIBUTION}[ray]'",
                          "--ray") from None
     return ray
 

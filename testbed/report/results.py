@@ -15,6 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from testbed import DISTRIBUTION
 from testbed.common.choices import TraceChoice
 from testbed.common.codec import from_json, to_json
 from testbed.common.fsutil import atomic_output, write_atomic
@@ -51,7 +52,7 @@ def versions() -> dict[str, str]:
             return "not installed"
 
     return {
-        "testbed": of("testbed"),
+        "testbed": of(DISTRIBUTION),
         "torch": of("torch"),
         "python": platform.python_version(),
         "kernel": platform.release(),
