@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
+import shlex
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import click
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,7 +132,188 @@ def test_the_readme_is_a_five_minute_read_that_links_to_the_pages() -> None:
     assert linked and linked <= pages
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     assert pages == set(re.findall(r"^ *- [^:]+: ([a-z-]+\.md)$", nav, re.M))
-    assert "scripts/setup && .venv/bin/testbed up topologies/paper-3dc.yaml -p atlas" in readme
-    assert "scripts/setup && scripts/check" in readme
-    assert ".venv/bin/mkdocs serve" in readme
+    assert "scripts/setup\n. .venv/bin/activate\ntestbed up topologies/paper-3dc.yaml -p atlas\n" \
+        "scripts/check\n" in readme
+    assert "mkdocs serve" in readme
 
+
+
+# The docs' commands, as a user pastes them: every `testbed` command of a page's shell
+# blocks (continuation lines joined, comments dropped, `&&` and `;` splitting a line), and
+# every inline `testbed ...` span that names no placeholder (TOPO, [--opt], a|b, ...).
+# Each parses with the command's own click parser (every option known, every value of its
+# type or choice, every shipped file it names present); those that run in seconds in the
+# simulator (plan, plugins, validate, simulate, results schema) also run for real, pasted
+# verbatim into bash with the virtual environment's bin on PATH, as getting-started.md
+# says to put it. The rest (the emulator, compare, sweep and figures, minutes each, or
+# commands after a `pip install` of one's own package) parse only.
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+         ROOT / "examples" / "testbed-example-policy" / "README.md"]
+FENCE = re.compile(r"^```(?P<lang>[a-z]*)\n(?P<body>.*?)^```", re.M | re.S)
+SHELLS = {"", "sh", "bash", "shell", "console"}
+STARTS_COMMAND = re.compile(r"(?:^|&&|\|\||;)\s*testbed\s")
+PLACEHOLDER = re.compile(r"[\[\]|]|\.\.\.|(?<![\w./=-])[A-Z][A-Z0-9_]*(?![\w./=-])")
+RUNS = {("plan",), ("plugins",), ("validate",), ("simulate",), ("results", "schema")}
+SHIPPED = ("topologies/", "scenarios/", "examples/")
+
+
+@dataclass(frozen=True)
+class DocCommand:
+    where: str
+    line: str
+    """The shell line as the page has it (continuations joined)."""
+    argv: tuple[str, ...]
+    """One `testbed` command of it: `testbed` and its arguments."""
+
+
+@dataclass(frozen=True)
+class ShellBlock:
+    where: str
+    commands: tuple[DocCommand, ...]
+    installs: bool
+    """It installs a package first (`pip install`): its commands need that package."""
+
+
+def _testbed_commands(where: str, line: str) -> list[DocCommand]:
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    commands: list[list[str]] = [[]]
+    for token in lexer:
+        if set(token) <= set(";&|"):
+            commands.append([])
+        else:
+            commands[-1].append(token)
+    return [DocCommand(where, line, tuple(argv)) for argv in commands
+            if argv and argv[0] == "testbed"]
+
+
+def shell_blocks() -> list[ShellBlock]:
+    blocks = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for k, fence in enumerate(FENCE.finditer(text)):
+            if fence["lang"] not in SHELLS:
+                continue
+            where = f"{page.relative_to(ROOT)}#{k}"
+            lines = re.sub(r"\s*\\\n\s*", " ", fence["body"]).splitlines()
+            commands = [command for line in lines if STARTS_COMMAND.search(line)
+                        for command in _testbed_commands(where, line.strip())]
+            if commands:
+                blocks.append(ShellBlock(where, tuple(commands),
+                                         "pip install" in fence["body"]))
+    return blocks
+
+
+def inline_commands() -> list[DocCommand]:
+    found = []
+    for page in PAGES:
+        text = FENCE.sub("", page.read_text(encoding="utf-8"))
+        for span in re.findall(r"`(testbed\s[^`]*)`", text):
+            line = " ".join(span.split())
+            if not PLACEHOLDER.search(line):
+                found += _testbed_commands(str(page.relative_to(ROOT)), line)
+    return list(dict.fromkeys(found))
+
+
+@pytest.fixture
+def parse_only(monkeypatch: pytest.MonkeyPatch,
+               tmp_path: Path) -> Callable[[DocCommand, bool], None]:
+    """Parse a command with testbed's click commands, their bodies replaced by a recorder,
+    in a directory holding the repository's shipped files (as its root does)."""
+    from testbed.cli.main import cli
+
+    reached: list[str] = []
+
+    def leaves(group: click.Group) -> Iterator[click.Command]:
+        for command in group.commands.values():
+            if isinstance(command, click.Group):
+                yield from leaves(command)
+            else:
+                yield command
+
+    for command in leaves(cli):
+        monkeypatch.setattr(command, "callback",
+                            lambda *_a, _name=command.name, **_k: reached.append(_name))
+    for shipped in SHIPPED:
+        (tmp_path / shipped).symlink_to(ROOT / shipped)
+    monkeypatch.chdir(tmp_path)
+
+    def parse(command: DocCommand, whole: bool) -> None:
+        for arg in command.argv:
+            if arg.startswith(SHIPPED):
+                assert (ROOT / arg).exists(), f"{command.where}: {arg} is not in the repository"
+        reached.clear()
+        try:
+            cli.main(args=list(command.argv[1:]), prog_name="testbed", standalone_mode=False)
+        except click.MissingParameter:
+            assert not whole, f"{command.where}: {command.line}"  # inline: names a command
+            return
+        except click.UsageError as error:
+            assert not whole and "Missing command" in str(error), \
+                f"{command.where}: {command.line}: {error}"
+            return
+        assert reached, f"{command.where}: {command.line} reaches no command"
+
+    return parse
+
+
+def _runs(command: DocCommand, block: ShellBlock) -> bool:
+    words = tuple(arg for arg in command.argv[1:3] if not arg.startswith("-"))
+    alone = len(_testbed_commands(block.where, command.line)) == 1 \
+        and command.line.startswith("testbed ")
+    return alone and not block.installs and any(words[:len(r)] == r for r in RUNS)
+
+
+def test_the_docs_commands_are_found() -> None:
+    """The extraction finds what the pages show (the checks below are not vacuous)."""
+    lines = {command.line for block in shell_blocks() for command in block.commands}
+    assert "testbed simulate topologies/two-dc.yaml --plan p.csv" in lines
+    assert any(line.startswith("testbed up topologies/two-dc.yaml -p diloco -o inner_steps=4 "
+                               "--compute real --iterations 64") for line in lines)
+    assert "scripts/setup" not in {c.argv[0] for b in shell_blocks() for c in b.commands}
+    inline = {command.line for command in inline_commands()}
+    assert "testbed plan topologies/gpt3-4dc.yaml -p atlas -o search=grid" in inline
+    assert not any("TOPO" in line or "[" in line for line in inline)
+
+
+@pytest.mark.parametrize("block", shell_blocks(), ids=lambda block: block.where)
+def test_every_shell_block_of_the_docs_works_as_pasted(
+        block: ShellBlock, parse_only: Callable[[DocCommand, bool], None],
+        tmp_path: Path) -> None:
+    """After the one PATH step of getting-started.md, in the repository's root."""
+    env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent),
+                                                  os.environ.get("PATH", "")])}
+    for command in block.commands:
+        parse_only(command, True)
+        if _runs(command, block):
+            ran = subprocess.run(["bash", "-c", command.line], cwd=tmp_path, env=env,
+                                 capture_output=True, text=True, timeout=300)
+            assert ran.returncode == 0, f"{block.where}: {command.line}\n{ran.stderr}"
+            assert "Traceback" not in ran.stderr
+
+
+@pytest.mark.parametrize("command", inline_commands(),
+                         ids=lambda command: f"{command.where}:{' '.join(command.argv[1:3])}")
+def test_every_inline_command_of_the_docs_parses(
+        command: DocCommand, parse_only: Callable[[DocCommand, bool], None]) -> None:
+    parse_only(command, False)
+
+
+def test_one_path_step_comes_first_and_every_page_spells_commands_after_it() -> None:
+    """A command pasted from the docs into a fresh shell finds `testbed` once the quick
+    start's one step has put `.venv/bin` on PATH: the README and getting-started.md take
+    that step before their first command, and no page spells a `.venv/bin/` path for a
+    command that step puts on PATH (`.venv/bin/python scripts/...` works either way)."""
+    for page in (ROOT / "README.md", ROOT / "docs" / "getting-started.md"):
+        text = page.read_text(encoding="utf-8")
+        first = FENCE.search(text[text.index("## Quick start"):])
+        assert first is not None
+        lines = first["body"].splitlines()
+        assert lines[:3] == ["scripts/setup", ". .venv/bin/activate",
+                             "testbed up topologies/paper-3dc.yaml -p atlas"], page
+        assert "export PATH=$PWD/.venv/bin:$PATH" in " ".join(text.split())
+    for page in PAGES:
+        spelled = re.findall(r"\.venv/bin/(testbed|mkdocs|pytest|ruff|mypy)\b",
+                             page.read_text(encoding="utf-8"))
+        assert not spelled, (page.name, spelled)

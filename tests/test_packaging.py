@@ -4,6 +4,7 @@ import what the command imports (scripts/check_wheel runs such an install end to
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
 import shutil
 import subprocess
@@ -63,3 +64,54 @@ def test_the_distribution_has_a_name_of_its_own_everywhere_it_is_named() -> None
         text = path.read_text(encoding="utf-8")
         named += [(path.name, name) for name in re.findall(r"pip install '([^'\[]+)\[", text)]
     assert named and {name for _, name in named} <= {DISTRIBUTION, "{DISTRIBUTION}", "."}, named
+
+
+def _apt_get(tmp_path: Path, fails: int, message: str, wait_s: float
+             ) -> subprocess.CompletedProcess[str]:
+    """scripts/setup's apt_get (its own text) against an apt-get that fails `fails` times
+    with `message`, then succeeds; it records each call's arguments."""
+    script = (ROOT / "scripts" / "setup").read_text(encoding="utf-8")
+    functions = [re.search(r"^say\(\) \{.*\}\n", script, re.M),
+                 re.search(r"^apt_get\(\) \{\n.*?^\}\n", script, re.M | re.S)]
+    assert all(functions), "scripts/setup defines say and apt_get"
+    fake = tmp_path / "bin" / "apt-get"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(f"""#!/usr/bin/env bash
+echo "$*" >> {tmp_path}/calls
+if [ "$(wc -l < {tmp_path}/calls)" -le {fails} ]; then echo "{message}" >&2; exit 100; fi
+""")
+    fake.chmod(0o755)
+    return subprocess.run(
+        ["bash", "-c", f"set -euo pipefail\nLOCK_WAIT_S={wait_s}\nLOCK_RETRY_S=0.2\n"
+         f"{''.join(f[0] for f in functions if f)}\napt_get install -y iperf3"],
+        env={**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"},
+        capture_output=True, text=True, timeout=60)
+
+
+LOCKED = "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 7 (apt-get)"
+
+
+def test_setup_waits_for_another_apt_instead_of_failing(tmp_path: Path) -> None:
+    """apt-get fails at once on the package lists' lock held by another apt (unattended
+    upgrades on a machine just started); DPkg::Lock::Timeout covers dpkg's lock only."""
+    done = _apt_get(tmp_path, 2, LOCKED, 30)
+    assert done.returncode == 0, done.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls == ["-o DPkg::Lock::Timeout=30 install -y iperf3"] * 3
+    assert done.stdout.count("setup: waiting (up to 30 s) for another apt or dpkg") == 1
+
+
+def test_setup_fails_on_another_apt_error_or_a_lock_held_too_long(tmp_path: Path) -> None:
+    broken = _apt_get(tmp_path / "a", 1, "E: Unable to locate package iperf3", 30)
+    assert broken.returncode == 100 and "Unable to locate package" in broken.stderr
+    assert len((tmp_path / "a" / "calls").read_text().splitlines()) == 1
+    held = _apt_get(tmp_path / "b", 1000, LOCKED, 1)
+    assert held.returncode == 100 and "Could not get lock" in held.stderr
+
+
+def test_setup_says_each_step() -> None:
+    script = (ROOT / "scripts" / "setup").read_text(encoding="utf-8")
+    steps = re.findall(r'^\s*say "([^"]*)', script, re.M)
+    assert any(step.startswith("installing torch") for step in steps)
+    assert any(step.startswith("installing testbed") for step in steps)
+    assert "apt_get install" in script and "apt-get install" not in script
