@@ -26,6 +26,7 @@ class InputError(TestbedError):
     """Bad input: names the file, the key path and the problem."""
 
     exit_code = EXIT_INPUT
+    """The command's exit status for it: 2."""
 
     def __init__(self, problem: str, source: str | None = None, key: str | None = None) -> None:
         self.problem = clip(problem)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import inspect
 import json
 import os
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
+from enum import Enum
 from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any, Literal, get_origin, get_type_hints
@@ -184,6 +187,49 @@ def test_the_api_exports_what_it_lists() -> None:
     assert all(hasattr(api, name) for name in api.__all__)
     assert {"build_plan", "Schedule", "LinkKind", "PlanningContext", "TrainingPolicy",
             "BubblePolicy", "Plan", "Topology", "Job", "InputError"} <= set(api.__all__)
+    # what a policy reads besides: the parts of a topology and a job, a bubble's requests
+    assert {"Datacenter", "WanLink", "Gpu", "GpuType", "TcpSettings", "ModelShape",
+            "Request"} <= set(api.__all__)
+
+
+def _undocumented(cls: type) -> list[str]:
+    """Public fields, enum members, class attributes and methods of `cls` (as its source
+    defines them) without a docstring: an attribute's is the string right after it."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body if isinstance(tree.body[0], ast.ClassDef) else []
+    missing = []
+    for k, node in enumerate(body):
+        after = body[k + 1] if k + 1 < len(body) else None
+        described = isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) \
+            and isinstance(after.value.value, str)
+        if isinstance(node, ast.AnnAssign | ast.Assign):
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+            names = [t.id for t in targets if isinstance(t, ast.Name)]
+            missing += [name for name in names if not name.startswith("_") and not described]
+        elif isinstance(node, ast.FunctionDef) and not node.name.startswith("_") \
+                and ast.get_docstring(node) is None:
+            missing.append(f"{node.name}()")
+    return missing
+
+
+def test_the_sdk_reference_documents_every_name_field_and_method() -> None:
+    """docs/sdk.md is rendered from these docstrings, and mkdocstrings leaves out a member
+    that has none: a plugin's author reads there what `topology.datacenters`, `job.tp` or
+    `request.arrival` are, and what each helper does."""
+    missing = {}
+    for name in api.__all__:
+        value = getattr(api, name)
+        if inspect.isclass(value):
+            found = _undocumented(value)
+            if value.__doc__ is None or (issubclass(value, Enum) and "__doc__" not in vars(value)):
+                found.insert(0, "(class)")
+        elif inspect.isfunction(value):
+            found = [] if inspect.getdoc(value) else ["(function)"]
+        else:
+            continue
+        if found:
+            missing[name] = found
+    assert missing == {}
 
 
 # Plugin code that ends, interrupts or crashes the command (tests/fixtures/hostile_plugin).

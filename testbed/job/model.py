@@ -21,13 +21,21 @@ class ModelShape:
     """A decoder-only transformer, enough to count FLOPs, bytes and build it in torch."""
 
     layers: int
+    """Transformer layers: what pipeline stages split (`split_layers`)."""
     hidden: int
+    """Model width: an activation crossing a stage boundary is seq_len x hidden per sequence."""
     heads: int
+    """Attention heads."""
     seq_len: int
+    """Tokens per sequence."""
     vocab: int
+    """Vocabulary size: the embedding and output layers' rows."""
     kv_heads: int | None = None
+    """Key and value heads under grouped-query attention; None: as many as `heads`."""
     ffn: int | None = None
+    """The MLP's hidden width; None: 4 x hidden."""
     mlp: MlpKind = "gelu"
+    """gelu (GPT's two matrices) or swiglu (Llama's three)."""
     tied_embeddings: bool = False
     """The output layer reuses the token embedding's matrix (GPT-2, GPT-3) instead of
     having its own (Llama 2). Under pipeline parallelism the first and the last stage
@@ -35,14 +43,17 @@ class ModelShape:
 
     @property
     def head_dim(self) -> int:
+        """Width of one attention head: hidden / heads."""
         return self.hidden // self.heads
 
     @property
     def ffn_hidden(self) -> int:
+        """The MLP's hidden width: `ffn`, else 4 x hidden."""
         return self.ffn if self.ffn is not None else 4 * self.hidden
 
     @property
     def n_kv_heads(self) -> int:
+        """Key and value heads: `kv_heads`, else `heads`."""
         return self.kv_heads if self.kv_heads is not None else self.heads
 
     @property
@@ -149,27 +160,50 @@ class InferenceWorkload:
 
 @dataclass(frozen=True)
 class Job:
+    """The training job a policy plans: the model, the batch, and whatever parallelism the
+    job file fixes (None leaves it to the policy)."""
+
     model: ModelShape
+    """The model's shape: layers, width, sequence length."""
     microbatch_size: int = 1
+    """Sequences per microbatch."""
     microbatches: int | None = None
+    """Microbatches per replica per iteration; None: from `global_batch` once dp is
+    known. Read it through `microbatches_for(dp)`."""
     global_batch: int | None = None
+    """Sequences per iteration over every replica, when the job fixes the batch rather than
+    the microbatches (then dp x microbatch_size must divide it)."""
     dp: int | None = None
+    """Data-parallel replicas the job asks for; None: the policy's choice."""
     pp: int | None = None
+    """Pipeline stages the job asks for; None: the policy's choice (`default_pp` takes one
+    per datacenter)."""
     tp: int = 1
+    """GPUs per tensor-parallel group: every stage of every replica runs on tp GPUs of one
+    datacenter."""
     iterations: int = 5
+    """Training iterations a run runs (the first, warm-up, is left out of its figures)."""
     seed: int = 0
+    """Seeds what a run draws at random: initial weights, the data's order, request
+    arrivals, jitter."""
     dtype: str = "bf16"
+    """Parameters', activations' and gradients' precision: bf16, fp16 or fp32
+    (`dtype_bytes`)."""
     inference: InferenceWorkload | None = None
+    """Prefill requests to serve in pipeline bubbles (bubble policies), or None."""
     source: str | None = field(default=None, compare=False)
+    """The file the job was read from, for errors that name it; None when built in code."""
     data: DataFile | None = None
     """None: the seeded synthetic corpus (testbed.runtime.worker.model.Corpus)."""
 
     @property
     def dtype_bytes(self) -> int:
+        """Bytes per parameter, activation or gradient value: 2 for bf16 and fp16, 4 for fp32."""
         return DTYPE_BYTES[self.dtype]
 
     @property
     def tokens_per_microbatch(self) -> int:
+        """microbatch_size x seq_len."""
         return self.microbatch_size * self.model.seq_len
 
     @property

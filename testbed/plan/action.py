@@ -20,7 +20,10 @@ from testbed.plan.collective import EVERY_STEP, Collective, Reduces, Scope
 
 
 class Op(StrEnum):
+    """What an action does, as torch's text form names it."""
+
     F = "F"
+    """The forward of one microbatch."""
     B = "B"
     """The whole backward: input and weight gradients."""
     I = "I"  # noqa: E741 (torch's name)
@@ -31,11 +34,17 @@ class Op(StrEnum):
     OVERLAP_F_B = "OVERLAP_F_B"
     """A forward and a backward run as one unit (its `parts`; DualPipeV)."""
     SEND_F = "SEND_F"
+    """Send a microbatch's activations to the next stage."""
     RECV_F = "RECV_F"
+    """Receive a microbatch's activations from the previous stage."""
     SEND_B = "SEND_B"
+    """Send a microbatch's input gradient to the previous stage."""
     RECV_B = "RECV_B"
+    """Receive a microbatch's gradient from the next stage."""
     WAIT_F = "WAIT_F"
+    """Wait until this stage's SEND_F of that microbatch has completed."""
     WAIT_B = "WAIT_B"
+    """Wait until this stage's SEND_B of that microbatch has completed."""
     ALLREDUCE = "ALLREDUCE"
     """Reduce with the stage's replicas and wait for the result."""
     ALLREDUCE_START = "ALLREDUCE_START"
@@ -48,17 +57,22 @@ class Op(StrEnum):
     """The outer optimizer step on reduced parameter deltas (DiLoCo): the fragment's outer
     parameters move, and the local ones take them."""
     PREFILL = "PREFILL"
+    """A place the plan reserves for inference; neither backend runs anything there (bubble
+    prefills are decided at run time)."""
 
     @property
     def is_compute(self) -> bool:
+        """A forward or backward (or both, overlapped): work on the GPU."""
         return self in _COMPUTE_OPS
 
     @property
     def is_send(self) -> bool:
+        """SEND_F or SEND_B."""
         return self in (Op.SEND_F, Op.SEND_B)
 
     @property
     def is_recv(self) -> bool:
+        """RECV_F or RECV_B."""
         return self in (Op.RECV_F, Op.RECV_B)
 
     @property
@@ -73,6 +87,7 @@ class Op(StrEnum):
 
     @property
     def needs_microbatch(self) -> bool:
+        """Whether its text form names a microbatch."""
         return self not in _NO_MICROBATCH_OPS
 
 
@@ -96,7 +111,9 @@ class Action:
     stage: int
     """-1 for an OVERLAP_F_B, whose parts name their stages (as torch has it)."""
     op: Op
+    """What it does."""
     microbatch: int | None = None
+    """The microbatch it works on; None for the ops that take none (steps, collectives)."""
     collective: Collective | None = None
     """For the all-reduce ops and OUTER_STEP: what, which fragment, which payload, among
     whom. None: the whole gradient (the whole deltas for OUTER_STEP), as every-step data
@@ -155,6 +172,7 @@ class Action:
 
     @classmethod
     def parse(cls, text: str) -> Action:
+        """An action from its text form (`2F0`, `1SEND_B3`, `0ALLREDUCE[delta,int4]`)."""
         overlap = _OVERLAP.match(text.strip())
         if overlap:
             try:

@@ -50,23 +50,28 @@ PIPELINE = LinkKind.PIPELINE
 ALLREDUCE = LinkKind.ALLREDUCE
 TENSOR = LinkKind.TENSOR
 
-
 Warmup = int | Sequence[int]
 """Extra warm-up forwards: one count for every stage, or one per stage."""
 
 
 class Schedule(StrEnum):
-    """The pipeline schedules plans can run: GPipe and 1F1B (one stage per GPU), and torch's
-    schedules for several stages per GPU, whose order comes from torch's own classes
-    (testbed.plan.torch_order)."""
+    """The pipeline schedules plans can run; torch's, with several stages per GPU, take
+    their order from torch's own classes (testbed.plan.torch_order)."""
 
     GPIPE = "gpipe"
+    """Every microbatch's forward, then every backward."""
     ONE_F_ONE_B = "1f1b"
+    """Warm-up forwards, then a forward and a backward in turn (see `extra_warmup`)."""
     INTERLEAVED_1F1B = "interleaved-1f1b"
+    """torch's ScheduleInterleaved1F1B: several stages per GPU, looped."""
     LOOPED_BFS = "looped-bfs"
+    """torch's ScheduleLoopedBFS: several stages per GPU, a stage's microbatches at once."""
     INTERLEAVED_ZB = "interleaved-zb"
+    """torch's ScheduleInterleavedZeroBubble: split backwards fill the bubbles."""
     ZB_V = "zb-v"
+    """torch's ScheduleZBVZeroBubble: two stages per GPU in a V, split backwards."""
     DUALPIPE_V = "dualpipe-v"
+    """torch's ScheduleDualPipeV: a V of two stages per GPU, forward and backward overlapped."""
     TORCH_CSV = "torch-csv"
     """An order read from torch's CSV form of a schedule (build_plan's `order`)."""
 

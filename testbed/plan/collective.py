@@ -29,6 +29,7 @@ class Scope(StrEnum):
     """Which replicas of a stage reduce together."""
 
     ALL = "all"
+    """Every replica of the stage."""
     DC = "dc"
     """Those whose stage runs in the same datacenter (a DiLoCo worker that is itself
     data parallel inside its DC)."""
@@ -84,13 +85,16 @@ class Collective:
     gradient, in the job's dtype, across all replicas."""
 
     reduces: Reduces = Reduces.GRADIENTS
+    """What is summed: gradients, or parameter deltas since the last sync."""
     fragment: int = 0
+    """Which fragment (see `fragments`)."""
     fragments: int = 1
     """Fragment `fragment` of `fragments` of the stage's parameters (testbed.job.fragments
     says which tensors); 0 of 1 is all of them."""
     payload: str = ""
     """fp32, bf16, fp16, int8, int4 or topP% (see PAYLOADS); '' is the job's dtype."""
     scope: Scope = Scope.ALL
+    """Which replicas reduce together: all, or those in one datacenter."""
 
     def __post_init__(self) -> None:
         if self.fragments < 1 or not 0 <= self.fragment < self.fragments:
@@ -99,6 +103,7 @@ class Collective:
 
     @property
     def whole(self) -> bool:
+        """Whether it covers all the stage's parameters (one fragment)."""
         return self.fragments == 1
 
     @property

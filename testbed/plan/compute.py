@@ -66,12 +66,15 @@ class StageCost:
     """Per-microbatch compute of one stage on one (tensor-parallel group of) GPU(s)."""
 
     forward_s: float
+    """Seconds of one microbatch's forward."""
     backward_s: float
+    """Seconds of its backward (twice the forward's FLOPs)."""
     grad_bytes: int
     """Gradient bytes each GPU of the stage all-reduces with its replicas."""
 
     @property
     def total_s(self) -> float:
+        """Forward and backward together."""
         return self.forward_s + self.backward_s
 
     @property
@@ -91,6 +94,10 @@ class StageCost:
 def stage_cost(
     job: Job, layers: int, first: bool, last: bool, gpu: GpuType, tp: int = 1
 ) -> StageCost:
+    """One microbatch's compute through a stage of `layers` layers on `gpu` (tp of them
+    together), from the FLOP model the simulator runs on, at the GPU type's sustained
+    FLOP/s: `first` adds the token embedding's parameters, `last` the output layer's FLOPs
+    and parameters."""
     forward = stage_forward_flops(job.model, job.microbatch_size, layers, last)
     rate = gpu.sustained_flops * tp
     params = stage_params(job.model, layers, first, last)

@@ -36,6 +36,7 @@ class HostTcp:
         return self.slow_start_after_idle is not None or self.buffer_bytes is not None
 
     def to_dict(self) -> dict[str, Any]:
+        """The settings given (not None), by name, as results.json records them."""
         return {k: v for k, v in (("slow_start_after_idle", self.slow_start_after_idle),
                                   ("buffer_bytes", self.buffer_bytes)) if v is not None}
 
@@ -55,13 +56,17 @@ class OuterOptimizer:
     Nesterov momentum on the averaged deltas, learning rate 0.7, momentum 0.9)."""
 
     lr: float = 0.7
+    """Outer learning rate."""
     momentum: float = 0.9
+    """Outer momentum (0: plain averaging at lr 1)."""
     nesterov: bool = True
+    """Nesterov momentum rather than heavy ball."""
     mixing: float = 0.0
     """Weight the local parameters keep when the outer ones arrive after inner steps went
     on (Streaming DiLoCo's overlap, arXiv 2501.18512: alpha, 0.5 there); 0 replaces them."""
 
     def to_dict(self) -> dict[str, Any]:
+        """Its fields by name, as results.json records them."""
         return {"lr": self.lr, "momentum": self.momentum, "nesterov": self.nesterov,
                 "mixing": self.mixing}
 
@@ -75,13 +80,21 @@ Program = Mapping[str, tuple[Action, ...]]
 
 @dataclass(frozen=True)
 class Plan:
+    """What a training policy decides, as both backends run it: where each (replica, stage)
+    runs, each GPU's ordered actions, TCP connections, WAN sharing. Policies make one with
+    `build_plan` (and `cycled`); the validator checks it before anything runs."""
+
     policy: str
+    """The policy that made it (its name)."""
     dp: int
+    """Data-parallel replicas."""
     pp: int
     """Pipeline stages, each with its layers: under virtual stages, a multiple of the GPUs
     in a pipeline (`gpus_per_pipeline`)."""
     microbatches: int
+    """Microbatches per replica per iteration."""
     microbatch_size: int
+    """Sequences per microbatch."""
     layers: tuple[int, ...]
     """Transformer layers per stage."""
     placement: Mapping[Worker, tuple[str, ...]]
@@ -96,9 +109,11 @@ class Plan:
     sharing: Mapping[tuple[str, str], Sharing]
     """Per directed (source DC, destination DC) pair that carries pipeline traffic."""
     tp: int = 1
+    """GPUs per tensor-parallel group (each stage of each replica)."""
     dp_cells: tuple[tuple[int, ...], ...] = ()
     """Groups of replicas that take turns on the same WAN links."""
     host_tcp: HostTcp = HostTcp()
+    """TCP settings the plan needs on its hosts, over the topology's."""
     notes: Mapping[str, Any] = field(default_factory=dict)
     """Free-form facts a policy records: candidates considered, why one won."""
     programs: tuple[Program, ...] = ()
@@ -112,6 +127,7 @@ class Plan:
 
     @property
     def has_outer_steps(self) -> bool:
+        """Whether any GPU runs an OUTER_STEP (a DiLoCo-like plan)."""
         lists = {id(actions): actions for program in self.all_programs()
                  for actions in program.values()}  # a stage's GPUs share one list
         return any(a.op is Op.OUTER_STEP for actions in lists.values() for a in actions)
@@ -122,6 +138,8 @@ class Plan:
         return len(self.cycle) or 1
 
     def all_programs(self) -> tuple[Program, ...]:
+        """`actions` and then `programs`: every iteration program, numbered as `cycle`
+        numbers them."""
         return (self.actions, *self.programs)
 
     def program_of(self, iteration: int) -> int:
@@ -129,9 +147,11 @@ class Plan:
         return self.cycle[iteration % len(self.cycle)] if self.cycle else 0
 
     def actions_at(self, iteration: int) -> Program:
+        """Every GPU's actions in iteration `iteration`."""
         return self.all_programs()[self.program_of(iteration)]
 
     def gpus_of(self, replica: int, stage: int) -> tuple[str, ...]:
+        """The GPUs of one (replica, stage): `tp` of them."""
         return self.placement[(replica, stage)]
 
     def worker_of(self, gpu: str) -> Worker:
@@ -175,9 +195,11 @@ class Plan:
             feature for feature, uses in _FEATURE_OPS.items() if uses & ops)
 
     def workers(self) -> Iterator[tuple[Worker, tuple[str, ...]]]:
+        """Each (replica, stage) with its GPUs, in that order."""
         yield from sorted(self.placement.items())
 
     def lead_gpu(self, replica: int, stage: int) -> str:
+        """The first of one (replica, stage)'s GPUs."""
         return self.placement[(replica, stage)][0]
 
     def used_gpus(self) -> list[str]:
@@ -185,6 +207,7 @@ class Plan:
         return list(dict.fromkeys(gpu for _, gpus in self.workers() for gpu in gpus))
 
     def connections_between(self, a: str, b: str) -> int:
+        """TCP connections between GPUs a and b, either way round (1 where the plan sets none)."""
         return self.connections.get(pair_key(a, b), 1)
 
     def stage_dcs(self, dc_of: Any) -> list[set[str]]:

@@ -25,6 +25,7 @@ class HostLimits:
     default and does not bound unless given."""
 
     open_files: int = 4096
+    """Open files a worker may hold (the hard RLIMIT_NOFILE): each connection is one."""
     tcp_memory_bytes: int | None = None
     """Where `net.ipv4.tcp_mem` puts TCP under memory pressure (its middle value)."""
 

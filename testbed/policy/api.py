@@ -8,7 +8,7 @@ TrainingPolicy and BubblePolicy as the current one) and the registry refuses a m
 from __future__ import annotations
 
 from testbed.errors import InputError
-from testbed.job.model import Job
+from testbed.job.model import Job, ModelShape
 from testbed.plan.build import (
     Connections,
     LinkKind,
@@ -61,7 +61,7 @@ from testbed.policy.option_parsers import (
     payload,
     positive,
 )
-from testbed.topology.model import Topology
+from testbed.topology.model import Datacenter, Gpu, GpuType, TcpSettings, Topology, WanLink
 
 __all__ = [
     "API_VERSION",
@@ -73,11 +73,15 @@ __all__ = [
     "Chunk",
     "Collective",
     "Connections",
+    "Datacenter",
+    "Gpu",
+    "GpuType",
     "HostLimits",
     "HostTcp",
     "InputError",
     "Job",
     "LinkKind",
+    "ModelShape",
     "NoSettings",
     "Op",
     "Option",
@@ -93,9 +97,11 @@ __all__ = [
     "Sharing",
     "StageCost",
     "Tail",
+    "TcpSettings",
     "Topology",
     "TrainingPolicy",
     "Transfer",
+    "WanLink",
     "Worker",
     "at_least_one",
     "build_plan",

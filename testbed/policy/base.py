@@ -45,9 +45,13 @@ class Option:
     """A policy setting a user can pass as `-o name=value` (a field of its settings)."""
 
     name: str
+    """What `-o` names: the settings field's name."""
     default: Any
+    """The value when the option is not given."""
     help: str
+    """One line, as `testbed plugins` lists it."""
     parse: Callable[[str], Any] = str
+    """Turns the option's text into the value; raises ValueError with the reason."""
 
 
 def options_of(settings_type: type[Any], fixed: Mapping[str, Any]) -> tuple[Option, ...]:
@@ -72,20 +76,29 @@ class Transfer:
     """One tensor waiting to cross a WAN link direction."""
 
     id: int
+    """Unique within a run."""
     src_gpu: str
+    """The sending GPU."""
     dst_gpu: str
+    """The receiving GPU."""
     src_dc: str
+    """The sender's datacenter."""
     dst_dc: str
+    """The receiver's datacenter."""
     kind: Op
     """SEND_F (activations) or SEND_B (gradients)."""
     replica: int
+    """The sending stage's replica."""
     stage: int
     """The sending stage."""
     microbatch: int
+    """The microbatch it carries."""
     nbytes: int
+    """Its size in bytes."""
     ready_at: float
     """Seconds on the run's clock when the sender queued it."""
     iteration: int = 0
+    """The training iteration it belongs to."""
 
 
 @dataclass(frozen=True)
@@ -93,14 +106,18 @@ class Request:
     """One inference prefill request."""
 
     id: int
+    """Unique within a run."""
     arrival: float
+    """Seconds on the run's clock when it arrived (compare with `now` for its wait)."""
     prompt_len: int
+    """Prompt tokens to prefill."""
     prefilled: int = 0
     """Prompt tokens already prefilled on the GPU being asked (a chunked prefill under
     way: their KV cache is there, so the rest can only run on that GPU); 0 if not started."""
 
     @property
     def remaining(self) -> int:
+        """Prompt tokens not yet prefilled."""
         return self.prompt_len - self.prefilled
 
 
@@ -111,15 +128,20 @@ class Chunk:
     the decode server)."""
 
     request: Request
+    """The request it belongs to."""
     start: int
+    """First prompt token of the chunk: the request's `prefilled`."""
     end: int
+    """One past the chunk's last prompt token."""
 
     @property
     def tokens(self) -> int:
+        """end - start."""
         return self.end - self.start
 
     @property
     def last(self) -> bool:
+        """Whether this chunk completes the request's prompt."""
         return self.end == self.request.prompt_len
 
 
@@ -141,11 +163,15 @@ class Bubble:
     """A predicted idle window on one GPU, on the run's clock."""
 
     gpu: str
+    """The idle GPU's name (`east-0`)."""
     start: float
+    """Seconds on the run's clock when the window opens."""
     end: float
+    """Seconds on the run's clock when training is predicted to need the GPU again."""
 
     @property
     def length(self) -> float:
+        """end - start, seconds."""
         return self.end - self.start
 
 

@@ -12,6 +12,7 @@ _FALSE = ("off", "false", "no", "0")
 
 
 def at_least_one(text: str) -> int:
+    """A whole number of 1 or more (a count: connections, steps)."""
     value = int(text)
     if value < 1:
         raise ValueError("must be at least 1")
@@ -19,6 +20,7 @@ def at_least_one(text: str) -> int:
 
 
 def non_negative_int(text: str) -> int:
+    """A whole number of 0 or more."""
     value = int(text)
     if value < 0:
         raise ValueError("must not be negative")
@@ -26,6 +28,7 @@ def non_negative_int(text: str) -> int:
 
 
 def non_negative(text: str) -> float:
+    """A number of 0 or more (not NaN)."""
     value = float(text)
     if not value >= 0:  # NaN too
         raise ValueError("must not be negative")
@@ -33,6 +36,7 @@ def non_negative(text: str) -> float:
 
 
 def positive(text: str) -> float:
+    """A finite number above 0 (a rate, a learning rate)."""
     value = float(text)
     if not 0 < value < float("inf"):
         raise ValueError("must be a positive number")
@@ -57,6 +61,7 @@ def fraction(text: str) -> float:
 
 
 def on_off(text: str) -> bool:
+    """A switch: on, true, yes or 1; off, false, no or 0."""
     if text.lower() in _TRUE:
         return True
     if text.lower() in _FALSE:
