@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,11 @@ from .conftest import ROOT, TOPOLOGIES
 from .test_plugins import run_testbed
 
 EXAMPLE = ROOT / "examples" / "testbed-example-policy"
+GUIDE = ROOT / "docs" / "plugins.md"
+GUIDE_FILE = re.compile(r"^```(?:python|toml)\n# (?P<path>[\w./-]+)\n(?P<text>.*?)^```\n",
+                        re.M | re.S)
+"""A block of the plugin guide that is a whole file of its first policy's package, named
+by its first line (`# window_fill.py`)."""
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +101,9 @@ def test_the_example_honours_tp_dp_and_pp(example_path: Path, tmp_path: Path, dp
 
 
 def test_the_plugin_guide_shows_the_examples_real_code() -> None:
-    section = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
+    """The guide's blocks that name no file of their own (the first policy's do: see
+    test_the_plugin_guides_first_policy_builds_installs_and_passes_its_tests)."""
+    section = GUIDE_FILE.sub("", GUIDE.read_text(encoding="utf-8"))
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     sources = [path.read_text(encoding="utf-8")
                for path in sorted((EXAMPLE / "testbed_example").glob("*.py"))]
@@ -142,3 +150,71 @@ def test_the_local_sgd_example_averages_every_n_steps(example_path: Path,
     assert results["plan"]["outer"] == {"lr": 1.0, "momentum": 0.0, "nesterov": False,
                                         "mixing": 0.0}
     assert results["wan"]["bytes"] > 0
+
+
+def _install(source: Path, target: Path) -> None:
+    """`pip install` of a package folder into a private one (from a copy: the build leaves
+    nothing in the source tree), offline: no dependencies, the venv's setuptools."""
+    build = target.parent / f"{source.name}-build"
+    shutil.copytree(source, build,
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--target", str(target), str(build)],
+        check=True, cwd=build.parent, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
+
+
+def test_the_plugin_guides_first_policy_builds_installs_and_passes_its_tests(
+        tmp_path: Path) -> None:
+    """A newcomer's policy from the docs alone: the guide's files (the policy, its
+    pyproject, its tests) written out as its package, installed as pip installs a
+    plugin, its own tests run with pytest in its folder, and each policy its pyproject
+    registers planned and simulated by the commands on two-dc, as the guide runs them."""
+    package = tmp_path / "package"
+    files = {m["path"]: m["text"] for m in GUIDE_FILE.finditer(GUIDE.read_text(encoding="utf-8"))}
+    assert "pyproject.toml" in files and any(p.startswith("tests/test_") for p in files), files
+    for path, text in files.items():
+        (package / path).parent.mkdir(parents=True, exist_ok=True)
+        (package / path).write_text(text, encoding="utf-8")
+    site = tmp_path / "site"
+    _install(package, site)
+
+    tests = [p for p in files if p.startswith("tests/")]
+    defined = sum(len(re.findall(r"^def test_", files[p], re.M)) for p in tests)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+        str(site), os.environ.get("PYTHONPATH", "")]))}
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          *tests], cwd=package, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert f"{defined} passed" in ran.stdout, ran.stdout
+
+    project = tomllib.loads(files["pyproject.toml"])
+    policies = project["project"]["entry-points"]["testbed.policies"]
+    assert policies
+    for name in policies:
+        planned = run_testbed(["plan", str(TOPOLOGIES / "two-dc.yaml"), "-p", name], site)
+        assert planned.returncode == 0, planned.stderr
+        out = tmp_path / f"run-{name}"
+        simulated = run_testbed(["simulate", str(TOPOLOGIES / "two-dc.yaml"), "-p", name,
+                                 "--out", str(out)], site)
+        assert simulated.returncode == 0, simulated.stderr
+        results = json.loads((out / "results.json").read_text())
+        assert results["status"] == "ok" and results["plan"]["policy"] == name
+        assert results["tokens_per_s"] > 0
+
+    # the guide's commands after its `pip install`, from a folder standing for testbed's
+    # root, with the environment's bin on PATH
+    commands = [line for block in re.findall(r"```sh\n(.*?)```", GUIDE.read_text(), re.S)
+                if "pip install" in block
+                for line in block.splitlines() if line.startswith("testbed ")]
+    assert commands
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "topologies").symlink_to(TOPOLOGIES)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+    for command in commands:
+        done = subprocess.run(["bash", "-c", command], cwd=root, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, (command, done.stderr)
