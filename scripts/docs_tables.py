@@ -86,6 +86,10 @@ def _measured(name: str) -> Callable[..., str]:
     return getattr(_script("measured_tables"), name)  # type: ignore[no-any-return]
 
 
+def _api_example(report: dict[str, Any]) -> str:
+    return str(_script("bench_api_example").table(report))
+
+
 def _claims(records: list[Any]) -> str:
     from testbed.figures.render import claims_block
 
@@ -136,6 +140,8 @@ TABLES: dict[str, Table] = {
                                  "scripts/bench_bubbles.py --paper-scale"),
     "schedules": Table(("benchmarks/schedules.json",), _schedules,
                        "scripts/bench_schedules.py"),
+    "api-example": Table(("benchmarks/api-example.json",), _api_example,
+                         "scripts/bench_api_example.py"),
 }
 
 
