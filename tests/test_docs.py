@@ -317,3 +317,51 @@ def test_one_path_step_comes_first_and_every_page_spells_commands_after_it() -> 
         spelled = re.findall(r"\.venv/bin/(testbed|mkdocs|pytest|ruff|mypy)\b",
                              page.read_text(encoding="utf-8"))
         assert not spelled, (page.name, spelled)
+
+
+def test_the_diloco_pages_commands_run_what_its_table_measured() -> None:
+    """Each policy the DiLoCo page's simulate and compare commands run is a row of the
+    simulated tables under them (scripts/bench_diloco.py's METHODS) with the same
+    settings, defaults included: the command gives the figure the page shows."""
+    from testbed.policy.registry import training_policy
+    from testbed.policy.routing import options_for
+
+    spec = importlib.util.spec_from_file_location("bench_diloco",
+                                                  ROOT / "scripts" / "bench_diloco.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = [(policy, training_policy(policy, options).settings)
+            for _, policy, options in bench.METHODS]
+    checked = 0
+    for block in shell_blocks():
+        for command in block.commands:
+            argv = command.argv
+            if not block.where.startswith("docs/diloco.md") \
+                    or argv[1] not in ("simulate", "compare"):
+                continue
+            after = {flag: [argv[k + 1] for k, arg in enumerate(argv[:-1]) if arg == flag]
+                     for flag in ("-p", "-o")}
+            for policy in after["-p"]:
+                options = options_for(policy, after["-o"])
+                settings = training_policy(policy, options).settings
+                assert (policy, settings) in rows, \
+                    f"{command.line}: {policy} {options} is no row of the page's table"
+                checked += 1
+    assert checked >= 5
+
+
+@pytest.mark.slow
+def test_the_api_pages_example_prints_what_its_page_shows() -> None:
+    """The figures under docs/api.md's example come from that example: the benchmark
+    measured the page's code as it is now, and the code, run again as the benchmark runs
+    it, prints the same lines (the simulator is deterministic; the times are the
+    benchmark's, with the load they were measured at)."""
+    spec = importlib.util.spec_from_file_location("bench_api_example",
+                                                  ROOT / "scripts" / "bench_api_example.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    measured = json.loads((ROOT / "benchmarks" / "api-example.json").read_text())
+    assert measured["code"] == bench.example(), "run scripts/bench_api_example.py again"
+    assert bench.run_once(measured["code"])["printed"] == measured["printed"]
