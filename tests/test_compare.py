@@ -41,7 +41,7 @@ def test_compare_writes_rows_files_and_plots_and_report_reproduces_them(
     assert any(line.startswith("failing ") and "failed" in line for line in lines)
     assert any(line.startswith("failing failed: policy 'failing' failed while planning: "
                                "RuntimeError: this policy always fails (at ") for line in lines)
-    for name in ("compare.json", "compare.csv", "table.md", "iterations.png", "gantt.png",
+    for name in ("compare.json", "compare.csv", "table.md", "throughput.png", "gantt.png",
                  "wan.png", "topology.yaml"):
         assert (out / name).stat().st_size > 0, name
     rows = list(csv.DictReader((out / "compare.csv").open()))

@@ -132,7 +132,7 @@ def test_outputs_replace_links_and_never_write_through_them(tmp_path: Path) -> N
     assert _main(["compare", str(TWO_DC), "-p", "gpipe", "-p", "1f1b", "--out",
                   str(compare)]) == 0
     run = compare / "runs" / "gpipe-r1"
-    outputs = [compare / name for name in ("iterations.png", "gantt.png", "wan.png",
+    outputs = [compare / name for name in ("throughput.png", "gantt.png", "wan.png",
                                            "table.md")]
     outputs += [run / "profile.json", tmp_path / "plan.csv", sweep / "sweep.csv",
                 sweep / "sweep.png", tmp_path / "worker.log", tmp_path / "r0-s0.pt"]

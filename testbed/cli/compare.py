@@ -43,7 +43,7 @@ from testbed.plan.load import given_plan
 from testbed.policy.registry import DEFAULT_COMPARISON, DEFAULT_POLICY
 from testbed.report.compare import RunEntry, markdown_table, table_rows, table_text
 from testbed.report.results import new_run_dir
-from testbed.report.saved import load_compare, load_spans
+from testbed.report.saved import SavedRun, load_compare, load_spans
 from testbed.run.spec import RunSpec
 from testbed.sim.jitter import Jitter
 from testbed.topology import load_topology
@@ -103,7 +103,7 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
     Prints a table (iteration time with its spread over repeats, speed-up against the
     first policy as a ratio of tokens/s, tokens/s, the time to --target-loss, GPU and WAN
     utilization, TTFT when bubbles are filled) and writes compare.json, compare.csv, every
-    run's own directory, and plots (iterations.png, gantt.png, wan.png, and loss.png: loss
+    run's own directory, and plots (throughput.png, gantt.png, wan.png, and loss.png: loss
     against time, where the runs measured a loss). A run that fails is reported as
     failed, with why under the table; the others still run. `testbed report DIR` redraws
     all of it from the files.
@@ -159,41 +159,34 @@ def _overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
 def show(directory: Path, entries: list[RunEntry], topology: Topology,
          plots: bool = True, fmt: FigureFormat = "png") -> None:
     """Print the table and draw every plot from the runs' files, each in `fmt` with its
-    CSV beside it."""
-    from testbed.report.gantt import GanttPanel, gantt_plot
-    from testbed.report.plots import iteration_plot, loss_plot, wan_plot
+    CSV beside it: throughput (and time to loss) per combination, and the Gantt chart,
+    WAN use and loss of each combination's first run."""
+    from testbed.report.plots import Throughput, throughput_plot
+    from testbed.report.run_plots import draw_runs
 
     rows = table_rows(entries)
     firsts: dict[str, RunEntry] = {}
     for entry in entries:
         if entry.status == "ok" and entry.results is not None:
             firsts.setdefault(entry.combo, entry)
-    spans = {combo: load_spans(directory, entry) for combo, entry in firsts.items()}
+    runs = [SavedRun(combo, entry.results or {}, *load_spans(directory, entry))
+            for combo, entry in firsts.items()]
     click.echo(table_text(rows))
     write_atomic(directory / "table.md", markdown_table(rows) + "\n", 0o644)
     if not plots:
         click.echo(f"wrote table.md in {directory}")
         return
-    iteration_plot(rows, directory / f"iterations.{fmt}")
-    panels, wan = [], []
-    capacity: dict[str, float] = {}
-    for link in topology.links:
-        capacity[f"{link.a}>{link.b}"] = capacity[f"{link.b}>{link.a}"] = link.bandwidth_bps
-    for combo, entry in firsts.items():
-        start, run_spans = spans[combo]
-        done = len(entry.results["iteration_time_s"]["all"]) if entry.results else 0
-        iteration = 1 if done > 1 else 0
-        placement = ((entry.results or {}).get("plan") or {}).get("placement") or {}
-        panels.append(GanttPanel(combo, run_spans, start, iteration, placement))
-        wan.append((combo, run_spans, start, capacity))
-    if panels:
-        gantt_plot(panels, directory / f"gantt.{fmt}")
-        wan_plot(wan, directory / f"wan.{fmt}")
-    curves = [(combo, entry.results["loss_curve"]) for combo, entry in firsts.items()
-              if entry.results and entry.results.get("loss_curve")]
-    if curves:
-        target = next((row.to_loss.target for row in rows if row.to_loss), None)
-        loss_plot(curves, directory / f"loss.{fmt}", target)
+    target = next((row.to_loss.target for row in rows if row.to_loss), None)
+    points = []
+    for row in rows:
+        rates = [e.results["tokens_per_s"] for e in entries if e.combo == row.combo
+                 and e.status == "ok" and e.results and e.results["tokens_per_s"]]
+        points.append(Throughput(
+            row.combo, row.tokens_per_s, min(rates, default=None), max(rates, default=None),
+            row.speedup, row.to_loss.time_s if row.to_loss else None,
+            row.to_loss.cell(" ") if row.to_loss else None))
+    throughput_plot(points, directory / f"throughput.{fmt}", target)
+    draw_runs(runs, topology, directory, fmt, target)
     click.echo(f"wrote compare.json, compare.csv, table.md and plots in {directory}")
 
 

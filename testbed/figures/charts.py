@@ -25,6 +25,7 @@ from testbed.figures.render import fmt, verdict
 from testbed.figures.space import Point
 from testbed.report.figure_files import (
     beside,
+    legend_beside,
     line_style,
     log_axis,
     save_figure,
@@ -57,35 +58,44 @@ def claim_plot(record: ClaimRecord, path: Path) -> None:
     for ax, (backend, figures) in zip(axes[0], panels, strict=False):
         bars = _bars(record, figures.get("runs", {}))
         xs = range(len(bars.values))
-        ax.bar(xs, bars.values, color="white", edgecolor="black",
-               hatch=[HATCHES[i % len(HATCHES)] for i in xs])
+        heights = [*bars.values, *(h for h, _ in bars.lines)]
+        finite = [h for h in heights if math.isfinite(h)]
+        if spans_decade(heights):  # points: a log axis has no zero for a bar to start from
+            ax.plot(list(xs), bars.values, linestyle="none", marker="o", color="black")
+            log_axis(ax, "y")
+            ax.set_ylim(min(finite) / 1.6, max(finite) * 1.6)
+        else:
+            ax.bar(xs, bars.values, color="white", edgecolor="black",
+                   hatch=[HATCHES[i % len(HATCHES)] for i in xs])
+            if finite:
+                ax.set_ylim(0, max(finite) * 1.15)
         for i, (height, label) in enumerate(bars.lines):
             ax.axhline(height, color="black", linewidth=1, label=label,
                        linestyle=("--", ":", "-.")[i % 3])
         ax.set_xticks(list(xs), bars.labels, rotation=20, ha="right", fontsize=8)
-        heights = [*bars.values, *(h for h, _ in bars.lines)]
-        finite = [h for h in heights if math.isfinite(h)]
-        if spans_decade(heights):
-            log_axis(ax, "y")
-            ax.set_ylim(top=max(finite) * 3)  # room for the legend above the lines
-        elif finite:
-            ax.set_ylim(0, max(finite) * 1.3)
+        ax.set_xlim(-0.6, len(bars.values) - 0.4)
         ax.set_ylabel(bars.ylabel)
         ax.set_title(f"{BACKEND_NAMES[backend]}: {fmt(figures.get('value'), record['unit'])}",
                      fontsize=10)
         ax.grid(True, axis="y", color="0.85", which="both")
-        if bars.lines:
-            ax.legend(fontsize=7)
         rows += [(backend, label, value, bars.ylabel)
                  for label, value in zip(bars.labels, bars.values, strict=True)]
     fig.suptitle(wrap(f"{record['claim']} ({record['conditions']})"), fontsize=9)
+    fig.tight_layout()
+    bottom = 0.0
+    lines = {label: handle for ax in axes[0] for handle, label in
+             zip(*ax.get_legend_handles_labels(), strict=True)}
+    if lines:  # the references' legend under the panels, off their data
+        legend = fig.legend(list(lines.values()), list(lines), loc="upper center",
+                            bbox_to_anchor=(0.5, 0.0), ncol=len(lines), fontsize=7)
+        fig.canvas.draw()
+        bottom = legend.get_window_extent().transformed(fig.transFigure.inverted()).y0
     up_to = record.get("up_to")
     if up_to and up_to.get("value") is not None:
-        fig.text(0.5, -0.02, wrap(f"Searched in the simulator: up to "
-                                  f"{fmt(up_to['value'], record['unit'])} "
-                                  f"({verdict(record)}at {up_to['conditions']})", 110),
+        fig.text(0.5, bottom - 0.02, wrap(f"Searched in the simulator: up to "
+                                          f"{fmt(up_to['value'], record['unit'])} "
+                                          f"({verdict(record)}at {up_to['conditions']})", 110),
                  ha="center", va="top", fontsize=7)
-    fig.tight_layout()
     save_figure(fig, path)
     write_csv(beside(path), ["backend", "bar", "value", "quantity"], rows)
 
@@ -230,11 +240,11 @@ def load_plot(points: Sequence[LoadPoint], deadline_s: float | None, title: str,
                     **line_style(i))
         ax.set_ylabel(ylabel)
         ax.grid(True, color="0.85", which="both")
-        ax.legend(fontsize=7)
     if deadline_s is not None:
         axes[2].axhline(deadline_s, color="0.3", linestyle=":", linewidth=1,
                         label=f"deadline {deadline_s:g} s")
-        axes[2].legend(fontsize=7)
+    for ax in axes:
+        legend_beside(ax, fontsize=7)
     if spans_decade(y for p in ok for y in (p.ttft_p50_s, p.ttft_p99_s)):
         log_axis(axes[2], "y")
     if spans_decade(rates):

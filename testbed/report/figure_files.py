@@ -1,7 +1,9 @@
 """What every plot of ours shares, so that each can go into a paper as it is: the format
 (PNG, PDF or SVG, by the file's suffix), nothing clipped, a CSV of the plotted numbers
-beside the picture, line styles and markers that stay apart in black and white, and a
-log axis where the values span more than a decade."""
+beside the picture, line styles and markers that stay apart in black and white, a
+log axis where the values span more than a decade (with points on it, never bars: a log
+axis has no zero for a bar to start from), and legends beside the axes, not over the
+data."""
 
 from __future__ import annotations
 
@@ -81,6 +83,13 @@ def log_axis(ax: Any, axis: Literal["x", "y"]) -> None:
     target.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     target.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     target.set_minor_formatter(FuncFormatter(lambda _v, _pos: ""))
+
+
+def legend_beside(ax: Any, **options: Any) -> None:
+    """The axes' legend to their right, outside them, where it covers no data (the saved
+    figure grows to hold it: save_figure)."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+              **{"fontsize": 8, **options})
 
 
 def wrap(text: str, width: int = 70) -> str:

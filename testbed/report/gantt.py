@@ -30,6 +30,9 @@ LAYER = {"recv": 1, "wait_grant": 1, "wait_send": 1, "allreduce": 1, "forward": 
 """Drawing order: waits first, then compute, then inference on top of both."""
 GANTT_ROWS = 48
 WIDTH_IN = 10.0
+VISIBLE_PARTS = 1000
+"""A bar shorter than this part of the time axis is under a pixel wide: a kind whose bars
+all are says so in the legend."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,8 @@ def gantt_plot(panels: Sequence[GanttPanel], path: Path) -> None:
             gpus = gpus[::math.ceil(len(gpus) / GANTT_ROWS)][:GANTT_ROWS]
         layouts.append((title, gpus))
     heights = [0.9 + 0.2 * max(1, len(gpus)) for _, gpus in layouts]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(WIDTH_IN, sum(heights) + 0.9),
+    height_in = sum(heights) + 0.9
+    fig, axes = plt.subplots(len(panels), 1, figsize=(WIDTH_IN, height_in),
                              squeeze=False, sharex=True,
                              gridspec_kw={"height_ratios": heights})
     bars: list[tuple[str, str, int, str, float, float]] = []
@@ -110,10 +114,15 @@ def gantt_plot(panels: Sequence[GanttPanel], path: Path) -> None:
         ax.set_xlim(0, length)
         ax.set_title(title, fontsize=10)
     axes[-1, 0].set_xlabel("seconds into the iteration (from the previous one's last step)")
+    drawn = [k for k in GANTT_KINDS if any(bar[3] == k for bar in bars)]  # nothing else
     handles = [Rectangle((0, 0), 1, 1, facecolor=SHADE[k], edgecolor="black", hatch=HATCH[k])
-               for k in GANTT_KINDS]
-    fig.legend(handles, GANTT_KINDS, loc="lower center", ncol=len(GANTT_KINDS) // 2 + 1,
-               fontsize=8, bbox_to_anchor=(0.5, -0.02))
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+               for k in drawn]
+    unseen = length / VISIBLE_PARTS
+    labels = [k if any(bar[3] == k and bar[5] - bar[4] >= unseen for bar in bars)
+              else f"{k} (too short to see)" for k in drawn]
+    if drawn:  # under the axes, in the half inch kept free for it
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(drawn), 5), fontsize=8,
+                   bbox_to_anchor=(0.5, 0.0))
+    fig.tight_layout(rect=(0, 0.5 / height_in if drawn else 0, 1, 1))
     save_figure(fig, path)
     write_csv(beside(path), ["policy", "gpu", "row", "kind", "start_s", "end_s"], bars)

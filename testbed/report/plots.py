@@ -1,10 +1,11 @@
-"""Plots of comparisons and sweeps, readable in black and white (markers, dashes and
-hatches, not colors), each with the CSV of what it draws beside it (figure_files)."""
+"""Plots of runs, comparisons and sweeps, readable in black and white (markers and
+dashes, not colors), each with the CSV of what it draws beside it (figure_files)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,20 +13,20 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import PercentFormatter
 
-from testbed.common.spans import Span
-from testbed.common.units import parse_duration, parse_per_second, parse_rate
+from testbed.common.units import human_rate, parse_duration, parse_per_second, parse_rate
+from testbed.metrics.link_use import LinkUse
 from testbed.metrics.loss import LossPoint
 from testbed.report.figure_files import (
     beside,
+    legend_beside,
     line_style,
     log_axis,
     save_figure,
     spans_decade,
     write_csv,
 )
-
-HATCHES = ("", "//", "..", "xx", "\\\\", "--", "oo", "++")
 
 
 def axis_values(key: str, values: Sequence[str]) -> tuple[list[float], str] | None:
@@ -75,30 +76,85 @@ def sweep_plot(rows: Sequence[dict[str, Any]], keys: Sequence[str], path: Path) 
     ax.set_ylabel("iteration time (s)")
     ax.grid(True, color="0.85", which="both")
     if series:
-        ax.legend(fontsize=8)
+        legend_beside(ax)
     save_figure(fig, path)
 
 
-def iteration_plot(rows: Sequence[Any], path: Path) -> None:
-    """Median iteration time per policy combination, whiskers from min to max over
-    repeats; a log axis when one is more than ten times another."""
-    ok = [r for r in rows if r.iteration_s is not None]
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(ok) + 1), 3.8))
-    xs = list(range(len(ok)))
-    medians = [r.iteration_s for r in ok]
-    errors = [[r.iteration_s - r.iteration_low for r in ok],
-              [r.iteration_high - r.iteration_s for r in ok]]
-    for x, median in zip(xs, medians, strict=True):
-        ax.bar(x, median, color="white", edgecolor="black", hatch=HATCHES[x % len(HATCHES)])
-    ax.errorbar(xs, medians, yerr=errors, fmt="none", ecolor="black", capsize=4)
-    ax.set_xticks(xs, [r.combo for r in ok], rotation=20, ha="right")
-    if spans_decade([*medians, *(r.iteration_low for r in ok)]):
-        log_axis(ax, "y")
-    ax.set_ylabel("iteration time (s)")
-    ax.grid(True, axis="y", color="0.85", which="both")
+@dataclass(frozen=True)
+class Throughput:
+    """One policy combination's throughput over its repeats, and its time to the target
+    loss where one was given."""
+
+    combo: str
+    tokens_per_s: float | None
+    """The median over repeats; None when no run of it measured one."""
+    low: float | None
+    high: float | None
+    speedup: float | None = None
+    to_loss_s: float | None = None
+    to_loss_text: str | None = None
+    """The table's cell for the time to loss (`12.3 s`, `not reached`, `n/a
+    (simulated)`...)."""
+
+
+def throughput_plot(points: Sequence[Throughput], path: Path,
+                    target: float | None = None) -> None:
+    """Tokens/s per policy combination, the yardstick speed-ups are ratios of: a dot at
+    the median, a whisker from the lowest to the highest repeat (points, not bars: a log
+    axis, taken when one is more than ten times another, has no zero for a bar to start
+    from); beside it, with a target loss, the time to reach it."""
+    ok = [p for p in points if p.tokens_per_s is not None]
+    panels = 2 if target is not None else 1
+    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels + 1.6, 0.5 * len(ok) + 1.4),
+                             squeeze=False, sharey=True)
+    ys = list(range(len(ok)))
+    ax = axes[0, 0]
+    ax.errorbar([p.tokens_per_s for p in ok], ys, fmt="o", color="black", capsize=4,
+                xerr=[[(p.tokens_per_s or 0) - (p.low or p.tokens_per_s or 0) for p in ok],
+                      [(p.high or p.tokens_per_s or 0) - (p.tokens_per_s or 0) for p in ok]])
+    for y, point in zip(ys, ok, strict=True):
+        ratio = f" ({point.speedup:.2f}x)" if point.speedup is not None else ""
+        ax.annotate(f"{point.tokens_per_s:,.0f}{ratio}",
+                    (point.high or point.tokens_per_s or 0, y),
+                    xytext=(6, 0), textcoords="offset points", va="center", fontsize=8)
+    highest = max((p.high or p.tokens_per_s or 0 for p in ok), default=1.0)
+    if spans_decade([v for p in ok for v in (p.tokens_per_s, p.low)]):
+        log_axis(ax, "x")  # room on the right for the labels, as on the linear axis
+        ax.set_xlim(min(p.low or p.tokens_per_s or 1 for p in ok) / 1.5, highest * 4)
+    else:
+        ax.set_xlim(0, highest * 1.35)
+    ax.set_xlabel("training throughput (tokens/s)")
+    ax.set_yticks(ys, [p.combo for p in ok])
+    ax.set_ylim(max(len(ok), 1) - 0.5, -0.5)
+    if not ok:
+        ax.text(0.5, 0.5, "no run measured its throughput", transform=ax.transAxes,
+                ha="center", va="center", fontsize=9, color="0.3")
+    ax.grid(True, axis="x", color="0.85", which="both")
+    if target is not None:
+        _to_loss_panel(axes[0, 1], ok, target)
     save_figure(fig, path)
-    write_csv(beside(path), ["policy", "iteration_s", "min_s", "max_s"],
-              [(r.combo, r.iteration_s, r.iteration_low, r.iteration_high) for r in ok])
+    write_csv(beside(path), ["policy", "tokens_per_s", "min", "max", "speedup",
+                             "time_to_loss_s"],
+              [(p.combo, p.tokens_per_s, p.low, p.high, p.speedup, p.to_loss_s) for p in ok])
+
+
+def _to_loss_panel(ax: Any, points: Sequence[Throughput], target: float) -> None:
+    """Time to the target loss per combination; those without one say why, in words."""
+    reached = [(y, p.to_loss_s) for y, p in enumerate(points) if p.to_loss_s is not None]
+    ax.plot([t for _, t in reached], [y for y, _ in reached], "s", color="black")
+    longest = max((t for _, t in reached), default=1.0) or 1.0
+    for y, point in enumerate(points):
+        text = point.to_loss_text or "-"
+        if point.to_loss_s is not None:
+            ax.annotate(text, (point.to_loss_s, y), xytext=(6, 0),
+                        textcoords="offset points", va="center", fontsize=8)
+        else:
+            ax.text(0.02 * longest, y, text, va="center", fontsize=8, color="0.3")
+    ax.set_xlim(0, longest * 1.4)
+    if not reached:
+        ax.set_xticks([])  # no time to show
+    ax.set_xlabel(f"time to loss {target:g} (s)")
+    ax.grid(True, axis="x", color="0.85")
 
 
 def loss_plot(curves: Sequence[tuple[str, Sequence[LossPoint]]], path: Path,
@@ -121,63 +177,62 @@ def loss_plot(curves: Sequence[tuple[str, Sequence[LossPoint]]], path: Path,
     ax.set_xlabel("represented time since the run started (s)")
     ax.set_ylabel("training loss (cross-entropy, nats)")
     ax.grid(True, color="0.85")
-    ax.legend(fontsize=8)
+    legend_beside(ax)
     save_figure(fig, path)
     write_csv(beside(path), ["policy", "iteration", "time_s", "tokens", "loss"],
               [(label, p["iteration"], p["time_s"], p["tokens"], p["loss"])
                for label, points in kept for p in points])
 
 
-def wan_series(spans: Sequence[Span], start: float, capacity: dict[str, float],
-               bins: int = 200, end: float | None = None
-               ) -> tuple[list[float], dict[str, list[float]]]:
-    """Utilization of each WAN link direction over time: every transfer's bytes spread
-    evenly over its duration, in `bins` equal slices from `start` to `end` (default:
-    the last transfer's end)."""
-    transfers = [(link, s) for s in spans if s["kind"] == "transfer" and (link := s.get("link"))]
-    if end is None:
-        end = max((s["end"] for _, s in transfers), default=start + 1.0)
-    width = (end - start) / bins
-    series = {link: [0.0] * bins for link in sorted({link for link, _ in transfers})}
-    for link, span in transfers:
-        duration = max(span["end"] - span["start"], 1e-9)
-        rate = span.get("bytes", 0) * 8 / duration
-        first = int((span["start"] - start) / width)
-        last = min(bins - 1, int((span["end"] - start) / width))
-        for i in range(max(0, first), last + 1):
-            lo, hi = start + i * width, start + (i + 1) * width
-            overlap = min(hi, span["end"]) - max(lo, span["start"])
-            if overlap > 0:
-                series[link][i] += rate * overlap / width
-    for link, values in series.items():
-        cap = capacity.get(link, 0.0)
-        series[link] = [v / cap if cap else 0.0 for v in values]
-    return [(i + 0.5) * width for i in range(bins)], series
+ZOOM_BELOW = 0.25
+"""A WAN panel whose links never carried more than this share of their rate is drawn up
+to its peak, not to 100%, so that its shape shows."""
 
 
-def wan_plot(panels: Sequence[tuple[str, Sequence[Span], float, dict[str, float]]],
-             path: Path) -> None:
-    """WAN utilization over time per policy combination, one above the other on one time
-    scale (the longest run's)."""
-    ends = [max((s["end"] for s in spans if s["kind"] == "transfer" and s.get("link")),
-                default=start + 1.0) - start for _, spans, start, _ in panels]
-    length = max(ends, default=1.0)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.2 * len(panels) + 0.6),
-                             squeeze=False, sharex=True)
+@dataclass(frozen=True)
+class WanPanel:
+    """One run's WAN use over its own length (testbed.metrics.link_use)."""
+
+    title: str
+    use: LinkUse
+    length_s: float
+    raised: Mapping[str, float] = field(default_factory=dict)
+    """Directions an event or trace gave a rate above the topology's: the highest (bit/s).
+    Only these may show more than 100%."""
+
+
+def wan_plot(panels: Sequence[WanPanel], path: Path) -> None:
+    """WAN link use over time, a panel per run, each on its own time scale (a run of an
+    hour and one of a minute side by side on one axis would leave the short one a
+    sliver); each link direction's share of its rate, the legend beside the axes."""
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 2.3 * len(panels) + 0.4),
+                             squeeze=False)
     rows: list[tuple[str, str, float, float]] = []
-    for ax, (title, spans, start, capacity) in zip(axes[:, 0], panels, strict=True):
-        xs, series = wan_series(spans, start, capacity, end=start + length)
-        for i, (link, values) in enumerate(series.items()):
-            style = {**line_style(i), "marker": None}
-            ax.plot(xs, values, linewidth=1, label=link, **style)
-            rows += [(title, link, x, v) for x, v in zip(xs, values, strict=True)]
-        ax.set_ylim(0, 1.05)
-        ax.set_xlim(0, length)
-        ax.set_ylabel("link utilization")
-        ax.set_title(title, fontsize=10)
+    for ax, panel in zip(axes[:, 0], panels, strict=True):
+        peak = max((v for values in panel.use.utilization.values() for v in values),
+                   default=0.0)
+        for i, (link, values) in enumerate(panel.use.utilization.items()):
+            label = link
+            if link in panel.raised:
+                label += f" (rate raised to {human_rate(panel.raised[link])} by an event)"
+            ax.plot(panel.use.times, values, linewidth=1, label=label,
+                    **{**line_style(i), "marker": None})
+            rows += [(panel.title, link, x, v)
+                     for x, v in zip(panel.use.times, values, strict=True)]
+        # up to the link's rate, or closer where the run never came near it
+        ax.set_ylim(0, (max(peak, 1.0) if peak > ZOOM_BELOW else peak or 1.0) * 1.03)
+        ax.set_xlim(0, panel.length_s)
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.set_ylabel("share of link rate")
+        ax.set_xlabel("seconds since the run started")
+        ax.set_title(f"{panel.title}: {panel.length_s:.4g} s, peak {peak:.1%} of a link's "
+                     "rate", fontsize=10)
         ax.grid(True, color="0.85")
-        if series:
-            ax.legend(fontsize=7, ncol=3, loc="upper right")
-    axes[-1, 0].set_xlabel("seconds since the run started")
+        if panel.use.utilization:
+            legend_beside(ax, fontsize=7, title="link", title_fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no traffic crossed the WAN", transform=ax.transAxes,
+                    ha="center", va="center", fontsize=9, color="0.3")
+    fig.tight_layout()
     save_figure(fig, path)
     write_csv(beside(path), ["policy", "link", "time_s", "utilization"], rows)

@@ -1,10 +1,11 @@
-"""Reading a saved comparison back (`testbed report`): every file is checked against the
-shape the table and plots use before anything is drawn, so a damaged or hand-edited file
-gives one located error and no half-written output."""
+"""Reading a saved comparison (`testbed report`) or run (`testbed show`) back: every file
+is checked against the shape the table and plots use before anything is drawn, so a
+damaged or hand-edited file gives one located error and no half-written output."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -150,8 +151,47 @@ def _check_run(results: Any, where: str) -> None:
 
 
 def load_spans(directory: Path, entry: RunEntry) -> tuple[float, list[Span]]:
-    """A run's spans.json, checked: its start time and spans."""
-    path = directory / entry.directory / "spans.json"
+    """A comparison's run's spans.json, checked: its start time and spans."""
+    return read_spans(directory / entry.directory / "spans.json")
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """A run as its directory holds it, read back and checked."""
+
+    title: str
+    """What plots call it: the policy (+ the bubble policy)."""
+    results: dict[str, Any]
+    start: float
+    spans: list[Span]
+    source: str = "results.json"
+    """The results file, for errors about what it holds."""
+
+    @property
+    def length_s(self) -> float:
+        """From the run's start to the last span's end."""
+        return max((s["end"] for s in self.spans), default=self.start) - self.start
+
+
+def load_run(directory: Path) -> SavedRun:
+    """One run's directory (`testbed up`'s or `simulate`'s): results.json, checked as
+    `testbed report` checks a comparison's runs, and spans.json; a directory that is not a
+    run's is refused in one line."""
+    path = directory / "results.json"
+    if not directory.is_dir():
+        raise InputError("no such directory", str(directory))
+    if not path.is_file():
+        raise InputError("not a run's directory: it has no results.json", str(directory))
+    results = read_json(path)
+    _check_run(results, str(path))
+    start, spans = read_spans(directory / "spans.json")
+    bubble = results.get("bubble_policy")
+    title = f"{results.get('policy', directory.name)}" + (f"+{bubble}" if bubble else "")
+    return SavedRun(title, results, start, spans, str(path))
+
+
+def read_spans(path: Path) -> tuple[float, list[Span]]:
+    """A run's spans.json, checked: its start time and spans, one GPU each."""
     start, rows = read_span_rows(path)
     for i, span in enumerate(rows):
         if span["kind"] == "transfer":
