@@ -25,6 +25,7 @@ from testbed.cli.options import (
 )
 from testbed.cli.results import results
 from testbed.cli.run import up
+from testbed.cli.show import show
 from testbed.cli.simulate import profile, simulate
 from testbed.cli.sweep import sweep
 from testbed.common.fsutil import write_named
@@ -240,6 +241,7 @@ cli.add_command(profile)
 cli.add_command(sweep)
 cli.add_command(compare)
 cli.add_command(report)
+cli.add_command(show)
 cli.add_command(figures)
 cli.add_command(results)
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from testbed.common.units import human_bytes, plural
+from testbed.common.units import human_bytes, human_rate, plural
 from testbed.errors import one_line
 from testbed.metrics.loss import time_to_loss_text
+from testbed.scenario.link_traces import GENERATORS
 
 
 def aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -135,12 +136,13 @@ def run_summary(results: dict[str, Any]) -> list[str]:
             f"{_secs(overruns['max_s'])}")
     if results.get("training_slowdown") is not None:
         lines.append(f"  slowdown      {results['training_slowdown']:+.2%} vs no filling")
-    lines += _applied(results)
+    lines += _applied_counts(results)
+    lines += _scenario(results)
     lines += _failures(results)
     return lines
 
 
-def _applied(results: dict[str, Any]) -> list[str]:
+def _applied_counts(results: dict[str, Any]) -> list[str]:
     """How many of the run's network events and scenario entries it applied (the rest
     began after training ended); nothing for a run without any, or from before it
     was recorded."""
@@ -157,6 +159,79 @@ def _applied(results: dict[str, Any]) -> list[str]:
         return []
     return [f"  applied       {', '.join(parts)}"
             + (" (the rest began after training ended)" if late else "")]
+
+
+LISTED = 10
+"""Scenario entries and events listed one by one, at most; the rest are counted."""
+
+
+def _scenario(results: dict[str, Any]) -> list[str]:
+    """What the run was given to happen during it: the scenario's traces, stragglers and
+    failures, and the network events (the topology's, the scenario's and --event's), as
+    results.json records them, each marked with whether it took effect (`_applied`)."""
+    scenario = results.get("scenario") or {}
+    entries = [("traces", i, _trace_text(t)) for i, t in enumerate(scenario.get("traces") or [])]
+    entries += [("stragglers", i, _straggler_text(s))
+                for i, s in enumerate(scenario.get("stragglers") or [])]
+    entries += [("failures", i, _loss_text(f))
+                for i, f in enumerate(scenario.get("failures") or [])]
+    entries += [("events", i, _event_text(e)) for i, e in enumerate(results.get("events") or [])]
+    if not entries and not scenario.get("file"):
+        return []
+    texts = [text + _applied_text(_applied(results, section, i))
+             for section, i, text in entries]
+    if len(texts) > LISTED:
+        texts = [*texts[:LISTED - 1], f"and {len(texts) - LISTED + 1} more (results.json)"]
+    head = f"  scenario      {scenario['file']}" if scenario.get("file") else None
+    pad = "                "
+    if head is None:
+        return [f"  scenario      {texts[0]}", *(pad + t for t in texts[1:])]
+    return [head + (": nothing in it" if not texts else ""), *(pad + t for t in texts)]
+
+
+def _applied(results: dict[str, Any], section: str, index: int) -> bool | None:
+    """Whether the `index`-th entry of `section` (traces, stragglers, failures or events)
+    took effect during the run, or None where results.json does not say (a run from
+    before it was recorded)."""
+    items = (results.get("events") if section == "events"
+             else (results.get("scenario") or {}).get(section)) or []
+    if index >= len(items) or not isinstance(items[index], dict):
+        return None
+    applied = items[index].get("applied")
+    return applied if isinstance(applied, bool) else None
+
+
+def _applied_text(applied: bool | None) -> str:
+    return {True: " (applied)", False: " (not applied: the run ended first)", None: ""}[applied]
+
+
+def _trace_text(trace: dict[str, Any]) -> str:
+    rates = trace.get("bandwidth") or {}
+    span = (f", {human_rate(rates['min'])} to {human_rate(rates['max'])}"
+            if rates.get("min") is not None else "")
+    source = trace.get("csv") or next((g for g in GENERATORS if g in trace), "generated")
+    return f"trace on {trace.get('link')}: {source}, {trace.get('steps', '?')} steps{span}"
+
+
+def _straggler_text(straggler: dict[str, Any]) -> str:
+    lasting = f" for {straggler['for']}" if straggler.get("for") else ""
+    return (f"straggler {straggler.get('gpu') or straggler.get('dc')} "
+            f"{straggler.get('slower')}x slower from {straggler.get('at')}{lasting}")
+
+
+def _loss_text(failure: dict[str, Any]) -> str:
+    back = f", back at {failure['back']}" if failure.get("back") else ""
+    return f"failure of {failure.get('worker')} at {failure.get('at')}{back}"
+
+
+def _event_text(event: dict[str, Any]) -> str:
+    link = event.get("link")
+    where = "-".join(link) if isinstance(link, list) else str(link)
+    lasting = f" for {event['for']}" if event.get("for") else ""
+    if "down" in event:
+        return f"event: {where} down for {event['down']} at {event.get('at')}"
+    kind = next((k for k in ("latency", "bandwidth", "loss") if k in event), "change")
+    return f"event: {where} {kind} {event.get(kind, '')} at {event.get('at')}{lasting}"
 
 
 def _failures(results: dict[str, Any]) -> list[str]:

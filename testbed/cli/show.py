@@ -1,0 +1,43 @@
+"""`testbed show`: one past run again, its summary and its plots, from its files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from testbed.cli.options import format_option
+from testbed.common.choices import FigureFormat
+from testbed.errors import InputError
+from testbed.report.saved import load_run
+from testbed.report.table import run_summary
+from testbed.topology import load_topology
+
+
+@click.command()
+@click.argument("run_dir", metavar="RUN_DIR", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path),
+              help="Directory for the plots (default: RUN_DIR).")
+@format_option
+def show(run_dir: Path, out: Path | None, fmt: FigureFormat) -> None:
+    """Print a run's summary and draw its plots, from its directory.
+
+    RUN_DIR is a directory `testbed up` or `testbed simulate` wrote (a comparison's runs
+    are in its runs/ folder). Prints the summary those commands print at the end, with the
+    scenario entries and network events the run was given, and draws gantt.png (one
+    iteration per GPU), wan.png (each WAN link direction's use over the run) and, where
+    the run measured its loss, loss.png, each with a CSV of its numbers beside it.
+    """
+    from testbed.report.run_plots import draw_runs  # matplotlib: only when drawing
+
+    run = load_run(run_dir)
+    topology = load_topology(run_dir / "topology.yaml")
+    directory = out or run_dir
+    if directory.exists() and not directory.is_dir():
+        raise InputError("exists and is not a directory", str(directory), "--out")
+    directory.mkdir(parents=True, exist_ok=True)
+    for line in run_summary(run.results):
+        click.echo(line)
+    target = (run.results.get("time_to_loss") or {}).get("target")
+    written = draw_runs([run], topology, directory, fmt, target)
+    click.echo(f"wrote {', '.join(path.name for path in written)} in {directory}")
