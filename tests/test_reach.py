@@ -57,7 +57,7 @@ def test_a_late_event_warns_naming_itself_and_iterations_that_reach_it(tmp_path:
     reached = _results(tmp_path / "reached")
     assert reached["events"][0]["applied"] is True
     assert sum(reached["iteration_time_s"]["all"]) > 1.0 + 3.0  # the outage was ridden out
-    assert "  applied       events 1 of 1" in out.splitlines()
+    assert "  scenario      event: east-west down for 3s at 1s (applied)" in out.splitlines()
 
 
 def test_a_late_failure_is_named_and_not_applied(tmp_path: Path) -> None:

@@ -49,7 +49,8 @@ def test_the_summary_names_the_scenario_entries_and_events(
     assert "  scenario      " + str(ROOT / "scenarios" / "two-dc-wan-trace.yaml") in printed
     assert any(line.strip().startswith("trace on east-west: wan-trace.csv, 300 steps, ")
                for line in printed)
-    assert "                event: east-west down for 0.05s at 0.1s" in printed
+    assert "                event: east-west down for 0.05s at 0.1s (applied)" in printed
+    assert not any(line.startswith("  applied ") for line in printed)  # all were
 
 
 def test_show_draws_where_and_in_the_format_asked(simulated: tuple[Path, list[str]],
@@ -125,7 +126,7 @@ def test_a_directory_that_is_not_a_run_is_one_line(
                 "no-results": f"{target}: not a run's directory: it has no results.json",
                 "bad-json": f"{target / 'results.json'}: unreadable",
                 "not-results": f"{target / 'results.json'}",
-                "no-spans": f"{target / 'spans.json'}: missing file"}[damage]
+                "no-spans": f"{target / 'spans.json'}: no such file"}[damage]
     assert code == 2 and out == ""
     assert err.startswith(f"testbed: error: {expected}") and err.count("\n") == 1, err
     assert not (target / "gantt.png").exists()

@@ -39,7 +39,10 @@ def raised_rates(topology: Topology, results: dict[str, Any], source: str = "res
             if bps > max(rates.get(key, 0.0), peaks.get(key, 0.0)):
                 peaks[key] = bps
 
-    for event in parse_events(results.get("events") or [], topology, source):
+    given = [{k: v for k, v in e.items() if k != "applied"}  # as the topology wrote it
+             for e in results.get("events") or [] if isinstance(e, dict)
+             and e.get("applied") is not False]
+    for event in parse_events(given, topology, source):
         if event.kind == "bandwidth":
             raise_to(event.a, event.b, event.value, event.one_way)
     for trace in (results.get("scenario") or {}).get("traces") or []:

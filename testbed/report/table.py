@@ -143,9 +143,9 @@ def run_summary(results: dict[str, Any]) -> list[str]:
 
 
 def _applied_counts(results: dict[str, Any]) -> list[str]:
-    """How many of the run's network events and scenario entries it applied (the rest
-    began after training ended); nothing for a run without any, or from before it
-    was recorded."""
+    """How many of the run's network events and scenario entries it applied, where some
+    began after training ended; nothing where all were applied, for a run without any,
+    or from before it was recorded."""
     scenario = results.get("scenario") or {}
     parts, late = [], False
     for section, items in (("events", results.get("events")),
@@ -155,10 +155,9 @@ def _applied_counts(results: dict[str, Any]) -> list[str]:
         if known:
             parts.append(f"{section} {sum(known)} of {len(known)}")
             late = late or not all(known)
-    if not parts:
+    if not late:  # each entry listed says so (_scenario)
         return []
-    return [f"  applied       {', '.join(parts)}"
-            + (" (the rest began after training ended)" if late else "")]
+    return [f"  applied       {', '.join(parts)} (the rest began after training ended)"]
 
 
 LISTED = 10
