@@ -1,8 +1,8 @@
 """The DiLoCo family in one process, in plain torch: the oracle the workers' real compute
 must equal. Written from the contract of plans that span iterations, not from the
 runtime's code: K replicas of the whole model, trained in turn on the samples each
-replica's workers read, each with its own Adam; syncs after the inner step of the
-iterations that have them.
+replica's workers read, each with its own AdamW (the job's `optimizer`); syncs after
+the inner step of the iterations that have them.
 
 - Every-step gradients (optionally compressed, with error feedback: each replica adds its
   residual before compressing and keeps what compression lost) are summed as a ring does:
@@ -26,7 +26,6 @@ import torch
 
 from testbed.job.model import Job
 from testbed.runtime.worker.model import Corpus, build_model, loss_of, sample_index
-from testbed.runtime.worker.real_engine import LEARNING_RATE
 
 BLOCK = 256
 
@@ -106,7 +105,9 @@ def train(job: Job, replicas: int, microbatches: int, iterations: int,
     torch.set_num_threads(1)
     shape = job.model
     models = [build_model(shape, job.seed) for _ in range(replicas)]
-    inner = [torch.optim.Adam(m.parameters(), lr=LEARNING_RATE) for m in models]
+    settings = job.optimizer
+    inner = [torch.optim.AdamW(m.parameters(), lr=settings.lr,
+                               weight_decay=settings.weight_decay) for m in models]
     corpus = Corpus(shape.vocab, shape.seq_len, job.seed)
     names = [n for n, _ in models[0].named_parameters()]
     outer_params = {n: p.detach().clone() for n, p in models[0].named_parameters()}

@@ -190,3 +190,24 @@ def test_mlp_and_tied_embeddings_in_a_model_mapping() -> None:
     with pytest.raises(InputError, match=r"^t.yaml: job.model.preset: unknown model preset "
                        r"'gpt9'"):
         load_job({"model": {"preset": "gpt9"}}, "t.yaml")
+
+
+def test_the_optimizer_is_adamw_with_diloco_s_weight_decay_unless_the_job_says() -> None:
+    default = parse_job({"model": "tiny"}).optimizer
+    assert (default.lr, default.weight_decay) == (3e-3, 0.1)
+    given = load_job({"model": "tiny", "optimizer": {"lr": 4e-4}}, "t.yaml",
+                     overrides=["optimizer.weight_decay=0"])
+    assert (given.optimizer.lr, given.optimizer.weight_decay) == (4e-4, 0.0)
+    assert parse_job(dump_job(given), prefix="") == given
+    spelled = load_job({"model": "tiny"}, "t.yaml", overrides=["optimizer.lr=4e-4"])
+    assert spelled.optimizer.lr == 4e-4  # YAML reads 4e-4 as text
+    for section, overrides, message in [
+        ({"lr": 0}, [], r"^t.yaml: job.optimizer.lr: must be positive, got 0$"),
+        ({}, ["optimizer.lr=fast"], r"^--set: optimizer.lr: expected a number, got 'fast'$"),
+        ({"weight_decay": -0.1}, [],
+         r"^t.yaml: job.optimizer.weight_decay: must be zero or more, got -0.1$"),
+        ({"lr": float("inf")}, [], r"^t.yaml: job.optimizer.lr: expected a finite number"),
+        ({"betas": [0.9, 0.95]}, [], r"^t.yaml: job.optimizer.betas: unknown key"),
+    ]:
+        with pytest.raises(InputError, match=message):
+            load_job({"model": "tiny", "optimizer": section}, "t.yaml", overrides=overrides)

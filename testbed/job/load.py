@@ -23,11 +23,13 @@ from testbed.job.model import (
     MLP_MATRICES,
     MODEL_PRESETS,
     InferenceWorkload,
+    InnerOptimizer,
     Job,
     MlpKind,
     ModelShape,
     PromptLengths,
 )
+from testbed.job.optimizer import OPTIMIZER_KEYS, dump_optimizer, parse_optimizer
 
 
 def load_job(
@@ -121,7 +123,8 @@ def parse_job(data: object, source: str | None = None, prefix: str = "job",
     """`base`: where relative paths start (default: the folder of `source`)."""
     fields = Fields(data, source, prefix, ("model", "microbatch_size", "microbatches",
                                            "global_batch", "dp", "pp", "tp", "iterations",
-                                           "seed", "dtype", "inference", "data"))
+                                           "seed", "dtype", "inference", "data",
+                                           "optimizer"))
     base = base if base is not None else source_folder(source)
     model = _parse_model(fields, "model")
     microbatch_size = fields.get("microbatch_size", positive(integer), 1)
@@ -146,6 +149,7 @@ def parse_job(data: object, source: str | None = None, prefix: str = "job",
         "model", "arrival_rate", "prompt_length", "trace", "trace_rows", "decode_dc",
         "deadline", "max_batch_tokens")), source)
     corpus = parse_data(fields, "data", model, base)
+    optimizer = parse_optimizer(fields.section("optimizer", keys=OPTIMIZER_KEYS))
     fields.done()
     return Job(
         model,
@@ -161,6 +165,7 @@ def parse_job(data: object, source: str | None = None, prefix: str = "job",
         inference,
         source,
         corpus,
+        optimizer,
     )
 
 
@@ -348,6 +353,8 @@ def dump_job(job: Job) -> dict[str, Any]:
             out[key] = getattr(job, key)
     if job.data is not None:
         out["data"] = dump_data(job.data)
+    if job.optimizer != InnerOptimizer():
+        out["optimizer"] = dump_optimizer(job.optimizer)
     if job.inference is not None:
         inf = job.inference
         workload: dict[str, Any] = {"model": _dump_model(inf.model), "deadline": inf.deadline_s,

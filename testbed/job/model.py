@@ -159,6 +159,22 @@ class InferenceWorkload:
 
 
 @dataclass(frozen=True)
+class InnerOptimizer:
+    """The optimizer real compute trains with, every policy alike (data and pipeline
+    parallel steps, and the DiLoCo family's inner steps): torch.optim.AdamW at a constant
+    learning rate, betas (0.9, 0.999), eps 1e-8 (torch's).
+
+    AdamW with weight decay 0.1 is DiLoCo's inner optimizer (Douillard et al. 2023, arXiv
+    2311.08105; torchft's DiLoCo example steps AdamW too). The paper's learning rate, 4e-4
+    after 1,000 warm-up steps, is sized for its 60M to 400M parameter models over 88,000
+    steps; the tiny models real compute trains here, over tens of steps, barely learn at
+    it, so the default is 3e-3 (`optimizer.lr` sets the paper's)."""
+
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+
+
+@dataclass(frozen=True)
 class Job:
     """The training job a policy plans: the model, the batch, and whatever parallelism the
     job file fixes (None leaves it to the policy)."""
@@ -195,6 +211,8 @@ class Job:
     """The file the job was read from, for errors that name it; None when built in code."""
     data: DataFile | None = None
     """None: the seeded synthetic corpus (testbed.runtime.worker.model.Corpus)."""
+    optimizer: InnerOptimizer = InnerOptimizer()
+    """What real compute trains with (emulated compute and the simulator use none)."""
 
     @property
     def dtype_bytes(self) -> int:

@@ -3,7 +3,7 @@ starts, refused (with how to fit) when it exceeds what the machine has, and meas
 
 The prediction is the sum of
 - the workers, one per GPU: one resident set each (the interpreter and our modules; with
-  real compute torch and its stages' training state, fp32 weights, gradients and Adam's
+  real compute torch and its stages' training state, fp32 weights, gradients and AdamW's
   two moments);
 - payloads in flight: real compute keeps what it receives until its stage reads it and
   torch keeps every in-flight microbatch's activations for the backward, over all the
@@ -42,7 +42,7 @@ WORKER_BYTES: dict[EmulatedCompute, int] = {"emulated": 48 * 2**20, "real": 450 
 """Resident memory of one worker before payloads and model state (measured: 35-41 MB
 emulated, 330 MB with torch and a tiny model), with a margin."""
 TRAINING_BYTES_PER_PARAM = 16
-"""Real compute trains in fp32 with Adam: weights, gradients and two moments."""
+"""Real compute trains in fp32 with AdamW: weights, gradients and two moments."""
 SPAN_BYTES = 2048
 """One span in the coordinator, as received and again as written out (measured: about
 630 bytes as a dict; dilated runs keep a represented copy too)."""

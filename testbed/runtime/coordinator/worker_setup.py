@@ -75,6 +75,7 @@ def worker_config(run: RunConfig, worker: WorkerHandle, workers: Sequence[Worker
         bubbles=bool(decode_dcs), decode=decode,
         inference_model=job.inference.model if job.inference else None,
         data=job.data if run.compute == "real" else None,
+        optimizer=job.optimizer,
         outer=plan.outer if plan.has_outer_steps else None,
         slowdowns=slowdowns_for(run.stragglers, [worker.gpu], dc),
     )

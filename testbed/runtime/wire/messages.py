@@ -14,7 +14,7 @@ from typing import Any, ClassVar, TypeVar
 from testbed.common.choices import EmulatedCompute
 from testbed.common.codec import DecodeError, build, to_json
 from testbed.common.spans import Span
-from testbed.job.model import DataFile, ModelShape
+from testbed.job.model import DataFile, InnerOptimizer, ModelShape
 from testbed.plan.model import OuterOptimizer
 from testbed.runtime.wire.protocol import (
     MAX_CONTROL_BYTES,
@@ -326,6 +326,8 @@ class Config(Message):
     data: DataFile | None = None
     """The corpus real compute trains on (None: the synthetic one); emulated compute
     has none."""
+    optimizer: InnerOptimizer = field(default_factory=InnerOptimizer)
+    """What real compute's optimizer steps take (the job's)."""
     outer: OuterOptimizer | None = None
     """What OUTER_STEP does, where the programs have one."""
     slowdowns: list[Slowdown] = field(default_factory=list)

@@ -5,13 +5,14 @@ imports torch."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from testbed.job.fragments import block_fragment, embedding_fragment, head_fragment, stage_blocks
-from testbed.job.model import DataFile, ModelShape
+from testbed.job.model import DataFile, InnerOptimizer, ModelShape
 from testbed.job.tokens import TokenWindows, open_tokens
 
 KeysValues = tuple[torch.Tensor, torch.Tensor]
@@ -152,6 +153,13 @@ def parameter_fragments(stage: Stage, layers: tuple[int, ...], index: int,
 def build_model(shape: ModelShape, seed: int) -> Stage:
     """The whole model in one piece (the single-process reference)."""
     return build_stages(shape, (shape.layers,), seed)[0]
+
+
+def inner_optimizer(parameters: Iterable[nn.Parameter], settings: InnerOptimizer
+                    ) -> torch.optim.AdamW:
+    """The optimizer every real-compute stage (and the one-process reference) steps with
+    (testbed.job.model.InnerOptimizer says why AdamW and these settings)."""
+    return torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=settings.weight_decay)
 
 
 def loss_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ from testbed.runtime.worker.model import (
     Samples,
     Stage,
     build_stages,
+    inner_optimizer,
     loss_of,
     make_corpus,
     parameter_fragments,
@@ -26,8 +27,6 @@ from testbed.runtime.worker.model import (
 )
 from testbed.runtime.worker.split_backward import input_gradient, weight_gradients
 from testbed.runtime.worker.syncs import Syncs
-
-LEARNING_RATE = 3e-3
 
 
 def real_engines(config: Config) -> dict[int, RealEngine]:
@@ -53,7 +52,7 @@ def real_engines(config: Config) -> dict[int, RealEngine]:
         engines[stage] = RealEngine(
             stage, config.pp, config.replica, config.dp, config.microbatches,
             config.microbatch_size, shape, module, corpus, device,
-            torch.optim.Adam(module.parameters(), lr=LEARNING_RATE), syncs, config.seed,
+            inner_optimizer(module.parameters(), config.optimizer), syncs, config.seed,
             config.inference_model)
     return engines
 

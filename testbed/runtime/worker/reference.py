@@ -8,8 +8,13 @@ from collections.abc import Sequence
 import torch
 
 from testbed.job.model import Job
-from testbed.runtime.worker.model import build_model, loss_of, make_corpus, sample_index
-from testbed.runtime.worker.real_engine import LEARNING_RATE
+from testbed.runtime.worker.model import (
+    build_model,
+    inner_optimizer,
+    loss_of,
+    make_corpus,
+    sample_index,
+)
 
 
 def train_one_process(job: Job, dp: int, microbatches: int,
@@ -20,7 +25,7 @@ def train_one_process(job: Job, dp: int, microbatches: int,
     replanned after losing a worker)."""
     torch.set_num_threads(1)
     model = build_model(job.model, job.seed)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
+    optimizer = inner_optimizer(model.parameters(), job.optimizer)
     corpus = make_corpus(job.model, job.seed, job.data)
     for iteration in range(job.iterations):
         for first, then_dp, then_microbatches in later:

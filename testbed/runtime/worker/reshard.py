@@ -1,5 +1,5 @@
 """A checkpoint moved to another placement (a run replanned after losing a worker): each
-stage's parameters and Adam state, saved under one plan's split of the layers, written
+stage's parameters and AdamW state, saved under one plan's split of the layers, written
 again under another's. Replicas of a data-parallel plan hold the same state after every
 step, so every new replica starts from the first old one's."""
 
