@@ -1,18 +1,26 @@
 """The DiLoCo family in one process, in plain torch: the oracle the workers' real compute
-must equal. Written from the contract of plans that span iterations, not from the
-runtime's code: K replicas of the whole model, trained in turn on the samples each
-replica's workers read, each with its own AdamW (the job's `optimizer`); syncs after
+must equal. Written from the contract of plans that span iterations and from the papers,
+not from the runtime's code: K replicas of the whole model, trained in turn on the samples
+each replica's workers read, each with its own AdamW (the job's `optimizer`); syncs after
 the inner step of the iterations that have them.
 
-- Every-step gradients (optionally compressed, with error feedback: each replica adds its
-  residual before compressing and keeps what compression lost) are summed as a ring does:
-  chunk i of whole 256-element blocks starts at replica i and each replica after it adds
-  its own, the sum crossing the wire (compressed) at every hop; the replica that finishes
-  a chunk sends it round as the others read it.
-- Deltas (outer minus local parameters, when a sync starts) are summed the same way,
-  without error feedback; an outer step hands their average to the fragment's
+- Every-step gradients compressed with error feedback (int8, int4, top-k), as EF-SGD
+  states it (Seide et al. 2014, 1-bit SGD; Karimireddy et al. 2019, arXiv 1901.09847,
+  Algorithm 2, with the gradient as what is compressed): each replica forms p = g + e from
+  its gradient g and its residual e, sends C(p) once, and keeps e = p - C(p); every replica
+  applies the mean of all replicas' C(p), summed in fp32 in replica order. C is the
+  contract's: blockwise absmax with round to nearest even, or the k largest magnitudes.
+- Uncompressed gradients and deltas (outer minus local parameters, when a sync starts)
+  are summed as a ring does: chunk i of whole 256-element blocks starts at replica i and
+  each replica after it adds its own, the sum crossing the wire in the payload at every
+  hop; the replica that finishes a chunk sends it round as the others read it. Deltas
+  keep no error feedback. An outer step hands their average to the fragment's
   torch.optim.SGD as the outer parameters' gradient; then local = mixing * local +
   (1 - mixing) * outer.
+
+A compressed or ring-summed vector here is a whole replica's, as one pipeline stage holds
+it: a pipeline's stages compress and chunk their own parts, so compare pipelined plans
+only where that cannot matter (fp32 deltas in a ring of two, a + b being b + a).
 """
 
 from __future__ import annotations
@@ -78,6 +86,38 @@ def wire(values: torch.Tensor, payload: str) -> torch.Tensor:
     return out
 
 
+def top_k(values: torch.Tensor, percent: float) -> torch.Tensor:
+    """The k = ceil(percent% of the elements) largest magnitudes, ties to the lower index;
+    zeros elsewhere."""
+    k = math.ceil(values.numel() * percent / 100)
+    ranked = sorted(range(values.numel()), key=lambda i: (-abs(float(values[i])), i))
+    out = torch.zeros_like(values)
+    kept = torch.tensor(ranked[:k], dtype=torch.long)
+    out[kept] = values[kept]
+    return out
+
+
+def compress(values: torch.Tensor, payload: str) -> torch.Tensor:
+    """C: what a compressed gradient payload delivers of `values`."""
+    if payload.startswith("top") and payload.endswith("%"):
+        return top_k(values, float(payload[3:-1]))
+    return wire(values, payload)
+
+
+def error_feedback_average(gradients: Sequence[torch.Tensor], residuals: list[torch.Tensor],
+                           payload: str) -> torch.Tensor:
+    """EF-SGD's step for every replica at once: each replica r sends C(g_r + e_r) and
+    keeps e_r = g_r + e_r - C(g_r + e_r) (`residuals`, updated in place); the mean of what
+    was sent."""
+    total = torch.zeros_like(gradients[0])
+    for r, g in enumerate(gradients):
+        p = g + residuals[r] if residuals[r].numel() else g
+        sent = compress(p, payload)
+        residuals[r] = p - sent
+        total += sent
+    return total / len(gradients)
+
+
 def ring_sum(values: Sequence[torch.Tensor], payload: str) -> torch.Tensor:
     n = len(values)
     if n == 1:
@@ -128,12 +168,10 @@ def train(job: Job, replicas: int, microbatches: int, iterations: int,
         if gradients is not None:
             flats = [torch.cat([p.grad.reshape(-1) for p in m.parameters()])  # type: ignore[union-attr]
                      for m in models]
-            if gradients not in ("", "fp32", "bf16", "fp16"):  # error feedback
-                for r in range(replicas):
-                    if residuals[r].numel():
-                        flats[r] = flats[r] + residuals[r]
-                    residuals[r] = flats[r] - wire(flats[r], gradients)
-            average = ring_sum(flats, gradients) / replicas
+            if gradients in ("", "fp32", "bf16", "fp16"):
+                average = ring_sum(flats, gradients) / replicas
+            else:
+                average = error_feedback_average(flats, residuals, gradients)
             for m in models:
                 offset = 0
                 for p in m.parameters():

@@ -1,7 +1,7 @@
-"""A collective's math on the worker: rings and gathers of real payloads (quantized ones
-requantized at every hop), the quantization and top-k rules of the contract, which
-parameters each fragment holds, and error feedback and outer state that survive a
-checkpoint."""
+"""A collective's math on the worker: rings of real payloads (a delta sync's quantized
+partial sums requantized at every hop), gathers of compressed gradients (each member's
+compressed once), the quantization and top-k rules of the contract, which parameters each
+fragment holds, and error feedback and outer state that survive a checkpoint."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from testbed.plan.model import OuterOptimizer
 from testbed.runtime.wire.messages import CollectiveSetup, Config, PeerInfo
 from testbed.runtime.worker.allreduce import Wire, chunk_bounds, ring_allgather, ring_allreduce
 from testbed.runtime.worker.model import build_stages, parameter_fragments
-from testbed.runtime.worker.payloads import Dense, Sparse, decode, encode, topk_decode, topk_encode
+from testbed.runtime.worker.payloads import Dense, Gathered, decode, encode
 from testbed.runtime.worker.real_engine import RealEngine, real_engines
-from tests.diloco_reference import ring_sum, wire
+from testbed.runtime.worker.syncs import Syncs
+from tests.diloco_reference import compress, ring_sum, wire
 
 
 class _Ring:
@@ -83,11 +84,8 @@ def test_a_dense_fp32_ring_is_the_exact_sum() -> None:
     assert all(torch.all(r == 6.0) for r in results)
 
 
-def test_a_sparse_payload_is_gathered_and_summed_in_ring_order() -> None:
-    torch.manual_seed(0)
-    size, elements = 3, 1000
-    values = [torch.randn(elements) for _ in range(size)]
-    members = [Sparse(v.clone(), 0.05) for v in values]
+def _gather(members: list[Gathered]) -> int:
+    size = len(members)
     ring = _Ring(size)
 
     async def run() -> None:
@@ -95,15 +93,31 @@ def test_a_sparse_payload_is_gathered_and_summed_in_ring_order() -> None:
                                for i, m in enumerate(members)))
 
     asyncio.run(run())
+    return ring.sent
+
+
+@pytest.mark.parametrize("payload", ["top5%", "int8", "int4"])
+def test_a_compressed_gradient_payload_is_gathered_and_summed_in_ring_order(
+        payload: str) -> None:
+    torch.manual_seed(0)
+    size, elements = 3, 1000
+    values = [torch.randn(elements) for _ in range(size)]
+    members = [Gathered(encode(v, payload), elements, payload) for v in values]
+    sent = _gather(members)
     expected = torch.zeros(elements)
     for v in values:
-        kept = torch.zeros(elements)
-        top = sorted(range(elements), key=lambda i, v=v: (-abs(float(v[i])), i))[:50]
-        kept[top] = v[top]
-        expected += kept
+        expected += compress(v, payload)
     for member in members:
-        assert torch.equal(member.values, expected)
-    assert ring.sent == size * (size - 1) * payload_bytes(elements, "top5%", 4)
+        assert member.values is not None and torch.equal(member.values, expected)
+    assert sent == size * (size - 1) * payload_bytes(elements, payload, 4)
+
+
+def test_compressed_gradients_are_gathered_and_deltas_reduced_in_a_ring() -> None:
+    assert Collective(payload="int8").gathers and Collective(payload="top1%").gathers
+    assert Collective(payload="int4", scope=Scope.DC).gathers
+    assert not Collective(Reduces.DELTAS, payload="int4").gathers
+    assert Collective(Reduces.DELTAS, payload="top1%").gathers  # pairs never add up
+    assert not Collective(payload="bf16").gathers and not Collective().gathers
 
 
 def test_quantization_is_blockwise_absmax_symmetric_round_to_nearest() -> None:
@@ -123,7 +137,7 @@ def test_quantization_is_blockwise_absmax_symmetric_round_to_nearest() -> None:
 
 def test_top_k_takes_the_largest_magnitudes_ties_by_lower_index() -> None:
     values = torch.tensor([1.0, -3.0, 2.0, 3.0, -2.0, 0.5])
-    kept = topk_decode(topk_encode(values, 0.5), 6)  # k = 3
+    kept = decode(encode(values, "top50%"), 6, "top50%")  # k = 3
     assert kept.tolist() == [0.0, -3.0, 2.0, 3.0, 0.0, 0.0]
 
 
@@ -187,11 +201,11 @@ def _train_once(engine: RealEngine, iteration: int) -> None:
 
 
 def _sync(engine: RealEngine) -> None:
-    """Gradients with error feedback, an inner step, then a sync of fragment 0 as if the
-    other member's deltas were the same (an average of two equal ones)."""
+    """Gradients with error feedback, an inner step, then a sync of fragment 0, each as if
+    the other member's payload were the same (an average of two equal ones)."""
     grads = engine.contribute(GRADS, 0, 2)
-    assert isinstance(grads, Dense)
-    grads.values *= 2
+    assert isinstance(grads, Gathered)
+    grads.gathered([grads.mine, grads.mine])
     engine.reduced(GRADS, grads, 2)
     engine.step()
     deltas = engine.contribute(DELTAS, 0, 2)
@@ -206,11 +220,11 @@ def test_error_feedback_keeps_what_compression_lost_and_adds_it_next_time() -> N
     _train_once(engine, 0)
     exact = torch.cat([p.grad.reshape(-1) for p in engine.module.parameters()])  # type: ignore[union-attr]
     first = engine.contribute(GRADS, 0, 2)
-    assert isinstance(first, Dense) and torch.equal(first.values, exact)
+    assert isinstance(first, Gathered) and first.mine == encode(exact, "int8")
     residual = engine.syncs.residuals[GRADS]
     assert torch.equal(residual, exact - wire(exact, "int8")) and residual.abs().sum() > 0
     second = engine.contribute(GRADS, 0, 2)
-    assert isinstance(second, Dense) and torch.equal(second.values, exact + residual)
+    assert isinstance(second, Gathered) and second.mine == encode(exact + residual, "int8")
 
 
 def test_outer_state_and_residuals_survive_a_checkpoint(tmp_path: Path) -> None:
@@ -247,3 +261,88 @@ def test_an_outer_step_takes_the_last_average_over_all_replicas() -> None:
     some.values += 1.0
     engine.reduced(DC_DELTAS, some, 1)
     assert torch.equal(engine.syncs.averaged[(0, 2)], expected)
+
+
+def _members_step(syncs: list[Syncs], collective: Collective) -> None:
+    """One collective of every member through the worker's own code: each contributes,
+    the ring (all-reduce or all-gather, as the collective says) runs, each takes the sum."""
+    n = len(syncs)
+    members = [s.contribute(collective, n) for s in syncs]
+    ring = _Ring(n)
+    move = ring_allgather if collective.gathers else ring_allreduce
+
+    async def run() -> None:
+        await asyncio.gather(*(move(m, i, n, "t", *ring.ends(i))  # type: ignore[arg-type]
+                               for i, m in enumerate(members)))
+
+    asyncio.run(run())
+    for s, m in zip(syncs, members, strict=True):
+        s.reduced(collective, m, n)
+
+
+def _gradients(kind: str, n: int, d: int, steps: int) -> list[list[torch.Tensor]]:
+    generator = torch.Generator().manual_seed(7)
+    if kind == "constant":
+        fixed = [torch.randn(d, generator=generator) for _ in range(n)]
+        return [fixed for _ in range(steps)]
+    return [[torch.randn(d, generator=generator) for _ in range(n)] for _ in range(steps)]
+
+
+def _drift(applied: list[torch.Tensor], gradients: list[list[torch.Tensor]]) -> float:
+    """The largest element of the cumulative applied update minus the cumulative true
+    average, in fp64."""
+    total = torch.zeros(applied[0].numel(), dtype=torch.float64)
+    for step, grads in zip(applied, gradients, strict=True):
+        total += step.double() - sum(g.double() for g in grads) / len(grads)
+    return float(total.abs().max())
+
+
+@pytest.mark.parametrize("kind", ["random", "constant"])
+@pytest.mark.parametrize("payload", ["int8", "int4", "top10%"])
+def test_error_feedback_keeps_the_applied_updates_within_one_compression_of_the_truth(
+        payload: str, kind: str) -> None:
+    """EF-SGD's guarantee (Karimireddy et al. 2019): when each member's compression is the
+    only error made, what the members applied over T steps is the true sum less the mean
+    of their last residuals, whatever T. Through the workers' own code (Syncs, payloads,
+    the ring), over 200 steps; a ring that requantizes partial sums at every hop, each
+    member keeping only its own quantization's error, drifts far past it."""
+    n, d, steps = 3, 1024, 200
+    collective = Collective(payload=payload)
+    gradients = _gradients(kind, n, d, steps)
+    params = [torch.nn.Parameter(torch.zeros(d)) for _ in range(n)]
+    syncs = [Syncs([("w", p)], lambda _k: {"w": 0}, None, [collective], n) for p in params]
+    applied = []
+    for grads in gradients:
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g.clone()
+        _members_step(syncs, collective)
+        assert all(torch.equal(p.grad, params[0].grad) for p in params)  # type: ignore[arg-type]
+        assert params[0].grad is not None
+        applied.append(params[0].grad.clone())
+    residual = max(float(s.residuals[collective].abs().max()) for s in syncs)
+    drift = _drift(applied, gradients)
+    assert drift <= residual + 1e-4
+    if payload == "top10%":
+        return
+    # a residual is at most half a quantization step of its block, |p| / 2L, and
+    # |p| <= |g| + |e|: so at most |g| / (2L - 1)
+    levels = {"int8": 127, "int4": 7}[payload]
+    largest = max(float(g.abs().max()) for grads in gradients for g in grads)
+    assert residual <= largest / (2 * levels - 1) * (1 + 1e-6)
+    assert _per_hop_ring_drift(payload, gradients) > 10 * drift
+
+
+def _per_hop_ring_drift(payload: str, gradients: list[list[torch.Tensor]]) -> float:
+    """The rule compressed gradients once had: a ring all-reduce requantizing partial
+    sums at every hop, each member's residual only its own values' quantization error."""
+    n = len(gradients[0])
+    residuals = [torch.zeros_like(gradients[0][0]) for _ in range(n)]
+    applied = []
+    for grads in gradients:
+        values = []
+        for r, g in enumerate(grads):
+            v = g + residuals[r]
+            residuals[r] = v - wire(v, payload)
+            values.append(v)
+        applied.append(ring_sum(values, payload) / n)
+    return _drift(applied, gradients)

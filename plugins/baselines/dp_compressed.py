@@ -1,8 +1,11 @@
 """Every-step data parallelism across datacenters with compressed gradients: int8 or int4
-(blockwise absmax) or top-k, each with error feedback (the part of a gradient a member
-did not send is added to its next one: Karimireddy et al. 2019, "Error Feedback Fixes
-SignSGD"; for top-k, Stich et al. 2018, "Sparsified SGD with Memory", and Deep Gradient
-Compression, Lin et al. 2018, which keeps 0.1%). Placement as dp-across-dc."""
+(blockwise absmax integers) or top-k, each with error feedback (the part of a gradient a
+member did not send is added to its next one: Seide et al. 2014, 1-bit SGD; Karimireddy
+et al. 2019, "Error Feedback Fixes SignSGD", arXiv 1901.09847; for top-k, Stich et al.
+2018, "Sparsified SGD with Memory", and Deep Gradient Compression, Lin et al. 2018, which
+keeps 0.1%). Each member compresses once and every member gathers all members' payloads
+(a ring all-gather, not an all-reduce: error feedback is correct only when a member's
+own compression is the only error made). Placement as dp-across-dc."""
 
 from __future__ import annotations
 

@@ -108,8 +108,22 @@ class Collective:
 
     @property
     def gathers(self) -> bool:
-        """Sparse payloads do not add up in a ring: every member's is gathered instead."""
-        return topk_fraction(self.payload) is not None
+        """Whether every member's payload is gathered (a ring all-gather: n-1 steps of
+        one member's bytes) rather than summed in a ring all-reduce (2(n-1) steps of 1/n).
+
+        Compressed gradients are, each member's compressed once: error feedback is
+        correct only when a member's own compression is the only error made on its
+        values, for the residual it keeps is that error (EF-SGD: Seide et al. 2014,
+        "1-Bit Stochastic Gradient Descent"; Karimireddy et al. 2019, "Error Feedback
+        Fixes SignSGD and other Gradient Compression Schemes", arXiv 1901.09847). A
+        ring would requantize partial sums at every hop, an error no member keeps; top-k
+        pairs do not add up in a ring at all. Deltas (DiLoCo's pseudo-gradients) keep
+        no error feedback and stay on the ring whatever their payload: its bytes, and
+        the rounding of their partial sums, which nothing carries over from one sync to
+        the next."""
+        if topk_fraction(self.payload) is not None:
+            return True
+        return self.reduces is Reduces.GRADIENTS and self.payload in QUANTIZED_BITS
 
     def __str__(self) -> str:
         return self.spelled(EVERY_STEP)

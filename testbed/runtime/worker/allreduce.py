@@ -1,5 +1,6 @@
-"""Collectives of a stage's replicas over the worker transport: a ring all-reduce for dense
-payloads, a ring all-gather for sparse ones (testbed.plan.collective).
+"""Collectives of a stage's replicas over the worker transport: a ring all-reduce, or a
+ring all-gather where every member's payload must arrive as it was sent (compressed
+gradients with error feedback, top-k pairs: testbed.plan.collective.Collective.gathers).
 
 The ring: reduce-scatter then all-gather, n-1 steps each; every member sends and receives
 2(n-1)/n of its payload, the bandwidth-optimal pattern NCCL and gloo use. What a chunk is
@@ -90,7 +91,9 @@ async def ring_allreduce(contribution: Contribution, position: int, size: int, t
 async def ring_allgather(contribution: Contribution, position: int, size: int, tag: str,
                          send: Send, receive: Receive) -> None:
     """Every member's whole contribution to every member: n-1 steps, each passing on the
-    one received in the step before (its own first)."""
+    one received in the step before (its own first). A group of one moves nothing."""
+    if size == 1:
+        return
     payloads: list[Wire] = [b""] * size
     mine = contribution.whole()
     payloads[position] = mine

@@ -1,12 +1,17 @@
 """A collective's payload in real compute: fp32 values as they go on the wire (dense,
-cast, blockwise-quantized or top-k) and a member's side of the ring over them.
+cast, blockwise-quantized or top-k), and a member's side of the collective over them.
 
 Quantization is blockwise absmax (testbed.plan.collective.QUANT_BLOCK elements per fp32
 scale), symmetric, round to nearest even: int8 in [-127, 127], int4 in [-7, 7] packed two
-to a byte (low nibble first). A chunk on the wire is its values then its scales. Top-k
-sends the k = ceil(P% of the elements) largest |values| (ties by lower index) as int32
-indices then fp32 values. Real compute trains in fp32, so a payload of the job's dtype
-('') is fp32 here.
+to a byte (low nibble first). This int4 is an integer format, not the 4-bit float (E3M0)
+the Streaming DiLoCo paper sends. A chunk on the wire is its values then its scales.
+Top-k sends the k = ceil(P% of the elements) largest |values| (ties by lower index) as
+int32 indices then fp32 values. Real compute trains in fp32, so a payload of the job's
+dtype ('') is fp32 here.
+
+The codec computes on the values' own device (a GPU's, where training runs on one) and
+crosses to the host only at the bytes: what is encoded is copied to the CPU as it
+becomes bytes, and what is decoded is read on the CPU and moved to the device asked for.
 """
 
 from __future__ import annotations
@@ -21,36 +26,56 @@ from testbed.runtime.worker.allreduce import Wire, chunk_bounds
 
 _CASTS = {"": torch.float32, "fp32": torch.float32, "bf16": torch.bfloat16,
           "fp16": torch.float16}
+HOST = torch.device("cpu")
 
 
 def encode(values: torch.Tensor, payload: str) -> bytes:
-    """Flat fp32 `values` as `payload` on the wire (a dense or quantized one)."""
+    """Flat fp32 `values`, on any device, as `payload` on the wire."""
+    fraction = topk_fraction(payload)
+    if fraction is not None:
+        return _topk(values, fraction)
     if payload in QUANTIZED_BITS:
         return _quantize(values, QUANTIZED_BITS[payload])
     return _raw(values.to(_CASTS[payload]))
 
 
-def decode(data: Wire, elements: int, payload: str) -> torch.Tensor:
-    """What `encode` wrote, back as fp32."""
+def decode(data: Wire, elements: int, payload: str, device: torch.device = HOST
+           ) -> torch.Tensor:
+    """What `encode` wrote, back as fp32 on `device`."""
+    if topk_fraction(payload) is not None:
+        return _untopk(data, elements, device)
     if payload in QUANTIZED_BITS:
-        return _dequantize(data, elements, QUANTIZED_BITS[payload])
-    dtype = _CASTS[payload]
+        return _dequantize(data, elements, QUANTIZED_BITS[payload], device)
     if not elements:
-        return torch.zeros(0)
-    return torch.frombuffer(bytearray(data), dtype=dtype).to(torch.float32)
+        return torch.zeros(0, device=device)
+    return _host(bytearray(data), _CASTS[payload]).to(device).to(torch.float32)
 
 
-def roundtrip(values: torch.Tensor, payload: str) -> torch.Tensor:
-    """`values` as a receiver reads them: what compressing them lost is the difference."""
-    return decode(encode(values, payload), values.numel(), payload)
+def compressed(values: torch.Tensor, payload: str) -> torch.Tensor:
+    """`values` as a receiver reads them, on their own device: what compressing them lost
+    is the difference."""
+    return decode(encode(values, payload), values.numel(), payload, values.device)
+
+
+def lossy(payload: str) -> bool:
+    """Whether a payload loses what it cannot carry (error feedback keeps it)."""
+    return payload in QUANTIZED_BITS or topk_fraction(payload) is not None
 
 
 def _raw(tensor: torch.Tensor) -> bytes:
-    return tensor.contiguous().view(torch.uint8).numpy().tobytes()
+    """The bytes boundary: the only place a tensor leaves its device."""
+    return tensor.detach().contiguous().to(HOST).view(torch.uint8).numpy().tobytes()
+
+
+def _host(raw: bytearray, dtype: torch.dtype, count: int = -1, offset: int = 0
+          ) -> torch.Tensor:
+    """Received bytes (a copy of them, which torch may write) as a host tensor."""
+    return torch.frombuffer(raw, dtype=dtype, count=count, offset=offset)
 
 
 def _blocks(values: torch.Tensor) -> torch.Tensor:
-    padded = torch.zeros(math.ceil(values.numel() / QUANT_BLOCK) * QUANT_BLOCK)
+    padded = torch.zeros(math.ceil(values.numel() / QUANT_BLOCK) * QUANT_BLOCK,
+                         dtype=values.dtype, device=values.device)
     padded[: values.numel()] = values
     return padded.view(-1, QUANT_BLOCK)
 
@@ -65,29 +90,29 @@ def _quantize(values: torch.Tensor, bits: int) -> bytes:
     if bits == 4:
         nibbles = (q + 8).to(torch.uint8)
         if nibbles.numel() % 2:
-            nibbles = torch.cat([nibbles, torch.tensor([8], dtype=torch.uint8)])
+            nibbles = torch.cat([nibbles, nibbles.new_full((1,), 8)])
         packed = nibbles[0::2] | (nibbles[1::2] << 4)
         return _raw(packed) + _raw(scales)
     return _raw(q) + _raw(scales)
 
 
-def _dequantize(data: Wire, elements: int, bits: int) -> torch.Tensor:
+def _dequantize(data: Wire, elements: int, bits: int, device: torch.device) -> torch.Tensor:
     if not elements:
-        return torch.zeros(0)
+        return torch.zeros(0, device=device)
     raw = bytearray(data)
     nvalues = math.ceil(elements * bits / 8)
-    scales = torch.frombuffer(raw, dtype=torch.float32, offset=nvalues)
+    scales = _host(raw, torch.float32, offset=nvalues).to(device)
     if bits == 4:
-        packed = torch.frombuffer(raw, dtype=torch.uint8, count=nvalues)
+        packed = _host(raw, torch.uint8, count=nvalues).to(device)
         nibbles = torch.stack([packed & 0xF, packed >> 4], dim=1).reshape(-1)[:elements]
         q = nibbles.to(torch.int8) - 8
     else:
-        q = torch.frombuffer(raw, dtype=torch.int8, count=nvalues)
+        q = _host(raw, torch.int8, count=nvalues).to(device)
     per_element = scales.repeat_interleave(QUANT_BLOCK)[:elements]
     return q.to(torch.float32) * per_element
 
 
-def topk_encode(values: torch.Tensor, fraction: float) -> bytes:
+def _topk(values: torch.Tensor, fraction: float) -> bytes:
     k = math.ceil(values.numel() * fraction)
     # a stable sort of -|v|: the largest first, ties by lower index
     order = torch.sort(-values.abs(), stable=True).indices[:k]
@@ -95,33 +120,22 @@ def topk_encode(values: torch.Tensor, fraction: float) -> bytes:
     return _raw(indices.to(torch.int32)) + _raw(values[indices])
 
 
-def topk_decode(data: Wire, elements: int) -> torch.Tensor:
+def _untopk(data: Wire, elements: int, device: torch.device) -> torch.Tensor:
     raw = bytearray(data)
     k = len(raw) // 8
-    out = torch.zeros(elements)
+    out = torch.zeros(elements, device=device)
     if k:
-        indices = torch.frombuffer(raw, dtype=torch.int32, count=k).to(torch.long)
-        out[indices] = torch.frombuffer(raw, dtype=torch.float32, offset=4 * k)
+        indices = _host(raw, torch.int32, count=k).to(device).to(torch.long)
+        out[indices] = _host(raw, torch.float32, offset=4 * k).to(device)
     return out
-
-
-def lossy(payload: str) -> bool:
-    """Whether a payload loses what it cannot carry (error feedback keeps it)."""
-    return payload in QUANTIZED_BITS or topk_fraction(payload) is not None
-
-
-def compressed(values: torch.Tensor, payload: str) -> torch.Tensor:
-    """What a member's `values` become in `payload`, as the others read them."""
-    fraction = topk_fraction(payload)
-    if fraction is not None:
-        return topk_decode(topk_encode(values, fraction), values.numel())
-    return roundtrip(values, payload)
 
 
 @dataclass
 class Dense:
-    """A member's fp32 values in a ring all-reduce: chunks of whole quantization blocks,
-    each hop decoding what comes in and adding it in fp32."""
+    """A member's fp32 values (on the host) in a ring all-reduce: chunks of whole
+    quantization blocks, each hop decoding what comes in and adding it in fp32, then
+    sending the partial sum on in the payload (for a quantized one, requantized: the ring
+    serves delta syncs, which keep no error feedback; testbed.plan.collective.gathers)."""
 
     values: torch.Tensor
     parts: int
@@ -158,20 +172,25 @@ class Dense:
 
 
 @dataclass
-class Sparse:
-    """A member's top-k pairs in a ring all-gather; every member sums all of them in ring
-    order, in fp32, so all hold the same sum."""
+class Gathered:
+    """A member's payload compressed once (quantized or top-k), in a ring all-gather:
+    every member decodes every member's payload and sums them in ring order, in fp32 on
+    the host, so all hold the same sum and the only error in it is each member's own
+    compression (which its error feedback keeps)."""
 
-    values: torch.Tensor
-    fraction: float
+    mine: bytes
+    elements: int
+    payload: str
+    values: torch.Tensor | None = None
+    """The sum, once gathered."""
 
     def whole(self) -> Wire:
-        return topk_encode(self.values, self.fraction)
+        return self.mine
 
     def gathered(self, payloads: list[Wire]) -> None:
-        total = torch.zeros_like(self.values)
+        total = torch.zeros(self.elements)
         for payload in payloads:
-            total += topk_decode(payload, total.numel())
+            total += decode(payload, self.elements, self.payload)
         self.values = total
 
     def wire(self, chunk: int) -> Wire:
@@ -187,5 +206,5 @@ class Sparse:
         raise NotImplementedError(_GATHERED)
 
 
-_GATHERED = "a sparse payload is gathered, not reduced in a ring"
-_REDUCED = "a dense payload is reduced in a ring, not gathered"
+_GATHERED = "a compressed gradient payload is gathered, not reduced in a ring"
+_REDUCED = "a ring's payload is reduced, not gathered"

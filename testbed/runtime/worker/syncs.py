@@ -1,7 +1,12 @@
 """What a real-compute stage keeps for syncs beyond every-step data parallelism: outer
-parameters and an outer optimizer per fragment (DiLoCo, Streaming DiLoCo), the averaged
+parameters and an outer optimizer per fragment (DiLoCo, Streaming DiLoCo), in host memory
+as OpenDiLoCo (arXiv 2407.07852) keeps them, off the GPU; the averaged
 deltas waiting for their outer step, and the error-feedback residual of each compressed
-gradient collective (EF-SGD, Karimireddy et al. 2019; Stich et al. 2018 for top-k).
+gradient collective (EF-SGD: Seide et al. 2014; Karimireddy et al. 2019, arXiv
+1901.09847; Stich et al. 2018 for top-k). A member compresses its gradient plus its
+residual once and keeps what that lost as its next residual; the collective gathers every
+member's compressed payload (testbed.plan.collective.Collective.gathers), so that loss is
+the only error in the sum and the residuals account for all of it.
 
 Deltas are outer minus local parameters when a collective joins; OUTER_STEP gives their
 average to the fragment's torch.optim.SGD as the outer parameters' gradient, then the
@@ -15,10 +20,10 @@ from typing import Any
 
 import torch
 
-from testbed.plan.collective import Collective, Reduces, topk_fraction
+from testbed.plan.collective import Collective, Reduces
 from testbed.plan.model import OuterOptimizer
 from testbed.runtime.worker.allreduce import Contribution
-from testbed.runtime.worker.payloads import Dense, Sparse, compressed, lossy
+from testbed.runtime.worker.payloads import HOST, Dense, Gathered, decode, encode, lossy
 
 Fragment = tuple[int, int]
 """(fragment, fragments)."""
@@ -42,8 +47,8 @@ class Syncs:
             key = (c.fragment, c.fragments)
             if c.reduces is not Reduces.DELTAS or key in self.members:
                 continue
-            if not self.outer:  # outer parameters start as the initial ones
-                self.outer = {n: p.detach().clone() for n, p in named}
+            if not self.outer:  # outer parameters start as the initial ones, on the host
+                self.outer = {n: p.detach().to(HOST, copy=True) for n, p in named}
             of = fragments_of(c.fragments)
             self.members[key] = [(n, p) for n, p in named if of[n] == c.fragment]
             params = [self.outer[n] for n, _ in self.members[key]]
@@ -54,26 +59,30 @@ class Syncs:
                     nesterov=self.config.nesterov and momentum > 0)
 
     def contribute(self, collective: Collective, members: int) -> Contribution:
+        """This member's side of `collective`: its gradients (plus the residual its error
+        feedback kept) or its deltas. A gathered payload is compressed once, here, on
+        the parameters' device; what that lost is the next residual."""
         if collective.reduces is Reduces.GRADIENTS:
             values = torch.cat([_grad(p).reshape(-1) for _, p in self.named])
-            if lossy(collective.payload) and members > 1:  # error feedback
-                residual = self.residuals.get(collective)
-                if residual is not None:
-                    values = values + residual
-                self.residuals[collective] = values - compressed(values, collective.payload)
+            residual = self.residuals.get(collective)
+            if residual is not None and members > 1:
+                values = values + residual
         else:
             pairs = self.members[(collective.fragment, collective.fragments)]
-            values = torch.cat([(self.outer[n] - p.detach()).reshape(-1) for n, p in pairs]) \
-                if pairs else torch.zeros(0)
-        values = values.to(torch.float32).cpu()
-        fraction = topk_fraction(collective.payload)
-        if fraction is not None and members > 1:
-            return Sparse(values, fraction)
-        return Dense(values, members, collective.payload)
+            values = torch.cat([(self.outer[n] - p.detach().to(HOST)).reshape(-1)
+                                for n, p in pairs]) if pairs else torch.zeros(0)
+        values = values.to(torch.float32)
+        if collective.gathers and members > 1:
+            mine = encode(values, collective.payload)
+            if collective.reduces is Reduces.GRADIENTS and lossy(collective.payload):
+                sent = decode(mine, values.numel(), collective.payload, values.device)
+                self.residuals[collective] = values - sent
+            return Gathered(mine, values.numel(), collective.payload)
+        return Dense(values.cpu(), members, collective.payload)
 
     def reduced(self, collective: Collective, contribution: Contribution,
                 members: int) -> None:
-        assert isinstance(contribution, Dense | Sparse)
+        assert isinstance(contribution, Dense | Gathered) and contribution.values is not None
         average = contribution.values / members
         if collective.reduces is Reduces.DELTAS:
             if members == self.replicas:  # an outer step takes an average over all
@@ -95,14 +104,14 @@ class Syncs:
         pairs = self.members[key]
         for name, p in pairs:
             outer = self.outer[name]
-            outer.grad = average[offset : offset + p.numel()].view_as(outer).to(outer.device)
+            outer.grad = average[offset : offset + p.numel()].view_as(outer)
             offset += p.numel()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         mixing = self.config.mixing
         with torch.no_grad():
             for name, p in pairs:
-                p.copy_(mixing * p + (1 - mixing) * self.outer[name])
+                p.copy_(mixing * p + (1 - mixing) * self.outer[name].to(p.device))
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to go on as this one would have."""

@@ -1,0 +1,127 @@
+"""The DiLoCo family and compressed data parallelism in real compute, without namespaces:
+stage runners of whole plans over real transports on localhost, each stage its own torch
+module, optimizer and syncs, end with every parameter bit for bit as the one-process
+reference (tests/diloco_reference.py) has it. (The same over the emulated WAN, as root:
+tests/test_diloco_root.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+from testbed.experiments.inputs import load_inputs
+from testbed.job.model import Job
+from testbed.plan import validate_plan
+from testbed.plan.build import Schedule, build_plan, cycled
+from testbed.plan.collective import Collective, Reduces
+from testbed.plan.model import Action, Op, OuterOptimizer, Plan
+from testbed.policy import training_policy
+from testbed.runtime.coordinator.pool import WorkerHandle
+from testbed.runtime.coordinator.run_config import RunConfig
+from testbed.runtime.coordinator.worker_setup import worker_config
+from testbed.runtime.worker.real_engine import RealEngine
+from testbed.runtime.worker.reference import merge_stages
+from testbed.runtime.worker.stage_runner import StageRunner
+from testbed.topology.model import Topology
+from tests import diloco_reference as reference
+from tests.diloco_reference import Outer, Sync
+from tests.test_stage_runner import _run_configs
+
+TWO_DC = Path(__file__).resolve().parent.parent / "topologies" / "two-dc.yaml"
+Tail = Callable[[int], Sequence[Action]]
+
+
+def _inputs(iterations: int) -> tuple[Topology, Job]:
+    inputs = load_inputs(TWO_DC, sets=(f"iterations={iterations}",))
+    return inputs.topology, inputs.job
+
+
+def _at(*actions: tuple[Op, Collective | None]) -> Tail:
+    return lambda stage: [Action(stage, op, None, c) for op, c in actions]
+
+
+NOTHING = _at()
+
+
+def _plan(topology: Topology, job: Job, pp: int, tails: Sequence[Tail],
+          outer: OuterOptimizer | None = None, gradients: Collective | None = None) -> Plan:
+    """Replica 0's pipeline in east, replica 1's in west."""
+    placement = {(r, s): (f"{dc}-{s}",) for r, dc in enumerate(("east", "west"))
+                 for s in range(pp)}
+    inner = build_plan("test", topology, job, placement, Schedule.ONE_F_ONE_B,
+                       gradients=gradients)
+    plan = cycled(inner, tails, outer) if tails else inner
+    validate_plan(plan, topology)
+    return plan
+
+
+def _train(topology: Topology, job: Job, plan: Plan) -> list[StageRunner]:
+    run = RunConfig(topology, job, plan, training_policy("1f1b"), "real", Path("logs"))
+    workers = [WorkerHandle(n, gpu, *plan.worker_of(gpu), plan.stages_of(gpu))
+               for n, gpu in enumerate(plan.used_gpus())]
+    configs = [worker_config(run, w, workers, lambda _gpu: "127.0.0.1", ()) for w in workers]
+    runners, _ = asyncio.run(_run_configs(configs, job.iterations))
+    return runners
+
+
+def _compare(runners: list[StageRunner], plan: Plan,
+             expected: list[dict[str, torch.Tensor]]) -> None:
+    """Every replica's parameters, bit for bit."""
+    for replica, want in enumerate(expected):
+        held = {stage: engine.module.state_dict() for runner in runners
+                if runner.config.replica == replica
+                for stage, engine in runner.engines.items()
+                if isinstance(engine, RealEngine)}
+        got = merge_stages([held[s] for s in range(plan.pp)], plan.layers)
+        assert got.keys() == want.keys()
+        for name, value in want.items():
+            torch.testing.assert_close(got[name], value, rtol=0, atol=0,
+                                       msg=f"{name} of replica {replica}")
+
+
+@pytest.mark.parametrize("payload", ["int8", "int4", "top10%"])
+def test_compressed_gradients_with_error_feedback_equal_one_process(payload: str) -> None:
+    """Every step, each replica's gradient plus its residual compressed once and
+    gathered (EF-SGD), as the reference writes it from the paper."""
+    topology, job = _inputs(iterations=4)
+    plan = _plan(topology, job, 1, [], gradients=Collective(payload=payload))
+    runners = _train(topology, job, plan)
+    expected = reference.train(job, 2, plan.microbatches, 4, lambda i: [],
+                               gradients=payload)
+    _compare(runners, plan, expected)
+
+
+@pytest.mark.parametrize(("payload", "pp"), [("", 2), ("int4", 1)])
+def test_diloco_equals_one_process(payload: str, pp: int) -> None:
+    """H = 3 inner steps of AdamW, then the deltas' ring all-reduce across the DCs (int4:
+    requantized at every hop; the reference's ring chunks a whole replica's deltas, as one
+    stage does) and an outer Nesterov step: two outer steps."""
+    topology, job = _inputs(iterations=6)
+    deltas = Collective(Reduces.DELTAS, payload=payload)
+    plan = _plan(topology, job, pp, [NOTHING, NOTHING,
+                                    _at((Op.ALLREDUCE, deltas), (Op.OUTER_STEP, None))])
+    runners = _train(topology, job, plan)
+    syncs = [Sync("start", payload=payload), Sync("outer")]
+    expected = reference.train(job, 2, plan.microbatches, 6,
+                               lambda i: syncs if i % 3 == 2 else [])
+    _compare(runners, plan, expected)
+
+
+def test_streaming_diloco_equals_one_process() -> None:
+    """Two fragments synced in turn, each one inner step after it started (overlap 1),
+    the local parameters keeping half their weight (mixing 0.5)."""
+    topology, job = _inputs(iterations=8)
+    f0, f1 = (Collective(Reduces.DELTAS, k, 2) for k in range(2))
+    tails = [_at((Op.ALLREDUCE_START, f0)), _at((Op.ALLREDUCE_WAIT, f0), (Op.OUTER_STEP, f0)),
+             _at((Op.ALLREDUCE_START, f1)), _at((Op.ALLREDUCE_WAIT, f1), (Op.OUTER_STEP, f1))]
+    plan = _plan(topology, job, 2, tails, OuterOptimizer(mixing=0.5))
+    runners = _train(topology, job, plan)
+    by_phase = [[Sync("start", 0, 2)], [Sync("outer", 0, 2)], [Sync("start", 1, 2)],
+                [Sync("outer", 1, 2)]]
+    expected = reference.train(job, 2, plan.microbatches, 8, lambda i: by_phase[i % 4],
+                               Outer(mixing=0.5))
+    _compare(runners, plan, expected)
