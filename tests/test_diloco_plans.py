@@ -106,3 +106,15 @@ def test_a_run_measures_whole_cycles() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert whole_cycles(spec, 3) is spec
+
+
+def test_results_name_each_payload_s_format_int4_an_integer_one() -> None:
+    inputs = api.load(PAPER)
+    plan = api.plan(inputs, "streaming-diloco", {"outer_bits": "4"})
+    int4 = plan.summary()["payloads"]["int4"]
+    assert int4.startswith("blockwise absmax integers in [-7, 7]")
+    assert "not the 4-bit float (FP4, E3M0) the Streaming DiLoCo paper sends" in int4
+    compressed = api.plan(inputs, "dp-compressed", {"payload": "int8"}).summary()
+    assert compressed["payloads"] == {
+        "int8": "blockwise absmax integers in [-127, 127], an fp32 scale per 256 values"}
+    assert "payloads" not in api.plan(inputs, "dp-across-dc").summary()

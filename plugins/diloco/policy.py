@@ -48,8 +48,9 @@ from testbed.policy.api import (
 )
 
 BITS = {"32": "fp32", "16": "bf16", "8": "int8", "4": "int4"}
-"""`outer_bits` to payload: int8 and int4 are blockwise absmax (the Streaming DiLoCo paper
-sends 4-bit floats, E3M0)."""
+"""`outer_bits` to payload: int8 and int4 are blockwise absmax integers, not the 4-bit
+floats (FP4, E3M0) the Streaming DiLoCo paper sends; results name the format
+(`plan.payloads`)."""
 
 
 def _bits(text: str) -> str:
@@ -73,7 +74,7 @@ class DiLoCoSettings:
     outer_momentum: float = setting(0.9, "outer Nesterov momentum (the paper: 0.9)",
                                     fraction)
     outer_bits: str = setting("bf16", "bits per synced delta: 32, 16 (bf16, as OpenDiLoCo "
-                              "found lossless), 8 or 4 (int8/int4 blockwise)", _bits)
+                              "found lossless), 8 or 4 (int8/int4 blockwise integers)", _bits)
     connections: int = setting(1, CONNECTIONS_HELP, at_least_one)
 
 
@@ -89,8 +90,8 @@ class StreamingSettings:
                             "lands (the paper's alpha: 0.5)", fraction)
     outer_lr: float = setting(0.7, "outer SGD learning rate (DiLoCo's 0.7)", positive)
     outer_momentum: float = setting(0.9, "outer Nesterov momentum (DiLoCo's 0.9)", fraction)
-    outer_bits: str = setting("bf16", "bits per synced delta: 32, 16, 8 or 4 (the paper: 4)",
-                              _bits)
+    outer_bits: str = setting("bf16", "bits per synced delta: 32, 16, 8 or 4 (int8/int4 "
+                              "blockwise integers; the paper sends 4-bit floats, E3M0)", _bits)
     connections: int = setting(1, CONNECTIONS_HELP, at_least_one)
 
 

@@ -56,6 +56,25 @@ def check_payload(payload: str) -> str:
                      "P between 0 and 100)")
 
 
+def payload_format(payload: str) -> str:
+    """What `payload` is on the wire, in words (results name each payload a plan sends)."""
+    if payload == "":
+        return "the job's dtype"
+    if payload in DENSE_BYTES:
+        return {"fp32": "IEEE fp32 values", "bf16": "bfloat16 values",
+                "fp16": "IEEE fp16 values"}[payload]
+    if payload in QUANTIZED_BITS:
+        levels = 2 ** (QUANTIZED_BITS[payload] - 1) - 1
+        text = (f"blockwise absmax integers in [-{levels}, {levels}], an fp32 scale per "
+                f"{QUANT_BLOCK} values")
+        if payload == "int4":
+            text += (", two to a byte: an integer format, not the 4-bit float (FP4, E3M0) "
+                     "the Streaming DiLoCo paper sends")
+        return text
+    return (f"top-k: the {payload[3:]} largest magnitudes, as (int32 index, value) pairs "
+            "in the job's dtype")
+
+
 def topk_fraction(payload: str) -> float | None:
     """The fraction of elements a top-k payload sends; None for a dense one."""
     match = _TOPK.fullmatch(payload)

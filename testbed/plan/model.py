@@ -19,6 +19,7 @@ from typing import Any
 from testbed.errors import InputError
 from testbed.plan.action import Action as Action
 from testbed.plan.action import Op as Op
+from testbed.plan.collective import payload_format
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,16 @@ class Plan:
             "period": self.period,
             **({"stages_per_gpu": self.stages_per_gpu} if self.stages_per_gpu > 1 else {}),
             **({"outer": self.outer.to_dict()} if self.has_outer_steps else {}),
+            **({"payloads": self.payloads} if self.payloads else {}),
         }
+
+    @property
+    def payloads(self) -> dict[str, str]:
+        """Each payload its collectives name (the job's dtype left out), in words."""
+        named = sorted({a.subject.payload for program in self.all_programs()
+                        for actions in program.values() for a in actions
+                        if a.op.is_collective and a.subject.payload})
+        return {payload: payload_format(payload) for payload in named}
 
 
 class Feature(StrEnum):
