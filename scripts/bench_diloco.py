@@ -117,14 +117,20 @@ def emulate_part(work: Path, iterations: int, target: float | None) -> dict[str,
                              out=work / label.replace(" ", "_"), say=lambda _m: None)
         results = result.results
         curve = results["loss_curve"] or []
+        synced = results.get("synced_loss_curve")
         if target is None:
             target = round(curve[(3 * len(curve)) // 4 - 1]["loss"], 2)
-        reached = time_to_loss(curve, target)
+        # the DiLoCo family is ranked by its synchronized model's loss, as results rank it
+        ranked = synced or curve
+        loss_of = "synchronized" if synced else "training"
+        reached = time_to_loss(ranked, target, loss_of=loss_of)
         out[label] = {
             "tokens_per_s": results["tokens_per_s"],
             "loss_curve": curve,
+            "synced_loss_curve": synced,
+            "loss_of": loss_of,
             "time_to_loss_s": reached["time_s"],
-            "final_loss": curve[-1]["loss"] if curve else None,
+            "final_loss": ranked[-1]["loss"] if ranked else None,
             "wan_bytes": results["wan"]["bytes"],
             "machine_bound": (results.get("emulation") or {}).get("cpu_bound"),
             "plan": {"dp": results["plan"]["dp"], "pp": results["plan"]["pp"]},
@@ -144,12 +150,15 @@ def plot_losses(emulated: dict[str, Any], path: Path) -> None:
     figure, axes = plt.subplots(figsize=(7, 4.2), layout="constrained")
     styles = ["-", "--", "-.", (0, (1, 1)), (0, (5, 1, 1, 1, 1, 1)), (0, (3, 3))]
     for index, (label, run) in enumerate(emulated["runs"].items()):
-        curve = run["loss_curve"] or []
-        axes.plot([p["time_s"] for p in curve], [p["loss"] for p in curve], label=label,
-                  linestyle=styles[index % len(styles)], linewidth=1.4)
+        curve = run.get("synced_loss_curve") or run["loss_curve"] or []
+        synced = bool(run.get("synced_loss_curve"))
+        axes.plot([p["time_s"] for p in curve], [p["loss"] for p in curve],
+                  label=label + (" (synchronized model)" if synced else ""),
+                  linestyle=styles[index % len(styles)], linewidth=1.4,
+                  marker="o" if synced else None, markersize=3)
     axes.axhline(emulated["target_loss"], color="grey", linestyle=":", label="target")
     axes.set_xlabel("represented time (s)")
-    axes.set_ylabel("training loss (nats per token)")
+    axes.set_ylabel("loss ranked (nats per token)")
     axes.set_title("two-dc, real compute on CPU, 16 sequences per step")
     axes.legend(fontsize=8)
     figure.savefig(path, dpi=110)
@@ -190,10 +199,13 @@ def tables(report: dict[str, Any]) -> str:
     if emulated:
         runs = emulated["runs"]
         reference = next(iter(runs.values()))["time_to_loss_s"]
+        said = any("loss_of" in run for run in runs.values())  # JSON since it was said
         lines += [f"| method (two-dc, real compute) | plan | tokens/s | time to loss "
                   f"{emulated['target_loss']} (speed-up) | loss at step "
-                  f"{emulated['iterations']} | WAN bytes | machine-bound |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
+                  f"{emulated['iterations']} | " + ("loss of | " if said else "")
+                  + "WAN bytes | machine-bound |",
+                  "| --- | --- | --- | --- | --- | " + ("--- | " if said else "")
+                  + "--- | --- |"]
         for label, run in runs.items():
             to_loss = run["time_to_loss_s"]
             reached = "not reached" if to_loss is None else f"{to_loss:.1f} s" + (
@@ -203,6 +215,7 @@ def tables(report: dict[str, Any]) -> str:
                 f"| {label} | dp {run['plan']['dp']} x pp {run['plan']['pp']} | "
                 f"{run['tokens_per_s']:,.0f} | {reached} | "
                 + ("-" if final is None else f"{final:.2f}")
+                + (f" | {run.get('loss_of', 'training')}" if said else "")
                 + f" | {run['wan_bytes'] / 1e6:,.1f} MB | "
                 + ("yes" if run["machine_bound"] else "no") + " |")
     return "\n".join(lines).rstrip()

@@ -139,9 +139,13 @@ def ring_sum(values: Sequence[torch.Tensor], payload: str) -> torch.Tensor:
 
 def train(job: Job, replicas: int, microbatches: int, iterations: int,
           syncs: Callable[[int], list[Sync]], outer: Outer = Outer(),
-          gradients: str | None = None) -> list[dict[str, torch.Tensor]]:
+          gradients: str | None = None,
+          kept: dict[int, dict[str, torch.Tensor]] | None = None
+          ) -> list[dict[str, torch.Tensor]]:
     """Each replica's parameters after `iterations`; `gradients`: the payload of an
-    every-step gradient all-reduce (None: replicas step apart)."""
+    every-step gradient all-reduce (None: replicas step apart); `kept`: its keys are
+    iterations at whose start (`iterations`: at the end) to keep the outer parameters
+    there."""
     torch.set_num_threads(1)
     shape = job.model
     models = [build_model(shape, job.seed) for _ in range(replicas)]
@@ -159,6 +163,8 @@ def train(job: Job, replicas: int, microbatches: int, iterations: int,
         return [n for n in names if fragment_of(n, shape.layers, sync.fragments) == sync.fragment]
 
     for iteration in range(iterations):
+        if kept is not None and iteration in kept:
+            kept[iteration] = {n: p.clone() for n, p in outer_params.items()}
         for r, model in enumerate(models):
             for mb in range(microbatches):
                 first = sample_index(iteration, r, mb, replicas, microbatches,
@@ -206,5 +212,7 @@ def train(job: Job, replicas: int, microbatches: int, iterations: int,
                     for n in chosen:
                         params[n].copy_(outer.mixing * params[n]
                                         + (1 - outer.mixing) * outer_params[n])
+    if kept is not None and iterations in kept:
+        kept[iterations] = {n: p.clone() for n, p in outer_params.items()}
     assert not math.isnan(sum(float(p.detach().sum()) for m in models for p in m.parameters()))
     return [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]

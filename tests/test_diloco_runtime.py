@@ -23,9 +23,11 @@ from testbed.policy import training_policy
 from testbed.runtime.coordinator.pool import WorkerHandle
 from testbed.runtime.coordinator.run_config import RunConfig
 from testbed.runtime.coordinator.worker_setup import worker_config
+from testbed.runtime.worker.model import build_model, loss_of, make_corpus, sample_index
 from testbed.runtime.worker.real_engine import RealEngine
 from testbed.runtime.worker.reference import merge_stages
 from testbed.runtime.worker.stage_runner import StageRunner
+from testbed.runtime.worker.synced_loss import synced_losses
 from testbed.topology.model import Topology
 from tests import diloco_reference as reference
 from tests.diloco_reference import Outer, Sync
@@ -59,12 +61,23 @@ def _plan(topology: Topology, job: Job, pp: int, tails: Sequence[Tail],
     return plan
 
 
-def _train(topology: Topology, job: Job, plan: Plan) -> list[StageRunner]:
+def _train(topology: Topology, job: Job, plan: Plan,
+           losses: dict[int, list[float]] | None = None,
+           synced: dict[int, float] | None = None) -> list[StageRunner]:
+    """The plan's workers, trained; `losses`: each iteration's as the runners report them;
+    `synced`: the synchronized model's, as the workers evaluate it after training."""
     run = RunConfig(topology, job, plan, training_policy("1f1b"), "real", Path("logs"))
     workers = [WorkerHandle(n, gpu, *plan.worker_of(gpu), plan.stages_of(gpu))
                for n, gpu in enumerate(plan.used_gpus())]
     configs = [worker_config(run, w, workers, lambda _gpu: "127.0.0.1", ()) for w in workers]
-    runners, _ = asyncio.run(_run_configs(configs, job.iterations))
+
+    async def evaluate(runners: list[StageRunner]) -> None:
+        found = await asyncio.gather(*(synced_losses(r) for r in runners))
+        if synced is not None:
+            for losses_of in found:
+                synced.update(losses_of)
+
+    runners, _ = asyncio.run(_run_configs(configs, job.iterations, losses, evaluate))
     return runners
 
 
@@ -125,3 +138,61 @@ def test_streaming_diloco_equals_one_process() -> None:
     expected = reference.train(job, 2, plan.microbatches, 8, lambda i: by_phase[i % 4],
                                Outer(mixing=0.5))
     _compare(runners, plan, expected)
+
+
+def _synced_loss(job: Job, microbatches: int, iteration: int,
+                 outer: dict[str, torch.Tensor]) -> float:
+    """The model of parameters `outer`, whole, on iteration `iteration`'s global batch of
+    two replicas: its mean loss."""
+    model = build_model(job.model, job.seed)
+    model.load_state_dict(outer)
+    corpus = make_corpus(job.model, job.seed, job.data)
+    losses = []
+    with torch.no_grad():
+        for replica in range(2):
+            for microbatch in range(microbatches):
+                first = sample_index(iteration, replica, microbatch, 2, microbatches,
+                                     job.microbatch_size)
+                inputs, targets = corpus.batch(first, job.microbatch_size)
+                losses.append(float(loss_of(model(inputs), targets)))
+    return sum(losses) / len(losses)
+
+
+def test_plain_diloco_s_synchronized_loss_is_its_replicas_loss_as_a_cycle_starts() -> None:
+    """The outer step replaces the local parameters: the loss the replicas report as each
+    cycle starts is the synchronized model's, which the workers evaluate after training
+    (at the start and after each cycle but the last), over the pipeline of replica 0."""
+    topology, job = _inputs(iterations=9)
+    plan = _plan(topology, job, 2, [NOTHING, NOTHING, _at(
+        (Op.ALLREDUCE, Collective(Reduces.DELTAS)), (Op.OUTER_STEP, None))])
+    losses: dict[int, list[float]] = {}
+    synced: dict[int, float] = {}
+    _train(topology, job, plan, losses, synced)
+    assert sorted(synced) == [0, 3, 6, 9]  # 9: the model the run ends with
+    for iteration in (0, 3, 6):
+        reported = sum(losses[iteration]) / len(losses[iteration])
+        assert synced[iteration] == pytest.approx(reported, rel=1e-6), iteration
+
+
+def test_streaming_diloco_s_synchronized_loss_is_the_outer_model_s() -> None:
+    """With fragments and mixing the local models never equal the synchronized one: its
+    loss is the outer parameters' (as the reference keeps them) on the iteration's batch,
+    not what the replicas report."""
+    topology, job = _inputs(iterations=8)
+    f0, f1 = (Collective(Reduces.DELTAS, k, 2) for k in range(2))
+    tails = [_at((Op.ALLREDUCE_START, f0)), _at((Op.ALLREDUCE_WAIT, f0), (Op.OUTER_STEP, f0)),
+             _at((Op.ALLREDUCE_START, f1)), _at((Op.ALLREDUCE_WAIT, f1), (Op.OUTER_STEP, f1))]
+    plan = _plan(topology, job, 2, tails, OuterOptimizer(mixing=0.5))
+    losses: dict[int, list[float]] = {}
+    synced: dict[int, float] = {}
+    _train(topology, job, plan, losses, synced)
+    kept: dict[int, dict[str, torch.Tensor]] = {0: {}, 4: {}, 8: {}}
+    by_phase = [[Sync("start", 0, 2)], [Sync("outer", 0, 2)], [Sync("start", 1, 2)],
+                [Sync("outer", 1, 2)]]
+    reference.train(job, 2, plan.microbatches, 8, lambda i: by_phase[i % 4],
+                    Outer(mixing=0.5), kept=kept)
+    assert sorted(synced) == [0, 4, 8]
+    for iteration, outer in kept.items():
+        expected = _synced_loss(job, plan.microbatches, iteration, outer)
+        assert synced[iteration] == pytest.approx(expected, rel=1e-5), iteration
+    assert synced[4] != pytest.approx(sum(losses[4]) / 2, rel=1e-3)

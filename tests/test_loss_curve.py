@@ -44,7 +44,7 @@ def test_time_to_loss_is_the_first_step_at_or_below_the_target() -> None:
     curve = _curve([5.0, math.nan, 4.0, 3.0, 2.9, 3.1])
     reached = time_to_loss(curve, 3.0)
     assert reached == {"target": 3.0, "reached": True, "iteration": 3, "time_s": 4.0,
-                       "tokens": 400, "reason": None}
+                       "tokens": 400, "reason": None, "loss_of": "training"}
     assert time_to_loss_text(reached) == "4.000 s, 400 tokens (iteration 4) to loss <= 3"
     missed = time_to_loss(curve, 2.5)
     assert missed["reached"] is False and missed["time_s"] is None
@@ -60,13 +60,39 @@ def test_time_to_loss_is_the_first_step_at_or_below_the_target() -> None:
 
 
 def _record(compute: str, losses: dict[int, float] | None, spans: list[Any], start: float,
-            target: float | None) -> RunRecord:
+            target: float | None, synced: dict[int, float] | None = None) -> RunRecord:
     inputs = api.load(TOPOLOGIES / "two-dc.yaml")
     plan = api.plan(inputs, "1f1b")
     summary = summarize(spans, ["a", "b"], start, 1000, 0.0)
     return RunRecord("emulate" if compute != "modeled" else "simulate", "1f1b", None,
                      inputs.topology, inputs.job, plan, None, compute, summary, spans,
-                     start, losses=losses, target_loss=target)
+                     start, losses=losses, target_loss=target, synced_losses=synced)
+
+
+def test_a_diloco_run_ranks_its_synchronized_model_s_loss_not_its_replicas() -> None:
+    """The replicas' local models reach 3.0 at step 2, mid-cycle; the synchronized model,
+    kept at the start and after every cycle of two steps, only at step 4: that is the time
+    ranked, and said to be."""
+    record = _record("real", {0: 6.0, 1: 4.0, 2: 3.0, 3: 2.5, 4: 2.4, 5: 2.0},
+                     uneven_spans([1.0] * 6), 0.0, 3.0, {0: 6.0, 2: 3.5, 4: 2.9, 6: 2.6})
+    results = json.loads(strict_json(record.results()))
+    assert [p["loss"] for p in results["loss_curve"]] == [6.0, 4.0, 3.0, 2.5, 2.4, 2.0]
+    synced = results["synced_loss_curve"]
+    assert [(p["iteration"], p["loss"]) for p in synced] == \
+        [(0, 6.0), (2, 3.5), (4, 2.9), (6, 2.6)]
+    # the model the run ends with, at its end
+    assert synced[-1]["time_s"] == results["loss_curve"][-1]["time_s"]
+    assert synced[-1]["tokens"] == results["loss_curve"][-1]["tokens"] == 6000
+    ranked = results["time_to_loss"]
+    assert (ranked["iteration"], ranked["loss_of"]) == (4, "synchronized")
+    assert ranked["time_s"] == results["synced_loss_curve"][2]["time_s"]
+    lines = run_summary(results)
+    assert any(line.endswith("to loss <= 3 (the synchronized model's)") for line in lines)
+    assert ("  synced loss   6.0000 -> 2.6000 (the synchronized model, at the start and after "
+            "each cycle)") in lines
+    missed = _record("real", {0: 6.0, 1: 2.0}, uneven_spans([1.0] * 2), 0.0, 3.0, {0: 6.0})
+    assert missed.results()["time_to_loss"]["reason"] == (
+        "not reached by the synchronized model, evaluated 1 time; lowest loss 6.0000")
 
 
 def test_a_dilated_run_reports_its_curve_in_represented_time() -> None:
@@ -82,7 +108,7 @@ def test_a_dilated_run_reports_its_curve_in_represented_time() -> None:
     assert [p["tokens"] for p in results["loss_curve"]] == [1000, 2000, 3000, 4000]
     assert results["time_to_loss"] == {"target": 4.5, "reached": True, "iteration": 2,
                                        "time_s": pytest.approx(2.0), "tokens": 3000,
-                                       "reason": None}
+                                       "reason": None, "loss_of": "training"}
     assert results["loss_note"] is None
     assert results["tokens"] == {"measured": 3000, "total": 4000,
                                  "measured_s": pytest.approx(4.0)}

@@ -14,7 +14,7 @@ import struct
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, get_args
 
@@ -108,10 +108,14 @@ async def _run(dp: int, pp: int, microbatches: int, arbitrated: bool = False,
     return await _run_configs(configs, iterations)
 
 
-async def _run_configs(configs: list[Config], iterations: int = 2
+async def _run_configs(configs: list[Config], iterations: int = 2,
+                       losses: dict[int, list[float]] | None = None,
+                       finish: Callable[[list[StageRunner]], Awaitable[None]] | None = None
                        ) -> tuple[list[StageRunner], list[Control]]:
     """Stage runners of `configs` over real transports on localhost, emulated engines
-    (engines and transports as the worker makes them)."""
+    (engines and transports as the worker makes them); `losses`: where to keep each
+    iteration's losses as the runners report them; `finish`: what the runners do after
+    training, their connections still open."""
     transports = [make_transport(c, TOKEN) for c in configs]
     ports = [await t.listen("127.0.0.1", 0) for t in transports]
     n = len(configs)
@@ -129,9 +133,13 @@ async def _run_configs(configs: list[Config], iterations: int = 2
         runners.append(runner)
     try:
         for iteration in range(iterations):
-            await asyncio.wait_for(
+            reported = await asyncio.wait_for(
                 asyncio.gather(*(r.run_iteration(iteration) for r in runners)), 30)
+            if losses is not None:
+                losses[iteration] = [loss for loss in reported if loss is not None]
         await asyncio.gather(*(r.collectives.drain() for r in runners))
+        if finish is not None:
+            await asyncio.wait_for(finish(runners), 60)
     finally:
         await asyncio.gather(*(t.close() for t in transports))
         for runner in runners:

@@ -80,7 +80,7 @@ def segment_runner(spec: RunSpec, policy: TrainingPolicy, directory: Path,
             error = None
         return SegmentResult([s for s in spans if s["kind"] != "net_event"], lost_here,
                              checkpoints.committed if checkpoints else 0,
-                             dict(outcome.losses), error)
+                             dict(outcome.losses), error, dict(outcome.synced_losses))
 
     return run
 

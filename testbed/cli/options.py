@@ -138,8 +138,9 @@ def target_loss_option(func: F) -> F:
     return click.option(
         "--target-loss", "target_loss", metavar="L", callback=_parse_target_loss,
         help="Report the time and tokens until the first step whose training loss is at "
-        "most L (time_to_loss in results.json), or that it was not reached. Loss needs "
-        "real compute: the simulator and emulated compute model none.")(func)
+        "most L (time_to_loss in results.json), or that it was not reached; a DiLoCo-family "
+        "run's is its synchronized model's loss, evaluated at the start and after each "
+        "cycle. Loss needs real compute: the simulator and emulated compute model none.")(func)
 
 
 def _parse_target_loss(_ctx: click.Context, _param: click.Parameter, value: str | None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from typing import TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 from testbed.common.units import plural
 from testbed.errors import InputError
@@ -31,6 +31,14 @@ class LossPoint(TypedDict):
     and so read back)."""
 
 
+LossOf = Literal["training", "synchronized"]
+"""Whose loss a time to loss ranks: the replicas' training steps' (each step's loss, mean
+over the replicas), or the synchronized model's, a DiLoCo-family run's outer parameters
+at the start of the run and of each cycle (testbed.runtime.worker.synced_loss), which is
+the model such a run would keep; its replicas' local models, which step apart between
+syncs, reach a lower loss sooner."""
+
+
 class TimeToLoss(TypedDict):
     """How long a run took to reach `target`: the first step whose loss is at most it."""
 
@@ -42,6 +50,8 @@ class TimeToLoss(TypedDict):
     tokens: int | None
     reason: str | None
     """Why there is no time: not reached (and the lowest loss), or no loss measured."""
+    loss_of: NotRequired[LossOf]
+    """Whose loss is ranked (absent in results written before it was said)."""
 
 
 SIMULATED = "the simulator models no loss: loss needs real compute (the emulator's --compute real)"
@@ -71,36 +81,61 @@ def loss_curve(losses: Mapping[int, float], ends_s: Sequence[float],
     a loss reported for an iteration that did not complete on every GPU is left out.
     `tokens_per_iteration`: one figure, or each iteration's (a run replanned after a
     failure)."""
-    each = ([tokens_per_iteration] * len(ends_s) if isinstance(tokens_per_iteration, int)
-            else list(tokens_per_iteration))
-    so_far = list(itertools.accumulate(each))
+    so_far = _tokens_so_far(ends_s, tokens_per_iteration)
     return [LossPoint(iteration=i, time_s=end, tokens=so_far[i], loss=losses[i])
             for i, end in enumerate(ends_s) if i in losses]
 
 
+def _tokens_so_far(ends_s: Sequence[float], tokens_per_iteration: int | Sequence[int]
+                   ) -> list[int]:
+    each = ([tokens_per_iteration] * len(ends_s) if isinstance(tokens_per_iteration, int)
+            else list(tokens_per_iteration))
+    return list(itertools.accumulate(each))
+
+
+def synced_loss_curve(losses: Mapping[int, float], ends_s: Sequence[float],
+                      tokens_per_iteration: int | Sequence[int]) -> list[LossPoint]:
+    """The synchronized model's losses (testbed.runtime.worker.synced_loss) as a curve:
+    the model kept as iteration `i` starts at iteration i's end, as a step's loss is
+    (`loss_curve`); the model the run ends with, kept for the iteration after the last,
+    at the run's end."""
+    curve = loss_curve(losses, ends_s, tokens_per_iteration)
+    last = len(ends_s)
+    if last in losses and ends_s:
+        curve.append(LossPoint(iteration=last, time_s=ends_s[-1],
+                               tokens=_tokens_so_far(ends_s, tokens_per_iteration)[-1],
+                               loss=losses[last]))
+    return curve
+
+
 def time_to_loss(curve: Sequence[LossPoint], target: float,
-                 no_loss: str | None = None) -> TimeToLoss:
+                 no_loss: str | None = None, loss_of: LossOf = "training") -> TimeToLoss:
     """The first step of `curve` whose loss is at most `target`; `no_loss`: why the run
-    has no curve (the answer is then unknown, not "not reached")."""
+    has no curve (the answer is then unknown, not "not reached"); `loss_of`: whose loss
+    the curve holds."""
     if no_loss is not None:
         return TimeToLoss(target=target, reached=None, iteration=None, time_s=None,
-                          tokens=None, reason=no_loss)
+                          tokens=None, reason=no_loss, loss_of=loss_of)
     for point in curve:
         loss = point["loss"]
         if loss is not None and loss <= target:  # NaN never is
             return TimeToLoss(target=target, reached=True, iteration=point["iteration"],
-                              time_s=point["time_s"], tokens=point["tokens"], reason=None)
+                              time_s=point["time_s"], tokens=point["tokens"], reason=None,
+                              loss_of=loss_of)
     finite = [loss for p in curve if (loss := p["loss"]) is not None and math.isfinite(loss)]
     lowest = f"; lowest loss {min(finite):.4f}" if finite else ""
+    where = f"by the synchronized model, evaluated {plural(len(curve), 'time')}" \
+        if loss_of == "synchronized" else f"in {plural(len(curve), 'iteration')}"
     return TimeToLoss(target=target, reached=False, iteration=None, time_s=None, tokens=None,
-                      reason=f"not reached in {plural(len(curve), 'iteration')}{lowest}")
+                      reason=f"not reached {where}{lowest}", loss_of=loss_of)
 
 
 def time_to_loss_text(result: TimeToLoss) -> str:
     """One line for the console: the time and tokens, or why there are none."""
     if result["reached"] and result["time_s"] is not None:
+        model = " (the synchronized model's)" if result.get("loss_of") == "synchronized" else ""
         return (f"{result['time_s']:.3f} s, {result['tokens']:,} tokens (iteration "
-                f"{(result['iteration'] or 0) + 1}) to loss <= {result['target']:g}")
+                f"{(result['iteration'] or 0) + 1}) to loss <= {result['target']:g}{model}")
     if result["reached"] is None:
         return f"n/a: {result['reason']}"
     return f"loss <= {result['target']:g} {result['reason']}"

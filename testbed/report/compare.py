@@ -66,6 +66,7 @@ def csv_text(entries: Sequence[RunEntry]) -> str:
             flat = flatten(entry.results)
             flat.pop("plan.placement", None)
             flat.pop("loss_curve", None)  # a list per step: in the run's results.json
+            flat.pop("synced_loss_curve", None)
             row.update({k: v for k, v in flat.items() if k not in row})
         rows.append(row)
     fields = list(dict.fromkeys(k for row in rows for k in row))

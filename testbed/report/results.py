@@ -24,7 +24,7 @@ from testbed.common.spans import Span
 from testbed.common.yamlio import to_yaml
 from testbed.inference.bubbles import RequestRow
 from testbed.job.model import Job
-from testbed.metrics.loss import loss_curve, no_loss_reason, time_to_loss
+from testbed.metrics.loss import loss_curve, no_loss_reason, synced_loss_curve, time_to_loss
 from testbed.metrics.summary import Summary
 from testbed.plan.compute import memory_summary
 from testbed.plan.model import Plan
@@ -88,6 +88,9 @@ class RunRecord:
     """Each inference request's fate, for a run that filled bubbles (requests.csv)."""
     trace: TraceChoice = "summary"
     """How much of the run trace.json.gz draws (testbed.report.chrome)."""
+    synced_losses: dict[int, float] | None = None
+    """A DiLoCo-family run's synchronized model's loss by iteration (real compute): what
+    its time to loss ranks."""
 
     def results(self) -> dict[str, Any]:
         """results.json's content (testbed.report.run_results' types as JSON)."""
@@ -148,14 +151,18 @@ class RunRecord:
         """Loss against represented time, and the time to the target loss when one is set;
         a run that measured no loss says why instead of showing a curve."""
         no_loss = no_loss_reason(self.compute)
-        curve = None if no_loss else loss_curve(
-            self.losses or {}, self.summary.iteration_ends_s,
-            self.summary.iteration_tokens or self.summary.tokens_per_iteration)
+        ends = self.summary.iteration_ends_s
+        tokens = self.summary.iteration_tokens or self.summary.tokens_per_iteration
+        curve = None if no_loss else loss_curve(self.losses or {}, ends, tokens)
+        synced = None if no_loss or not self.synced_losses else synced_loss_curve(
+            self.synced_losses, ends, tokens)
         return {
             "loss_curve": curve,
             "loss_note": no_loss,
             "time_to_loss": None if self.target_loss is None
-            else time_to_loss(curve or [], self.target_loss, no_loss),
+            else time_to_loss(synced or curve or [], self.target_loss, no_loss,
+                              "synchronized" if synced else "training"),
+            **({"synced_loss_curve": synced} if synced else {}),
         }
 
 

@@ -160,6 +160,8 @@ class Results:
     loss: dict[str, float | None]
     """Loss by iteration (null: diverged)."""
     loss_curve: list[LossPoint] | None
+    """Each step's training loss, mean over the replicas (for a DiLoCo-family run, of
+    their local models, which step apart between syncs)."""
     loss_note: str | None
     """Why the run has no loss (its compute measured none)."""
     time_to_loss: TimeToLoss | None
@@ -194,3 +196,8 @@ class Results:
     on_failure: OnFailure | None = field(default=None, metadata=OMITTED)
     failures: list[dict[str, Any]] | None = field(default=None, metadata=OMITTED)
     time_lost_s: float | None = field(default=None, metadata=OMITTED)
+    # a DiLoCo-family run with real compute
+    synced_loss_curve: list[LossPoint] | None = field(default=None, metadata=OMITTED)
+    """The synchronized model's loss at the start of the run and of each cycle, on that
+    iteration's global batch, and of the model it ends with, at its end
+    (testbed.runtime.worker.synced_loss): what its `time_to_loss` ranks."""

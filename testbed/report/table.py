@@ -115,6 +115,10 @@ def run_summary(results: dict[str, Any]) -> list[str]:
     if curve:
         lines.append(f"  loss          {_loss(curve[0]['loss'])} -> {_loss(curve[-1]['loss'])} "
                      f"over {plural(len(curve), 'iteration')}")
+    synced = results.get("synced_loss_curve") or []
+    if synced:
+        lines.append(f"  synced loss   {_loss(synced[0]['loss'])} -> {_loss(synced[-1]['loss'])} "
+                     "(the synchronized model, at the start and after each cycle)")
     if results.get("time_to_loss"):
         lines.append(f"  time to loss  {time_to_loss_text(results['time_to_loss'])}")
     inference = results.get("inference") or {}

@@ -71,6 +71,9 @@ class SegmentResult:
     losses: dict[int, float] = field(default_factory=dict)
     error: TestbedError | None = None
     """A failure that is not the scenario's ends the run (whatever --on-failure says)."""
+    synced_losses: dict[int, float] = field(default_factory=dict)
+    """The synchronized model's loss by iteration, from a segment that ran to its end
+    (it evaluates every model kept since the run began, checkpointed ones too)."""
 
 
 RunSegment = Callable[[Segment], SegmentResult]
@@ -87,6 +90,7 @@ class Joined:
     gpus: list[str]
     """Every GPU some segment used (what utilization is over)."""
     error: TestbedError | None = None
+    synced_losses: dict[int, float] = field(default_factory=dict)
 
 
 def run_segments(spec: RunSpec, plan: Plan, policy: TrainingPolicy, run: RunSegment,
@@ -108,7 +112,8 @@ def run_segments(spec: RunSpec, plan: Plan, policy: TrainingPolicy, run: RunSegm
         history += renamed_spans(shifted(result.spans, t0), place.names)
         losses.update(result.losses)
         if result.error is not None or result.lost is None:
-            return Joined(history, losses, epochs, failures, _all_gpus(epochs), result.error)
+            return Joined(history, losses, epochs, failures, _all_gpus(epochs), result.error,
+                          result.synced_losses)
         loss = WorkerLoss(result.lost.at_s + t0, place.physical(result.lost.worker),
                           None if result.lost.back_s is None else result.lost.back_s + t0)
         completed = len(iteration_ends(history, (), epochs))

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from testbed.common.choices import EmulatedCompute, Status
 from testbed.common.spans import Span
@@ -83,6 +83,8 @@ class RunOutcome:
     shaper: str | None = None
     health: Health | None = None
     memory: MemoryUse | None = None
+    synced_losses: dict[int, float] = field(default_factory=dict)
+    """The synchronized model's loss by iteration (a DiLoCo-family run, real compute)."""
 
 
 class Coordinator:
@@ -291,6 +293,8 @@ class Coordinator:
                     return
                 case Done():
                     worker.finished = True
+                    self.telemetry.synced_losses.update(
+                        {int(i): loss for i, loss in message.synced_losses.items()})
                     return
                 case _:
                     self._fail(f"worker {worker.describe()} sent an unexpected "
@@ -356,7 +360,8 @@ class Coordinator:
             if own_start else telemetry.spans
         return RunOutcome(config.compute, carried + spans, losses, start, summary, status,
                           error, wall, self.hosts.shaper(), self._health(),
-                          measured_memory(self.pool.peak_memory(), coordinator_peak()))
+                          measured_memory(self.pool.peak_memory(), coordinator_peak()),
+                          dict(telemetry.synced_losses))
 
     def _health(self) -> Health | None:
         if self._cpu is None:

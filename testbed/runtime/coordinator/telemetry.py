@@ -22,6 +22,9 @@ class Telemetry:
     start: float = 0.0
     spans: list[Span] = field(default_factory=list)
     losses: dict[int, float] = field(default_factory=dict)
+    synced_losses: dict[int, float] = field(default_factory=dict)
+    """The synchronized model's loss by iteration, as the run's last worker reports it
+    (testbed.runtime.worker.synced_loss)."""
     iterations_seen: dict[int, set[str]] = field(default_factory=dict)
     lags: list[float] = field(default_factory=list)
     """Each worker's p99 event-loop lag per iteration, the first (warm-up) left out."""

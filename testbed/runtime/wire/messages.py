@@ -132,6 +132,9 @@ class WorkerError(Message):
 @dataclass(frozen=True)
 class Done(Message):
     op = "done"
+    synced_losses: dict[str, float] = field(default_factory=dict)
+    """By iteration, the synchronized model's loss (testbed.runtime.worker.synced_loss),
+    from the worker of replica 0 that holds the last stage of a DiLoCo-family plan."""
 
 
 @dataclass(frozen=True)

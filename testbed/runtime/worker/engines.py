@@ -60,6 +60,18 @@ class Engine(Protocol):
     def take_loss(self) -> float | None:
         """Mean training loss of the iteration just computed (last stage only)."""
 
+    def iteration_done(self, iteration: int) -> None:
+        """The iteration's program has run (a cycle's end keeps the synchronized model)."""
+
+    def synced_at(self) -> list[int]:
+        """The iterations whose synchronized model this stage kept to evaluate after
+        training (testbed.runtime.worker.synced_loss); none but in the DiLoCo family."""
+
+    def evaluate(self, iteration: int, replica: int, microbatch: int, received: Received
+                 ) -> Wire | float:
+        """The synchronized model kept for `iteration` on that iteration's microbatch of
+        `replica`: activations to send on, or the loss on the last stage."""
+
     def save(self, path: str) -> None:
         """Write this stage's parameters (real compute only)."""
 
@@ -124,6 +136,16 @@ class EmulatedEngine:
 
     def take_loss(self) -> float | None:
         return None
+
+    def iteration_done(self, iteration: int) -> None:
+        """Nothing is kept."""
+
+    def synced_at(self) -> list[int]:
+        return []
+
+    def evaluate(self, iteration: int, replica: int, microbatch: int, received: Received
+                 ) -> Wire | float:
+        raise RuntimeError("emulated compute has no model to evaluate")
 
     def save(self, path: str) -> None:
         """Emulated stages have no parameters to save."""

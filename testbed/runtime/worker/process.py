@@ -48,6 +48,7 @@ from testbed.runtime.worker.engines import make_engines
 from testbed.runtime.worker.share_events import LinkChanger, apply_link_change
 from testbed.runtime.worker.stage_runner import StageRunner
 from testbed.runtime.worker.stopping import until_signalled
+from testbed.runtime.worker.synced_loss import synced_losses
 from testbed.runtime.worker.transport import Transport
 
 
@@ -148,7 +149,8 @@ async def serve_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, g
                 await asyncio.get_running_loop().run_in_executor(
                     runner.executor, save_stage, engine.save, Path(config.save_dir),
                     config.replica, stage)
-        await send(writer, Done())
+        synced = await synced_losses(runner)
+        await send(writer, Done({str(i): loss for i, loss in synced.items()}))
         await stop.wait()
     finally:
         watch_lag.cancel()

@@ -53,7 +53,8 @@ def real_engines(config: Config) -> dict[int, RealEngine]:
             stage, config.pp, config.replica, config.dp, config.microbatches,
             config.microbatch_size, shape, module, corpus, device,
             inner_optimizer(module.parameters(), config.optimizer), syncs, config.seed,
-            config.inference_model)
+            config.inference_model, config.period, config.iterations)
+        engines[stage].keep_synced(0)
     return engines
 
 
@@ -79,6 +80,13 @@ class RealEngine:
     syncs: Syncs
     seed: int = 0
     inference_model: ModelShape | None = None
+    period: int = 1
+    iterations: int = 0
+    synced: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    """Replica 0's synchronized model (the outer parameters) of this stage, on the host,
+    by the iteration it is evaluated at: the run's start, and each one after a cycle ends,
+    when every fragment has synced, the run's end too (DiLoCo family;
+    testbed.runtime.worker.synced_loss)."""
     _saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = field(default_factory=dict)
     """By microbatch, from its forward to its backward: the stage's input (None on the
     first stage) and output (the loss on the last)."""
@@ -95,10 +103,10 @@ class RealEngine:
     def last(self) -> bool:
         return self.stage == self.stages - 1
 
-    def _tokens(self, iteration: int, microbatch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        start = sample_index(
-            iteration, self.replica, microbatch, self.dp, self.microbatches, self.microbatch_size
-        )
+    def _tokens(self, iteration: int, microbatch: int, replica: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        start = sample_index(iteration, self.replica if replica is None else replica,
+                             microbatch, self.dp, self.microbatches, self.microbatch_size)
         inputs, targets = self.corpus.batch(start, self.microbatch_size)
         return inputs.to(self.device), targets.to(self.device)
 
@@ -171,6 +179,35 @@ class RealEngine:
     def quick(self) -> bool:
         return False
 
+    def iteration_done(self, iteration: int) -> None:
+        if (iteration + 1) % self.period == 0:
+            self.keep_synced(iteration + 1)
+
+    def keep_synced(self, iteration: int) -> None:
+        """Keep the synchronized model as iteration `iteration` starts (the last one kept
+        is the model the run ends with), where this stage has one (replica 0 keeps it for
+        all: the replicas' outer parameters are equal)."""
+        if self.replica == 0 and self.syncs.outer and iteration <= self.iterations:
+            self.synced[iteration] = {n: t.clone() for n, t in self.syncs.outer.items()}
+
+    def synced_at(self) -> list[int]:
+        return sorted(self.synced)
+
+    def evaluate(self, iteration: int, replica: int, microbatch: int, received: Received
+                 ) -> bytes | float:
+        """The synchronized model kept for `iteration` on that iteration's microbatch of
+        `replica`: the activations to send on, or on the last stage the loss as a step
+        reports it."""
+        params = {n: t.to(self.device) for n, t in self.synced[iteration].items()}
+        x = self._tokens(iteration, microbatch, replica)[0] if self.first \
+            else self._activation(received)
+        with torch.no_grad():
+            out = torch.func.functional_call(self.module, params, (x,))
+            if self.last:
+                _, targets = self._tokens(iteration, microbatch, replica)
+                return float(loss_of(out, targets) / self.microbatches) * self.microbatches
+        return _to_bytes(out)
+
     def prefill(self, parts: Sequence[PrefillPart], modeled_s: float) -> dict[int, bytes]:
         """The pass's parts one after another (prompts of different lengths, no padding)."""
         if self._prefiller is None:
@@ -191,7 +228,7 @@ class RealEngine:
     def checkpoint(self, path: str) -> None:
         torch.save({"model": self.module.state_dict(),
                     "optimizer": self.optimizer.state_dict(),
-                    "syncs": self.syncs.state_dict()}, path)
+                    "syncs": self.syncs.state_dict(), "synced": self.synced}, path)
 
     def restore(self, path: str) -> None:
         state = torch.load(path, map_location=self.device)
@@ -199,6 +236,8 @@ class RealEngine:
         self.optimizer.load_state_dict(state["optimizer"])
         if "syncs" in state:  # saved before plans had syncs of their own
             self.syncs.load_state_dict(state["syncs"])
+        self.synced.update({i: {n: t.cpu() for n, t in kept.items()}
+                            for i, kept in state.get("synced", {}).items()})
 
     def take_loss(self) -> float | None:
         if not self.last or not self._losses:

@@ -150,6 +150,8 @@ class StageRunner:
                 case Prefill():
                     pass  # nothing runs there (see testbed.plan.interpret)
         await self.flush_sends()
+        for engine in self.engines.values():
+            engine.iteration_done(iteration)
         losses = [loss for engine in self.engines.values()
                   if (loss := engine.take_loss()) is not None]
         return losses[0] if losses else None
