@@ -91,7 +91,7 @@ async def serve(control: str, gpu: str, token: str, behaviour: dict[str, Any]) -
                 "iteration": iteration, "stage": config.stage}
         await send(writer, IterationDone(iteration, began, time.monotonic(), 1.0,
                                          [span]))  # type: ignore[list-item]
-    await send(writer, Done())
+    await send(writer, Done(behaviour.get("synced", {})))
     await receive(reader, Stop)
     return 0
 

@@ -144,6 +144,14 @@ def test_a_run_of_fake_workers_finishes_and_sums_their_losses(tmp_path: Path) ->
     assert all(w.finished for w in coordinator.workers)
 
 
+def test_the_synchronized_model_s_losses_a_worker_reports_reach_the_outcome(
+        tmp_path: Path) -> None:
+    """A DiLoCo-family run's last stage of replica 0 reports them as it is done."""
+    _, _, outcome = _run(tmp_path, {"west-1": {"synced": {"0": 5.5, "3": 4.25}}})
+    assert isinstance(outcome, RunOutcome), outcome
+    assert outcome.synced_losses == {0: 5.5, 3: 4.25}
+
+
 def test_a_run_reports_its_workers_peak_memory(tmp_path: Path) -> None:
     """Each worker's high-water mark, read while it runs: west-1 held 96 MB more for a
     moment in its second iteration."""

@@ -92,7 +92,13 @@ def test_diloco_equals_one_process(tmp_path: Path, pp: int) -> None:
     topology, job = _inputs(iterations=6)
     sync = _at((Op.ALLREDUCE, Collective(Reduces.DELTAS)), (Op.OUTER_STEP, None))
     plan = _plan(topology, job, pp, [NOTHING, NOTHING, sync])
-    _run(tmp_path, topology, job, plan, "real")
+    outcome = _run(tmp_path, topology, job, plan, "real")
+    # the synchronized model's loss, evaluated after training: as the cycles start, the
+    # replicas' own (the outer step replaced their parameters), and the model at the end
+    assert sorted(outcome.synced_losses) == [0, 3, 6]
+    for iteration in (0, 3):
+        assert outcome.synced_losses[iteration] == pytest.approx(outcome.losses[iteration],
+                                                                 rel=1e-6)
     syncs = [Sync("start"), Sync("outer")]
     expected = reference.train(job, 2, plan.microbatches, 6,
                                lambda i: syncs if i % 3 == 2 else [])

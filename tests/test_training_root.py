@@ -236,7 +236,9 @@ def test_up_reports_every_steps_loss_and_the_time_to_loss_in_represented_time(
     assert reached["iteration"] > 0
     assert results["time_to_loss"] == {
         "target": target, "reached": True, "iteration": reached["iteration"],
-        "time_s": reached["time_s"], "tokens": reached["tokens"], "reason": None}
+        "time_s": reached["time_s"], "tokens": reached["tokens"], "reason": None,
+        "loss_of": "training"}
+    assert "synced_loss_curve" not in results  # one model: its training loss is ranked
     assert (f"  time to loss  {reached['time_s']:.3f} s, {reached['tokens']:,} tokens "
             f"(iteration {reached['iteration'] + 1}) to loss <= {target:g}"
             ) in result.stdout.splitlines()
