@@ -322,3 +322,20 @@ def test_a_step_the_simulator_does_not_know_ends_the_run_with_its_name() -> None
     with pytest.raises(RuntimeError, match="the simulator cannot run <object object"):
         simulator.run()
 
+
+
+def test_int8_gradients_are_gathered_every_step_and_int8_deltas_reduced_in_a_ring() -> None:
+    """Each member's compressed gradient crosses n-1 links whole (error feedback is exact
+    only so); deltas keep no error feedback and go round the ring, 2(n-1)/n of theirs."""
+    grads, deltas = Collective(payload="int8"), Collective(Reduces.DELTAS, payload="int8")
+    every_step = build_plan("dp-compressed", PAPER.topology, PAPER.job,
+                            _every_step(1).placement, Schedule.ONE_F_ONE_B, gradients=grads)
+    summary, spans = _simulate(every_step, 2)
+    n = every_step.dp
+    gathered = sum(n * (n - 1) * collective_bytes(PAPER.job, every_step.layers, s, grads)
+                   for s in range(every_step.pp))
+    assert _wan_per_iteration(spans, 2) == [gathered, gathered] and n == 3
+    synced = _diloco([_sync(deltas)])
+    _, spans = _simulate(synced, 2)
+    assert _wan_per_iteration(spans, 2) == [_ring_bytes(synced, deltas)] * 2
+    assert _ring_bytes(synced, deltas) < gathered  # the same bytes per member, ringed

@@ -134,8 +134,9 @@ def _untopk(data: Wire, elements: int, device: torch.device) -> torch.Tensor:
 class Dense:
     """A member's fp32 values (on the host) in a ring all-reduce: chunks of whole
     quantization blocks, each hop decoding what comes in and adding it in fp32, then
-    sending the partial sum on in the payload (for a quantized one, requantized: the ring
-    serves delta syncs, which keep no error feedback; testbed.plan.collective.gathers)."""
+    sending the partial sum on in the payload (a quantized one requantized: the ring
+    serves what keeps no error feedback, uncompressed gradients and delta syncs;
+    testbed.plan.collective.Collective.gathers)."""
 
     values: torch.Tensor
     parts: int
