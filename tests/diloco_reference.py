@@ -6,7 +6,7 @@ the inner step of the iterations that have them.
 
 - Every-step gradients compressed with error feedback (int8, int4, top-k), as EF-SGD
   states it (Seide et al. 2014, 1-bit SGD; Karimireddy et al. 2019, arXiv 1901.09847,
-  Algorithm 2, with the gradient as what is compressed): each replica forms p = g + e from
+  EF-SGD, with the gradient as what is compressed): each replica forms p = g + e from
   its gradient g and its residual e, sends C(p) once, and keeps e = p - C(p); every replica
   applies the mean of all replicas' C(p), summed in fp32 in replica order. C is the
   contract's: blockwise absmax with round to nearest even, or the k largest magnitudes.
