@@ -246,7 +246,7 @@ def test_a_target_loss_in_the_simulator_is_a_note_not_a_number(tmp_path: Path) -
         assert run["results"]["loss_curve"] is None
         assert run["results"]["time_to_loss"] == {
             "target": 3.0, "reached": None, "iteration": None, "time_s": None,
-            "tokens": None, "reason": SIMULATED}
+            "tokens": None, "reason": SIMULATED, "loss_of": "training"}
     rows = list(csv.DictReader((out / "compare.csv").open()))
     assert {r["time_to_loss.reason"] for r in rows} == {SIMULATED}
     assert {r["time_to_loss.time_s"] for r in rows} == {""}

@@ -61,8 +61,10 @@ def test_time_to_loss_is_the_first_step_at_or_below_the_target() -> None:
 
 def _record(compute: str, losses: dict[int, float] | None, spans: list[Any], start: float,
             target: float | None, synced: dict[int, float] | None = None) -> RunRecord:
+    """A run of 1f1b, or with `synced` (the synchronized model's losses) of DiLoCo, H=2."""
     inputs = api.load(TOPOLOGIES / "two-dc.yaml")
-    plan = api.plan(inputs, "1f1b")
+    plan = api.plan(inputs, "1f1b") if synced is None else \
+        api.plan(inputs, "diloco", {"inner_steps": "2"})
     summary = summarize(spans, ["a", "b"], start, 1000, 0.0)
     return RunRecord("emulate" if compute != "modeled" else "simulate", "1f1b", None,
                      inputs.topology, inputs.job, plan, None, compute, summary, spans,
@@ -93,6 +95,10 @@ def test_a_diloco_run_ranks_its_synchronized_model_s_loss_not_its_replicas() -> 
     missed = _record("real", {0: 6.0, 1: 2.0}, uneven_spans([1.0] * 2), 0.0, 3.0, {0: 6.0})
     assert missed.results()["time_to_loss"]["reason"] == (
         "not reached by the synchronized model, evaluated 1 time; lowest loss 6.0000")
+    simulated = _record("modeled", None, uneven_spans([1.0] * 2), 0.0, 3.0, {}).results()
+    assert simulated["time_to_loss"]["loss_of"] == "synchronized"
+    assert simulated["time_to_loss"]["reason"] == SIMULATED
+    assert "synced_loss_curve" not in simulated
 
 
 def test_a_dilated_run_reports_its_curve_in_represented_time() -> None:

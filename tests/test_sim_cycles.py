@@ -330,7 +330,7 @@ def test_int8_gradients_are_gathered_every_step_and_int8_deltas_reduced_in_a_rin
     grads, deltas = Collective(payload="int8"), Collective(Reduces.DELTAS, payload="int8")
     every_step = build_plan("dp-compressed", PAPER.topology, PAPER.job,
                             _every_step(1).placement, Schedule.ONE_F_ONE_B, gradients=grads)
-    summary, spans = _simulate(every_step, 2)
+    _, spans = _simulate(every_step, 2)
     n = every_step.dp
     gathered = sum(n * (n - 1) * collective_bytes(PAPER.job, every_step.layers, s, grads)
                    for s in range(every_step.pp))

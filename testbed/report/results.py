@@ -24,7 +24,13 @@ from testbed.common.spans import Span
 from testbed.common.yamlio import to_yaml
 from testbed.inference.bubbles import RequestRow
 from testbed.job.model import Job
-from testbed.metrics.loss import loss_curve, no_loss_reason, synced_loss_curve, time_to_loss
+from testbed.metrics.loss import (
+    LossOf,
+    loss_curve,
+    no_loss_reason,
+    synced_loss_curve,
+    time_to_loss,
+)
 from testbed.metrics.summary import Summary
 from testbed.plan.compute import memory_summary
 from testbed.plan.model import Plan
@@ -154,14 +160,16 @@ class RunRecord:
         ends = self.summary.iteration_ends_s
         tokens = self.summary.iteration_tokens or self.summary.tokens_per_iteration
         curve = None if no_loss else loss_curve(self.losses or {}, ends, tokens)
-        synced = None if no_loss or not self.synced_losses else synced_loss_curve(
-            self.synced_losses, ends, tokens)
+        # a DiLoCo-family plan's replicas step apart: the model it keeps is the outer one
+        loss_of: LossOf = "synchronized" if self.plan.has_outer_steps else "training"
+        synced = None if no_loss or loss_of == "training" else synced_loss_curve(
+            self.synced_losses or {}, ends, tokens)
         return {
             "loss_curve": curve,
             "loss_note": no_loss,
             "time_to_loss": None if self.target_loss is None
-            else time_to_loss(synced or curve or [], self.target_loss, no_loss,
-                              "synchronized" if synced else "training"),
+            else time_to_loss((curve if synced is None else synced) or [], self.target_loss,
+                              no_loss, loss_of),
             **({"synced_loss_curve": synced} if synced else {}),
         }
 
