@@ -118,3 +118,11 @@ def test_results_name_each_payload_s_format_int4_an_integer_one() -> None:
     assert compressed["payloads"] == {
         "int8": "blockwise absmax integers in [-127, 127], an fp32 scale per 256 values"}
     assert "payloads" not in api.plan(inputs, "dp-across-dc").summary()
+
+
+def test_the_diloco_family_keeps_an_outer_model_every_step_methods_do_not() -> None:
+    inputs = api.load(PAPER)
+    assert api.plan(inputs, "diloco", {"inner_steps": "10"}).keeps_outer_model
+    assert api.plan(inputs, "streaming-diloco").keeps_outer_model
+    assert not api.plan(inputs, "dp-compressed").keeps_outer_model
+    assert not api.plan(inputs, "dp-across-dc").keeps_outer_model

@@ -19,7 +19,7 @@ from typing import Any
 from testbed.errors import InputError
 from testbed.plan.action import Action as Action
 from testbed.plan.action import Op as Op
-from testbed.plan.collective import payload_format
+from testbed.plan.collective import Reduces, payload_format
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,15 @@ class Plan:
         lists = {id(actions): actions for program in self.all_programs()
                  for actions in program.values()}  # a stage's GPUs share one list
         return any(a.op is Op.OUTER_STEP for actions in lists.values() for a in actions)
+
+    @property
+    def keeps_outer_model(self) -> bool:
+        """Whether every stage syncs deltas into outer parameters (a DiLoCo-family plan):
+        the model such a run keeps is the outer one, not its replicas' local ones."""
+        syncing = {a.stage for program in self.all_programs() for actions in program.values()
+                   for a in actions if a.op.is_collective and a.op is not Op.OUTER_STEP
+                   and a.subject.reduces is Reduces.DELTAS}
+        return bool(syncing) and syncing == set(range(self.pp))
 
     @property
     def period(self) -> int:

@@ -161,7 +161,7 @@ class RunRecord:
         tokens = self.summary.iteration_tokens or self.summary.tokens_per_iteration
         curve = None if no_loss else loss_curve(self.losses or {}, ends, tokens)
         # a DiLoCo-family plan's replicas step apart: the model it keeps is the outer one
-        loss_of: LossOf = "synchronized" if self.plan.has_outer_steps else "training"
+        loss_of: LossOf = "synchronized" if self.plan.keeps_outer_model else "training"
         synced = None if no_loss or loss_of == "training" else synced_loss_curve(
             self.synced_losses or {}, ends, tokens)
         return {

@@ -77,6 +77,7 @@ def worker_config(run: RunConfig, worker: WorkerHandle, workers: Sequence[Worker
         data=job.data if run.compute == "real" else None,
         optimizer=job.optimizer,
         outer=plan.outer if plan.has_outer_steps else None,
+        keeps_outer_model=plan.keeps_outer_model,
         slowdowns=slowdowns_for(run.stragglers, [worker.gpu], dc),
     )
 

@@ -133,8 +133,7 @@ class WorkerError(Message):
 class Done(Message):
     op = "done"
     synced_losses: dict[str, float] = field(default_factory=dict)
-    """By iteration, the synchronized model's loss (testbed.runtime.worker.synced_loss),
-    from the worker of replica 0 that holds the last stage of a DiLoCo-family plan."""
+    """The synchronized model's loss by iteration (testbed.runtime.worker.synced_loss)."""
 
 
 @dataclass(frozen=True)
@@ -333,6 +332,9 @@ class Config(Message):
     """What real compute's optimizer steps take (the job's)."""
     outer: OuterOptimizer | None = None
     """What OUTER_STEP does, where the programs have one."""
+    keeps_outer_model: bool = False
+    """Every stage syncs deltas (testbed.plan.model.Plan.keeps_outer_model): real compute
+    evaluates the synchronized model after training (testbed.runtime.worker.synced_loss)."""
     slowdowns: list[Slowdown] = field(default_factory=list)
     """When this GPU computes slower (a scenario's stragglers), in seconds from the
     start of training (`Start.t0`)."""

@@ -53,7 +53,8 @@ def real_engines(config: Config) -> dict[int, RealEngine]:
             stage, config.pp, config.replica, config.dp, config.microbatches,
             config.microbatch_size, shape, module, corpus, device,
             inner_optimizer(module.parameters(), config.optimizer), syncs, config.seed,
-            config.inference_model, config.period, config.iterations)
+            config.inference_model, config.period,
+            config.iterations if config.keeps_outer_model else -1)
         engines[stage].keep_synced(0)
     return engines
 
@@ -81,7 +82,8 @@ class RealEngine:
     seed: int = 0
     inference_model: ModelShape | None = None
     period: int = 1
-    iterations: int = 0
+    iterations: int = -1
+    """The run's; -1 keeps no synchronized model (not every stage has one)."""
     synced: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     """Replica 0's synchronized model (the outer parameters) of this stage, on the host,
     by the iteration it is evaluated at: the run's start, and each one after a cycle ends,
