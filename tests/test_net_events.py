@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from testbed.errors import InputError
 from testbed.experiments.inputs import load_inputs
@@ -12,7 +17,7 @@ from testbed.experiments.run import run
 from testbed.run.spec import RunSpec
 from testbed.sim.network import resume_after_outage
 from testbed.topology import load_topology
-from testbed.topology.net_events import changes, parse_event, parse_event_flag
+from testbed.topology.net_events import NetEvent, changes, parse_event, parse_event_flag
 
 ROOT = Path(__file__).resolve().parent.parent
 THREE = ROOT / "topologies" / "paper-3dc.yaml"
@@ -127,3 +132,87 @@ def test_overlapping_events_restore_what_was_beneath() -> None:
               parse_event_flag("at=12s,link=east-west,down=1s", TOPO))
     out = [(c.at_s, c.loss) for c in changes(events, TOPO)]
     assert out == [(0.0, 0.01), (10.0, 1.0), (15.0, 0.01)]  # still lossy after the outage
+
+
+def _settings(out: list[Any]) -> list[tuple[float, str, str, Any, Any, Any]]:
+    """Changes as what they set, per direction, in time order."""
+    rows = []
+    for c in out:
+        for a, b in [(c.a, c.b)] if c.one_way else [(c.a, c.b), (c.b, c.a)]:
+            rows.append((c.at_s, a, b, c.latency_s, c.bandwidth_bps, c.loss))
+    return sorted(rows, key=lambda r: (r[0], r[1], r[2], str(r[3:])))
+
+
+def _by_rule(events: list[NetEvent]) -> list[tuple[float, str, str, Any, Any, Any]]:
+    """What `changes` must give, from its rule alone: at each start or end, per direction
+    and property, the active event of highest rank (events over traces, then the latest
+    start, then the latest listed), else the topology's value; a change where it moves."""
+    fields = {"down": "loss", "loss": "loss", "latency": "latency_s",
+              "bandwidth": "bandwidth_bps"}
+    rows = []
+    for a, b in (("east", "west"), ("west", "east"), ("east", "central"),
+                 ("central", "east")):
+        if not TOPO.has_link(a, b):
+            continue
+        link = TOPO.link(a, b)
+        for field in ("latency_s", "bandwidth_bps", "loss"):
+            mine = [(i, e) for i, e in enumerate(events) if fields[e.kind] == field
+                    and ((e.a, e.b) == (a, b) or (not e.one_way and (e.b, e.a) == (a, b)))]
+            ends = {e.at_s + e.for_s for _, e in mine if e.for_s is not None}
+            current = getattr(link, field)
+            for t in sorted({e.at_s for _, e in mine} | ends):
+                active = [(i, e) for i, e in mine if e.at_s <= t and
+                          (e.for_s is None or e.at_s + e.for_s > t)]
+                top = max(active, key=lambda item: (item[1].trace is None, item[1].at_s,
+                                                     item[0]), default=None)
+                value = top[1].value if top else getattr(link, field)
+                if value != current:
+                    current = value
+                    rows.append((t, a, b, *(value if f == field else None
+                                            for f in ("latency_s", "bandwidth_bps", "loss"))))
+    return sorted(rows, key=lambda r: (r[0], r[1], r[2], str(r[3:])))
+
+
+@given(st.lists(st.tuples(st.sampled_from([0.0, 1.0, 2.0, 3.0]),
+                          st.sampled_from(["east-west", "west>east", "east-central"]),
+                          st.sampled_from(["latency", "bandwidth", "loss"]),
+                          st.integers(1, 3), st.sampled_from([None, 0.5, 1.0, 2.5]),
+                          st.booleans()), max_size=12))
+def test_changes_keep_the_event_of_highest_rank_in_force(raw: list[Any]) -> None:
+    events = []
+    for at, link, kind, level, lasting, traced in raw:
+        a, b = link.replace(">", "-").split("-")
+        value = {"latency": level * 0.01, "bandwidth": level * 1e8, "loss": level * 0.01}[kind]
+        events.append(NetEvent(at, a, b, kind, value, lasting, one_way=">" in link,
+                               trace="t.csv" if traced else None))
+    assert _settings(changes(events, TOPO)) == _by_rule(events)
+
+
+def _calls(work: Callable[[], object]) -> int:
+    """Python functions and builtins `work` calls: its cost, counted, not timed."""
+    count = 0
+
+    def counting(_frame: Any, event: str, _arg: Any) -> None:
+        nonlocal count
+        count += event in ("call", "c_call")
+
+    sys.setprofile(counting)
+    try:
+        work()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def test_changes_cost_about_as_much_per_event_however_many_are_in_force() -> None:
+    """Events that each last the rest of the run are all in force at once: the change at
+    each one's start looked over every one before it, so 8,000 of them took 37 s and
+    20,001 over two minutes. Four times the events may cost not much more than four
+    times the work (a heap: a logarithm each), where they cost sixteen."""
+    def events(n: int) -> list[NetEvent]:
+        return [NetEvent(i * 0.001, "east", "west", "latency", 0.01 + i % 7 * 1e-3, None)
+                for i in range(n)]
+
+    small, large = _calls(lambda: changes(events(400), TOPO)), \
+        _calls(lambda: changes(events(1600), TOPO))
+    assert large < 6 * small, (small, large)

@@ -5,6 +5,7 @@ flags; applied by both backends at the same times, and shown in the trace."""
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -170,6 +171,10 @@ def _direction_changes(src: str, dst: str, field: str, group: list[tuple[int, Ne
                   key=lambda item: _end(item[1]))
     points = sorted({e.at_s for _, e in group} | {_end(e) for _, e in ends})
     active: dict[int, NetEvent] = {}
+    # the active events, highest rank first, and some that ended since: one is dropped
+    # when it comes to the top, so a time point costs a logarithm, not a pass over every
+    # active event (thousands, each lasting the rest of the run, took minutes)
+    ranked: list[tuple[tuple[bool, float, int], int]] = []
     out: list[Change] = []
     current, i, j = base, 0, 0
     for t in points:
@@ -183,10 +188,12 @@ def _direction_changes(src: str, dst: str, field: str, group: list[tuple[int, Ne
             order, event = starts[i]
             if _end(event) > t:
                 active[order] = event
+                heapq.heappush(ranked, (_descending(order, event), order))
                 starting.append(event)
             i += 1
-        top = max(active.items(), key=lambda item: _rank(*item), default=None)
-        value = top[1].value if top else base
+        while ranked and ranked[0][1] not in active:
+            heapq.heappop(ranked)
+        value = active[ranked[0][1]].value if ranked else base
         if value == current:
             continue
         current = value
@@ -195,8 +202,10 @@ def _direction_changes(src: str, dst: str, field: str, group: list[tuple[int, Ne
     return out
 
 
-def _rank(order: int, event: NetEvent) -> tuple[bool, float, int]:
-    return (event.trace is None, event.at_s, order)
+def _descending(order: int, event: NetEvent) -> tuple[bool, float, int]:
+    """An event's rank, highest first in a heap: events over traces, then the latest
+    start, then the latest listed."""
+    return (event.trace is not None, -event.at_s, -order)
 
 
 def _pair_up(changes: list[Change]) -> list[Change]:
