@@ -15,7 +15,7 @@ from testbed.experiments.inputs import load_inputs
 from testbed.experiments.run import run
 from testbed.run.recovery import shift_events
 from testbed.run.spec import RunSpec
-from testbed.scenario.link_traces import read_trace_csv
+from testbed.scenario.link_traces import MAX_STEPS, MAX_TRACE_BYTES, read_trace_csv
 from testbed.scenario.scenario import load_scenario
 from testbed.scenario.slowdowns import Slowdown, Straggler, factor_at
 from testbed.topology import load_topology
@@ -276,3 +276,25 @@ def test_a_trace_on_one_direction_slows_only_what_crosses_it(tmp_path: Path) -> 
         latency = TOPO.link("east", "west").latency_s  # what is left is the bytes' time
         assert by_link[slowed] - latency > 5 * (by_link[other] - latency), (name, by_link)
     assert forward["iteration_time_s"] != back["iteration_time_s"]
+
+
+def test_a_trace_of_too_many_rows_is_refused_at_the_first_row_too_many(
+        tmp_path: Path) -> None:
+    """Rows are counted as they are read: a trace of millions of short rows was refused
+    only once all were parsed (4 million: 38 s and 1.6 GB). What follows the row too many
+    (here a cell past the CSV reader's limit) is never read."""
+    path = tmp_path / "long.csv"
+    rows = "".join(f"{i},1Gbit\n" for i in range(MAX_STEPS + 1))
+    path.write_text(f"time_s,bandwidth\n{rows}0,{'1' * 200_000}\n")
+    with pytest.raises(InputError) as info:
+        read_trace_csv(path)
+    assert str(info.value) == (f"{path}: line {MAX_STEPS + 2}: more than 100,000 rows: a "
+                               "trace has at most 100,000")
+
+
+def test_a_trace_file_over_its_size_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "huge.csv"
+    path.write_text("time_s,bandwidth\n0,1Gbit\n#" + "x" * MAX_TRACE_BYTES + "\n")
+    with pytest.raises(InputError) as info:
+        read_trace_csv(path)
+    assert str(info.value) == f"{path}: larger than 16 MiB: not an input file of testbed"
