@@ -374,3 +374,51 @@ def test_a_replan_once_the_lost_gpu_is_back_says_it_plans_on_all(tmp_path: Path)
     assert run(spec, tmp_path / "back", said.append).results["status"] == "ok"
     gpus = load_topology(TWO).total_gpus
     assert f"replanning on all {gpus} GPUs (every one lost is back)" in said, said
+
+
+@pytest.mark.parametrize("action", ["stop", "restart", "replan"])
+def test_a_failure_at_0s_takes_its_worker_as_training_starts(tmp_path: Path,
+                                                            action: str) -> None:
+    """A failure at time t takes what runs at t: `at: 0s` was dropped in both backends
+    (`ok`, no failures, exit 0) where `at: 1ms` worked."""
+    back = ", back: 0.5s" if action == "restart" else ""
+    results = _simulate(tmp_path, action, f"failures: [{{at: 0s, worker: east-1{back}}}]\n"
+                        "recovery: {detect: 0.05s, restart: 0.2s}", action)
+    (failure,) = results["failures"]
+    assert (failure["worker"], failure["at_s"], failure["completed"]) == ("east-1", 0.0, 0)
+    assert results["scenario"]["failures"][0]["applied"]
+    if action == "stop":
+        assert results["status"] == "failed" and results["iterations"] == 0
+        assert results["error"].startswith("worker east-1 (replica 1, stage 0) lost at 0 s")
+        return
+    assert results["status"] == "ok" and results["iterations"] == ITERATIONS
+    assert failure["resumed_s"] == pytest.approx(0.7 if action == "restart" else 0.25)
+    after = {g for gpus in failure["plan_after"]["placement"].values() for g in gpus}
+    assert ("east-1" in after) == (action == "restart")
+
+
+def test_every_segment_meets_the_failures_from_its_first_moment() -> None:
+    """What both backends run (testbed.run.segments): the first segment gets a failure at
+    0 s, and the one after a recovery a failure at the moment it starts (each was
+    dropped: pending failures were those after the segment's start)."""
+    from testbed.run.segments import Segment, SegmentResult, run_segments
+    from testbed.scenario.scenario import Scenario
+
+    inputs = load_inputs(TWO, sets=(f"iterations={ITERATIONS}",))
+    first, second = WorkerLoss(0.0, "east-1", 0.5), WorkerLoss(0.7, "west-1", 2.0)
+    scenario = Scenario(failures=(first, second), recovery=Recovery(0.05, 0.2))
+    spec = RunSpec("simulate", inputs.topology, inputs.job, "gpipe", {}, scenario=scenario,
+                   on_failure="restart")
+    policy = training_policy("gpipe")
+    plan = plan_with_simulator(policy, inputs.topology, inputs.job)
+    met: list[tuple[WorkerLoss, ...]] = []
+
+    def run(segment: Segment) -> SegmentResult:
+        met.append(segment.losses)
+        at_once = [loss for loss in segment.losses if loss.at_s == 0]
+        return SegmentResult([], at_once[0] if at_once else None)
+
+    joined = run_segments(spec, plan, policy, run, lambda _line: None)
+    assert met[0] == (first, WorkerLoss(0.7, "west-1", 2.0))
+    assert met[1] == (WorkerLoss(0.0, "west-1", 1.3),)  # resumed at 0.7: 0.5 back + 0.2
+    assert [(f.worker, f.at_s) for f in joined.failures] == [("east-1", 0.0), ("west-1", 0.7)]

@@ -120,8 +120,11 @@ def shift_stragglers(stragglers: Iterable[Straggler], by: float) -> tuple[Stragg
 
 
 def pending_losses(losses: Iterable[WorkerLoss], by: float) -> tuple[WorkerLoss, ...]:
-    """Failures still to come on a clock that starts `by` seconds later."""
-    return tuple(loss.shifted(by) for loss in losses if loss.at_s > by)
+    """Failures still to come on a clock that starts `by` seconds later: from `by` on,
+    as a failure at time t takes what runs at t (`at: 0s` a worker as training starts;
+    one at a segment's start is not among those its recovery already counted, which
+    are lost by then: `lost_at`, `resume_at`)."""
+    return tuple(loss.shifted(by) for loss in losses if loss.at_s >= by)
 
 
 def lost_at(losses: Iterable[WorkerLoss], t: float) -> set[str]:
