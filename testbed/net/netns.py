@@ -20,7 +20,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from testbed.errors import NetworkError
 from testbed.net.shaping import Qdisc
-from testbed.net.state import probe_namespace
+from testbed.net.state import probe_namespace, valid_name
 
 # pyroute2 forks helper processes; they must not run our signal handlers (which tear
 # the network down) when pyroute2 stops them with SIGTERM.
@@ -220,8 +220,8 @@ def write_hosts_file(ns_name: str, text: str) -> Path:
 
 def remove_etc_dir(directory: str) -> None:
     path = Path(directory)
-    if path.parent != ETC_NETNS:
-        return  # only ever touch what we made under /etc/netns
+    if path.parent != ETC_NETNS or not valid_name(path.name) or path.is_symlink():
+        return  # only ever touch what we made under /etc/netns (`/etc/netns/..` is /etc)
     for child in path.iterdir() if path.is_dir() else ():
         with contextlib.suppress(FileNotFoundError):
             child.unlink()

@@ -8,15 +8,17 @@ from collections.abc import Callable
 from testbed.errors import NetworkError
 from testbed.net import netns as kernel
 from testbed.net.layout import Layout
-from testbed.net.state import all_states
+from testbed.net.state import read_states
 from testbed.topology.limits import MAX_SLOTS
 
 
 def refuse_taken_names(layout: Layout) -> None:
     """A cluster's slot is fixed (every machine must agree on names and addresses): refuse
     if something here already holds one of its names."""
+    states, damaged = read_states()
+    recorded = [*states, *(d.salvaged for d in damaged)]  # a damaged file's, as far as it reads
     taken = sorted(set(layout.namespaces()) & (
-        set(kernel.list_namespaces()) | {n for s in all_states() for n in s.namespaces}))
+        set(kernel.list_namespaces()) | {n for s in recorded for n in s.namespaces}))
     if taken:
         raise NetworkError(
             f"namespaces {', '.join(taken[:4])} already exist here (slot {layout.slot}); "
@@ -25,7 +27,8 @@ def refuse_taken_names(layout: Layout) -> None:
 
 
 def free_slot(layout_for: Callable[[int], Layout]) -> int:
-    taken = {s.slot for s in all_states()}
+    states, damaged = read_states()
+    taken = {s.slot for s in states} | {d.salvaged.slot for d in damaged}
     existing = set(kernel.list_namespaces())
     for slot in range(MAX_SLOTS):
         if slot in taken:
