@@ -294,7 +294,7 @@ def test_local_workers_plan_on_their_share_of_the_cores() -> None:
         "from testbed.sim.planning import planning_context",
         "from testbed.experiments.sweep_workers import _worker_start",
         f"inputs = load_inputs({str(PAPER)!r})",
-        "_worker_start(2)",
+        "_worker_start(2, os.getppid())",
         "atlas = training_policy('atlas')",
         "context = planning_context(inputs.topology, inputs.job, atlas, {})",
         "print(context.processes, len(os.sched_getaffinity(0)))"])

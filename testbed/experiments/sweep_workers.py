@@ -5,9 +5,13 @@ planning answers across commands, its workers do too (a kept answer is the one t
 would give).
 
 Local workers are spawned (not forked: nothing of this process, its held directory
-among it, passes to them), ignore Ctrl-C (this process stops them) and die with this
-process, however it dies (PR_SET_PDEATHSIG). Ray is an optional extra
-(`pip install 'geo-testbed[ray]'`); on a cluster, every node needs this testbed installed.
+among it, passes to them), ignore Ctrl-C (this process stops them; they start with it
+held, so one that lands while they load is never a traceback of theirs) and die with
+this process, however it dies (PR_SET_PDEATHSIG; one that finds this process gone by
+the time it sets that exits). What a sweep starts carries its mark, and a local Ray
+instance's folder too, so `testbed down` finds what a killed one left
+(testbed.net.sweep_leftovers). Ray is an optional extra (`pip install
+'geo-testbed[ray]'`); on a cluster, every node needs this testbed installed.
 """
 
 from __future__ import annotations
@@ -15,21 +19,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import os
 import shutil
 import signal
 import socket
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import Any
 
 from testbed import DISTRIBUTION
 from testbed.errors import InputError, TestbedError, TestbedWarning, one_line
 from testbed.experiments.run import simulated
 from testbed.experiments.sweep import Point, row_metrics
-from testbed.policy.parallel import share_cores
+from testbed.net.sweep_leftovers import marking, ray_folder
+from testbed.policy.parallel import die_with, share_cores
 from testbed.sim.planning import keeping_answers, keeps_answers, shared_cache
 
 Row = dict[str, Any]
@@ -91,13 +97,15 @@ def runner(workers: int = 1, ray: str | None = None) -> Iterator[Runner]:
     for a Ray instance of `workers` CPUs on this machine), ready before a sweep makes
     anything: an unreachable cluster is refused first."""
     if ray is None:
-        yield lambda points, done: _locally(points, said(done), workers)
+        with marking():
+            yield lambda points, done: _locally(points, said(done), workers)
         return
     module = _ray()
-    temp = tempfile.mkdtemp(prefix="testbed-ray-") if ray == LOCAL_RAY else None
+    temp = ray_folder() if ray == LOCAL_RAY else None
     try:
-        _connect(module, ray, workers, temp)
-        yield lambda points, done: _ray_tasks(module, points, said(done))
+        with marking(temp):
+            _connect(module, ray, workers, temp)
+            yield lambda points, done: _ray_tasks(module, points, said(done))
     finally:
         module.shutdown()
         if temp is not None:
@@ -112,22 +120,21 @@ def _locally(points: Sequence[Point], done: Done, workers: int) -> None:
         _on_processes(points, done, workers)
 
 
-def _worker_start(workers: int) -> None:
-    from testbed.net.enter import libc
-
+def _worker_start(workers: int, sweep: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the sweep, which stops us
-    libc().prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: a killed sweep takes us along
+    die_with(sweep)  # a killed sweep takes us along
     share_cores(workers)  # the other workers plan and simulate on the other cores
 
 
 def _on_processes(points: Sequence[Point], done: Done, workers: int) -> None:
     count = min(workers, len(points))
     executor = ProcessPoolExecutor(count, multiprocessing.get_context("spawn"), _worker_start,
-                                   (count,))
+                                   (count, os.getpid()))
     try:
-        pending: dict[Future[list[Row]], int] = {
-            executor.submit(run_point, point, keeps_answers()): point.index
-            for point in points}
+        with _held(signal.SIGINT):  # the workers start (on the first submits) with it held
+            pending: dict[Future[list[Row]], int] = {
+                executor.submit(run_point, point, keeps_answers()): point.index
+                for point in points}
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
@@ -140,6 +147,30 @@ def _on_processes(points: Sequence[Point], done: Done, workers: int) -> None:
         _stop(executor)
         raise
     executor.shutdown()
+
+
+@contextlib.contextmanager
+def _held(signum: int) -> Iterator[None]:
+    """`signum` held off while the block runs, to land once it ends: blocked in this
+    thread, and so in the processes and threads it starts meanwhile, which inherit that;
+    and where it reaches this process through another thread, noted and raised here
+    afterwards (Python runs handlers in the main thread, whichever thread took the
+    signal: it would land in the middle of starting a worker)."""
+    caught: list[int] = []
+    try:
+        previous = signal.signal(signum, lambda got, _frame: caught.append(got))
+        ours = True
+    except ValueError:  # not the main thread, where Python's handlers never run
+        previous, ours = None, False
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+        if ours:
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+            if caught:
+                signal.raise_signal(signum)
 
 
 def _stop(executor: ProcessPoolExecutor) -> None:
@@ -162,13 +193,13 @@ def _ray() -> Any:
     return ray
 
 
-def _connect(ray: Any, address: str, workers: int, temp: str | None) -> None:
+def _connect(ray: Any, address: str, workers: int, temp: Path | None) -> None:
     if temp is None:
         _reachable(address)
     try:
         if temp is not None:
             ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.ERROR, _temp_dir=temp)
+                     logging_level=logging.ERROR, _temp_dir=str(temp))
         else:
             ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
     except (ConnectionError, RuntimeError, ValueError) as exc:

@@ -159,8 +159,15 @@ def _worker_start(parent: int) -> None:
     terminal, nothing left running."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with(parent)
+
+
+def die_with(parent: int) -> None:
+    """This process is SIGKILLed when `parent`, the process that started it, exits
+    (PR_SET_PDEATHSIG); if that has happened already (this one is adopted by another,
+    before or while the line below ran), it exits now."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # it died before the line above
+    if os.getppid() != parent:
         os._exit(0)
 
 
