@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from testbed import __version__, api
+from testbed.cli import finished, loaded
 from testbed.cli.compare import compare, report
 from testbed.cli.figures import figures
 from testbed.cli.net import down, net
@@ -265,6 +266,14 @@ def _one_line_warnings() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning known failures into one line and an exit code."""
+    loaded()
+    try:
+        _run(argv)
+    finally:
+        finished()
+
+
+def _run(argv: list[str] | None) -> None:
     _debug.clear()
     _one_line_warnings()
     try:
