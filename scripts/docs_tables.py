@@ -90,6 +90,10 @@ def _api_example(report: dict[str, Any]) -> str:
     return str(_script("bench_api_example").table(report))
 
 
+def _soak_state(report: dict[str, Any]) -> str:
+    return str(_script("soak_faults_state").table(report))
+
+
 def _claims(records: list[Any]) -> str:
     from testbed.figures.render import claims_block
 
@@ -142,6 +146,8 @@ TABLES: dict[str, Table] = {
                        "scripts/bench_schedules.py"),
     "api-example": Table(("benchmarks/api-example.json",), _api_example,
                          "scripts/bench_api_example.py"),
+    "soak-faults-state": Table(("benchmarks/soak-faults-state.json",), _soak_state,
+                               "scripts/soak_faults_state.py"),
 }
 
 

@@ -1,132 +1,34 @@
 """Run state files that do not read as this version's, and what `testbed down` does with
 them: another version's keys are ignored, a damaged file is undone as far as it reads once
 its owner is provably gone, and a live owner's run (its workers among it) is left alone.
-
-Every test here runs `down` on a host of its own making: a state folder in tmp_path,
-namespaces as files in another (the kernel's functions replaced), and only processes the
-test started may be taken for strays. Nothing of the machine's is touched."""
+Every `down` here runs over a host of the test's own making (tests/private_host.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from testbed.net import cleanup, netns, state, sweep_leftovers
+from testbed.net import cleanup, netns, state
 from testbed.net.state import process_start_ticks
 
+from .private_host import Host, private_host
+from .private_host import gone_pid as _gone_pid
+from .private_host import run_record as _run
+
 ROOT = Path(__file__).resolve().parent.parent
-WORKER = f"testbed-test-worker-{os.getpid()}"
-"""The module `down` here takes for one of ours (cleanup.OUR_MODULES): a name of its
-own, so that no other `down` on this machine (another test's) takes its processes for
-strays, and this one takes no one else's."""
-
-
-class Host:
-    """The test's host: its state folder, its namespaces (files) and its processes."""
-
-    def __init__(self, root: Path) -> None:
-        self.states = root / "state"
-        self.netns = root / "netns"
-        self.states.mkdir()
-        self.netns.mkdir()
-        self.processes: list[subprocess.Popen[str]] = []
-
-    def namespaces(self, *names: str) -> list[str]:
-        for name in names:
-            (self.netns / name).touch()
-        return list(names)
-
-    def present(self) -> set[str]:
-        return {p.name for p in self.netns.iterdir()}
-
-    def write(self, run_id: str, data: Any) -> Path:
-        path = self.states / f"{run_id}.json"
-        path.write_text(data if isinstance(data, str) else json.dumps(data))
-        return path
-
-    def start(self, code: str, *argv: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen([sys.executable, "-c", code, *argv], stdout=subprocess.PIPE,
-                                text=True)
-        self.processes.append(proc)
-        return proc
-
-    def worker(self) -> int:
-        """A process whose command line is one of our workers', child of this one."""
-        return self.start("import time; time.sleep(120)", "-m", WORKER).pid
-
-    def owner_with_worker(self) -> tuple[int, int]:
-        """A live owner (as a run's `up` process) and its worker."""
-        proc = self.start("import subprocess, sys, time\n"
-                          "p = subprocess.Popen([sys.executable, '-c', 'import time; "
-                          f"time.sleep(120)', '-m', '{WORKER}'])\n"
-                          "print(p.pid, flush=True)\ntime.sleep(120)")
-        assert proc.stdout is not None
-        return proc.pid, int(proc.stdout.readline())
 
 
 @pytest.fixture
-def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Host]:
-    made = Host(tmp_path)
-
-    def remove_namespace(name: str) -> bool:
-        (made.netns / name).unlink(missing_ok=True)
-        return True
-
-    def strays(keep: Any = frozenset()) -> list[int]:
-        """Of the strays `down` finds, those this test started (and theirs)."""
-        started = {p.pid for p in made.processes}
-        mine = started | set(_children_of(started))
-        return [p for p in real_strays(keep) if p in mine]
-
-    real_strays = cleanup.stray_processes
-    real_find = sweep_leftovers.find
-    monkeypatch.setattr(state, "STATE_DIR", made.states)
-    monkeypatch.setattr(netns, "NETNS_DIR", made.netns)
-    monkeypatch.setattr(netns, "ETC_NETNS", tmp_path / "etc-netns")
-    monkeypatch.setattr(netns, "list_namespaces", lambda: sorted(made.present()))
-    monkeypatch.setattr(netns, "remove_namespace", remove_namespace)
-    monkeypatch.setattr(cleanup, "stray_processes", strays)
-    monkeypatch.setattr(cleanup, "OUR_MODULES", (WORKER,))
-    monkeypatch.setattr(sweep_leftovers, "find", lambda: real_find(only=()))
-    try:
+def host(tmp_path: Path) -> Iterator[Host]:
+    with private_host(tmp_path) as made:
         yield made
-    finally:
-        started = {p.pid for p in made.processes}
-        for pid in _children_of(started):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        for proc in made.processes:
-            proc.kill()
-            proc.wait()
-
-
-def _children_of(parents: set[int]) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if parent in parents:
-                found.append(int(entry.name))
-    return found
-
-
-def _gone_pid() -> int:
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
-    return int(done.stdout)
 
 
 def _alive(pid: int) -> bool:
@@ -135,12 +37,6 @@ def _alive(pid: int) -> bool:
     while process_start_ticks(pid) is not None and time.monotonic() < deadline:
         time.sleep(0.05)
     return process_start_ticks(pid) is not None
-
-
-def _run(run_id: str, owner: int, namespaces: list[str], **more: Any) -> dict[str, Any]:
-    return {"run_id": run_id, "slot": 1, "prefix": "tb1-", "topology": "two-dc",
-            "shaper": "netem", "namespaces": namespaces, "etc_dirs": [], "owner_pid": owner,
-            "owner_ticks": process_start_ticks(owner) or 0, "processes": [], **more}
 
 
 def test_a_state_file_of_another_version_reads_without_the_keys_it_does_not_know(

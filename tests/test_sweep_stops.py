@@ -8,7 +8,6 @@ only over what the test made (its own marks, an empty state folder, no namespace
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import signal
 import subprocess
@@ -21,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from testbed.experiments.sweep_store import POINTS_FILE
-from testbed.net import cleanup, netns, state, sweep_leftovers
+from testbed.net import cleanup, sweep_leftovers
 from testbed.net.state import process_start_ticks
 from testbed.net.sweep_leftovers import MARK, OWNER_FILE, RAY_PREFIX, identity
 
+from .private_host import private_host
 from .test_sweep import NO_RAY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,16 +137,11 @@ def _orphaned(out: Path) -> tuple[str, list[int]]:
     return mark, left
 
 
-def _down(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, marks: set[str]
-          ) -> cleanup.DownReport:
+def _down(tmp_path: Path, marks: set[str]) -> cleanup.DownReport:
     """`testbed down` over this test's own: its marks, an empty state folder, no
-    namespaces, no strays but what its marks name."""
-    monkeypatch.setattr(state, "STATE_DIR", tmp_path / "state")
-    monkeypatch.setattr(netns, "list_namespaces", lambda: [])
-    monkeypatch.setattr(cleanup, "stray_processes", lambda _keep=frozenset(): [])
-    monkeypatch.setattr(sweep_leftovers, "find",
-                        functools.partial(sweep_leftovers.find, only=marks))
-    return cleanup.down()
+    namespaces, no strays (tests/private_host.py)."""
+    with private_host(tmp_path / "host", marks):
+        return cleanup.down()
 
 
 def test_down_removes_what_a_killed_sweep_left_and_nothing_else(
@@ -164,7 +159,7 @@ def test_down_removes_what_a_killed_sweep_left_and_nothing_else(
         folders[owner] = folder
     (tmp_path / f"{RAY_PREFIX}link").symlink_to(folders[mark])
     try:
-        report = _down(monkeypatch, tmp_path, {mark, identity()})
+        report = _down(tmp_path, {mark, identity()})
         assert sorted(report.processes) == sorted(left), report
         assert report.folders == [str(folders[mark])]
         assert report.summary() == [f"removed 0 runs, 0 namespaces, {len(left)} stray "
@@ -179,8 +174,7 @@ def test_down_removes_what_a_killed_sweep_left_and_nothing_else(
                 os.kill(pid, signal.SIGKILL)
 
 
-def test_down_removes_a_killed_local_ray_instance(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_down_removes_a_killed_local_ray_instance(tmp_path: Path) -> None:
     """`--ray local` killed left Ray's agents running and its temporary folder."""
     pytest.importorskip("ray", reason=NO_RAY)
     out = tmp_path / "out"
@@ -191,7 +185,7 @@ def test_down_removes_a_killed_local_ray_instance(tmp_path: Path,
     _kill(proc)
     found = sweep_leftovers.find(only={mark})
     assert found.folders and set(found.processes) <= set(started)
-    report = _down(monkeypatch, tmp_path, {mark})
+    report = _down(tmp_path, {mark})
     assert report.folders == [str(f) for f in found.folders]
     assert not _wait_gone(started, 10) and not any(f.exists() for f in found.folders)
 
