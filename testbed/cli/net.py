@@ -264,8 +264,9 @@ def net_check(topology: Path, shaper: str, seconds: float, flows: int, as_json: 
 def down(run: str | None, stop_live: bool) -> None:
     """Remove what runs of testbed left behind: namespaces, delay lines, workers.
 
-    Safe to run at any time; it touches only what testbed recorded or named as its own,
-    and leaves runs that are still alive alone. RUN (a run id, see `testbed net ls`)
+    Also what killed sweeps left: their workers, a local Ray instance's processes and
+    folder. Safe to run at any time; it touches only what testbed recorded, marked or
+    named as its own, and leaves runs and sweeps that are still alive alone. RUN (a run id, see `testbed net ls`)
     removes that run only, stopping it if it is alive; --all stops live runs too.
     """
     from testbed.net.cleanup import down as clean
