@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "testbed"
 
 # Lowest first. A part may import itself, errors, and the parts its row names.
 BASE = {"common"}
-INPUTS = BASE | {"topology", "job", "scenario"}
+INPUTS = BASE | {"topology", "job", "scenario", "loss"}
 COSTS = INPUTS | {"plan"}
 POLICIES = COSTS | {"policy", "inference"}
 RESULTS = POLICIES | {"metrics", "report"}
@@ -24,6 +24,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "topology": BASE,
     "job": BASE | {"topology"},
     "scenario": BASE | {"topology"},
+    "loss": BASE,
     "plan": INPUTS - {"scenario"},
     "policy": COSTS,
     "inference": COSTS | {"policy"},

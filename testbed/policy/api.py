@@ -9,6 +9,16 @@ from __future__ import annotations
 
 from testbed.errors import InputError
 from testbed.job.model import Job, ModelShape
+from testbed.loss.effects import (
+    CompressedGradients,
+    Exact,
+    LocalSteps,
+    LossEffect,
+    Unmodelled,
+    diloco,
+    streaming_diloco,
+)
+from testbed.loss.model import Estimate, LossModel, Penalty
 from testbed.plan.build import (
     Connections,
     LinkKind,
@@ -51,6 +61,7 @@ from testbed.policy.base import (
     setting,
 )
 from testbed.policy.context import PlanningContext
+from testbed.policy.loss_effect import effect_of
 from testbed.policy.option_parsers import (
     at_least_one,
     fraction,
@@ -72,8 +83,11 @@ __all__ = [
     "BubblePolicy",
     "Chunk",
     "Collective",
+    "CompressedGradients",
     "Connections",
     "Datacenter",
+    "Estimate",
+    "Exact",
     "Gpu",
     "GpuType",
     "HostLimits",
@@ -81,11 +95,15 @@ __all__ = [
     "InputError",
     "Job",
     "LinkKind",
+    "LocalSteps",
+    "LossEffect",
+    "LossModel",
     "ModelShape",
     "NoSettings",
     "Op",
     "Option",
     "OuterOptimizer",
+    "Penalty",
     "Plan",
     "PlanningContext",
     "PrefillTimes",
@@ -101,6 +119,7 @@ __all__ = [
     "Topology",
     "TrainingPolicy",
     "Transfer",
+    "Unmodelled",
     "WanLink",
     "Worker",
     "at_least_one",
@@ -108,6 +127,8 @@ __all__ = [
     "cycled",
     "dc_pipelines",
     "default_pp",
+    "diloco",
+    "effect_of",
     "file_order_placement",
     "fits_memory",
     "fraction",
@@ -123,5 +144,6 @@ __all__ = [
     "setting",
     "split_layers",
     "stage_cost",
+    "streaming_diloco",
     "virtual_placement",
 ]

@@ -14,8 +14,10 @@ from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from testbed.errors import InputError, did_you_mean
 from testbed.job.model import Job
+from testbed.loss.effects import LossEffect
 from testbed.plan.model import Op, Plan
 from testbed.policy.context import PlanningContext
+from testbed.policy.loss_effect import effect_of
 from testbed.topology.model import Topology
 
 API_VERSION = 2
@@ -226,6 +228,16 @@ class TrainingPolicy(_Configurable, ABC):
     ) -> Transfer:
         """Which waiting transfer gets the arbitrated link direction next (first come first)."""
         return min(waiting, key=lambda t: (t.ready_at, t.id))
+
+    def loss_effect(self, plan: Plan, topology: Topology) -> LossEffect:
+        """What this policy's plan does to the loss a token buys, for the loss model's
+        prediction of its loss and time to a target loss: `Exact()` (a schedule or a
+        placement), `LocalSteps(M, H, ...)` (the DiLoCo family) or
+        `CompressedGradients(payload)`. The default reads it from the plan (whole dense
+        gradients every step: exact; outer steps: the DiLoCo family, with the plan's M, H,
+        fragments, overlap, payload and outer optimizer); a policy whose plan means
+        something else says so here."""
+        return effect_of(plan, topology)
 
 
 class BubblePolicy(_Configurable, ABC):

@@ -1,0 +1,98 @@
+"""Finding a loss model: the built-in `published` one (testbed.loss.published), or a
+researcher's own fitted model installed under the entry-point group `testbed.loss_models`.
+Only the model asked for is imported; whatever it raises, or any answer that is not a
+finite loss inside its own band, is a plugin error naming it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+from typing import Any
+
+from testbed.errors import InputError, PluginError, did_you_mean
+from testbed.loss.effects import LossEffect
+from testbed.loss.model import Estimate, LossModel, Penalty
+from testbed.loss.published import NAME as PUBLISHED
+from testbed.loss.published import PublishedModel
+from testbed.policy.guard import plugin_code
+
+LOSS_GROUP = "testbed.loss_models"
+DEFAULT_LOSS_MODEL = PUBLISHED
+REQUIRED = ("synchronous", "penalty", "floor", "irreducible")
+
+
+def loss_model_names() -> list[str]:
+    """The built-in model and every installed one, without importing any."""
+    return [PUBLISHED, *sorted({e.name for e in entry_points(group=LOSS_GROUP)} - {PUBLISHED})]
+
+
+def loss_model(name: str = DEFAULT_LOSS_MODEL) -> LossModel:
+    """The model `name`: the built-in one, or the installed plugin of that name (only it
+    is imported), wrapped so that its crashes and impossible answers name it."""
+    if name == PUBLISHED:
+        return PublishedModel()
+    entries = [e for e in entry_points(group=LOSS_GROUP) if e.name == name]
+    if not entries:
+        names = loss_model_names()
+        raise InputError(f"unknown loss model {name!r}{did_you_mean(name, names)}; "
+                         f"installed: {', '.join(names)}", "--loss-model")
+    entry = entries[-1]
+    with plugin_code(f"loss model {name!r} failed to load", entry.module):
+        made = entry.load()()
+    missing = [m for m in REQUIRED if not callable(getattr(made, m, None))]
+    if missing:
+        raise PluginError(f"loss model {name!r} ({entry.value}) lacks "
+                          f"{', '.join(missing)}")
+    return Guarded(made, name, entry.module)
+
+
+class Guarded:
+    """A plugin's model, each call run as plugin code and its answer checked."""
+
+    def __init__(self, model: Any, name: str, module: str) -> None:
+        self._model = model
+        self._module = module
+        self.name = name
+        found = getattr(model, "sources", ())
+        self.sources: Sequence[str] = tuple(str(s) for s in found) \
+            if isinstance(found, list | tuple) else ()
+
+    def _call(self, what: str, *args: Any) -> Any:
+        with plugin_code(f"loss model {self.name!r} failed in {what}", self._module):
+            return getattr(self._model, what)(*args)
+
+    def synchronous(self, params: float, tokens: float) -> Estimate:
+        answer = self._call("synchronous", params, tokens)
+        estimate: Estimate = self._checked(answer, Estimate, "synchronous", answer.loss
+                                           if isinstance(answer, Estimate) else None)
+        return estimate
+
+    def penalty(self, effect: LossEffect, params: float) -> Penalty:
+        answer = self._call("penalty", effect, params)
+        penalty: Penalty = self._checked(answer, Penalty, "penalty", answer.ratio
+                                         if isinstance(answer, Penalty) else None)
+        return penalty
+
+    def floor(self, params: float) -> float:
+        return self._number(self._call("floor", params), "floor")
+
+    def irreducible(self) -> float:
+        return self._number(self._call("irreducible"), "irreducible")
+
+    def _number(self, value: Any, what: str) -> float:
+        if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            raise PluginError(f"loss model {self.name!r}: {what} answered {value!r}, not a "
+                              "positive number")
+        return float(value)
+
+    def _checked(self, answer: Any, kind: type[Any], what: str, middle: float | None) -> Any:
+        if not isinstance(answer, kind) or middle is None:
+            raise PluginError(f"loss model {self.name!r}: {what} answered "
+                              f"{type(answer).__name__}, not a {kind.__name__}")
+        low, high = answer.low, answer.high
+        if not all(isinstance(v, int | float) and math.isfinite(v) and v > 0
+                   for v in (low, middle, high)) or not low <= middle <= high:
+            raise PluginError(f"loss model {self.name!r}: {what} answered {middle!r} with "
+                              f"band {low!r}-{high!r}: not positive numbers around it")
+        return answer
