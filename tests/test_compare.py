@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from testbed.cli.compare import write_compare
-from testbed.metrics.loss import SIMULATED, loss_curve, time_to_loss
+from testbed.metrics.loss import loss_curve, time_to_loss
 from testbed.metrics.summary import summarize
 from testbed.report.compare import (
     NOTE_CHARS,
@@ -229,36 +229,60 @@ def test_speedup_is_the_ratio_of_tokens_per_s_when_iterations_differ() -> None:
     assert table_text(rows).splitlines()[3].split()[3] == f"{tokens[1] / tokens[0]:.2f}x"
 
 
-def test_a_target_loss_in_the_simulator_is_a_note_not_a_number(tmp_path: Path) -> None:
+def test_a_target_loss_in_the_simulator_is_the_loss_models_prediction(tmp_path: Path) -> None:
+    """Exact methods share one curve: the same tokens to the target, their times apart
+    only by tokens/s; the table says the times are predicted, sorts by them and shows
+    effective tokens/s (equal to tokens/s for an exact method)."""
     two_dc = str(ROOT / "topologies" / "two-dc.yaml")
     out = tmp_path / "cmp"
     result = run_testbed(["compare", two_dc, "-p", "gpipe", "-p", "1f1b", "--iterations", "3",
-                          "--target-loss", "3", "--out", str(out)], None)
+                          "--target-loss", "9", "--out", str(out)], None)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert "time to loss 3" in lines[0]
-    assert all("n/a (simulated)" in line for line in lines[2:4])
-    assert lines.count(f"time to loss n/a: {SIMULATED}") == 1
+    assert "effective tokens/s" in lines[0] and "time to loss 9 (predicted)" in lines[0]
     saved = json.loads((out / "compare.json").read_text())
-    assert saved["target_loss"] == 3.0
-    assert [row["to_loss"]["reached"] for row in saved["rows"]] == [0, 0]
+    assert saved["target_loss"] == 9.0
+    times = [row["to_loss"]["time_s"] for row in saved["rows"]]
+    assert times == sorted(times) and all(t > 0 for t in times)
+    assert any("sorted by time to loss" in line for line in lines)
+    blocks = [run["results"]["time_to_loss"] for run in saved["runs"]]
+    assert {b["basis"] for b in blocks} == {"predicted"}
+    assert len({b["tokens"] for b in blocks}) == 1  # one curve for every exact method
+    predictions = [run["results"]["loss_model"] for run in saved["runs"]]
+    assert {p["penalty"] for p in predictions} == {1.0}
+    assert len({p["predicted_loss_at_end"] for p in predictions}) == 1
     for run in saved["runs"]:
-        assert run["results"]["loss_curve"] is None
-        assert run["results"]["time_to_loss"] == {
-            "target": 3.0, "reached": None, "iteration": None, "time_s": None,
-            "tokens": None, "reason": SIMULATED, "loss_of": "training"}
+        results = run["results"]
+        assert results["loss_curve"] is None
+        assert results["time_to_loss"]["time_s"] == pytest.approx(
+            results["time_to_loss"]["tokens"] / results["tokens_per_s"], rel=1e-6)
+        assert results["loss_model"]["target"]["effective_tokens_per_s"] == pytest.approx(
+            results["tokens_per_s"])
     rows = list(csv.DictReader((out / "compare.csv").open()))
-    assert {r["time_to_loss.reason"] for r in rows} == {SIMULATED}
-    assert {r["time_to_loss.time_s"] for r in rows} == {""}
-    assert not (out / "loss.png").exists()  # nothing to draw
+    assert {r["time_to_loss.basis"] for r in rows} == {"predicted"}
+    assert not (out / "loss.png").exists()  # nothing measured to draw
     again = run_testbed(["report", str(out)], None)
     assert again.returncode == 0 and again.stdout.splitlines()[:4] == lines[:4]
-    one = run_testbed(["simulate", two_dc, "--target-loss", "2.5", "--out",
+    one = run_testbed(["simulate", two_dc, "--target-loss", "9", "--out",
                        str(tmp_path / "one")], None)
     assert one.returncode == 0, one.stderr
-    said = one.stdout.splitlines()
-    assert [line for line in said if "loss" in line.split(";")[0]] == [
-        f"  time to loss  n/a: {SIMULATED}"]  # one line, and no loss curve
+    said = [line for line in one.stdout.splitlines() if "loss" in line.split(";")[0]]
+    assert len(said) == 1 and said[0].startswith("  time to loss  ")
+    assert said[0].endswith("tokens to loss 9 (predicted by the loss model)")
+
+
+def test_a_target_the_loss_model_rules_out_is_one_line(tmp_path: Path) -> None:
+    two_dc = str(ROOT / "topologies" / "two-dc.yaml")
+    result = run_testbed(["simulate", two_dc, "--target-loss", "1.5", "--out",
+                          str(tmp_path / "low")], None)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "testbed: error: target_loss: loss 1.5 is below 1.8172, the irreducible loss of the "
+        "loss model 'published': no model size or token count reaches it"]
+    unreachable = run_testbed(["simulate", two_dc, "--target-loss", "3", "--out",
+                               str(tmp_path / "floor")], None)
+    assert unreachable.returncode == 0, unreachable.stderr
+    assert "approaches at" in unreachable.stdout  # below the tiny model's floor: said so
 
 
 def test_a_bad_target_loss_is_one_line_and_exit_2(tmp_path: Path) -> None:
@@ -291,14 +315,16 @@ def test_compare_files_table_and_plot_carry_the_time_to_loss(tmp_path: Path) -> 
     assert saved["rows"][0]["to_loss"]["time_s"] == pytest.approx(4.0)
     assert saved["rows"][1]["to_loss"] == {
         "target": 3.0, "time_s": None, "tokens": None, "reached": 0, "not_reached": 1,
-        "why": "not reached in 4 iterations; lowest loss 3.5000", "compute": "real"}
+        "why": "not reached in 4 iterations; lowest loss 3.5000", "compute": "real",
+        "basis": "measured", "default": False, "fastest_s": None, "slowest_s": None,
+        "effective_tokens_per_s": None, "extrapolated": False, "model": None, "budget": None}
     rows = {r["policy"]: r for r in csv.DictReader((tmp_path / "compare.csv").open())}
     assert float(rows["fast"]["time_to_loss.time_s"]) == pytest.approx(4.0)
     assert rows["fast"]["time_to_loss.tokens"] == "300"
     assert rows["slow"]["time_to_loss.reached"] == "False"
     assert "loss_curve" not in rows["fast"]  # in each run's results.json
     lines = table_text(table_rows(entries)).splitlines()
-    assert lines[0].split()[7:11] == ["time", "to", "loss", "3"]
+    assert lines[0].split()[7:12] == ["time", "to", "loss", "3", "(measured)"]
     assert lines[2].split()[5] == "4.000s" and lines[3].split()[5:7] == ["not", "reached"]
     assert "slow: loss <= 3 not reached in 4 iterations; lowest loss 3.5000" in lines
     assert "| 4.000 s |" in markdown_table(table_rows(entries))

@@ -144,15 +144,15 @@ def test_validate_reports_every_problem_in_every_file(tmp_path: Path) -> None:
         f"testbed: error: {a}: iteration_time_s.median: expected number or null, got text "
         "'fast'",
         f"testbed: error: {a}: inference.ttft_s.p99: missing",
-        f"testbed: error: {a}: surprise: unknown key (not in schema_version 2)",
-        f"testbed: error: {a}: also: unknown key (not in schema_version 2)",
+        f"testbed: error: {a}: surprise: unknown key (not in schema_version {SCHEMA_VERSION})",
+        f"testbed: error: {a}: also: unknown key (not in schema_version {SCHEMA_VERSION})",
         *(f"testbed: error: {a}: loss_curve[{i}].{key}: missing"
           for i in (0, 1) for key in ("time_s", "tokens", "loss")),
         f"testbed: error: {a}: loss_curve[1].iteration: expected integer, got text '2'",
         f"testbed: error: {b}: status: expected one of \"ok\", \"failed\", "
         "\"interrupted\", got text 'great'",
     ])
-    assert out == f"{tmp_path / 'c'}: ok: 1 results.json, schema_version 2\n"
+    assert out == f"{tmp_path / 'c'}: ok: 1 results.json, schema_version {SCHEMA_VERSION}\n"
 
 
 def test_validate_caps_what_it_prints_and_says_how_many_more(tmp_path: Path) -> None:

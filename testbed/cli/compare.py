@@ -17,6 +17,7 @@ from testbed.cli.options import (
     jitter_option,
     job_flags,
     job_options,
+    loss_model_option,
     parse_dilation,
     results_dir,
     scenario_options,
@@ -84,6 +85,7 @@ from testbed.topology.model import Topology
 @emulation_options
 @jitter_option
 @target_loss_option
+@loss_model_option
 @trace_option
 @force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
@@ -95,7 +97,7 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
             repeat: int,
             compute: ComputeChoice, out: Path | None, pacing: str,
             activations: ActivationsChoice, dilation: str, jitter: Jitter | None,
-            target_loss: float | None, force: bool, fmt: FigureFormat,
+            target_loss: float | None, loss_model: str, force: bool, fmt: FigureFormat,
             trace: TraceChoice, on_failure: OnFailure, checkpoint_every: int | None,
             reporter: Reporter, **kwargs: Any) -> None:
     """Run policies on the same topology, job and seed, one after another, and compare.
@@ -131,7 +133,7 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
                    events=inputs.events, pacing=pacing == "on", activations=activations,
                    dilation=factor, jitter=jitter, target_loss=target_loss, trace=trace,
                    scenario=inputs.scenario, on_failure=on_failure,
-                   checkpoint_every=checkpoint_every or 0)
+                   checkpoint_every=checkpoint_every or 0, loss_model=loss_model)
     runs = comparison_runs(base, policies, bubbles, policy_opts, repeat, plans)
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, "compare"))
     with reporter.counting(f"{backend}: {plural(len(runs), 'run')}", len(runs), "run") as steps:
@@ -142,7 +144,8 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
               "bubbles": list(bubbles), "repeat": repeat,
               "options": list(policy_opts), "job_overrides": _overrides(kwargs),
               "jitter": jitter.as_dict() if jitter else None, "target_loss": target_loss,
-              "scenario": inputs.scenario.source, "on_failure": on_failure}
+              "loss_model": loss_model, "scenario": inputs.scenario.source,
+              "on_failure": on_failure}
     write_compare(directory, config, entries)
     if jitter:
         click.echo(f"jitter (CV): compute {jitter.compute:.0%}, prefill {jitter.prefill:.0%}, "

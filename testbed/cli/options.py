@@ -23,6 +23,7 @@ from testbed.common.choices import (
 from testbed.errors import InputError
 from testbed.experiments.inputs import JOB_FLAGS
 from testbed.metrics.loss import check_target_loss
+from testbed.policy.loss_models import DEFAULT_LOSS_MODEL
 from testbed.policy.option_parsers import option_text
 from testbed.policy.registry import DEFAULT_POLICY
 from testbed.report.run_dirs import claim
@@ -137,10 +138,11 @@ def target_loss_option(func: F) -> F:
     """--target-loss: report the represented time (and tokens) to reach this loss."""
     return click.option(
         "--target-loss", "target_loss", metavar="L", callback=_parse_target_loss,
-        help="Report the time and tokens until the first step whose training loss is at "
-        "most L (time_to_loss in results.json), or that it was not reached; a DiLoCo-family "
-        "run's is its synchronized model's loss, evaluated at the start and after each "
-        "cycle. Loss needs real compute: the simulator and emulated compute model none.")(func)
+        help="Report the time and tokens to loss L (time_to_loss in results.json): measured "
+        "with real compute (the first step at or below L; a DiLoCo-family run's is its "
+        "synchronized model's loss, evaluated at the start and after each cycle), else "
+        "predicted by the loss model from the run's tokens/s; or that it was not reached. "
+        "compare sorts by it.")(func)
 
 
 def _parse_target_loss(_ctx: click.Context, _param: click.Parameter, value: str | None
@@ -152,6 +154,17 @@ def _parse_target_loss(_ctx: click.Context, _param: click.Parameter, value: str 
     except ValueError:
         target = math.nan
     return check_target_loss(target, "--target-loss", value)
+
+
+def loss_model_option(func: F) -> F:
+    """--loss-model: what predicts a run's loss (testbed.policy.loss_models)."""
+    return click.option(
+        "--loss-model", "loss_model", metavar="NAME", default=DEFAULT_LOSS_MODEL,
+        show_default=True,
+        help="The loss model that predicts loss against tokens (results.json's loss_model, "
+        "and the time to --target-loss where a run trains no model): the built-in one, "
+        "every coefficient from a published source, or a fitted model installed under "
+        "the entry-point group testbed.loss_models (see `testbed plugins`).")(func)
 
 
 def trace_option(func: F) -> F:

@@ -18,6 +18,7 @@ from testbed.cli.options import (
     force_option,
     job_flags,
     job_options,
+    loss_model_option,
     parse_dilation,
     plan_option,
     policy_option,
@@ -71,6 +72,7 @@ def echo_err(message: str) -> None:
 @scenario_options
 @emulation_options
 @target_loss_option
+@loss_model_option
 @trace_option
 @force_option
 @click.option(
@@ -156,7 +158,7 @@ def up(
     cluster_file: Path | None,
     machine: str | None,
     join_timeout: float,
-    target_loss: float | None,
+    target_loss: float | None, loss_model: str,
     trace: TraceChoice,
     on_failure: OnFailure,
     reporter: Reporter,
@@ -195,7 +197,7 @@ def up(
                        dilation=parse_dilation(dilation), checkpoint_every=checkpoint_every or 0,
                        cluster=cluster_run(cluster_file, machine, join_timeout, inputs.topology),
                        target_loss=target_loss, trace=trace, scenario=inputs.scenario,
-                       on_failure=on_failure)
+                       on_failure=on_failure, loss_model=loss_model)
         spec = with_plan(spec, plan_path)
         check(spec)
         directory = results_dir(out, force,

@@ -17,6 +17,7 @@ from testbed.cli.options import (
     jitter_option,
     job_flags,
     job_options,
+    loss_model_option,
     plan_option,
     policy_option,
     policy_options,
@@ -57,6 +58,7 @@ profile_option = click.option(
 @profile_option
 @jitter_option
 @target_loss_option
+@loss_model_option
 @trace_option
 @force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
@@ -65,6 +67,7 @@ profile_option = click.option(
 def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], plan_path: Path | None,
              bubble: str | None, bubble_opts: tuple[str, ...], profile_path: Path | None,
              out: Path | None, force: bool, jitter: Jitter | None, target_loss: float | None,
+             loss_model: str,
              trace: TraceChoice, on_failure: OnFailure, checkpoint_every: int | None,
              reporter: Reporter, **kwargs: Any) -> None:
     """Simulate the plan at any scale: modeled compute, flow-level network.
@@ -83,7 +86,8 @@ def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], plan_pat
                    events=inputs.events,
                    jitter=jitter.with_seed(inputs.job.seed) if jitter else None,
                    target_loss=target_loss, trace=trace, scenario=inputs.scenario,
-                   on_failure=on_failure, checkpoint_every=checkpoint_every or 0)
+                   on_failure=on_failure, checkpoint_every=checkpoint_every or 0,
+                   loss_model=loss_model)
     spec = with_plan(spec, plan_path)
     check(spec)
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, spec.policy))

@@ -27,6 +27,7 @@ from testbed.plan.host_tcp import hosts_as_planned
 from testbed.plan.model import Plan
 from testbed.policy import bubble_policy, training_policy
 from testbed.policy.base import TrainingPolicy
+from testbed.policy.loss_models import check_reachable, declared_effect, loss_model
 from testbed.report.results import RunRecord, write_run
 from testbed.report.run_dirs import holding
 from testbed.report.run_results import Results
@@ -79,6 +80,7 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
         outcome = backend.execute(spec, plan, chosen, directory, say, resume)
         record, error = outcome.record, outcome.error
         reached(spec, record)
+        predicting(spec, plan, chosen, record)
         record.wall_s = time.monotonic() - started
         record.target_loss = spec.target_loss
         record.plan_file = spec.plan_file
@@ -93,8 +95,11 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
 def prepare(spec: RunSpec, say: Say) -> tuple[RunSpec, Plan, TrainingPolicy]:
     """The run as it will go: the policy's plan, whole cycles of it, the host TCP settings
     it asks for, and memory for the prefills it will take."""
+    model = loss_model(spec.loss_model)
     if spec.target_loss is not None:
         check_target_loss(spec.target_loss, "target_loss")
+        if spec.backend == "simulate" or spec.compute == "emulated":  # no loss measured
+            check_reachable(model, spec.target_loss)
     chosen = training_policy(spec.policy, spec.policy_options)
     plan = spec.plan if spec.plan is not None else \
         plan_with_simulator(chosen, spec.topology, spec.job, say=say)
@@ -115,7 +120,16 @@ def simulated(spec: RunSpec) -> RunRecord:
     spec, plan, chosen = prepare(replace(spec, backend="simulate"), lambda _m: None)
     record = SimulatorBackend().record(spec, plan, chosen)
     reached(spec, record)
+    predicting(spec, plan, chosen, record)
+    record.target_loss = spec.target_loss
     return record
+
+
+def predicting(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, record: RunRecord) -> None:
+    """The loss model and the method's effect on loss per token, for the run's results
+    (`loss_model`, and the predicted time to the target where the run trains no model)."""
+    record.loss_model = loss_model(spec.loss_model)
+    record.loss_effect = declared_effect(chosen, plan, spec.topology)
 
 
 def reached(spec: RunSpec, record: RunRecord) -> None:

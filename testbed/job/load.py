@@ -124,7 +124,7 @@ def parse_job(data: object, source: str | None = None, prefix: str = "job",
     fields = Fields(data, source, prefix, ("model", "microbatch_size", "microbatches",
                                            "global_batch", "dp", "pp", "tp", "iterations",
                                            "seed", "dtype", "inference", "data",
-                                           "optimizer"))
+                                           "optimizer", "token_budget"))
     base = base if base is not None else source_folder(source)
     model = _parse_model(fields, "model")
     microbatch_size = fields.get("microbatch_size", positive(integer), 1)
@@ -150,6 +150,7 @@ def parse_job(data: object, source: str | None = None, prefix: str = "job",
         "deadline", "max_batch_tokens")), source)
     corpus = parse_data(fields, "data", model, base)
     optimizer = parse_optimizer(fields.section("optimizer", keys=OPTIMIZER_KEYS))
+    token_budget = fields.get("token_budget", positive(integer), None)
     fields.done()
     return Job(
         model,
@@ -166,6 +167,7 @@ def parse_job(data: object, source: str | None = None, prefix: str = "job",
         source,
         corpus,
         optimizer,
+        token_budget,
     )
 
 
@@ -348,7 +350,7 @@ def dump_job(job: Job) -> dict[str, Any]:
                            "microbatch_size": job.microbatch_size,
                            "iterations": job.iterations, "seed": job.seed, "dtype": job.dtype,
                            "tp": job.tp}
-    for key in ("microbatches", "global_batch", "dp", "pp"):
+    for key in ("microbatches", "global_batch", "dp", "pp", "token_budget"):
         if getattr(job, key) is not None:
             out[key] = getattr(job, key)
     if job.data is not None:

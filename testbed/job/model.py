@@ -213,6 +213,16 @@ class Job:
     """None: the seeded synthetic corpus (testbed.runtime.worker.model.Corpus)."""
     optimizer: InnerOptimizer = InnerOptimizer()
     """What real compute trains with (emulated compute and the simulator use none)."""
+    token_budget: int | None = None
+    """Tokens the whole training run is meant to see (a run simulates or emulates a few
+    of its iterations): what the loss model's default target is the synchronous loss at;
+    None: 20 per parameter, the compute-optimal budget (`tokens_budgeted`)."""
+
+    @property
+    def tokens_budgeted(self) -> int:
+        """`token_budget`, else 20 tokens per parameter (Hoffmann et al. 2022's
+        compute-optimal ratio, as Charles et al. 2025 train to)."""
+        return self.token_budget if self.token_budget is not None else 20 * self.model.params
 
     @property
     def dtype_bytes(self) -> int:

@@ -38,24 +38,33 @@ at the start of the run and of each cycle (testbed.runtime.worker.synced_loss), 
 the model such a run would keep; its replicas' local models, which step apart between
 syncs, reach a lower loss sooner."""
 
+Basis = Literal["measured", "predicted"]
+
 
 class TimeToLoss(TypedDict):
-    """How long a run took to reach `target`: the first step whose loss is at most it."""
+    """How long a run took to reach `target`: the first step whose loss is at most it
+    (measured), or the loss model's tokens to it at the run's tokens/s (predicted)."""
 
     target: float
     reached: bool | None
     """None: the run measured no loss at all (`reason` says why)."""
     iteration: int | None
+    """The step that reached it (measured only)."""
     time_s: float | None
     tokens: int | None
     reason: str | None
     """Why there is no time: not reached (and the lowest loss), or no loss measured."""
     loss_of: NotRequired[LossOf]
     """Whose loss is ranked (absent in results written before it was said)."""
+    basis: Basis
+    """measured: from the run's own losses (real compute); predicted: from the loss
+    model (testbed.loss) where the run computes none."""
 
 
-SIMULATED = "the simulator models no loss: loss needs real compute (the emulator's --compute real)"
-EMULATED = "emulated compute trains no model: loss needs real compute (--compute real)"
+SIMULATED = ("the simulator trains no model: its loss is the loss model's prediction "
+             "(real compute measures one: the emulator's --compute real)")
+EMULATED = ("emulated compute trains no model: its loss is the loss model's prediction "
+            "(--compute real measures one)")
 
 
 def check_target_loss(target: float, where: str, given: object = None) -> float:
@@ -115,27 +124,55 @@ def time_to_loss(curve: Sequence[LossPoint], target: float,
     the curve holds."""
     if no_loss is not None:
         return TimeToLoss(target=target, reached=None, iteration=None, time_s=None,
-                          tokens=None, reason=no_loss, loss_of=loss_of)
+                          tokens=None, reason=no_loss, loss_of=loss_of, basis="measured")
     for point in curve:
         loss = point["loss"]
         if loss is not None and loss <= target:  # NaN never is
             return TimeToLoss(target=target, reached=True, iteration=point["iteration"],
                               time_s=point["time_s"], tokens=point["tokens"], reason=None,
-                              loss_of=loss_of)
+                              loss_of=loss_of, basis="measured")
     finite = [loss for p in curve if (loss := p["loss"]) is not None and math.isfinite(loss)]
     lowest = f"; lowest loss {min(finite):.4f}" if finite else ""
     where = f"by the synchronized model, evaluated {plural(len(curve), 'time')}" \
         if loss_of == "synchronized" else f"in {plural(len(curve), 'iteration')}"
     return TimeToLoss(target=target, reached=False, iteration=None, time_s=None, tokens=None,
-                      reason=f"not reached {where}{lowest}", loss_of=loss_of)
+                      reason=f"not reached {where}{lowest}", loss_of=loss_of,
+                      basis="measured")
+
+
+def predicted_time_to_loss(target: float, tokens: float | None, tokens_per_s: float | None,
+                           reason: str | None, loss_of: LossOf = "training") -> TimeToLoss:
+    """The loss model's tokens to `target` (None: never, `reason` says why) at the run's
+    tokens/s (None: the run measured none); `loss_of`: the model whose loss it predicts
+    (a DiLoCo-family run's synchronized one, as its sources evaluate it)."""
+    if tokens is not None and not tokens_per_s:
+        reason, tokens = "the run measured no tokens/s", None
+    return TimeToLoss(target=target, reached=tokens is not None, iteration=None,
+                      time_s=None if tokens is None or not tokens_per_s
+                      else tokens / tokens_per_s,
+                      tokens=None if tokens is None else round(tokens), reason=reason,
+                      loss_of=loss_of, basis="predicted")
 
 
 def time_to_loss_text(result: TimeToLoss) -> str:
     """One line for the console: the time and tokens, or why there are none."""
     if result["reached"] and result["time_s"] is not None:
+        if result.get("basis") == "predicted":
+            return (f"{duration_text(result['time_s'])}, {result['tokens'] or 0:.3g} tokens to "
+                    f"loss {result['target']:g} (predicted by the loss model)")
         model = " (the synchronized model's)" if result.get("loss_of") == "synchronized" else ""
         return (f"{result['time_s']:.3f} s, {result['tokens']:,} tokens (iteration "
                 f"{(result['iteration'] or 0) + 1}) to loss <= {result['target']:g}{model}")
     if result["reached"] is None:
         return f"n/a: {result['reason']}"
+    if result.get("basis") == "predicted":
+        return f"loss {result['target']:g} not reached (predicted): {result['reason']}"
     return f"loss <= {result['target']:g} {result['reason']}"
+
+
+def duration_text(seconds: float) -> str:
+    """A time a person takes in at a glance: seconds, minutes, hours, days or years."""
+    for unit, size in (("years", 365.25 * 86400), ("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"

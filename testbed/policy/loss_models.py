@@ -11,15 +11,45 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from testbed.errors import InputError, PluginError, did_you_mean
-from testbed.loss.effects import LossEffect
+from testbed.loss.effects import (
+    CompressedGradients,
+    Exact,
+    LocalSteps,
+    LossEffect,
+    Unmodelled,
+)
 from testbed.loss.model import Estimate, LossModel, Penalty
 from testbed.loss.published import NAME as PUBLISHED
 from testbed.loss.published import PublishedModel
+from testbed.plan.model import Plan
+from testbed.policy.base import TrainingPolicy
 from testbed.policy.guard import plugin_code
+from testbed.topology.model import Topology
 
 LOSS_GROUP = "testbed.loss_models"
 DEFAULT_LOSS_MODEL = PUBLISHED
 REQUIRED = ("synchronous", "penalty", "floor", "irreducible")
+
+
+def declared_effect(policy: TrainingPolicy, plan: Plan, topology: Topology) -> LossEffect:
+    """The policy's `loss_effect` for its plan, run as plugin code and checked."""
+    with plugin_code(f"policy {policy.name!r} failed in loss_effect", type(policy).__module__):
+        effect = policy.loss_effect(plan, topology)
+    if not isinstance(effect, Exact | LocalSteps | CompressedGradients | Unmodelled):
+        raise PluginError(f"policy {policy.name!r}: loss_effect returned "
+                          f"{type(effect).__name__}, not Exact, LocalSteps, "
+                          "CompressedGradients or Unmodelled")
+    return effect
+
+
+def check_reachable(model: LossModel, target: float, where: str = "target_loss") -> None:
+    """A target the model's synchronous curve can approach at some size: refused in one
+    line when it is below the model's irreducible loss."""
+    floor = model.irreducible()
+    if target <= floor:
+        raise InputError(f"loss {target:g} is below {floor:g}, the irreducible loss of the "
+                         f"loss model {model.name!r}: no model size or token count reaches "
+                         "it", where)
 
 
 def loss_model_names() -> list[str]:

@@ -13,8 +13,10 @@ from typing import Any
 from testbed.errors import one_line
 from testbed.metrics.interval import Interval, mean_interval
 from testbed.metrics.summary import speedup
+from testbed.report.compare_loss import ToLoss, loss_notes, sort_key, to_loss
 from testbed.report.table import aligned
 
+EFFECTIVE = "effective tokens/s"
 NOTE_CHARS = 300
 """A failed run's error as the table's note shows it, at most (compare.json has it all)."""
 
@@ -75,43 +77,6 @@ def csv_text(entries: Sequence[RunEntry]) -> str:
     writer.writeheader()
     writer.writerows(rows)
     return out.getvalue()
-
-
-@dataclass
-class ToLoss:
-    """A row's time to the target loss over its repeats (results' `time_to_loss`)."""
-
-    target: float
-    time_s: float | None
-    """The median over the repeats that reached it."""
-    tokens: float | None
-    reached: int
-    not_reached: int
-    why: str | None
-    """Why the row has no time: each run's reason (not reached, or no loss measured)."""
-    compute: str
-    """How the runs computed: a modeled or emulated run has no loss to reach."""
-
-    def cell(self, unit: str = "") -> str:
-        if self.reached == 0 and self.not_reached == 0:
-            return "n/a (simulated)" if self.compute == "modeled" else f"n/a ({self.compute})"
-        if self.time_s is None:
-            return "not reached"
-        missed = f" ({self.not_reached} not reached)" if self.not_reached else ""
-        return f"{self.time_s:.3f}{unit}s{missed}"
-
-
-def to_loss(ok: Sequence[dict[str, Any]]) -> ToLoss | None:
-    """The row's time to loss from its runs' results; None when none had a target."""
-    blocks = [r["time_to_loss"] for r in ok if r.get("time_to_loss")]
-    if not blocks:
-        return None
-    reached = [b for b in blocks if b["reached"]]
-    return ToLoss(target=blocks[0]["target"], time_s=_median([b["time_s"] for b in reached]),
-                  tokens=_median([b["tokens"] for b in reached]), reached=len(reached),
-                  not_reached=sum(b["reached"] is False for b in blocks),
-                  why=next((b["reason"] for b in blocks if b["reason"]), None),
-                  compute=str(ok[0].get("compute")))
 
 
 @dataclass
@@ -236,6 +201,8 @@ def table_rows(entries: Sequence[RunEntry]) -> list[Row]:
         ))
     base = rows[0].tokens_per_s if rows else None
     by_combo = {row.combo: row for row in rows}
+    if any(row.to_loss and not row.to_loss.default for row in rows):  # a target was given
+        rows.sort(key=lambda row: sort_key(row.to_loss.time_s if row.to_loss else None))
     for row in rows:
         row.speedup = speedup(row.tokens_per_s, base)
         policy, plus, bubble = row.combo.partition("+")
@@ -297,6 +264,8 @@ def notes(rows: Sequence[Row]) -> list[str]:
     if any(row.requests for row in rows):
         out.append("inference requests: served of arrived (first token out), rejected (not "
                    "started within the deadline), expired (served, first token after it)")
+    losses = [(row.combo, row.to_loss) for row in rows if row.to_loss]
+    out += loss_notes(losses, any(not t.default for _, t in losses) and len(rows) > 1)
     said: set[str] = set()
     for row in rows:  # why a row has no time to loss, each reason once
         if row.to_loss and row.to_loss.why and row.to_loss.reached == 0:
@@ -311,9 +280,13 @@ def notes(rows: Sequence[Row]) -> list[str]:
 
 def _header(rows: Sequence[Row]) -> list[str]:
     header = ["policy", "iteration (s)", "spread (s)", "speed-up", "tokens/s"]
-    target = next((row.to_loss.target for row in rows if row.to_loss), None)
-    if target is not None:
-        header.append(f"time to loss {target:g}")
+    losses = [row.to_loss for row in rows if row.to_loss]
+    if any(t.effective_tokens_per_s is not None for t in losses):
+        header.append(EFFECTIVE)
+    if losses:
+        bases = {t.basis for t in losses}
+        header.append(f"time to loss {losses[0].target:.4g}"
+                      + (f" ({bases.pop()})" if len(bases) == 1 else ""))
     header += ["GPU train", "GPU total", "WAN", "TTFT p50", "TTFT p99"]
     if any(row.requests for row in rows):
         header += ["served", "rejected", "expired"]
@@ -328,12 +301,14 @@ def _cells(row: Row, header: Sequence[str], unit: str) -> list[str]:
     if row.iteration_s is None:
         return [row.combo, "failed"] + ["-"] * (len(header) - 2)
     targeted = any(h.startswith("time to loss") for h in header)
+    effective = row.to_loss.effective_tokens_per_s if row.to_loss else None
     return [
         row.combo + (f" ({row.failed} failed)" if row.failed else ""),
         _fmt(row.iteration_s, "{:.3f}"),
         row.spread_text(),
         _fmt(row.speedup, "{:.2f}x"),
         _fmt(row.tokens_per_s, "{:.0f}"),
+        *([_fmt(effective, "{:.0f}")] if EFFECTIVE in header else []),
         *([row.to_loss.cell(unit) if row.to_loss else "-"] if targeted else []),
         _fmt(row.util_training, "{:.1%}"),
         _fmt(row.util_total, "{:.1%}"),

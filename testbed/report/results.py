@@ -24,13 +24,17 @@ from testbed.common.spans import Span
 from testbed.common.yamlio import to_yaml
 from testbed.inference.bubbles import RequestRow
 from testbed.job.model import Job
+from testbed.loss.effects import LossEffect
+from testbed.loss.model import LossModel
 from testbed.metrics.loss import (
     LossOf,
     loss_curve,
     no_loss_reason,
+    predicted_time_to_loss,
     synced_loss_curve,
     time_to_loss,
 )
+from testbed.metrics.loss_prediction import LossPrediction, loss_prediction
 from testbed.metrics.summary import Summary
 from testbed.plan.compute import memory_summary
 from testbed.plan.model import Plan
@@ -97,6 +101,10 @@ class RunRecord:
     synced_losses: dict[int, float] | None = None
     """A DiLoCo-family run's synchronized model's loss by iteration (real compute): what
     its time to loss ranks."""
+    loss_model: LossModel | None = None
+    """What predicts the run's loss (testbed.loss); None: no prediction."""
+    loss_effect: LossEffect | None = None
+    """What the run's method does to loss per token, as its policy declares it."""
 
     def results(self) -> dict[str, Any]:
         """results.json's content (testbed.report.run_results' types as JSON)."""
@@ -154,8 +162,9 @@ class RunRecord:
         return None if self.trace == "none" else trace_scope(self.plan, self.trace)[1]
 
     def loss_results(self) -> dict[str, Any]:
-        """Loss against represented time, and the time to the target loss when one is set;
-        a run that measured no loss says why instead of showing a curve."""
+        """Loss against represented time, and the time to the target loss when one is set:
+        measured where the run computed a loss, else the loss model's prediction; a run
+        that measured no loss says why instead of showing a curve."""
         no_loss = no_loss_reason(self.compute)
         ends = self.summary.iteration_ends_s
         tokens = self.summary.iteration_tokens or self.summary.tokens_per_iteration
@@ -164,14 +173,29 @@ class RunRecord:
         loss_of: LossOf = "synchronized" if self.plan.keeps_outer_model else "training"
         synced = None if no_loss or loss_of == "training" else synced_loss_curve(
             self.synced_losses or {}, ends, tokens)
-        return {
-            "loss_curve": curve,
-            "loss_note": no_loss,
-            "time_to_loss": None if self.target_loss is None
-            else time_to_loss((curve if synced is None else synced) or [], self.target_loss,
-                              no_loss, loss_of),
-            **({"synced_loss_curve": synced} if synced else {}),
-        }
+        predicted = self.prediction()
+        target = self.target_loss
+        if target is None:
+            reached = None
+        elif no_loss is None or predicted is None:
+            reached = time_to_loss((curve if synced is None else synced) or [], target,
+                                   no_loss, loss_of)
+        else:
+            ahead = predicted["target"]
+            reached = predicted_time_to_loss(
+                target, ahead["tokens"] if ahead else None, self.summary.tokens_per_s,
+                ahead["reason"] if ahead else f"the loss model has no form for this plan: "
+                f"{predicted['error']}", loss_of)
+        return {"loss_curve": curve, "loss_note": no_loss, "time_to_loss": reached,
+                "loss_model": predicted, **({"synced_loss_curve": synced} if synced else {})}
+
+    def prediction(self) -> LossPrediction | None:
+        """The loss model's prediction for this run, where it has a model and an effect."""
+        if self.loss_model is None or self.loss_effect is None:
+            return None
+        return loss_prediction(self.loss_model, self.loss_effect, self.job,
+                               self.summary.tokens_total, self.summary.tokens_per_s,
+                               self.target_loss)
 
 
 def write_run(directory: Path, record: RunRecord) -> Results:

@@ -25,9 +25,11 @@ from testbed.common.choices import (
 )
 from testbed.common.codec import OMITTED
 from testbed.metrics.loss import LossPoint, TimeToLoss
+from testbed.metrics.loss_prediction import LossPrediction
 
-SCHEMA_VERSION = 2
-"""1: results.json before it had a schema (a `schema` key); 2: the first with one."""
+SCHEMA_VERSION = 3
+"""1: results.json before it had a schema (a `schema` key); 2: the first with one; 3:
+`loss_model` (the loss model's prediction) and `time_to_loss.basis`."""
 
 
 
@@ -165,6 +167,9 @@ class Results:
     loss_note: str | None
     """Why the run has no loss (its compute measured none)."""
     time_to_loss: TimeToLoss | None
+    loss_model: LossPrediction | None
+    """The loss model's prediction (testbed.loss): the loss at the run's tokens, the time
+    to the target at its tokens/s; null for a run made without one."""
     policy_options: dict[str, str]
     tcp: dict[str, dict[str, str]]
     versions: Versions

@@ -16,6 +16,7 @@ from testbed.common.choices import (
 )
 from testbed.job.model import Job
 from testbed.plan.model import Plan
+from testbed.policy.loss_models import DEFAULT_LOSS_MODEL
 from testbed.scenario.scenario import Scenario
 from testbed.sim.jitter import Jitter
 from testbed.sim.profile import Profile
@@ -72,6 +73,10 @@ class RunSpec:
     """Link traces, stragglers and failures during the run (its events are in `events`)."""
     on_failure: OnFailure = "stop"
     """What a scenario's failure does to the run (testbed.run.recovery)."""
+    loss_model: str = DEFAULT_LOSS_MODEL
+    """What predicts the loss (results' `loss_model`, and the time to `target_loss` where
+    the run trains no model): the built-in model or an installed one
+    (testbed.policy.loss_models)."""
 
     @property
     def link_events(self) -> tuple[NetEvent, ...]:
