@@ -78,11 +78,15 @@ def test_the_printed_table_has_a_header_row(tmp_path: Path) -> None:
     code, out, err = _sweep(tmp_path / "one", *GRID, "--workers", "1")
     assert code == 0, err
     header, rule, first, *_ = out.splitlines()
-    assert [h for h in header.split("  ") if h] == [
-        "policy", "wan.latency", "microbatches", "iteration (s)", "speed-up"]
+    row = _rows(tmp_path / "one")[0]
+    target = float(row["target_loss"])  # the default: the synchronous loss at the budget
+    assert [h.strip() for h in header.split("  ") if h] == [
+        "policy", "wan.latency", "microbatches", "iteration (s)", "speed-up",
+        "effective tokens/s", f"time to loss {target:.4g}"]
     assert set(rule) == {"-", " "}
-    iteration = float(_rows(tmp_path / "one")[0]["iteration_s"])
-    assert first.split() == ["gpipe", "10ms", "2", f"{iteration:.3f}", "1.00x"]
+    iteration = float(row["iteration_s"])
+    assert first.split()[:5] == ["gpipe", "10ms", "2", f"{iteration:.3f}", "1.00x"]
+    assert first.split()[5] == f"{float(row['effective_tokens_per_s']):.0f}"
 
 
 RAY_TESTS = ("test_ray_local_writes_the_same_csv_as_one_process",
@@ -303,3 +307,15 @@ def test_local_workers_plan_on_their_share_of_the_cores() -> None:
     assert done.returncode == 0, done.stderr
     processes, every = map(int, done.stdout.split())
     assert processes == max(1, every // 2)
+
+
+def test_with_a_target_each_points_rows_are_sorted_by_time_to_loss() -> None:
+    from testbed.experiments.sweep import by_time_to_loss
+
+    rows = [{"wan.latency": "10ms", "policy": "a", "time_to_loss_s": 9.0},
+            {"wan.latency": "10ms", "policy": "b", "time_to_loss_s": None},
+            {"wan.latency": "10ms", "policy": "c", "time_to_loss_s": 3.0},
+            {"wan.latency": "50ms", "policy": "a", "time_to_loss_s": 1.0},
+            {"wan.latency": "50ms", "policy": "c", "time_to_loss_s": 2.0}]
+    assert [(r["wan.latency"], r["policy"]) for r in by_time_to_loss(rows, ["wan.latency"])] \
+        == [("10ms", "c"), ("10ms", "a"), ("10ms", "b"), ("50ms", "a"), ("50ms", "c")]

@@ -19,7 +19,9 @@ from testbed.cli.options import (
     jitter_option,
     job_flags,
     job_options,
+    loss_model_option,
     results_dir,
+    target_loss_option,
     verbosity_option,
 )
 from testbed.cli.progress import Reporter
@@ -30,6 +32,7 @@ from testbed.experiments.inputs import load_inputs
 from testbed.experiments.sweep import (
     Point,
     SweepSettings,
+    by_time_to_loss,
     columns,
     parse_vary,
     points,
@@ -37,6 +40,7 @@ from testbed.experiments.sweep import (
 )
 from testbed.experiments.sweep_store import holds_sweep, record, rows, start, write_csv
 from testbed.experiments.sweep_workers import Runner, runner
+from testbed.metrics.loss import duration_text
 from testbed.policy.parallel import cores
 from testbed.policy.registry import DEFAULT_POLICY, check_policies
 from testbed.policy.routing import variants
@@ -79,6 +83,8 @@ SHOWN_ROWS = 40
 @event_options
 @jitter_option
 @profile_option
+@target_loss_option
+@loss_model_option
 @force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the sweep (default: a new one under runs/). One that holds "
@@ -87,8 +93,8 @@ SHOWN_ROWS = 40
 def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
           bubbles: tuple[str, ...], policy_opts: tuple[str, ...], repeat: int,
           workers: int | None, ray_address: str | None, jitter: Jitter | None,
-          profile_path: Path | None, out: Path | None, force: bool, reporter: Reporter,
-          **kwargs: Any) -> None:
+          profile_path: Path | None, target_loss: float | None, loss_model: str,
+          out: Path | None, force: bool, reporter: Reporter, **kwargs: Any) -> None:
     """What-if grid in the simulator: one CSV row per point and run, and a plot.
 
     Every combination of the --vary knobs is a point; each point runs every policy with
@@ -109,7 +115,8 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
                    [(name, {}) for name in bubbles])
     settings = SweepSettings(inputs, policies, tuple(parse_vary(v) for v in varies), bubbles,
                              policy_opts, repeat, jitter,
-                             load_profile(profile_path) if profile_path else None)
+                             load_profile(profile_path) if profile_path else None,
+                             target_loss, loss_model)
     grid = points(settings)
     with runner(workers, ray_address) as run:
         resuming = out is not None and out.is_dir() and holds_sweep(out) and not force
@@ -123,6 +130,8 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
             plural(min(workers, max(len(grid) - len(done), 1)), "local worker")
         _run(directory, grid, done, run, where, reporter)
     table = with_speedups(rows(directory, grid), policies, [k.key for k in settings.knobs])
+    if target_loss is not None:
+        table = by_time_to_loss(table, [k.key for k in settings.knobs])
     csv_path = write_csv(directory, columns(settings), table)
     from testbed.report.plots import sweep_plot
 
@@ -191,8 +200,11 @@ def _show(table: list[dict[str, Any]], keys: list[str]) -> None:
     repeats = any("repeat" in row for row in table)
     speedups = len({row["policy"] for row in table}) > 1  # as sweep.csv has them
     failed = any(row.get("iteration_s") is None for row in table[:SHOWN_ROWS])
+    target = next((row["target_loss"] for row in table if row.get("target_loss")), None)
     header = ["policy", *keys, *(["repeat"] if repeats else []), "iteration (s)",
-              *(["speed-up"] if speedups else []), *(["error"] if failed else [])]
+              *(["speed-up"] if speedups else []),
+              *(["effective tokens/s", f"time to loss {target:.4g}"] if target else []),
+              *(["error"] if failed else [])]
     lines = []
     for row in table[:SHOWN_ROWS]:
         iteration = row.get("iteration_s")
@@ -202,10 +214,20 @@ def _show(table: list[dict[str, Any]], keys: list[str]) -> None:
             *([str(row.get("repeat", ""))] if repeats else []),
             "-" if iteration is None else f"{iteration:.3f}",
             *([("-" if speedup is None else f"{speedup:.2f}x")] if speedups else []),
+            *(_to_loss_cells(row) if target else []),
             *([one_line(row.get("error") or "no iteration") if iteration is None else ""]
               if failed else []),
         ])
     for line in aligned(header, lines):  # cells from points.jsonl: aligned escapes them
         click.echo(line)
+    if target:
+        click.echo(f"time to loss {target:.4g} predicted by the loss model from each run's "
+                   "tokens/s (sweep.csv: time_to_loss_s, effective_tokens_per_s)")
     if len(table) > SHOWN_ROWS:
         click.echo(f"... {plural(len(table) - SHOWN_ROWS, 'more row')} in sweep.csv")
+
+
+def _to_loss_cells(row: dict[str, Any]) -> list[str]:
+    effective, time = row.get("effective_tokens_per_s"), row.get("time_to_loss_s")
+    return ["-" if effective is None else f"{effective:.0f}",
+            "never" if time is None else duration_text(time)]

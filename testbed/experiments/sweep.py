@@ -25,6 +25,7 @@ from testbed.experiments.comparison import ComparisonRun, comparison_runs
 from testbed.experiments.inputs import Inputs
 from testbed.job.load import apply_overrides, dump_job, parse_job
 from testbed.job.model import Job
+from testbed.policy.loss_models import DEFAULT_LOSS_MODEL
 from testbed.policy.registry import TRAINING_GROUP, discover
 from testbed.run.spec import RunSpec
 from testbed.sim.jitter import Jitter, parse_jitter
@@ -61,6 +62,10 @@ class SweepSettings:
     repeat: int = 1
     jitter: Jitter | None = None
     profile: Profile | None = None
+    target_loss: float | None = None
+    """Sort each point's rows by the predicted time to this loss (its columns are there
+    without it, to the default target: the synchronous loss at the token budget)."""
+    loss_model: str = DEFAULT_LOSS_MODEL
 
     def describe(self) -> dict[str, Any]:
         """Plain data that tells two sweeps apart: what `--out` keeps, to go on with."""
@@ -72,7 +77,8 @@ class SweepSettings:
                 "options": list(self.options), "repeat": self.repeat,
                 "jitter": self.jitter.as_dict() if self.jitter else None,
                 "profile": {str(k): v for k, v in sorted(self.profile.items())}
-                if self.profile else None}
+                if self.profile else None,
+                "target_loss": self.target_loss, "loss_model": self.loss_model}
 
 
 @dataclass(frozen=True)
@@ -153,7 +159,8 @@ def _runs(settings: SweepSettings, values: tuple[tuple[str, str], ...]) -> list[
     if settings.bubbles and job.inference is None:
         raise InputError("a bubble policy needs an inference workload (job.inference)", "-b")
     base = RunSpec("simulate", topology, job, settings.policies[0], {},
-                   profile=settings.profile, events=events, jitter=jitter)
+                   profile=settings.profile, events=events, jitter=jitter,
+                   target_loss=settings.target_loss, loss_model=settings.loss_model)
 
     def made(options: Sequence[str]) -> list[ComparisonRun]:
         return comparison_runs(base, settings.policies, settings.bubbles, options,
@@ -211,6 +218,9 @@ def columns(settings: SweepSettings) -> list[str]:
 
 
 METRICS = (("iteration_s", "iteration_time_s.median"), ("tokens_per_s", "tokens_per_s"),
+           ("effective_tokens_per_s", "loss_model.target.effective_tokens_per_s"),
+           ("target_loss", "loss_model.target.loss"),
+           ("time_to_loss_s", "loss_model.target.time_s"),
            ("gpu_utilization", "gpu_utilization.training"),
            ("wan_utilization", "wan.utilization"), ("dp", "plan.dp"), ("pp", "plan.pp"))
 """Row column -> where results.json has it."""
@@ -243,3 +253,13 @@ def with_speedups(rows: list[dict[str, Any]], policies: Sequence[str],
     base = {where(r): r.get("tokens_per_s") for r in rows if r["policy"] == policies[0]}
     return [{**row, "speedup": speedup(row.get("tokens_per_s"), base.get(where(row)))}
             for row in rows]
+
+
+def by_time_to_loss(rows: list[dict[str, Any]], knobs: Sequence[str]) -> list[dict[str, Any]]:
+    """Each point's rows sorted by their predicted time to the target loss (those without
+    one last, in their order); the points stay in grid order."""
+    out: list[dict[str, Any]] = []
+    for _, group in itertools.groupby(rows, key=lambda r: tuple(r.get(k) for k in knobs)):
+        out += sorted(group, key=lambda r: (r.get("time_to_loss_s") is None,
+                                            r.get("time_to_loss_s") or 0.0))
+    return out
