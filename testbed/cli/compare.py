@@ -184,10 +184,12 @@ def show(directory: Path, entries: list[RunEntry], topology: Topology,
     for row in rows:
         rates = [e.results["tokens_per_s"] for e in entries if e.combo == row.combo
                  and e.status == "ok" and e.results and e.results["tokens_per_s"]]
+        loss = row.to_loss
         points.append(Throughput(
             row.combo, row.tokens_per_s, min(rates, default=None), max(rates, default=None),
-            row.speedup, row.to_loss.time_s if row.to_loss else None,
-            row.to_loss.cell(" ") if row.to_loss else None))
+            row.speedup, loss.time_s if loss else None, loss.cell(" ") if loss else None,
+            (loss.fastest_s, loss.slowest_s) if loss else (None, None),
+            bool(loss and loss.basis == "predicted")))
     throughput_plot(points, directory / f"throughput.{fmt}", target)
     draw_runs(runs, topology, directory, fmt, target)
     click.echo(f"wrote compare.json, compare.csv, table.md and plots in {directory}")

@@ -4,6 +4,7 @@ dashes, not colors), each with the CSV of what it draws beside it (figure_files)
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +96,10 @@ class Throughput:
     to_loss_text: str | None = None
     """The table's cell for the time to loss (`12.3 s`, `not reached`, `n/a
     (simulated)`...)."""
+    to_loss_band: tuple[float | None, float | None] = (None, None)
+    """A predicted time's band (None: that end never reaches the target)."""
+    predicted: bool = False
+    """The time is the loss model's prediction, not measured."""
 
 
 def throughput_plot(points: Sequence[Throughput], path: Path,
@@ -134,27 +139,61 @@ def throughput_plot(points: Sequence[Throughput], path: Path,
         _to_loss_panel(axes[0, 1], ok, target)
     save_figure(fig, path)
     write_csv(beside(path), ["policy", "tokens_per_s", "min", "max", "speedup",
-                             "time_to_loss_s"],
-              [(p.combo, p.tokens_per_s, p.low, p.high, p.speedup, p.to_loss_s) for p in ok])
+                             "time_to_loss_s", "time_to_loss_fastest_s",
+                             "time_to_loss_slowest_s", "time_to_loss_basis"],
+              [(p.combo, p.tokens_per_s, p.low, p.high, p.speedup, p.to_loss_s,
+                *p.to_loss_band, "predicted" if p.predicted else "measured") for p in ok])
 
 
 def _to_loss_panel(ax: Any, points: Sequence[Throughput], target: float) -> None:
-    """Time to the target loss per combination; those without one say why, in words."""
-    reached = [(y, p.to_loss_s) for y, p in enumerate(points) if p.to_loss_s is not None]
+    """Time to the target loss per combination, a predicted one with a line across its
+    band (an arrow where the band's slow end never reaches the target); those without
+    one say why, in words. In seconds, hours or days, whichever the times are; a log
+    axis when one is more than ten times another."""
+    found = [t for p in points for t in (p.to_loss_s, *p.to_loss_band) if t is not None]
+    unit, size = _time_unit(statistics.median(found) if found else 1.0)
+    reached = [(y, p.to_loss_s / size) for y, p in enumerate(points) if p.to_loss_s is not None]
     ax.plot([t for _, t in reached], [y for y, _ in reached], "s", color="black")
-    longest = max((t for _, t in reached), default=1.0) or 1.0
+    scaled = [t / size for t in found]
+    longest = max(scaled, default=1.0) or 1.0
+    log = spans_decade(scaled)
     for y, point in enumerate(points):
         text = point.to_loss_text or "-"
-        if point.to_loss_s is not None:
-            ax.annotate(text, (point.to_loss_s, y), xytext=(6, 0),
-                        textcoords="offset points", va="center", fontsize=8)
-        else:
-            ax.text(0.02 * longest, y, text, va="center", fontsize=8, color="0.3")
-    ax.set_xlim(0, longest * 1.4)
+        if point.to_loss_s is None:
+            ax.text(min(scaled, default=1.0) if log else 0.02 * longest, y, text,
+                    va="center", fontsize=8, color="0.3")
+            continue
+        fastest, slowest = point.to_loss_band
+        if point.predicted and fastest is not None:
+            end = slowest / size if slowest is not None else longest * 1.5
+            ax.plot([fastest / size, end], [y, y], color="black", linewidth=1)
+            if slowest is None:
+                ax.annotate("", (longest * 2, y), (longest * 1.5, y),
+                            arrowprops={"arrowstyle": "->", "color": "black"})
+        ax.annotate(text, (point.to_loss_s / size, y), xytext=(6, 6 if point.predicted else 0),
+                    textcoords="offset points", va="center", fontsize=8)
+    if log:
+        log_axis(ax, "x")
+        if longest / min(scaled) > 1e3:  # a label per decade, no more
+            from matplotlib.ticker import LogLocator
+
+            ax.xaxis.set_major_locator(LogLocator(subs=(1.0,)))
+        ax.set_xlim(min(scaled) / 2, longest * 4)
+    else:
+        ax.set_xlim(0, longest * 1.5)
     if not reached:
         ax.set_xticks([])  # no time to show
-    ax.set_xlabel(f"time to loss {target:g} (s)")
-    ax.grid(True, axis="x", color="0.85")
+    band = ", predicted: band as a line" if any(p.predicted for p in points) else ""
+    ax.set_xlabel(f"time to loss {target:g} ({unit}{band})")
+    ax.grid(True, axis="x", color="0.85", which="both")
+
+
+def _time_unit(typical_s: float) -> tuple[str, float]:
+    """The unit a typical time reads best in."""
+    for unit, size in (("days", 86400.0), ("h", 3600.0)):
+        if typical_s >= 2 * size:
+            return unit, size
+    return "s", 1.0
 
 
 def loss_plot(curves: Sequence[tuple[str, Sequence[LossPoint]]], path: Path,
