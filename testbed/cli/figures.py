@@ -26,7 +26,14 @@ from testbed.figures.collect import (
     summarize_conditions,
     with_frontiers,
 )
-from testbed.figures.frontier import SPACES, SearchName, default_workers, search_all
+from testbed.figures.frontier import (
+    SPACES,
+    SearchName,
+    Space,
+    default_workers,
+    search_all,
+    shape,
+)
 from testbed.figures.load_curve import load_curve
 from testbed.figures.measure import Say
 from testbed.figures.render import (
@@ -39,6 +46,7 @@ from testbed.figures.render import (
     write_records,
 )
 from testbed.report.results import new_run_dir
+from testbed.topology import load_topology
 
 SHIPPED = Path(__file__).resolve().parents[2] / "topologies"
 DEFAULT_CONDITIONS = ("wan-3dc.yaml", "paper-3dc.yaml")
@@ -76,13 +84,19 @@ contrast where one flow already fills most of a link); their comments give the s
               "largest: claims.json's up_to, a heat map per claim. On 2 cores the whole "
               "command takes about 12 minutes with coarse, 45 with full (a dense grid), "
               "4 with off.")
+@click.option("--time-to-loss", "loss_grid", type=click.Choice(values_of(SearchName)),
+              default="coarse", show_default=True,
+              help="With the simulator: Atlas against DiLoCo and Streaming DiLoCo by predicted "
+              "time to loss over the search's WAN latency x bandwidth grid (coarse or full; "
+              "off for none): time-to-loss.png, the winner of each cell and its margin.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes the search simulates points in  [default: the cores]")
 @format_option
 @verbosity_option
 def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: str | None,
-            readme: Path | None, budget_min: float, search: SearchName, workers: int | None,
-            fmt: FigureFormat, reporter: Reporter) -> None:
+            readme: Path | None, budget_min: float, search: SearchName,
+            loss_grid: SearchName, workers: int | None, fmt: FigureFormat,
+            reporter: Reporter) -> None:
     """Reproduce each of the paper's claims: multiple connections, PP against DP across
     DCs, temporal sharing, Atlas against GPipe, 1F1B and DP across DCs, weak scaling with
     DCs, DC selection, the bubbles Atlas leaves, BubbleTea's utilization and slowdown.
@@ -144,6 +158,9 @@ def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: 
             saved = _frontiers(conditions, wanted, saved, search, workers, directory, fmt, say,
                                count)
             write_records(directory / "claims.json", saved)
+        if loss_grid != "off":
+            _loss_maps(conditions, SPACES[loss_grid], workers or default_workers(), directory,
+                       fmt, say, count)
     write_atomic(directory / "figures.md", details_markdown(saved) + "\n", 0o644)
     for record in saved:
         claim_plot(record, directory / f"{record['id'].replace(':', '-')}.{fmt}")
@@ -195,6 +212,25 @@ def _frontiers(conditions: list[Conditions], wanted: set[str] | None,
     say(f"frontier: {sum(len(f.frontier.results) for f in found)} claim-points searched in "
         f"{time.monotonic() - started:.0f} s")
     return with_frontiers(saved, by_key)
+
+
+def _loss_maps(conditions: list[Conditions], space: Space, workers: int, directory: Path,
+               fmt: FigureFormat, say: Say, count: Counting) -> None:
+    """Atlas against the DiLoCo family by time to loss, once per shape of conditions
+    (their WAN is the grid's): time-to-loss.png and its CSV."""
+    from testbed.figures.charts import loss_map_plot
+    from testbed.figures.loss_map import loss_map, summary
+
+    shapes: dict[str, list[Conditions]] = {}
+    for cond in conditions:
+        shapes.setdefault(shape(load_topology(Path(cond.topology))), []).append(cond)
+    for members in shapes.values():
+        topology = load_topology(Path(members[0].topology))
+        cells = loss_map(topology, space.latencies_ms, space.bandwidths_gbit, workers, count)
+        suffix = "" if len(shapes) == 1 else f"-{Path(members[0].topology).stem}"
+        loss_map_plot(cells, ", ".join(c.topology for c in members),
+                      directory / f"time-to-loss{suffix}.{fmt}")
+        say(f"time to loss, {', '.join(c.topology for c in members)}: {summary(cells)}")
 
 
 def _conditions(path: Path) -> Conditions:

@@ -21,6 +21,7 @@ from testbed.figures.claims import BACKENDS, SPEEDUPS
 from testbed.figures.collect import ClaimRecord
 from testbed.figures.frontier import ClaimSearch
 from testbed.figures.load_curve import LoadPoint
+from testbed.figures.loss_map import Cell, summary, with_target
 from testbed.figures.render import fmt, verdict
 from testbed.figures.space import Point
 from testbed.report.figure_files import (
@@ -204,6 +205,45 @@ def heat_map(found: ClaimSearch, claim: str, unit: str, path: Path) -> None:
     write_csv(beside(path), [*keys, "value", "why_none"],
               [(*p.as_dict().values(), f.get("value"), f.get("why_none"))
                for p, f in found.frontier.results.items()])
+
+
+def loss_map_plot(cells: Sequence[Cell], title: str, path: Path) -> None:
+    """The contender fastest to the target loss at each WAN latency x bandwidth, a shade
+    per contender, its name and its margin (the runner-up's time over its own) written in;
+    the CSV has every contender's time at every cell."""
+    lats = sorted({c.point.latency_ms for c in cells})
+    bws = sorted({c.point.bandwidth_gbit for c in cells})
+    by = {(c.point.latency_ms, c.point.bandwidth_gbit): c for c in cells}
+    names = sorted({e.policy for c in cells for e in c.entrants})
+    shade = {name: i / max(1, len(names)) for i, name in enumerate(names)}
+    values = [[shade[w.policy] if (w := by[(lat, bw)].winner) else math.nan for bw in bws]
+              for lat in lats]
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    ax.pcolormesh(_edges(bws), _edges(lats), values, cmap="Greys", vmin=0, vmax=1.25,
+                  shading="flat")
+    log_axis(ax, "x")
+    log_axis(ax, "y")
+    for (lat, bw), cell in by.items():
+        winner, margin = cell.winner, cell.margin
+        text = "n/a" if winner is None else winner.policy + (
+            f"\n{margin:.2f}x" if margin is not None else "") + (
+            "*" if winner.extrapolated else "")
+        dark = winner is not None and shade[winner.policy] > 0.55
+        ax.text(bw, lat, text, ha="center", va="center", fontsize=7,
+                color="white" if dark else "black")
+    ax.set_xticks(bws, [f"{b:g}" for b in bws])
+    ax.set_yticks(lats, [f"{v:g}" for v in lats])
+    ax.minorticks_off()
+    ax.set_xlabel("WAN bandwidth per DC pair (Gbit/s)")
+    ax.set_ylabel("WAN one-way latency (ms)")
+    target = with_target(cells)
+    loss = "" if target is None else f" {target:.4g}"
+    ax.set_title(wrap(f"{title}: fastest to loss{loss} (predicted; under the name, the "
+                      f"runner-up's time over the winner's; * extrapolated). "
+                      f"{summary(cells)}", 80), fontsize=8)
+    save_figure(fig, path)
+    rows = [row for cell in cells for row in cell.as_rows()]
+    write_csv(beside(path), list(rows[0]) if rows else [], [tuple(r.values()) for r in rows])
 
 
 def _edges(centers: Sequence[float]) -> list[float]:

@@ -245,7 +245,7 @@ def search_all(conditions: Sequence[Conditions], wanted: set[str] | None, space:
     shapes: dict[str, list[tuple[Conditions, Topology]]] = {}
     for cond in conditions:
         topology = load_topology(Path(cond.topology))
-        shapes.setdefault(_shape(topology), []).append((cond, topology))
+        shapes.setdefault(shape(topology), []).append((cond, topology))
     out: list[ClaimSearch] = []
     for members in shapes.values():
         cond, topology = members[0]
@@ -257,7 +257,7 @@ def search_all(conditions: Sequence[Conditions], wanted: set[str] | None, space:
     return out
 
 
-def _shape(topology: Topology) -> str:
+def shape(topology: Topology) -> str:
     """What a search depends on besides the WAN's latencies and bandwidths."""
     links = tuple(dataclasses.replace(link, latency_s=0.0, bandwidth_bps=0.0)
                   for link in topology.links)
