@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
-"""The DiLoCo family against every-step data parallelism and Atlas, by tokens per second
-(and, emulated with real compute, by time to a target loss).
+"""The DiLoCo family against every-step data parallelism and Atlas, by time to a target
+loss, tokens per second beside it: predicted by the loss model in the simulator (testbed.
+loss: the time to the loss every-step data parallelism reaches at the job's token budget),
+measured with real compute over the emulated WAN.
 
 `.venv/bin/python scripts/bench_diloco.py [--parts simulate,bandwidth,emulate] [--json F]
 [--plot F.png] [--from-json F] [--readme docs/diloco.md]` (`--parts ''` with `--from-json` only
 renders); simulate and bandwidth take a few minutes, emulate (root) a few more.
 
-- simulate: paper-3dc and wan-3dc in the simulator: tokens/s, WAN bytes per inner step,
-  and the cycle time of dp-across-dc, diloco (H = 10, 50, 500), streaming-diloco
-  (4-bit, the paper's fragments of 3 blocks, overlap 1), dp-compressed (int8) and Atlas.
-- bandwidth: paper-3dc with every WAN link at 0.1 to 100 Gbit/s: which method leads.
+- simulate: paper-3dc and wan-3dc in the simulator: the predicted time to loss, tokens/s,
+  effective tokens/s, WAN bytes per inner step and the cycle time of dp-across-dc,
+  diloco (H = 10, 50, 500), streaming-diloco (4-bit, the paper's fragments of 3 blocks,
+  overlap 1), dp-compressed (int8) and Atlas.
+- bandwidth: paper-3dc with every WAN link at 0.1 to 100 Gbit/s: which method reaches the
+  loss first.
 - emulate (root): two-dc with real compute on this CPU, the same tokens and seed for
   every method: loss against represented time, time to a target loss, WAN bytes.
 """
@@ -48,7 +52,14 @@ def _simulated(inputs: api.Inputs, policy: str, options: dict[str, str],
     job = replace(inputs.job, iterations=iterations)
     result = api.simulate(replace(inputs, job=job), policy, options, out=out)
     results = result.results
+    ahead = (results.get("loss_model") or {}).get("target") or {}
     return {
+        "target_loss": ahead.get("loss"),
+        "time_to_loss_s": ahead.get("time_s"),
+        "time_band_s": ahead.get("time_band_s"),
+        "effective_tokens_per_s": ahead.get("effective_tokens_per_s"),
+        "extrapolated": ahead.get("extrapolated"),
+        "penalty": (results.get("loss_model") or {}).get("penalty"),
         "tokens_per_s": results["tokens_per_s"],
         "iterations": results["iterations"],
         "period": plan.period,
@@ -65,9 +76,10 @@ def simulate_part(work: Path) -> dict[str, Any]:
         rows = {}
         for label, policy, options in METHODS:
             rows[label] = _simulated(inputs, policy, options, work / topology / label)
-            print(f"{topology} {label}: {rows[label]['tokens_per_s']:.0f} tokens/s, "
-                  f"{rows[label]['wan_bytes_per_step'] / 1e9:.2f} GB on the WAN per step",
-                  flush=True)
+            print(f"{topology} {label}: {_days(rows[label]['time_to_loss_s'])} to loss "
+                  f"{rows[label]['target_loss']:.4g}, {rows[label]['tokens_per_s']:.0f} "
+                  f"tokens/s, {rows[label]['wan_bytes_per_step'] / 1e9:.2f} GB on the WAN "
+                  "per step", flush=True)
         base = rows["dp-across-dc"]
         for row in rows.values():
             row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"]
@@ -83,12 +95,19 @@ def bandwidth_part(work: Path, rates: tuple[str, ...] = ("100Mbit", "1Gbit", "10
     for rate in rates:
         topology, job = vary(inputs.topology, inputs.job, "wan.bandwidth", rate)
         at = replace(inputs, topology=topology, job=job)
-        rows = {label: _simulated(at, policy, options, work / rate / label)["tokens_per_s"]
+        runs = {label: _simulated(at, policy, options, work / rate / label)
                 for label, policy, options in METHODS}
-        leader = max(rows, key=lambda label: rows[label] or 0.0)
-        print(f"WAN {rate}: {leader} leads ({rows[leader]:.0f} tokens/s)", flush=True)
-        out[rate] = {"tokens_per_s": rows, "leader": leader}
+        times = {label: run["time_to_loss_s"] for label, run in runs.items()}
+        first = min(times, key=lambda label: times[label] or float("inf"))
+        print(f"WAN {rate}: {first} first to the loss ({_days(times[first])})", flush=True)
+        out[rate] = {"tokens_per_s": {label: run["tokens_per_s"] for label, run in runs.items()},
+                     "time_to_loss_s": times, "first": first,
+                     "target_loss": next(iter(runs.values()))["target_loss"]}
     return out
+
+
+def _days(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds / 86400:,.1f} days"
 
 
 EMULATED: list[tuple[str, str, dict[str, str]]] = [
@@ -165,34 +184,57 @@ def plot_losses(emulated: dict[str, Any], path: Path) -> None:
     plt.close(figure)
 
 
-def tables(report: dict[str, Any]) -> str:
-    """The documentation's tables, from the benchmark's JSON alone."""
+def ranking(report: dict[str, Any]) -> str:
+    """The simulated methods in order of their predicted time to loss on the first
+    topology, tokens/s and effective tokens/s beside it, from the benchmark's JSON alone."""
     lines: list[str] = []
     simulated = report.get("simulate", {})
     if simulated:
         names = list(simulated)
-        lines += ["| method | " + " | ".join(f"{n} tokens/s (x dp-across-dc)" for n in names)
-                  + f" | {names[0]} WAN bytes per step (x dp-across-dc) |",
-                  "| --- | " + " | ".join("---" for _ in names) + " | --- |"]
-        for label in simulated[names[0]]:
-            cells = [f"{simulated[n][label]['tokens_per_s']:,.0f} "
-                     f"({simulated[n][label]['speedup']:.2f}x)" for n in names]
-            row = simulated[names[0]][label]
+        first = simulated[names[0]]
+        target = next(iter(first.values()))["target_loss"]
+        lines += ["| method | " + " | ".join(
+            f"{n}: days to loss {next(iter(simulated[n].values()))['target_loss']:.4g} | "
+            f"{n} tokens/s (x dp-across-dc) | {n} effective tokens/s" for n in names)
+            + f" | {names[0]} WAN bytes per step (x dp-across-dc) |",
+            "| --- | " + " | ".join("--- | --- | ---" for _ in names) + " | --- |"]
+        order = sorted(first, key=lambda label: first[label]["time_to_loss_s"] or float("inf"))
+        for label in order:
+            cells = []
+            for n in names:
+                run = simulated[n][label]
+                mark = "*" if run["extrapolated"] else ""
+                cells += [_days(run["time_to_loss_s"]).removesuffix(" days") + mark,
+                          f"{run['tokens_per_s']:,.0f} ({run['speedup']:.2f}x)",
+                          f"{run['effective_tokens_per_s']:,.0f}"
+                          if run["effective_tokens_per_s"] is not None else "-"]
+            row = first[label]
             lines.append(f"| {label} | " + " | ".join(cells)
                          + f" | {row['wan_bytes_per_step'] / 1e9:.2f} GB "
                          f"({row['wan_bytes_vs_dp']:.3f}x) |")
-        lines.append("")
+        lines += ["", f"Rows in order of the time to loss on {names[0]}; the target is the loss "
+                  f"every-step data parallelism reaches at the job's token budget ({target:.4g} "
+                  "on both: 20 tokens per parameter of the 13B model), as the loss model "
+                  "predicts it; * the prediction extrapolates beyond the model's sources "
+                  "(see [the loss model](loss-model.md)).", ""]
+    return "\n".join(lines).rstrip()
+
+
+def tables(report: dict[str, Any]) -> str:
+    """The documentation's tables, from the benchmark's JSON alone."""
+    lines = [ranking(report), ""] if report.get("simulate") else []
     bandwidth = report.get("bandwidth", {})
     if bandwidth:
         rates = list(bandwidth)
-        lines += ["| WAN link (paper-3dc) | " + " | ".join(rates) + " |",
-                  "| --- | " + " | ".join("---" for _ in rates) + " |"]
+        lines += ["| WAN link (paper-3dc): days to loss (tokens/s) | " + " | ".join(rates)
+                  + " |", "| --- | " + " | ".join("---" for _ in rates) + " |"]
         for label in bandwidth[rates[0]]["tokens_per_s"]:
             cells = []
             for rate in rates:
-                value = bandwidth[rate]["tokens_per_s"][label]
-                lead = bandwidth[rate]["leader"] == label
-                cells.append(f"**{value:,.0f}**" if lead else f"{value:,.0f}")
+                time = bandwidth[rate]["time_to_loss_s"][label]
+                cell = (f"{_days(time).removesuffix(' days')} "
+                        f"({bandwidth[rate]['tokens_per_s'][label]:,.0f})")
+                cells.append(f"**{cell}**" if bandwidth[rate]["first"] == label else cell)
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
     emulated = report.get("emulate")
