@@ -94,6 +94,14 @@ def _soak_state(report: dict[str, Any]) -> str:
     return str(_script("soak_faults_state").table(report))
 
 
+def _time_to_loss(report: dict[str, Any]) -> str:
+    return str(_script("bench_diloco").ranking(report))
+
+
+def _loss_model(report: dict[str, Any]) -> str:
+    return str(_script("bench_loss_model").table(report))
+
+
 def _claims(records: list[Any]) -> str:
     from testbed.figures.render import claims_block
 
@@ -113,6 +121,10 @@ TABLES: dict[str, Table] = {
     "paper-claims": Table(("benchmarks/claims/claims.json",), _claims,
                           "scripts/bench_claims.py"),
     "diloco": Table(("benchmarks/diloco.json",), _diloco, "scripts/bench_diloco.py"),
+    "time-to-loss": Table(("benchmarks/diloco.json",), _time_to_loss,
+                          "scripts/bench_diloco.py --parts simulate"),
+    "loss-model": Table(("benchmarks/loss-model.json",), _loss_model,
+                        "scripts/bench_loss_model.py"),
     "net-rtt": Table(("benchmarks/net.json",), _measured("net_rtt"), "scripts/bench_net.py"),
     "net-throughput": Table(("benchmarks/net.json",), _measured("net_throughput"),
                             "scripts/bench_net.py"),

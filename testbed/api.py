@@ -180,9 +180,11 @@ def simulate(inputs: Inputs, policy: str | None = None,
              bubble: str | None = None, bubble_options: Mapping[str, str] | None = None,
              profile: Profile | None = None, out: str | Path | None = None,
              target_loss: float | None = None, on_failure: OnFailure = RunSpec.on_failure,
-             checkpoint_every: int = RunSpec.checkpoint_every) -> Result:
-    """`testbed simulate`: the plan at any scale, modeled compute, flow-level network (no
-    loss: a `target_loss` is answered with the reason). `plan`: run this one; `policy`
+             checkpoint_every: int = RunSpec.checkpoint_every,
+             loss_model: str = RunSpec.loss_model) -> Result:
+    """`testbed simulate`: the plan at any scale, modeled compute, flow-level network (the
+    time to a `target_loss` predicted by `loss_model` from the run's tokens/s: results'
+    `time_to_loss` and `loss_model`). `plan`: run this one; `policy`
     then labels the run and answers its hooks (default: the plan's own, else `plan-file`;
     see testbed.policy.given); without a plan it defaults to the default policy.
     `on_failure` and `checkpoint_every`: what the scenario's failures do
@@ -191,7 +193,8 @@ def simulate(inputs: Inputs, policy: str | None = None,
                    _options(options), bubble, _options(bubble_options, "bubble_options"),
                    profile=profile,
                    events=inputs.events, target_loss=target_loss, scenario=inputs.scenario,
-                   on_failure=on_failure, checkpoint_every=checkpoint_every)
+                   on_failure=on_failure, checkpoint_every=checkpoint_every,
+                   loss_model=loss_model)
     return run(with_given_plan(spec, plan, policy), out)
 
 
@@ -203,18 +206,20 @@ def emulate(inputs: Inputs, policy: str | None = None,
             out: str | Path | None = None,
             say: Say = print, target_loss: float | None = None,
             on_failure: OnFailure = RunSpec.on_failure,
-            checkpoint_every: int = RunSpec.checkpoint_every) -> Result:
+            checkpoint_every: int = RunSpec.checkpoint_every,
+            loss_model: str = RunSpec.loss_model) -> Result:
     """`testbed up`: real processes over the emulated WAN (needs root). `dilation`: run K
     times slower than represented time, "auto" (or None) to choose K from this machine;
-    `target_loss`: report the time to reach it (`Result.time_to_loss`); `plan`,
-    `on_failure` and `checkpoint_every`: as for `simulate`."""
+    `target_loss`: report the time to reach it (`Result.time_to_loss`: measured with real
+    compute, else predicted); `plan`, `on_failure`, `checkpoint_every` and `loss_model`:
+    as for `simulate`."""
     spec = RunSpec("emulate", inputs.topology, inputs.job, policy or DEFAULT_POLICY,
                    _options(options), bubble, _options(bubble_options, "bubble_options"),
                    compute=compute,
                    shaper=shaper, events=inputs.events,
                    dilation="auto" if dilation is None else dilation, target_loss=target_loss,
                    scenario=inputs.scenario, on_failure=on_failure,
-                   checkpoint_every=checkpoint_every)
+                   checkpoint_every=checkpoint_every, loss_model=loss_model)
     return run(with_given_plan(spec, plan, policy), out, say)
 
 
@@ -251,7 +256,8 @@ def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPla
             repeat: int = 1, jitter: str | None = None, out: str | Path | None = None,
             say: Say = lambda _m: None, compute: ComputeChoice = RunSpec.compute,
             target_loss: float | None = None, on_failure: OnFailure = RunSpec.on_failure,
-            checkpoint_every: int = RunSpec.checkpoint_every) -> Comparison:
+            checkpoint_every: int = RunSpec.checkpoint_every,
+            loss_model: str = RunSpec.loss_model) -> Comparison:
     """`testbed compare`: each policy, and each given plan beside them (keyed by its file as
     given, or `plan:POLICY` for a Plan), with each bubble policy, `repeat` times, on the
     same inputs, by one backend, planned with one shared cache (so ablations reuse their
@@ -264,7 +270,8 @@ def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPla
     directory, written as the command writes it; `compute`: the emulator's (loss needs
     "real"); the inputs' scenario, with `on_failure` and `checkpoint_every`, in every
     run. A run that fails is kept with its error (`Result.error`, or a `failed` row).
-    Compare runs by `Result.speedup` (tokens/s) and `Result.time_to_loss`."""
+    Compare runs by `Result.time_to_loss` (measured with real compute, else predicted by
+    `loss_model`), `Result.speedup` (tokens/s) beside it."""
     from testbed.sim.jitter import parse_jitter
 
     if repeat < 1:
@@ -280,7 +287,7 @@ def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPla
     base = RunSpec(backend, inputs.topology, inputs.job, DEFAULT_POLICY, {}, compute=compute,
                    events=inputs.events, jitter=noise or None, target_loss=target_loss,
                    scenario=inputs.scenario, on_failure=on_failure,
-                   checkpoint_every=checkpoint_every)
+                   checkpoint_every=checkpoint_every, loss_model=loss_model)
     given: list[GivenRun] = []
     for plan in plans:
         checked = with_given_plan(base, plan, None)
@@ -301,7 +308,7 @@ def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPla
                               "bubbles": list(bubbles),
                               "repeat": repeat, "options": pairs, "job_overrides": {},
                               "jitter": noise.as_dict() if noise else None,
-                              "target_loss": target_loss,
+                              "target_loss": target_loss, "loss_model": loss_model,
                               "scenario": inputs.scenario.source,
                               "on_failure": on_failure}, entries)
     repeats: dict[str, list[Result]] = {}

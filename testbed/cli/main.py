@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from testbed import __version__, api
+from testbed import DISTRIBUTION, __version__, api
 from testbed.cli import finished, loaded
 from testbed.cli.compare import compare, report
 from testbed.cli.figures import figures
@@ -190,8 +190,14 @@ def plugins(as_json: bool) -> None:
 
     Training policies register under the entry-point group `testbed.policies`, bubble
     policies under `testbed.bubbles`. A plugin that fails to load, or is written for
-    another policy API version, is listed as broken with the reason.
+    another policy API version, is listed as broken with the reason. Loss models
+    (`--loss-model`) register under `testbed.loss_models`; they are listed without being
+    imported (one is imported when a run asks for it).
     """
+    from importlib.metadata import entry_points
+
+    from testbed.policy.loss_models import DEFAULT_LOSS_MODEL, LOSS_GROUP
+
     rows: list[dict[str, Any]] = []
     for group, kind in ((TRAINING_GROUP, "training"), (BUBBLE_GROUP, "bubble")):
         for name, info in discover(group).items():
@@ -213,6 +219,16 @@ def plugins(as_json: bool) -> None:
                     "fixed": dict(getattr(cls, "fixed", {})) if cls else {},
                 }
             )
+    rows.append({"kind": "loss", "name": DEFAULT_LOSS_MODEL, "distribution": DISTRIBUTION,
+                 "target": "testbed.loss.published:PublishedModel", "status": "ok",
+                 "summary": "the built-in loss model: every coefficient from a published "
+                 "source (docs/loss-model.md)", "options": {}, "fixed": {}})
+    for entry in sorted(entry_points(group=LOSS_GROUP), key=lambda e: e.name):
+        rows.append({"kind": "loss", "name": entry.name,
+                     "distribution": entry.dist.name if entry.dist else "unknown",
+                     "target": entry.value, "status": "ok",
+                     "summary": f"a loss model ({entry.value}), imported when asked for",
+                     "options": {}, "fixed": {}})
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
         return

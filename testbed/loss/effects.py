@@ -22,8 +22,10 @@ class Exact:
     """Every token teaches what it would under every-step data parallelism."""
 
     kind: Literal["exact"] = "exact"
+    """Which of the effects this is (as results.json would name it)."""
 
     def describe(self) -> str:
+        """One line, as results.json's loss_model.effect shows it."""
         return "exact (every-step data parallelism's loss per token)"
 
 
@@ -39,6 +41,7 @@ class LocalSteps:
     sync_every: int
     """H: inner steps between two syncs of one fragment."""
     fragments: int = 1
+    """Parts of the parameters synced in turn (1: all of them at once, DiLoCo)."""
     layers_per_fragment: float | None = None
     """Transformer layers in one fragment; None when the whole model syncs at once."""
     overlap: int = 0
@@ -47,10 +50,15 @@ class LocalSteps:
     """What the deltas cross the WAN as: fp32, bf16, fp16, int8, int4, topP% ('' is the
     job's dtype)."""
     outer_lr: float = 0.7
+    """The outer step's learning rate."""
     outer_momentum: float = 0.9
+    """The outer step's momentum."""
     nesterov: bool = True
+    """Nesterov momentum rather than heavy ball."""
     mixing: float = 0.0
+    """The weight the local parameters keep when an overlapped sync lands."""
     kind: Literal["local-steps"] = "local-steps"
+    """Which of the effects this is."""
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.sync_every < 1 or self.fragments < 1 or self.overlap < 0:
@@ -59,9 +67,11 @@ class LocalSteps:
 
     @property
     def streaming(self) -> bool:
+        """Whether fragments sync in turn (Streaming DiLoCo)."""
         return self.fragments > 1
 
     def describe(self) -> str:
+        """One line, as results.json's loss_model.effect shows it."""
         what = "streaming DiLoCo" if self.streaming else "DiLoCo"
         parts = [f"M={self.workers}", f"H={self.sync_every}"]
         if self.streaming:
@@ -76,9 +86,12 @@ class CompressedGradients:
     """Every-step data parallelism whose gradients are compressed (with error feedback)."""
 
     payload: str
+    """int8, int4 or topP% (a dense payload of 16 bits or more is exact)."""
     kind: Literal["compressed"] = "compressed"
+    """Which of the effects this is."""
 
     def describe(self) -> str:
+        """One line, as results.json's loss_model.effect shows it."""
         return f"compressed gradients ({self.payload}, error feedback)"
 
 
@@ -87,9 +100,12 @@ class Unmodelled:
     """A plan the loss model has no form for (replicas that never sync, say)."""
 
     reason: str
+    """Why, in one line."""
     kind: Literal["unmodelled"] = "unmodelled"
+    """Which of the effects this is."""
 
     def describe(self) -> str:
+        """One line, as results.json's loss_model.effect shows it."""
         return f"not modelled: {self.reason}"
 
 

@@ -29,9 +29,13 @@ class Estimate:
     """A predicted loss, its band (low, high) and whether it extrapolates."""
 
     loss: float
+    """The prediction (nats per token)."""
     low: float
+    """The band's low end."""
     high: float
+    """The band's high end."""
     extrapolated: bool
+    """Whether the prediction goes beyond the sources (`reasons` say where)."""
     reasons: tuple[str, ...] = ()
     """What lies outside the sources, one line each (empty when nothing does)."""
 
@@ -41,10 +45,15 @@ class Penalty:
     """A method's loss over the synchronous curve's at the same tokens and model size."""
 
     ratio: float
+    """The method's loss over every-step data parallelism's (1: exact)."""
     low: float
+    """The band's low end."""
     high: float
+    """The band's high end."""
     extrapolated: bool
+    """Whether the figure goes beyond the sources (`reasons` say where)."""
     reasons: tuple[str, ...] = ()
+    """What lies outside the sources, one line each."""
     sources: tuple[str, ...] = ()
     """Keys of the sources the figure comes from (testbed.loss.sources)."""
 
