@@ -155,3 +155,16 @@ def test_the_synchronous_law_is_the_replications() -> None:
     assert sync_loss(n, d) == pytest.approx(
         LAW["E"] + LAW["A"] / n ** LAW["alpha"] + LAW["B"] / d ** LAW["beta"])
     assert sync_loss(n, d) == pytest.approx(1.9739, abs=1e-4)  # 1.8172 + 0.0815 + 0.0752
+
+
+def test_the_default_target_is_the_synchronous_loss_at_the_jobs_token_budget() -> None:
+    from testbed.job.load import dump_job, parse_job
+    from testbed.metrics.loss_prediction import default_target
+
+    job = api.load(Path(__file__).parent.parent / "topologies" / "paper-3dc.yaml").job
+    assert job.token_budget is None and job.tokens_budgeted == 20 * job.model.params
+    assert default_target(MODEL, job) == sync_loss(job.model.params, 20 * job.model.params)
+    budgeted = parse_job({**dump_job(job), "token_budget": 10**12}, "job.yaml", "")
+    assert budgeted.tokens_budgeted == 10**12
+    assert parse_job(dump_job(budgeted), "job.yaml", "") == budgeted  # written back
+    assert default_target(MODEL, budgeted) == sync_loss(job.model.params, 1e12)
