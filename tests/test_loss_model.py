@@ -168,3 +168,17 @@ def test_the_default_target_is_the_synchronous_loss_at_the_jobs_token_budget() -
     assert budgeted.tokens_budgeted == 10**12
     assert parse_job(dump_job(budgeted), "job.yaml", "") == budgeted  # written back
     assert default_target(MODEL, budgeted) == sync_loss(job.model.params, 1e12)
+
+
+def test_atlas_and_the_torch_schedules_are_exact_and_the_diloco_family_is_not() -> None:
+    inputs = api.load(Path(__file__).parent.parent / "topologies" / "two-dc.yaml")
+    for policy in ("atlas", "zb-v", "dp-across-dc"):
+        plan = api.plan(inputs, policy)
+        assert training_policy(policy).loss_effect(plan, inputs.topology) == Exact(), policy
+    plan = api.plan(inputs, "diloco", {"inner_steps": "8"})
+    effect = training_policy("diloco", {"inner_steps": "8"}).loss_effect(plan, inputs.topology)
+    assert isinstance(effect, LocalSteps)
+    assert (effect.workers, effect.sync_every, effect.fragments) == (2, 8, 1)
+    compressed = api.plan(inputs, "dp-compressed", {"payload": "int4"})
+    assert training_policy("dp-compressed", {"payload": "int4"}).loss_effect(
+        compressed, inputs.topology) == CompressedGradients("int4")

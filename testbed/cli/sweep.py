@@ -137,7 +137,7 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
 
     keys = [k.key for k in settings.knobs] + (["bubble"] if bubbles else [])
     sweep_plot(_medians(table, keys), keys, directory / "sweep.png")
-    _show(table, keys)
+    _show(table, keys, target_loss is not None)
     click.echo(f"wrote {csv_path} and {directory / 'sweep.png'}")
 
 
@@ -194,7 +194,7 @@ def _medians(table: list[dict[str, Any]], keys: list[str]) -> list[dict[str, Any
     return out
 
 
-def _show(table: list[dict[str, Any]], keys: list[str]) -> None:
+def _show(table: list[dict[str, Any]], keys: list[str], given: bool = False) -> None:
     """The first rows as a table: what varied, the policy, the repeat, the iteration and,
     with more than one policy, the speed-up; a failed point's reason in the last column."""
     repeats = any("repeat" in row for row in table)
@@ -221,8 +221,11 @@ def _show(table: list[dict[str, Any]], keys: list[str]) -> None:
     for line in aligned(header, lines):  # cells from points.jsonl: aligned escapes them
         click.echo(line)
     if target:
+        default = "" if given else (": no --target-loss given, the default target is the loss "
+                                    "every-step data parallelism reaches at the job's token "
+                                    "budget")
         click.echo(f"time to loss {target:.4g} predicted by the loss model from each run's "
-                   "tokens/s (sweep.csv: time_to_loss_s, effective_tokens_per_s)")
+                   f"tokens/s (sweep.csv: time_to_loss_s, effective_tokens_per_s){default}")
     if len(table) > SHOWN_ROWS:
         click.echo(f"... {plural(len(table) - SHOWN_ROWS, 'more row')} in sweep.csv")
 
