@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import pytest
+
 from testbed.figures.charts import loss_map_plot
 from testbed.figures.loss_map import loss_map, summary
 from testbed.topology import load_topology
@@ -30,3 +32,24 @@ def test_each_cell_names_the_fastest_to_the_target_and_its_margin(tmp_path: Path
     rows = list(csv.DictReader(path.with_suffix(".csv").open()))
     assert path.stat().st_size > 0 and len(rows) == 6
     assert sum(r["winner"] == "True" for r in rows) == 2
+
+
+def test_figures_draws_the_map_when_asked(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from testbed.figures import frontier
+
+    from .test_cli import call
+    from .test_frontier import SMALL, TINY
+
+    monkeypatch.setitem(frontier.SPACES, "coarse", TINY)
+    small = tmp_path / "small.yaml"
+    small.write_text(SMALL)
+    out = tmp_path / "figures"
+    code, said, err = call(["figures", "--conditions", str(small), "--out", str(out),
+                         "--claims", "atlas_vs_dp", "--frontier", "off", "--time-to-loss",
+                         "coarse", "--workers", "1", "--format", "svg"])
+    assert code == 0, err
+    rows = list(csv.DictReader((out / "time-to-loss.csv").open()))
+    assert len(rows) == 3 * len(TINY.latencies_ms) * len(TINY.bandwidths_gbit)
+    assert (out / "time-to-loss.svg").read_text().startswith("<?xml")
+    assert "time to loss, " in err + said  # said as it finished
