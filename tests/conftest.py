@@ -64,6 +64,15 @@ def _our_processes() -> list[int]:
     return stray_processes()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses `clean_host` is a root test whether or not it says so: `-m 'not
+    root'` must leave it out, since its check ends with `down()` on this host."""
+    for item in items:
+        if "clean_host" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.root)
+
+
 @pytest.fixture
 def clean_host():
     """Root tests: skip without root; afterwards no namespace or process of ours may remain."""
