@@ -8,6 +8,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from matplotlib.patches import Rectangle
 
@@ -112,6 +113,16 @@ def test_link_use_never_shows_more_than_the_link_carried() -> None:
     edges, carried_bytes = carried([(0.0, 2.0, 1.5 * full), (1.0, 3.0, 1.5 * full)], rate)
     assert carried_bytes.sum() == pytest.approx(3 * full)  # every byte kept
     assert list(edges) == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_zero_byte_transfer_beside_a_full_link_leaves_no_nan() -> None:
+    """An empty transfer (a zero-length payload) overlapping others while the link is
+    over-full: scaling its share back to its bytes divided zero by zero."""
+    full = 125e6
+    _, carried_bytes = carried([(0.0, 2.0, 3 * full), (0.5, 1.0, 0.0),
+                                    (1.0, 3.0, 1.5 * full)], 1e9)
+    assert np.isfinite(carried_bytes).all()
+    assert carried_bytes.sum() == pytest.approx(4.5 * full)
 
 
 def test_link_use_counts_a_routed_transfer_on_each_link_it_crosses() -> None:

@@ -74,6 +74,7 @@ def carried(transfers: Sequence[tuple[float, float, float]], rate_bps: float
     """What one link direction of `rate_bps` carried over time (the module's docstring
     says how): the times at which any of its transfers started or ended, and the bytes it
     carried, at an even rate, between each two of them."""
+    transfers = [t for t in transfers if t[2] > 0]  # a zero-byte one carries nothing
     if not transfers:
         return np.zeros(1), np.zeros(0)
     starts = np.array([t[0] for t in transfers])
