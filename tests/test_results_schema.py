@@ -106,6 +106,7 @@ def _damaged(tmp: Path, change: Any) -> Path:
     (lambda d: d["iteration_time_s"].update(median="fast"), "iteration_time_s.median",
      "expected number or null, got text 'fast'"),
     (lambda d: d["inference"]["ttft_s"].pop("p99"), "inference.ttft_s.p99", "missing"),
+    (lambda d: d["loss_model"].pop("band"), "loss_model.band", "missing"),  # X or null
     (lambda d: d.update(status="great"), "status", "expected one of"),
     (lambda d: d.update(surprise=1), "surprise", "unknown key"),
     (lambda d: d.update(loss_curve=[{"iteration": 1, "time_s": 0.5, "tokens": 8}]),

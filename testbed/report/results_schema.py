@@ -128,13 +128,16 @@ def results_problems(data: Any, where: str) -> list[InputError]:
 
 def _leaves(error: Any) -> list[Any]:
     """The errors to report for one: for a value of the right kind (a list, not null) that
-    is wrong inside, the errors inside the branch of anyOf it fits, the most telling first;
-    else the error itself."""
+    is wrong inside or lacks a key, the errors of the branch of anyOf it fits, the most
+    telling first; else the error itself."""
     import jsonschema
 
     if error.validator != "anyOf":
         return [error]
-    inside = [e for e in error.context or () if e.relative_path]
+    context = list(error.context or ())
+    misfits = {e.schema_path[0] for e in context  # branches of another kind than the value
+               if not e.relative_path and e.validator in ("type", "enum", "const")}
+    inside = [e for e in context if e.schema_path[0] not in misfits]
     if not inside:
         return [error]
     fits = max(inside, key=jsonschema.exceptions.relevance).schema_path[0]
