@@ -319,3 +319,15 @@ def test_with_a_target_each_points_rows_are_sorted_by_time_to_loss() -> None:
             {"wan.latency": "50ms", "policy": "c", "time_to_loss_s": 2.0}]
     assert [(r["wan.latency"], r["policy"]) for r in by_time_to_loss(rows, ["wan.latency"])] \
         == [("10ms", "c"), ("10ms", "a"), ("10ms", "b"), ("50ms", "a"), ("50ms", "c")]
+
+
+def test_a_sweep_row_has_the_typical_iteration_as_compare_does() -> None:
+    """A DiLoCo cycle's mean, not its median step without the sync (about 0 s)."""
+    from testbed.experiments.sweep import row_metrics
+
+    cycle = {"iteration_time_s": {"median": 0.001, "mean": 0.5, "all": [0.001] * 9 + [4.99]},
+             "cycle_time_s": {"period": 10, "mean": 5.0}}
+    assert row_metrics(cycle)["iteration_s"] == 0.5
+    steady = {"iteration_time_s": {"median": 0.2, "mean": 0.25, "all": [0.3, 0.2, 0.2]}}
+    assert row_metrics(steady)["iteration_s"] == 0.2
+    assert row_metrics({"status": "failed"})["iteration_s"] is None

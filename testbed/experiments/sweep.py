@@ -217,7 +217,7 @@ def columns(settings: SweepSettings) -> list[str]:
     return [*out, "error"]
 
 
-METRICS = (("iteration_s", "iteration_time_s.median"), ("tokens_per_s", "tokens_per_s"),
+METRICS = (("iteration_s", "iteration_time_s"), ("tokens_per_s", "tokens_per_s"),
            ("effective_tokens_per_s", "loss_model.target.effective_tokens_per_s"),
            ("target_loss", "loss_model.target.loss"),
            ("time_to_loss_s", "loss_model.target.time_s"),
@@ -231,13 +231,18 @@ BUBBLE_METRICS = (("gpu_utilization_total", "gpu_utilization.total"),
 
 
 def row_metrics(results: dict[str, Any]) -> dict[str, Any]:
-    """A run's measures as sweep.csv has them, from its results.json."""
+    """A run's measures as sweep.csv has them, from its results.json; the iteration is
+    the typical one, as compare's table has it (a DiLoCo cycle's mean, not its median
+    step without the sync)."""
+    from testbed.report.compare import typical_s
+
     out: dict[str, Any] = {}
     for name, path in METRICS + BUBBLE_METRICS:
         node: Any = results
         for part in path.split("."):
             node = node.get(part) if isinstance(node, dict) else None
         out[name] = node
+    out["iteration_s"] = typical_s(results) if isinstance(out["iteration_s"], dict) else None
     return out
 
 
