@@ -20,6 +20,11 @@ on this 2-core machine (`/usr/bin/time testbed plan|simulate ...`):
   9 s and 370 MB, about 1.8 MB each), and a figure is a median over tens of iterations.
   10,000 is a day of emulated paper-3dc and about as much as this machine's memory holds
   simulated.
+- a run's length in seconds, on the simulator's clock and in the span times read back: at
+  1e10 s (317 years) float64 seconds still resolve 2 us, finer than the shortest round
+  trip the flow model has (10 us, testbed.sim.flows.MIN_RTT_S), so every round of TCP still
+  moves the clock; far past it a round trip adds nothing and a run never ends. 10,000
+  iterations of an hour each are 3.6e7 s.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 MAX_MICROBATCHES = 1024
 MAX_GPUS = 65_536
 MAX_ITERATIONS = 10_000
+MAX_RUN_S = 1e10
 MAX_GLOBAL_BATCH = MAX_MICROBATCHES * MAX_GPUS
 """Sequences per iteration: as many microbatches as allowed on every GPU a topology may
 have (a bound checked as the job is read; the microbatches it makes per replica are

@@ -26,12 +26,15 @@ from testbed.common.units import parse_duration
 from testbed.common.yamlio import read_yaml
 from testbed.errors import InputError
 from testbed.scenario.link_traces import LinkTrace, parse_trace
-from testbed.scenario.slowdowns import Straggler
+from testbed.scenario.slowdowns import Straggler, first_over
 from testbed.topology.model import Topology
 from testbed.topology.net_events import NetEvent, parse_events
 
 SECTIONS = ("events", "traces", "stragglers", "failures", "recovery")
 MAX_SLOWER = 1000.0
+"""How many times slower a GPU may compute, one straggler or several overlapping (they
+multiply) together: a second of compute becomes 17 minutes. Past it a few stacked
+entries reach times the simulator's clock cannot hold (eight of 1000 made 1e24 s)."""
 DEFAULT_DETECT_S = 1.0
 DEFAULT_RESTART_S = 10.0
 
@@ -118,6 +121,7 @@ def load_scenario(path: Path, topology: Topology) -> tuple[Scenario, tuple[NetEv
                    for key, item in top.items("traces"))
     stragglers = tuple(parse_straggler(item, topology, source, key)
                        for key, item in top.items("stragglers"))
+    _check_stacking(stragglers, topology, source)
     failures = tuple(parse_failure(item, topology, source, key)
                      for key, item in top.items("failures"))
     _check_overlaps(failures, source)
@@ -162,6 +166,30 @@ def parse_failure(item: Any, topology: Topology, source: str | None, key: str
                            "(both count from the start of training)")
     fields.done()
     return WorkerLoss(at, worker, back)
+
+
+def _check_stacking(stragglers: tuple[Straggler, ...], topology: Topology, source: str
+                    ) -> None:
+    """Overlapping stragglers on one GPU (its own, its DC's) multiply: together at most
+    MAX_SLOWER at any time."""
+    by_dc: dict[str, list[int]] = {}
+    by_gpu: dict[str, list[int]] = {}
+    for i, straggler in enumerate(stragglers):
+        if straggler.dc is not None:
+            by_dc.setdefault(straggler.dc, []).append(i)
+        elif straggler.gpu is not None:
+            by_gpu.setdefault(straggler.gpu, []).append(i)
+    groups = [(f"every GPU of {dc}", found) for dc, found in by_dc.items()]
+    groups += [(gpu, sorted(found + by_dc.get(topology.dc_of(gpu), [])))
+               for gpu, found in by_gpu.items()]
+    for who, indices in groups:
+        over = first_over([(i, stragglers[i].window()) for i in indices], MAX_SLOWER)
+        if over is not None:
+            index, at, product = over
+            raise InputError(f"with the stragglers over it then, {who} computes {product:g} "
+                             f"times slower from {at:g} s; overlapping stragglers multiply, "
+                             f"to at most {MAX_SLOWER:g} together", source,
+                             f"stragglers[{index}]")
 
 
 def _check_overlaps(failures: tuple[WorkerLoss, ...], source: str) -> None:

@@ -6,6 +6,7 @@ times as long. Pure: no I/O."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,3 +82,24 @@ def factor_at(slowdowns: Sequence[Slowdown], t: float) -> float:
         if slowdown.covers(t):
             factor *= slowdown.factor
     return factor
+
+
+def first_over(windows: Sequence[tuple[int, Slowdown]], limit: float
+               ) -> tuple[int, float, float] | None:
+    """Where windows on one GPU (each with its index) together first slow it more than
+    `limit` times: the index of the window whose start does it, that time and the product
+    then; None where they never do. Windows are [start, end): one ending as another starts
+    does not overlap it."""
+    marks = sorted([(w.start_s, 1, i) for i, w in windows]
+                   + [(w.end_s, 0, i) for i, w in windows if w.end_s is not None])
+    by_index = dict(windows)
+    open_log = 0.0
+    bound = math.log(limit) + 1e-9
+    for t, starts, index in marks:
+        factor = math.log(by_index[index].factor)
+        open_log += factor if starts else -factor
+        if starts and open_log > bound:
+            product = factor_at(list(by_index.values()), t)
+            if product > limit:
+                return index, t, product
+    return None

@@ -144,6 +144,9 @@ class FluidNetwork:
                 and self._coast(now, flow):
             return
         flow.progress(now)
+        if not flow.rate and any(not self.capacity[r] for r in flow.resources):
+            return  # its link is down: no round passes until `restart_windows` opens one
+            # (an outage of days would otherwise be billions of empty rounds)
         old_cap = cap(flow)
         flow.pair.acked(flow.round_budget - flow.budget)
         sending = not flow.paused and flow.rate > 0 and flow.pair.active == 1

@@ -105,7 +105,7 @@ class Simulator:
         self.step_s = step_s
         self.jitter = jitter or Jitter()
         self.noise = Noise(self.jitter)
-        self.agenda = Agenda()
+        self.agenda = Agenda(lambda: not all(w.done for w in self.gpu_workers))
         self.spans = SpanTable() if spans is None else spans  # a planner's keeps some only
         self.workers: dict[tuple[int, int], SimWorker] = {}
         """By (replica, stage): a GPU holding several stages is there under each."""

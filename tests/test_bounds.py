@@ -1,0 +1,122 @@
+"""Bounds on what testbed reads and counts: each input that sets how much work or memory a
+command takes, or how long a run lasts, has a documented limit and past it one line naming
+the file or flag, the key and the limit, before anything runs; a run cannot outgrow its
+clock."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testbed.errors import InputError
+from testbed.experiments.inputs import load_inputs
+from testbed.policy import training_policy
+from testbed.scenario.scenario import load_scenario
+from testbed.sim.agenda import Agenda
+from testbed.sim.planning import plan_with_simulator
+from testbed.sim.simulator import Simulator
+from testbed.topology import load_topology
+from testbed.topology.net_events import parse_event_flag
+
+from .test_cli import call
+
+ROOT = Path(__file__).resolve().parent.parent
+TWO_DC = ROOT / "topologies" / "two-dc.yaml"
+TESTBED = [sys.executable, "-c", "from testbed.cli.main import main; main()"]
+
+
+def _file(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# --- stacked stragglers, and the simulator's clock ---------------------------------------
+
+def _stragglers(*entries: str) -> str:
+    return "stragglers:\n" + "".join(f"  - {{{entry}}}\n" for entry in entries)
+
+
+@pytest.mark.parametrize(("entries", "key"), [
+    (["gpu: east-0, slower: 1000"] * 8, "stragglers[1]"),
+    (["gpu: east-0, slower: 100", "dc: east, slower: 20, at: 5s"], "stragglers[1]"),
+    (["dc: west, slower: 40, for: 10s", "dc: west, at: 9s, slower: 40"], "stragglers[1]"),
+])
+def test_stacked_stragglers_are_refused_past_the_combined_limit(
+        tmp_path: Path, entries: list[str], key: str) -> None:
+    """Eight entries of `slower: 1000` on one GPU multiplied to 1e24 and hung the
+    simulator; overlapping windows (a GPU's own and its DC's) multiply to at most 1000."""
+    path = _file(tmp_path, "s.yaml", _stragglers(*entries))
+    with pytest.raises(InputError) as refused:
+        load_scenario(path, load_topology(TWO_DC))
+    message = str(refused.value)
+    assert message.startswith(f"{path}: {key}: with the stragglers over it then, ")
+    assert message.endswith("overlapping stragglers multiply, to at most 1000 together")
+
+
+def test_stragglers_that_stay_within_the_limit_or_do_not_overlap_are_read(
+        tmp_path: Path) -> None:
+    path = _file(tmp_path, "s.yaml", _stragglers(
+        "gpu: east-0, slower: 10", "gpu: east-0, slower: 10", "dc: east, slower: 10",
+        "gpu: west-0, slower: 1000, for: 1s", "gpu: west-0, at: 1s, slower: 1000"))
+    scenario, _ = load_scenario(path, load_topology(TWO_DC))
+    assert len(scenario.stragglers) == 5
+
+
+def test_stacked_stragglers_are_one_line_exit_2_from_the_cli(tmp_path: Path) -> None:
+    path = _file(tmp_path, "s.yaml", _stragglers(*["gpu: east-0, slower: 1000"] * 8))
+    done = subprocess.run([*TESTBED, "simulate", str(TWO_DC), "--scenario", str(path),
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "stragglers[1]" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_agenda_refuses_a_run_still_going_past_its_horizon() -> None:
+    ran: list[float] = []
+    going = Agenda(lambda: True)
+    going.at(1.0, ran.append)
+    going.at(2e10, ran.append)
+    with pytest.raises(RuntimeError, match=r"still going after 1e\+10 s of simulated time"):
+        going.run()
+    finished = Agenda(lambda: False)  # only late callbacks left: a link back after the run
+    finished.at(2e10, ran.append)
+    finished.at(3e10, ran.append)
+    finished.run()
+    assert ran == [1.0, 2e10, 3e10]
+
+
+@pytest.mark.timeout(60)
+def test_a_run_longer_than_the_clock_holds_is_a_one_line_error(tmp_path: Path) -> None:
+    """A link down for 1e11 s ran rounds of TCP through the outage, trillions of them."""
+    code, _, err = call(["simulate", str(TWO_DC), "-p", "gpipe", "--event",
+                         "at=0s,link=east-west,down=1e11s", "--out", str(tmp_path / "a")])
+    assert (code, err) == (1, "testbed: error: simulation failed: the run was still going "
+                           "after 1e+10 s of simulated time (317 years), the longest a run "
+                           "may last\n")
+    code, _, err = call(["simulate", str(TWO_DC), "-p", "gpipe", "--event",
+                         "at=100s,link=east-west,down=1e11s", "--out", str(tmp_path / "b")])
+    assert code == 0, err  # the outage begins after the run: nothing waits for it
+
+
+@pytest.mark.timeout(120)
+def test_an_outage_costs_the_simulator_no_rounds() -> None:
+    """Rounds of TCP on a link that is down moved nothing and cost an event every round
+    trip: a 1,000 s outage was 25,000 rounds (a day's, 2 million)."""
+    inputs = load_inputs(TWO_DC, sets=("iterations=3",))
+    policy = training_policy("gpipe")
+    plan = plan_with_simulator(policy, inputs.topology, inputs.job)
+
+    def events(outage: str) -> tuple[int, float]:
+        event = parse_event_flag(f"at=0.01s,link=east-west,down={outage}", inputs.topology)
+        result = Simulator(inputs.topology, inputs.job, plan, policy, events=[event]).run()
+        return result.events, result.spans.last_end()
+
+    short, short_end = events("1s")
+    long, long_end = events("1000s")
+    assert long_end > 1000 > short_end
+    assert long <= short + 10
