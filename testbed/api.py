@@ -24,7 +24,13 @@ from typing import Any, Literal
 from testbed.common.choices import BackendName, ComputeChoice, OnFailure, ShaperChoice
 from testbed.common.codec import from_json
 from testbed.errors import InputError, TestbedError
-from testbed.experiments.comparison import GivenRun, comparison_runs, run_comparison, write_compare
+from testbed.experiments.comparison import (
+    GivenRun,
+    check_repeat,
+    comparison_runs,
+    run_comparison,
+    write_compare,
+)
 from testbed.experiments.inputs import Inputs, load_inputs
 from testbed.experiments.run import run as run_spec
 from testbed.metrics.loss import TimeToLoss
@@ -274,8 +280,7 @@ def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPla
     `loss_model`), `Result.speedup` (tokens/s) beside it."""
     from testbed.sim.jitter import parse_jitter
 
-    if repeat < 1:
-        raise InputError("must be at least 1", "repeat")
+    check_repeat(repeat, "repeat")
     try:
         noise = parse_jitter(jitter) if jitter is not None else None
     except ValueError as exc:

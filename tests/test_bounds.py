@@ -120,3 +120,94 @@ def test_an_outage_costs_the_simulator_no_rounds() -> None:
     long, long_end = events("1000s")
     assert long_end > 1000 > short_end
     assert long <= short + 10
+
+
+# --- counts: repeats, a sweep's runs, local workers, requests, seeds ----------------------
+
+@pytest.mark.parametrize("command", [
+    ["compare", str(TWO_DC), "-p", "gpipe"],
+    ["sweep", str(TWO_DC), "-p", "gpipe", "--vary", "wan.latency=1ms,2ms"],
+])
+def test_repeats_past_the_limit_are_refused_before_any_run(tmp_path: Path,
+                                                           command: list[str]) -> None:
+    """`--repeat 1000000000` made a billion runs' specs first: 1.7 GB after a minute."""
+    code, _, err = call([*command, "--repeat", "1000000000", "--out", str(tmp_path / "o")])
+    assert (code, err) == (2, "testbed: error: --repeat: must be from 1 to 1,000 (testbed's "
+                           "limit), got 1,000,000,000\n")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_sweep_of_more_runs_than_the_limit_is_refused(tmp_path: Path) -> None:
+    values = ",".join(f"{i}ms" for i in range(1, 102))
+    code, _, err = call(["sweep", str(TWO_DC), "-p", "gpipe", "-p", "1f1b", "--repeat",
+                         "500", "--vary", f"wan.latency={values}", "--out",
+                         str(tmp_path / "o")])
+    assert (code, err) == (2, "testbed: error: --vary: 101 points x 1,000 runs each make "
+                           "101,000 runs, more than a sweep takes (100,000, testbed's "
+                           "limit)\n")
+
+
+def test_local_workers_are_at_most_the_cores_and_what_memory_holds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from testbed.experiments import sweep_workers
+
+    monkeypatch.setattr(sweep_workers, "cores", lambda: 4)
+    monkeypatch.setattr(sweep_workers, "available_memory", lambda: 64 << 30)
+    assert sweep_workers.local_workers(3) == (3, None)
+    assert sweep_workers.local_workers(24) == (
+        4, "24 asked for, 4 run at once: this machine's 4 cores")
+    monkeypatch.setattr(sweep_workers, "available_memory", lambda: 16 * 10**8)
+    assert sweep_workers.local_workers(24) == (
+        3, "24 asked for, 3 run at once: what its 1.6 GB of available memory holds at "
+        "500 MB a worker")
+    monkeypatch.setattr(sweep_workers, "available_memory", lambda: 1)
+    assert sweep_workers.local_workers(24)[0] == 1
+
+
+def test_a_sweep_says_when_it_runs_fewer_workers_than_asked(tmp_path: Path) -> None:
+    code, _, err = call(["sweep", str(TWO_DC), "-p", "gpipe", "--vary",
+                         "wan.latency=1ms,2ms", "--workers", "100000", "--out",
+                         str(tmp_path / "o")])
+    assert code == 0, err
+    assert err.startswith("--workers: 100,000 asked for, ")
+    assert "run at once: this machine's" in err.splitlines()[0]
+
+
+def test_an_arrival_rate_past_the_limit_is_refused_up_front(tmp_path: Path) -> None:
+    """1e12 requests/s ran out of memory, then hung."""
+    code, _, err = call(["simulate", str(ROOT / "topologies" / "paper-3dc.yaml"), "-b",
+                         "greedy", "--set", "inference.arrival_rate=1e12/s", "--out",
+                         str(tmp_path / "o")])
+    assert (code, err) == (2, "testbed: error: --set: inference.arrival_rate: must be from "
+                           "0/s to 100,000/s, got '1e12/s'\n")
+
+
+def test_a_run_that_would_make_more_requests_than_the_limit_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from testbed.inference import workload
+
+    job = load_inputs(ROOT / "topologies" / "paper-3dc.yaml").job
+    assert job.inference is not None
+    monkeypatch.setattr(workload, "MAX_REQUESTS", 100)
+    made = workload.arrivals(job.inference, 0)
+    assert len([next(made) for _ in range(100)]) == 100
+    with pytest.raises(InputError, match=r"^inference.arrival_rate: 10 requests/s make 100 "
+                       r"requests by \d.* s of the run, the most one run takes"):
+        next(made)
+
+
+@pytest.mark.parametrize("seed", [str(2**64), str(2**32), "-1"])
+def test_a_seed_no_consumer_takes_is_refused_before_the_run(tmp_path: Path, seed: str) -> None:
+    """2^64 ran, then failed to write its results.json (JSON's integers end at 2^64)."""
+    code, _, err = call(["simulate", str(TWO_DC), "--seed", seed, "--out", str(tmp_path / "o")])
+    assert code == 2 and err.startswith("testbed: error: --seed: must be "), err
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_largest_seed_runs_and_is_saved(tmp_path: Path) -> None:
+    import json
+
+    code, _, err = call(["simulate", str(TWO_DC), "-p", "gpipe", "--seed", str(2**32 - 1),
+                         "--jitter", "10%", "--out", str(tmp_path / "o")])
+    assert code == 0, err
+    assert json.loads((tmp_path / "o" / "results.json").read_text())["seed"] == 2**32 - 1

@@ -38,7 +38,13 @@ from testbed.common.choices import (
 from testbed.common.fsutil import write_atomic
 from testbed.common.units import plural
 from testbed.errors import InputError
-from testbed.experiments.comparison import GivenRun, comparison_runs, run_comparison, write_compare
+from testbed.experiments.comparison import (
+    GivenRun,
+    check_repeat,
+    comparison_runs,
+    run_comparison,
+    write_compare,
+)
 from testbed.experiments.inputs import load_inputs
 from testbed.plan.load import given_plan
 from testbed.policy.registry import DEFAULT_COMPARISON, DEFAULT_POLICY
@@ -110,8 +116,7 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
     failed, with why under the table; the others still run. `testbed report DIR` redraws
     all of it from the files.
     """
-    if repeat < 1:
-        raise InputError("must be at least 1", "--repeat")
+    check_repeat(repeat)
     if backend == "emulate":
         from testbed.cli.net import require_root
 

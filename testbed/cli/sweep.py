@@ -28,6 +28,7 @@ from testbed.cli.progress import Reporter
 from testbed.cli.simulate import profile_option
 from testbed.common.units import plural
 from testbed.errors import InputError, Terminated, one_line
+from testbed.experiments.comparison import check_repeat
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.sweep import (
     Point,
@@ -39,7 +40,7 @@ from testbed.experiments.sweep import (
     with_speedups,
 )
 from testbed.experiments.sweep_store import holds_sweep, record, rows, start, write_csv
-from testbed.experiments.sweep_workers import Runner, runner
+from testbed.experiments.sweep_workers import LOCAL_RAY, Runner, local_workers, runner
 from testbed.metrics.loss import duration_text
 from testbed.policy.parallel import cores
 from testbed.policy.registry import DEFAULT_POLICY, check_policies
@@ -74,7 +75,8 @@ SHOWN_ROWS = 40
               "job's seed + k (as compare).")
 @click.option("--workers", type=int, metavar="N",
               help="Points simulated at once, in local processes (default: this machine's "
-              "cores); with --ray local, the CPUs of the local Ray instance.")
+              "cores; at most those, and as many as its available memory holds at 500 MB "
+              "each, said when fewer); with --ray local, the CPUs of the local Ray instance.")
 @click.option("--ray", "ray_address", metavar="ADDRESS|local",
               help="Run the points as tasks on a Ray cluster (its address, every node with "
               "testbed installed), or on a Ray instance started here (local). Needs "
@@ -105,11 +107,14 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
     Example: testbed sweep topologies/paper-3dc.yaml -p gpipe -p atlas
     --vary wan.latency=10ms,20ms,40ms,80ms --vary option.atlas.connections=1,4
     """
-    if repeat < 1:
-        raise InputError("must be at least 1", "--repeat")
-    workers = cores() if workers is None else workers
-    if workers < 1:
+    check_repeat(repeat)
+    if workers is not None and workers < 1:
         raise InputError(f"must be at least 1, got {workers}", "--workers")
+    workers = cores() if workers is None else workers
+    if ray_address is None or ray_address == LOCAL_RAY:  # processes on this machine
+        workers, why = local_workers(workers)
+        if why:
+            click.echo(f"--workers: {why}", err=True)
     inputs = load_inputs(topology, **job_flags(kwargs))
     check_policies([(v.policy, {}) for v in variants(policies)],
                    [(name, {}) for name in bubbles])

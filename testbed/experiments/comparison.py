@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from testbed.common.fsutil import own_directory, write_atomic
+from testbed.common.sizes import MAX_REPEATS
 from testbed.common.yamlio import to_yaml
-from testbed.errors import TestbedError
+from testbed.errors import InputError, TestbedError
 from testbed.experiments.run import RunResult
 from testbed.experiments.run import run as run_one
 from testbed.plan.model import Plan
@@ -51,6 +52,14 @@ class ComparisonRun:
     spec: RunSpec
 
 
+def check_repeat(repeat: int, flag: str = "--repeat") -> None:
+    """Runs per combination: from 1 to MAX_REPEATS (testbed.common.sizes), refused before
+    any run is made."""
+    if not 1 <= repeat <= MAX_REPEATS:
+        raise InputError(f"must be from 1 to {MAX_REPEATS:,} (testbed's limit), got "
+                         f"{repeat:,}", flag)
+
+
 def comparison_runs(base: RunSpec, policies: Sequence[str], bubbles: Sequence[str],
                     options: Sequence[str], repeat: int, plans: Sequence[GivenRun] = ()
                     ) -> list[ComparisonRun]:
@@ -59,6 +68,7 @@ def comparison_runs(base: RunSpec, policies: Sequence[str], bubbles: Sequence[st
     noise in its k-th repeat). `policies`: as `-p` names them, `POLICY` or a labelled
     variant `POLICY:LABEL` (testbed.policy.routing); `options`: `-o [OWNER.]KEY=VALUE`,
     for policies (a given plan takes none). Every policy and option is checked first."""
+    check_repeat(repeat)
     chosen = variants(policies)
     names = list(dict.fromkeys([*(v.policy for v in chosen), *policies]))
     check_owners(options, [*names, *bubbles])

@@ -16,12 +16,15 @@ each bubble policy, `repeat` times (repeat k seeds the jitter with the job's see
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from testbed.common.sizes import MAX_SWEEP_RUNS
+from testbed.common.units import plural
 from testbed.errors import InputError, TestbedError
-from testbed.experiments.comparison import ComparisonRun, comparison_runs
+from testbed.experiments.comparison import ComparisonRun, check_repeat, comparison_runs
 from testbed.experiments.inputs import Inputs
 from testbed.job.load import apply_overrides, dump_job, parse_job
 from testbed.job.model import Job
@@ -136,6 +139,13 @@ def points(settings: SweepSettings) -> list[Point]:
     twice = {k for k in keys if keys.count(k) > 1}
     if twice:
         raise InputError(f"{sorted(twice)[0]} is varied twice; give its values once", FLAG)
+    check_repeat(settings.repeat)
+    combos = len(settings.policies) * max(1, len(settings.bubbles)) * settings.repeat
+    count = math.prod(len(k.values) for k in settings.knobs)
+    if count * combos > MAX_SWEEP_RUNS:
+        raise InputError(f"{plural(count, 'point')} x {plural(combos, 'run')} each make "
+                         f"{count * combos:,} runs, more than a sweep takes "
+                         f"({MAX_SWEEP_RUNS:,}, testbed's limit)", FLAG)
     return [Point(index, values, tuple(_runs(settings, values)))
             for index, values in enumerate(grid(settings.knobs))]
 

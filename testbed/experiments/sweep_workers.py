@@ -31,11 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from testbed import DISTRIBUTION
+from testbed.common.units import human_bytes, plural
 from testbed.errors import InputError, TestbedError, TestbedWarning, one_line
 from testbed.experiments.run import simulated
 from testbed.experiments.sweep import Point, row_metrics
 from testbed.net.sweep_leftovers import marking, ray_folder
-from testbed.policy.parallel import die_with, share_cores
+from testbed.policy.parallel import cores, die_with, share_cores
+from testbed.runtime.coordinator.memory import available_memory
 from testbed.sim.planning import keeping_answers, keeps_answers, shared_cache
 
 Row = dict[str, Any]
@@ -46,6 +48,24 @@ WARNINGS = "warnings"
 LOCAL_RAY = "local"
 PROBE_S = 10.0
 """How long a cluster's address has to answer."""
+WORKER_BYTES = 500 * 10**6
+"""What one local worker may hold: 350 MB at its peak planning paper-3dc's points with
+Atlas (VmHWM of `sweep topologies/paper-3dc.yaml -p atlas --workers 2`), with a margin."""
+
+
+def local_workers(wanted: int) -> tuple[int, str | None]:
+    """How many points run at once on this machine: `wanted`, but one per core at most
+    (more only take turns) and as many as its available memory holds; with why, when
+    fewer."""
+    memory = available_memory()
+    by_memory = max(1, memory // WORKER_BYTES) if memory is not None else wanted
+    count = min(wanted, cores(), by_memory)
+    if count == wanted:
+        return count, None
+    why = (f"this machine's {plural(cores(), 'core')}" if count == cores() else
+           f"what its {human_bytes(memory or 0)} of available memory holds at "
+           f"{human_bytes(WORKER_BYTES)} a worker")
+    return count, f"{wanted:,} asked for, {count} run at once: {why}"
 
 
 def run_point(point: Point, keep: bool = False) -> list[Row]:

@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from testbed.common.sizes import MAX_REQUESTS
 from testbed.common.spans import is_wait
+from testbed.errors import InputError
 from testbed.job.model import InferenceWorkload
 from testbed.plan.compute import kv_cache_bytes, prefill_flops
 from testbed.policy.base import Chunk, Request
@@ -30,7 +32,9 @@ def wait_key(gpu: str, action: int, program: int = 0) -> WaitKey:
 
 def arrivals(workload: InferenceWorkload, seed: int) -> Iterator[Request]:
     """Requests in arrival order: the trace, or Poisson arrivals with prompt lengths drawn
-    from the workload's distribution (seeded, so runs repeat); endless unless a trace."""
+    from the workload's distribution (seeded, so runs repeat); endless unless a trace, but
+    a run that would take more than MAX_REQUESTS of them (each one is kept) is refused as
+    it reaches them."""
     if workload.trace is not None:
         yield from (Request(i, t, n) for i, (t, n) in enumerate(workload.trace))
         return
@@ -38,6 +42,11 @@ def arrivals(workload: InferenceWorkload, seed: int) -> Iterator[Request]:
     now, index = 0.0, 0
     while workload.arrival_rate > 0:
         now += rng.expovariate(workload.arrival_rate)
+        if index == MAX_REQUESTS:
+            raise InputError(f"{workload.arrival_rate:,g} requests/s make {MAX_REQUESTS:,} "
+                             f"requests by {now:.3g} s of the run, the most one run takes "
+                             "(each is kept to its end): lower the rate, or run fewer "
+                             "iterations", None, "inference.arrival_rate")
         yield Request(index, now, prompt_length(workload, rng))
         index += 1
 

@@ -11,9 +11,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from testbed.common.fields import Fields, at_most, boolean, integer, number, positive, text
+from testbed.common.fields import (
+    Fields,
+    at_most,
+    boolean,
+    bounded,
+    integer,
+    number,
+    positive,
+    text,
+)
 from testbed.common.input_files import MAX_CSV_BYTES, read_input
-from testbed.common.sizes import MAX_GLOBAL_BATCH, MAX_ITERATIONS, MAX_MICROBATCHES
+from testbed.common.sizes import (
+    MAX_ARRIVAL_RATE,
+    MAX_GLOBAL_BATCH,
+    MAX_ITERATIONS,
+    MAX_MICROBATCHES,
+    MAX_SEED,
+)
 from testbed.common.units import parse_duration, parse_per_second, plural
 from testbed.common.yamlio import parse_yaml, read_yaml
 from testbed.errors import InputError
@@ -134,7 +149,7 @@ def parse_job(data: object, source: str | None = None, prefix: str = "job",
     pp = fields.get("pp", positive(integer), None)
     tp = fields.get("tp", positive(integer), 1)
     iterations = fields.get("iterations", at_most(positive(integer), MAX_ITERATIONS), 5)
-    seed = fields.get("seed", positive(integer, allow_zero=True), 0)
+    seed = fields.get("seed", at_most(positive(integer, allow_zero=True), MAX_SEED), 0)
     dtype = fields.get("dtype", text, "bf16")
     if dtype not in DTYPE_BYTES:
         raise fields.error("dtype", f"unknown dtype {dtype!r} (one of {', '.join(DTYPE_BYTES)})")
@@ -252,7 +267,8 @@ def _parse_inference(fields: Fields | None, source: str | None) -> InferenceWork
     if fields is None:
         return None
     model = _parse_model(fields, "model")
-    rate = fields.get("arrival_rate", parse_per_second, 0.0)
+    rate = fields.get("arrival_rate", bounded(parse_per_second, 0.0, MAX_ARRIVAL_RATE,
+                                              lambda r: f"{r:,g}/s"), 0.0)
     prompt = _parse_prompt(fields.section("prompt_length", keys=(
         "distribution", "value", "min", "max", "median", "sigma")))
     trace = None
