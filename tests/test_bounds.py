@@ -5,6 +5,7 @@ clock."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -211,3 +212,80 @@ def test_the_largest_seed_runs_and_is_saved(tmp_path: Path) -> None:
                          "--jitter", "10%", "--out", str(tmp_path / "o")])
     assert code == 0, err
     assert json.loads((tmp_path / "o" / "results.json").read_text())["seed"] == 2**32 - 1
+
+
+# --- a plan's connections ---------------------------------------------------------------
+
+def _plan_csv(tmp_path: Path, pair: str, count: str) -> Path:
+    code, _, err = call(["plan", str(TWO_DC), "-p", "gpipe", "--csv", str(tmp_path / "p.csv")])
+    assert code == 0, err
+    text = (tmp_path / "p.csv").read_text()
+    assert "conn,east-0,west-0,1\n" in text
+    path = tmp_path / "edited.csv"
+    path.write_text(text.replace("conn,east-0,west-0,1\n", f"conn,{pair},{count}\n"))
+    return path
+
+
+def _line_of(path: Path, start: str) -> int:
+    return next(n for n, line in enumerate(path.read_text().splitlines(), 1)
+                if line.startswith(start))
+
+
+def test_a_given_plans_connections_are_bounded_as_a_policys_are(tmp_path: Path) -> None:
+    """`conn,east-0,west-0,100000000` was accepted; `up --plan` grew a worker to 1.66 GB
+    and ended in a TimeoutError. The bound is the one Atlas chooses within (open files,
+    TCP memory for full send buffers), at the end that allows more."""
+    from testbed.plan.host_limits import this_machine
+
+    path = _plan_csv(tmp_path, "east-0,west-0", "100000000")
+    line = _line_of(path, "conn,east-0,west-0,")
+    allowed = this_machine().connections_per_peer(4 << 20)
+    code, _, err = call(["simulate", str(TWO_DC), "--plan", str(path), "--out",
+                         str(tmp_path / "o")])
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(
+        f"testbed: error: {path}: line {line} (east-0 and west-0): invalid plan: east-0 and "
+        f"west-0 have 100,000,000 TCP connections between them; a worker here may open at "
+        f"most {allowed:,} to one peer (an open-file limit of "), err
+    fits = _plan_csv(tmp_path, "east-0,west-0", str(allowed))
+    code, _, err = call(["simulate", str(TWO_DC), "--plan", str(fits), "--out",
+                         str(tmp_path / "fits")])
+    assert code == 0, err
+
+
+def test_a_given_plans_connections_name_gpus_of_the_topology(tmp_path: Path) -> None:
+    path = _plan_csv(tmp_path, "east-0,moon-0", "2")
+    line = _line_of(path, "conn,east-0,moon-0,")
+    code, _, err = call(["plan", str(TWO_DC), "--load", str(path)])
+    assert (code, err) == (2, f"testbed: error: {path}: line {line} (east-0 and moon-0): "
+                           "invalid plan: connections between east-0 and moon-0: GPU moon-0 "
+                           "is not in the topology\n")
+
+
+def test_a_policys_connections_past_the_bound_are_refused() -> None:
+    code, _, err = call(["plan", str(ROOT / "topologies" / "paper-3dc.yaml"), "-p", "atlas",
+                         "-o", "connections=100000", "-o", "selection=off"])
+    assert code == 2 and "have 100,000 TCP connections between them" in err, err
+
+
+def test_the_memory_check_counts_the_plans_connections() -> None:
+    from testbed.runtime.coordinator.memory import (
+        CONNECTION_BYTES,
+        MemoryPlan,
+        check_memory,
+        predict_memory,
+    )
+
+    inputs = load_inputs(TWO_DC)
+    plan = plan_with_simulator(training_policy("gpipe"), inputs.topology, inputs.job)
+    few = predict_memory(inputs.topology, inputs.job, plan, "emulated", 0)
+    more = dataclasses.replace(plan, connections={**plan.connections,
+                                                  ("east-0", "west-0"): 5000})
+    many = predict_memory(inputs.topology, inputs.job, more, "emulated", 0)
+    assert many.connections == few.connections + 4999
+    assert many.total - few.total == 4999 * CONNECTION_BYTES
+    assert many.as_dict()["connections_bytes"] == many.connections * CONNECTION_BYTES
+    memory = MemoryPlan("emulated", 4, 2**20, 0, 0, 0, 0, 0, 5, connections=100_000)
+    with pytest.raises(InputError, match=r"100,000 connections 1.64 GB\); this machine has "
+                       r"105 MB available \(MemAvailable\); try 93,856 fewer TCP connections$"):
+        check_memory(memory, 100 * 2**20, "t.yaml")

@@ -35,6 +35,7 @@ from testbed.errors import EXIT_INPUT, Terminated, TestbedError, TestbedWarning,
 from testbed.experiments.inputs import load_inputs
 from testbed.plan import plan_grid, plan_to_csv, validate_plan
 from testbed.plan.describe import describe_plan
+from testbed.plan.host_limits import this_machine
 from testbed.plan.load import load_plan
 from testbed.policy import discover, parse_options
 from testbed.policy.option_parsers import option_text
@@ -173,7 +174,7 @@ def plan(
         the_plan = load_plan(csv_in, inputs.topology, inputs.job)
     else:
         the_plan = api.plan(inputs, policy, parse_options(policy_opts))
-        validate_plan(the_plan, inputs.topology)
+        validate_plan(the_plan, inputs.topology, this_machine())
     click.echo(plan_grid(the_plan, communication=comm, max_rows=rows or None))
     click.echo()
     for line in describe_plan(the_plan, inputs.topology, inputs.job):

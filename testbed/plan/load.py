@@ -21,6 +21,7 @@ from testbed.errors import InputError, PlanError
 from testbed.job.model import Job
 from testbed.plan.build import Schedule, build_plan, file_order_placement
 from testbed.plan.compute import gpu_memory_bytes
+from testbed.plan.host_limits import this_machine
 from testbed.plan.model import Plan
 from testbed.plan.schedules import Sends
 from testbed.plan.text import parse_plan_csv
@@ -58,7 +59,7 @@ def check_given_plan(plan: Plan, topology: Topology, job: Job, source: str,
     every GPU's memory as the policies check it): InputError located at `source` (and the
     line of the first GPU the problem names, from `rows`: GPU -> line)."""
     try:
-        validate_plan(plan, topology)
+        validate_plan(plan, topology, this_machine())
     except PlanError as exc:
         raise InputError(str(exc), source, _row_named(str(exc), rows or {})) from None
     if sum(plan.layers) != job.model.layers:
@@ -86,6 +87,9 @@ def _action_rows(text: str) -> dict[str, int]:
     for number, row in enumerate(csv.reader(io.StringIO(text)), start=1):
         if len(row) > 1 and row[0] == "actions":
             rows.setdefault(row[1], number)
+        elif len(row) > 2 and row[0] == "conn":  # named in a problem as "A and B"
+            a, b = sorted(row[1:3])
+            rows.setdefault(f"{a} and {b}", number)
     return rows
 
 
@@ -98,12 +102,12 @@ def _rank_rows(plan: Plan, topology: Topology) -> dict[str, int]:
 
 def _row_named(problem: str, rows: Mapping[str, int]) -> str | None:
     """`line N (GPU)`: the row of the GPU the problem names first, if it names one."""
-    named = [(match.start(), gpu) for gpu in rows
+    named = [(match.start(), -len(gpu), gpu) for gpu in rows
              for match in [re.search(rf"(?<![\w-]){re.escape(gpu)}(?![\w-])", problem)]
              if match is not None]
     if not named:
         return None
-    gpu = min(named)[1]
+    gpu = min(named)[2]  # the first named, the longest where two start there
     return f"line {rows[gpu]} ({gpu})"
 
 

@@ -37,3 +37,11 @@ class HostLimits:
             return max(1, by_files)
         by_memory = self.tcp_memory_bytes // (peers * max(1, send_buffer_bytes))
         return max(1, min(by_files, by_memory))
+
+    def describe(self, send_buffer_bytes: int) -> str:
+        """What sets `connections_per_peer`, in words."""
+        files = f"an open-file limit of {self.open_files:,}"
+        if self.tcp_memory_bytes is None:
+            return files
+        return (f"{files}, TCP memory under pressure past {self.tcp_memory_bytes:,} bytes "
+                f"with send buffers of {send_buffer_bytes:,}")

@@ -9,12 +9,18 @@ from testbed.plan.collective import Reduces
 from testbed.plan.dry_run import dry_run
 from testbed.plan.model import Action, Op, Plan, Program, Worker
 from testbed.plan.stage_rules import fail
+from testbed.plan.tcp_model import HostLimits
 from testbed.topology.model import Topology
 
 
-def validate_plan(plan: Plan, topology: Topology | None = None) -> None:
-    """Raise PlanError naming the first problem; return quietly for a runnable plan."""
+def validate_plan(plan: Plan, topology: Topology | None = None,
+                  limits: HostLimits | None = None) -> None:
+    """Raise PlanError naming the first problem; return quietly for a runnable plan.
+    `limits`: what the hosts allow a worker's connections (Linux's defaults if not
+    given), as the policies choose within them."""
     _check_structure(plan, topology)
+    if topology is not None:
+        _check_connections(plan, topology, limits or HostLimits())
     for index, program in enumerate(plan.all_programs()):
         _check_program(plan, program, _program_name(plan, index))
         _check_pairs(plan, program)
@@ -74,6 +80,27 @@ def _check_structure(plan: Plan, topology: Topology | None) -> None:
             else:
                 owner[gpu] = (worker, gpus)
     _check_virtual(plan)
+
+
+def _check_connections(plan: Plan, topology: Topology, limits: HostLimits) -> None:
+    """Each pair's connections within what the hosts allow a worker to one peer, by open
+    files and TCP memory: the bound a policy choosing them is held to (Atlas's
+    connections_to_fill), checked at whichever end allows more."""
+    known = {gpu.name for gpu in topology.gpus()}
+    for (a, b), count in sorted(plan.connections.items()):
+        for gpu in (a, b):
+            if gpu not in known:
+                raise fail(f"connections between {a} and {b}: GPU {gpu} is not in the "
+                           "topology")
+        if count < 1:
+            raise fail(f"{a} and {b} have {count} TCP connections between them; at least 1")
+        buffers = {gpu: topology.tcp_for(topology.dc_of(gpu)).wmem[2] for gpu in (a, b)}
+        allowed = {gpu: limits.connections_per_peer(size) for gpu, size in buffers.items()}
+        most = max(allowed, key=lambda gpu: allowed[gpu])
+        if count > allowed[most]:
+            raise fail(f"{a} and {b} have {count:,} TCP connections between them; a worker "
+                       f"here may open at most {allowed[most]:,} to one peer "
+                       f"({limits.describe(buffers[most])})")
 
 
 def _check_virtual(plan: Plan) -> None:

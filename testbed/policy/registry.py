@@ -158,5 +158,5 @@ def make_plan(policy: TrainingPolicy, topology: Topology, job: Job,
         plan = policy.plan(topology, job, context)
     if not isinstance(plan, Plan):
         raise PluginError(f"policy {policy.name!r} returned {type(plan).__name__}, not a Plan")
-    validate_plan(plan, topology)
+    validate_plan(plan, topology, context.host_limits)
     return plan
