@@ -289,3 +289,41 @@ def test_the_memory_check_counts_the_plans_connections() -> None:
     with pytest.raises(InputError, match=r"100,000 connections 1.64 GB\); this machine has "
                        r"105 MB available \(MemAvailable\); try 93,856 fewer TCP connections$"):
         check_memory(memory, 100 * 2**20, "t.yaml")
+
+
+# --- span times `profile` reads ------------------------------------------------------------
+
+def _spans_file(tmp_path: Path, times: list[tuple[object, object]]) -> Path:
+    rows = ", ".join(
+        f'{{"gpu": "east-{i % 2}", "kind": "{("forward", "backward")[i % 2]}", "start": '
+        f'{start}, "end": {end}, "stage": {i % 2}, "iteration": {1 + i // 2}}}'
+        for i, (start, end) in enumerate(times))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "spans.json").write_text(f'{{"start": 0, "spans": [{rows}]}}')
+    return run
+
+
+@pytest.mark.parametrize(("times", "key", "problem"), [
+    ([("-1e308", "1e308")], "spans[0].start", "-1e+308 s is past the times a run has"),
+    ([("0", "1.7e308")] * 16, "spans[0].end", "1.7e+308 s is past the times a run has"),
+    ([("0", "1" + "0" * 400)], "spans[0].end", "expected number, got an integer of 401 "
+                                               "digits"),
+    ([("1", "2"), ("0", "2e10")], "spans[1].end", "2e+10 s is past the times a run has (at "
+                                                  "most 1e+10 s from its start)"),
+])
+def test_profile_refuses_span_times_no_run_has(tmp_path: Path, times: list[tuple[str, str]],
+                                               key: str, problem: str) -> None:
+    """Extreme times went through statistics into a traceback (an overflow to inf, then
+    NaN)."""
+    run = _spans_file(tmp_path, list(times))
+    code, _, err = call(["profile", str(run), "-o", str(tmp_path / "p.json")])
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"testbed: error: {run / 'spans.json'}: {key}: {problem}"), err
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_profile_reads_span_times_within_a_runs(tmp_path: Path) -> None:
+    run = _spans_file(tmp_path, [("0", "1e10"), ("-5", "1e10")])
+    code, _, err = call(["profile", str(run), "-o", str(tmp_path / "p.json")])
+    assert code == 0, err

@@ -5,6 +5,7 @@ damaged or hand-edited file gives one located error and no half-written output."
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -70,9 +71,9 @@ def _fits(value: Any, shape: str) -> bool:
         return shape in (OPTIONAL_NUMBER, OPTIONAL_TEXT, OPTIONAL_FLAG)
     if shape == OPTIONAL_FLAG:
         return isinstance(value, bool)
-    if shape in (NUMBER, OPTIONAL_NUMBER):
+    if shape in (NUMBER, OPTIONAL_NUMBER):  # an integer past a float's range is none
         return isinstance(value, int | float) and not isinstance(value, bool) \
-            and math.isfinite(value)
+            and abs(value) <= sys.float_info.max
     if shape == INTEGER:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, str)
@@ -85,6 +86,8 @@ def _join(key: str, name: str) -> str:
 def _kind(value: Any) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)  # nan, inf: not a number JSON can hold
+    if isinstance(value, int) and abs(value) > sys.float_info.max:
+        return f"an integer of {len(str(abs(value)))} digits"
     return "null" if value is None else type(value).__name__
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from testbed.common.fsutil import write_atomic, write_named
 from testbed.common.jsonio import read_json
+from testbed.common.sizes import MAX_RUN_S
 from testbed.errors import InputError
 from testbed.report.saved import INTEGER, OPTIONAL_TEXT, check, per_gpu, read_span_rows
 
@@ -108,6 +109,11 @@ def read_spans(path: Path) -> list[Mapping[str, Any]]:
             check(span, TIMED if span["kind"] != "prefill" else {}, str(path), f"spans[{i}]")
             if "tokens" in span:
                 check(span["tokens"], INTEGER, str(path), f"spans[{i}].tokens")
+            for key in ("start", "end"):
+                if not -MAX_RUN_S <= span[key] <= MAX_RUN_S:  # finite: read_span_rows
+                    raise InputError(f"{span[key]:g} s is past the times a run has (at most "
+                                     f"{MAX_RUN_S:g} s from its start)", str(path),
+                                     f"spans[{i}].{key}")
             if span["end"] < span["start"]:
                 raise InputError(f"ends ({span['end']}) before it starts ({span['start']})",
                                  str(path), f"spans[{i}].end")
