@@ -327,3 +327,36 @@ def test_profile_reads_span_times_within_a_runs(tmp_path: Path) -> None:
     run = _spans_file(tmp_path, [("0", "1e10"), ("-5", "1e10")])
     code, _, err = call(["profile", str(run), "-o", str(tmp_path / "p.json")])
     assert code == 0, err
+
+
+# --- a checkpoint's inputs, as they were ----------------------------------------------------
+
+@pytest.mark.parametrize(("name", "old", "new"), [
+    ("topology.yaml", "gpus: 2", "gpus: 3"),
+    ("job.yaml", "iterations: 3", "iterations: 5"),
+    ("plan.csv", "conn,east-0,west-0,1", "conn,east-0,west-0,2"),
+])
+def test_a_checkpoint_whose_inputs_were_edited_is_not_resumed(
+        tmp_path: Path, name: str, old: str, new: str) -> None:
+    """An edited topology resumed a run that reported `ok` with 0 iterations done."""
+    from testbed.run.checkpoint import Progress
+    from testbed.run.resume import load_resumption, save_settings
+    from testbed.run.spec import RunSpec
+
+    inputs = load_inputs(TWO_DC)
+    plan = plan_with_simulator(training_policy("gpipe"), inputs.topology, inputs.job)
+    spec = RunSpec("emulate", inputs.topology, inputs.job, "gpipe", {}, plan=plan,
+                   plan_file="p.csv", checkpoint_every=1)
+    save_settings(tmp_path, spec, "emulated", 1)
+    folder = tmp_path / "checkpoint"
+    (folder / "state.json").write_text(Progress(1, {}, [], 1, 1).as_json())  # owner gone
+    resumed, _ = load_resumption(tmp_path)
+    assert resumed.topology == inputs.topology
+    edited = folder / name
+    assert old in edited.read_text()
+    edited.write_text(edited.read_text().replace(old, new, 1))
+    with pytest.raises(InputError) as refused:
+        load_resumption(tmp_path)
+    assert str(refused.value) == (
+        f"{edited}: changed since the run was checkpointed (its digest in run.json "
+        "differs): a resumed run must be the run it was; start a new run to run another")

@@ -213,6 +213,8 @@ def test_run_json_reads_back_what_a_run_saved(tmp_path: Path) -> None:
                    stall_timeout_s=30.0, pacing=False, checkpoint_every=3, target_loss=2.5)
     save_settings(tmp_path, spec, "real", 4)
     settings = read_settings(tmp_path / "checkpoint" / "run.json")
+    digests = settings.pop("digests")
+    assert set(digests) == {"topology.yaml", "job.yaml"}  # no plan: the policy plans again
     assert settings == {"policy": "atlas", "policy_options": {"connections": "4"},
                         "compute": "real", "shaper": "auto", "allreduce": "auto",
                         "stall_timeout_s": 30.0, "pacing": False, "activations": "auto",

@@ -4,6 +4,7 @@ from the newest complete checkpoint."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -21,6 +22,7 @@ from testbed.common.fields import (
     text,
 )
 from testbed.common.fsutil import own_directory, write_atomic
+from testbed.common.input_files import MAX_CSV_BYTES, MAX_YAML_BYTES, read_input
 from testbed.common.jsonio import read_json
 from testbed.common.yamlio import to_yaml
 from testbed.errors import InputError
@@ -43,6 +45,8 @@ from testbed.run.spec import RunSpec
 from testbed.topology.load import dump_topology, load_topology
 
 SETTINGS_FILE = "run.json"
+TOPOLOGY_FILE = "topology.yaml"
+JOB_FILE = "job.yaml"
 PLAN_FILE = "plan.csv"
 """A given plan (`--plan`), as the run ran it: a resumed run runs it again."""
 _SETTINGS = ("policy", "policy_options", "compute", "shaper", "allreduce", "stall_timeout_s",
@@ -69,14 +73,33 @@ def save_settings(directory: Path, spec: RunSpec, compute: str, dilation: int) -
     """Everything that decides the run, with `auto` choices resolved, so that a resumed
     run is the same run."""
     folder = own_directory(directory, CHECKPOINT_DIR)
-    settings = {name: getattr(spec, name) for name in _SETTINGS}
+    settings: dict[str, Any] = {name: getattr(spec, name) for name in _SETTINGS}
     settings.update(format=FORMAT, compute=compute, dilation=dilation,
                     timed=bool(spec.events or spec.scenario), plan_file=spec.plan_file)
-    write_atomic(folder / "topology.yaml", to_yaml(dump_topology(spec.topology)), 0o644)
-    write_atomic(folder / "job.yaml", to_yaml(dump_job(spec.job)), 0o644)
+    files = {TOPOLOGY_FILE: to_yaml(dump_topology(spec.topology)),
+             JOB_FILE: to_yaml(dump_job(spec.job))}
     if spec.plan is not None:
-        write_atomic(folder / PLAN_FILE, plan_to_csv(spec.plan), 0o644)
+        files[PLAN_FILE] = plan_to_csv(spec.plan)
+    for name, content in files.items():
+        write_atomic(folder / name, content, 0o644)
+    settings["digests"] = {name: _digest(content) for name, content in files.items()}
     write_atomic(folder / SETTINGS_FILE, json.dumps(settings, indent=1), 0o644)
+
+
+def _digest(content: str) -> str:
+    return hashlib.sha256(content.encode()).hexdigest()
+
+
+def check_unchanged(folder: Path, digests: dict[str, str] | None) -> None:
+    """The topology, job and plan the checkpoints were taken with, as written: a resumed
+    run is the run it was (an edited topology resumed a run that reported `ok` with no
+    iteration done). Checkpoints written before runs kept digests are not checked."""
+    for name, digest in (digests or {}).items():
+        limit = MAX_CSV_BYTES if name == PLAN_FILE else MAX_YAML_BYTES
+        if _digest(read_input(folder / name, limit)) != digest:
+            raise InputError(f"changed since the run was checkpointed (its digest in "
+                             f"{SETTINGS_FILE} differs): a resumed run must be the run it "
+                             "was; start a new run to run another", str(folder / name))
 
 
 def checkpoints_for(directory: Path, every: int, workers: int,
@@ -105,8 +128,9 @@ def load_resumption(directory: Path) -> tuple[RunSpec, Progress]:
     if process_start_ticks(progress.owner_pid) == progress.owner_ticks:
         raise InputError(f"the run is still going (process {progress.owner_pid}); stop it "
                          "before resuming", str(directory))
-    topology = load_topology(folder / "topology.yaml")
-    job = load_job(topology.job, topology.source, folder / "job.yaml", [])
+    check_unchanged(folder, settings.pop("digests"))
+    topology = load_topology(folder / TOPOLOGY_FILE)
+    job = load_job(topology.job, topology.source, folder / JOB_FILE, [])
     if progress.completed >= job.iterations:
         raise InputError(f"the run already finished its {job.iterations} iterations",
                          str(directory))
@@ -118,6 +142,17 @@ def load_resumption(directory: Path) -> tuple[RunSpec, Progress]:
     spec = RunSpec("emulate", topology, job, **settings, plan=plan)
     progress.resumed_at.append(progress.completed)
     return spec, progress
+
+
+def _digests(top: Fields) -> dict[str, str] | None:
+    """run.json's digests of the files it names (absent: written before it had them)."""
+    section = top.section("digests", keys=(TOPOLOGY_FILE, JOB_FILE, PLAN_FILE))
+    if section is None:
+        return None
+    out = {name: section.get(name, text) for name in (TOPOLOGY_FILE, JOB_FILE, PLAN_FILE)
+           if section.has(name)}
+    section.done()
+    return out
 
 
 def read_settings(path: Path) -> dict[str, Any]:
@@ -142,6 +177,7 @@ def read_settings(path: Path) -> dict[str, Any]:
         "target_loss": top.get("target_loss", positive(number), None),  # absent: none
         "timed": top.get("timed", boolean, False),  # absent: written before scenarios
         "plan_file": top.get("plan_file", string, None),  # absent or null: the policy's
+        "digests": _digests(top),
     }
     top.done()
     return settings
