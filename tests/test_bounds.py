@@ -360,3 +360,36 @@ def test_a_checkpoint_whose_inputs_were_edited_is_not_resumed(
     assert str(refused.value) == (
         f"{edited}: changed since the run was checkpointed (its digest in run.json "
         "differs): a resumed run must be the run it was; start a new run to run another")
+
+
+# --- plugin code that ends the command ------------------------------------------------------
+
+def test_a_plugin_whose_summary_exits_is_listed_broken_with_every_other(
+        hostile_plugin_path: Path) -> None:
+    """Its SystemExit emptied `testbed plugins`, exit 0."""
+    import json
+
+    from .test_plugins import run_testbed
+
+    done = run_testbed(["plugins", "--json"], hostile_plugin_path)
+    assert done.returncode == 0, done.stderr
+    rows = {row["name"]: row for row in json.loads(done.stdout)}
+    assert rows["summary-exits"]["status"].startswith("broken: SystemExit: 0 (at ")
+    assert rows["gpipe"]["status"] == "ok" and rows["gpipe"]["summary"]
+    text = run_testbed(["plugins"], hostile_plugin_path)
+    assert text.returncode == 0 and "summary-exits" in text.stdout and "atlas" in text.stdout
+    chosen = run_testbed(["plan", str(TWO_DC), "-p", "summary-exits"], hostile_plugin_path)
+    assert chosen.returncode == 1
+    assert chosen.stderr.startswith("testbed: error: training policy 'summary-exits' from "
+                                    "hostile-policies is broken: SystemExit: 0 (at ")
+
+
+def test_a_base_exception_of_a_plugins_own_is_its_error(hostile_plugin_path: Path) -> None:
+    """It escaped the guard with a traceback."""
+    from .test_plugins import run_testbed
+
+    done = run_testbed(["plan", str(TWO_DC), "-p", "raises-its-own"], hostile_plugin_path)
+    assert done.returncode == 1
+    assert done.stderr.startswith("testbed: error: policy 'raises-its-own' failed while "
+                                  "planning: Escape: out of here (at "), done.stderr
+    assert done.stderr.count("\n") == 1

@@ -202,7 +202,6 @@ def plugins(as_json: bool) -> None:
     rows: list[dict[str, Any]] = []
     for group, kind in ((TRAINING_GROUP, "training"), (BUBBLE_GROUP, "bubble")):
         for name, info in discover(group).items():
-            cls = info.cls
             rows.append(
                 {
                     "kind": kind,
@@ -210,14 +209,10 @@ def plugins(as_json: bool) -> None:
                     "distribution": info.distribution,
                     "target": info.target,
                     "status": "ok" if info.ok else f"broken: {info.error}",
-                    "summary": getattr(cls, "summary", "") if cls else "",
-                    "options": {
-                        o.name: {"default": o.default, "help": o.help}
-                        for o in getattr(cls, "options", ())
-                    }
-                    if cls
-                    else {},
-                    "fixed": dict(getattr(cls, "fixed", {})) if cls else {},
+                    "summary": info.summary,
+                    "options": {o.name: {"default": o.default, "help": o.help}
+                                for o in info.options},
+                    "fixed": dict(info.fixed),
                 }
             )
     rows.append({"kind": "loss", "name": DEFAULT_LOSS_MODEL, "distribution": DISTRIBUTION,

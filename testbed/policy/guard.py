@@ -3,7 +3,8 @@ was doing and the file and line in the plugin where it raised; a real Ctrl-C sti
 stops the command.
 
 `SystemExit` from a plugin is a plugin error like any other: a policy must not end the
-command (with exit status 0 and nothing said). `KeyboardInterrupt` is the hard case: a
+command (with exit status 0 and nothing said), and so is any other BaseException it raises
+(a class of its own included). `KeyboardInterrupt` is the hard case: a
 Ctrl-C arriving while plugin code runs raises it inside the plugin's frames, exactly as
 a plugin raising it would. Entering plugin code in the main thread under Python's
 default SIGINT handler puts in its place one of ours that raises `SignalInterrupt` (a
@@ -37,10 +38,10 @@ class PluginCrash(PluginError):
 
 class plugin_code:
     """Run the block as the plugin from `module` (its top-level package is the plugin's
-    code); anything it raises but a TestbedError (a policy's own InputError, say) or a
-    real Ctrl-C becomes a PluginCrash "`what`: KeyError: 'x' (at FILE:LINE)", chained to
-    the plugin's exception. A class, not a generator: a simulation enters it for every
-    arbitrated transfer."""
+    code); anything it raises, any BaseException, but a TestbedError (a policy's own
+    InputError, say) or a real Ctrl-C or SIGTERM becomes a PluginCrash "`what`: KeyError:
+    'x' (at FILE:LINE)", chained to the plugin's exception. A class, not a generator: a
+    simulation enters it for every arbitrated transfer."""
 
     def __init__(self, what: str, module: str) -> None:
         self.what = what
@@ -51,9 +52,7 @@ class plugin_code:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  _trace: TracebackType | None) -> None:
-        if not isinstance(exc, Exception | SystemExit | KeyboardInterrupt):
-            return
-        if isinstance(exc, TestbedError) or _from_signal(exc):
+        if exc is None or isinstance(exc, TestbedError) or _from_signal(exc):
             return
         raise PluginCrash(self.what, describe(exc, self.module)) from exc
 

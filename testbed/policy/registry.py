@@ -9,7 +9,7 @@ listing and every other policy keep working; only choosing it fails.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -17,7 +17,7 @@ from testbed.errors import InputError, PluginError, did_you_mean
 from testbed.job.model import Job
 from testbed.plan.model import Plan
 from testbed.plan.validate import validate_plan
-from testbed.policy.base import API_VERSION, BubblePolicy, TrainingPolicy
+from testbed.policy.base import API_VERSION, BubblePolicy, Option, TrainingPolicy
 from testbed.policy.context import PlanningContext
 from testbed.policy.given import PLAN_FILE, GivenPlanHooks
 from testbed.policy.guard import PluginCrash, plugin_code
@@ -41,6 +41,11 @@ class PluginInfo:
     distribution: str
     cls: type[Any] | None = None
     error: str | None = None
+    summary: str = ""
+    options: tuple[Option, ...] = ()
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    """What `testbed plugins` lists of it, read as it was loaded (plugin code: a
+    `summary` that raises is the plugin's load error, not the listing's end)."""
 
     @property
     def ok(self) -> bool:
@@ -75,22 +80,33 @@ def _load(entry: EntryPoint, group: str) -> PluginInfo:
     def broken(error: str) -> PluginInfo:
         return PluginInfo(entry.name, group, entry.value, dist, error=error)
 
-    try:
+    base = _BASES[group]
+    summary: Any = ""
+    options: tuple[Any, ...] = ()
+    fixed: dict[str, Any] = {}
+    try:  # importing it, and whatever its class runs when read (a descriptor, a metaclass)
         with plugin_code("", entry.module):
             obj = entry.load()
+            if not (isinstance(obj, type) and issubclass(obj, base)):
+                return broken(f"{entry.value} is not a subclass of {base.__name__}")
+            policy: Any = obj
+            registered_as = getattr(policy, "name", None)
+            version = getattr(policy, "api_version", None)
+            if registered_as == entry.name and version == API_VERSION:
+                summary, options, fixed = policy.summary, tuple(policy.options), \
+                    dict(policy.fixed)
     except PluginCrash as exc:  # a broken plugin must not break the CLI
         return broken(exc.detail)
-    base = _BASES[group]
-    if not (isinstance(obj, type) and issubclass(obj, base)):
-        return broken(f"{entry.value} is not a subclass of {base.__name__}")
-    registered_as = getattr(obj, "name", None)
     if registered_as != entry.name:
         return broken(f"{entry.value}.name is {registered_as!r}, registered as {entry.name!r}")
-    version = getattr(obj, "api_version", None)
     if version != API_VERSION:
         return broken(f"written for policy API version {version}, this testbed supports "
                       f"version {API_VERSION}")
-    return PluginInfo(entry.name, group, entry.value, dist, cls=obj)
+    if not isinstance(summary, str) or not all(isinstance(o, Option) for o in options):
+        return broken(f"{entry.value}: its summary is not text, or its options are not "
+                      "made from its settings")
+    return PluginInfo(entry.name, group, entry.value, dist, cls=obj, summary=summary,
+                      options=options, fixed=fixed)
 
 
 def _pick(group: str, name: str, what: str) -> type[Any]:
