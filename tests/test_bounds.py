@@ -393,3 +393,40 @@ def test_a_base_exception_of_a_plugins_own_is_its_error(hostile_plugin_path: Pat
     assert done.stderr.startswith("testbed: error: policy 'raises-its-own' failed while "
                                   "planning: Escape: out of here (at "), done.stderr
     assert done.stderr.count("\n") == 1
+
+
+# --- --ray addresses ---------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("address", ["127.0.0.1:-5", ":", "127.0.0.1:0", "127.0.0.1:65536",
+                                     "east", "ray://:10001", "a b:1"])
+def test_a_ray_address_ray_would_not_take_is_refused_before_ray_sees_it(
+        tmp_path: Path, address: str) -> None:
+    """`127.0.0.1:-5` had Ray retry for ever; `:` printed Ray's traceback."""
+    code, _, err = call(["sweep", str(TWO_DC), "-p", "gpipe", "--vary", "wan.latency=1ms,2ms",
+                         "--ray", address, "--out", str(tmp_path / "o")])
+    assert (code, err) == (2, "testbed: error: --ray: expected HOST:PORT (a port from 1 to "
+                           "65535), ray://HOST:PORT, auto or local, got "
+                           f"{address!r}\n")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.timeout(60)
+def test_something_not_ray_at_the_address_is_refused_within_the_probe() -> None:
+    """A service that is not Ray's (here an HTTP/1 server) had Ray retry for minutes."""
+    import http.server
+    import threading
+
+    from testbed.experiments.sweep_workers import _reachable
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        address = f"127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(InputError) as refused:
+            _reachable(address)
+        assert str(refused.value) == (f"--ray: what answers at {address!r} is not a Ray "
+                                      "cluster (it does not speak gRPC)")
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -78,9 +78,9 @@ SHOWN_ROWS = 40
               "cores; at most those, and as many as its available memory holds at 500 MB "
               "each, said when fewer); with --ray local, the CPUs of the local Ray instance.")
 @click.option("--ray", "ray_address", metavar="ADDRESS|local",
-              help="Run the points as tasks on a Ray cluster (its address, every node with "
-              "testbed installed), or on a Ray instance started here (local). Needs "
-              f"pip install '{DISTRIBUTION}[ray]'.")
+              help="Run the points as tasks on a Ray cluster (its address: HOST:PORT, "
+              "ray://HOST:PORT or auto; every node with testbed installed), or on a Ray "
+              f"instance started here (local). Needs pip install '{DISTRIBUTION}[ray]'.")
 @job_options
 @event_options
 @jitter_option

@@ -120,6 +120,7 @@ def runner(workers: int = 1, ray: str | None = None) -> Iterator[Runner]:
         with marking():
             yield lambda points, done: _locally(points, said(done), workers)
         return
+    check_ray_address(ray)
     module = _ray()
     temp = ray_folder() if ray == LOCAL_RAY else None
     try:
@@ -214,7 +215,7 @@ def _ray() -> Any:
 
 
 def _connect(ray: Any, address: str, workers: int, temp: Path | None) -> None:
-    if temp is None:
+    if temp is None and address != "auto":
         _reachable(address)
     try:
         if temp is not None:
@@ -227,17 +228,43 @@ def _connect(ray: Any, address: str, workers: int, temp: Path | None) -> None:
                          "--ray") from None
 
 
-def _reachable(address: str) -> None:
-    """A cluster's HOST:PORT answers, or a one-line error now (Ray itself retries for
-    minutes)."""
-    host, sep, port = address.rpartition(":")
-    if "://" in address or not sep or not port.isdigit():
+RAY_ADDRESS = "HOST:PORT (a port from 1 to 65535), ray://HOST:PORT, auto or local"
+CLIENT = "ray://"
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
+"""What a gRPC client sends first (a cluster's GCS and Ray Client server are gRPC): the
+HTTP/2 preface and an empty SETTINGS frame; a gRPC server answers with a SETTINGS frame."""
+
+
+def check_ray_address(address: str) -> None:
+    """`--ray` as Ray takes it, or a one-line error before Ray sees it (`127.0.0.1:-5` had
+    Ray retry for ever, `:` print its traceback)."""
+    if address in (LOCAL_RAY, "auto"):
         return
+    host, sep, port = address.removeprefix(CLIENT).rpartition(":")
+    if not (sep and host and port.isascii() and port.isdigit() and 1 <= int(port) <= 65535
+            and not any(c.isspace() or c in "/@" for c in host)):
+        raise InputError(f"expected {RAY_ADDRESS}, got {address!r}", "--ray")
+
+
+def _reachable(address: str) -> None:
+    """A cluster's HOST:PORT answers as a Ray cluster does (gRPC) within PROBE_S, or a
+    one-line error now: Ray itself retries for minutes, whatever answers there."""
+    host, _, port = address.removeprefix(CLIENT).rpartition(":")
     try:
-        socket.create_connection((host, int(port)), timeout=PROBE_S).close()
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_S) as sock:
+            sock.sendall(HTTP2_PREFACE)
+            answer = b""
+            while len(answer) < 9:
+                got = sock.recv(9 - len(answer))
+                if not got:
+                    break
+                answer += got
     except OSError as exc:
-        raise InputError(f"no Ray cluster answers at {address!r}: "
-                         f"{exc.strerror or exc}", "--ray") from None
+        why = "no answer" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+        raise InputError(f"no Ray cluster answers at {address!r}: {why}", "--ray") from None
+    if len(answer) < 9 or answer[3] != 4:  # an HTTP/2 frame header: its type, SETTINGS
+        raise InputError(f"what answers at {address!r} is not a Ray cluster (it does not "
+                         "speak gRPC)", "--ray")
 
 
 def _ray_tasks(ray: Any, points: Sequence[Point], done: Done) -> None:
