@@ -430,3 +430,75 @@ def test_something_not_ray_at_the_address_is_refused_within_the_probe() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --- a sweep's saved points ------------------------------------------------------------------
+
+SWEEP = ["sweep", str(TWO_DC), "-p", "gpipe", "-p", "1f1b", "--vary", "wan.latency=1ms,2ms",
+         "--iterations", "2", "--workers", "1"]
+
+
+def _resaved(line: str, fingerprint: str, change: dict[str, object]) -> str:
+    """A line changed, and its digest made again as the sweep makes it: what only the
+    checks of its rows can tell apart."""
+    import json
+
+    from testbed.experiments.sweep_store import _digest
+
+    item = json.loads(line)
+    item["rows"][0].update(change)
+    body = {key: item[key] for key in ("index", "values", "rows")}
+    return json.dumps({**body, "digest": _digest(fingerprint, body)})
+
+
+@pytest.mark.timeout(240)
+def test_a_sweep_goes_on_only_with_the_lines_it_wrote(tmp_path: Path) -> None:
+    """Lines of another policy, of made-up or NaN figures, or not written by this sweep
+    were taken as its points: each is said, and its point runs again."""
+    import json
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    for out in (whole, cut):
+        code, _, err = call([*SWEEP, "--out", str(out)])
+        assert code == 0, err
+    saved = cut / "points.jsonl"
+    first, second = saved.read_text().splitlines()
+    fingerprint = json.loads((cut / "sweep.json").read_text())["fingerprint"]
+    made_up = json.loads(first)
+    made_up["rows"][0]["iteration_s"] = 0.001
+    cases = {
+        "its policy": (_resaved(first, fingerprint, {"policy": "atlas"}),
+                       "point 1 a row of policy 'atlas' where the point runs 'gpipe'"),
+        "NaN": (_resaved(second, fingerprint, {"iteration_s": float("nan")}),
+                "point 2 a row whose iteration_s is nan, not a finite number"),
+        "a made-up figure": (json.dumps(made_up),
+                             "point 1 not written by this sweep, or changed since"),
+        "a key of its own": (_resaved(first, fingerprint, {"extra": 1}),
+                             "point 1 a row with 'extra', which a sweep's rows do not have"),
+    }
+    for name, (line, note) in cases.items():
+        saved.write_text(line + "\n")
+        (cut / "sweep.csv").unlink()
+        code, _, err = call([*SWEEP, "--out", str(cut)])
+        assert code == 0, err
+        assert f"points.jsonl line 1: {note}: not taken, it runs again\n" in err, (name, err)
+        assert "going on with" not in err, name
+        assert (cut / "sweep.csv").read_text() == (whole / "sweep.csv").read_text(), name
+
+
+@pytest.mark.timeout(120)
+def test_a_sweep_refuses_saved_points_that_are_not_a_file(tmp_path: Path) -> None:
+    """A FIFO in points.jsonl's place hung the sweep opening it."""
+    import os
+
+    out = tmp_path / "out"
+    code, _, err = call([*SWEEP, "--out", str(out)])
+    assert code == 0, err
+    (out / "points.jsonl").unlink()
+    os.mkfifo(out / "points.jsonl")
+    code, _, err = call([*SWEEP, "--out", str(out)])
+    assert (code, err) == (2, f"testbed: error: {out / 'points.jsonl'}: not a regular file (a "
+                           "FIFO, a device?): not one this testbed wrote; give a new --out, "
+                           "or --force to start over\n")
+    code, _, err = call([*SWEEP, "--out", str(out), "--force"])
+    assert code == 0, err

@@ -39,7 +39,7 @@ from testbed.experiments.sweep import (
     points,
     with_speedups,
 )
-from testbed.experiments.sweep_store import holds_sweep, record, rows, start, write_csv
+from testbed.experiments.sweep_store import Sweep, holds_sweep, start, write_csv
 from testbed.experiments.sweep_workers import LOCAL_RAY, Runner, local_workers, runner
 from testbed.metrics.loss import duration_text
 from testbed.policy.parallel import cores
@@ -127,14 +127,17 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
         resuming = out is not None and out.is_dir() and holds_sweep(out) and not force
         directory = results_dir(out, force or resuming,
                                 lambda: new_run_dir(inputs.topology.name, "sweep"))
-        done = start(directory, settings.describe(), grid, force)
+        store = start(directory, settings.describe(), grid, force)
+        for note in store.notes:
+            click.echo(note, err=True)
+        done = store.done
         if done:
             reporter.say(f"going on with {plural(len(done), 'point')} of {len(grid)} done in "
                          f"{directory}")
         where = f"Ray ({ray_address})" if ray_address else \
             plural(min(workers, max(len(grid) - len(done), 1)), "local worker")
-        _run(directory, grid, done, run, where, reporter)
-    table = with_speedups(rows(directory, grid), policies, [k.key for k in settings.knobs])
+        _run(store, grid, run, where, reporter)
+    table = with_speedups(store.rows(grid), policies, [k.key for k in settings.knobs])
     if target_loss is not None:
         table = by_time_to_loss(table, [k.key for k in settings.knobs])
     csv_path = write_csv(directory, columns(settings), table)
@@ -146,8 +149,9 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
     click.echo(f"wrote {csv_path} and {directory / 'sweep.png'}")
 
 
-def _run(directory: Path, grid: list[Point], done: dict[int, Any], run: Runner,
-         where: str, reporter: Reporter) -> None:
+def _run(sweep: Sweep, grid: list[Point], run: Runner, where: str,
+         reporter: Reporter) -> None:
+    done, directory = sweep.done, sweep.directory
     todo = [p for p in grid if p.index not in done]
     finished = [len(done)]
     label = f"simulating {plural(len(grid), 'point')} on {where}"
@@ -156,7 +160,7 @@ def _run(directory: Path, grid: list[Point], done: dict[int, Any], run: Runner,
                                                     len(done)) as steps:
 
             def store(index: int, found: list[dict[str, Any]]) -> None:
-                record(directory, grid[index], found)
+                sweep.record(grid[index], found)
                 finished[0] += 1
                 steps.finish(_named(grid[index]))
 
