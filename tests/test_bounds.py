@@ -502,3 +502,28 @@ def test_a_sweep_refuses_saved_points_that_are_not_a_file(tmp_path: Path) -> Non
                            "or --force to start over\n")
     code, _, err = call([*SWEEP, "--out", str(out), "--force"])
     assert code == 0, err
+
+
+# --- the dilation a machine-bound run suggests ---------------------------------------------
+
+def test_the_suggested_dilation_is_at_most_the_most_allowed() -> None:
+    """`try --dilation 5096` was suggested, and --dilation refuses past 64."""
+    from testbed.cli.options import parse_dilation
+    from testbed.run.dilation import MAX_DILATION
+    from testbed.runtime.coordinator.health import assess
+
+    behind = assess(1.0, [0.001], None, dilation=1).behind(3000.0, 1.0)
+    assert (behind.suggested_dilation, behind.needed_dilation) == (MAX_DILATION, 5000)
+    assert parse_dilation(str(behind.suggested_dilation)) == MAX_DILATION
+    assert (behind.warning() or "").endswith(
+        "try --dilation 64, the most allowed, though it needs about 5,000: even that may not "
+        "be enough (fewer GPUs, or `testbed simulate`)")
+    assert behind.as_dict()["needed_dilation"] == 5000
+    at_most = assess(1.0, [0.001], None, dilation=64)
+    assert at_most.suggested_dilation == 64 and at_most.needed_dilation == 107
+    assert (at_most.warning() or "").endswith(
+        "it ran at --dilation 64, the most allowed, and needs about 107: use fewer GPUs, or "
+        "`testbed simulate`")
+    within = assess(1.0, [0.001], None, dilation=2).behind(3.0, 1.0)
+    assert within.suggested_dilation == within.needed_dilation == 10
+    assert (within.warning() or "").endswith("try --dilation 10")

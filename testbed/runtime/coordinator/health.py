@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.common.stats import percentile
+from testbed.run.dilation import MAX_DILATION
 
 BUSY_LIMIT = 0.9
 """Share of all cores busy above which the machine, not the network, sets the pace."""
@@ -91,9 +92,12 @@ class Health:
     reasons: tuple[str, ...]
     dilation: int
     suggested_dilation: int
+    """What to try next: at most MAX_DILATION."""
     span_cpu_s: float | None = None
     """The workers' CPU seconds per span they recorded: what each action cost them on
     this machine during training (the calibration's figure, measured in the run)."""
+    needed_dilation: int = 0
+    """What the run needed to keep pace, past MAX_DILATION too (0: the suggestion)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"cpu_bound": self.cpu_bound, "cpu_busy": round(self.cpu_busy, 3),
@@ -102,7 +106,9 @@ class Health:
                 "delay_line_late_mean_s": self.delay_line_late_mean_s,
                 "delay_line_late_max_s": self.delay_line_late_max_s,
                 "reasons": list(self.reasons), "dilation": self.dilation,
-                "suggested_dilation": self.suggested_dilation, "span_cpu_s": self.span_cpu_s}
+                "suggested_dilation": self.suggested_dilation,
+                "needed_dilation": self.needed_dilation or self.suggested_dilation,
+                "span_cpu_s": self.span_cpu_s}
 
     def behind(self, measured_s: float | None, predicted_s: float | None) -> Health:
         """The same, its suggestion covering how much longer the run's iterations took
@@ -110,15 +116,24 @@ class Health:
         pace and both are known."""
         if not (self.cpu_bound and measured_s and predicted_s):
             return self
-        return replace(self, suggested_dilation=suggest_dilation(
-            self.dilation, self.cpu_busy, measured_s / predicted_s))
+        needed = needed_dilation(self.dilation, self.cpu_busy, measured_s / predicted_s)
+        return replace(self, suggested_dilation=min(MAX_DILATION, needed),
+                       needed_dilation=needed)
 
     def warning(self) -> str | None:
         if not self.cpu_bound:
             return None
-        return (f"this machine set the pace of the run ({'; '.join(self.reasons)}); its "
-                f"times are this machine's, not the network's: try --dilation "
-                f"{self.suggested_dilation}")
+        said = (f"this machine set the pace of the run ({'; '.join(self.reasons)}); its "
+                "times are this machine's, not the network's: ")
+        needed = self.needed_dilation or self.suggested_dilation
+        if needed <= MAX_DILATION:
+            return f"{said}try --dilation {self.suggested_dilation}"
+        if self.dilation < MAX_DILATION:
+            return (f"{said}try --dilation {MAX_DILATION}, the most allowed, though it needs "
+                    f"about {needed:,}: even that may not be enough (fewer GPUs, or "
+                    "`testbed simulate`)")
+        return (f"{said}it ran at --dilation {MAX_DILATION}, the most allowed, and needs "
+                f"about {needed:,}: use fewer GPUs, or `testbed simulate`")
 
 
 def delay_line_lateness(stats: Mapping[str, Mapping[str, Any]]) -> tuple[float, float] | None:
@@ -148,10 +163,10 @@ def assess(cpu_busy: float, lags_s: Iterable[float], lateness: tuple[float, floa
     if late is not None and late[0] >= LATE_LIMIT_S:
         reasons.append(f"delay lines {late[0] * 1e3:.1f} ms late on average")
     bound = bool(reasons)
-    suggested = suggest_dilation(dilation, cpu_busy) if bound else dilation
+    needed = needed_dilation(dilation, cpu_busy) if bound else dilation
     return Health(cpu_busy, workers_cpu, lag, None if late is None else late[0],
-                  None if late is None else late[1], bound, tuple(reasons), dilation, suggested,
-                  span_cpu_s)
+                  None if late is None else late[1], bound, tuple(reasons), dilation,
+                  min(MAX_DILATION, needed), span_cpu_s, needed)
 
 
 def assess_run(before: CpuSample, after: CpuSample, worker_ticks: int | None, spans: int,
@@ -165,9 +180,15 @@ def assess_run(before: CpuSample, after: CpuSample, worker_ticks: int | None, sp
                   cpu_per_span(worker_ticks, spans))
 
 
-def suggest_dilation(dilation: int, cpu_busy: float, stretch: float = 1.0) -> int:
-    """The dilation to try after a machine-bound run: the CPU it used (its busy share
-    times how much longer its iterations took than the simulator's, the time it needed
-    to keep the represented pace) brought down to TARGET_BUSY, and at least one more."""
+def needed_dilation(dilation: int, cpu_busy: float, stretch: float = 1.0) -> int:
+    """The dilation a machine-bound run needed: the CPU it used (its busy share times how
+    much longer its iterations took than the simulator's, the time it needed to keep the
+    represented pace) brought down to TARGET_BUSY, and at least one more."""
     return max(dilation + 1,
                math.ceil(dilation * max(1.0, stretch) * cpu_busy / TARGET_BUSY - 1e-9))
+
+
+def suggest_dilation(dilation: int, cpu_busy: float, stretch: float = 1.0) -> int:
+    """The dilation to try after a machine-bound run: what it needed, at most the most
+    allowed (`--dilation 5096` was suggested, and refused)."""
+    return min(MAX_DILATION, needed_dilation(dilation, cpu_busy, stretch))
