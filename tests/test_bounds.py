@@ -527,3 +527,32 @@ def test_the_suggested_dilation_is_at_most_the_most_allowed() -> None:
     within = assess(1.0, [0.001], None, dilation=2).behind(3.0, 1.0)
     assert within.suggested_dilation == within.needed_dilation == 10
     assert (within.warning() or "").endswith("try --dilation 10")
+
+
+# --- recovery times --------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "key", "problem"), [
+    ("recovery: {restart: 1e300s}", "recovery.restart", "must be from 0s to 86400s, got "
+                                                        "'1e300s'"),
+    ("recovery: {detect: 2d}", "recovery.detect", "unknown time unit"),
+    ("recovery: {detect: -1s}", "recovery.detect", "must not be negative"),
+    ("failures: [{at: 1s, worker: east-1, back: 1e300s}]", "failures[0].back",
+     "must be from 0s to 1e+10s, got '1e300s'"),
+    ("failures: [{at: 2e10s, worker: east-1}]", "failures[0].at",
+     "must be from 0s to 1e+10s, got '2e10s'"),
+])
+def test_recovery_times_past_their_bounds_are_refused(tmp_path: Path, text: str, key: str,
+                                                      problem: str) -> None:
+    """1e300 s of restart was taken, and summarized in 301 digits."""
+    path = _file(tmp_path, "s.yaml", text)
+    with pytest.raises(InputError) as refused:
+        load_scenario(path, load_topology(TWO_DC))
+    assert str(refused.value).startswith(f"{path}: {key}: {problem}"), str(refused.value)
+
+
+def test_a_day_of_recovery_is_taken(tmp_path: Path) -> None:
+    path = _file(tmp_path, "s.yaml", "recovery: {detect: 86400s, restart: 0s}\n"
+                 "failures: [{at: 1s, worker: east-1, back: 1e10s}]")
+    scenario, _ = load_scenario(path, load_topology(TWO_DC))
+    assert (scenario.recovery.detect_s, scenario.recovery.restart_s) == (86400.0, 0.0)
+    assert scenario.failures[0].back_s == 1e10

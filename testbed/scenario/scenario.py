@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from testbed.common.fields import Fields, bounded, number
-from testbed.common.units import parse_duration
+from testbed.common.sizes import MAX_RUN_S
+from testbed.common.units import format_duration, parse_duration
 from testbed.common.yamlio import read_yaml
 from testbed.errors import InputError
 from testbed.scenario.link_traces import LinkTrace, parse_trace
@@ -37,6 +38,10 @@ multiply) together: a second of compute becomes 17 minutes. Past it a few stacke
 entries reach times the simulator's clock cannot hold (eight of 1000 made 1e24 s)."""
 DEFAULT_DETECT_S = 1.0
 DEFAULT_RESTART_S = 10.0
+MAX_RECOVERY_S = 86_400.0
+"""The longest noticing a failure, or starting the job again, may take: a day (a restart
+that reloads a large model's checkpoint takes minutes to hours; 1e300 s was taken, and
+printed a summary of 301 digits)."""
 
 
 @dataclass(frozen=True)
@@ -128,8 +133,8 @@ def load_scenario(path: Path, topology: Topology) -> tuple[Scenario, tuple[NetEv
     recovery = Recovery()
     section = top.section("recovery", keys=("detect", "restart"))
     if section is not None:
-        recovery = Recovery(section.get("detect", _seconds, DEFAULT_DETECT_S),
-                            section.get("restart", _seconds, DEFAULT_RESTART_S))
+        recovery = Recovery(section.get("detect", _recovery_s, DEFAULT_DETECT_S),
+                            section.get("restart", _recovery_s, DEFAULT_RESTART_S))
         section.done()
     top.done()
     return Scenario(traces, stragglers, failures, recovery, source), events
@@ -158,9 +163,9 @@ def parse_failure(item: Any, topology: Topology, source: str | None, key: str
                   ) -> WorkerLoss:
     fields = Fields(item, source, key, ("at", "worker", "back"))
     fields.check_keys()
-    at = fields.get("at", _seconds)
+    at = fields.get("at", _run_time)
     worker = fields.get("worker", _gpu(topology))
-    back = fields.get("back", _seconds, None)
+    back = fields.get("back", _run_time, None)
     if back is not None and back <= at:
         raise fields.error("back", f"must be after `at` ({at:g} s), got {back:g} s "
                            "(both count from the start of training)")
@@ -206,6 +211,11 @@ def _check_overlaps(failures: tuple[WorkerLoss, ...], source: str) -> None:
 
 def _seconds(value: Any) -> float:
     return parse_duration(value)
+
+
+_recovery_s = bounded(parse_duration, 0.0, MAX_RECOVERY_S, format_duration)
+_run_time = bounded(parse_duration, 0.0, MAX_RUN_S, lambda t: f"{t:g}s")
+"""A time in the run: from its start to the longest a run lasts."""
 
 
 def _gpu(topology: Topology) -> Any:
