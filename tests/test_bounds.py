@@ -556,3 +556,41 @@ def test_a_day_of_recovery_is_taken(tmp_path: Path) -> None:
     scenario, _ = load_scenario(path, load_topology(TWO_DC))
     assert (scenario.recovery.detect_s, scenario.recovery.restart_s) == (86400.0, 0.0)
     assert scenario.failures[0].back_s == 1e10
+
+
+# --- results.json's schema ---------------------------------------------------------------------
+
+@pytest.mark.parametrize(("key", "value", "problem"), [
+    ("iterations", -3, "must be at least 0, got int -3"),
+    ("iterations_requested", 0, "must be at least 1, got int 0"),
+    ("seed", -1, "must be at least 0, got int -1"),
+    ("tokens.measured", -5, "must be at least 0, got int -5"),
+    ("iteration_time_s.median", -0.5, "must be at least 0, got float -0.5"),
+    ("inference.requests", -1, "must be at least 0, got int -1"),
+    ("wan.bytes", -1, "must be at least 0, got int -1"),
+    ("cycle_time_s.period", 0, "must be at least 1, got int 0"),
+])
+def test_the_schema_refuses_counts_and_times_below_zero(tmp_path: Path, key: str, value: int,
+                                                        problem: str) -> None:
+    """`"iterations": -3` validated."""
+    import json
+
+    import jsonschema
+
+    from testbed.report.results_schema import shipped_schema
+
+    code, _, err = call(["simulate", str(TWO_DC), "-p", "gpipe", "--out", str(tmp_path / "o")])
+    assert code == 0, err
+    path = tmp_path / "o" / "results.json"
+    data = json.loads(path.read_text())
+    jsonschema.validate(data, shipped_schema())
+    *parents, last = key.split(".")
+    node = data
+    for parent in parents:
+        node = node[parent]
+    node[last] = value
+    path.write_text(json.dumps(data))
+    code, _, err = call(["results", "validate", str(path)])
+    assert (code, err) == (2, f"testbed: error: {path}: {key}: {problem}\n")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, shipped_schema())

@@ -8,12 +8,34 @@ from __future__ import annotations
 import contextlib
 import types
 import typing
-from dataclasses import MISSING, fields, is_dataclass
+from dataclasses import MISSING, dataclass, fields, is_dataclass
 from enum import Enum
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 OMITTED = {"omitted": True}
 """Field metadata: a key written only when it has a value (absent, never null, otherwise)."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """Bounds of a number, in a field's type (`Annotated[int, Range(0)]`): the JSON Schema
+    made from the types says them (`minimum`, `maximum`); reading data back does not
+    check them (the schema does, first)."""
+
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def schema(self) -> dict[str, float]:
+        return {k: v for k, v in (("minimum", self.minimum), ("maximum", self.maximum))
+                if v is not None}
+
+
+Count = Annotated[int, Range(0)]
+"""How many of something: never below zero."""
+Positive = Annotated[int, Range(1)]
+Seconds = Annotated[float, Range(0)]
+"""A duration, or a time from a run's start."""
+NonNegative = Annotated[float, Range(0)]
 
 
 class DecodeError(ValueError):

@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Literal, NotRequired, TypedDict
 
+from testbed.common.codec import Count, Seconds
 from testbed.common.units import plural
 from testbed.errors import InputError
 
@@ -21,10 +22,10 @@ from testbed.errors import InputError
 class LossPoint(TypedDict):
     """One training step (iteration): its loss, and when it ended."""
 
-    iteration: int
-    time_s: float
+    iteration: Count
+    time_s: Seconds
     """Represented seconds from the run's start to the end of this step's optimizer step."""
-    tokens: int
+    tokens: Count
     """Tokens processed up to and including this step."""
     loss: float | None
     """Mean over the replicas of the mean over microbatches (NaN: diverged; null in JSON,
@@ -48,10 +49,10 @@ class TimeToLoss(TypedDict):
     target: float
     reached: bool | None
     """None: the run measured no loss at all (`reason` says why)."""
-    iteration: int | None
+    iteration: Count | None
     """The step that reached it (measured only)."""
-    time_s: float | None
-    tokens: int | None
+    time_s: Seconds | None
+    tokens: Count | None
     reason: str | None
     """Why there is no time: not reached (and the lowest loss), or no loss measured."""
     loss_of: NotRequired[LossOf]

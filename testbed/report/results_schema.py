@@ -13,14 +13,24 @@ import json
 import types
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints, is_typeddict
+from typing import (
+    Annotated,
+    Any,
+    Literal,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+    is_typeddict,
+)
 
-from testbed.common.codec import OMITTED, from_json
+from testbed.common.codec import OMITTED, Range, from_json
 from testbed.errors import InputError
 from testbed.report.run_results import SCHEMA_VERSION, Results
 
 SCHEMA_FILE = "results.schema.json"
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
+BOUNDS = ("minimum", "maximum")
 _SIMPLE: dict[Any, str] = {int: "integer", float: "number", str: "string", bool: "boolean",
                            type(None): "null"}
 
@@ -36,10 +46,20 @@ def json_schema(kind: Any) -> dict[str, Any]:
         return {"type": _SIMPLE[kind]}
     if origin is Literal:
         return {"enum": list(get_args(kind))}
+    if origin is Annotated:  # a number's bounds (testbed.common.codec.Range)
+        base, *extras = get_args(kind)
+        out = json_schema(base)
+        for extra in extras:
+            if isinstance(extra, Range):
+                out.update(extra.schema())
+        return out
     if origin in (Union, types.UnionType):
         members = [json_schema(a) for a in get_args(kind)]
-        if all(list(m) == ["type"] for m in members):
-            return {"type": [m["type"] for m in members]}
+        if all(set(m) <= {"type", *BOUNDS} and isinstance(m.get("type"), str)
+               for m in members) and sum(len(m) > 1 for m in members) <= 1:
+            # one kind's bounds bind only values of that kind: `null` passes `minimum`
+            return {"type": [m["type"] for m in members],
+                    **{k: v for m in members for k, v in m.items() if k != "type"}}
         return {"anyOf": members}
     if origin is list:
         return {"type": "array", "items": json_schema(get_args(kind)[0])}
@@ -47,12 +67,12 @@ def json_schema(kind: Any) -> dict[str, Any]:
         value = json_schema(get_args(kind)[1])
         return {"type": "object", **({"additionalProperties": value} if value else {})}
     if dataclasses.is_dataclass(kind) and isinstance(kind, type):
-        hints = get_type_hints(kind)
+        hints = get_type_hints(kind, include_extras=True)
         fields = dataclasses.fields(kind)
         return _object(kind, {f.name: hints[f.name] for f in fields},
                        [f.name for f in fields if f.metadata != OMITTED])
     if is_typeddict(kind):
-        hints = get_type_hints(kind)
+        hints = get_type_hints(kind, include_extras=True)
         return _object(kind, hints, [k for k in hints if k in kind.__required_keys__])
     raise TypeError(f"no JSON Schema for {kind!r}")
 
@@ -156,6 +176,9 @@ def _located(error: Any) -> list[tuple[str, str]]:
     if error.validator == "required":
         return [(_join(key, name), "missing") for name in schema["required"]
                 if name not in instance]
+    if error.validator in BOUNDS:
+        which = "at least" if error.validator == "minimum" else "at most"
+        return [(key, f"must be {which} {schema[error.validator]:g}, got {_kind(instance)}")]
     if error.validator == "additionalProperties":
         return [(_join(key, name), f"unknown key (not in schema_version {SCHEMA_VERSION})")
                 for name in instance if name not in schema.get("properties", {})]

@@ -23,7 +23,7 @@ from testbed.common.choices import (
     Status,
     TraceChoice,
 )
-from testbed.common.codec import OMITTED
+from testbed.common.codec import OMITTED, Count, NonNegative, Positive, Seconds
 from testbed.metrics.loss import LossPoint, TimeToLoss
 from testbed.metrics.loss_prediction import LossPrediction
 
@@ -37,11 +37,11 @@ SCHEMA_VERSION = 3
 class IterationTimes:
     """Seconds per training iteration: the measured ones (the first, warm-up, left out)."""
 
-    median: float | None
-    min: float | None
-    max: float | None
-    mean: float | None
-    all: list[float]
+    median: Seconds | None
+    min: Seconds | None
+    max: Seconds | None
+    mean: Seconds | None
+    all: list[Seconds]
     """Every iteration's, the first included."""
 
 
@@ -50,47 +50,47 @@ class CycleTimes:
     """A plan whose iterations differ repeats every `period` of them: the mean over
     whole cycles."""
 
-    mean: float | None
-    period: int
-    cycles: int
+    mean: Seconds | None
+    period: Positive
+    cycles: Count
 
 
 @dataclass(frozen=True)
 class TokenCounts:
-    measured: int
+    measured: Count
     """Tokens of the measured iterations."""
-    total: int
-    measured_s: float | None
+    total: Count
+    measured_s: Seconds | None
     """Seconds the measured iterations took."""
 
 
 @dataclass(frozen=True)
 class GpuUtilization:
-    training: float | None
-    total: float | None
+    training: NonNegative | None
+    total: NonNegative | None
     """Training and inference prefills."""
 
 
 @dataclass(frozen=True)
 class WanUse:
-    bytes: int
-    utilization: float | None
+    bytes: Count
+    utilization: NonNegative | None
 
 
 @dataclass(frozen=True)
 class Ttft:
     """Time to first token (seconds) over served requests."""
 
-    p50: float | None
-    p99: float | None
-    mean: float | None = field(default=None, metadata=OMITTED)
+    p50: Seconds | None
+    p99: Seconds | None
+    mean: Seconds | None = field(default=None, metadata=OMITTED)
 
 
 @dataclass(frozen=True)
 class Dedicated:
     """The reference: the same requests on GPUs of their own."""
 
-    gpus: int
+    gpus: Positive
     ttft_s: Ttft
 
 
@@ -98,16 +98,16 @@ class Dedicated:
 class Inference:
     """Inference requests served in training's bubbles (all zero when none arrived)."""
 
-    requests: int
-    served: int
-    expired: int
-    rejected: int
+    requests: Count
+    served: Count
+    expired: Count
+    rejected: Count
     ttft_s: Ttft
-    served_share: float | None = field(default=None, metadata=OMITTED)
-    pending: int | None = field(default=None, metadata=OMITTED)
-    chunked: int | None = field(default=None, metadata=OMITTED)
-    batched_passes: int | None = field(default=None, metadata=OMITTED)
-    kv_bytes: int | None = field(default=None, metadata=OMITTED)
+    served_share: NonNegative | None = field(default=None, metadata=OMITTED)
+    pending: Count | None = field(default=None, metadata=OMITTED)
+    chunked: Count | None = field(default=None, metadata=OMITTED)
+    batched_passes: Count | None = field(default=None, metadata=OMITTED)
+    kv_bytes: Count | None = field(default=None, metadata=OMITTED)
     policy: str | None = field(default=None, metadata=OMITTED)
     """The bubble policy."""
     dedicated: Dedicated | None = field(default=None, metadata=OMITTED)
@@ -142,12 +142,12 @@ class Results:
     shaper: str | None
     """The emulator's link shaper (netem or userspace); null in the simulator."""
     compute: Compute
-    iterations: int
-    iterations_requested: int
+    iterations: Count
+    iterations_requested: Positive
     iteration_time_s: IterationTimes
     cycle_time_s: CycleTimes
-    tokens_per_s: float | None
-    goodput_tokens_per_s: float | None
+    tokens_per_s: NonNegative | None
+    goodput_tokens_per_s: NonNegative | None
     tokens: TokenCounts
     gpu_utilization: GpuUtilization
     wan: WanUse
@@ -156,7 +156,7 @@ class Results:
     plan: dict[str, Any]
     plan_file: str | None
     memory: dict[str, Any]
-    seed: int
+    seed: Count
     status: Status
     error: str | None
     loss: dict[str, float | None]
@@ -173,7 +173,7 @@ class Results:
     policy_options: dict[str, str]
     tcp: dict[str, dict[str, str]]
     versions: Versions
-    wall_s: float | None
+    wall_s: Seconds | None
     trace: TraceInfo
     events: list[dict[str, Any]] = field(default_factory=list)
     """Each network event as a topology's `events` entry, with `applied`: whether it
@@ -189,18 +189,19 @@ class Results:
     # the emulator's
     allreduce: AllReduceChoice | None = field(default=None, metadata=OMITTED)
     activations: ActivationsChoice | None = field(default=None, metadata=OMITTED)
-    dilation: int | None = field(default=None, metadata=OMITTED)
-    dilation_requested: int | Literal["auto"] | None = field(default=None, metadata=OMITTED)
-    checkpoint_every: int | None = field(default=None, metadata=OMITTED)
+    dilation: Positive | None = field(default=None, metadata=OMITTED)
+    dilation_requested: Positive | Literal["auto"] | None = field(default=None,
+                                                                  metadata=OMITTED)
+    checkpoint_every: Positive | None = field(default=None, metadata=OMITTED)
     cluster: dict[str, Any] | None = field(default=None, metadata=OMITTED)
-    resumed_at: list[int] | None = field(default=None, metadata=OMITTED)
-    predicted_iteration_s: float | None = field(default=None, metadata=OMITTED)
+    resumed_at: list[Count] | None = field(default=None, metadata=OMITTED)
+    predicted_iteration_s: Seconds | None = field(default=None, metadata=OMITTED)
     prediction_error: float | None = field(default=None, metadata=OMITTED)
     emulation: dict[str, Any] | None = field(default=None, metadata=OMITTED)
     # a run with a scenario's failures
     on_failure: OnFailure | None = field(default=None, metadata=OMITTED)
     failures: list[dict[str, Any]] | None = field(default=None, metadata=OMITTED)
-    time_lost_s: float | None = field(default=None, metadata=OMITTED)
+    time_lost_s: Seconds | None = field(default=None, metadata=OMITTED)
     # a DiLoCo-family run with real compute
     synced_loss_curve: list[LossPoint] | None = field(default=None, metadata=OMITTED)
     """The synchronized model's loss at the start of the run and of each cycle, on that
