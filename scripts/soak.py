@@ -9,9 +9,12 @@
   5. Faults a live run must survive or report (scripts/soak_faults.py), K cycles each:
      strangers dialling every worker, `down` racing `up`, a SIGKILLed delay line,
      SIGTERM to every worker: failures and leftovers.
+  6. Probes of input past its bounds (scripts/soak_faults.py's bounds_probes): each
+     refused in one line, or taken, within its time.
 
 Run as root from the repository: `.venv/bin/python scripts/soak.py` (about 20 minutes;
-`--quick` for a short pass). Writes a JSON summary with --out.
+`--quick` for a short pass); `--only bounds` needs no root. Writes a JSON summary with
+--out.
 """
 
 from __future__ import annotations
@@ -176,8 +179,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--fuzz", type=int, default=2000, help="fuzz cases per input kind")
     parser.add_argument("--faults", type=int, default=20, help="cycles of each fault case")
-    parser.add_argument("--only", choices=["updown", "kill", "flap", "fuzz", *FAULTS],
-                        action="append")
+    parser.add_argument("--only", choices=["updown", "kill", "flap", "fuzz", *FAULTS,
+                                           "bounds"], action="append")
     parser.add_argument("--topology", type=Path, default=ROOT / "topologies" / "two-dc.yaml")
     parser.add_argument("--flap-topology", type=Path,
                         default=ROOT / "topologies" / "paper-3dc.yaml")
@@ -187,15 +190,16 @@ def main() -> None:
                         help="TCP congestion control of the flapping run")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "soak")
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("soak: needs root (network namespaces)")
     if args.quick:
         args.cycles, args.kills, args.minutes, args.fuzz, args.faults = 5, 2, 2.0, 200, 2
-    parts = args.only or ["updown", "kill", "flap", "fuzz", *FAULTS]
+    parts = args.only or ["updown", "kill", "flap", "fuzz", *FAULTS, "bounds"]
+    if os.geteuid() != 0 and set(parts) != {"bounds"}:
+        raise SystemExit("soak: needs root (network namespaces), but for --only bounds")
     args.out.mkdir(parents=True, exist_ok=True)
     saved = args.out / "soak.json"  # parts run again replace their entries
     report: dict[str, Any] = json.loads(saved.read_text()) if saved.exists() else {}
-    report["leftovers_before"] = leftovers()
+    if set(parts) != {"bounds"}:  # the probes make no namespace, process or run state
+        report["leftovers_before"] = leftovers()
     if "updown" in parts:
         report["up_down"] = up_down(args.cycles, args.topology)
     if "kill" in parts:
@@ -206,6 +210,10 @@ def main() -> None:
     if "fuzz" in parts:
         report["fuzz"] = fuzz(args.fuzz)
     import soak_faults
+
+    if "bounds" in parts:
+        report["bounds"] = soak_faults.run_probes(soak_faults.bounds_probes(),
+                                                  args.out / "bounds")
 
     cases = {"stray": soak_faults.stray_connections, "race": soak_faults.down_racing_up,
              "delayline": soak_faults.killed_delay_line, "sigterm": soak_faults.sigterm_workers}

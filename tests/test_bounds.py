@@ -594,3 +594,24 @@ def test_the_schema_refuses_counts_and_times_below_zero(tmp_path: Path, key: str
     assert (code, err) == (2, f"testbed: error: {path}: {key}: {problem}\n")
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(data, shipped_schema())
+
+
+# --- the probes, as scripts/soak.py runs them ------------------------------------------------
+
+@pytest.mark.benchmark
+@pytest.mark.timeout(1800)
+def test_every_bounds_probe_holds(tmp_path: Path) -> None:
+    """scripts/soak_faults.py's probes of input past its bounds (`soak.py --only bounds`,
+    no root needed), as a user would type each: one line and its exit status, or the run
+    going on, each within its time."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("soak_faults",
+                                                  ROOT / "scripts" / "soak_faults.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["soak_faults"] = module  # a dataclass looks its module up there
+    spec.loader.exec_module(module)
+    report = module.run_probes(module.bounds_probes(), tmp_path)
+    assert report["failures"] == 0, report["details"]
+    assert report["cases"] >= 19
