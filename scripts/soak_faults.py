@@ -323,8 +323,9 @@ def bounds_probes() -> list[Probe]:
             *SWEEP, "--repeat", "1000000000", "--out", "{dir}/o"), 2,
             "--repeat: must be from 1 to 1,000"),
         Probe("1e12 requests/s", _testbed(
-            "simulate", str(PAPER), "-b", "greedy", "--set", "inference.arrival_rate=1e12/s",
-            "--out", "{dir}/o"), 2, "must be from 0/s to 100,000/s"),
+            "simulate", str(PAPER), "-p", "1f1b", "--pp", "4", "-b", "greedy", "--set",
+            "inference.arrival_rate=1e12/s", "--out", "{dir}/o"), 2,
+            "must be from 0/s to 100,000/s"),
         Probe("more workers than cores", _testbed(
             *SWEEP[:-1], "24", "--out", "{dir}/o"), 0, "run at once", seconds=300),
         Probe("a hundred million connections", _testbed(

@@ -176,9 +176,9 @@ def test_a_sweep_says_when_it_runs_fewer_workers_than_asked(tmp_path: Path) -> N
 
 def test_an_arrival_rate_past_the_limit_is_refused_up_front(tmp_path: Path) -> None:
     """1e12 requests/s ran out of memory, then hung."""
-    code, _, err = call(["simulate", str(ROOT / "topologies" / "paper-3dc.yaml"), "-b",
-                         "greedy", "--set", "inference.arrival_rate=1e12/s", "--out",
-                         str(tmp_path / "o")])
+    code, _, err = call(["simulate", str(ROOT / "topologies" / "paper-3dc.yaml"), "-p",
+                         "1f1b", "--pp", "4", "-b", "greedy", "--set",
+                         "inference.arrival_rate=1e12/s", "--out", str(tmp_path / "o")])
     assert (code, err) == (2, "testbed: error: --set: inference.arrival_rate: must be from "
                            "0/s to 100,000/s, got '1e12/s'\n")
 
