@@ -286,6 +286,7 @@ def _checkpointed(folder: Path) -> None:
             f"inputs = load_inputs(Path({str(TWO_DC)!r}))\n"
             "spec = RunSpec('emulate', inputs.topology, inputs.job, 'gpipe', {}, "
             "checkpoint_every=1)\n"
+            "Path(sys.argv[1]).mkdir(parents=True)  # a run's directory, as up makes it\n"
             "save_settings(Path(sys.argv[1]), spec, 'emulated', 1)\n"
             "(Path(sys.argv[1]) / 'checkpoint' / 'state.json').write_text("
             "Progress(1, {}, [], 1, 1).as_json())\n")
@@ -347,7 +348,7 @@ def bounds_probes() -> list[Probe]:
         Probe("a NaN in a sweep's saved points", _testbed(*SWEEP, "--out", "{dir}/sweep"), 0,
               "not taken, it runs again", setup=_swept(_nan_row), seconds=300),
         Probe("a FIFO for a sweep's saved points", _testbed(*SWEEP, "--out", "{dir}/sweep"), 2,
-              "not a regular file", setup=_swept(_fifo), seconds=300),
+              "is a pipe: expected a file", setup=_swept(_fifo), seconds=300),
         Probe("a plugin whose summary exits", _testbed("plugins", "--json"), 0,
               '"status": "broken: SystemExit: 0 (at ', setup=_hostile_plugins,
               path="{dir}/site", stdout=True, seconds=120),

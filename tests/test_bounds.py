@@ -497,9 +497,9 @@ def test_a_sweep_refuses_saved_points_that_are_not_a_file(tmp_path: Path) -> Non
     (out / "points.jsonl").unlink()
     os.mkfifo(out / "points.jsonl")
     code, _, err = call([*SWEEP, "--out", str(out)])
-    assert (code, err) == (2, f"testbed: error: {out / 'points.jsonl'}: not a regular file (a "
-                           "FIFO, a device?): not one this testbed wrote; give a new --out, "
-                           "or --force to start over\n")
+    assert (code, err) == (2, f"testbed: error: {out / 'points.jsonl'}: is a pipe: expected a "
+                           "file: not one this testbed wrote; give a new --out, or --force to "
+                           "start over\n")
     code, _, err = call([*SWEEP, "--out", str(out), "--force"])
     assert code == 0, err
 

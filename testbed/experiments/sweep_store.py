@@ -18,7 +18,6 @@ import io
 import json
 import math
 import os
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path

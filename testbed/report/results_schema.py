@@ -17,6 +17,8 @@ from typing import (
     Annotated,
     Any,
     Literal,
+    NotRequired,
+    Required,
     Union,
     get_args,
     get_origin,
@@ -46,6 +48,8 @@ def json_schema(kind: Any) -> dict[str, Any]:
         return {"type": _SIMPLE[kind]}
     if origin is Literal:
         return {"enum": list(get_args(kind))}
+    if origin in (NotRequired, Required):  # a TypedDict's key: is_typeddict says which
+        return json_schema(get_args(kind)[0])
     if origin is Annotated:  # a number's bounds (testbed.common.codec.Range)
         base, *extras = get_args(kind)
         out = json_schema(base)
