@@ -9,5 +9,5 @@ setup(
         *(f"testbed_{name}" for name in find_packages(include=["plugins", "plugins.*"])),
     ],
     package_dir={"testbed_plugins": "plugins"},
-    package_data={"testbed.report": ["results.schema.json"]},
+    package_data={"testbed.report": ["results.schema.json", "launch.schema.json"]},
 )

@@ -10,7 +10,7 @@ import click
 from testbed.common.jsonio import read_json
 from testbed.common.units import plural
 from testbed.errors import EXIT_INPUT, InputError, one_line, printable
-from testbed.report.results_schema import results_problems, shipped_schema
+from testbed.report.results_schema import LAUNCH_KIND, results_problems, shipped_schema
 from testbed.report.run_results import SCHEMA_VERSION
 
 RESULTS_FILE = "results.json"
@@ -30,7 +30,8 @@ def validate(paths: tuple[Path, ...]) -> None:
     """Check results.json files against the shipped schema (`testbed results schema`).
 
     A directory is searched for every results.json under it (a run's, a comparison's or
-    a figures' directory). Exit code 0 when all are valid; 2 when any is not, with one
+    a figures' directory). A launch's results (`testbed launch`, `"kind": "launch"`) are
+    checked against the launch schema (`testbed results schema --kind launch`). Exit code 0 when all are valid; 2 when any is not, with one
     line per problem naming the file, the key (a JSON path) and the problem (the first
     20; then how many more).
     """
@@ -60,9 +61,12 @@ def validate(paths: tuple[Path, ...]) -> None:
 
 
 @results.command()
-def schema() -> None:
+@click.option("--kind", type=click.Choice(["run", LAUNCH_KIND]), default="run",
+              show_default=True, help="A run's results.json (`up`, `simulate`), or a "
+              "launch's (`testbed launch`, its `kind` is launch).")
+def schema(kind: str) -> None:
     """Print results.json's JSON Schema (draft 2020-12), as installed with testbed."""
-    click.echo(json.dumps(shipped_schema(), indent=2))
+    click.echo(json.dumps(shipped_schema(kind), indent=2))
 
 
 def _results_files(path: Path) -> list[Path]:

@@ -9,9 +9,11 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 from testbed.net import netns as kernel
 from testbed.net.state import ProcessRecord, RunState, all_states, process_start_ticks
+from testbed.net.sweep import GROUP_PREFIX, remove_group, sweep_namespaces
 
 ALLOWED_CC = "net.ipv4.tcp_allowed_congestion_control"
 
@@ -54,6 +56,7 @@ def clean_state(
         stop_processes(list(reversed(state.processes)), procs)
     except Exception as exc:  # keep tearing down
         problems.append(f"stopping processes: {exc}")
+    problems += _sweep(state)
     for ns in reversed(state.namespaces):
         try:
             kernel.remove_namespace(ns)
@@ -77,6 +80,21 @@ def clean_state(
         problems.append(f"namespaces still present: {', '.join(leftover)}")
     else:
         state.remove()
+    return problems
+
+
+def _sweep(state: RunState) -> list[str]:
+    """What the run's processes started and no record names (a launched program's own
+    children, one that left its process group): its cgroup (`cgroup` in the state's info,
+    testbed launch's) killed and removed, then any process still inside its namespaces."""
+    problems: list[str] = []
+    group = state.info.get("cgroup")
+    if isinstance(group, str) and Path(group).name.startswith(GROUP_PREFIX):
+        problems += remove_group(Path(group))
+    try:
+        sweep_namespaces(state.namespaces)
+    except Exception as exc:
+        problems.append(f"sweeping the namespaces: {exc}")
     return problems
 
 

@@ -28,9 +28,12 @@ from typing import (
 
 from testbed.common.codec import OMITTED, Range, from_json
 from testbed.errors import InputError
+from testbed.report.launch_results import LAUNCH_SCHEMA_VERSION, LaunchResults
 from testbed.report.run_results import SCHEMA_VERSION, Results
 
 SCHEMA_FILE = "results.schema.json"
+LAUNCH_SCHEMA_FILE = "launch.schema.json"
+LAUNCH_KIND = "launch"
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 BOUNDS = ("minimum", "maximum")
 _SIMPLE: dict[Any, str] = {int: "integer", float: "number", str: "string", bool: "boolean",
@@ -101,14 +104,25 @@ def results_schema() -> dict[str, Any]:
             "title": "testbed results.json", "schema_version": SCHEMA_VERSION, **body}
 
 
-def schema_text() -> str:
-    return json.dumps(results_schema(), indent=2) + "\n"
+def launch_schema() -> dict[str, Any]:
+    """The document for a launch's results.json (`"kind": "launch"`), as shipped."""
+    body = json_schema(LaunchResults)
+    body["properties"]["schema_version"] = {"const": LAUNCH_SCHEMA_VERSION}
+    return {"$schema": DIALECT, "$id": f"testbed:launch/{LAUNCH_SCHEMA_VERSION}.schema.json",
+            "title": "testbed launch results.json", "schema_version": LAUNCH_SCHEMA_VERSION,
+            **body}
 
 
-def shipped_schema() -> dict[str, Any]:
-    """results.schema.json as installed with the package."""
+def schema_text(kind: str = "run") -> str:
+    return json.dumps(launch_schema() if kind == LAUNCH_KIND else results_schema(),
+                      indent=2) + "\n"
+
+
+def shipped_schema(kind: str = "run") -> dict[str, Any]:
+    """results.schema.json (a run's) or launch.schema.json as installed with the package."""
+    name = LAUNCH_SCHEMA_FILE if kind == LAUNCH_KIND else SCHEMA_FILE
     loaded: dict[str, Any] = json.loads(
-        files("testbed.report").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
+        files("testbed.report").joinpath(name).read_text(encoding="utf-8"))
     return loaded
 
 
@@ -135,15 +149,18 @@ def results_problems(data: Any, where: str) -> list[InputError]:
 
     if not isinstance(data, dict):
         return [InputError(f"expected a mapping, got {_kind(data)}", where)]
+    kind = LAUNCH_KIND if data.get("kind") == LAUNCH_KIND else "run"
+    expected = LAUNCH_SCHEMA_VERSION if kind == LAUNCH_KIND else SCHEMA_VERSION
     version = data.get("schema_version")
     if version is None:
         return [InputError(f"missing: written before testbed's results had a schema (this "
-                           f"testbed reads schema_version {SCHEMA_VERSION})", where,
+                           f"testbed reads schema_version {expected})", where,
                            "schema_version")]
-    if version != SCHEMA_VERSION:
+    if version != expected:
+        what = "a launch's results" if kind == LAUNCH_KIND else "results"
         return [InputError(f"{version!r}: written by another version of testbed (this one "
-                           f"reads {SCHEMA_VERSION})", where, "schema_version")]
-    errors = list(jsonschema.Draft202012Validator(shipped_schema()).iter_errors(data))
+                           f"reads {what} of {expected})", where, "schema_version")]
+    errors = list(jsonschema.Draft202012Validator(shipped_schema(kind)).iter_errors(data))
     best = jsonschema.exceptions.best_match(errors)
     leaves = [leaf for error in ([best] if best else []) + errors for leaf in _leaves(error)]
     located = dict.fromkeys(found for leaf in leaves for found in _located(leaf))
@@ -219,3 +236,4 @@ def _join(key: str, name: str) -> str:
 
 if __name__ == "__main__":
     Path(__file__).with_name(SCHEMA_FILE).write_text(schema_text())
+    Path(__file__).with_name(LAUNCH_SCHEMA_FILE).write_text(schema_text(LAUNCH_KIND))

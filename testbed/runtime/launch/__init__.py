@@ -1,0 +1,1 @@
+"""`testbed launch`: a researcher's own program, unmodified, over the emulated WAN."""
