@@ -18,7 +18,7 @@ POLICIES = COSTS | {"policy", "inference"}
 RESULTS = POLICIES | {"metrics", "report"}
 SIMULATOR = RESULTS | {"sim"}
 A_RUN = SIMULATOR | {"net", "run"}
-RUNTIME = A_RUN | {"runtime.wire", "runtime.worker", "runtime.coordinator"}
+RUNTIME = A_RUN | {"runtime.wire", "runtime.worker", "runtime.coordinator", "runtime.launch"}
 MAY_IMPORT: dict[str, set[str]] = {
     "common": set(),
     "topology": BASE,
@@ -36,6 +36,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "runtime.wire": A_RUN,
     "runtime.worker": A_RUN | {"runtime.wire"},
     "runtime.coordinator": A_RUN | {"runtime.wire", "runtime.worker"},
+    "runtime.launch": A_RUN | {"runtime.wire", "runtime.worker", "runtime.coordinator"},
     "backends": RUNTIME,
     "experiments": RUNTIME | {"backends"},
     "figures": RUNTIME | {"backends", "experiments"},

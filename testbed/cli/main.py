@@ -16,6 +16,7 @@ from testbed import DISTRIBUTION, __version__, api
 from testbed.cli import finished, loaded
 from testbed.cli.compare import compare, report
 from testbed.cli.figures import figures
+from testbed.cli.launch import launch
 from testbed.cli.net import down, net
 from testbed.cli.options import (
     job_flags,
@@ -249,6 +250,7 @@ def plugins(as_json: bool) -> None:
 cli.add_command(net)
 cli.add_command(down)
 cli.add_command(up)
+cli.add_command(launch)
 cli.add_command(simulate)
 cli.add_command(profile)
 cli.add_command(sweep)

@@ -31,9 +31,9 @@ def validate(paths: tuple[Path, ...]) -> None:
 
     A directory is searched for every results.json under it (a run's, a comparison's or
     a figures' directory). A launch's results (`testbed launch`, `"kind": "launch"`) are
-    checked against the launch schema (`testbed results schema --kind launch`). Exit code 0 when all are valid; 2 when any is not, with one
-    line per problem naming the file, the key (a JSON path) and the problem (the first
-    20; then how many more).
+    checked against the launch schema (`testbed results schema --kind launch`). Exit code
+    0 when all are valid; 2 when any is not, with one line per problem naming the file,
+    the key (a JSON path) and the problem (the first 20; then how many more).
     """
     problems: list[InputError] = []
     for path in paths:

@@ -97,3 +97,25 @@ def total_utilization(uses: Sequence[DirectionUse], length_s: float) -> float | 
 def utilization_series(uses: Sequence[DirectionUse]) -> Mapping[str, list[float]]:
     """Each direction's share of its rate in each interval (for the WAN plot)."""
     return {u.link: [b / u.rate_bps if u.rate_bps > 0 else 0.0 for b in u.bps] for u in uses}
+
+
+def counted_at(samples: Sequence[Counter], t: float) -> tuple[float, float]:
+    """A direction's (bytes, packets) counted by time `t`, on the straight line between
+    the samples around it: exact where the link was idle between them (a program that
+    waits before and after a phase it measures)."""
+    if not samples or t <= samples[0].t:
+        return (float(samples[0].bytes), float(samples[0].packets)) if samples else (0.0, 0.0)
+    for before, after in itertools.pairwise(samples):
+        if before.t <= t <= after.t:
+            share = (t - before.t) / (after.t - before.t) if after.t > before.t else 1.0
+            return (before.bytes + share * (after.bytes - before.bytes),
+                    before.packets + share * (after.packets - before.packets))
+    return float(samples[-1].bytes), float(samples[-1].packets)
+
+
+def payload_between(samples: Sequence[Counter], t0: float, t1: float,
+                    link_header: int = 0) -> int:
+    """TCP payload a direction carried between `t0` and `t1` (see `counted_at`)."""
+    b0, p0 = counted_at(samples, t0)
+    b1, p1 = counted_at(samples, t1)
+    return payload(round(b1 - b0), round(p1 - p0), link_header)
