@@ -80,7 +80,7 @@ def test_rank_order_from_the_file_a_policy_or_a_list(tmp_path: Path) -> None:
 
     plan = plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job)
     assert atlas == plan.used_gpus()
-    assert atlas[0] == plan.lead_gpu(0, 0) and atlas[1] == plan.lead_gpu(0, 1)
+    assert atlas[:plan.pp] == [plan.lead_gpu(0, stage) for stage in range(plan.pp)]
     listed = tmp_path / "ranks.yaml"
     listed.write_text("- west-1\n- east-0\n")
     assert rank_order(TWO_DC, inputs.job, str(listed), {}) == ["west-1", "east-0"]
