@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from testbed.cli.net import SHAPERS, require_root
+from testbed.cli.net import SHAPERS, machine_option, require_root, this_machine
 from testbed.cli.options import (
     event_options,
     force_option,
@@ -77,12 +77,19 @@ EXIT = {"ok": 0, "failed": 1, "timed_out": 1}
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Results directory (default: a new one under runs/).")
 @force_option
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Launch across the machines of this cluster file: run the same command "
+              "on each; each brings up its share of the network (VXLAN to the others) and "
+              "starts the ranks of its own DCs, MASTER_ADDR rank 0's wherever it is, and "
+              "writes its own results (its ranks, the WAN directions its routers send).")
+@machine_option
 @run_verbosity_option
 def launch(topology: Path, command: tuple[str, ...], placement: str,
            policy_opts: tuple[str, ...], per: str, torchrun: bool, max_restarts: int,
            master_port: int, timeout_s: float | None, grace_s: float, dilation: str,
            shaper: ShaperChoice, sample_s: float, target_loss: float | None,
-           out: Path | None, force: bool, reporter: Reporter, **kwargs: Any) -> None:
+           out: Path | None, force: bool, cluster_file: Path | None, machine: str | None,
+           reporter: Reporter, **kwargs: Any) -> None:
     """Run your own program over the emulated WAN: `testbed launch TOPO -- python train.py`.
 
     Brings the topology's network up, starts COMMAND once per GPU host inside its
@@ -99,13 +106,14 @@ def launch(topology: Path, command: tuple[str, ...], placement: str,
     refuse_dilation(dilation)
     flags = job_flags(kwargs)
     inputs = load_inputs(topology, **flags)
+    cluster, machine = this_machine(cluster_file, machine, inputs.topology)
     hosts = rank_order(inputs.topology, inputs.job, placement,
                        dict(parse_options(policy_opts)))
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, "launch"))
     spec = LaunchSpec(inputs.topology, command, tuple(hosts), placement, directory,
                       per, torchrun, max_restarts, master_port,  # type: ignore[arg-type]
                       shaper, timeout_s, grace_s, inputs.events, inputs.scenario, target_loss,
-                      sample_s)
+                      sample_s, cluster, machine)
     spec.check()
     reporter.say(f"launch: {' '.join(command)} on {inputs.topology.name}, ranks on "
                  f"{', '.join(hosts)}")

@@ -16,6 +16,7 @@ from typing import Any
 
 from testbed.common.units import human_rate, plural
 from testbed.errors import TestbedError
+from testbed.net.layout import build_layout
 from testbed.net.link_changes import change_link
 from testbed.net.network import Network, bring_up, tear_down
 from testbed.net.sweep import RankGroups, sweep_namespaces
@@ -82,7 +83,7 @@ class Launcher:
         try:
             self.run.network = await _finished(asyncio.to_thread(
                 bring_up, self.spec.topology, self.spec.shaper, self.say, False, 0, (),
-                self.spec.cluster.cluster if self.spec.cluster else None, self.spec.machine))
+                self.spec.cluster, self.spec.machine))
             try:
                 if not self._stop.is_set():
                     await self._go(self.run.network)
@@ -108,9 +109,15 @@ class Launcher:
         if run.groups.root is not None:
             network.state.info["cgroup"] = str(run.groups.root)
             network.state.save()
-        run.seats = seats(list(spec.hosts), spec.topology, spec.per)
-        master = network.address_of(run.seats[0].host)
-        meet = Rendezvous(master, spec.master_port, run_id=f"testbed-{network.state.run_id}")
+        everyone = seats(list(spec.hosts), spec.topology, spec.per)
+        whole = build_layout(spec.topology, network.layout.slot)
+        here = network.layout.router_dcs
+        run.seats = [s for s in everyone if s.dc in here]  # a machine's share: its own
+        master = whole.node(everyone[0].host).address
+        # every machine of a cluster names the rendezvous alike, without talking
+        run_id = f"testbed-{spec.topology.name}-{whole.slot}" if spec.cluster else \
+            f"testbed-{network.state.run_id}"
+        meet = Rendezvous(master, spec.master_port, run_id=run_id)
         run.master = f"{master}:{spec.master_port}"
         spec.out.joinpath("ranks").mkdir(parents=True, exist_ok=True)
         run.origin, run.epoch = time.monotonic(), time.time()
@@ -118,18 +125,19 @@ class Launcher:
         run.sampler.begin()
         kind = "node" if spec.per == "dc" else "rank"
         how = f"a torchrun per {spec.per}" if spec.torchrun else f"one per {spec.per}"
-        self.say(f"starting {plural(len(run.seats), kind)} ({how}); MASTER_ADDR={master} "
-                 f"(rank 0, {run.seats[0].host})")
+        share = f" of {len(everyone)} (this machine's share)" if spec.cluster else ""
+        self.say(f"starting {plural(len(run.seats), kind)}{share} ({how}); MASTER_ADDR="
+                 f"{master} (rank 0, {everyone[0].host})")
         for seat in run.seats:
             rank = RankProcess(seat, f"{kind}-{seat.index}",
                                f"[{seat.index} {seat.host if spec.per == 'host' else seat.dc}]",
                                spec.out / "ranks" / f"{kind}-{seat.index}.log",
                                spec.out / "ranks" / f"{kind}-{seat.index}.metrics.jsonl")
-            env = {**_base_env(), **seat_env(seat, run.seats, meet, spec.per,
+            env = {**_base_env(), **seat_env(seat, everyone, meet, spec.per,
                                             str(rank.metrics_path))}
             argv = list(spec.command)
             if spec.torchrun:
-                argv = [*torchrun_argv(seat, run.seats, meet, network.address_of(seat.host),
+                argv = [*torchrun_argv(seat, everyone, meet, network.address_of(seat.host),
                                        spec.max_restarts, sys.executable), *argv]
             record = await rank.start(argv, network.netns_of(seat.host), env, run.groups)
             network.state.processes.append(record)

@@ -95,7 +95,7 @@ def launch_results(run: LaunchRun, uses: list[DirectionUse]) -> LaunchResults:
             None if curve else "the program reported no loss (a `loss` in its metric "
             "lines)"),
         applied["events"], applied["scenario"], Versions(**versions()),
-        None if spec.cluster is None else {"name": spec.cluster.cluster.name,
+        None if spec.cluster is None else {"name": spec.cluster.name,
                                            "machine": spec.machine})
 
 

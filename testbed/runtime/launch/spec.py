@@ -8,9 +8,9 @@ from pathlib import Path
 from testbed.errors import InputError
 from testbed.runtime.launch.ranks import MASTER_PORT, Per
 from testbed.scenario.scenario import Scenario
+from testbed.topology.cluster import Cluster
 from testbed.topology.model import Topology
 from testbed.topology.net_events import NetEvent
-from testbed.topology.seats import ClusterRun
 
 DEFAULT_GRACE_S = 10.0
 STOP_GRACE_S = 3.0
@@ -44,9 +44,9 @@ class LaunchSpec:
     scenario: Scenario = field(default_factory=Scenario)
     target_loss: float | None = None
     sample_s: float = 0.2
-    cluster: ClusterRun | None = None
+    cluster: Cluster | None = None
     machine: str | None = None
-    """With a cluster: this machine (the coordinator runs rank 0's machine's share)."""
+    """With a cluster: this machine, which starts the seats of its own DCs."""
 
     def check(self) -> None:
         """A located InputError for what a launch cannot do."""
