@@ -345,7 +345,7 @@ def test_torchft_diloco_goes_on_under_a_wan_trace_and_without_a_lost_group(
     scenario = tmp_path / "scenario.yaml"
     trace = ROOT / "scenarios" / "wan-trace.csv"
     scenario.write_text(f"traces:\n  - {{link: [east, west], csv: {trace}}}\n"
-                        "failures:\n  - {at: 8s, worker: west-0}\n")
+                        "failures:\n  - {at: 10s, worker: west-0}\n")
     result, results = _example(tmp_path, "torchft_diloco.py", "--syncs", "10",
                                launch=("-p", ONE_PER_DC, "--scenario", str(scenario)))
     assert result.returncode == 0, result.stderr
