@@ -149,7 +149,7 @@ def test_a_lost_host_is_killed_at_its_time_and_the_rest_go_on(tmp_path: Path) ->
     assert ends["west-1"] == ("lost", "SIGKILL")
     assert {ends[h] for h in ("east-0", "east-1", "west-0")} == {("exited", None)}
     lost = results["outcomes"][3]["wall_s"]
-    assert 0.9 < lost < 2.5
+    assert 0.5 < lost < 2.0  # lost 1 s after the ranks began, this one a little later
     assert [e["applied"] for e in results["events"]] == [True]
     assert [f["applied"] for f in results["scenario"]["failures"]] == [True]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from testbed.common.units import human_rate, plural
 from testbed.errors import TestbedError
-from testbed.net.layout import build_layout
+from testbed.net.layout import HOST_IF, build_layout
 from testbed.net.link_changes import change_link
 from testbed.net.network import Network, bring_up, tear_down
 from testbed.net.sweep import RankGroups, sweep_namespaces
@@ -30,6 +30,7 @@ from testbed.topology.net_events import changes
 
 Say = Callable[[str], None]
 RANK_SAMPLE_S = 0.5
+TRANSPORT_INTERFACES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 RATES_EVERY_S = 5.0
 
 
@@ -307,12 +308,17 @@ class Launcher:
 def _base_env() -> dict[str, str]:
     """The launch's own environment, with what torch's launcher also sets: one OpenMP
     thread per process unless the user chose, and unbuffered Python output (each line
-    reaches the log and the console as the program prints it)."""
+    reaches the log and the console as the program prints it); and the interface a
+    cluster's administrator names for torch's transports (gloo, NCCL, TensorPipe), the
+    host's link to its router: they otherwise take the address this machine's host name
+    resolves to, which no host namespace has."""
     import os
 
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    for name in TRANSPORT_INTERFACES:
+        env.setdefault(name, HOST_IF)
     return env
 
 
