@@ -63,7 +63,7 @@ def test_torchrun_per_host_meets_at_rank_zero_and_runs_the_command_as_it_is() ->
     first = torchrun_argv(world[0], world, meet, "10.64.0.10", 2, "py")
     second = torchrun_argv(world[1], world, meet, "10.64.1.10", 2, "py")
     assert first[:3] == ["py", "-m", "torch.distributed.run"]
-    assert "10.64.0.10:29400" in first and "is_host=1" in first and "is_host=1" not in second
+    assert "10.64.0.10:29400" in first and "is_host=1" in first and "is_host=0" in second
     assert second[second.index("--local-addr") + 1] == "10.64.1.10"
     assert second[second.index("--max-restarts") + 1] == "2"
     assert second[-1] == "--no-python"

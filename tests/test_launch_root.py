@@ -323,7 +323,7 @@ def _syncs(results: dict[str, Any], rank: int) -> list[tuple[float, float]]:
 def test_torchft_diloco_moves_its_payload_per_sync_across_the_wan(tmp_path: Path) -> None:
     _torchft()
     result, results = _example(tmp_path, "torchft_diloco.py", "--syncs", "4",
-                               launch=("-p", ONE_PER_DC))
+                               launch=("-p", ONE_PER_DC, "--timeout", "150"))
     assert result.returncode == 0, result.stderr
     payload = next(p["values"]["payload_bytes"] for p in results["metrics"]
                    if "payload_bytes" in p["values"])
@@ -347,7 +347,8 @@ def test_torchft_diloco_goes_on_under_a_wan_trace_and_without_a_lost_group(
     scenario.write_text(f"traces:\n  - {{link: [east, west], csv: {trace}}}\n"
                         "failures:\n  - {at: 10s, worker: west-0}\n")
     result, results = _example(tmp_path, "torchft_diloco.py", "--syncs", "10",
-                               launch=("-p", ONE_PER_DC, "--scenario", str(scenario)))
+                               launch=("-p", ONE_PER_DC, "--scenario", str(scenario),
+                                       "--timeout", "150"))
     assert result.returncode == 0, result.stderr
     ends = {o["host"]: (o["end"], o["exit_code"]) for o in results["outcomes"]}
     assert ends == {"east-0": ("exited", 0), "west-0": ("lost", -9)}

@@ -58,10 +58,6 @@ def main() -> None:
             str(Path(sys.executable).with_name("torchft_lighthouse")), "--min_replicas", "1",
             "--bind", f"[::]:{LIGHTHOUSE_PORT}", "--join_timeout_ms", "3000",
             "--quorum_tick_ms", "100", "--heartbeat_timeout_ms", "2000"])
-    # every group up before the first quorum (as torchrun's rendezvous would hold them);
-    # from then on the lighthouse decides who is in
-    start = TCPStore(master, int(os.environ["MASTER_PORT"]), groups, is_master=rank == 0,
-                     wait_for_workers=True, timeout=timedelta(seconds=120))
     store = TCPStore(address, args.store_port, 1, is_master=True, wait_for_workers=False)
     model = nn.Sequential(nn.Linear(args.width, args.width), nn.ReLU(),
                           nn.Linear(args.width, args.width))
@@ -82,6 +78,10 @@ def main() -> None:
         world_size=1, lighthouse_addr=f"http://{master}:{LIGHTHOUSE_PORT}",
         hostname=address, timeout=timedelta(seconds=10),
         quorum_timeout=timedelta(seconds=30), connect_timeout=timedelta(seconds=30))
+    # every group's manager up (heartbeating) before the first quorum, as torchrun's
+    # rendezvous would hold them; from then on the lighthouse decides who is in
+    start = TCPStore(master, int(os.environ["MASTER_PORT"]), groups, is_master=rank == 0,
+                     wait_for_workers=True, timeout=timedelta(seconds=120))
     payload = sum(p.numel() * p.element_size() for p in model.parameters())
     metric(payload_bytes=payload, groups=groups)
     data = torch.Generator().manual_seed(rank)

@@ -23,9 +23,12 @@ from testbed.runtime.launch.ranks import Seat
 
 LINE_LIMIT = 1 << 20
 """Longest line read whole from a program's output (longer ones come in pieces)."""
-JOIN_GROUP = 'echo $$ > "$0" && exec "$@"'
-"""The shell's first words in a rank's cgroup: it joins the group, then becomes the rank,
-so that every process the rank starts is in it from the first."""
+BECOME_HOST = 'hostname "$0" && { [ -z "$1" ] || echo $$ > "$1"; } && shift && exec "$@"'
+"""The rank's first words, in a UTS namespace of its own (`unshare --uts`): its host's
+name as its host name (as each machine of a real cluster has its own: torch, torchrun and
+torchft advertise the address it resolves to, which the namespace's hosts file gives),
+its cgroup joined (so that every process the rank starts is in it from the first), then
+it becomes the rank."""
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -64,10 +67,9 @@ class RankProcess:
     async def start(self, argv: list[str], netns: str, env: Mapping[str, str],
                     groups: RankGroups) -> ProcessRecord:
         """Start it in `netns` (its cgroup joined before it runs a line of its own)."""
-        inside = ["ip", "netns", "exec", netns, *argv]
         procs = groups.procs_file(self.name)
-        if procs is not None:
-            inside = ["sh", "-c", JOIN_GROUP, str(procs), *inside]
+        inside = ["unshare", "--uts", "sh", "-c", BECOME_HOST, self.seat.host,
+                  "" if procs is None else str(procs), "ip", "netns", "exec", netns, *argv]
         self._log = open(self.log_path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
         self.process = await asyncio.create_subprocess_exec(
             *inside, env=dict(env), stdin=asyncio.subprocess.DEVNULL,

@@ -91,8 +91,8 @@ def torchrun_argv(seat: Seat, world: Sequence[Seat], meet: Rendezvous, address: 
             "--rdzv-endpoint", f"{meet.master_addr}:{meet.rendezvous_port}",
             "--rdzv-id", meet.run_id, "--local-addr", address,
             "--max-restarts", str(max_restarts)]
-    if seat.index == 0:
-        args += ["--rdzv-conf", "is_host=1"]
+    # said, not guessed: torch's guess resolves this machine's host name
+    args += ["--rdzv-conf", f"is_host={int(seat.index == 0)}"]
     return [*args, "--no-python"]
 
 
