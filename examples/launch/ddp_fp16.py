@@ -49,8 +49,9 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     data = torch.Generator().manual_seed(rank)
     dist.barrier()
-    time.sleep(QUIET_S)
+    time.sleep(QUIET_S / 2)
     metric(phase=0, hook_payload_bytes=payload)
+    time.sleep(QUIET_S / 2)
     for step in range(args.steps):
         x = torch.randn(args.batch, args.width, generator=data)
         started = time.perf_counter()
