@@ -83,8 +83,17 @@ def _counters(out: Path) -> dict[str, list[Counter]]:
     return found
 
 
-def _gone(pid: int) -> bool:
-    return not Path(f"/proc/{pid}").exists()
+def _gone(pid: int, wait_s: float = 5.0) -> bool:
+    """Whether the process has ended (a zombie waiting for its reaper has), within
+    `wait_s` (a SIGKILL takes effect as the process next runs)."""
+    from testbed.net.state import process_state
+
+    deadline = time.monotonic() + wait_s
+    while process_state(pid) not in (None, "Z", "X"):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def test_the_bytes_a_program_sends_are_what_the_wan_reports(tmp_path: Path) -> None:
@@ -203,13 +212,10 @@ def test_down_removes_what_a_killed_launcher_left(tmp_path: Path) -> None:
     escaped = int((tmp_path / "pid").read_text())
     launcher.kill()
     launcher.communicate(timeout=30)
-    assert not _gone(escaped)
+    assert not _gone(escaped, wait_s=0)
     down = subprocess.run([sys.executable, "-c", "from testbed.cli.main import main; main()",
                            "down"], capture_output=True, text=True, timeout=120, check=False)
     assert down.returncode == 0, down.stderr
-    deadline = time.monotonic() + 5
-    while not _gone(escaped) and time.monotonic() < deadline:
-        time.sleep(0.05)
     assert _gone(escaped)
 
 
@@ -272,6 +278,7 @@ time.sleep(1)
 if restart == 0 and os.environ["TESTBED_DC"] == "west":
     sys.exit(5)
 dist.barrier()
+time.sleep(2)  # seen by the launch's sampler (every 0.5 s) at least once
 """
     result, results = _launch(tmp_path, program, "-p", ONE_PER_DC, "--torchrun",
                               "--max-restarts", "1")
