@@ -118,6 +118,10 @@ def table(report: dict[str, Any]) -> str:
                         "-" if v is None else f"{v * 1e3:.1f} ms" for v in (
                             near.get("testbed_step_s"), near.get("launch_step_s"), modeled))
                     + " |")
+    if "gloo_four_messages_s" in report:
+        rows += ["", "| gloo: four 16 KiB messages sent at once, received one after another, "
+                 "two-dc (40 ms round trip) |", "| --- |",
+                 f"| {report['gloo_four_messages_s'] * 1e3:.1f} ms |"]
     return "\n".join(rows)
 
 

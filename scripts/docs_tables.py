@@ -102,6 +102,10 @@ def _loss_model(report: dict[str, Any]) -> str:
     return str(_script("bench_loss_model").table(report))
 
 
+def _launch(report: dict[str, Any]) -> str:
+    return str(_script("bench_launch").table(report))
+
+
 def _claims(records: list[Any]) -> str:
     from testbed.figures.render import claims_block
 
@@ -160,6 +164,7 @@ TABLES: dict[str, Table] = {
                          "scripts/bench_api_example.py"),
     "soak-faults-state": Table(("benchmarks/soak-faults-state.json",), _soak_state,
                                "scripts/soak_faults_state.py"),
+    "launch": Table(("benchmarks/launch.json",), _launch, "scripts/bench_launch.py"),
 }
 
 
