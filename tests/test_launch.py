@@ -209,3 +209,54 @@ def test_results_validate_takes_a_launch_directory(tmp_path: Path) -> None:
     (tmp_path / "results.json").write_text(json.dumps(_launch_results()))
     result = run_testbed(["results", "validate", str(tmp_path)], None)
     assert result.returncode == 0, result.stderr
+
+
+def test_show_prints_a_launch_again_and_draws_its_plots(tmp_path: Path) -> None:
+    (tmp_path / "results.json").write_text(json.dumps(_launch_results()))
+    (tmp_path / "counters.csv").write_text(
+        "time_s,link,bytes,packets,drops\n0.0,east>west,0,0,0\n0.2,east>west,25000000,"
+        "17000,0\n0.4,east>west,25000000,17000,0\n")
+    result = run_testbed(["show", str(tmp_path), "--out", str(tmp_path / "plots")], None)
+    assert result.returncode == 0, result.stderr
+    assert "rank 0 east-0: exited exit 0, 3.4 s, 1.2 s CPU" in result.stdout
+    assert "status ok" in result.stdout
+    assert (tmp_path / "plots" / "wan.png").exists()
+    assert (tmp_path / "plots" / "loss.png").exists()
+    rows = (tmp_path / "plots" / "wan.csv").read_text().splitlines()
+    assert rows[1].split(",")[-1] == "1.0"  # 25 MB in 0.2 s: the whole 1 Gbit/s
+
+
+def test_the_cgroup2_mount_is_found_in_mountinfo(tmp_path: Path) -> None:
+    from testbed.net.sweep import cgroup2_mount
+
+    group = tmp_path / "unified"
+    group.mkdir()
+    (group / "cgroup.procs").write_text("")
+    info = tmp_path / "mountinfo"
+    info.write_text("30 23 0:26 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n"
+                    f"41 31 0:38 / {group} rw,relatime - cgroup2 cgroup2 rw\n")
+    assert cgroup2_mount(info) == group
+    info.write_text("30 23 0:26 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n")
+    assert cgroup2_mount(info) is None
+
+
+def test_a_process_tree_is_found_below_its_first_process() -> None:
+    import subprocess
+    import sys
+
+    from testbed.net.sweep import descendants
+
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "subprocess.Popen(['sleep', '30']); time.sleep(30)"])
+    try:
+        import time
+
+        deadline = time.monotonic() + 10
+        while len(descendants(parent.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        found = descendants(parent.pid)
+        assert found[0] == parent.pid and len(found) == 2
+    finally:
+        for pid in reversed(descendants(parent.pid)):
+            subprocess.run(["kill", "-9", str(pid)], check=False)
+        parent.wait()

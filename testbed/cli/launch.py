@@ -22,9 +22,9 @@ from testbed.cli.options import (
 )
 from testbed.cli.progress import Reporter
 from testbed.common.choices import ShaperChoice
-from testbed.common.units import human_bytes
 from testbed.experiments.inputs import load_inputs
 from testbed.policy import parse_options
+from testbed.report.launch_results import launch_summary
 from testbed.report.results import new_run_dir
 from testbed.runtime.launch.placement import FILE_ORDER, rank_order
 from testbed.runtime.launch.ranks import MASTER_PORT
@@ -125,16 +125,8 @@ def launch(topology: Path, command: tuple[str, ...], placement: str,
                         lambda line: click.echo(line), reporter.verbosity == "verbose")
     run = asyncio.run(launcher.launch())
     results = write_launch(run)
-    for outcome in results.outcomes:
-        code = "" if outcome.exit_code is None else f" exit {outcome.exit_code}"
-        click.echo(f"rank {outcome.rank} {outcome.host}: {outcome.end}{code}, "
-                   f"{outcome.wall_s:.1f} s" + (f", {outcome.cpu_s:.1f} s CPU"
-                                                if outcome.cpu_s is not None else ""))
-    for link in results.wan.links:
-        if link.wire_bytes:
-            peak = f", peak {link.peak_utilization:.0%}" if link.peak_utilization else ""
-            click.echo(f"wan {link.link}: {human_bytes(link.bytes)} payload "
-                       f"({human_bytes(link.wire_bytes)} on the wire){peak}")
+    for line in launch_summary(results)[:-1]:
+        click.echo(line)
     click.echo(f"results in {directory}")
     if results.status != "ok":
         click.echo(f"testbed: error: {results.error}", err=True)

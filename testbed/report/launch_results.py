@@ -145,3 +145,26 @@ class LaunchResults:
     scenario: dict[str, Any] | None
     versions: Versions
     cluster: dict[str, Any] | None = field(default=None, metadata=OMITTED)
+
+
+def launch_summary(results: LaunchResults) -> list[str]:
+    """What `testbed launch` prints at its end (and `testbed show` again): each rank's
+    outcome, each WAN direction that carried traffic."""
+    from testbed.common.units import human_bytes
+
+    lines = []
+    for rank in results.outcomes:
+        code = "" if rank.exit_code is None else f" exit {rank.exit_code}"
+        cpu = f", {rank.cpu_s:.1f} s CPU" if rank.cpu_s is not None else ""
+        lines.append(f"rank {rank.rank} {rank.host}: {rank.end}{code}, {rank.wall_s:.1f} s{cpu}")
+    for link in results.wan.links:
+        if link.wire_bytes:
+            peak = f", peak {link.peak_utilization:.0%}" if link.peak_utilization else ""
+            lines.append(f"wan {link.link}: {human_bytes(link.bytes)} payload "
+                         f"({human_bytes(link.wire_bytes)} on the wire){peak}")
+    if results.time_to_loss is not None:
+        from testbed.metrics.loss import time_to_loss_text
+
+        lines.append(f"time to loss: {time_to_loss_text(results.time_to_loss)}")
+    lines.append(f"status {results.status}" + (f": {results.error}" if results.error else ""))
+    return lines

@@ -4,13 +4,16 @@ where the program reported a loss), and the topology it ran on."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
+from testbed.common.choices import FigureFormat
 from testbed.common.codec import to_json
 from testbed.common.fsutil import write_atomic
 from testbed.common.yamlio import to_yaml
 from testbed.metrics.link_counters import (
+    ETHERNET_HEADER_BYTES,
     DirectionUse,
     direction_use,
     total_utilization,
@@ -150,7 +153,35 @@ def write_launch(run: LaunchRun) -> LaunchResults:
     return results
 
 
-def draw(out: Path, title: str, uses: list[DirectionUse], results: LaunchResults) -> None:
+def redraw(run_dir: Path, out: Path, fmt: FigureFormat = "png") -> LaunchResults:
+    """A launch's plots again, from its results.json and counters.csv."""
+    import csv
+
+    from testbed.common.codec import from_json
+    from testbed.common.jsonio import read_json
+    from testbed.metrics.link_counters import Counter
+    from testbed.report.results_schema import check_results
+
+    source = run_dir / "results.json"
+    data = read_json(source)
+    check_results(data, str(source))
+    results: LaunchResults = from_json(data, LaunchResults, str(source))
+    samples: dict[str, list[Counter]] = {}
+    with contextlib.suppress(FileNotFoundError), open(run_dir / COUNTERS) as handle:
+        for row in csv.DictReader(handle):
+            samples.setdefault(row["link"], []).append(Counter(
+                float(row["time_s"]), int(row["bytes"]), int(row["packets"]),
+                int(row["drops"])))
+    header = ETHERNET_HEADER_BYTES if results.shaper == "netem" else 0
+    rates = {link.link: link.rate_bps for link in results.wan.links}
+    uses = [direction_use(link, found, rates.get(link, 0.0), header)
+            for link, found in sorted(samples.items())]
+    draw(out, results.topology, uses, results, fmt)
+    return results
+
+
+def draw(out: Path, title: str, uses: list[DirectionUse], results: LaunchResults,
+         fmt: FigureFormat = "png") -> None:
     """wan.png (each direction's share of its rate over time) and, with a loss, loss.png."""
     series = utilization_series(uses)
     times = next((u.times for u in uses if u.times), [])
@@ -158,7 +189,7 @@ def draw(out: Path, title: str, uses: list[DirectionUse], results: LaunchResults
     use = UseOverTime(times, {k: v for k, v in series.items()
                               if len(v) == len(times) and any(b > 0 for b in v)})
     wan_plot([WanPanel(f"{title}: {' '.join(results.command)[:60]}", use, length or 1.0)],
-             out / "wan.png")
+             out / f"wan.{fmt}")
     if results.loss_curve:
-        loss_plot([("launch", results.loss_curve)], out / "loss.png",
+        loss_plot([("launch", results.loss_curve)], out / f"loss.{fmt}",
                   results.time_to_loss["target"] if results.time_to_loss else None)
