@@ -260,3 +260,12 @@ def test_a_process_tree_is_found_below_its_first_process() -> None:
         for pid in reversed(descendants(parent.pid)):
             subprocess.run(["kill", "-9", str(pid)], check=False)
         parent.wait()
+
+
+def test_the_launch_environment_keeps_what_the_user_set() -> None:
+    from testbed.runtime.launch.ranks import launch_env
+
+    env = launch_env({"OMP_NUM_THREADS": "4", "PATH": "/bin"})
+    assert env["OMP_NUM_THREADS"] == "4" and env["PATH"] == "/bin"
+    assert env["PYTHONUNBUFFERED"] == "1" and env["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert launch_env({"GLOO_SOCKET_IFNAME": "lo"})["GLOO_SOCKET_IFNAME"] == "lo"

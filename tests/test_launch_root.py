@@ -383,3 +383,57 @@ def test_torchft_diloco_goes_on_under_a_wan_trace_and_without_a_lost_group(
              if p["rank"] == 0 and "participants" in p["values"]]
     assert len(syncs) >= 10 and syncs[0] == 2 and syncs[-1] == 1
     assert results["scenario"]["traces"][0]["applied"]
+
+
+def test_across_two_machines_each_starts_the_ranks_of_its_own_dcs(tmp_path: Path) -> None:
+    """Two "machines" (namespaces on a bridge, testbed.net.namespace_cluster), each running
+    the same launch command: west-0's bytes cross the VXLAN tunnel to rank 0 on m1, and
+    m2, whose rank is done first, holds its share until m1's rank has them all."""
+    from testbed.net.layout import build_layout
+    from testbed.net.namespace_cluster import namespace_machines
+    from testbed.net.slots import free_slot
+    from testbed.topology import load_topology
+
+    from .conftest import machine_prefix
+
+    sent = 5_000_000
+    script = tmp_path / "program.py"
+    script.write_text(SEND)
+    topology = load_topology(Path(TWO_DC))
+    slot = free_slot(lambda s: build_layout(topology, s))
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret-" * 8)
+    secret.chmod(0o600)
+    with namespace_machines(["m1", "m2"], prefix=machine_prefix()) as made:
+        cluster = tmp_path / "cluster.yaml"
+        cluster.write_text(json.dumps({"slot": slot, "secret": "secret", "machines": [
+            {"name": "m1", "address": made[0].address, "netns": made[0].netns,
+             "dcs": ["east"]},
+            {"name": "m2", "address": made[1].address, "netns": made[1].netns,
+             "dcs": ["west"]}]}))
+        launchers = [subprocess.Popen(
+            [sys.executable, "-c", "from testbed.cli.main import main; main()", "launch",
+             TWO_DC, "-p", ONE_PER_DC, "--cluster", str(cluster), "--machine", name,
+             "--out", str(tmp_path / name), "-q", "--", sys.executable, str(script)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "NBYTES": str(sent)}) for name in ("m1", "m2")]
+        try:
+            outputs = [launcher.communicate(timeout=90) for launcher in launchers]
+        finally:
+            for launcher in launchers:  # a launch stopped so removes its share
+                if launcher.poll() is None:
+                    launcher.terminate()
+                    launcher.communicate(timeout=30)
+    logs = {p.name: p.read_text() for p in tmp_path.glob("m*/ranks/*.log")}
+    for launcher, (_, err) in zip(launchers, outputs, strict=True):
+        assert launcher.returncode == 0, (err, logs)
+    m1, m2 = (json.loads((tmp_path / name / "results.json").read_text())
+              for name in ("m1", "m2"))
+    assert [o["host"] for o in m1["outcomes"]] == ["east-0"]
+    assert [o["host"] for o in m2["outcomes"]] == ["west-0"]
+    assert m1["master"] == m2["master"]
+    assert [link["link"] for link in m2["wan"]["links"]] == ["west>east"]
+    assert m2["wan"]["links"][0]["bytes"] == pytest.approx(sent, rel=0.01)
+    assert m2["cluster"] == {"name": m2["cluster"]["name"], "machine": "m2"}
+    assert m1["cluster"]["machines"] == {"m2": "ok"}
+    assert f"received {sent}" in (tmp_path / "m1" / "ranks" / "rank-0.log").read_text()

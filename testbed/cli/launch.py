@@ -29,6 +29,7 @@ from testbed.report.results import new_run_dir
 from testbed.runtime.launch.placement import FILE_ORDER, rank_order
 from testbed.runtime.launch.ranks import MASTER_PORT
 from testbed.runtime.launch.spec import DEFAULT_GRACE_S, LaunchSpec, refuse_dilation
+from testbed.runtime.wire.secret import read_secret
 
 EXIT = {"ok": 0, "failed": 1, "timed_out": 1}
 
@@ -79,17 +80,22 @@ EXIT = {"ok": 0, "failed": 1, "timed_out": 1}
 @force_option
 @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Launch across the machines of this cluster file: run the same command "
-              "on each; each brings up its share of the network (VXLAN to the others) and "
-              "starts the ranks of its own DCs, MASTER_ADDR rank 0's wherever it is, and "
-              "writes its own results (its ranks, the WAN directions its routers send).")
+              "on each; each brings up its share of the network (VXLAN to the others), "
+              "joins the coordinator (proving the file's secret), and once all have joined "
+              "starts the ranks of its own DCs (MASTER_ADDR rank 0's wherever it is); each "
+              "keeps its share up until every machine's ranks have ended and writes its "
+              "own results (its ranks, the WAN directions its routers send).")
 @machine_option
+@click.option("--join-timeout", type=click.FloatRange(min=1), default=300.0,
+              show_default=True, help="Seconds the coordinator waits for the other "
+              "machines to run the same command (--cluster).")
 @run_verbosity_option
 def launch(topology: Path, command: tuple[str, ...], placement: str,
            policy_opts: tuple[str, ...], per: str, torchrun: bool, max_restarts: int,
            master_port: int, timeout_s: float | None, grace_s: float, dilation: str,
            shaper: ShaperChoice, sample_s: float, target_loss: float | None,
            out: Path | None, force: bool, cluster_file: Path | None, machine: str | None,
-           reporter: Reporter, **kwargs: Any) -> None:
+           join_timeout: float, reporter: Reporter, **kwargs: Any) -> None:
     """Run your own program over the emulated WAN: `testbed launch TOPO -- python train.py`.
 
     Brings the topology's network up, starts COMMAND once per GPU host inside its
@@ -107,13 +113,14 @@ def launch(topology: Path, command: tuple[str, ...], placement: str,
     flags = job_flags(kwargs)
     inputs = load_inputs(topology, **flags)
     cluster, machine = this_machine(cluster_file, machine, inputs.topology)
+    secret = read_secret(cluster) if cluster is not None else b""
     hosts = rank_order(inputs.topology, inputs.job, placement,
                        dict(parse_options(policy_opts)))
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, "launch"))
     spec = LaunchSpec(inputs.topology, command, tuple(hosts), placement, directory,
                       per, torchrun, max_restarts, master_port,  # type: ignore[arg-type]
                       shaper, timeout_s, grace_s, inputs.events, inputs.scenario, target_loss,
-                      sample_s, cluster, machine)
+                      sample_s, cluster, machine, secret, join_timeout)
     spec.check()
     reporter.say(f"launch: {' '.join(command)} on {inputs.topology.name}, ranks on "
                  f"{', '.join(hosts)}")

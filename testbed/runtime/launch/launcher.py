@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -16,21 +17,31 @@ from typing import Any
 
 from testbed.common.units import human_rate, plural
 from testbed.errors import TestbedError
-from testbed.net.layout import HOST_IF, build_layout
+from testbed.net.layout import build_layout
 from testbed.net.link_changes import change_link
 from testbed.net.network import Network, bring_up, tear_down
 from testbed.net.sweep import RankGroups, sweep_namespaces
 from testbed.report.launch_results import LaunchStatus, MetricPoint
 from testbed.runtime.coordinator.exits import exit_reason
+from testbed.runtime.launch.cluster import Coordinator, Follower
 from testbed.runtime.launch.counters import CounterSampler, wan_ports
 from testbed.runtime.launch.rank_process import RankProcess
-from testbed.runtime.launch.ranks import Rendezvous, Seat, seat_env, seats, torchrun_argv
+from testbed.runtime.launch.ranks import (
+    Rendezvous,
+    Seat,
+    launch_env,
+    seat_env,
+    seats,
+    torchrun_argv,
+)
 from testbed.runtime.launch.spec import STOP_GRACE_S, LaunchSpec
+from testbed.runtime.wire.protocol import ProtocolError
+from testbed.runtime.worker.join import JoinFailed
+from testbed.topology.cluster import Cluster
 from testbed.topology.net_events import changes
 
 Say = Callable[[str], None]
 RANK_SAMPLE_S = 0.5
-TRANSPORT_INTERFACES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 RATES_EVERY_S = 5.0
 
 
@@ -56,6 +67,8 @@ class LaunchRun:
     applied_changes: list[tuple[float, str]] = field(default_factory=list)
     groups: RankGroups = field(default_factory=lambda: RankGroups(None))
     signal: int | None = None
+    machines: dict[str, str] = field(default_factory=dict)
+    """Across machines, on the coordinator: how each other machine's launch ended."""
 
     @property
     def end_s(self) -> float:
@@ -73,6 +86,10 @@ class Launcher:
         self.run = LaunchRun(spec)
         self._stop = asyncio.Event()
         self._failed: RankProcess | None = None
+        self.coordinator: Coordinator | None = None
+        self.follower: Follower | None = None
+        self._parting: asyncio.Task[None] | None = None
+        """Across machines, the wait at the end: a signal cuts it short."""
 
     # --- the whole launch ------------------------------------------------------------
 
@@ -103,6 +120,8 @@ class Launcher:
             self.run.signal = signum
             self.say("stopping: every rank's processes, then the network")
         self._stop.set()
+        if self._parting is not None:
+            self._parting.cancel()
 
     async def _go(self, network: Network) -> None:
         spec, run = self.spec, self.run
@@ -121,6 +140,8 @@ class Launcher:
         meet = Rendezvous(master, spec.master_port, run_id=run_id)
         run.master = f"{master}:{spec.master_port}"
         spec.out.joinpath("ranks").mkdir(parents=True, exist_ok=True)
+        if spec.cluster is not None and not await self._together(spec.cluster):
+            return
         run.origin, run.epoch = time.monotonic(), time.time()
         run.sampler = CounterSampler(wan_ports(network), run.origin, spec.sample_s)
         run.sampler.begin()
@@ -134,7 +155,7 @@ class Launcher:
                                f"[{seat.index} {seat.host if spec.per == 'host' else seat.dc}]",
                                spec.out / "ranks" / f"{kind}-{seat.index}.log",
                                spec.out / "ranks" / f"{kind}-{seat.index}.metrics.jsonl")
-            env = {**_base_env(), **seat_env(seat, everyone, meet, spec.per,
+            env = {**launch_env(os.environ), **seat_env(seat, everyone, meet, spec.per,
                                             str(rank.metrics_path))}
             argv = list(spec.command)
             if spec.torchrun:
@@ -144,7 +165,69 @@ class Launcher:
             network.state.processes.append(record)
             network.state.save()  # `testbed down` finds it if this launch is killed
             run.ranks.append(rank)
+        held = asyncio.create_task(self._held()) if self.follower else None
         await self._watch()
+        if held is not None:
+            held.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await held
+        self._parting = asyncio.ensure_future(self._apart())
+        try:
+            await self._parting
+        except asyncio.CancelledError:
+            if self.coordinator is not None:
+                await self.coordinator.close()
+
+    async def _together(self, cluster: Cluster) -> bool:
+        """Across machines: every machine's share up before any rank starts (False: the
+        launch failed, its error said)."""
+        spec, run = self.spec, self.run
+        assert spec.machine is not None
+        try:
+            if spec.machine == cluster.coordinator:
+                self.coordinator = Coordinator(cluster, spec.machine, spec.secret, self.say)
+                await self.coordinator.gather(spec.join_timeout_s)
+                await self.coordinator.start()
+            else:
+                self.follower = Follower(cluster, spec.machine, spec.secret)
+                self.say(f"joining the coordinator, machine {cluster.coordinator}")
+                await self.follower.join()
+        except (TimeoutError, JoinFailed, ProtocolError, OSError, TestbedError) as exc:
+            run.status, run.error = "failed", str(exc)
+            self.say(f"launch across machines: {exc}")
+            if self.coordinator is not None:
+                await self.coordinator.close()
+            return False
+        return not self._stop.is_set()
+
+    async def _held(self) -> None:
+        """Another machine's: the coordinator closing the connection while this one's
+        ranks run ends them (it was stopped, or it is gone)."""
+        assert self.follower is not None
+        await self.follower.gone()
+        if any(r.running for r in self.run.ranks):
+            cluster = self.spec.cluster
+            self.run.status = "interrupted"
+            self.run.error = (f"the coordinator, machine "
+                              f"{cluster.coordinator if cluster else '?'}, ended the launch")
+            self.say(self.run.error)
+            self._stop.set()
+
+    async def _apart(self) -> None:
+        """Across machines, at the end: the coordinator lets every share go once every
+        machine's ranks have ended (at once if its own launch did not end well); another
+        machine says it is done and holds its share until let go."""
+        status = "interrupted" if self.run.signal is not None else self.run.status
+        if self.coordinator is not None:
+            if status != "ok":
+                await self.coordinator.close()
+                return
+            self.say("waiting for the other machines' ranks to end")
+            for name, ended in (await self.coordinator.finish()).items():
+                self.run.machines[name] = ended
+        elif self.follower is not None:
+            self.say("holding this machine's share until the coordinator lets it go")
+            await self.follower.ended(status)
 
     async def _watch(self) -> None:
         """Until every rank has ended, or the launch is stopped (a signal, a failed rank
@@ -303,23 +386,6 @@ class Launcher:
         if run.network is not None:
             for problem in tear_down(run.network):
                 self.say(f"teardown: {problem}")
-
-
-def _base_env() -> dict[str, str]:
-    """The launch's own environment, with what torch's launcher also sets: one OpenMP
-    thread per process unless the user chose, and unbuffered Python output (each line
-    reaches the log and the console as the program prints it); and the interface a
-    cluster's administrator names for torch's transports (gloo, NCCL, TensorPipe), the
-    host's link to its router: they otherwise take the address this machine's host name
-    resolves to, which no host namespace has."""
-    import os
-
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    for name in TRANSPORT_INTERFACES:
-        env.setdefault(name, HOST_IF)
-    return env
 
 
 async def _finished(work: asyncio.Future[Network] | asyncio.Future[None] | Any) -> Any:

@@ -98,8 +98,9 @@ def launch_results(run: LaunchRun, uses: list[DirectionUse]) -> LaunchResults:
             None if curve else "the program reported no loss (a `loss` in its metric "
             "lines)"),
         applied["events"], applied["scenario"], Versions(**versions()),
-        None if spec.cluster is None else {"name": spec.cluster.name,
-                                           "machine": spec.machine})
+        None if spec.cluster is None else {
+            "name": spec.cluster.name, "machine": spec.machine,
+            **({"machines": run.machines} if run.machines else {})})
 
 
 def trace_events(run: LaunchRun, uses: list[DirectionUse]) -> list[dict[str, Any]]:

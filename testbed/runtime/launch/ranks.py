@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from testbed.net.layout import HOST_IF
 from testbed.topology.model import Topology
 
 Per = Literal["host", "dc"]
@@ -19,6 +20,7 @@ MASTER_PORT = 29500
 """torch's own default MASTER_PORT."""
 RENDEZVOUS_PORT = 29400
 """torchrun's own default c10d rendezvous port."""
+TRANSPORT_INTERFACES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 
 
 @dataclass(frozen=True)
@@ -101,3 +103,17 @@ def observed_ranks(environments: Mapping[int, Mapping[str, str]]) -> list[int]:
     environments), sorted."""
     return sorted({int(env["RANK"]) for env in environments.values()
                    if env.get("RANK", "").isdigit()})
+
+
+def launch_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The launch's own environment (`environ`), with what torch's launcher also sets:
+    one OpenMP thread per process unless the user chose, and unbuffered Python output
+    (each line reaches the log and the console as the program prints it); and the
+    interface a cluster's administrator names for torch's transports (gloo, NCCL,
+    TensorPipe), the host's link to its router."""
+    env = dict(environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    for name in TRANSPORT_INTERFACES:
+        env.setdefault(name, HOST_IF)
+    return env

@@ -47,6 +47,10 @@ class LaunchSpec:
     cluster: Cluster | None = None
     machine: str | None = None
     """With a cluster: this machine, which starts the seats of its own DCs."""
+    secret: bytes = b""
+    """With a cluster: the cluster file's secret, proven on the coordinator's control port."""
+    join_timeout_s: float = 300.0
+    """With a cluster: how long the coordinator waits for the other machines."""
 
     def check(self) -> None:
         """A located InputError for what a launch cannot do."""

@@ -99,3 +99,13 @@ class LinkChange(Message):
     loss: float | None
     one_way: bool = False
     """Only the direction a->b (a link trace's)."""
+
+
+@dataclass(frozen=True)
+class LaunchEnded(Message):
+    """`testbed launch` across machines: this machine's ranks have all ended (its share of
+    the network stays up until the coordinator closes the connection: another machine's
+    ranks may still be sending through it)."""
+
+    op = "launch_ended"
+    status: str
