@@ -366,14 +366,15 @@ def test_torchft_diloco_across_three_dcs(tmp_path: Path) -> None:
     assert all(link["bytes"] > 0 for link in results["wan"]["links"])
 
 
+@pytest.mark.slow
 def test_torchft_diloco_goes_on_under_a_wan_trace_and_without_a_lost_group(
         tmp_path: Path) -> None:
     _torchft()
     scenario = tmp_path / "scenario.yaml"
     trace = ROOT / "scenarios" / "wan-trace.csv"
     scenario.write_text(f"traces:\n  - {{link: [east, west], csv: {trace}}}\n"
-                        "failures:\n  - {at: 10s, worker: west-0}\n")
-    result, results = _example(tmp_path, "torchft_diloco.py", "--syncs", "10",
+                        "failures:\n  - {at: 25s, worker: west-0}\n")
+    result, results = _example(tmp_path, "torchft_diloco.py", "--syncs", "30",
                                launch=("-p", ONE_PER_DC, "--scenario", str(scenario),
                                        "--timeout", "150"))
     assert result.returncode == 0, result.stderr
@@ -381,7 +382,7 @@ def test_torchft_diloco_goes_on_under_a_wan_trace_and_without_a_lost_group(
     assert ends == {"east-0": ("exited", 0), "west-0": ("lost", -9)}
     syncs = [p["values"]["participants"] for p in results["metrics"]
              if p["rank"] == 0 and "participants" in p["values"]]
-    assert len(syncs) >= 10 and syncs[0] == 2 and syncs[-1] == 1
+    assert len(syncs) >= 30 and syncs[0] == 2 and syncs[-1] == 1
     assert results["scenario"]["traces"][0]["applied"]
 
 
