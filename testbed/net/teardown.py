@@ -84,10 +84,13 @@ def clean_state(
 
 
 def _sweep(state: RunState) -> list[str]:
-    """What the run's processes started and no record names (a launched program's own
-    children, one that left its process group): its cgroup (`cgroup` in the state's info,
-    testbed launch's) killed and removed, then any process still inside its namespaces."""
+    """What a launched program started and no record names (its own children, one that
+    left its process group): for a run of `testbed launch` (`launch` in the state's info),
+    its cgroup (`cgroup`) killed and removed, then any process still inside its
+    namespaces. Other runs' processes are all recorded, and left to the above."""
     problems: list[str] = []
+    if not state.info.get("launch"):
+        return problems
     group = state.info.get("cgroup")
     if isinstance(group, str) and Path(group).name.startswith(GROUP_PREFIX):
         problems += remove_group(Path(group))

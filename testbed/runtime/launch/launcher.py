@@ -126,9 +126,10 @@ class Launcher:
     async def _go(self, network: Network) -> None:
         spec, run = self.spec, self.run
         run.groups = RankGroups.make(network.state.run_id)
+        network.state.info["launch"] = True  # `down` sweeps its namespaces and cgroup
         if run.groups.root is not None:
             network.state.info["cgroup"] = str(run.groups.root)
-            network.state.save()
+        network.state.save()
         everyone = seats(list(spec.hosts), spec.topology, spec.per)
         whole = build_layout(spec.topology, network.layout.slot)
         here = network.layout.router_dcs
