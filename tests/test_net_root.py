@@ -428,7 +428,7 @@ def test_down_removes_no_namespace_of_a_live_run_whatever_its_names(tmp_path: Pa
         assert down.returncode == 0, down.stderr
         assert set(state.namespaces) <= set(list_namespaces()), down.stdout + down.stderr
         assert stale not in list_namespaces()
-        assert "1 namespaces" in down.stdout, down.stdout
+        assert "1 namespace," in down.stdout, down.stdout
     finally:
         remove_namespace(stale)
         live.send_signal(signal.SIGTERM)
