@@ -21,7 +21,7 @@ from testbed.common.input_files import MAX_NESTING
 from testbed.common.jsonio import MAX_JSON_BYTES
 from testbed.errors import InputError
 from testbed.experiments.sweep import Point
-from testbed.experiments.sweep_store import POINTS_FILE, SWEEP_FILE, start
+from testbed.experiments.sweep_store import POINTS_FILE, SWEEP_FILE, _line, start
 from testbed.plan.text import parse_plan_csv
 from testbed.run.resume import load_resumption
 from tests.test_checkpoint import _saved
@@ -240,11 +240,12 @@ def test_a_deeply_nested_run_state_file_is_damaged_not_a_traceback(
 
 def test_a_deeply_nested_sweep_file_or_point_is_refused_or_left_out(tmp_path: Path) -> None:
     point = Point(0, (("microbatches", "4"),), ())
-    assert start(tmp_path, {"a": 1}, [point], force=False) == {}
-    (tmp_path / POINTS_FILE).write_text(
-        DEEP + "\n" + json.dumps({"index": 0, "values": [["microbatches", "4"]], "rows": []})
-        + "\n")
-    assert start(tmp_path, {"a": 1}, [point], force=False) == {0: []}
+    sweep = start(tmp_path, {"a": 1}, [point], force=False)
+    assert sweep.done == {}
+    (tmp_path / POINTS_FILE).write_text(DEEP + "\n" + _line(point, [], sweep.fingerprint))
+    resumed = start(tmp_path, {"a": 1}, [point], force=False)
+    assert resumed.done == {0: []}
+    assert len(resumed.notes) == 1  # the deep line, left out
     (tmp_path / SWEEP_FILE).write_text(DEEP)
     with pytest.raises(InputError) as caught:
         start(tmp_path, {"a": 1}, [point], force=False)
