@@ -162,8 +162,8 @@ def test_down_removes_what_a_killed_sweep_left_and_nothing_else(
         report = _down(tmp_path, {mark, identity()})
         assert sorted(report.processes) == sorted(left), report
         assert report.folders == [str(folders[mark])]
-        assert report.summary() == [f"removed 0 runs, 0 namespaces, {len(left)} stray "
-                                    "processes, 1 sweep folder"]
+        strays = "1 stray process" if len(left) == 1 else f"{len(left)} stray processes"
+        assert report.summary() == [f"removed 0 runs, 0 namespaces, {strays}, 1 sweep folder"]
         assert not _wait_gone(left, 5) and process_start_ticks(live.pid) is not None
         assert not folders[mark].exists() and folders[identity()].exists()
     finally:
