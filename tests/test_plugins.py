@@ -410,3 +410,32 @@ def test_a_bad_option_names_the_policy_and_key() -> None:
         training_policy("diloco", {"inner_steps": "0"})
     assert str(bad.value) == ("--option: inner_steps: bad value '0' for diloco: must be at "
                               "least 1")
+
+
+def test_a_ctrl_c_python_could_only_print_still_interrupts(tmp_path: Path) -> None:
+    """A Ctrl-C whose handler ran inside a finalizer raises where Python prints "Exception
+    ignored" and drops it: the command, which would have finished as if nothing came,
+    ends as interrupted all the same."""
+    script = textwrap.dedent("""
+        import os, signal
+        from testbed.cli.main import main
+        from testbed.common import sigint
+        from testbed.policy.guard import _watch_sigint
+
+        signal.signal(signal.SIGINT, sigint.raise_keyboard_interrupt)
+        _watch_sigint()  # as entering plugin code does
+
+        class Finalized:
+            def __del__(self) -> None:
+                os.kill(os.getpid(), signal.SIGINT)
+                sum(range(1000))  # the handler runs here, its exception is dropped
+
+        Finalized()
+        print("went on", flush=True)
+        main(["--version"])
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60)
+    assert "went on" in result.stdout and "Exception ignored" in result.stderr
+    assert result.returncode == 130, result.stderr
+    assert result.stderr.splitlines()[-1] == "testbed: interrupted"

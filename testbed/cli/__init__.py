@@ -17,6 +17,8 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from testbed.common import sigint
+
 COMMAND = "testbed"
 AS_COMMAND = (Path(getattr(sys, "argv", [""])[0] or "").name == COMMAND
               and threading.current_thread() is threading.main_thread())
@@ -31,7 +33,7 @@ def _interrupted(_signum: int, _frame: FrameType | None) -> None:
 def loaded() -> None:
     """Ctrl-C raises KeyboardInterrupt again, for `main` to catch."""
     if signal.getsignal(signal.SIGINT) is _interrupted:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, sigint.raise_keyboard_interrupt)
 
 
 def finished() -> None:

@@ -30,6 +30,7 @@ from testbed.cli.run import up
 from testbed.cli.show import show
 from testbed.cli.simulate import profile, simulate
 from testbed.cli.sweep import sweep
+from testbed.common import sigint
 from testbed.common.fsutil import write_named
 from testbed.common.units import human_duration, human_rate, plural
 from testbed.errors import EXIT_INPUT, Terminated, TestbedError, TestbedWarning, one_line
@@ -283,6 +284,9 @@ def main(argv: list[str] | None = None) -> None:
     loaded()
     try:
         _run(argv)
+        if sigint.arrived():  # raised where Python could only print it (testbed.common.sigint)
+            click.echo("testbed: interrupted", err=True)
+            sys.exit(130)
     finally:
         finished()
 

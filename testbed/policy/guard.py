@@ -21,6 +21,7 @@ import signal
 import threading
 from types import FrameType, TracebackType
 
+from testbed.common import sigint
 from testbed.errors import PluginError, TestbedError
 
 
@@ -86,6 +87,7 @@ def _shown(filename: str) -> str:
 
 
 def _raise_signal_interrupt(_signum: int, _frame: FrameType | None) -> None:
+    sigint.note()
     raise SignalInterrupt()
 
 
@@ -94,7 +96,7 @@ def _watch_sigint() -> None:
     (the main thread, under Python's default handler). Left in place afterwards: it acts
     as the default does, and an event loop that took SIGINT puts the default back when
     done, to be replaced again at the next plugin call."""
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler and \
+    if sigint.is_default(signal.getsignal(signal.SIGINT)) and \
             threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _raise_signal_interrupt)
 
