@@ -27,7 +27,6 @@ from testbed.policy.api import (
     Transfer,
     build_plan,
     fits_memory,
-    load_torch,
 )
 
 from .estimate import LINUX_DEFAULTS, connections_to_fill, estimate, lower_bound
@@ -35,7 +34,7 @@ from .explain import why_chosen
 from .placement import Chain, capacity, fill, largest_first, place, tie_orders
 from .probe import searched_job
 from .ranking import Queues, needed_at
-from .schedules import one_per_gpu, placed, two_fit, two_per_gpu
+from .schedules import one_per_gpu, placed, two_per_gpu
 from .search import Candidate, Choice, Known, search
 from .settings import AtlasSettings
 from .twins import Answer, once, reused, twin
@@ -123,14 +122,9 @@ class AtlasPolicy(TrainingPolicy):
             raise InputError("selection off, and no placement uses every datacenter",
                              topology.source, "job")
         probe = searched_job(topology, job)
-        # torch's orders are tried on the best placements: loaded while the first
-        # candidates are simulated, then inherited by the pool's workers
-        preload = load_torch if self.settings.two_per_gpu and \
-            any(two_fit(job, c.pp) for c in pool) else None
         twins: dict[Any, tuple[float | None, Answer]] = {}
         with context.pool(lambda c, stop_above: context.simulate(
-                self._assemble(topology, probe, c), probe, stop_above),
-                preload) as simulations:
+                self._assemble(topology, probe, c), probe, stop_above)) as simulations:
             state = search(pool, lambda c, floor: self._simulate(
                 topology, probe, c, context, floor, simulations.submit, twins),
                 self._mechanisms, every_dc, self.settings.search,

@@ -1,11 +1,9 @@
-"""Per-rank compute orders of torch's own pipeline schedules, read from torch 2.13's
-classes (torch.distributed.pipelining.schedules) instead of re-deriving the algorithms.
-
-Each class computes every rank's `pipeline_order` in its constructor, without a process
-group: it reads only the number of stages, ranks and local stages off its stages, which
-stubs give. Torch is imported when a schedule is first asked for (it takes seconds).
-torch's own CSV form of a schedule (`_dump_csv`: one row per rank, its actions) reads
-into the same shape.
+"""Per-rank compute orders of torch's own pipeline schedules: the `pipeline_order` that
+torch 2.13's classes (torch.distributed.pipelining.schedules) compute in their
+constructors, by their own algorithms ported step for step (testbed.plan.torch_algorithms)
+so that planning needs no import of torch (seconds of a first run); tests compare them
+with torch's classes on every shape of a grid. torch's own CSV form of a schedule
+(`_dump_csv`: one row per rank, its actions) reads into the same shape.
 """
 
 from __future__ import annotations
@@ -13,15 +11,14 @@ from __future__ import annotations
 import csv
 import functools
 import io
-import logging
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 from testbed.errors import InputError
 from testbed.job.model import Job
 from testbed.plan.model import Action
+from testbed.plan.torch_algorithms import pipeline_order, stage_to_rank, step_text
 
 TORCH_CLASSES = {
     "interleaved-1f1b": "ScheduleInterleaved1F1B",
@@ -59,46 +56,32 @@ _LOADING = threading.Lock()
 
 
 def load_torch() -> None:
-    """Import torch's pipelining schedules now (seconds, once per process): a planner whose
-    forked workers will build torch's orders preloads it (PlanningContext.pool), so that
-    they inherit it instead of each importing it again. Every import of torch here comes
-    through one lock: Python's import locks see a deadlock where two threads import a
-    package and its module at once (and one of them fails)."""
+    """Import torch's pipelining schedules now (seconds, once per process), for a plugin
+    that uses torch's classes itself (the orders here need no torch). Every import of
+    torch here comes through one lock: Python's import locks see a deadlock where two
+    threads import a package and its module at once (and one of them fails)."""
     with _LOADING:
         import torch.distributed.pipelining.schedules  # noqa: F401
 
 
 def stage_ranks(schedule: str, ranks: int, virtual: int) -> dict[int, int]:
     """Each stage's rank under `schedule`: torch's own mapping (looped or V-shaped)."""
-    load_torch()
-    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
-
     style = "v" if schedule in V_SHAPED else "loop"
-    return dict(generate_stage_to_rank_mapping(ranks, ranks * virtual, style=style))
+    return stage_to_rank(ranks, ranks * virtual, style)
 
 
 @functools.lru_cache(maxsize=64)
 def torch_order(schedule: str, ranks: int, virtual: int, microbatches: int) -> TorchOrder:
     """The compute order torch's class for `schedule` gives `ranks` ranks with `virtual`
     stages each. ValueError with torch's reason where torch refuses."""
-    load_torch()
-    import torch.distributed.pipelining.schedules as schedules
-
-    mapping = stage_ranks(schedule, ranks, virtual)
-    mine = [s for s, r in sorted(mapping.items()) if r == 0]
-    stubs = [_StubStage(s, ranks * virtual, ranks) for s in mine]
-    quiet = logging.getLogger(schedules.__name__)
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # torch warns of the bubbles it pads with
-    try:
-        runner: Any = getattr(schedules, TORCH_CLASSES[schedule])(stubs, microbatches)
-    except (ValueError, AssertionError, RuntimeError) as exc:
-        raise ValueError(str(exc).splitlines()[0]) from None
-    finally:
-        quiet.setLevel(level)
-    compute = {rank: tuple(Action.parse(str(a)) for a in actions if a is not None)
-               for rank, actions in sorted(runner.pipeline_order.items())}
-    return TorchOrder(compute, dict(runner.stage_index_to_group_rank))
+    if schedule not in TORCH_CLASSES:
+        raise ValueError(f"torch has no class for {schedule!r}")
+    steps = pipeline_order(schedule, ranks, virtual, microbatches)
+    compute = {rank: tuple(Action.parse(text) for text in map(step_text, steps[rank])
+                           if text is not None) for rank in sorted(steps)}
+    stage_rank = {leaf.stage: rank for rank, actions in compute.items()
+                  for action in actions for leaf in action.leaves}
+    return TorchOrder(compute, dict(sorted(stage_rank.items())))
 
 
 def checked_torch_order(job: Job, schedule: str, ranks: int, virtual: int,
@@ -123,18 +106,6 @@ def checked_torch_order(job: Job, schedule: str, ranks: int, virtual: int,
     except ValueError as exc:
         raise InputError(f"torch's {name} refuses {ranks} GPUs x {virtual} stages and "
                          f"{microbatches} microbatches: {exc}", job.source, key) from None
-
-
-class _StubStage:
-    """What the schedule classes read off a stage to compute their order."""
-
-    def __init__(self, index: int, stages: int, ranks: int) -> None:
-        self.stage_index = index
-        self.num_stages = stages
-        self.group_size = ranks
-        self.group_rank = 0
-        self.submod = None
-        self.stage_index_to_group_rank: dict[int, int] = {}
 
 
 _NOT_COMPUTE = re.compile(r"^\d+(UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)\d*$")
