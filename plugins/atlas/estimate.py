@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 from testbed.policy.api import (
     PAYLOAD_EFFICIENCY,
-    WINDOW_EFFICIENCY,
     HostLimits,
     Job,
     StageCost,
     Topology,
+    in_flight_bytes,
     ring_allreduce_s,
     split_layers,
     stage_cost,
@@ -35,7 +35,7 @@ def connections_to_fill(topology: Topology, src_dc: str, dst_dc: str,
     rtt = 2 * topology.one_way_latency(src_dc, dst_dc)
     bdp = topology.bottleneck_bps(src_dc, dst_dc) * rtt / 8
     send_buffer = topology.tcp_for(src_dc).wmem[2]
-    window = WINDOW_EFFICIENCY * min(send_buffer, topology.tcp_for(dst_dc).rmem[2])
+    window = in_flight_bytes(topology.tcp_for(src_dc), topology.tcp_for(dst_dc))
     need = math.ceil(FILL_MARGIN * bdp / window)
     cap = limits.connections_per_peer(send_buffer)
     return max(1, min(need, cap, limit or need))
@@ -48,8 +48,7 @@ def transfer_s(topology: Topology, src_dc: str, dst_dc: str, nbytes: int,
     if src_dc == dst_dc:
         return nbytes * 8 / (topology.dc(src_dc).bandwidth_bps * PAYLOAD_EFFICIENCY)
     rtt = 2 * latency
-    window = WINDOW_EFFICIENCY * min(topology.tcp_for(src_dc).wmem[2],
-                                     topology.tcp_for(dst_dc).rmem[2])
+    window = in_flight_bytes(topology.tcp_for(src_dc), topology.tcp_for(dst_dc))
     rate = min(topology.bottleneck_bps(src_dc, dst_dc) * PAYLOAD_EFFICIENCY,
                connections * window * 8 / rtt)
     return latency + nbytes * 8 / rate

@@ -5,12 +5,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from testbed.topology.model import TcpSettings
+
 MSS = 1448
 PAYLOAD_EFFICIENCY = MSS / 1500
 """TCP payload per byte a link carries (the shapers count IP bytes)."""
-WINDOW_EFFICIENCY = 0.85
-"""Share of tcp_wmem's maximum one flow keeps in flight; measured on this kernel:
-0.287 Gbit/s for one flow at 100 ms RTT with a 4 MiB buffer (scripts/bench_net.py)."""
+WINDOW_EFFICIENCY = 0.77
+"""Share of tcp_wmem's maximum one connection of the workers' transport keeps in flight:
+its writer keeps about a quarter of the send buffer queued but not sent. Measured on this
+kernel with `ss -ti` on 200 MB over one connection at 50 ms RTT with a 4 MiB buffer
+(2,160-2,300 segments unacknowledged, 0.5-1.1 MB not sent; 513 Mbit/s of goodput, 3.24
+MB per round trip: scripts/bench_peers.py's long-flow cases). iperf3, which writes
+differently, keeps 0.85 (0.287 Gbit/s at 100 ms, scripts/bench_net.py)."""
+RECEIVE_WINDOW_EFFICIENCY = 0.657
+"""Share of tcp_rmem's maximum the receiver advertises once autotuning has grown its
+buffer (the kernel's scaling ratio of payload to buffer memory): 4,133,888 bytes of a 6 MiB
+`tcp_rmem` in the same measurement."""
+
+
+def in_flight_bytes(sender: TcpSettings, receiver: TcpSettings) -> float:
+    """The most one connection keeps in flight: its share of the sender's buffer or the
+    window the receiver advertises, whichever is smaller."""
+    return min(WINDOW_EFFICIENCY * sender.wmem[2], RECEIVE_WINDOW_EFFICIENCY * receiver.rmem[2])
 
 
 RESERVED_FILES = 64
@@ -45,3 +61,54 @@ class HostLimits:
             return files
         return (f"{files}, TCP memory under pressure past {self.tcp_memory_bytes:,} bytes "
                 f"with send buffers of {send_buffer_bytes:,}")
+
+
+RTT_BIAS: dict[tuple[str, bool], float] = {
+    ("cubic", False): 0.735, ("cubic", True): 0.936,
+    ("bbr", False): 0.179, ("bbr", True): 0.184,
+    ("reno", False): 1.0, ("reno", True): 1.0,
+}
+"""Flows of different round trips sharing a bottleneck get shares that go as RTT^-a, a
+per congestion control and pacing: calibrated on the emulator (real Linux TCP, one flow
+each of 20 and 100 ms sharing 200 Mbit/s, the median of five runs of iperf3, paced at
+the path's rate as the plan paces: scripts/bench_peers.py, benchmarks/peers.json, where
+eight flows of 10-200 ms check the form). Reno's 1 is Mathis et al. 1997's: at a common
+loss rate a flow's rate goes as 1/RTT."""
+
+
+def rtt_bias(congestion: str, paced: bool) -> float:
+    return RTT_BIAS.get((congestion, paced), 0.0)
+
+
+@dataclass(frozen=True)
+class LossResponse:
+    """How a loss-based congestion control's window answers a loss and grows back
+    (per connection, bytes): Reno (RFC 5681: halve, then one segment per round trip) or
+    CUBIC (RFC 8312: 0.7 of the window, then W(t) = C (t - K)^3 + W_max with C = 0.4, or
+    its Reno-friendly estimate where that is larger)."""
+
+    kind: str
+    beta: float
+
+    def window_after(self, since_loss_s: float, rtt_s: float, w_max: float) -> float:
+        """The window one round trip on from `since_loss_s` after a loss at `w_max`."""
+        w_max_segments = w_max / MSS
+        reno = w_max_segments * self.beta + (
+            RENO_FRIENDLY_ALPHA * since_loss_s / rtt_s if self.kind == "cubic"
+            else since_loss_s / rtt_s)
+        if self.kind != "cubic":
+            return reno * MSS
+        k = float((w_max_segments * (1 - self.beta) / CUBIC_C) ** (1 / 3))
+        cubic = CUBIC_C * (since_loss_s + rtt_s - k) ** 3 + w_max_segments
+        return max(cubic, reno) * MSS
+
+
+CUBIC_C = 0.4
+RENO_FRIENDLY_ALPHA = 3 * (1 - 0.7) / (1 + 0.7)
+"""RFC 8312's additive increase per round trip that makes CUBIC as fast as Reno."""
+LOSS_RESPONSES = {"cubic": LossResponse("cubic", 0.7), "reno": LossResponse("reno", 0.5)}
+
+
+def loss_response(congestion: str) -> LossResponse | None:
+    """None for BBR: its window does not answer random loss (see RTT_BIAS's source)."""
+    return LOSS_RESPONSES.get(congestion)

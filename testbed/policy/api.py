@@ -45,7 +45,12 @@ from testbed.plan.model import (
     split_layers,
 )
 from testbed.plan.schedules import Sends, schedule_actions
-from testbed.plan.tcp_model import PAYLOAD_EFFICIENCY, WINDOW_EFFICIENCY, HostLimits
+from testbed.plan.tcp_model import (
+    PAYLOAD_EFFICIENCY,
+    WINDOW_EFFICIENCY,
+    HostLimits,
+    in_flight_bytes,
+)
 from testbed.plan.torch_order import load_torch
 from testbed.policy.base import (
     API_VERSION,
@@ -132,6 +137,7 @@ __all__ = [
     "file_order_placement",
     "fits_memory",
     "fraction",
+    "in_flight_bytes",
     "load_torch",
     "non_negative",
     "non_negative_int",

@@ -7,10 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from testbed.plan.pacing import PACING_RATIO
-from testbed.plan.tcp_model import MSS
+from testbed.plan.pacing import PACING_RATIO, paced
+from testbed.plan.tcp_model import MSS, LossResponse, in_flight_bytes, loss_response, rtt_bias
+from testbed.topology.model import Topology
 
 INITIAL_WINDOW = 10 * MSS
+TAIL_PACKETS = 3
 RTO_MIN = 0.2
 MIN_RTT_S = 1e-5
 """The shortest round trip a pair has, whatever its links' latency: the hosts' own stacks.
@@ -29,11 +31,25 @@ class Pair:
     restart_after_idle: bool
     rto_min: float = RTO_MIN
     paced: bool = False
+    rtt_bias: float = 0.0
+    """Its share of a bottleneck against pairs of other round trips goes as RTT^-rtt_bias
+    (testbed.plan.tcp_model.rtt_bias)."""
+    response: LossResponse | None = None
+    """How its congestion control answers random loss; None: it does not."""
+    loss: float = 0.0
+    """The packet loss of its path (a network event changes it for its next message)."""
     cwnd: float = INITIAL_WINDOW
     last_active: float = float("-inf")
     active: int = 0
     coaster: Flow | None = None
     """Its flow while that flow's rounds run implicitly (FluidNetwork's coasting)."""
+    ssthresh: float = float("inf")
+    w_max: float = 0.0
+    """The window at the last loss, per connection (CUBIC's W_max)."""
+    epoch: float = 0.0
+    """When the last loss was."""
+    since_loss: float = 0.0
+    """Bytes each connection sent since its last loss."""
 
     def begin(self, now: float) -> None:
         """Linux's restart after idle: the window halves for every RTO the pair sat idle,
@@ -63,10 +79,64 @@ class Pair:
         """bit/s one flow of the pair reaches with a full window: window per RTT."""
         return self.connections * self.window * 8 / self.rtt / max(1, self.active)
 
-    def acked(self, nbytes: float) -> None:
+    def weight(self) -> float:
+        """What one flow of this pair weighs in max-min sharing: its connections, less
+        for a longer round trip by the congestion control's RTT bias."""
+        weight = self.connections / max(1, self.active)
+        return weight * self.rtt ** -self.rtt_bias if self.rtt_bias else weight
+
+    @property
+    def lossy(self) -> bool:
+        """Whether random loss on its path sets its window."""
+        return self.response is not None and self.loss > 0.0
+
+    def tail_wait(self) -> float:
+        """How much later, on average, a message's last byte arrives on a lossy path: a
+        loss among a connection's last TAIL_PACKETS packets leaves too few behind it to
+        signal it (three duplicate acknowledgements, RFC 5681), and is repaired only
+        after Linux's tail loss probe (RFC 8985: two round trips after the last send);
+        the message waits for its slowest connection. Whatever the congestion control."""
+        if self.loss <= 0.0:
+            return 0.0
+        return (1.0 - (1.0 - self.loss) ** (TAIL_PACKETS * self.connections)) * 2 * self.rtt
+
+    def acked(self, nbytes: float, now: float = 0.0) -> None:
         """Slow start: every byte acknowledged grows the window by a byte (so a window
-        used in full doubles per RTT), up to the socket buffers' limit."""
-        self.cwnd = min(self.window, self.cwnd + nbytes / self.connections)
+        used in full doubles per RTT), up to the socket buffers' limit. On a lossy path,
+        a round that brings a connection's bytes since its last loss to 1/loss packets
+        has a loss (the mean path of Mathis et al. 1997's periodic model): the window
+        drops by the congestion control's factor and grows back as it does
+        (LossResponse.window_after)."""
+        if not self.lossy:
+            self.cwnd = min(self.window, self.cwnd + nbytes / self.connections)
+            return
+        assert self.response is not None
+        per_connection = nbytes / self.connections
+        self.since_loss += per_connection
+        if self.since_loss >= MSS / self.loss:
+            self.since_loss = 0.0
+            self.w_max = min(self.cwnd, self.window)
+            self.cwnd = self.ssthresh = max(2 * MSS, self.w_max * self.response.beta)
+            self.epoch = now
+        elif self.cwnd < self.ssthresh:
+            self.cwnd = min(self.window, self.cwnd + per_connection)
+        else:
+            grown = self.response.window_after(now - self.epoch, self.rtt, self.w_max)
+            self.cwnd = min(self.window, max(self.cwnd, min(grown, self.cwnd + per_connection)))
+
+
+def pair_between(topology: Topology, src_dc: str, dst_dc: str, connections: int, rtt: float,
+                 largest: float, loss: float = 0.0, pacing: bool | None = None) -> Pair:
+    """The connections from a host of `src_dc` to one of `dst_dc` as the topology's TCP
+    settings make them: the window its buffers allow, restart after idle, its congestion
+    control's RTT bias and answer to loss; paced where the emulator paces them
+    (testbed.plan.pacing; `largest`: the biggest message they carry) unless `pacing` says."""
+    src, dst = topology.tcp_for(src_dc), topology.tcp_for(dst_dc)
+    if pacing is None:
+        pacing = paced(topology, src_dc, dst_dc, largest)
+    return Pair(connections, in_flight_bytes(src, dst), max(rtt, MIN_RTT_S),
+                src.slow_start_after_idle, src.rto_min_s or RTO_MIN, pacing,
+                rtt_bias(src.congestion, pacing), loss_response(src.congestion), loss)
 
 
 @dataclass
@@ -108,7 +178,7 @@ def cap(flow: Flow) -> float:
     """bit/s the flow may not exceed whatever the links leave it: window per RTT once
     steady, a multiple of its round's window while paced, none otherwise."""
     pair = flow.pair
-    if flow.steady:
+    if flow.steady or (pair.lossy and pair.cwnd >= pair.window):
         return pair.steady_cap()
     return pair.paced_cap() if pair.paced else float("inf")
 
@@ -130,6 +200,8 @@ def plain_round(flow: Flow, now: float, state: State) -> State | None:
     progress, Pair.acked, the round's opening and the flow's next event, so that rounds
     run here come out to the bit as if each had its own event."""
     pair = flow.pair
+    if pair.lossy:
+        return None
     updated, remaining, budget, round_budget, cwnd = state
     # max and min written out (the same values): a large run calls this a million times
     sent = flow.rate / 8 * (now - updated)

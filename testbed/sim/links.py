@@ -51,17 +51,29 @@ class Links:
 
     def one_way(self, src_dc: str, dst_dc: str) -> float:
         """Propagation delay along the route set up at the start, with event changes."""
+        return sum(self.latency[direction] for direction in self._route(src_dc, dst_dc))
+
+    def _route(self, src_dc: str, dst_dc: str) -> list[tuple[str, str]]:
         route = self._routes.get((src_dc, dst_dc))
         if route is None:
             hops = self.topology.path(src_dc, dst_dc)
             route = self._routes[(src_dc, dst_dc)] = list(itertools.pairwise(hops))
-        return sum(self.latency[direction] for direction in route)
+        return route
+
+    def path_loss(self, src_dc: str, dst_dc: str) -> float:
+        """The share of packets lost along the route as events leave its links (a link
+        that is down counts as lossless: its outage stops the flows instead)."""
+        kept = 1.0
+        for a, b in self._route(src_dc, dst_dc):
+            loss = self.loss[link_key(a, b)]
+            kept *= 1.0 - (loss if loss < 1.0 else 0.0)
+        return 1.0 - kept
 
     def apply(self, change: Change, now: float) -> None:
         """A network event: latency for transfers that start from now on, bandwidth at
         once (of one direction, or both), an outage stops the link and TCP resumes after
-        its retransmission backoff. Loss alone is not modeled (BBR, the default, keeps
-        its rate under light loss)."""
+        its retransmission backoff. Loss below an outage reaches each pair's next message
+        (Transfers.pair: its congestion control's answer to loss, testbed.sim.flows)."""
         key = link_key(change.a, change.b)
         directions = [(change.a, change.b)] if change.one_way else [(change.a, change.b),
                                                                     (change.b, change.a)]

@@ -96,6 +96,13 @@ class FluidNetwork:
             self.users.setdefault(resource, set()).add(flow.id)
         self._new_round(now, flow)
 
+    def remaining(self, now: float) -> dict[int, float]:
+        """Bytes each flow still has to send at `now`, by flow id (in start order)."""
+        for flow in self.flows.values():
+            self._settle(now, flow)
+            flow.progress(now)
+        return {fid: flow.remaining for fid, flow in self.flows.items()}
+
     def set_capacity(self, now: float, resource: str, bps: float) -> None:
         """A link changed during the run (a network event): flows on it share anew."""
         self.capacity[resource] = bps
@@ -122,7 +129,7 @@ class FluidNetwork:
         pair = flow.pair
         flow.paused = False
         flow.scheduled = False  # the window changed: its next event must be recomputed
-        if pair.cwnd >= pair.window:
+        if pair.cwnd >= pair.window and not pair.lossy:
             flow.steady = True
             flow.budget = flow.round_budget = flow.round_end = float("inf")
         else:
@@ -148,7 +155,7 @@ class FluidNetwork:
             return  # its link is down: no round passes until `restart_windows` opens one
             # (an outage of days would otherwise be billions of empty rounds)
         old_cap = cap(flow)
-        flow.pair.acked(flow.round_budget - flow.budget)
+        flow.pair.acked(flow.round_budget - flow.budget, now)
         sending = not flow.paused and flow.rate > 0 and flow.pair.active == 1
         self._open_round(now, flow)
         if sending and flow.rate < min(old_cap, cap(flow)):
@@ -234,7 +241,7 @@ class FluidNetwork:
         # paused with bytes to send and an unspent window
         if flow.remaining <= 1e-3 or flow.budget > 1e-3:
             if not flow.steady:
-                flow.pair.acked(flow.round_budget - flow.budget)
+                flow.pair.acked(flow.round_budget - flow.budget, now)
             del self.flows[flow_id]
             for resource in flow.resources:
                 self.users[resource].discard(flow_id)
@@ -242,7 +249,8 @@ class FluidNetwork:
             shared = tuple(r for r in flow.resources if self.users[r])
             if shared:  # the flows left on its links share anew
                 self._reallocate(now, shared)
-            self.schedule(now + flow.latency, flow.on_arrival)
+            tail = flow.pair.tail_wait() if flow.pair.loss else 0.0
+            self.schedule(now + flow.latency + tail, flow.on_arrival)
             if flow.on_sent is not None:
                 flow.on_sent(now)
         else:
@@ -290,7 +298,7 @@ class FluidNetwork:
             flow.progress(now)
         sending = [f for f in flows if not f.paused]
         rates = max_min(
-            {f.id: (f.pair.connections / max(1, f.pair.active), cap(f), f.resources)
+            {f.id: (f.pair.weight(), cap(f), f.resources)
              for f in sending},
             {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in seen},
         )

@@ -1,12 +1,15 @@
-"""One message alone across a WAN link, as the simulator moves it: the same flow model and
-connection state a run's transfers get (testbed.sim.transfers), for figures that compare
-connection counts without a training job around them."""
+"""Messages without a training job around them, as the simulator moves them: the same flow
+model and connection state a run's transfers get (testbed.sim.transfers). One message
+alone across a WAN link, for figures that compare connection counts; long flows from
+several DCs sharing their routes, for the shares they get."""
 
 from __future__ import annotations
 
-from testbed.plan.pacing import paced
+import itertools
+
 from testbed.sim.agenda import Agenda
-from testbed.sim.network import RTO_MIN, WINDOW_EFFICIENCY, FluidNetwork, Pair
+from testbed.sim.flows import pair_between
+from testbed.sim.network import FluidNetwork
 from testbed.topology.model import Topology
 
 
@@ -18,13 +21,38 @@ def one_transfer_s(topology: Topology, src_dc: str, dst_dc: str, nbytes: int,
     agenda = Agenda()
     network = FluidNetwork({"wan": topology.bottleneck_bps(src_dc, dst_dc)}, agenda.at)
     latency = topology.one_way_latency(src_dc, dst_dc)
-    src, dst = topology.tcp_for(src_dc), topology.tcp_for(dst_dc)
-    pair = Pair(connections, WINDOW_EFFICIENCY * min(src.wmem[2], dst.rmem[2]),
-                2 * latency, src.slow_start_after_idle, src.rto_min_s or RTO_MIN,
-                paced(topology, src_dc, dst_dc, nbytes))
+    pair = pair_between(topology, src_dc, dst_dc, connections, 2 * latency, nbytes,
+                        topology.path_loss(src_dc, dst_dc))
     if warm:  # open, and just used: no restart after idle
         pair.cwnd, pair.last_active = pair.window, 0.0
     done: list[float] = []
     network.start(0.0, nbytes, ("wan",), pair, latency, done.append)
     agenda.run()
     return done[0]
+
+
+def shared_rates(topology: Topology, sources: list[str], dst_dc: str, from_s: float,
+                 to_s: float, paced: bool | None = None) -> list[float]:
+    """bit/s each of one connection from each source DC to `dst_dc` moves between `from_s`
+    and `to_s`, every one sending from 0 on, sharing the WAN links of their routes;
+    `paced` says whether they are paced, where not as the plan would pace them."""
+    agenda = Agenda()
+    capacity: dict[str, float] = {}
+    network = FluidNetwork(capacity, agenda.at)
+    endless = 1e18
+    for src_dc in sources:
+        hops = topology.path(src_dc, dst_dc)
+        resources = tuple(f"wan:{a}>{b}" for a, b in itertools.pairwise(hops))
+        for (a, b), resource in zip(itertools.pairwise(hops), resources, strict=True):
+            capacity[resource] = topology.link(a, b).bandwidth_bps
+        latency = topology.one_way_latency(src_dc, dst_dc)
+        pair = pair_between(topology, src_dc, dst_dc, 1, 2 * latency, endless,
+                            topology.path_loss(src_dc, dst_dc), paced)
+        network.start(0.0, endless, resources, pair, latency, lambda _t: None)
+    marks: list[dict[int, float]] = []
+    agenda.at(from_s, lambda t: marks.append(network.remaining(t)))
+    agenda.at(to_s, lambda t: marks.append(network.remaining(t)))
+    agenda.stop_after = to_s
+    agenda.run()
+    first, last = marks
+    return [(first[fid] - last[fid]) * 8 / (to_s - from_s) for fid in sorted(first)]

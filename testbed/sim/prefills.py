@@ -12,10 +12,10 @@ from testbed.inference.bubbles import BubbleBroker
 from testbed.inference.workload import kv_bytes, modeled_batch_s
 from testbed.job.model import InferenceWorkload
 from testbed.policy.base import Chunk, Request
-from testbed.sim.flows import MIN_RTT_S
+from testbed.sim.flows import pair_between
 from testbed.sim.jitter import Noise
 from testbed.sim.links import Links
-from testbed.sim.network import WINDOW_EFFICIENCY, FluidNetwork, Pair, Schedule
+from testbed.sim.network import FluidNetwork, Pair, Schedule
 from testbed.sim.workers import Resume, SimWorker
 from testbed.topology.model import Topology
 
@@ -69,15 +69,11 @@ class Prefills:
         hops = self.topology.path(worker.dc, decode)
         wan = tuple(f"wan:{a}>{b}" for a, b in itertools.pairwise(hops))
         latency = self.links.one_way(worker.dc, decode) + self.topology.dc(decode).latency_s
-        pair = self._decode_pairs.setdefault(
-            worker.lead,
-            Pair(
-                1,
-                WINDOW_EFFICIENCY * self.topology.tcp_for(worker.dc).wmem[2],
-                max(2 * latency, MIN_RTT_S),
-                self.topology.tcp_for(worker.dc).slow_start_after_idle,
-            ),
-        )
+        pair = self._decode_pairs.get(worker.lead)
+        if pair is None:
+            pair = self._decode_pairs[worker.lead] = pair_between(
+                self.topology, worker.dc, decode, 1, 2 * latency, 0.0)
+        pair.loss = self.links.path_loss(worker.dc, decode)
 
         def delivered(t: float, started: float = now) -> None:
             self.broker.delivered(request.id, t, nbytes)

@@ -12,13 +12,13 @@ from collections.abc import Callable
 
 from testbed.common.span_table import SpanTable
 from testbed.plan.model import Op, Plan, Sharing
-from testbed.plan.pacing import GRADIENTS, paced
+from testbed.plan.pacing import GRADIENTS
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import Transfer
-from testbed.sim.flows import MIN_RTT_S
+from testbed.sim.flows import MIN_RTT_S, pair_between
 from testbed.sim.jitter import Noise
 from testbed.sim.links import Links
-from testbed.sim.network import RTO_MIN, WINDOW_EFFICIENCY, FluidNetwork, Pair
+from testbed.sim.network import FluidNetwork, Pair
 from testbed.sim.workers import SimWorker
 from testbed.topology.model import Topology
 
@@ -58,14 +58,11 @@ class Transfers:
         whether they are paced (testbed.plan.pacing), as in the emulator."""
         key = (src.lead, dst.lead)
         if key not in self.pairs:
-            tcp_src, tcp_dst = self.topology.tcp_for(src.dc), self.topology.tcp_for(dst.dc)
-            window = WINDOW_EFFICIENCY * min(tcp_src.wmem[2], tcp_dst.rmem[2])
             connections = self.plan.connections_between(src.lead, dst.lead) * len(src.gpus)
-            self.pairs[key] = Pair(
-                connections, window, max(2 * latency, MIN_RTT_S), tcp_src.slow_start_after_idle,
-                tcp_src.rto_min_s or RTO_MIN, paced(self.topology, src.dc, dst.dc, largest),
-            )
+            self.pairs[key] = pair_between(self.topology, src.dc, dst.dc, connections,
+                                           2 * latency, largest)
         pair = self.pairs[key]
+        pair.loss = self.links.path_loss(src.dc, dst.dc)  # an event changes it for later rounds
         # a latency event changes it for later rounds
         rtt = 2 * latency
         self.network.retime(now, pair, rtt if rtt > MIN_RTT_S else MIN_RTT_S)

@@ -249,6 +249,13 @@ class Topology:
         hops = self.path(src_dc, dst_dc)
         return sum(self.link(a, b).latency_s for a, b in itertools.pairwise(hops))
 
+    def path_loss(self, src_dc: str, dst_dc: str) -> float:
+        """The share of packets lost along the routed path (each link's loss in turn)."""
+        kept = 1.0
+        for a, b in itertools.pairwise(self.path(src_dc, dst_dc)):
+            kept *= 1.0 - self.link(a, b).loss
+        return 1.0 - kept
+
     def bottleneck_bps(self, src_dc: str, dst_dc: str) -> float:
         """The slowest link's bandwidth on the routed path (infinite within one DC)."""
         hops = self.path(src_dc, dst_dc)
