@@ -138,7 +138,7 @@ def test_a_loss_event_changes_a_pairs_next_messages() -> None:
     network = FluidNetwork({"wan": 1e9}, agenda.at)
     pair = pair_between(topology, "east", "west", 1, 0.05, 20e6)
     assert not pair.lossy and loss_response("cubic") is not None
-    pair.loss = 1e-2
+    pair.set_loss(1e-2)
     assert pair.lossy
     done: list[float] = []
     network.start(0.0, 20e6, ("wan",), pair, 0.025, done.append)

@@ -13,6 +13,8 @@ from testbed.topology.model import Topology
 
 INITIAL_WINDOW = 10 * MSS
 TAIL_PACKETS = 3
+SETTLED = 0.01
+"""A loss cycle whose window at the loss is within this of the last one's repeats."""
 RTO_MIN = 0.2
 MIN_RTT_S = 1e-5
 """The shortest round trip a pair has, whatever its links' latency: the hosts' own stacks.
@@ -50,6 +52,10 @@ class Pair:
     """When the last loss was."""
     since_loss: float = 0.0
     """Bytes each connection sent since its last loss."""
+    buffers_window: float = 0.0
+    """`window` as the buffers set it, while a settled loss cycle sets `window`."""
+    settled: bool = False
+    """Its loss cycle repeats: its window is the cycle's mean, and no loss is tracked."""
 
     def begin(self, now: float) -> None:
         """Linux's restart after idle: the window halves for every RTO the pair sat idle,
@@ -87,8 +93,15 @@ class Pair:
 
     @property
     def lossy(self) -> bool:
-        """Whether random loss on its path sets its window."""
-        return self.response is not None and self.loss > 0.0
+        """Whether random loss on its path sets its window, round by round."""
+        return self.response is not None and self.loss > 0.0 and not self.settled
+
+    def set_loss(self, loss: float) -> None:
+        """The path's loss for its next message: a new rate starts its loss cycle anew."""
+        if loss != self.loss and self.settled:
+            self.settled, self.window = False, self.buffers_window
+            self.ssthresh, self.since_loss = float("inf"), 0.0
+        self.loss = loss
 
     def tail_wait(self) -> float:
         """How much later, on average, a message's last byte arrives on a lossy path: a
@@ -114,10 +127,17 @@ class Pair:
         per_connection = nbytes / self.connections
         self.since_loss += per_connection
         if self.since_loss >= MSS / self.loss:
+            previous, cycle_s = self.w_max, now - self.epoch
             self.since_loss = 0.0
             self.w_max = min(self.cwnd, self.window)
             self.cwnd = self.ssthresh = max(2 * MSS, self.w_max * self.response.beta)
             self.epoch = now
+            if abs(self.w_max - previous) <= SETTLED * previous and cycle_s > 0:
+                # the cycle repeats: its mean window from now on, without a round each
+                # round trip (which a short round trip would make millions of)
+                self.settled, self.buffers_window = True, self.window
+                self.window = self.cwnd = min(self.window,
+                                              MSS / self.loss / cycle_s * self.rtt)
         elif self.cwnd < self.ssthresh:
             self.cwnd = min(self.window, self.cwnd + per_connection)
         else:

@@ -73,7 +73,7 @@ class Prefills:
         if pair is None:
             pair = self._decode_pairs[worker.lead] = pair_between(
                 self.topology, worker.dc, decode, 1, 2 * latency, 0.0)
-        pair.loss = self.links.path_loss(worker.dc, decode)
+        pair.set_loss(self.links.path_loss(worker.dc, decode))
 
         def delivered(t: float, started: float = now) -> None:
             self.broker.delivered(request.id, t, nbytes)

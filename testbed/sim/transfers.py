@@ -62,7 +62,7 @@ class Transfers:
             self.pairs[key] = pair_between(self.topology, src.dc, dst.dc, connections,
                                            2 * latency, largest)
         pair = self.pairs[key]
-        pair.loss = self.links.path_loss(src.dc, dst.dc)  # an event changes it for later rounds
+        pair.set_loss(self.links.path_loss(src.dc, dst.dc))  # an event: for its next message
         # a latency event changes it for later rounds
         rtt = 2 * latency
         self.network.retime(now, pair, rtt if rtt > MIN_RTT_S else MIN_RTT_S)
