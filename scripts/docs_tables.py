@@ -165,6 +165,16 @@ TABLES: dict[str, Table] = {
     "soak-faults-state": Table(("benchmarks/soak-faults-state.json",), _soak_state,
                                "scripts/soak_faults_state.py"),
     "launch": Table(("benchmarks/launch.json",), _launch, "scripts/bench_launch.py"),
+    "peers-shares": Table(("benchmarks/peers.json",), _measured("peers_shares"),
+                          "scripts/bench_peers.py"),
+    "peers-loss": Table(("benchmarks/peers.json",), _measured("peers_loss"),
+                        "scripts/bench_peers.py"),
+    "peers-long": Table(("benchmarks/peers.json",), _measured("peers_long"),
+                        "scripts/bench_peers.py"),
+    "peers-scale": Table(("benchmarks/peers.json",), _measured("peers_scale"),
+                         "scripts/bench_peers.py"),
+    "peers-inflight": Table(("benchmarks/peers.json",), _measured("peers_inflight"),
+                            "scripts/bench_peers.py"),
 }
 
 

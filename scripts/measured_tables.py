@@ -212,3 +212,90 @@ def atlas_scaling(report: dict[str, Any]) -> str:
         + ("does not fit" if r["gpipe_tokens_per_s"] is None else
            f"{r['gpipe_tokens_per_s']:,.0f}")
         + f" | {r['atlas_tokens_per_s']:,.0f} | {r['atlas_plan']} |" for r in report["scaling"]])
+
+
+def _peer(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def peers_shares(report: dict[str, Any]) -> str:
+    """Each flow's share of a 200 Mbit/s bottleneck: the emulator's median (and range over
+    its runs), the simulator's, ns-3's and SimGrid's, in Mbit/s."""
+    rows = []
+    for case in report["shares"]:
+        for flow in case["flows"]:
+            emu = flow["emulator_mbps"]
+            inside = "yes" if flow["inside_spread"] else "no"
+            rows.append(
+                f"| {case['congestion']}, {'paced' if case['paced'] else 'unpaced'}, "
+                f"{len(case['flows'])} flows | {flow['rtt_ms']:g} ms | {emu['median']:.1f} "
+                f"({emu['min']:.1f}-{emu['max']:.1f}) | {flow['sim_mbps']:.1f} | "
+                f"{flow['error']:+.0%} | {inside} | {_peer(flow.get('ns3_mbps'), '.1f')} | "
+                f"{_peer(flow.get('simgrid_mbps'), '.1f')} |")
+    return _rows("| case | RTT | emulator (range) | simulator | error | inside range | ns-3 | "
+                 "SimGrid |", rows)
+
+
+def _transfer_rows(rows: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for r in rows:
+        emu = r["emulator_s"]
+        bound = f"{r['machine_bound_runs']} of {r['runs']}"
+        out.append(
+            f"| {r['congestion']} | {r['loss']:.2%} | {r['connections']} | {r['megabytes']:g} MB "
+            f"| {r['rtt_ms']:g} ms | {emu['median']:.3f} s ({emu['min']:.2f}-{emu['max']:.2f}) "
+            f"| {r['megabytes'] * 8 / emu['median']:.0f} Mbit/s "
+            f"| {r['sim_s']:.3f} s | {r['error']:+.0%} | {_peer(r.get('ns3_s'), '.3f')} | "
+            f"{_peer(r.get('simgrid_s'), '.3f')} | {bound} | "
+            f"{r['delay_line_late_mean_ms']:.2f} ms |")
+    return out
+
+
+HEAD_TRANSFER = ("| congestion | loss | connections | bytes | RTT | emulator (range) | emulator's "
+                 "mean rate | simulator | error | ns-3 | SimGrid | machine-bound runs | delay "
+                 "lines late (worst mean) |")
+
+
+def peers_loss(report: dict[str, Any]) -> str:
+    """Fresh connections on a lossy 1 Gbit/s link: seconds until the last byte arrived."""
+    return _rows(HEAD_TRANSFER, _transfer_rows(report["loss"]))
+
+
+def peers_long(report: dict[str, Any]) -> str:
+    """200 MB over one connection on Linux's default buffers."""
+    return _rows(HEAD_TRANSFER, _transfer_rows(report["long"]))
+
+
+def peers_scale(report: dict[str, Any]) -> str:
+    """CPU seconds to move N concurrent flows: the simulator's flow model and SimGrid's."""
+    rows = []
+    for r in report["scale"]:
+        sim = r.get("sim_cpu_s")
+        ratio = r.get("ratio")
+        rows.append(f"| {r['flows']:,} | {_peer(sim, '.2f') if sim is not None else 'not run'} "
+                    f"| {_peer(r.get('simgrid_cpu_s'), '.2f')} | "
+                    f"{'-' if ratio is None else f'{ratio:.1f}x'} |")
+    return _rows("| concurrent flows | simulator, CPU s | SimGrid, CPU s | simulator / SimGrid |",
+                 rows)
+
+
+def peers_inflight(report: dict[str, Any]) -> str:
+    """What one connection of the transport keeps in flight on Linux's default buffers,
+    sampled with `ss -tin` on the sender once its window stopped growing."""
+    import statistics
+
+    rows = []
+    for r in report.get("inflight", []):
+        unacked = statistics.median(r["unacked_segments"])
+        rows.append(
+            f"| {r['case'].split('-')[-1]} ms | {r['seconds']:.2f} s | "
+            f"{r['steady_goodput_mbps']:.0f} Mbit/s | {unacked:,.0f} "
+            f"({min(r['unacked_segments']):,.0f}-{max(r['unacked_segments']):,.0f}) | "
+            f"{unacked * 1448 / 4 / 2**20:.2f} | "
+            f"{statistics.median(r['notsent_bytes']) / 1e6:.2f} MB | "
+            f"{statistics.median(r['snd_wnd_bytes']) / 1e6:.2f} MB | {r['cwnd_segments']:,.0f} | "
+            f"{r['rwnd_limited_ms']:.0f} ms | {r['sndbuf_limited_ms']:.0f} of "
+            f"{r['busy_ms']:.0f} ms |")
+    return _rows("| RTT | transfer | steady goodput | segments in flight (range) | of 4 MiB | "
+                 "queued, not sent | receiver's window | cwnd (segments) | limited by the "
+                 "receiver's window | limited by the send buffer |", rows)

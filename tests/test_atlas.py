@@ -299,7 +299,7 @@ def test_the_connection_cap_comes_from_the_path_and_the_hosts() -> None:
         "wan": [{"between": ["east", "west"], "latency": "50ms", "bandwidth": "10Gbit"}],
     }, "far.yaml")
     need = connections_to_fill(topology, "east", "west")
-    assert need == math.ceil(1.5 * 10e9 * 0.1 / 8 / (0.77 * 4 * 2**20))
+    assert need == math.ceil(1.5 * 10e9 * 0.1 / 8 / (0.71 * 4 * 2**20))
     assert need > 16
     assert connections_to_fill(topology, "east", "west", HostLimits(open_files=64 + 2 * 10)) == 10
     buffers = HostLimits(tcp_memory_bytes=2 * 7 * 4 * 2**20)

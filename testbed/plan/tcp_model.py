@@ -10,13 +10,14 @@ from testbed.topology.model import TcpSettings
 MSS = 1448
 PAYLOAD_EFFICIENCY = MSS / 1500
 """TCP payload per byte a link carries (the shapers count IP bytes)."""
-WINDOW_EFFICIENCY = 0.77
+WINDOW_EFFICIENCY = 0.71
 """Share of tcp_wmem's maximum one connection of the workers' transport keeps in flight:
-its writer keeps about a quarter of the send buffer queued but not sent. Measured on this
-kernel with `ss -ti` on 200 MB over one connection at 50 ms RTT with a 4 MiB buffer
-(2,160-2,300 segments unacknowledged, 0.5-1.1 MB not sent; 513 Mbit/s of goodput, 3.24
-MB per round trip: scripts/bench_peers.py's long-flow cases). iperf3, which writes
-differently, keeps 0.85 (0.287 Gbit/s at 100 ms, scripts/bench_net.py)."""
+the send buffer, not the congestion or the receiver's window, limits it, and the writer
+does not keep it full. Measured on this kernel with `ss -tin` on the sender of 200 MB over
+one connection with a 4 MiB buffer, once its window stopped growing: a median of 2,070
+segments unacknowledged at 50 and 100 ms RTT (scripts/bench_peers.py --emulator
+inflight, benchmarks/peers.json). iperf3, which writes differently, keeps 0.85 (0.287
+Gbit/s at 100 ms, scripts/bench_net.py)."""
 RECEIVE_WINDOW_EFFICIENCY = 0.657
 """Share of tcp_rmem's maximum the receiver advertises once autotuning has grown its
 buffer (the kernel's scaling ratio of payload to buffer memory): 4,133,888 bytes of a 6 MiB
@@ -66,14 +67,16 @@ class HostLimits:
 RTT_BIAS: dict[tuple[str, bool], float] = {
     ("cubic", False): 0.735, ("cubic", True): 0.936,
     ("bbr", False): 0.179, ("bbr", True): 0.184,
-    ("reno", False): 1.0, ("reno", True): 1.0,
+    ("reno", False): 1.311, ("reno", True): 1.404,
 }
 """Flows of different round trips sharing a bottleneck get shares that go as RTT^-a, a
 per congestion control and pacing: calibrated on the emulator (real Linux TCP, one flow
 each of 20 and 100 ms sharing 200 Mbit/s, the median of five runs of iperf3, paced at
 the path's rate as the plan paces: scripts/bench_peers.py, benchmarks/peers.json, where
-eight flows of 10-200 ms check the form). Reno's 1 is Mathis et al. 1997's: at a common
-loss rate a flow's rate goes as 1/RTT."""
+eight flows of 10-200 ms check the form). Mathis et al. 1997 give 1 for Reno at a common
+loss rate; a drop-tail queue's losses come in bursts that the flows share, and the
+emulator's Reno is biased more (1.3-1.4), CUBIC less (its window grows in real time,
+RFC 8312)."""
 
 
 def rtt_bias(congestion: str, paced: bool) -> float:

@@ -114,7 +114,7 @@ class PlanningContext:
         then); its arguments and results are pickled. With one process (or where forking
         is unsafe: see testbed.policy.parallel) each call runs at once, here.
 
-        `preload`: a slow import some calls need (`load_torch`): it runs here while the
+        `preload`: a slow import some calls need (a plugin's own): it runs here while the
         first calls run there, and the processes are forked again once it is done and
         none is busy, to inherit it; `work` must therefore not depend on state that
         changes inside the block. Ignored where calls run here."""

@@ -7,10 +7,13 @@ connections is one flow of weight N whose window is N connections' worth.
 Each round a flow may send one window of bytes at its fair share of the path; if it runs
 out before the round (RTT) is over it pauses, and its share goes to others. So a transfer
 smaller than a window leaves at line rate, one flow on a long link averages window/RTT,
-and many flows fill the link. There is no loss: senders whose messages could overflow a queue
-are paced (testbed.plan.pacing), as the emulator's are, and within a round a paced flow sends
-at most PACING_RATIO windows per RTT. Rounds that change nothing but the window run
-without events of their own (`FluidNetwork._coast`), to the same results.
+and many flows fill the link. A flow's weight falls with its round trip as its congestion
+control's does (testbed.plan.tcp_model.RTT_BIAS). Queues never overflow: senders whose
+messages could are paced (testbed.plan.pacing), as the emulator's are, and within a round
+a paced flow sends at most PACING_RATIO windows per RTT; a link's configured random loss
+sets a loss-based flow's window as Reno or CUBIC would (testbed.sim.flows.Pair.acked).
+Rounds that change nothing but the window run without events of their own
+(`FluidNetwork._coast`), to the same results.
 Pure: time is passed in, nothing sleeps.
 """
 

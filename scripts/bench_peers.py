@@ -1,0 +1,355 @@
+#!/usr/bin/env python3
+"""The simulator's flow-level TCP against real Linux TCP (the emulator) and against two
+established simulators where they are installed: ns-3 (packet level, the `ns3` package
+from PyPI) and SimGrid (flow level, Debian's python3-simgrid, run by /usr/bin/python3).
+
+Cases (scripts/peer_cases.py): shares of one 200 Mbit/s bottleneck among flows of
+different RTTs (2 flows of 20 and 100 ms, 8 of 10-200 ms; unpaced and paced as the plan
+paces; CUBIC, BBR and Reno); transfers on a 1 Gbit/s, 50 ms link with 0.01%, 0.1% and 1%
+loss over 1, 4 and 16 fresh connections; one long flow (200 MB, one connection, Linux's
+default buffers, 50 and 100 ms); and the CPU time of N concurrent flows over shared links
+(windows open), against SimGrid's in the same run.
+
+Emulator measurements need root and a quiet machine (run under the project's lock):
+`.venv/bin/python scripts/bench_peers.py --emulator shares,long,loss --emulator-json F`
+records them (each run with the machine's signals); then
+`.venv/bin/python scripts/bench_peers.py --from-emulator F [--scale 1000,10000,100000]
+--json benchmarks/peers.json` compares every backend with them (no root needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from peer_cases import (
+    CEILING,
+    EIGHT_RTTS_MS,
+    ShareCase,
+    TransferCase,
+    long_cases,
+    loss_cases,
+    scale_job,
+    share_cases,
+    share_topology,
+    transfer_topology,
+)
+
+from testbed.plan.pacing import PACING_SHARE, paced
+from testbed.plan.tcp_model import MSS, WINDOW_EFFICIENCY
+from testbed.sim.agenda import Agenda
+from testbed.sim.network import FluidNetwork, Pair
+from testbed.sim.one_transfer import one_transfer_s, shared_rates
+from testbed.topology import Topology
+
+ROOT = Path(__file__).resolve().parent.parent
+SIMGRID_PYTHON = "/usr/bin/python3"
+FROM_S, TO_S = 5.0, 20.0
+"""The seconds of each share measurement (iperf3 leaves out the first five)."""
+
+
+def emulator(parts: list[str], congestions: tuple[str, ...], repeat: int) -> dict[str, Any]:
+    import peer_emulator
+
+    out: dict[str, Any] = {}
+    if "shares" in parts:
+        out["shares"] = [peer_emulator.shares(c, repeat) for c in share_cases(congestions)]
+    if "long" in parts:
+        out["long"] = [peer_emulator.transfer(c, repeat) for c in long_cases(congestions)]
+    if "loss" in parts:
+        out["loss"] = [peer_emulator.transfer(c, max(1, repeat - 1))
+                       for c in loss_cases(congestions)]
+    if "ceiling" in parts:
+        out["ceiling"] = [peer_emulator.transfer(CEILING, repeat)]
+    if "inflight" in parts:
+        out["inflight"] = [peer_emulator.in_flight(c) for c in long_cases(("cubic",))
+                           for _ in range(repeat)]
+    return out
+
+
+def simgrid_version() -> str | None:
+    if not Path(SIMGRID_PYTHON).exists():
+        return None
+    done = subprocess.run([SIMGRID_PYTHON, "-c", "import simgrid; print(simgrid.simgrid_version)"],
+                          capture_output=True, text=True, check=False)
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def simgrid(links: dict[str, tuple[float, float]], flows: list[tuple[str, str, float, float,
+                                                                      list[str]]]
+            ) -> dict[str, Any]:
+    done = subprocess.run([SIMGRID_PYTHON, str(ROOT / "scripts" / "peer_simgrid.py")],
+                          input=json.dumps({"links": links, "flows": flows}),
+                          capture_output=True, text=True, check=True)
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def _route(topology: Topology, src: str, dst: str) -> list[tuple[str, float, float]]:
+    """(name, bit/s, one-way s) of each WAN link on the route."""
+    hops = topology.path(src, dst)
+    return [(f"{a}>{b}", topology.link(a, b).bandwidth_bps, topology.link(a, b).latency_s)
+            for a, b in itertools.pairwise(hops)]
+
+
+def simgrid_shares(case: ShareCase) -> list[float]:
+    """SimGrid gives finish times, not rates: flow i's share is read from two runs where
+    it moves 1 and 2 GB while the others move far more (it ends first, all running):
+    the difference of its bytes over the difference of its times (latencies cancel)."""
+    topology = share_topology(case)
+    links: dict[str, tuple[float, float]] = {}
+    routes = []
+    for i in range(len(case.rtts_ms)):
+        route = _route(topology, f"s{i}", "dst")
+        links.update({name: (bps, latency) for name, bps, latency in route})
+        routes.append([name for name, _, _ in route])
+    rates = []
+    for i in range(len(routes)):
+        ends = []
+        for size in (1e9, 2e9):
+            flows = [(f"s{k}", "dst", size if k == i else 1e13, 0.0, routes[k])
+                     for k in range(len(routes))]
+            ends.append(simgrid(links, flows)["finished"][i])
+        rates.append(1e9 * 8 / (ends[1] - ends[0]))
+    return rates
+
+
+def simgrid_transfer(case: TransferCase) -> float:
+    topology = transfer_topology(case)
+    route = _route(topology, "east", "west")
+    links = {name: (bps, latency) for name, bps, latency in route}
+    per = case.megabytes * 1e6 / case.connections
+    flows = [("east", "west", per, 0.0, [name for name, _, _ in route])
+             for _ in range(case.connections)]
+    return float(max(simgrid(links, flows)["finished"]))
+
+
+def ns3_shares(case: ShareCase, from_s: float, to_s: float) -> list[float]:
+    import peer_ns3
+
+    topology = share_topology(case)
+    neck = topology.link("hub", "dst")
+    access = [topology.link(f"s{i}", "hub").latency_s for i in range(len(case.rtts_ms))]
+    pace = neck.bandwidth_bps * PACING_SHARE if case.paced else 0.0
+    tcp = topology.tcp
+    return peer_ns3.run(access, [1] * len(access), [0.0] * len(access), neck.bandwidth_bps,
+                        neck.latency_s, neck.effective_queue_bytes, 0.0, case.congestion,
+                        tcp.wmem[2], tcp.rmem[2], pace, from_s, to_s)
+
+
+def ns3_transfer(case: TransferCase) -> float:
+    import peer_ns3
+
+    topology = transfer_topology(case)
+    link = topology.link("east", "west")
+    size = case.megabytes * 1e6
+    pace = link.bandwidth_bps * PACING_SHARE if paced(topology, "east", "west", size) else 0.0
+    tcp = topology.tcp
+    (seconds,) = peer_ns3.run([1e-6], [case.connections], [size], link.bandwidth_bps,
+                              link.latency_s, link.effective_queue_bytes, case.loss,
+                              case.congestion, tcp.wmem[2], tcp.rmem[2], pace)
+    return seconds
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+KEPT: dict[str, Any] = {}
+"""Rows of an earlier run by case (or flow count), for --peers-from."""
+
+
+def compare_shares(recorded: list[dict[str, Any]], peers: dict[str, Any], ns3_window: float
+                   ) -> list[dict[str, Any]]:
+    rows = []
+    for entry in recorded:
+        case = ShareCase(entry["case"], tuple(entry["rtts_ms"]), entry["rate"],
+                         entry["congestion"], entry["paced"])
+        topology = share_topology(case)
+        sim = shared_rates(topology, [f"s{i}" for i in range(len(case.rtts_ms))], "dst",
+                           FROM_S, TO_S, case.paced)
+        runs = [run["mbps"] for run in entry["runs"]]
+        flows = []
+        for i, rtt in enumerate(case.rtts_ms):
+            emulated = _spread([run[i] for run in runs])
+            flows.append({"rtt_ms": rtt, "emulator_mbps": emulated, "sim_mbps": sim[i] / 1e6,
+                          "error": sim[i] / 1e6 / emulated["median"] - 1,
+                          "inside_spread": emulated["min"] <= sim[i] / 1e6 <= emulated["max"]})
+        row: dict[str, Any] = {"case": case.name, "congestion": case.congestion,
+                               "paced": case.paced, "flows": flows,
+                               "machine_bound_runs": sum(r["machine_bound"] for r in
+                                                         entry["runs"]),
+                               "runs": len(runs)}
+        kept = KEPT.get(case.name)
+        if kept is not None:
+            for flow, old in zip(flows, kept["flows"], strict=True):
+                flow |= {k: v for k, v in old.items() if k in ("ns3_mbps", "simgrid_mbps")}
+            row |= {k: v for k, v in kept.items() if k.startswith("ns3_")}
+        elif peers.get("ns3") and (len(case.rtts_ms) == 2 or not case.paced):
+            started = time.perf_counter()
+            rates = ns3_shares(case, 2.0, 2.0 + ns3_window)
+            row["ns3_seconds_measured"] = ns3_window
+            row["ns3_wall_s"] = time.perf_counter() - started
+            for flow, rate in zip(flows, rates, strict=True):
+                flow["ns3_mbps"] = rate / 1e6
+        if peers.get("simgrid") and kept is None:
+            for flow, rate in zip(flows, simgrid_shares(case), strict=True):
+                flow["simgrid_mbps"] = rate / 1e6
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def compare_transfers(recorded: list[dict[str, Any]], peers: dict[str, Any]
+                      ) -> list[dict[str, Any]]:
+    rows = []
+    for entry in recorded:
+        case = TransferCase(entry["case"], entry["rtt_ms"], "1Gbit", entry["congestion"],
+                            entry["loss"], entry["connections"], entry["megabytes"])
+        topology = transfer_topology(case)
+        sim = one_transfer_s(topology, "east", "west", int(case.megabytes * 1e6),
+                             case.connections, False)
+        seconds = [run["seconds"] for run in entry["runs"]]
+        emulated = _spread(seconds)
+        # the fastest the emulator forwards without offloads (loss turns them off)
+        row: dict[str, Any] = {
+            "case": case.name, "congestion": case.congestion, "loss": case.loss,
+            "connections": case.connections, "megabytes": case.megabytes,
+            "rtt_ms": case.rtt_ms, "emulator_s": emulated, "sim_s": sim,
+            "error": sim / emulated["median"] - 1,
+            "machine_bound_runs": sum(r["machine_bound"] for r in entry["runs"]),
+            "delay_line_late_mean_ms": max(r["delay_line_late_mean_ms"] or 0.0
+                                           for r in entry["runs"]),
+            "runs": len(seconds)}
+        kept = KEPT.get(case.name)
+        if kept is not None:
+            row |= {k: v for k, v in kept.items() if k in ("ns3_s", "simgrid_s")}
+        else:
+            if peers.get("ns3"):
+                row["ns3_s"] = ns3_transfer(case)
+            if peers.get("simgrid"):
+                row["simgrid_s"] = simgrid_transfer(case)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def fluid_cpu_s(flows: int) -> tuple[float, float]:
+    """CPU seconds of the simulator's flow model moving `flows` concurrent flows, and
+    when the last one ends."""
+    job = scale_job(flows)
+    agenda = Agenda()
+    network = FluidNetwork(dict(job.capacity), agenda.at)
+    ends = [0.0]
+    window = WINDOW_EFFICIENCY * 4 * 2**20
+    started = time.process_time()
+    for flow in job.flows:
+        pair = Pair(1, window, flow.rtt, False)
+        pair.cwnd, pair.last_active = window, 0.0  # open windows: sharing alone
+
+        def go(t: float, flow: Any = flow, pair: Pair = pair) -> None:
+            network.start(t, flow.nbytes, flow.route, pair, 0.0,
+                          lambda end: ends.append(end))
+        agenda.at(flow.start, go)
+    agenda.run()
+    return time.process_time() - started, max(ends)
+
+
+def scale(sizes: list[int], peers: dict[str, Any], fluid_limit: int) -> list[dict[str, Any]]:
+    rows = []
+    for n in sizes:
+        row: dict[str, Any] = {"flows": n, "mss": MSS}
+        if peers.get("simgrid"):  # always measured again: the CPU times compare in one run
+            job = scale_job(n)
+            links = {k: (job.capacity[k], job.latency[k]) for k in job.capacity}
+            flows = [(f.src, f.dst, f.nbytes, f.start, list(f.route)) for f in job.flows]
+            result = simgrid(links, flows)
+            row["simgrid_cpu_s"] = result["cpu_s"]
+            row["simgrid_last_s"] = max(result["finished"])
+        if n <= fluid_limit:
+            cpu, last = fluid_cpu_s(n)
+            row["sim_cpu_s"], row["sim_last_s"] = cpu, last
+        else:
+            row["sim_cpu_s"] = None
+        if row.get("simgrid_cpu_s") and row.get("sim_cpu_s"):
+            row["ratio"] = row["sim_cpu_s"] / row["simgrid_cpu_s"]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--emulator", default="",
+                        help="parts to record: shares,long,loss,ceiling,inflight")
+    parser.add_argument("--emulator-json", type=Path, help="where to record them")
+    parser.add_argument("--from-emulator", type=Path, action="append", default=[],
+                        help="recorded emulator runs to compare with (repeatable)")
+    parser.add_argument("--congestion", default="cubic,bbr")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--scale", default="1000,2000,5000,10000")
+    parser.add_argument("--fluid-limit", type=int, default=10000,
+                        help="most flows the simulator's own run is measured at")
+    parser.add_argument("--ns3-window", type=float, default=6.0,
+                        help="seconds of ns-3's share measurements (after 2 s)")
+    parser.add_argument("--no-ns3", action="store_true")
+    parser.add_argument("--peers-from", type=Path,
+                        help="an earlier output whose ns-3 and SimGrid figures of the cases "
+                             "to keep (theirs do not change with this project's code); the "
+                             "CPU times are always measured again, in the same run")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    congestions = tuple(args.congestion.split(","))
+    if args.emulator:
+        data = emulator(args.emulator.split(","), congestions, args.repeat)
+        if args.emulator_json:
+            args.emulator_json.write_text(json.dumps(data, indent=1))
+        return
+    import peer_ns3
+
+    if args.peers_from:
+        earlier = json.loads(args.peers_from.read_text())
+        KEPT.update({row["case"]: row for part in ("shares", "long", "loss")
+                     for row in earlier.get(part, [])})
+    peers = {"ns3": None if args.no_ns3 else peer_ns3.available(),
+             "simgrid": simgrid_version()}
+    print(f"peers found: ns-3 {peers['ns3'] or 'not installed'}, SimGrid "
+          f"{peers['simgrid'] or 'not installed'}", flush=True)
+    recorded: dict[str, list[dict[str, Any]]] = {}
+    for path in args.from_emulator:
+        for part, entries in json.loads(path.read_text()).items():
+            recorded.setdefault(part, []).extend(entries)
+    out: dict[str, Any] = {
+        "peers": peers, "eight_rtts_ms": list(EIGHT_RTTS_MS),
+        "machine": {"cpus": os.cpu_count(), "load": os.getloadavg(),
+                    "python": platform.python_version()},
+        "shares": compare_shares(recorded.get("shares", []), peers, args.ns3_window),
+        "long": compare_transfers(recorded.get("long", []), peers),
+        "loss": compare_transfers(recorded.get("loss", []), peers),
+        "inflight": recorded.get("inflight", []),
+        "ceiling": [{"case": c["case"], "connections": c["connections"],
+                     "megabytes": c["megabytes"], "loss": c["loss"],
+                     "goodput_mbps": [c["megabytes"] * 8 / r["seconds"] for r in c["runs"]],
+                     "delay_line_late_mean_ms": [r["delay_line_late_mean_ms"]
+                                                 for r in c["runs"]]}
+                    for c in recorded.get("ceiling", [])],
+        "scale": scale([int(x) for x in args.scale.split(",") if x], peers, args.fluid_limit),
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

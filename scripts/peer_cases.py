@@ -1,0 +1,155 @@
+"""The transfers scripts/bench_peers.py measures, as topologies every backend reads: flows
+of given round trips sharing one bottleneck (a hub DC and a link to the receiver), one WAN
+link with loss, one long flow on Linux-default buffers, and many flows over shared links
+for the solvers' cost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from testbed.topology import Topology, parse_topology
+
+BOTTLENECK_ONE_WAY_MS = 2.0
+"""The bottleneck link's own one-way latency: the rest of each flow's RTT is on its access
+link, so the flows differ only in RTT."""
+
+
+@dataclass(frozen=True)
+class ShareCase:
+    """Long flows of these RTTs, one connection each, sharing a bottleneck of `rate`."""
+
+    name: str
+    rtts_ms: tuple[float, ...]
+    rate: str
+    congestion: str
+    paced: bool
+
+
+@dataclass(frozen=True)
+class TransferCase:
+    """`megabytes` over `connections` fresh connections on one link."""
+
+    name: str
+    rtt_ms: float
+    rate: str
+    congestion: str
+    loss: float
+    connections: int
+    megabytes: float
+    wmem: tuple[int, int, int] | None = None
+
+
+def share_topology(case: ShareCase) -> Topology:
+    """s0..sN each reach the receiver `dst` through `hub`; hub to dst is the bottleneck,
+    its drop-tail queue one bandwidth-delay product at the longest RTT's... no: at the
+    bottleneck's own RTT, as a shaper sizes it (64 KiB at least)."""
+    dcs: list[dict[str, Any]] = [{"name": f"s{i}", "gpus": 1} for i in range(len(case.rtts_ms))]
+    dcs += [{"name": "hub", "gpus": 1}, {"name": "dst", "gpus": 1}]
+    wan: list[dict[str, Any]] = [
+        {"between": [f"s{i}", "hub"], "latency": f"{rtt / 2 - BOTTLENECK_ONE_WAY_MS:g}ms",
+         "bandwidth": "10Gbit"} for i, rtt in enumerate(case.rtts_ms)]
+    wan.append({"between": ["hub", "dst"], "latency": f"{BOTTLENECK_ONE_WAY_MS:g}ms",
+                "bandwidth": case.rate})
+    return parse_topology({"name": case.name, "tcp": {"congestion": case.congestion},
+                           "datacenters": dcs, "wan": wan}, "bench_peers")
+
+
+def transfer_topology(case: TransferCase) -> Topology:
+    tcp: dict[str, Any] = {"congestion": case.congestion}
+    if case.wmem is not None:
+        tcp["wmem"] = list(case.wmem)
+        tcp["rmem"] = list(case.wmem)
+    return parse_topology({
+        "name": case.name, "tcp": tcp,
+        "datacenters": [{"name": "east", "gpus": 1}, {"name": "west", "gpus": 1}],
+        "wan": [{"between": ["east", "west"], "latency": f"{case.rtt_ms / 2:g}ms",
+                 "bandwidth": case.rate, "loss": case.loss}]}, "bench_peers")
+
+
+EIGHT_RTTS_MS = (10.0, 20.0, 40.0, 60.0, 90.0, 120.0, 160.0, 200.0)
+
+
+def share_cases(congestions: tuple[str, ...]) -> list[ShareCase]:
+    out = []
+    for cc in congestions:
+        for paced in (False, True):
+            out.append(ShareCase(f"two-{cc}-{'paced' if paced else 'unpaced'}", (20.0, 100.0),
+                                 "200Mbit", cc, paced))
+        for paced in (False, True):
+            out.append(ShareCase(f"eight-{cc}-{'paced' if paced else 'unpaced'}", EIGHT_RTTS_MS,
+                                 "200Mbit", cc, paced))
+    return out
+
+
+LOSS_MEGABYTES = {1e-4: 20.0, 1e-3: 20.0, 1e-2: 4.0}
+"""Per loss rate, bytes that a fresh connection moves in seconds, not minutes."""
+
+
+def loss_cases(congestions: tuple[str, ...]) -> list[TransferCase]:
+    return [TransferCase(f"loss-{cc}-{loss:g}-{n}", 50.0, "1Gbit", cc, loss, n, mb)
+            for cc in congestions for loss, mb in LOSS_MEGABYTES.items() for n in (1, 4, 16)]
+
+
+def long_cases(congestions: tuple[str, ...]) -> list[TransferCase]:
+    return [TransferCase(f"long-{cc}-{rtt:g}", rtt, "1Gbit", cc, 0.0, 1, 200.0)
+            for cc in congestions for rtt in (50.0, 100.0)]
+
+
+@dataclass(frozen=True)
+class ScaleFlow:
+    src: str
+    dst: str
+    nbytes: float
+    start: float
+    route: tuple[str, ...]
+    rtt: float
+
+
+@dataclass(frozen=True)
+class ScaleJob:
+    """`flows` flows over four DCs' WAN mesh and their hosts' NICs, started within a
+    second, every window already open: what the cost of sharing alone is measured on
+    (SimGrid's model has no slow start)."""
+
+    capacity: dict[str, float]
+    latency: dict[str, float]
+    flows: tuple[ScaleFlow, ...]
+
+
+SCALE_DCS = 4
+SCALE_HOSTS = 64
+SCALE_ONE_WAY_S = {(0, 1): 0.010, (0, 2): 0.020, (0, 3): 0.030, (1, 2): 0.015, (1, 3): 0.025,
+                   (2, 3): 0.012}
+
+
+def scale_job(flows: int, seed: int = 0) -> ScaleJob:
+    import random
+
+    rng = random.Random(seed)
+    capacity: dict[str, float] = {}
+    latency: dict[str, float] = {}
+    for (a, b), one_way in SCALE_ONE_WAY_S.items():
+        for x, y in ((a, b), (b, a)):
+            capacity[f"wan:{x}>{y}"] = 1e9
+            latency[f"wan:{x}>{y}"] = one_way
+    for dc in range(SCALE_DCS):
+        for host in range(SCALE_HOSTS):
+            for side in ("up", "down"):
+                capacity[f"{side}:{dc}-{host}"] = 10e9
+                latency[f"{side}:{dc}-{host}"] = 5e-6
+    out = []
+    for _ in range(flows):
+        a = rng.randrange(SCALE_DCS)
+        b = rng.choice([d for d in range(SCALE_DCS) if d != a])
+        src, dst = f"{a}-{rng.randrange(SCALE_HOSTS)}", f"{b}-{rng.randrange(SCALE_HOSTS)}"
+        one_way = SCALE_ONE_WAY_S[(min(a, b), max(a, b))]
+        out.append(ScaleFlow(src, dst, rng.uniform(1e6, 1e8), rng.uniform(0.0, 1.0),
+                             (f"up:{src}", f"wan:{a}>{b}", f"down:{dst}"), 2 * one_way + 2e-5))
+    return ScaleJob(capacity, latency, tuple(out))
+
+
+CEILING = TransferCase("ceiling", 50.0, "1Gbit", "bbr", 1e-7, 16, 200.0)
+"""Where the emulator forwards every packet singly (any loss turns the TUN's offloads
+off): 200 MB over 16 connections with a loss too small to matter. Its rate is this
+machine's forwarding limit without offloads, which the lossy cases may meet."""

@@ -1,0 +1,170 @@
+"""The emulator's side of scripts/bench_peers.py (root): real Linux TCP in the emulated
+WAN. Shares from iperf3 (one flow per source DC, all started together, the first
+`OMIT_S` seconds left out), transfers with the worker transport on fresh connections,
+paced where the plan paces; every run with the machine's signals (cores busy, the delay
+lines' lateness) and whether they say it set the pace."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import subprocess
+import threading
+import time
+from typing import Any
+
+from peer_cases import ShareCase, TransferCase, share_topology, transfer_topology
+
+from testbed.net.network import Network, bring_up, tear_down
+from testbed.plan.pacing import PACING_SHARE, paced
+from testbed.runtime.coordinator.health import (
+    assess,
+    busy_share,
+    delay_line_lateness,
+    read_cpu,
+)
+from testbed.runtime.coordinator.probe import timed_messages
+
+SHARE_SECONDS = 15.0
+OMIT_S = 5.0
+
+
+def _machine(network: Network, before: Any) -> dict[str, Any]:
+    lateness = delay_line_lateness(network.delay_line_stats())
+    health = assess(busy_share(before, read_cpu()), [], lateness)
+    return {"cpu_busy": round(health.cpu_busy, 3),
+            "delay_line_late_mean_ms": None if lateness is None else lateness[0] * 1e3,
+            "machine_bound": health.cpu_bound, "reasons": list(health.reasons)}
+
+
+def _shares_once(network: Network, case: ShareCase) -> list[float]:
+    """Each flow's receiver-side goodput in bit/s over the same seconds."""
+    dst = network.layout.node("dst-0")
+    pace = network.topology.bottleneck_bps("s0", "dst") * PACING_SHARE
+    servers = [subprocess.Popen(["ip", "netns", "exec", dst.netns, "iperf3", "-s", "-1", "-p",
+                                 str(5301 + i)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL) for i in range(len(case.rtts_ms))]
+    try:
+        time.sleep(0.3)
+        clients = []
+        for i in range(len(case.rtts_ms)):
+            src = network.layout.node(f"s{i}-0")
+            args = ["iperf3", "-c", dst.address, "-p", str(5301 + i), "-t", f"{SHARE_SECONDS:g}",
+                    "-O", f"{OMIT_S:g}", "-J", "-C", case.congestion]
+            if case.paced:
+                args += ["--fq-rate", str(int(pace))]
+            clients.append(subprocess.Popen(["ip", "netns", "exec", src.netns, *args],
+                                            stdout=subprocess.PIPE, text=True))
+        rates = []
+        for client in clients:
+            out, _ = client.communicate(timeout=SHARE_SECONDS + OMIT_S + 60)
+            report = json.loads(out)
+            if "error" in report:
+                raise RuntimeError(f"iperf3: {report['error']}")
+            rates.append(float(report["end"]["sum_received"]["bits_per_second"]))
+        return rates
+    finally:
+        for server in servers:
+            with contextlib.suppress(ProcessLookupError):
+                server.kill()
+            server.wait(timeout=5)
+
+
+def shares(case: ShareCase, repeat: int) -> dict[str, Any]:
+    network = bring_up(share_topology(case))
+    runs = []
+    try:
+        for _ in range(repeat):
+            before = read_cpu()
+            rates = _shares_once(network, case)
+            runs.append({"mbps": [r / 1e6 for r in rates], **_machine(network, before)})
+            print(json.dumps({"case": case.name, **runs[-1]}), flush=True)
+    finally:
+        tear_down(network)
+    return {"case": case.name, "rtts_ms": list(case.rtts_ms), "congestion": case.congestion,
+            "paced": case.paced, "rate": case.rate, "runs": runs}
+
+
+def transfer(case: TransferCase, repeat: int) -> dict[str, Any]:
+    topology = transfer_topology(case)
+    size = int(case.megabytes * 1e6)
+    pace = (topology.bottleneck_bps("east", "west") * PACING_SHARE
+            if paced(topology, "east", "west", size) else 0.0)
+    network = bring_up(topology)
+    runs = []
+    try:
+        for _ in range(repeat):
+            before = read_cpu()
+            (seconds,) = timed_messages(network, "east-0", "west-0", case.connections, 1, size,
+                                        pace, timeout_s=900)
+            runs.append({"seconds": seconds, **_machine(network, before)})
+            print(json.dumps({"case": case.name, **runs[-1]}), flush=True)
+    finally:
+        tear_down(network)
+    return {"case": case.name, "rtt_ms": case.rtt_ms, "congestion": case.congestion,
+            "loss": case.loss, "connections": case.connections, "megabytes": case.megabytes,
+            "paced": pace > 0, "runs": runs}
+
+
+def _ss_fields(line: str) -> dict[str, float]:
+    """The numbers of `ss -tin`'s line that say what limits a sender."""
+    out: dict[str, float] = {}
+    for key in ("cwnd", "unacked", "notsent", "snd_wnd", "bytes_acked"):
+        match = re.search(rf"\b{key}:(\d+)", line)
+        if match:
+            out[key] = float(match.group(1))
+    for key in ("rwnd_limited", "sndbuf_limited", "busy"):
+        match = re.search(rf"\b{key}:(\d+)ms", line)
+        if match:
+            out[f"{key}_ms"] = float(match.group(1))
+    return out
+
+
+def in_flight(case: TransferCase) -> dict[str, Any]:
+    """One transfer of the case with the sender's TCP state sampled every 50 ms (`ss
+    -tin` in its namespace): what it keeps in flight once its window stopped growing,
+    and what limited it (the kernel's own counters of time limited by the receiver's
+    window and by the send buffer)."""
+    topology = transfer_topology(case)
+    size = int(case.megabytes * 1e6)
+    pace = (topology.bottleneck_bps("east", "west") * PACING_SHARE
+            if paced(topology, "east", "west", size) else 0.0)
+    network = bring_up(topology)
+    samples: list[tuple[float, dict[str, float]]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        netns = network.layout.node("east-0").netns
+        started = time.monotonic()
+        while not stop.is_set():
+            out = subprocess.run(["ip", "netns", "exec", netns, "ss", "-tinH", "state",
+                                  "established", "dport", "29400"],
+                                 capture_output=True, text=True, check=False).stdout
+            fields = _ss_fields(out.replace("\n", " "))
+            if "cwnd" in fields:
+                samples.append((time.monotonic() - started, fields))
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=sample)
+    thread.start()
+    try:
+        (seconds,) = timed_messages(network, "east-0", "west-0", case.connections, 1, size,
+                                    pace, timeout_s=900)
+    finally:
+        stop.set()
+        thread.join()
+        tear_down(network)
+    # steady: the samples after the congestion window stopped growing
+    peak = max(s["cwnd"] for _, s in samples)
+    steady = [(t, s) for t, s in samples if s["cwnd"] >= 0.95 * peak and "bytes_acked" in s]
+    (t0, first), (t1, last) = steady[0], steady[-1]
+    goodput = (last["bytes_acked"] - first["bytes_acked"]) * 8 / (t1 - t0)
+    final = samples[-1][1]
+    return {"case": case.name, "seconds": seconds, "steady_goodput_mbps": goodput / 1e6,
+            "unacked_segments": [s.get("unacked", 0.0) for _, s in steady],
+            "notsent_bytes": [s.get("notsent", 0.0) for _, s in steady],
+            "snd_wnd_bytes": [s.get("snd_wnd", 0.0) for _, s in steady],
+            "cwnd_segments": peak, "rwnd_limited_ms": final.get("rwnd_limited_ms"),
+            "sndbuf_limited_ms": final.get("sndbuf_limited_ms"),
+            "busy_ms": final.get("busy_ms"), "samples": len(samples)}
