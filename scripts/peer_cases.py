@@ -42,8 +42,8 @@ class TransferCase:
 
 def share_topology(case: ShareCase) -> Topology:
     """s0..sN each reach the receiver `dst` through `hub`; hub to dst is the bottleneck,
-    its drop-tail queue one bandwidth-delay product at the longest RTT's... no: at the
-    bottleneck's own RTT, as a shaper sizes it (64 KiB at least)."""
+    its drop-tail queue as the shaper sizes it by default: one bandwidth-delay product of
+    the link's own round trip, 64 KiB at least."""
     dcs: list[dict[str, Any]] = [{"name": f"s{i}", "gpus": 1} for i in range(len(case.rtts_ms))]
     dcs += [{"name": "hub", "gpus": 1}, {"name": "dst", "gpus": 1}]
     wan: list[dict[str, Any]] = [

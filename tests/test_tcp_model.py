@@ -5,7 +5,12 @@ loss-based control the shorter round trip never gets less; loss never speeds a f
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -156,3 +161,47 @@ def test_one_long_flow_keeps_what_the_transport_keeps_in_flight() -> None:
     seconds = one_transfer_s(_link("cubic", 0.0, 100.0), "east", "west", 200_000_000, 1, False)
     steady = 200e6 / (window / 0.1)
     assert steady < seconds < steady + 1.0
+
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDED = ROOT / "benchmarks" / "peers-emulator.json"
+
+
+def _recorded(part: str) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = json.loads(RECORDED.read_text())[part]
+    return entries
+
+
+UNDERFILLED = pytest.mark.xfail(
+    strict=True, reason="the emulator's unpaced Reno leaves a tenth of the link idle (its "
+    "halved windows drain the small drop-tail queue), the model fills it: 172 Mbit/s "
+    "against 155 for the 20 ms flow")
+
+
+@pytest.mark.parametrize("entry", [
+    pytest.param(e, marks=UNDERFILLED) if e["case"] == "two-reno-unpaced" else e
+    for e in _recorded("shares") if len(e["rtts_ms"]) == 2], ids=lambda e: e["case"])
+def test_two_flows_share_within_ten_percent_of_the_emulators_runs(entry: dict[str, Any]) -> None:
+    """The recorded emulator runs (real Linux TCP, benchmarks/peers-emulator.json): each
+    flow's simulated share within 10% of their median."""
+    topology = _hub(entry["rtts_ms"], entry["congestion"])
+    simulated = shared_rates(topology, ["s0", "s1"], "dst", 5.0, 20.0, entry["paced"])
+    for i, rate in enumerate(simulated):
+        median = statistics.median(run["mbps"][i] for run in entry["runs"])
+        assert rate / 1e6 == pytest.approx(median, rel=0.10), (entry["case"], i)
+
+
+@pytest.mark.benchmark
+def test_bench_peers_compares_the_recorded_runs(tmp_path: Path) -> None:
+    """The benchmark end to end on the recorded emulator runs, without ns-3 (minutes) and
+    with 100 flows: every table renders from its output."""
+    out = tmp_path / "peers.json"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_peers.py"), "--from-emulator",
+                    str(RECORDED), "--no-ns3", "--scale", "100", "--json", str(out)],
+                   check=True, capture_output=True, text=True, timeout=1800)
+    report = json.loads(out.read_text())
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import measured_tables
+
+    for table in ("peers_shares", "peers_loss", "peers_long", "peers_scale", "peers_inflight"):
+        assert getattr(measured_tables, table)(report).count("\n") >= 2

@@ -39,7 +39,7 @@ def shared_rates(topology: Topology, sources: list[str], dst_dc: str, from_s: fl
     agenda = Agenda()
     capacity: dict[str, float] = {}
     network = FluidNetwork(capacity, agenda.at)
-    endless = 1e18
+    endless = 1e15  # bytes: more than any run moves, and a float still counts single ones
     for src_dc in sources:
         hops = topology.path(src_dc, dst_dc)
         resources = tuple(f"wan:{a}>{b}" for a, b in itertools.pairwise(hops))
