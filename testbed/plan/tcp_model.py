@@ -109,9 +109,12 @@ class LossResponse:
 CUBIC_C = 0.4
 RENO_FRIENDLY_ALPHA = 3 * (1 - 0.7) / (1 + 0.7)
 """RFC 8312's additive increase per round trip that makes CUBIC as fast as Reno."""
-LOSS_RESPONSES = {"cubic": LossResponse("cubic", 0.7), "reno": LossResponse("reno", 0.5)}
+LOSS_RESPONSES = {"cubic": LossResponse("cubic", 0.7), "reno": LossResponse("reno", 0.5),
+                  "bbr": LossResponse("bbr", 1.0)}
+"""BBR (v1, Linux's tcp_bbr.c) keeps its window at a loss, but its first round of
+recovery conserves packets (the window held at what is in flight: no growth that round,
+Cardwell et al. 2016); beta 1 says so."""
 
 
 def loss_response(congestion: str) -> LossResponse | None:
-    """None for BBR: its window does not answer random loss (see RTT_BIAS's source)."""
     return LOSS_RESPONSES.get(congestion)

@@ -56,6 +56,8 @@ class Pair:
     """`window` as the buffers set it, while a settled loss cycle sets `window`."""
     settled: bool = False
     """Its loss cycle repeats: its window is the cycle's mean, and no loss is tracked."""
+    conserved: bool = False
+    """BBR: its last round was one of recovery's packet conservation."""
 
     def begin(self, now: float) -> None:
         """Linux's restart after idle: the window halves for every RTO the pair sat idle,
@@ -93,8 +95,11 @@ class Pair:
 
     @property
     def lossy(self) -> bool:
-        """Whether random loss on its path sets its window, round by round."""
-        return self.response is not None and self.loss > 0.0 and not self.settled
+        """Whether random loss on its path sets its window, round by round (for BBR,
+        until its window reaches the buffers': it grows no further, whatever is lost)."""
+        if self.response is None or self.loss <= 0.0 or self.settled:
+            return False
+        return self.response.beta < 1.0 or self.cwnd < self.window
 
     def set_loss(self, loss: float) -> None:
         """The path's loss for its next message: a new rate starts its loss cycle anew."""
@@ -126,6 +131,13 @@ class Pair:
         assert self.response is not None
         per_connection = nbytes / self.connections
         self.since_loss += per_connection
+        if self.response.beta >= 1.0:  # BBR: a round of recovery conserves packets
+            if self.since_loss >= MSS / self.loss and not self.conserved:
+                self.since_loss, self.conserved = 0.0, True
+            else:
+                self.conserved = False
+                self.cwnd = min(self.window, self.cwnd + per_connection)
+            return
         if self.since_loss >= MSS / self.loss:
             previous, cycle_s = self.w_max, now - self.epoch
             self.since_loss = 0.0
