@@ -1,97 +1,162 @@
-"""The architecture as a table: which part of the package may import which. A part is a
-folder of testbed/ (runtime's three: the wire between the processes, the worker, the
-coordinator); lazy imports inside functions count too, since they bind the layers as
-surely as imports at the top of a module."""
+"""The architecture as a table: which part of the package imports which. A part is a
+folder of testbed/ (runtime's four: the wire between the processes, the worker, the
+coordinator, `testbed launch`); lazy imports inside functions and dynamic imports count
+too, since they bind the parts as surely as imports at the top of a module. The table
+holds the crossings the design makes and no more: a new one is a decision, made by adding
+it here. Imports are read by tests/import_reader.py, which test_layering.py shares."""
 
 from __future__ import annotations
 
-import ast
+import shutil
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "testbed"
+import pytest
 
-# Lowest first. A part may import itself, errors, and the parts its row names.
-BASE = {"common"}
-INPUTS = BASE | {"topology", "job", "scenario", "loss"}
-COSTS = INPUTS | {"plan"}
-POLICIES = COSTS | {"policy", "inference"}
-RESULTS = POLICIES | {"metrics", "report"}
-SIMULATOR = RESULTS | {"sim"}
-A_RUN = SIMULATOR | {"net", "run"}
-RUNTIME = A_RUN | {"runtime.wire", "runtime.worker", "runtime.coordinator", "runtime.launch"}
+from tests.import_reader import modules, owner, read
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Lowest first: a part imports itself, errors, the package's __init__ and the parts its row
+# names, all of them rows above its own.
 MAY_IMPORT: dict[str, set[str]] = {
     "common": set(),
-    "topology": BASE,
-    "job": BASE | {"topology"},
-    "scenario": BASE | {"topology"},
-    "loss": BASE,
-    "plan": INPUTS - {"scenario"},
-    "policy": COSTS,
-    "inference": COSTS | {"policy"},
-    "metrics": POLICIES,
-    "report": POLICIES | {"metrics"},
-    "sim": RESULTS,
-    "net": INPUTS | {"plan"},
-    "run": SIMULATOR | {"net"},
-    "runtime.wire": A_RUN,
-    "runtime.worker": A_RUN | {"runtime.wire"},
-    "runtime.coordinator": A_RUN | {"runtime.wire", "runtime.worker"},
-    "runtime.launch": A_RUN | {"runtime.wire", "runtime.worker", "runtime.coordinator"},
-    "backends": RUNTIME,
-    "experiments": RUNTIME | {"backends"},
-    "figures": RUNTIME | {"backends", "experiments"},
-    "api": RUNTIME | {"backends", "experiments", "figures"},
-    "cli": RUNTIME | {"backends", "experiments", "figures", "api"},
+    "topology": {"common"},
+    "job": {"common", "topology"},
+    "scenario": {"common", "topology"},
+    "loss": set(),
+    "plan": {"common", "job", "topology"},
+    "policy": {"common", "job", "loss", "plan", "topology"},
+    "inference": {"common", "job", "plan", "policy", "topology"},
+    "metrics": {"common", "job", "loss"},
+    "report": {"common", "inference", "job", "loss", "metrics", "plan", "scenario",
+               "topology"},
+    "sim": {"common", "inference", "job", "metrics", "plan", "policy", "report", "scenario",
+            "topology"},
+    "net": {"common", "plan", "topology"},
+    "run": {"common", "inference", "job", "metrics", "net", "plan", "policy", "report",
+            "scenario", "sim", "topology"},
+    "runtime.wire": {"common", "job", "plan", "scenario", "topology"},
+    "runtime.worker": {"common", "job", "net", "plan", "run", "runtime.wire", "scenario",
+                       "topology"},
+    "runtime.coordinator": {"common", "inference", "job", "metrics", "net", "plan", "policy",
+                            "run", "runtime.wire", "runtime.worker", "scenario", "sim",
+                            "topology"},
+    "runtime.launch": {"common", "job", "metrics", "net", "policy", "report",
+                       "runtime.coordinator", "runtime.wire", "runtime.worker", "scenario",
+                       "sim", "topology"},
+    "backends": {"common", "inference", "metrics", "net", "plan", "policy", "report", "run",
+                 "runtime.coordinator", "runtime.worker", "sim", "topology"},
+    "experiments": {"backends", "common", "inference", "job", "metrics", "net", "plan",
+                    "policy", "report", "run", "runtime.coordinator", "scenario", "sim",
+                    "topology"},
+    "figures": {"common", "experiments", "job", "metrics", "net", "plan", "policy", "report",
+                "run", "runtime.coordinator", "sim", "topology"},
+    "api": {"common", "experiments", "metrics", "plan", "policy", "report", "run", "sim"},
+    "cli": {"api", "common", "experiments", "figures", "metrics", "net", "plan", "policy",
+            "report", "run", "runtime.launch", "runtime.wire", "sim", "topology"},
 }
 EVERYWHERE = {"errors", "__init__"}
+GROUPS = {"runtime": {"runtime.wire", "runtime.worker", "runtime.coordinator",
+                      "runtime.launch"}}
+"""A folder split into parts: importing it bare (`from testbed import runtime`) reaches
+every one of them."""
 
 
-def _part(module: str) -> str:
+def part(module: str) -> str:
     """testbed.runtime.worker.transport -> runtime.worker; testbed.sim.network -> sim;
-    testbed.api -> api."""
+    testbed.api -> api; testbed.runtime -> runtime; testbed -> __init__."""
     parts = module.split(".")[1:]
-    if parts[0] == "runtime" and len(parts) > 1:
+    if not parts:
+        return "__init__"
+    if parts[0] in GROUPS and len(parts) > 1:
         return ".".join(parts[:2])
     return parts[0]
 
 
-def _imports(path: Path) -> set[str]:
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-    return {name for name in out if name.startswith("testbed.")}
+def _allowed(source: str, target: str) -> bool:
+    if target in GROUPS:
+        return source in GROUPS[target] or GROUPS[target] <= MAY_IMPORT.get(source, set())
+    return target in (source, *EVERYWHERE) or target in MAY_IMPORT.get(source, set())
 
 
-def _crossings() -> list[str]:
-    bad = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        module = ".".join(("testbed", *path.relative_to(PACKAGE).with_suffix("").parts))
-        if module == "testbed.__init__":
-            continue
-        part = _part(module)
-        for target in sorted(_imports(path)):
-            to = _part(target)
-            if to not in MAY_IMPORT and to not in EVERYWHERE:
-                continue  # `from testbed.x import name` where the name is a module's attribute
-            if to != part and to not in EVERYWHERE and to not in MAY_IMPORT[part]:
-                bad.append(f"{path.relative_to(PACKAGE.parent)}: {part} imports {target}")
-    return bad
+def used(root: Path) -> tuple[dict[tuple[str, str], str], list[str]]:
+    """Every crossing from one part to another under `root`, with the first import that
+    makes it ("file:line"); and imports whose part has no row."""
+    found = {n: p for n, p in modules(root).items() if n.partition(".")[0] == "testbed"}
+    crossings: dict[tuple[str, str], str] = {}
+    unknown = []
+    for name, path in found.items():
+        source = part(name)
+        for imp in read(name, path, found):
+            target = owner(imp.module, found)
+            if target is None:
+                continue
+            to = part(target)
+            where = f"{path.relative_to(root)}:{imp.line}"
+            if to not in MAY_IMPORT and to not in EVERYWHERE and to not in GROUPS:
+                unknown.append(f"{where}: {to} has no row")
+            elif to != source and to not in EVERYWHERE:
+                crossings.setdefault((source, to), f"{where} imports {imp.module}")
+    return crossings, unknown
+
+
+def crossings_not_in_the_table(root: Path) -> list[str]:
+    crossings, unknown = used(root)
+    return unknown + [f"{where}: {source} imports {to}"
+                      for (source, to), where in sorted(crossings.items())
+                      if not _allowed(source, to)]
 
 
 def test_every_folder_has_a_row() -> None:
-    modules = [p.relative_to(PACKAGE) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"]
-    folders = {_part(".".join(("testbed", *m.with_suffix("").parts)))
-               for m in modules if len(m.parts) > 1}
+    names = [n for n in modules(ROOT) if n.startswith("testbed.") and n.count(".") > 1]
+    folders = {part(n) for n in names} - set(GROUPS)
     assert folders <= set(MAY_IMPORT), folders - set(MAY_IMPORT)
 
 
-def test_no_part_imports_a_part_above_it() -> None:
-    assert not _crossings(), "\n".join(_crossings())
+def test_no_part_imports_one_the_table_does_not_name() -> None:
+    bad = crossings_not_in_the_table(ROOT)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_table_names_no_crossing_the_code_does_not_make() -> None:
+    """So the table says what the design is, not what it would let pass."""
+    crossings, _ = used(ROOT)
+    stale = sorted(f"{source} -> {to}" for source, row in MAY_IMPORT.items() for to in row
+                   if (source, to) not in crossings)
+    assert not stale, stale
+
+
+def test_the_table_is_layered() -> None:
+    """Each row names only rows above it: no part imports upward, and no two parts import
+    each other."""
+    order = list(MAY_IMPORT)
+    upward = [f"{source} -> {to}" for source, row in MAY_IMPORT.items() for to in row
+              if to not in order[: order.index(source)]]
+    assert not upward, upward
 
 
 def test_the_simulator_never_imports_the_runtime() -> None:
-    assert not any(p.startswith("runtime") or p in {"backends", "net"}
+    assert not any(p.startswith("runtime") or p in {"backends", "net", "run"}
                    for p in MAY_IMPORT["sim"])
+
+
+# Every form an import takes is read: each planted in a copy of the simulator's flow model
+# (which must not reach the emulator's runtime) makes the table fail.
+SLIPS = {
+    "relative": "from ..runtime.worker import transport",
+    "bare package": "from testbed import runtime",
+    "import testbed.x": "import testbed.runtime",
+    "importlib literal": "import importlib\nimportlib.import_module('testbed.runtime.wire')",
+    "__import__ literal": "__import__('testbed.net.network')",
+}
+
+
+@pytest.mark.parametrize("slip", sorted(SLIPS))
+def test_a_planted_crossing_fails_in_any_form(tmp_path: Path, slip: str) -> None:
+    shutil.copytree(ROOT / "testbed", tmp_path / "testbed",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    assert not crossings_not_in_the_table(tmp_path)
+    path = tmp_path / "testbed" / "sim" / "network.py"
+    path.write_text(path.read_text() + "\n" + SLIPS[slip] + "\n")
+    bad = crossings_not_in_the_table(tmp_path)
+    assert len(bad) == 1 and bad[0].startswith("testbed/sim/network.py:"), bad

@@ -4,7 +4,6 @@ listed, planning, simulating, honouring the job's tp, dp and pp; the plugin guid
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 
 from .conftest import ROOT, TOPOLOGIES
+from .import_reader import beyond_the_policy_api, modules
 from .test_plugins import run_testbed
 
 EXAMPLE = ROOT / "examples" / "testbed-example-policy"
@@ -121,18 +121,12 @@ def test_the_example_imports_only_the_policy_api() -> None:
     its SDK alone: what it needs must be in testbed.policy.api."""
     files = sorted((EXAMPLE / "testbed_example").glob("*.py"))
     assert len(files) >= 3
-    for path in files:
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and not node.level:
-                names = [node.module or ""]
-            else:
-                continue
-            for name in names:
-                top = name.partition(".")[0]
-                assert name == "testbed.policy.api" or top in sys.stdlib_module_names, \
-                    (path.name, name)
+    own = {("testbed_example" if p.stem == "__init__" else f"testbed_example.{p.stem}"): p
+           for p in files}
+    known = {**modules(ROOT), **own}
+    bad = [line for name, path in own.items()
+           for line in beyond_the_policy_api(name, path, known, "testbed_example")]
+    assert not bad, bad
 
 
 def test_the_local_sgd_example_averages_every_n_steps(example_path: Path,

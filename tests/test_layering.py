@@ -1,96 +1,137 @@
-"""The house rules, checked: no import circles, plugins see only the policy API, and no
-module grows past what one reader holds in mind."""
+"""The house rules, checked: no import circles, plugins see only the policy API, every
+dynamic import names its module, and no module grows past what one reader holds in mind.
+Imports are read by tests/import_reader.py, which the architecture's table shares."""
 
 from __future__ import annotations
 
-import ast
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.import_reader import beyond_the_policy_api, modules, owner, read
+
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 400
 
 
-def _modules() -> dict[str, Path]:
-    """Dotted name -> file, plugins/ under its installed name testbed_plugins."""
-    found: dict[str, Path] = {}
-    for package, folder in (("testbed", ROOT / "testbed"), ("testbed_plugins", ROOT / "plugins")):
-        for path in folder.rglob("*.py"):
-            parts = [package, *path.relative_to(folder).with_suffix("").parts]
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join(parts)] = path
-    return found
-
-
-def _top_level_imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """Modules of ours `name` imports at module level, `if TYPE_CHECKING:` included
-    (function-level imports are lazy on purpose and left out)."""
-    tree = ast.parse(path.read_text())
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out: set[str] = set()
-    nodes = [n for top in tree.body
-             for n in ([top, *top.body] if isinstance(top, ast.If) else [top])]
-    for node in nodes:
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name in known}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            for alias in node.names:
-                full = f"{base}.{alias.name}"
-                out.add(full if full in known else base)
-    return {m for m in out if m in known and m != name}
-
-
-def test_no_import_circles() -> None:
-    modules = _modules()
-    graph = {n: _top_level_imports(n, p, set(modules)) for n, p in modules.items()}
-    # a package's __init__ importing its own submodules is how packages re-export
-    for name in graph:
-        graph[name] = {m for m in graph[name] if not (name and m.startswith(name + "."))}
+def import_circles(root: Path) -> list[str]:
+    """The first import circle among the modules under `root`, as `a -> b -> a`; imports
+    that run when a module loads count (TYPE_CHECKING's too), those inside functions are
+    lazy on purpose and do not."""
+    found = modules(root)
+    graph: dict[str, set[str]] = {}
+    for name, path in found.items():
+        targets = {owner(imp.module, found) for imp in read(name, path, found) if not imp.lazy}
+        graph[name] = {t for t in targets if t is not None and t != name}
     state: dict[str, int] = {}
     stack: list[str] = []
 
-    def visit(node: str) -> None:
+    def visit(node: str) -> list[str]:
         state[node] = 1
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                cycle = [*stack[stack.index(nxt):], nxt]
-                pytest.fail("import circle: " + " -> ".join(cycle))
-            if nxt not in state:
-                visit(nxt)
+                return [*stack[stack.index(nxt):], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
         stack.pop()
         state[node] = 2
+        return []
 
     sys.setrecursionlimit(10000)
     for name in sorted(graph):
-        if name not in state:
-            visit(name)
+        if name not in state and (cycle := visit(name)):
+            return [" -> ".join(cycle)]
+    return []
+
+
+def plugin_imports(root: Path) -> list[str]:
+    """Every import of the built-in plugins beyond the policy API."""
+    found = modules(root)
+    return [line for name, path in found.items() if name.startswith("testbed_plugins")
+            for line in beyond_the_policy_api(name, path, found, "testbed_plugins")]
+
+
+def unnamed_dynamic_imports(root: Path) -> list[str]:
+    """importlib.import_module or __import__ whose module is not a literal: no rule can
+    read what it imports (a plugin loads by its entry point instead)."""
+    found = modules(root)
+    return [f"{path.relative_to(root)}:{imp.line}" for name, path in found.items()
+            for imp in read(name, path, found) if imp.dynamic and not imp.module]
+
+
+def test_no_import_circles() -> None:
+    assert not import_circles(ROOT), import_circles(ROOT)
 
 
 def test_plugins_import_only_the_policy_api() -> None:
-    for name, path in _modules().items():
-        if not name.startswith("testbed_plugins"):
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and not node.level:
-                module = node.module or ""
-            elif isinstance(node, ast.Import):
-                module = node.names[0].name
-            else:
-                continue
-            top = module.split(".")[0]
-            assert top in sys.stdlib_module_names or module == "testbed.policy.api" or \
-                module.startswith("testbed_plugins"), f"{path.name} imports {module}"
+    assert not plugin_imports(ROOT), "\n".join(plugin_imports(ROOT))
+
+
+def test_every_dynamic_import_names_its_module() -> None:
+    assert not unnamed_dynamic_imports(ROOT), unnamed_dynamic_imports(ROOT)
 
 
 def test_no_module_is_over_400_lines() -> None:
-    long = {str(p.relative_to(ROOT)): n for p in _modules().values()
+    long = {str(p.relative_to(ROOT)): n for p in modules(ROOT).values()
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, long
+
+
+# The rules above must hold whatever form an import takes: each form planted in a copy of
+# the tree makes them fail.
+CIRCLE_SLIPS = {
+    # testbed.errors is imported by testbed.topology's modules: importing it back closes
+    # a circle
+    "relative": "from . import topology",
+    "bare package": "from testbed import topology",
+    "import testbed.x": "import testbed.topology",
+    "importlib literal": "import importlib\nimportlib.import_module('testbed.topology')",
+}
+# (a relative import in plugins/ reaches only the plugins' own modules; ruff bans the form)
+PLUGIN_SLIPS = {
+    "bare package": "from testbed import runtime",
+    "import testbed.x": "import testbed.runtime",
+    "importlib literal": "import importlib\nimportlib.import_module('testbed.runtime')",
+    "__import__ literal": "__import__('testbed.runtime.worker')",
+}
+
+
+def _copy(tmp_path: Path) -> Path:
+    for folder in ("testbed", "plugins"):
+        shutil.copytree(ROOT / folder, tmp_path / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+def _plant(root: Path, module: str, line: str) -> None:
+    path = root / module
+    path.write_text(path.read_text() + "\n" + line + "\n")
+
+
+@pytest.mark.parametrize("slip", sorted(CIRCLE_SLIPS))
+def test_a_planted_circle_fails_in_any_form(tmp_path: Path, slip: str) -> None:
+    root = _copy(tmp_path)
+    assert not import_circles(root)
+    _plant(root, "testbed/errors.py", CIRCLE_SLIPS[slip])
+    circle = import_circles(root)
+    assert circle and "testbed.errors -> testbed.topology" in circle[0], circle
+
+
+@pytest.mark.parametrize("slip", sorted(PLUGIN_SLIPS))
+def test_a_plugin_reaching_past_the_api_fails_in_any_form(tmp_path: Path, slip: str) -> None:
+    root = _copy(tmp_path)
+    _plant(root, "plugins/baselines/bubbles.py", PLUGIN_SLIPS[slip])
+    bad = plugin_imports(root)
+    assert bad and all("bubbles.py" in line and "testbed.runtime" in line for line in bad), bad
+
+
+def test_a_dynamic_import_of_a_computed_name_fails(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    path = root / "testbed/sim/network.py"
+    _plant(root, "testbed/sim/network.py",
+           "import importlib\nPART = 'runtime'\nimportlib.import_module(f'testbed.{PART}')")
+    assert unnamed_dynamic_imports(root) == [
+        f"testbed/sim/network.py:{len(path.read_text().splitlines())}"]
