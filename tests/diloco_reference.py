@@ -153,18 +153,11 @@ def train(job: Job, replicas: int, microbatches: int, iterations: int,
     inner = [torch.optim.AdamW(m.parameters(), lr=settings.lr,
                                weight_decay=settings.weight_decay) for m in models]
     corpus = Corpus(shape.vocab, shape.seq_len, job.seed)
-    names = [n for n, _ in models[0].named_parameters()]
-    outer_params = {n: p.detach().clone() for n, p in models[0].named_parameters()}
-    optimizers: dict[tuple[int, int], torch.optim.SGD] = {}
+    outer_loop = _OuterLoop(models, shape.layers, outer)
     residuals = [torch.zeros(0) for _ in range(replicas)]
-    pending: dict[tuple[int, int], torch.Tensor] = {}
-
-    def fragment(sync: Sync) -> list[str]:
-        return [n for n in names if fragment_of(n, shape.layers, sync.fragments) == sync.fragment]
-
     for iteration in range(iterations):
         if kept is not None and iteration in kept:
-            kept[iteration] = {n: p.clone() for n, p in outer_params.items()}
+            kept[iteration] = outer_loop.snapshot()
         for r, model in enumerate(models):
             for mb in range(microbatches):
                 first = sample_index(iteration, r, mb, replicas, microbatches,
@@ -172,47 +165,79 @@ def train(job: Job, replicas: int, microbatches: int, iterations: int,
                 inputs, targets = corpus.batch(first, job.microbatch_size)
                 (loss_of(model(inputs), targets) / microbatches).backward()  # type: ignore[no-untyped-call]
         if gradients is not None:
-            flats = [torch.cat([p.grad.reshape(-1) for p in m.parameters()])  # type: ignore[union-attr]
-                     for m in models]
-            if gradients in ("", "fp32", "bf16", "fp16"):
-                average = ring_sum(flats, gradients) / replicas
-            else:
-                average = error_feedback_average(flats, residuals, gradients)
-            for m in models:
-                offset = 0
-                for p in m.parameters():
-                    p.grad = average[offset : offset + p.numel()].view_as(p).clone()
-                    offset += p.numel()
+            _all_reduce_gradients(models, residuals, gradients)
         for optimizer in inner:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         for sync in syncs(iteration):
-            key = (sync.fragment, sync.fragments)
-            chosen = fragment(sync)
-            if sync.kind == "start":
-                deltas = [torch.cat([(outer_params[n] - dict(m.named_parameters())[n].detach())
-                                     .reshape(-1) for n in chosen]) for m in models]
-                pending[key] = ring_sum(deltas, sync.payload) / replicas
-                continue
-            if key not in optimizers:
-                optimizers[key] = torch.optim.SGD(
-                    [outer_params[n] for n in chosen], lr=outer.lr, momentum=outer.momentum,
-                    nesterov=outer.nesterov)
-            average = pending.pop(key)
-            offset = 0
-            for n in chosen:
-                count = outer_params[n].numel()
-                outer_params[n].grad = average[offset : offset + count].view_as(outer_params[n])
-                offset += count
-            optimizers[key].step()
-            optimizers[key].zero_grad(set_to_none=True)
-            with torch.no_grad():
-                for m in models:
-                    params = dict(m.named_parameters())
-                    for n in chosen:
-                        params[n].copy_(outer.mixing * params[n]
-                                        + (1 - outer.mixing) * outer_params[n])
+            outer_loop.apply(sync)
     if kept is not None and iterations in kept:
-        kept[iterations] = {n: p.clone() for n, p in outer_params.items()}
+        kept[iterations] = outer_loop.snapshot()
     assert not math.isnan(sum(float(p.detach().sum()) for m in models for p in m.parameters()))
     return [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
+
+
+def _all_reduce_gradients(models: list[torch.nn.Module], residuals: list[torch.Tensor],
+                          payload: str) -> None:
+    """Every replica's gradients replaced by their average: ring-summed as sent
+    uncompressed, or compressed with error feedback."""
+    flats = [torch.cat([p.grad.reshape(-1) for p in m.parameters()])  # type: ignore[union-attr]
+             for m in models]
+    if payload in ("", "fp32", "bf16", "fp16"):
+        average = ring_sum(flats, payload) / len(models)
+    else:
+        average = error_feedback_average(flats, residuals, payload)
+    for m in models:
+        offset = 0
+        for p in m.parameters():
+            p.grad = average[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+
+
+class _OuterLoop:
+    """The outer parameters, a torch SGD per fragment, and the averaged deltas of the
+    syncs started and not yet stepped."""
+
+    def __init__(self, models: list[torch.nn.Module], layers: int, outer: Outer) -> None:
+        self.models, self.layers, self.outer = models, layers, outer
+        self.names = [n for n, _ in models[0].named_parameters()]
+        self.params = {n: p.detach().clone() for n, p in models[0].named_parameters()}
+        self.optimizers: dict[tuple[int, int], torch.optim.SGD] = {}
+        self.pending: dict[tuple[int, int], torch.Tensor] = {}
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        return {n: p.clone() for n, p in self.params.items()}
+
+    def apply(self, sync: Sync) -> None:
+        key = (sync.fragment, sync.fragments)
+        chosen = [n for n in self.names
+                  if fragment_of(n, self.layers, sync.fragments) == sync.fragment]
+        if sync.kind == "start":
+            deltas = [torch.cat([(self.params[n] - dict(m.named_parameters())[n].detach())
+                                 .reshape(-1) for n in chosen]) for m in self.models]
+            self.pending[key] = ring_sum(deltas, sync.payload) / len(self.models)
+        else:
+            self._step(key, chosen)
+
+    def _step(self, key: tuple[int, int], chosen: list[str]) -> None:
+        """The fragment's outer step on its averaged deltas, then every replica's copy
+        mixed towards the new outer parameters."""
+        outer = self.outer
+        if key not in self.optimizers:
+            self.optimizers[key] = torch.optim.SGD(
+                [self.params[n] for n in chosen], lr=outer.lr, momentum=outer.momentum,
+                nesterov=outer.nesterov)
+        average = self.pending.pop(key)
+        offset = 0
+        for n in chosen:
+            count = self.params[n].numel()
+            self.params[n].grad = average[offset : offset + count].view_as(self.params[n])
+            offset += count
+        self.optimizers[key].step()
+        self.optimizers[key].zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for m in self.models:
+                params = dict(m.named_parameters())
+                for n in chosen:
+                    params[n].copy_(outer.mixing * params[n]
+                                    + (1 - outer.mixing) * self.params[n])

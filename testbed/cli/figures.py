@@ -117,28 +117,12 @@ def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: 
         from testbed.cli.net import require_root
 
         require_root()
-    if not topologies and not SHIPPED.is_dir():
-        raise InputError("the shipped topologies are not installed with the package (they "
-                         "are in the repository's topologies/): give --conditions FILE",
-                         "--conditions")
-    paths = topologies or tuple(SHIPPED / name for name in DEFAULT_CONDITIONS)
-    conditions = [_conditions(path) for path in paths]
+    conditions = [_conditions(path) for path in _condition_files(topologies)]
     wanted = _wanted(only, conditions)
     if readme is not None and (not readme.is_file() or not has_markers(readme)):
         raise InputError(f"{readme} is not a file with the {MARKERS} markers the table "
                          "goes between", "--readme")
-    directory = out or new_run_dir("claims", "figures")
-    if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
-        raise InputError(f"{directory} is not a plain directory", "--out")
-    if directory.is_dir() and any(directory.iterdir()) \
-            and not (directory / "claims.json").exists():
-        raise InputError(f"{directory} holds files but no claims.json: give an empty or new "
-                         "directory, or one an earlier `testbed figures` wrote", "--out")
-    directory.mkdir(parents=True, exist_ok=True)
-    try:
-        saved = load_records(directory / "claims.json")
-    except ValueError as exc:
-        raise InputError(str(exc), "--out") from None
+    directory, saved = _directory(out)
 
     def say(message: str) -> None:
         reporter.say(_stamped(message))
@@ -152,16 +136,8 @@ def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: 
         saved = records(measured, chosen, saved)
         write_records(directory / "claims.json", saved)
     if "simulate" in backends:
-        if wanted is None or wanted & {"bubbletea_utilization", "bubbletea_slowdown"}:
-            for cond in conditions:
-                _load_curve(cond, directory, fmt, say)
-        if search != "off":
-            saved = _frontiers(conditions, wanted, saved, search, workers, directory, fmt, say,
-                               count)
-            write_records(directory / "claims.json", saved)
-        if loss_grid != "off":
-            _loss_maps(conditions, SPACES[loss_grid], workers or default_workers(), directory,
-                       fmt, say, count)
+        saved = _simulator_only(conditions, wanted, saved, search, loss_grid, workers,
+                                directory, fmt, say, count)
     write_atomic(directory / "figures.md", details_markdown(saved) + "\n", 0o644)
     for record in saved:
         claim_plot(record, directory / f"{record['id'].replace(':', '-')}.{fmt}")
@@ -173,6 +149,52 @@ def figures(backend: str, out: Path | None, topologies: tuple[Path, ...], only: 
     click.echo(printable(claims_table(saved)))  # from claims.json
     click.echo(f"\nclaims.json, figures.md, a figure per claim (and its heat map and "
                f"load curves with the simulator) in {directory}", file=sys.stdout)
+
+
+def _condition_files(topologies: tuple[Path, ...]) -> tuple[Path, ...]:
+    """The topologies given, or the shipped ones where they are installed."""
+    if not topologies and not SHIPPED.is_dir():
+        raise InputError("the shipped topologies are not installed with the package (they "
+                         "are in the repository's topologies/): give --conditions FILE",
+                         "--conditions")
+    return topologies or tuple(SHIPPED / name for name in DEFAULT_CONDITIONS)
+
+
+def _directory(out: Path | None) -> tuple[Path, list[ClaimRecord]]:
+    """The output directory, made, and the records an earlier run left there: --out may
+    name a new or empty directory, or one an earlier `testbed figures` wrote (whose other
+    backend's column is kept), nothing else."""
+    directory = out or new_run_dir("claims", "figures")
+    if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
+        raise InputError(f"{directory} is not a plain directory", "--out")
+    if directory.is_dir() and any(directory.iterdir()) \
+            and not (directory / "claims.json").exists():
+        raise InputError(f"{directory} holds files but no claims.json: give an empty or new "
+                         "directory, or one an earlier `testbed figures` wrote", "--out")
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        return directory, load_records(directory / "claims.json")
+    except ValueError as exc:
+        raise InputError(str(exc), "--out") from None
+
+
+def _simulator_only(conditions: list[Conditions], wanted: set[str] | None,
+                    saved: list[ClaimRecord], search: SearchName, loss_grid: SearchName,
+                    workers: int | None, directory: Path, fmt: FigureFormat, say: Say,
+                    count: Counting) -> list[ClaimRecord]:
+    """What only the simulator is fast enough for: BubbleTea's load curves, each claim's
+    design-space search, the time-to-loss maps."""
+    if wanted is None or wanted & {"bubbletea_utilization", "bubbletea_slowdown"}:
+        for cond in conditions:
+            _load_curve(cond, directory, fmt, say)
+    if search != "off":
+        saved = _frontiers(conditions, wanted, saved, search, workers, directory, fmt, say,
+                           count)
+        write_records(directory / "claims.json", saved)
+    if loss_grid != "off":
+        _loss_maps(conditions, SPACES[loss_grid], workers or default_workers(), directory,
+                   fmt, say, count)
+    return saved
 
 
 def _load_curve(cond: Conditions, directory: Path, fmt: FigureFormat, say: Say) -> None:

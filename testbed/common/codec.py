@@ -91,60 +91,90 @@ def from_json(value: Any, hint: Any, where: str) -> Any:
     """`value` as `hint`, or DecodeError naming where it does not fit."""
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
-        args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is not type(None):
-                with contextlib.suppress(DecodeError):
-                    return from_json(value, arg, where)
-        raise DecodeError(f"{where} is {type(value).__name__}")
+        return _union(value, typing.get_args(hint), where)
     if hint is Any:
         return value
     if origin is Literal:
-        if value not in typing.get_args(hint):
-            raise DecodeError(f"{where} is {str(value)[:40]!r}, not one of "
-                                f"{', '.join(map(repr, typing.get_args(hint)))}")
-        return value
+        return _literal(value, typing.get_args(hint), where)
     if hint in (int, float, bool, str):
-        ok = isinstance(value, hint) and (hint is bool or not isinstance(value, bool))
-        if hint is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        if not ok:
-            raise DecodeError(f"{where} is {type(value).__name__}, not {hint.__name__}")
-        return value
+        return _scalar(value, hint, where)
     if origin is list:
-        if not isinstance(value, list):
-            raise DecodeError(f"{where} is not a list")
-        (item,) = typing.get_args(hint)
-        return [from_json(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        return _list(value, typing.get_args(hint)[0], where)
     if origin is tuple:
-        if not isinstance(value, list):
-            raise DecodeError(f"{where} is not a list")
-        items = typing.get_args(hint)
-        if len(items) == 2 and items[1] is Ellipsis:
-            items = (items[0],) * len(value)
-        elif len(items) != len(value):
-            raise DecodeError(f"{where} has {len(value)} items, not {len(items)}")
-        return tuple(from_json(v, item, f"{where}[{i}]")
-                     for i, (v, item) in enumerate(zip(value, items, strict=True)))
+        return _tuple(value, typing.get_args(hint), where)
     if isinstance(hint, type) and issubclass(hint, Enum):
-        try:
-            return hint(value)
-        except (ValueError, TypeError):
-            raise DecodeError(f"{where} is {str(value)[:40]!r}, not a {hint.__name__}") from None
+        return _enum(value, hint, where)
     if origin is dict or typing.is_typeddict(hint):
-        if not isinstance(value, dict):
-            raise DecodeError(f"{where} is not an object")
-        if origin is None:
-            return value  # a TypedDict: its fields are the receiver's business
-        _, item = typing.get_args(hint)
-        return {str(k): from_json(v, item, f"{where}.{k}") for k, v in value.items()}
+        return _mapping(value, hint, where)
     if isinstance(hint, type) and is_dataclass(hint):
         if not isinstance(value, dict):
             raise DecodeError(f"{where} is not an object")
         return build(hint, value, where)
     raise DecodeError(f"{where}: no rule for {hint!r}")
+
+
+def _union(value: Any, args: tuple[Any, ...], where: str) -> Any:
+    """The first of a union's members `value` fits, None where the union admits it."""
+    if value is None and type(None) in args:
+        return None
+    for arg in args:
+        if arg is not type(None):
+            with contextlib.suppress(DecodeError):
+                return from_json(value, arg, where)
+    raise DecodeError(f"{where} is {type(value).__name__}")
+
+
+def _literal(value: Any, choices: tuple[Any, ...], where: str) -> Any:
+    if value not in choices:
+        raise DecodeError(f"{where} is {str(value)[:40]!r}, not one of "
+                          f"{', '.join(map(repr, choices))}")
+    return value
+
+
+def _scalar(value: Any, hint: type[Any], where: str) -> Any:
+    """A bool is no int here (JSON tells them apart); an int is a float."""
+    ok = isinstance(value, hint) and (hint is bool or not isinstance(value, bool))
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not ok:
+        raise DecodeError(f"{where} is {type(value).__name__}, not {hint.__name__}")
+    return value
+
+
+def _list(value: Any, item: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise DecodeError(f"{where} is not a list")
+    return [from_json(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+
+
+def _tuple(value: Any, items: tuple[Any, ...], where: str) -> tuple[Any, ...]:
+    """A JSON list as a tuple of any length (`tuple[X, ...]`) or of as many items as the
+    hint names."""
+    if not isinstance(value, list):
+        raise DecodeError(f"{where} is not a list")
+    if len(items) == 2 and items[1] is Ellipsis:
+        items = (items[0],) * len(value)
+    elif len(items) != len(value):
+        raise DecodeError(f"{where} has {len(value)} items, not {len(items)}")
+    return tuple(from_json(v, item, f"{where}[{i}]")
+                 for i, (v, item) in enumerate(zip(value, items, strict=True)))
+
+
+def _enum(value: Any, hint: type[Enum], where: str) -> Any:
+    try:
+        return hint(value)
+    except (ValueError, TypeError):
+        raise DecodeError(f"{where} is {str(value)[:40]!r}, not a {hint.__name__}") from None
+
+
+def _mapping(value: Any, hint: Any, where: str) -> dict[str, Any]:
+    """A dict's values decoded by its value type; a TypedDict's left to its receiver."""
+    if not isinstance(value, dict):
+        raise DecodeError(f"{where} is not an object")
+    if typing.get_origin(hint) is None:
+        return value  # a TypedDict: its fields are the receiver's business
+    _, item = typing.get_args(hint)
+    return {str(k): from_json(v, item, f"{where}.{k}") for k, v in value.items()}
 
 
 def build(cls: type[Any], data: dict[str, Any], where: str) -> Any:

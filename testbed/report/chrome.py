@@ -73,28 +73,42 @@ def trace_scope(plan: Plan, detail: TraceChoice) -> tuple[frozenset[str] | None,
                   f"{plan.dp}{group}; --trace full draws every GPU")
 
 
+class _Tracks:
+    """The trace's processes (one per datacenter, and the network's) and threads (one per
+    GPU), each named the first time an event lands on it."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.pids = {dc.name: i + 1 for i, dc in enumerate(topology.datacenters)}
+        self.tids: dict[str, int] = {}
+        self.network_named = False
+
+    def processes(self) -> Iterator[dict[str, Any]]:
+        for dc, pid in self.pids.items():
+            yield {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": dc}}
+
+    def on(self, gpu: str) -> Iterator[dict[str, Any]]:
+        """The name of `gpu`'s track, if not yet given (and the network's process', the
+        first time a track lies outside every datacenter)."""
+        if gpu in self.tids:
+            return
+        pid = self.pids.get(gpu.rsplit("-", 1)[0], 0)
+        if pid == 0 and not self.network_named:
+            self.network_named = True
+            yield {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "network"}}
+        self.tids[gpu] = len(self.tids) + 1
+        yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": self.tids[gpu],
+               "args": {"name": gpu}}
+
+    def where(self, gpu: str) -> dict[str, int]:
+        return {"pid": self.pids.get(gpu.rsplit("-", 1)[0], 0), "tid": self.tids[gpu]}
+
+
 def trace_events(spans: Sequence[Span], start: float, topology: Topology,
                  kept: frozenset[str] | None = None) -> Iterator[dict[str, Any]]:
     """The trace's events in span order, each track's name first; with `kept`, only those
     GPUs' tracks (a span of a group drawn once, on its first GPU kept)."""
-    pids = {dc.name: i + 1 for i, dc in enumerate(topology.datacenters)}
-    tids: dict[str, int] = {}
-    for dc, pid in pids.items():
-        yield {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": dc}}
-    network_named = False
-
-    def track(gpu: str) -> Iterator[dict[str, Any]]:
-        nonlocal network_named
-        pid = pids.get(gpu.rsplit("-", 1)[0], 0)
-        if pid == 0 and not network_named:
-            network_named = True
-            yield {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "network"}}
-        tids[gpu] = len(tids) + 1
-        yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": tids[gpu],
-               "args": {"name": gpu}}
-
-    def where(gpu: str) -> dict[str, int]:
-        return {"pid": pids.get(gpu.rsplit("-", 1)[0], 0), "tid": tids[gpu]}
+    tracks = _Tracks(topology)
+    yield from tracks.processes()
 
     def us(t: float) -> float:
         return round((t - start) * 1e6, 3)
@@ -105,16 +119,9 @@ def trace_events(spans: Sequence[Span], start: float, topology: Topology,
     for group, kind, begin, end, iteration, detail in rows(spans):
         if kind == "transfer" and detail.get("src"):
             src, dst = detail["src"], detail["dst"]
-            if kept is not None and (src not in kept or dst not in kept):
-                continue
-            for gpu in (src, dst):
-                if gpu not in tids:
-                    yield from track(gpu)
-            flow += 1
-            yield {"ph": "s", "id": flow, "name": "tensor", "cat": "transfer", **where(src),
-                   "ts": us(begin)}
-            yield {"ph": "f", "bp": "e", "id": flow, "name": "tensor", "cat": "transfer",
-                   **where(dst), "ts": us(end)}
+            if kept is None or (src in kept and dst in kept):
+                flow += 1
+                yield from _arrow(tracks, flow, src, dst, us(begin), us(end))
             continue
         if kind not in _SHOWN:
             continue
@@ -122,15 +129,23 @@ def trace_events(spans: Sequence[Span], start: float, topology: Topology,
         if drawn is None:
             drawn = drawn_of[group] = group if kept is None else [
                 g for g in group if g in kept or g == "network"][:1]
-        if not drawn:
-            continue
         args = {"iteration": iteration, **detail}
         ts, stop = us(begin), us(end)
         for gpu in drawn:
-            if gpu not in tids:
-                yield from track(gpu)
-            yield {"ph": "X", "name": _label(kind, detail), "cat": kind, **where(gpu),
+            yield from tracks.on(gpu)
+            yield {"ph": "X", "name": _label(kind, detail), "cat": kind, **tracks.where(gpu),
                    "ts": ts, "dur": max(0.0, stop - ts), "args": args}
+
+
+def _arrow(tracks: _Tracks, flow: int, src: str, dst: str, begin_us: float, end_us: float
+           ) -> Iterator[dict[str, Any]]:
+    """A transfer as an arrow from its sender's track to its receiver's."""
+    yield from tracks.on(src)
+    yield from tracks.on(dst)
+    yield {"ph": "s", "id": flow, "name": "tensor", "cat": "transfer", **tracks.where(src),
+           "ts": begin_us}
+    yield {"ph": "f", "bp": "e", "id": flow, "name": "tensor", "cat": "transfer",
+           **tracks.where(dst), "ts": end_us}
 
 
 def write_trace(path: Path, events: Iterable[dict[str, Any]]) -> None:
