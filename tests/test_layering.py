@@ -13,7 +13,11 @@ import pytest
 from tests.import_reader import beyond_the_policy_api, modules, owner, read
 
 ROOT = Path(__file__).resolve().parent.parent
-MAX_LINES = 400
+SOFT_MAX_LINES = 600
+"""Generous on purpose: what keeps a function readable is the complexity ceiling in
+pyproject.toml (ruff's C901, PLR0912, PLR0915); this only says when a module has grown
+into two jobs. A file is never squeezed to meet it (a docstring is not a trailing
+comment): past it, the module splits along its concerns."""
 
 
 def import_circles(root: Path) -> list[str]:
@@ -74,10 +78,10 @@ def test_every_dynamic_import_names_its_module() -> None:
     assert not unnamed_dynamic_imports(ROOT), unnamed_dynamic_imports(ROOT)
 
 
-def test_no_module_is_over_400_lines() -> None:
+def test_no_module_is_over_the_soft_limit() -> None:
     long = {str(p.relative_to(ROOT)): n for p in modules(ROOT).values()
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert not long, long
+            if (n := len(p.read_text().splitlines())) > SOFT_MAX_LINES}
+    assert not long, f"past {SOFT_MAX_LINES} lines, split along its concerns: {long}"
 
 
 # The rules above must hold whatever form an import takes: each form planted in a copy of
