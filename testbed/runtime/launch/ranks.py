@@ -110,7 +110,8 @@ def launch_env(environ: Mapping[str, str]) -> dict[str, str]:
     one OpenMP thread per process unless the user chose, and unbuffered Python output
     (each line reaches the log and the console as the program prints it); and the
     interface a cluster's administrator names for torch's transports (gloo, NCCL,
-    TensorPipe), the host's link to its router."""
+    TensorPipe), the host's link to its router: they otherwise take the address this
+    machine's host name resolves to, which no host namespace has."""
     env = dict(environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
