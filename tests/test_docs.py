@@ -147,7 +147,7 @@ def test_the_readme_is_a_five_minute_read_that_links_to_the_pages() -> None:
 # verbatim into bash with the virtual environment's bin on PATH, as getting-started.md
 # says to put it. The rest (the emulator, compare, sweep and figures, minutes each, or
 # commands after a `pip install` of one's own package) parse only.
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md")),
          ROOT / "examples" / "testbed-example-policy" / "README.md"]
 FENCE = re.compile(r"^```(?P<lang>[a-z]*)\n(?P<body>.*?)^```", re.M | re.S)
 SHELLS = {"", "sh", "bash", "shell", "console"}
