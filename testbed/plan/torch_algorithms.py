@@ -235,7 +235,8 @@ def _zbv(rank: int, ranks: int, n: int) -> list[Step]:
     return [a if a is not None and a[2] < n else None for a in ops]  # type: ignore[misc]
 
 
-def _dualpipe_v(rank: int, ranks: int, chunks: int) -> list[Step]:
+# one branch per case of torch's own function, kept in its order to be read beside it
+def _dualpipe_v(rank: int, ranks: int, chunks: int) -> list[Step]:  # noqa: C901
     """ScheduleDualPipeV._calculate_single_rank_operations."""
     ops: list[Step] = []
     counters: dict[tuple[int, str], int] = {}
