@@ -8,6 +8,7 @@ whose name is not a literal cannot be checked, so it is reported as such."""
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,7 +59,19 @@ def owner(module: str, known: set[str] | dict[str, Path]) -> str | None:
 def read(name: str, path: Path, known: set[str] | dict[str, Path]) -> list[Import]:
     """Every import in module `name` (at `path`), in the order written."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    return list(_Reader(package, known).read(ast.parse(path.read_text(), str(path))))
+    text = path.read_text()
+    try:
+        tree = _parsed(text)
+    except SyntaxError:
+        tree = ast.parse(text, str(path))  # raises again, naming the file
+    return list(_Reader(package, known).read(tree))
+
+
+@functools.cache
+def _parsed(text: str) -> ast.Module:
+    """A module's tree, parsed once per text: the planted-slip tests read whole copies of
+    the tree where one file differs. The reader only looks at the tree."""
+    return ast.parse(text)
 
 
 class _Reader:

@@ -550,6 +550,14 @@ def test_candidates_measured_in_parallel_make_the_same_choice(name: str) -> None
                 assert candidate.simulated_s >= serial[key].simulated_s
 
 
+def _ctrl_c_live() -> None:
+    """As at a terminal: SIGINT neither ignored nor blocked, whatever this test process
+    inherited or holds (a command started with SIGINT ignored, as `cmd &` in a script
+    is, keeps it ignored, as it should)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 @pytest.mark.parametrize("group", [True, False])
 def test_a_stop_while_atlas_plans_on_several_cores_leaves_no_worker_and_no_traceback(
         group: bool) -> None:
@@ -560,7 +568,8 @@ def test_a_stop_while_atlas_plans_on_several_cores_leaves_no_worker_and_no_trace
     process = subprocess.Popen(
         [str(Path(sys.executable).parent / "testbed"), "simulate",
          str(ROOT / "topologies" / "paper-3dc.yaml"), "-p", "atlas", "--iterations", "50"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=_ctrl_c_live)
     deadline = time.monotonic() + 120
     workers: list[int] = []
     while len(workers) < 2:  # the pool is open: planning is under way

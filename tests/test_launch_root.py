@@ -147,9 +147,10 @@ def test_a_hung_program_is_stopped_at_the_timeout(tmp_path: Path) -> None:
 
 def test_a_lost_host_is_killed_at_its_time_and_the_rest_go_on(tmp_path: Path) -> None:
     scenario = tmp_path / "scenario.yaml"
+    trace = ROOT / "scenarios" / "wan-trace.csv"
     scenario.write_text("failures:\n  - {at: 1s, worker: west-1}\n"
                         "events:\n  - {at: 0.5s, link: [east, west], bandwidth: 100Mbit, "
-                        "for: 1s}\n")
+                        f"for: 1s}}\ntraces:\n  - {{link: [west, east], csv: {trace}}}\n")
     program = "import os, time\ntime.sleep(3 if os.environ['RANK'] != '3' else 600)\n"
     result, results = _launch(tmp_path, program, "--scenario", str(scenario))
     assert result.returncode == 0, result.stderr
@@ -161,6 +162,7 @@ def test_a_lost_host_is_killed_at_its_time_and_the_rest_go_on(tmp_path: Path) ->
     assert 0.5 < lost < 2.0  # lost 1 s after the ranks began, this one a little later
     assert [e["applied"] for e in results["events"]] == [True]
     assert [f["applied"] for f in results["scenario"]["failures"]] == [True]
+    assert results["scenario"]["traces"][0]["applied"]
 
 
 def _started(out: Path, ranks: int, timeout: float = 60) -> None:
@@ -352,6 +354,7 @@ def test_torchft_diloco_moves_its_payload_per_sync_across_the_wan(tmp_path: Path
             assert moved == pytest.approx(payload, rel=0.02), (link, begin)
 
 
+@pytest.mark.benchmark  # the two-DC test's at another size
 def test_torchft_diloco_across_three_dcs(tmp_path: Path) -> None:
     _torchft()
     ranks = tmp_path / "ranks.yaml"
@@ -366,7 +369,7 @@ def test_torchft_diloco_across_three_dcs(tmp_path: Path) -> None:
     assert all(link["bytes"] > 0 for link in results["wan"]["links"])
 
 
-@pytest.mark.slow
+@pytest.mark.benchmark  # a minute of torchft; a trace and a lost host: the test above
 def test_torchft_diloco_goes_on_under_a_wan_trace_and_without_a_lost_group(
         tmp_path: Path) -> None:
     _torchft()
