@@ -366,3 +366,30 @@ def test_niced_work_is_told_apart(tmp_path: Path) -> None:
     stat.write_text("cpu  100 50 30 800 20 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
     sample = read_cpu(stat)
     assert (sample.busy, sample.total, sample.niced) == (180, 1000, 50)
+
+
+def test_mixed_congestion_controls_share_alike_when_dilated() -> None:
+    """A CUBIC DC's flows against BBR's, of other round trips: their RTT-biased weights
+    compare round trips with each other, not with a second, so a dilated network shares
+    as the one it represents (hypothesis found this one)."""
+    from testbed.topology.model import Datacenter, GpuType, TcpSettings, WanLink
+
+    gpu = GpuType("a100", 312e12, 80 * 2**30, 0.5)
+    bbr = TcpSettings("bbr", (4096, 131072, 1 << 20), (4096, 16384, 1 << 20), False, None)
+    floor = MIN_RTT_S / 2
+    topology = Topology("t", datacenters=(
+        Datacenter("east", 1, gpu, 1e8, floor),
+        Datacenter("west", 2, gpu, 1e8, floor),
+        Datacenter("central", 1, gpu, 1e8, floor,
+                   tcp=dataclasses.replace(bbr, congestion="cubic"))),
+        links=(WanLink("east", "west", 0.005, 1e8), WanLink("east", "central", 0.0005, 1e8)),
+        tcp=bbr)
+    job = Job(ModelShape(layers=2, hidden=16, heads=1, seq_len=8, vocab=256),
+              microbatch_size=1, microbatches=1, iterations=1)
+    policy = training_policy("gpipe")
+    plan = plan_with_simulator(policy, topology, job)
+    plain = Simulator(topology, job, plan, policy).run()
+    slow = Simulator(dilate_topology(topology, 2), job, plan, policy).run()
+    ends = sorted(s["end"] for s in plain.spans)
+    slow_ends = sorted(s["end"] for s in represented_spans(slow.spans, slow.start, 2))
+    assert slow_ends == pytest.approx(ends, rel=1e-6, abs=1e-5)
