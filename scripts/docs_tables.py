@@ -102,6 +102,10 @@ def _loss_model(report: dict[str, Any]) -> str:
     return str(_script("bench_loss_model").table(report))
 
 
+def _loss_real(report: dict[str, Any]) -> str:
+    return str(_script("bench_loss_real").tables(report))
+
+
 def _launch(report: dict[str, Any]) -> str:
     return str(_script("bench_launch").table(report))
 
@@ -129,6 +133,8 @@ TABLES: dict[str, Table] = {
                           "scripts/bench_diloco.py --parts simulate"),
     "loss-model": Table(("benchmarks/loss-model.json",), _loss_model,
                         "scripts/bench_loss_model.py"),
+    "loss-real": Table(("benchmarks/loss-real.json",), _loss_real,
+                       "scripts/bench_loss_real.py"),
     "net-rtt": Table(("benchmarks/net.json",), _measured("net_rtt"), "scripts/bench_net.py"),
     "net-throughput": Table(("benchmarks/net.json",), _measured("net_throughput"),
                             "scripts/bench_net.py"),

@@ -1,0 +1,390 @@
+#!/usr/bin/env python3
+"""The loss model against what real compute trains: every-step data parallelism, DiLoCo
+(H = 4 and 16), Streaming DiLoCo and Atlas with `--compute real` over the emulated WAN of
+two-dc and paper-3dc, each method's loss per token over data parallelism's beside the
+penalty the loss model predicts for its plan.
+
+`.venv/bin/python scripts/bench_loss_real.py [--topologies two-dc,paper-3dc] [--seeds
+0,1,2] [--iterations N] [--json benchmarks/loss-real.json] [--from-json F] [--lock F]`
+(root: it runs the emulator; about 25 minutes of runs on two shared cores). A run
+already in the JSON given by `--from-json` is kept, not run again (one that failed is
+tried again); the JSON is written after every run, so the benchmark can be run a topology
+or a seed at a time. `--lock F` holds an exclusive lock on F during each seed's runs,
+where others share the machine's emulator. `--parts ''` with `--from-json` only prints the tables.
+
+What is run: each topology's own job, every method training the same global batch (two-dc
+16 sequences a step, paper-3dc its 48) of the seeded synthetic corpus from the same seed
+for the same steps (the token budget: two-dc 128 steps, paper-3dc 64, unless
+`--iterations` sets both). paper-3dc's 13B model cannot train on a CPU: its
+job runs with `model=tiny` (4 layers of 64, a vocabulary of 256, sequences of 32; 229,376
+parameters), two-dc's model already is. Losses do not depend on timing, so every run is
+undilated (`dilation` 1): a dilated one would only take longer.
+
+The penalty is testbed.metrics.loss_penalty's, defined as the loss model defines its own
+(testbed.loss.model.Penalty: a method's loss over every-step data parallelism's after the
+same tokens): the mean loss of the model a method keeps at its evaluation points in the
+budget's last quarter over the mean of data parallelism's at the same steps, same seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from itertools import pairwise
+from pathlib import Path
+from statistics import mean, stdev
+from typing import Any
+
+from testbed.metrics.loss import LossPoint
+from testbed.metrics.loss_penalty import measured_penalty, ordering, penalty_steps, seed_mean
+
+ROOT = Path(__file__).resolve().parent.parent
+
+METHODS: list[tuple[str, str, dict[str, str]]] = [
+    ("dp-across-dc", "dp-across-dc", {}),
+    ("diloco H=4", "diloco", {"inner_steps": "4"}),
+    ("diloco H=16", "diloco", {"inner_steps": "16"}),
+    ("streaming-diloco", "streaming-diloco", {"inner_steps": "8", "fragments": "2",
+                                              "overlap": "1"}),
+    ("atlas", "atlas", {}),
+]
+"""The label, policy and options of each method; the first is the baseline. Streaming
+DiLoCo as scripts/bench_diloco.py runs it on two-dc: two fragments of 2 layers (the tiny
+model has 4), each synced every 8 steps, overlapped by one step, mixed in at 0.5."""
+BASELINE = METHODS[0][0]
+
+SAME = 1e-6
+"""Penalties within this of each other are one: float32 losses, summed in another order
+by another placement, agree to about 1e-7."""
+
+TOPOLOGIES: dict[str, dict[str, Any]] = {
+    "two-dc": {"sets": {}, "global_batch": 16, "iterations": 128},
+    "paper-3dc": {"sets": {"model": "tiny"}, "global_batch": 48, "iterations": 64},
+}
+"""Each topology's `--set` overrides, the global batch every method trains (two-dc's as
+scripts/bench_diloco.py trains it, so that Atlas's single pipeline sees the same batch;
+paper-3dc's its job's own) and the steps (paper-3dc's 12 workers take about 80 s a run
+of 64 steps on two shared cores; its three times larger batch has data parallelism's
+loss level by then, as two-dc's is by 128)."""
+
+
+def _points(rows: Sequence[Sequence[Any]]) -> list[LossPoint]:
+    """A curve as the JSON keeps it ([iteration, tokens, loss] rows) as LossPoints."""
+    return [LossPoint(iteration=int(i), time_s=0.0, tokens=int(t), loss=loss)
+            for i, t, loss in rows]
+
+
+def _window_loss(run: Mapping[str, Any], steps: tuple[int, int]) -> float | None:
+    losses = [p[2] for p in run["curve"] if steps[0] <= p[0] < steps[1]]
+    return None if not losses or None in losses else mean(losses)
+
+
+def summarize(topology: Mapping[str, Any]) -> dict[str, Any]:
+    """Per method: the penalty at each seed, their mean, spread, least and most, beside
+    the model's, or why it did not run; and the ordering check over the methods that ran
+    at every seed."""
+    runs = topology["runs"]
+    steps = penalty_steps(topology["iterations"])
+    seeds = sorted({run["seed"] for run in runs.values()})
+    base = {r["seed"]: r for r in runs.values() if r["method"] == BASELINE and "error" not in r}
+    out: dict[str, Any] = {}
+    for label, _, _ in METHODS:
+        mine = {r["seed"]: r for r in runs.values() if r["method"] == label}
+        if not mine:
+            continue
+        failed = {s: mine[s]["error"] if s in mine else "not run" for s in seeds
+                  if s not in mine or "error" in mine[s]}
+        failed.update({s: f"{BASELINE} did not run" for s in seeds
+                       if s not in base and s not in failed})
+        if failed:
+            out[label] = {"failed": failed}
+            continue
+        values = [measured_penalty(_points(mine[s]["curve"]), _points(base[s]["curve"]),
+                                   steps) for s in seeds]
+        done = [v for v in values if v is not None]
+        first = mine[seeds[0]]
+        losses = [_window_loss(mine[s], steps) for s in seeds]
+        out[label] = {"seeds": values, "mean": seed_mean(values),
+                      "stdev": stdev(done) if len(done) == len(values) > 1 else None,
+                      "low": min(done) if done else None, "high": max(done) if done else None,
+                      "loss": seed_mean(losses), "loss_of": first["loss_of"],
+                      "points": sum(steps[0] <= p[0] < steps[1] for p in first["curve"]),
+                      "model": first["model"], "plan": first["plan"]}
+    ran = {k: v for k, v in out.items() if "failed" not in v}
+    check = ordering({k: v["model"]["penalty"] for k, v in ran.items()},
+                     {k: v["seeds"] for k, v in ran.items()})
+    return {"methods": out, "ordering": check, "steps": list(steps), "seeds": seeds}
+
+
+def _emulated(topology: str, label: str, policy: str, options: dict[str, str], seed: int,
+              iterations: int, work: Path) -> dict[str, Any]:
+    """One real-compute run, with the loss model's penalty for the plan it ran; a run
+    that fails is recorded with its error, one stopped by Ctrl-C or SIGTERM stops the
+    benchmark."""
+    from testbed import api
+    from testbed.errors import TestbedError
+    from testbed.policy import training_policy
+    from testbed.policy.loss_models import declared_effect, loss_model
+    from testbed.runtime.coordinator.failure import Interrupted
+    from testbed.runtime.worker.model import entropy_floor
+
+    conditions = TOPOLOGIES[topology]
+    inputs = api.load(ROOT / "topologies" / f"{topology}.yaml", sets=conditions["sets"])
+    job = replace(inputs.job, microbatches=None, global_batch=conditions["global_batch"],
+                  iterations=iterations, seed=seed)
+    inputs = replace(inputs, job=job)
+    plan = api.plan(inputs, policy, options)
+    effect = declared_effect(training_policy(policy, options), plan, inputs.topology)
+    model = loss_model()
+    predicted = model.penalty(effect, job.model.params)
+    run: dict[str, Any] = {
+        "topology": topology, "method": label, "policy": policy, "options": options,
+        "seed": seed, "tokens_per_step": job.model.seq_len * conditions["global_batch"],
+        "floor": entropy_floor(job.model.vocab), "plan": {"dp": plan.dp, "pp": plan.pp},
+        "model": {"name": model.name, "effect": effect.describe(),
+                  "params": job.model.params, "penalty": predicted.ratio,
+                  "band": [predicted.low, predicted.high],
+                  "extrapolated": predicted.extrapolated,
+                  "why_extrapolated": list(predicted.reasons)}}
+    run["load_before"] = os.getloadavg()[0]
+    started = time.monotonic()
+    try:
+        result = api.emulate(inputs, policy, options, compute="real", dilation=1,
+                             out=work / f"{topology}-{label.replace(' ', '_')}-{seed}",
+                             say=lambda _m: None)
+    except Interrupted as stopped:
+        raise SystemExit(stopped.exit_code) from stopped
+    except TestbedError as error:
+        return {**run, "error": str(error).splitlines()[0]}
+    if isinstance(result.error, Interrupted):
+        raise SystemExit(result.error.exit_code)
+    if result.error is not None:
+        return {**run, "error": str(result.error).splitlines()[0]}
+    run["wall_s"] = time.monotonic() - started
+    results = result.results
+    said = (results.get("loss_model") or {}).get("penalty")
+    if said is None or abs(said - predicted.ratio) > 1e-12:
+        raise SystemExit(f"{topology} {label}: the run's loss_model.penalty {said} is not "
+                         f"the plan's {predicted.ratio}")
+    synced = results.get("synced_loss_curve")
+    kept = synced or results["loss_curve"] or []
+    return {**run, "iterations": results["iterations"],
+            "loss_of": "synchronized" if synced else "training",
+            "curve": [[p["iteration"], p["tokens"], p["loss"]] for p in kept],
+            "tokens_per_s": results["tokens_per_s"],
+            "cpu_bound": (results.get("emulation") or {}).get("cpu_bound")}
+
+
+@contextmanager
+def _locked(path: Path | None) -> Iterator[None]:
+    """An exclusive lock on `path` while one seed's runs go on (a few minutes), where
+    others share the machine's emulator (their runs' checks for leftover processes would
+    see these)."""
+    if path is None:
+        yield
+        return
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def measure(report: dict[str, Any], topologies: Sequence[str], seeds: Sequence[int],
+            steps: int | None, work: Path, lock: Path | None, save: Path | None) -> None:
+    """Every run not yet in `report` (or failed there), seed by seed so that a cut-short
+    benchmark has whole seeds, each seed's under `lock`, saved after each run; `steps`:
+    every topology's, else each its own."""
+    for topology in topologies:
+        iterations = steps or TOPOLOGIES[topology]["iterations"]
+        entry = report.setdefault("topologies", {}).setdefault(
+            topology, {"iterations": iterations, "runs": {}})
+        if entry["iterations"] != iterations:
+            raise SystemExit(f"{topology}: the report's runs are of {entry['iterations']} "
+                             f"steps, not {iterations}")
+        entry["global_batch"] = TOPOLOGIES[topology]["global_batch"]
+        entry["sets"] = TOPOLOGIES[topology]["sets"]
+        for seed in seeds:
+            todo = [m for m in METHODS
+                    if "error" in entry["runs"].get(f"{topology}/{m[0]}/{seed}", {"error": ""})]
+            if not todo:
+                continue
+            waited = time.monotonic()
+            with _locked(lock):
+                print(f"{topology}, seed {seed}: {time.monotonic() - waited:.0f} s for the "
+                      "lock", flush=True)
+                for label, policy, options in todo:
+                    run = _emulated(topology, label, policy, options, seed, iterations, work)
+                    _record(report, entry, f"{topology}/{label}/{seed}", run, save)
+
+
+def _record(report: dict[str, Any], entry: dict[str, Any], key: str, run: dict[str, Any],
+            save: Path | None) -> None:
+    """One run into the report, said in a line and saved."""
+    entry["runs"][key] = run
+    entry["tokens_per_step"] = run["tokens_per_step"]
+    entry["floor"] = run["floor"]
+    if "error" in run:
+        print(f"{key}: failed: {run['error']}", flush=True)
+    else:
+        steps = penalty_steps(entry["iterations"])
+        loss = _window_loss(run, steps)
+        print(f"{key}: dp {run['plan']['dp']} x pp {run['plan']['pp']}, loss "
+              + ("diverged" if loss is None else f"{loss:.4f}")
+              + f" over steps {steps[0]}-{steps[1] - 1}, model penalty "
+              f"{run['model']['penalty']:.4f}, {run['wall_s']:.0f} s (load "
+              f"{run['load_before']:.1f})", flush=True)
+    report["commit"] = _commit()
+    if save is not None:
+        save.write_text(json.dumps(report, indent=1) + "\n")
+
+
+def _commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _pct(value: float | None) -> str:
+    if value is None:
+        return "diverged"
+    change = value - 1
+    return f"{0.0 if abs(change) < 5e-5 else change:+.2%}"  # no -0.00%
+
+
+def tables(report: Mapping[str, Any]) -> str:
+    """The documentation's tables, from the JSON alone: per topology, each method's
+    measured penalty (mean, spread and range over seeds) beside the model's, and whether
+    the model's order of the methods holds."""
+    out: list[str] = []
+    for name, topology in report.get("topologies", {}).items():
+        summary = summarize(topology)
+        first, end = summary["steps"]
+        seeds = len(summary["seeds"])
+        out += [f"| {name}, real compute | plan | the model's effect | measured penalty: "
+                f"mean ± sd (range, {seeds} seeds) | model penalty (band) | loss, steps "
+                f"{first}-{end - 1} (points) |", "| --- | --- | --- | --- | --- | --- |"]
+        for label, row in summary["methods"].items():
+            if "failed" in row:
+                why = "; ".join(f"seed {s}: {e}" for s, e in sorted(row["failed"].items()))
+                out.append(f"| {label} | did not run with real compute: {why} | | | | |")
+                continue
+            model = row["model"]
+            mark = "*" if model["extrapolated"] else ""
+            spread = "" if row["stdev"] is None else f" ± {row['stdev']:.2%}"
+            loss = "diverged" if row["loss"] is None else f"{row['loss']:.4f}"
+            kind, _, detail = model["effect"].partition(" (")
+            out.append(
+                f"| {label} | dp {row['plan']['dp']} x pp {row['plan']['pp']} | "
+                + (kind if kind == "exact" else f"{kind} {detail.removesuffix(')')}")
+                + f" | {_pct(row['mean'])}{spread} ({_pct(row['low'])} to {_pct(row['high'])})"
+                f" | {_pct(model['penalty'])}{mark} ({_pct(model['band'][0])} to "
+                f"{_pct(model['band'][1])}) | {loss} ({row['points']}, "
+                f"{row['loss_of']}) |")
+        out += ["", _verdict(name, topology, summary), ""]
+    runs = [r for t in report.get("topologies", {}).values() for r in t["runs"].values()
+            if "error" not in r]
+    if runs:
+        out.append(f"{len(runs)} runs, {sum(r['wall_s'] for r in runs) / 60:.0f} minutes "
+                   f"of wall time, load average {min(r['load_before'] for r in runs):.1f}-"
+                   f"{max(r['load_before'] for r in runs):.1f} as they started (two cores "
+                   "shared); * the model extrapolates (a 229,376-parameter model is far "
+                   "below every source's).")
+    return "\n".join(out).rstrip()
+
+
+def _verdict(name: str, topology: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
+    """The paragraph under a topology's table: the budget, both orders, and whether the
+    model's holds."""
+    first, end = summary["steps"]
+    check = summary["ordering"]
+    wrong = [p for p in check["pairs"] if not p["holds"]]
+    steady = [p for p in check["pairs"] if p["every_seed"]]
+    tokens = topology["iterations"] * topology["tokens_per_step"]
+    text = (f"{name}: {topology['iterations']} steps of {topology['global_batch']} sequences "
+            f"({tokens:,} tokens), the penalty over steps {first}-{end - 1} (the synthetic "
+            f"corpus's entropy, the loss no model goes below: {topology['floor']:.3f}). ")
+    if len(check["predicted"]) < 2:
+        return text + "Too few methods ran at every seed to order them."
+    text += (f"By loss per token the model orders {_order(check['predicted'], summary)}; "
+             f"measured: {_order(check['measured'], summary, measured=True)}. ")
+    pairs = len(check["pairs"])
+    text += (f"The model's order holds (all {pairs} pairs it orders)" if check["holds"] else
+             f"The model's order does not hold ({pairs - len(wrong)} of the {pairs} pairs it "
+             "orders do): " + "; ".join(f"{p['lower']} measured above {p['higher']}"
+                                       for p in wrong))
+    text += f"; every seed orders {len(steady)} of the {pairs} pairs as the means do."
+    outside = [(label, row) for label, row in summary["methods"].items()
+               if "failed" not in row and row["mean"] is not None
+               and not row["model"]["band"][0] - SAME <= row["mean"]
+               <= row["model"]["band"][1] + SAME]
+    text += (" Measured outside the model's band: " + "; ".join(
+        f"{label} ({_pct(row['mean'])} against {_pct(row['model']['penalty'])})"
+        for label, row in outside) + "." if outside else
+        " Every measured penalty is inside the model's band.")
+    for tie in check["ties"]:
+        gap = tie["largest_gap"]
+        text += (f" {' and '.join(tie['methods'])}, exact both, differ by at most "
+                 + ("(diverged)" if gap is None else f"{gap:.1e}") + " at a seed.")
+    return text
+
+
+def _order(labels: Sequence[str], summary: Mapping[str, Any], measured: bool = False) -> str:
+    """Methods in order, a tie (equal predicted penalties, or measured ones within SAME)
+    joined by =."""
+    rows = summary["methods"]
+    text = labels[0] if labels else ""
+    for before, label in pairwise(labels):
+        tied = abs(rows[before]["mean"] - rows[label]["mean"]) <= SAME if measured else \
+            rows[before]["model"]["penalty"] == rows[label]["model"]["penalty"]
+        text += (" = " if tied else " < ") + label
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--topologies", default="two-dc,paper-3dc")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--iterations", type=int,
+                        help="steps of every run (a multiple of 16, every method's cycle; "
+                        "default: each topology's own)")
+    parser.add_argument("--parts", default="emulate", help="emulate, or '' to only render")
+    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "loss-real.json")
+    parser.add_argument("--from-json", type=Path,
+                        help="start from this report (its runs are kept, not run again)")
+    parser.add_argument("--lock", type=Path,
+                        help="hold an exclusive lock on this file during each emulated run")
+    parser.add_argument("--work", type=Path, help="keep the runs' directories here")
+    args = parser.parse_args()
+    if args.iterations is not None and (args.iterations <= 0 or args.iterations % 16):
+        parser.error("--iterations must be a positive multiple of 16 (every method's cycle)")
+    topologies = [t for t in args.topologies.split(",") if t]
+    unknown = [t for t in topologies if t not in TOPOLOGIES]
+    if unknown:
+        parser.error(f"--topologies: no conditions for {', '.join(unknown)} (known: "
+                     f"{', '.join(TOPOLOGIES)})")
+    report: dict[str, Any] = json.loads(args.from_json.read_text()) if args.from_json else {}
+    if "emulate" in args.parts.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            measure(report, topologies,
+                    [int(s) for s in args.seeds.split(",") if s], args.iterations,
+                    args.work or Path(tmp), args.lock, args.json)
+        for entry in report.get("topologies", {}).values():
+            entry["summary"] = summarize(entry)  # for readers of the JSON; docs recompute it
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    print(tables(report))
+
+
+if __name__ == "__main__":
+    main()
