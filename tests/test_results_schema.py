@@ -5,6 +5,8 @@ against it, and a damaged one refused in one line naming the file and the key.""
 from __future__ import annotations
 
 import json
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,14 @@ from testbed.report.results_schema import (
     schema_text,
     shipped_schema,
 )
-from testbed.report.run_results import SCHEMA_VERSION, Results
+from testbed.report.run_results import (
+    SCHEMA_VERSION,
+    EmulatorBlock,
+    RecoveryBlock,
+    Results,
+    SimulatorBlock,
+)
+from testbed.scenario.reach import Applied
 from tests.conftest import ROOT, TOPOLOGIES
 from tests.test_cli import call
 
@@ -33,6 +42,21 @@ def test_the_shipped_schema_is_the_one_the_types_make() -> None:
     assert shipped == schema_text()
     assert shipped_schema() == results_schema()
     assert shipped_schema()["schema_version"] == SCHEMA_VERSION
+
+
+@pytest.mark.parametrize("block", [SimulatorBlock, EmulatorBlock, RecoveryBlock, Applied])
+def test_each_block_a_backend_hands_back_is_typed_as_results_types_it(block: type) -> None:
+    """The blocks a run's parts hand the writer (the backends', recovery's, which events
+    the run reached) name Results' fields and their types: one contract, not a second
+    copy that could drift."""
+    def members(hint: object) -> set[object]:
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        return set(typing.get_args(hint)) if union else {hint}
+
+    results = typing.get_type_hints(Results, include_extras=True)
+    for name, hint in typing.get_type_hints(block, include_extras=True).items():
+        assert name in results, name
+        assert members(hint) <= members(results[name]), (name, hint, results[name])
 
 
 def test_the_shipped_schema_is_a_valid_json_schema_for_stock_validators(

@@ -16,6 +16,7 @@ from testbed.backends.simulate import (
     joined_spans,
     recovery_results,
     simulate_with_failures,
+    typed_inference,
 )
 from testbed.common.choices import EmulatedCompute
 from testbed.common.spans import Span
@@ -27,6 +28,7 @@ from testbed.metrics.summary import summarize
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.report.results import RunRecord
+from testbed.report.run_results import EmulatorBlock
 from testbed.run.backend import BackendRun, Say
 from testbed.run.checkpoint import Progress
 from testbed.run.dilation import (
@@ -43,7 +45,7 @@ from testbed.run.resume import check_checkpointable, checkpoints_for, save_setti
 from testbed.run.segments import run_segments
 from testbed.run.spec import RunSpec
 from testbed.runtime.coordinator.coordinator import Coordinator, Interrupted
-from testbed.runtime.coordinator.health import busy_now
+from testbed.runtime.coordinator.health import Health, busy_now
 from testbed.runtime.coordinator.memory import (
     MemoryPlan,
     MemoryUse,
@@ -157,17 +159,11 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
         compute=mode, summary=summary, spans=spans, start=outcome.start,
         status=outcome.status, error=outcome.error, losses=outcome.losses,
         synced_losses=outcome.synced_losses or None, policy_options=spec.policy_options,
-        extra={"allreduce": spec.allreduce, "pacing": spec.pacing,
-               "activations": spec.activations, "dilation": k,
-               "dilation_requested": spec.dilation,
-               "checkpoint_every": spec.checkpoint_every or None,
-               "cluster": None if spec.cluster is None else describe_run(spec.cluster),
-               "resumed_at": resume.resumed_at if resume else [],
-               **prediction_fields(predicted, summary.typical_s),
-               "emulation": None if health is None else health.as_dict(),
-               "memory": _memory_block(outcome.memory, memory),
-               "inference": _with_overruns(represented_inference(inference, k), spans,
-                                           coordinator.broker is not None)},
+        backend_block=_block(spec, k, predicted, summary.typical_s, health,
+                             _memory_block(outcome.memory, memory),
+                             resume.resumed_at if resume else []),
+        inference=typed_inference(_with_overruns(represented_inference(inference, k), spans,
+                                                 coordinator.broker is not None)),
         requests=None if coordinator.broker is None else represented_requests(
             coordinator.broker.request_rows(until), k))
     return BackendRun(record, error)
@@ -201,16 +197,26 @@ def _in_segments(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: P
         spans=spans, start=0.0, status=status, error=str(error) if error else None,
         losses=joined.losses, synced_losses=joined.synced_losses or None,
         policy_options=spec.policy_options,
-        extra={"allreduce": spec.allreduce, "pacing": spec.pacing,
-               "activations": spec.activations, "dilation": k,
-               "dilation_requested": spec.dilation,
-               "checkpoint_every": spec.checkpoint_every or None,
-               "cluster": None, "resumed_at": [],
-               **prediction_fields(predicted, summary.typical_s),
-               "emulation": None if health is None else health.as_dict(),
-               "memory": _memory_block(seen.memory, memory),
-               **recovery_results(spec, joined)})
+        backend_block=_block(spec, k, predicted, summary.typical_s, health,
+                             _memory_block(seen.memory, memory), []),
+        recovery=recovery_results(spec, joined))
     return BackendRun(record, error)
+
+
+def _block(spec: RunSpec, k: int, predicted: float | None, measured: float | None,
+           health: Health | None, memory: dict[str, Any], resumed_at: list[int]
+           ) -> EmulatorBlock:
+    """What the emulator alone writes into results.json: its settings, the dilation it
+    went at, the simulator's prediction beside the measured iteration, the machine's
+    health and memory."""
+    return EmulatorBlock(
+        allreduce=spec.allreduce, pacing=spec.pacing, activations=spec.activations,
+        dilation=k, dilation_requested=spec.dilation,
+        checkpoint_every=spec.checkpoint_every or None,
+        cluster=None if spec.cluster is None else describe_run(spec.cluster),
+        resumed_at=resumed_at, predicted_iteration_s=predicted,
+        prediction_error=prediction_error(predicted, measured),
+        emulation=None if health is None else health.as_dict(), memory=memory)
 
 
 def _with_overruns(inference: dict[str, Any], spans: list[Span], filled: bool
@@ -233,13 +239,12 @@ def _wall_time(seconds: float) -> str:
     return f"{seconds:.3g} s"
 
 
-def prediction_fields(predicted: float | None, measured: float | None) -> dict[str, Any]:
-    """The simulator's iteration time for the same plan, and the emulator's error against
-    it (positive: the emulator was slower)."""
-    error = None
+def prediction_error(predicted: float | None, measured: float | None) -> float | None:
+    """The emulator's error against the simulator's iteration time for the same plan
+    (positive: the emulator was slower)."""
     if predicted and measured is not None:
-        error = (measured - predicted) / predicted
-    return {"predicted_iteration_s": predicted, "prediction_error": error}
+        return (measured - predicted) / predicted
+    return None
 
 
 def _choose_dilation(spec: RunSpec, predicted_spans: Sequence[Span], compute: str,

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from testbed.common.choices import Status
+from testbed.common.codec import from_json
 from testbed.common.span_table import last_end
+from testbed.common.spans import Span
 from testbed.errors import InputError, TestbedError
 from testbed.inference.bubbles import RequestRow, inference_results, make_broker
 from testbed.metrics.overruns import prefill_overruns
-from testbed.metrics.summary import iteration_ends, summarize
+from testbed.metrics.summary import Summary, iteration_ends, summarize
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.policy.given import PLAN_FILE
 from testbed.report.results import RunRecord
+from testbed.report.run_results import Inference, RecoveryBlock, SimulatorBlock
 from testbed.run.backend import BackendRun, Say
 from testbed.run.checkpoint import Progress
 from testbed.run.recovery import resume_from
@@ -55,7 +60,7 @@ class SimulatorBackend:
         inference = inference_results(spec.topology, spec.job, plan, broker, end)
         if broker is not None:
             inference["overruns"] = prefill_overruns(spans).as_dict()
-        return _record(spec, plan, summary, spans, inference, {},
+        return _record(spec, plan, summary, spans, typed_inference(inference), None,
                        requests=None if broker is None else broker.request_rows(end))
 
 
@@ -77,18 +82,23 @@ def check_recoverable(spec: RunSpec) -> None:
                          "--on-failure replan", scenario.source, "failures")
 
 
-def _record(spec: RunSpec, plan: Plan, summary: Any, spans: Any, inference: Any,
-            more: dict[str, Any], status: str = "ok", error: str | None = None,
-            requests: list[RequestRow] | None = None) -> RunRecord:
+def typed_inference(block: dict[str, Any]) -> Inference:
+    """results.json's `inference` block as its type (testbed.report.run_results)."""
+    typed: Inference = from_json(block, Inference, "inference")
+    return typed
+
+
+def _record(spec: RunSpec, plan: Plan, summary: Summary, spans: Sequence[Span],
+            inference: Inference, recovery: RecoveryBlock | None, status: Status = "ok",
+            error: str | None = None, requests: list[RequestRow] | None = None) -> RunRecord:
     return RunRecord(
         backend="simulate", policy=spec.policy, bubble_policy=spec.bubble_policy,
         topology=spec.topology, job=spec.job, plan=plan, shaper=None, compute="modeled",
         summary=summary, spans=spans, start=0.0, policy_options=spec.policy_options,
         status=status, error=error,
-        extra={"profile": bool(spec.profile), "pacing": "assumed",
-               "jitter": spec.jitter.as_dict() if spec.jitter else None,
-               "inference": inference, **more},
-        requests=requests)
+        backend_block=SimulatorBlock(profile=bool(spec.profile), jitter=spec.jitter.as_dict()
+                                     if spec.jitter else None),
+        inference=inference, recovery=recovery, requests=requests)
 
 
 def simulate_with_failures(spec: RunSpec, plan: Plan, policy: TrainingPolicy, say: Say
@@ -100,26 +110,25 @@ def simulate_with_failures(spec: RunSpec, plan: Plan, policy: TrainingPolicy, sa
     summary = summarize(spans, joined.gpus, 0.0, tokens_per_iteration(spec.job, plan),
                         wan_capacity_bps(spec.topology, plan), plan.period, joined.epochs)
     end = max((s["end"] for s in spans), default=0.0)
-    inference = inference_results(spec.topology, spec.job, plan, None, end)
+    inference = typed_inference(inference_results(spec.topology, spec.job, plan, None, end))
     error = joined.error
     record = _record(spec, plan, summary, spans, inference, recovery_results(spec, joined),
                      "failed" if error else "ok", str(error) if error else None)
     return BackendRun(record, error)
 
 
-def joined_spans(spec: RunSpec, joined: Joined) -> list[Any]:
+def joined_spans(spec: RunSpec, joined: Joined) -> list[Span]:
     """The run's spans with the events' over its whole length (segments leave theirs
     out: their events are shifted to their own clocks)."""
     end = max((s["end"] for s in joined.spans), default=0.0)
     return joined.spans + event_spans(spec.link_events, 0.0, end)
 
 
-def recovery_results(spec: RunSpec, joined: Joined) -> dict[str, Any]:
+def recovery_results(spec: RunSpec, joined: Joined) -> RecoveryBlock:
     """results.json's record of the failures: each one, and the time they cost."""
     lost = [f.time_lost_s for f in joined.failures if f.time_lost_s is not None]
-    return {"on_failure": spec.on_failure,
-            "failures": [f.as_results() for f in joined.failures],
-            "time_lost_s": sum(lost)}
+    return RecoveryBlock(spec.on_failure, [f.as_results() for f in joined.failures],
+                         sum(lost))
 
 
 def _segment_runner(spec: RunSpec, plan: Plan, policy: TrainingPolicy) -> RunSegment:

@@ -137,11 +137,11 @@ def reached(spec: RunSpec, record: RunRecord) -> None:
     (`applied`, whichever backend ran it); a run that completed before some of them began
     warns, naming them and the `--iterations` that would reach them (from its own
     iteration time)."""
-    failed = [(f["worker"], f["at_s"]) for f in (record.extra or {}).get("failures") or []]
+    failed = [(f["worker"], f["at_s"]) for f in record.recovery.failures] \
+        if record.recovery else []
     found = reach(entries(spec.events, spec.scenario), last_end(record.spans) - record.start,
                   failed)
-    record.extra = {**(record.extra or {}),
-                    **applied_results(spec.events, spec.scenario, found)}
+    record.applied = applied_results(spec.events, spec.scenario, found)
     late, summary = found.late, record.summary
     if not late or record.status != "ok":
         return  # a run that stopped early says why itself

@@ -41,8 +41,15 @@ from testbed.plan.model import Plan
 from testbed.plan.text import plan_to_csv
 from testbed.report.chrome import TRACE_FILE, trace_events, trace_scope, write_trace
 from testbed.report.run_dirs import fresh_directory
-from testbed.report.run_results import SCHEMA_VERSION, Results
+from testbed.report.run_results import (
+    SCHEMA_VERSION,
+    BackendBlock,
+    Inference,
+    RecoveryBlock,
+    Results,
+)
 from testbed.report.stream import dumps, write_json_items
+from testbed.scenario.reach import Applied
 from testbed.topology import Topology, dump_topology
 
 RUNS_DIR = Path("runs")
@@ -89,7 +96,14 @@ class RunRecord:
     losses: dict[int, float] | None = None
     policy_options: dict[str, str] | None = None
     wall_s: float | None = None
-    extra: dict[str, Any] | None = None
+    backend_block: BackendBlock | None = None
+    """What the backend alone writes (testbed.report.run_results)."""
+    inference: Inference | None = None
+    """The inference requests served in training's bubbles; None: none arrived."""
+    recovery: RecoveryBlock | None = None
+    """A run with a scenario's failures: each one, and the time they cost."""
+    applied: Applied | None = None
+    """Which of the run's events and scenario entries its training reached."""
     target_loss: float | None = None
     """Report the time to reach this loss (`time_to_loss`)."""
     plan_file: str | None = None
@@ -154,7 +168,11 @@ class RunRecord:
             "wall_s": self.wall_s,
             "trace": {"detail": self.trace, "left_out": self.trace_left_out()},
         }
-        out.update(self.extra or {})
+        if self.inference is not None:
+            out["inference"] = to_json(self.inference)
+        for block in (self.backend_block, self.recovery, self.applied):
+            if block is not None:
+                out.update(to_json(block))
         return out
 
     def trace_left_out(self) -> str | None:

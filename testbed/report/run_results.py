@@ -32,7 +32,6 @@ SCHEMA_VERSION = 3
 `loss_model` (the loss model's prediction) and `time_to_loss.basis`."""
 
 
-
 @dataclass(frozen=True)
 class IterationTimes:
     """Seconds per training iteration: the measured ones (the first, warm-up, left out)."""
@@ -128,6 +127,59 @@ class TraceInfo:
     detail: TraceChoice
     left_out: str | None
     """What trace.json.gz leaves out, in one line."""
+
+
+@dataclass(frozen=True)
+class SimulatorBlock:
+    """What the simulator alone writes into results.json: each field is the `Results` field
+    of the same name (a test holds them to it)."""
+
+    profile: bool
+    """Compute times came from a measured profile (`--profile`), not the FLOP model."""
+    jitter: dict[str, Any] | None
+    """The seeded noise on compute, prefill and transfer delays (testbed.sim.jitter)."""
+    pacing: Literal["assumed"] = "assumed"
+    """The simulator assumes paced connections."""
+
+
+@dataclass(frozen=True)
+class EmulatorBlock:
+    """What the emulator alone writes into results.json: each field is the `Results` field
+    of the same name (a test holds them to it)."""
+
+    allreduce: AllReduceChoice
+    pacing: bool
+    activations: ActivationsChoice
+    dilation: Positive
+    """The dilation the run went at (testbed.run.dilation)."""
+    dilation_requested: Positive | Literal["auto"]
+    checkpoint_every: Positive | None
+    cluster: dict[str, Any] | None
+    """The machines of a run across several (testbed.topology.seats.describe_run)."""
+    resumed_at: list[Count]
+    """The iterations the run was resumed after (`up --resume`)."""
+    predicted_iteration_s: Seconds | None
+    """The simulator's iteration time for the same plan."""
+    prediction_error: float | None
+    """The emulator's against it (positive: the emulator was slower)."""
+    emulation: dict[str, Any] | None
+    """Whether the machine kept the pace (testbed.runtime.coordinator.health)."""
+    memory: dict[str, Any]
+    """The run's peak memory as measured, beside what was predicted (in place of the
+    plan's memory summary)."""
+
+
+@dataclass(frozen=True)
+class RecoveryBlock:
+    """A run with a scenario's failures: each one, and the time they cost."""
+
+    on_failure: OnFailure
+    failures: list[dict[str, Any]]
+    time_lost_s: Seconds
+
+
+BackendBlock = SimulatorBlock | EmulatorBlock
+"""What one backend alone writes into results.json."""
 
 
 @dataclass(frozen=True)

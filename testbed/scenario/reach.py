@@ -82,12 +82,22 @@ def reach(found: Sequence[Entry], end_s: float,
     return Reach(tuple(found), tuple(e.at_s < end_s or recorded(e) for e in found), end_s)
 
 
-def applied_results(events: Sequence[NetEvent], scenario: Scenario, reached: Reach
-                    ) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Applied:
     """results.json's `events` and `scenario`, each entry with `applied` (a trace also
     with `steps_applied`: its steps that began before training ended)."""
-    out: dict[str, Any] = {"events": [{**e.as_raw(), "applied": applied} for e, applied
-                                      in zip(events, reached.of("events"), strict=True)]}
+
+    events: list[dict[str, Any]]
+    """Each network event as a topology's `events` entry."""
+    scenario: dict[str, Any] | None
+    """The scenario file's traces, stragglers and failures, and its recovery."""
+
+
+def applied_results(events: Sequence[NetEvent], scenario: Scenario, reached: Reach
+                    ) -> Applied:
+    """Which of `events` and `scenario`'s entries `reached` says training reached."""
+    applied = [{**e.as_raw(), "applied": applied} for e, applied
+               in zip(events, reached.of("events"), strict=True)]
     block = scenario.as_results()
     if block is not None:
         for section in ("traces", "stragglers", "failures"):
@@ -95,8 +105,7 @@ def applied_results(events: Sequence[NetEvent], scenario: Scenario, reached: Rea
                               in zip(block[section], reached.of(section), strict=True)]
         for raw, trace in zip(block["traces"], scenario.traces, strict=True):
             raw["steps_applied"] = sum(p.at_s < reached.end_s for p in trace.points)
-    out["scenario"] = block
-    return out
+    return Applied(applied, block)
 
 
 def iterations_to_reach(at_s: float, done: int, last_end_s: float, iteration_s: float,

@@ -97,7 +97,7 @@ def launch_results(run: LaunchRun, uses: list[DirectionUse]) -> LaunchResults:
             curve or [], spec.target_loss,
             None if curve else "the program reported no loss (a `loss` in its metric "
             "lines)"),
-        applied["events"], applied["scenario"], Versions(**versions()),
+        applied.events, applied.scenario, Versions(**versions()),
         None if spec.cluster is None else {
             "name": spec.cluster.name, "machine": spec.machine,
             **({"machines": run.machines} if run.machines else {})})
