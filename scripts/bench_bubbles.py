@@ -36,7 +36,8 @@ PAPER_SCALE_INFERENCE = (
 
 def one(topology: str, policy: str, bubble: str, sets: tuple[str, ...]) -> dict[str, Any]:
     inputs = load_inputs(ROOT / "topologies" / f"{topology}.yaml", sets=sets)
-    spec = RunSpec("simulate", inputs.topology, inputs.job, policy, {}, bubble_policy=bubble)
+    spec = RunSpec.build("simulate", inputs.topology, inputs.job, policy=policy,
+                         bubble_policy=bubble)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         results = run(spec, Path(tmp) / "run").results

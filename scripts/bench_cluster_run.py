@@ -111,11 +111,12 @@ def main() -> None:
         across = ClusterRun(cluster, cluster.coordinator, read_secret(cluster))
         for policy in args.policies.split(","):
             row: dict[str, Any] = {"policy": policy}
-            simulated = run(RunSpec("simulate", topology, job, policy, {}), scratch / "sim")
+            simulated = run(RunSpec.build("simulate", topology, job, policy=policy),
+                            scratch / "sim")
             row["simulated_s"] = simulated.results["iteration_time_s"]["median"]
             for where, cluster_run in (("one_machine", None), ("across", across)):
-                runs = [one_run(RunSpec("emulate", topology, job, policy, {},
-                                        compute="emulated", cluster=cluster_run),
+                runs = [one_run(RunSpec.build("emulate", topology, job, policy=policy,
+                                              compute="emulated", cluster=cluster_run),
                                 scratch / f"{policy}-{where}-{k}")
                         for k in range(args.repeat)]
                 medians = [r["median_s"] for r in runs if r["median_s"] is not None]

@@ -44,9 +44,9 @@ def emulate(topology: Any, job: Any, policy: str, dilation: int, repeat: int,
     """`inputs`: events and a scenario to run under (with their topology and job)."""
     medians, rates, runs = [], [], []
     for k in range(repeat):
-        spec = RunSpec("emulate", topology, job, policy, {}, compute="emulated",
-                       dilation=dilation, events=inputs.events if inputs else (),
-                       scenario=inputs.scenario if inputs else Scenario())
+        spec = RunSpec.build("emulate", topology, job, policy=policy, compute="emulated",
+                             dilation=dilation, events=inputs.events if inputs else (),
+                             scenario=inputs.scenario if inputs else Scenario())
         started = time.monotonic()
         outcome = run(spec, scratch / f"{topology.name}-{policy}-{dilation}-{k}", print)
         results = outcome.results
@@ -119,8 +119,8 @@ def trace_case(repeat: int, scratch: Path, dilations: list[int]) -> dict[str, An
     out: dict[str, Any] = {"scenario": str(scenario.relative_to(ROOT)), "job": TRACE_SETS,
                            "rows": []}
     for policy in ("gpipe", "1f1b"):
-        simulated = {name: run(RunSpec("simulate", given.topology, given.job, policy, {},
-                                       events=given.events, scenario=given.scenario),
+        simulated = {name: run(RunSpec.build("simulate", given.topology, given.job, policy=policy,
+                                             events=given.events, scenario=given.scenario),
                                scratch / f"trace-{policy}-{name}").results
                      for name, given in (("trace", inputs), ("calm", calm))}
         sim_rate = simulated["trace"]["tokens_per_s"]

@@ -43,8 +43,8 @@ CONDITIONS = {"calm": (None, "stop"),
 def sizes(policy: str, seconds: float, scratch: Path) -> tuple[int, int, int]:
     """(iterations, period, checkpoint interval) for a calm run of about `seconds`."""
     inputs = load_inputs(TOPOLOGY, sets=(*SETS, "iterations=4"))
-    probe = run(RunSpec("simulate", inputs.topology, inputs.job, policy,
-                        OPTIONS.get(policy, {})), scratch / f"probe-{policy}")
+    probe = run(RunSpec.build("simulate", inputs.topology, inputs.job, policy=policy,
+                              policy_options=OPTIONS.get(policy, {})), scratch / f"probe-{policy}")
     assert probe.record is not None
     period = probe.record.plan.period
     cycle_s = probe.record.summary.cycle_s or probe.record.summary.typical_s or 1.0
@@ -59,10 +59,10 @@ def one_run(policy: str, condition: str, backend: str, iterations: int, every: i
             scratch: Path) -> dict[str, Any]:
     scenario, on_failure = CONDITIONS[condition]
     inputs = load_inputs(TOPOLOGY, scenario=scenario, sets=(*SETS, f"iterations={iterations}"))
-    spec = RunSpec(backend, inputs.topology, inputs.job, policy,  # type: ignore[arg-type]
-                   OPTIONS.get(policy, {}), compute="emulated", events=inputs.events,
-                   scenario=inputs.scenario, on_failure=on_failure,  # type: ignore[arg-type]
-                   checkpoint_every=every if on_failure != "stop" else 0)
+    spec = RunSpec.build(backend, inputs.topology, inputs.job, policy=policy,
+                         policy_options=OPTIONS.get(policy, {}), compute="emulated",
+                         events=inputs.events, scenario=inputs.scenario, on_failure=on_failure,
+                         checkpoint_every=every if on_failure != "stop" else 0)
     started = time.monotonic()
     outcome = run(spec, scratch / f"{policy}-{condition}-{backend}", print)
     results = outcome.results

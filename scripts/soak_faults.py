@@ -284,7 +284,7 @@ def _checkpointed(folder: Path) -> None:
             "from testbed.run.resume import save_settings\n"
             "from testbed.run.spec import RunSpec\n"
             f"inputs = load_inputs(Path({str(TWO_DC)!r}))\n"
-            "spec = RunSpec('emulate', inputs.topology, inputs.job, 'gpipe', {}, "
+            "spec = RunSpec.build('emulate', inputs.topology, inputs.job, policy='gpipe', "
             "checkpoint_every=1)\n"
             "Path(sys.argv[1]).mkdir(parents=True)  # a run's directory, as up makes it\n"
             "save_settings(Path(sys.argv[1]), spec, 'emulated', 1)\n"

@@ -16,12 +16,14 @@ and key), `TestbedError` for the rest.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, TypeVar
 
-from testbed.common.choices import BackendName, ComputeChoice, OnFailure, ShaperChoice
+from testbed.common.choices import BackendName
 from testbed.common.codec import from_json
 from testbed.errors import InputError, TestbedError
 from testbed.experiments.comparison import (
@@ -45,9 +47,9 @@ from testbed.report.run_dirs import remove_if_empty
 from testbed.report.run_results import Results
 from testbed.run.backend import Say
 from testbed.run.checkpoint import Progress
-from testbed.run.spec import RunSpec
+from testbed.run.settings import Command, Named, checked
+from testbed.run.spec import RunSpec, run_settings
 from testbed.sim.planning import plan_with_simulator
-from testbed.sim.profile import Profile
 
 __all__ = ["Comparison", "Inputs", "Plan", "Result", "RunSpec", "compare", "emulate", "load",
            "plan", "run", "simulate"]
@@ -154,8 +156,10 @@ def plan(inputs: Inputs, policy: str = DEFAULT_POLICY,
 def check(spec: RunSpec) -> None:
     """The run's policies built with their options: a mistyped name or option is a
     one-line error before anything is made."""
-    check_policies([(spec.policy, spec.policy_options)],
-                   [(spec.bubble_policy, spec.bubble_options or {})] if spec.bubble_policy else [])
+    common = spec.common
+    check_policies([(spec.policy, common.policy_options)],
+                   [(common.bubble_policy, common.bubble_options or {})]
+                   if common.bubble_policy else [])
 
 
 def run(spec: RunSpec, out: str | Path | None = None, say: Say = lambda _m: None,
@@ -181,13 +185,88 @@ torch's CSV form of a schedule) or a Plan; checked before anything runs
 (testbed.plan.load.given_plan)."""
 
 
+def spec_for(backend: BackendName, inputs: Inputs, settings: Mapping[str, Any]) -> RunSpec:
+    """A run of `inputs` with `settings` by their fields' names (testbed.run.spec), as the
+    commands and the functions here give them: `plan` a file or a Plan, run under `policy`
+    when one is given, else the plan's own; `jitter` seeded by the job's seed."""
+    given = dict(settings)
+    plan = given.pop("plan", None)
+    jitter = given.get("jitter")
+    if "jitter" in given:
+        given["jitter"] = jitter.with_seed(inputs.job.seed) if jitter else None
+    spec = RunSpec.build(backend, inputs.topology, inputs.job, inputs.scenario,
+                         events=inputs.events, **given)
+    return with_given_plan(spec, plan, given.get("policy"))
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _taking(command: Command) -> Callable[[F], F]:
+    """A function that takes, by keyword, the settings `command` takes (testbed.run.spec):
+    its signature and docstring name each, with its default and its text."""
+
+    def decorate(func: F) -> F:
+        signature = inspect.signature(func)
+        own = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        names = {p.name for p in own}
+        made = [inspect.Parameter(
+            named.api_name, inspect.Parameter.KEYWORD_ONLY, default=named.default,
+            annotation="GivenPlan | None" if named.name == "plan" else named.field.type)
+            for named in _taken(command) if named.api_name not in names]
+        at = [p.name for p in own].index("out")  # the settings, then where the run goes
+        func.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[*own[:at], *made, *own[at:]])
+        func.__doc__ = (func.__doc__ or "") + "\n\nSettings (testbed.run.spec):\n\n" + \
+            "\n".join(f"- `{n.api_name}`: {n.doc}" for n in _taken(command))
+        return func
+
+    return decorate
+
+
+def _taken(command: Command) -> list[Named]:
+    return [named for named in run_settings().values() if named.takes(command)]
+
+
+def _settings(command: Command, function: str, given: Mapping[str, object]
+              ) -> dict[str, Any]:
+    """The settings a function was given, by their API names: each checked against its
+    field's type (a text read as its option reads it), by its field's name."""
+    by_name = {named.api_name: named for named in _taken(command)}
+    out: dict[str, Any] = {}
+    for key, value in given.items():
+        named = by_name.get(key)
+        if named is None:
+            raise TypeError(f"{function}() got an unexpected keyword argument {key!r}")
+        out[named.name] = value if named.name == "plan" else checked(named, value, key)
+    return out
+
+
+def _spec(command: Command, function: str, inputs: Inputs, policy: str | None,
+          options: object, settings: Mapping[str, object]) -> RunSpec:
+    """The run a function of one run was given."""
+    given = {**({"policy": policy} if policy else {}), "policy_options": _options(options),
+             **_settings(command, function, settings)}
+    with _said_of_parameters(command):
+        return spec_for("simulate" if command == "simulate" else "emulate", inputs, given)
+
+
+@contextlib.contextmanager
+def _said_of_parameters(command: Command) -> Iterator[None]:
+    """A setting the spec refuses, said of the function's parameter, not of the option."""
+    try:
+        yield
+    except InputError as exc:
+        for named in _taken(command):
+            if named.setting is not None and exc.source == named.setting.flag:
+                raise InputError(exc.problem, None, named.api_name) from None
+        raise
+
+
+@_taking("simulate")
 def simulate(inputs: Inputs, policy: str | None = None,
-             options: Mapping[str, str] | None = None, *, plan: GivenPlan | None = None,
-             bubble: str | None = None, bubble_options: Mapping[str, str] | None = None,
-             profile: Profile | None = None, out: str | Path | None = None,
-             target_loss: float | None = None, on_failure: OnFailure = RunSpec.on_failure,
-             checkpoint_every: int = RunSpec.checkpoint_every,
-             loss_model: str = RunSpec.loss_model) -> Result:
+             options: Mapping[str, str] | None = None, *, out: str | Path | None = None,
+             **settings: object) -> Result:
     """`testbed simulate`: the plan at any scale, modeled compute, flow-level network (the
     time to a `target_loss` predicted by `loss_model` from the run's tokens/s: results'
     `time_to_loss` and `loss_model`). `plan`: run this one; `policy`
@@ -195,38 +274,23 @@ def simulate(inputs: Inputs, policy: str | None = None,
     see testbed.policy.given); without a plan it defaults to the default policy.
     `on_failure` and `checkpoint_every`: what the scenario's failures do
     (testbed.run.recovery)."""
-    spec = RunSpec("simulate", inputs.topology, inputs.job, policy or DEFAULT_POLICY,
-                   _options(options), bubble, _options(bubble_options, "bubble_options"),
-                   profile=profile,
-                   events=inputs.events, target_loss=target_loss, scenario=inputs.scenario,
-                   on_failure=on_failure, checkpoint_every=checkpoint_every,
-                   loss_model=loss_model)
-    return run(with_given_plan(spec, plan, policy), out)
+    spec = _spec("simulate", "simulate", inputs, policy, options, settings)
+    return run(spec, out)
 
 
+@_taking("up")
 def emulate(inputs: Inputs, policy: str | None = None,
-            options: Mapping[str, str] | None = None, *, plan: GivenPlan | None = None,
-            bubble: str | None = None, bubble_options: Mapping[str, str] | None = None,
-            compute: ComputeChoice = RunSpec.compute, shaper: ShaperChoice = RunSpec.shaper,
-            dilation: int | Literal["auto"] | None = RunSpec.dilation,
-            out: str | Path | None = None,
-            say: Say = print, target_loss: float | None = None,
-            on_failure: OnFailure = RunSpec.on_failure,
-            checkpoint_every: int = RunSpec.checkpoint_every,
-            loss_model: str = RunSpec.loss_model) -> Result:
+            options: Mapping[str, str] | None = None, *, out: str | Path | None = None,
+            say: Say = print, **settings: object) -> Result:
     """`testbed up`: real processes over the emulated WAN (needs root). `dilation`: run K
     times slower than represented time, "auto" (or None) to choose K from this machine;
     `target_loss`: report the time to reach it (`Result.time_to_loss`: measured with real
     compute, else predicted); `plan`, `on_failure`, `checkpoint_every` and `loss_model`:
     as for `simulate`."""
-    spec = RunSpec("emulate", inputs.topology, inputs.job, policy or DEFAULT_POLICY,
-                   _options(options), bubble, _options(bubble_options, "bubble_options"),
-                   compute=compute,
-                   shaper=shaper, events=inputs.events,
-                   dilation="auto" if dilation is None else dilation, target_loss=target_loss,
-                   scenario=inputs.scenario, on_failure=on_failure,
-                   checkpoint_every=checkpoint_every, loss_model=loss_model)
-    return run(with_given_plan(spec, plan, policy), out, say)
+    if "dilation" in settings and settings["dilation"] is None:
+        settings["dilation"] = "auto"
+    spec = _spec("up", "emulate", inputs, policy, options, settings)
+    return run(spec, out, say)
 
 
 class Comparison(Mapping[str, Result]):
@@ -256,14 +320,12 @@ class Comparison(Mapping[str, Result]):
         return table_rows(self.entries)
 
 
+@_taking("compare")
 def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPlan] = (),
             backend: BackendName = "simulate",
             options: Mapping[str, object] | None = None, bubbles: Sequence[str] = (),
-            repeat: int = 1, jitter: str | None = None, out: str | Path | None = None,
-            say: Say = lambda _m: None, compute: ComputeChoice = RunSpec.compute,
-            target_loss: float | None = None, on_failure: OnFailure = RunSpec.on_failure,
-            checkpoint_every: int = RunSpec.checkpoint_every,
-            loss_model: str = RunSpec.loss_model) -> Comparison:
+            repeat: int = 1, out: str | Path | None = None, say: Say = lambda _m: None,
+            **settings: object) -> Comparison:
     """`testbed compare`: each policy, and each given plan beside them (keyed by its file as
     given, or `plan:POLICY` for a Plan), with each bubble policy, `repeat` times, on the
     same inputs, by one backend, planned with one shared cache (so ablations reuse their
@@ -278,31 +340,25 @@ def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPla
     run. A run that fails is kept with its error (`Result.error`, or a `failed` row).
     Compare runs by `Result.time_to_loss` (measured with real compute, else predicted by
     `loss_model`), `Result.speedup` (tokens/s) beside it."""
-    from testbed.sim.jitter import parse_jitter
-
     check_repeat(repeat, "repeat")
-    try:
-        noise = parse_jitter(jitter) if jitter is not None else None
-    except ValueError as exc:
-        raise InputError(str(exc), "jitter") from None
+    given_settings = _settings("compare", "compare", settings)
     policies = _texts(policies, "policies", "['gpipe', 'atlas']")
     bubbles = _texts(bubbles, "bubbles", "['bubbletea']")
     given_options = _mapping(options, "options", "{'atlas.connections': 8}")
     pairs = [f"{key}={value}" for key, value in given_options.items()]
-    base = RunSpec(backend, inputs.topology, inputs.job, DEFAULT_POLICY, {}, compute=compute,
-                   events=inputs.events, jitter=noise or None, target_loss=target_loss,
-                   scenario=inputs.scenario, on_failure=on_failure,
-                   checkpoint_every=checkpoint_every, loss_model=loss_model)
+    with _said_of_parameters("compare"):
+        base = spec_for(backend, inputs, given_settings)
+    noise = given_settings.get("jitter")
     given: list[GivenRun] = []
     for plan in plans:
         checked = with_given_plan(base, plan, None)
-        key = checked.plan_file or f"plan:{checked.policy}"
+        key = checked.common.plan_file or f"plan:{checked.policy}"
         label, n = key, 1
         while label in {*policies, *(g.label for g in given)}:  # a Plan or file twice
             n += 1
             label = f"{key}#{n}"
-        assert checked.plan is not None
-        given.append(GivenRun(label, checked.plan, checked.plan_file))
+        assert checked.common.plan is not None
+        given.append(GivenRun(label, checked.common.plan, checked.common.plan_file))
     runs = comparison_runs(base, policies, bubbles, pairs, repeat, given)
     directory = Path(out) if out is not None else new_run_dir(inputs.topology.name, "compare")
     done = run_comparison(runs, directory, say=say)
@@ -313,9 +369,10 @@ def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPla
                               "bubbles": list(bubbles),
                               "repeat": repeat, "options": pairs, "job_overrides": {},
                               "jitter": noise.as_dict() if noise else None,
-                              "target_loss": target_loss, "loss_model": loss_model,
+                              "target_loss": base.common.target_loss,
+                              "loss_model": base.common.loss_model,
                               "scenario": inputs.scenario.source,
-                              "on_failure": on_failure}, entries)
+                              "on_failure": base.common.on_failure}, entries)
     repeats: dict[str, list[Result]] = {}
     for entry, outcome in done:
         if outcome is None or outcome.record is None:
@@ -332,6 +389,6 @@ def with_given_plan(spec: RunSpec, plan: GivenPlan | None, policy: str | None) -
     if plan is None:
         return spec
     checked, source = given_plan(plan, spec.topology, spec.job)
-    return replace(spec, policy=given_plan_policy(checked, policy), plan=checked,
-                   plan_file=source)
+    return spec.with_settings(policy=given_plan_policy(checked, policy), plan=checked,
+                              plan_file=source)
 

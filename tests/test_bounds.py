@@ -345,8 +345,8 @@ def test_a_checkpoint_whose_inputs_were_edited_is_not_resumed(
 
     inputs = load_inputs(TWO_DC)
     plan = plan_with_simulator(training_policy("gpipe"), inputs.topology, inputs.job)
-    spec = RunSpec("emulate", inputs.topology, inputs.job, "gpipe", {}, plan=plan,
-                   plan_file="p.csv", checkpoint_every=1)
+    spec = RunSpec.build("emulate", inputs.topology, inputs.job, policy="gpipe", plan=plan,
+                         plan_file="p.csv", checkpoint_every=1)
     save_settings(tmp_path, spec, "emulated", 1)
     folder = tmp_path / "checkpoint"
     (folder / "state.json").write_text(Progress(1, {}, [], 1, 1).as_json())  # owner gone
@@ -508,8 +508,8 @@ def test_a_sweep_refuses_saved_points_that_are_not_a_file(tmp_path: Path) -> Non
 
 def test_the_suggested_dilation_is_at_most_the_most_allowed() -> None:
     """`try --dilation 5096` was suggested, and --dilation refuses past 64."""
-    from testbed.cli.options import parse_dilation
     from testbed.run.dilation import MAX_DILATION
+    from testbed.run.spec import parse_dilation
     from testbed.runtime.coordinator.health import assess
 
     behind = assess(1.0, [0.001], None, dilation=1).behind(3000.0, 1.0)

@@ -50,12 +50,12 @@ def test_a_plan_that_spans_iterations_checkpoints_between_its_cycles() -> None:
                        Schedule.GPIPE, gradients=None)
     sync = [Action(0, Op.ALLREDUCE, None, Collective(Reduces.DELTAS)), Action(0, Op.OUTER_STEP)]
     plan = cycled(inner, [lambda s: [], lambda s: [], lambda s: sync])
-    spec = RunSpec("emulate", topology, job, "t", {}, checkpoint_every=6)
+    spec = RunSpec.build("emulate", topology, job, policy="t", checkpoint_every=6)
     check_checkpointable(spec, plan)
     with pytest.raises(InputError, match=r"^--checkpoint-every: 4 is not a multiple of the "
                                          r"plan's cycle of 3 iterations"):
-        check_checkpointable(RunSpec("emulate", topology, job, "t", {}, checkpoint_every=4),
-                             plan)
+        check_checkpointable(RunSpec.build("emulate", topology, job, policy="t",
+                                           checkpoint_every=4), plan)
 
 
 def _span(gpu: str, iteration: int, start: float, end: float, kind: str = "step") -> dict[
@@ -209,8 +209,9 @@ def test_run_json_reads_back_what_a_run_saved(tmp_path: Path) -> None:
     from testbed.run.spec import RunSpec
 
     inputs = load_inputs(Path(__file__).resolve().parent.parent / "topologies" / "two-dc.yaml")
-    spec = RunSpec("emulate", inputs.topology, inputs.job, "atlas", {"connections": "4"},
-                   stall_timeout_s=30.0, pacing=False, checkpoint_every=3, target_loss=2.5)
+    spec = RunSpec.build("emulate", inputs.topology, inputs.job, policy="atlas",
+                         policy_options={"connections": "4"}, stall_timeout_s=30.0, pacing=False,
+                         checkpoint_every=3, target_loss=2.5)
     save_settings(tmp_path, spec, "real", 4)
     settings = read_settings(tmp_path / "checkpoint" / "run.json")
     digests = settings.pop("digests")
@@ -235,16 +236,16 @@ def test_a_run_with_events_or_a_scenario_is_not_resumed(tmp_path: Path) -> None:
 
     topology = Path(__file__).resolve().parent.parent / "topologies" / "two-dc.yaml"
     inputs = load_inputs(topology, events=("at=1s,link=east-west,down=1s",))
-    spec = RunSpec("emulate", inputs.topology, inputs.job, "gpipe", {}, events=inputs.events,
-                   checkpoint_every=2)
+    spec = RunSpec.build("emulate", inputs.topology, inputs.job, policy="gpipe",
+                         events=inputs.events, checkpoint_every=2)
     from testbed.policy import training_policy
     from testbed.sim.planning import plan_with_simulator
 
     plan = plan_with_simulator(training_policy("gpipe"), inputs.topology, inputs.job)
     with pytest.raises(InputError, match="network events is not supported"):
         check_checkpointable(spec, plan)
-    recovering = RunSpec("emulate", inputs.topology, inputs.job, "gpipe", {},
-                         events=inputs.events, checkpoint_every=2, on_failure="replan")
+    recovering = RunSpec.build("emulate", inputs.topology, inputs.job, policy="gpipe",
+                               events=inputs.events, checkpoint_every=2, on_failure="replan")
     check_checkpointable(recovering, plan)
     save_settings(tmp_path, recovering, "emulated", 1)
     with pytest.raises(InputError, match=r"run\.json: timed: the run had network events"):

@@ -182,11 +182,13 @@ def test_every_choice_is_its_literal_type() -> None:
     """A choice offered on the command line is the Literal its command's argument is
     typed with, in order: a new value is written once, in its type."""
     from testbed.cli.main import cli
+    from testbed.run.spec import run_settings
 
+    settings = {name: named.hint for name, named in run_settings().items()}
     checked = 0
     for name, command in _commands(cli):
         assert command.callback is not None
-        hints = get_type_hints(inspect.unwrap(command.callback))
+        hints = {**settings, **get_type_hints(inspect.unwrap(command.callback))}
         for param in command.params:
             if not isinstance(param.type, click.Choice) or param.name not in hints:
                 continue

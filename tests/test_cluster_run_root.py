@@ -240,8 +240,8 @@ def test_bubbletea_across_machines_serves_prefills_to_both_decode_servers(
         "inference.prompt_length.distribution=fixed", "inference.prompt_length.value=16"))
     cluster = load_cluster(cluster_path, inputs.topology)
     across = ClusterRun(cluster, "m1", read_secret(cluster), 120)
-    spec = RunSpec("emulate", inputs.topology, inputs.job, "1f1b", {},
-                   bubble_policy="bubbletea", compute="emulated", cluster=across)
+    spec = RunSpec.build("emulate", inputs.topology, inputs.job, policy="1f1b",
+                         bubble_policy="bubbletea", compute="emulated", cluster=across)
     try:
         results = run(spec, tmp_path / "run", other.say).results
     finally:

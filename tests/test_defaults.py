@@ -1,5 +1,5 @@
-"""Every default of a run is written once, in RunSpec: the emulator's RunConfig, the
-command-line options and the Python API take theirs from it."""
+"""Every default of a run is written once, in RunSpec's tree: the emulator's RunConfig,
+the command-line options and the Python API take theirs from it."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from testbed.cli.main import cli
 from testbed.experiments.inputs import load_inputs
 from testbed.policy import training_policy
 from testbed.run.dilation import dilate_events
-from testbed.run.spec import RunSpec
+from testbed.run.spec import RunSpec, run_settings
 from testbed.runtime.coordinator.run_config import RunConfig
 from testbed.sim.planning import plan_with_simulator
 from testbed.topology.net_events import NetEvent
 from tests.conftest import TOPOLOGIES
 
-SPEC = {f.name: f for f in dataclasses.fields(RunSpec)}
-CLI_NAMES = {"stall_timeout": "stall_timeout_s"}
+SPEC = run_settings()
+API_NAMES = {named.api_name: name for name, named in SPEC.items()}
 
 
 def _default(name: str) -> Any:
@@ -40,7 +40,7 @@ def _as_cli(value: object) -> object:
 def test_command_line_defaults_are_run_specs(command: str) -> None:
     checked = 0
     for param in cli.commands[command].params:
-        name = CLI_NAMES.get(param.name or "", param.name or "")
+        name = param.name or ""
         if name not in SPEC or SPEC[name].default is dataclasses.MISSING \
                 or param.default is None or not param.show_default:
             continue
@@ -52,7 +52,8 @@ def test_command_line_defaults_are_run_specs(command: str) -> None:
 @pytest.mark.parametrize("function", [api.simulate, api.emulate, api.compare])
 def test_api_defaults_are_run_specs(function: Any) -> None:
     checked = 0
-    for name, param in inspect.signature(function).parameters.items():
+    for given, param in inspect.signature(function).parameters.items():
+        name = API_NAMES.get(given, given)
         if name in SPEC and SPEC[name].default is not dataclasses.MISSING \
                 and param.default is not None:
             assert param.default == _default(name), (function.__name__, name)
@@ -75,16 +76,17 @@ def test_run_config_takes_every_choice_of_its_spec() -> None:
     chosen = training_policy("1f1b")
     plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
     event = NetEvent(1.0, "east", "west", "latency", 0.05, None)
-    spec = RunSpec("emulate", inputs.topology, inputs.job, "1f1b", {}, "greedy", {"x": "1"},
-                   shaper="userspace", allreduce="real", stall_timeout_s=7.0, pacing=False,
-                   activations="real", events=(event,), dilation=3)
+    spec = RunSpec.build("emulate", inputs.topology, inputs.job, policy="1f1b",
+                         bubble_policy="greedy", bubble_options={"x": "1"}, shaper="userspace",
+                         allreduce="real", stall_timeout_s=7.0, pacing=False, activations="real",
+                         events=(event,), dilation=3)
     config = RunConfig.for_spec(spec, spec.topology, plan, chosen, "emulated", Path("logs"),
                                 3, spec.link_events, spec.scenario)
     for field in dataclasses.fields(RunConfig):
         if field.name not in SPEC or field.name in ("topology", "job", "plan", "policy",
                                                     "compute"):
             continue
-        ours = getattr(spec, field.name)
+        ours = spec.setting(field.name)
         if field.name == "stall_timeout_s":
             ours *= 3
         elif field.name == "events":

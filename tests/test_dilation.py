@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.cli.options import parse_dilation
 from testbed.common.spans import Span
 from testbed.errors import InputError
 from testbed.job.model import InferenceWorkload, Job, ModelShape
@@ -37,6 +36,7 @@ from testbed.run.dilation import (
     spans_per_second,
     usable_share,
 )
+from testbed.run.spec import parse_dilation
 from testbed.runtime.coordinator.health import (
     CpuSample,
     assess,

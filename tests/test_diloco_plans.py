@@ -94,8 +94,8 @@ def test_dp_compressed_reduces_compressed_gradients_every_step() -> None:
 
 def test_a_run_measures_whole_cycles() -> None:
     inputs = api.load(TOPOLOGIES / "two-dc.yaml", iterations=3)
-    spec = api.RunSpec("simulate", inputs.topology, inputs.job, "diloco",
-                       {"inner_steps": "2"})
+    spec = api.RunSpec.build("simulate", inputs.topology, inputs.job, policy="diloco",
+                             policy_options={"inner_steps": "2"})
     from testbed.experiments.run import whole_cycles
 
     with pytest.warns(errors.TestbedWarning) as said:

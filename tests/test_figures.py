@@ -228,7 +228,8 @@ def test_a_gpu_holding_two_stages_counts_once() -> None:
     from testbed.run.spec import RunSpec
 
     inputs = load_inputs(ROOT / "topologies" / "two-dc.yaml")
-    results = simulated(RunSpec("simulate", inputs.topology, inputs.job, "1f1b", {})).typed()
+    spec = RunSpec.build("simulate", inputs.topology, inputs.job, policy="1f1b")
+    results = simulated(spec).typed()
     figures = figures_of(dataclasses.replace(
         results, plan={"dp": 1, "pp": 4, "placement": placement}))
     assert figures.gpus == 2 and figures.plan == "dp 1 x pp 4 on east"

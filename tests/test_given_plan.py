@@ -200,15 +200,16 @@ def test_a_checkpointed_run_of_a_given_plan_resumes_with_that_plan(tmp_path: Pat
 
     inputs = api.load(TWO_DC)
     plan = api.plan(inputs, "gpipe")  # not the policy the run names: 1f1b's would differ
-    spec = RunSpec("emulate", inputs.topology, inputs.job, "1f1b", {}, checkpoint_every=1,
-                   plan=plan, plan_file="mine.csv")
+    spec = RunSpec.build("emulate", inputs.topology, inputs.job, policy="1f1b", checkpoint_every=1,
+                         plan=plan, plan_file="mine.csv")
     check_checkpointable(spec, plan)
     save_settings(tmp_path, spec, "emulated", 1)
     (tmp_path / CHECKPOINT_DIR / "state.json").write_text(
         Progress(1, {}, [], 1, 1, []).as_json())
     resumed, _ = load_resumption(tmp_path)
-    assert resumed.plan is not None and resumed.plan_file == "mine.csv"
-    assert resumed.plan.actions == plan.actions and resumed.plan.placement == plan.placement
+    again = resumed.common.plan
+    assert again is not None and resumed.common.plan_file == "mine.csv"
+    assert again.actions == plan.actions and again.placement == plan.placement
     (tmp_path / CHECKPOINT_DIR / "plan.csv").write_text("meta,layers,1\n")
     with pytest.raises(InputError, match=r"checkpoint/plan\.csv"):
         load_resumption(tmp_path)

@@ -70,7 +70,7 @@ def test_warm_windows_keep_temporal_sharing_from_restarting_in_slow_start() -> N
 
 def test_a_run_records_the_settings_it_ran_with(tmp_path: Path) -> None:
     inputs = load_inputs(PAPER, sets=("dp=4", "pp=3", "iterations=2"))
-    result = run(RunSpec("simulate", inputs.topology, inputs.job, "atlas", {}), tmp_path)
+    result = run(RunSpec.build("simulate", inputs.topology, inputs.job, policy="atlas"), tmp_path)
     assert result.results["plan"]["host_tcp"] == {"slow_start_after_idle": False}
     ran = yaml.safe_load((tmp_path / "topology.yaml").read_text())
     for dc in ran["datacenters"]:

@@ -106,8 +106,8 @@ def test_a_crash_or_an_impossible_answer_names_the_model(installed: list[str]) -
 def test_a_run_takes_its_prediction_from_the_model_asked_for(installed: list[str],
                                                               tmp_path: Path) -> None:
     inputs = api.load(ROOT / "topologies" / "two-dc.yaml", iterations=2)
-    spec = api.RunSpec("simulate", inputs.topology, inputs.job, "gpipe", {},
-                       target_loss=2.5, loss_model="flat")
+    spec = api.RunSpec.build("simulate", inputs.topology, inputs.job, policy="gpipe",
+                             target_loss=2.5, loss_model="flat")
     result = api.run(spec, tmp_path / "run")
     block = result.results["loss_model"]
     assert block["name"] == "flat" and block["sources"] == ["a fit of my own"]
@@ -115,8 +115,8 @@ def test_a_run_takes_its_prediction_from_the_model_asked_for(installed: list[str
     assert result.results["time_to_loss"]["basis"] == "predicted"
     with pytest.raises(InputError, match="below 2, the irreducible loss of the loss model "
                                          "'flat'"):
-        api.run(api.RunSpec("simulate", inputs.topology, inputs.job, "gpipe", {},
-                            target_loss=1.9, loss_model="flat"), tmp_path / "low")
+        api.run(api.RunSpec.build("simulate", inputs.topology, inputs.job, policy="gpipe",
+                                  target_loss=1.9, loss_model="flat"), tmp_path / "low")
 
 
 def test_a_policy_declares_its_own_effect_or_is_told_it_is_wrong() -> None:

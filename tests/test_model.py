@@ -118,7 +118,7 @@ def test_real_compute_refuses_a_tied_model_split_over_stages(
         sets: tuple[str, ...], compute: ComputeChoice, refused: bool) -> None:
     inputs = load_inputs(ROOT / "topologies" / "two-dc.yaml", sets=sets)
     plan = plan_with_simulator(training_policy("1f1b"), inputs.topology, inputs.job)
-    spec = RunSpec("emulate", inputs.topology, inputs.job, "1f1b", {}, compute=compute)
+    spec = RunSpec.build("emulate", inputs.topology, inputs.job, policy="1f1b", compute=compute)
     if not refused:
         check_emulable(spec, plan)
         return

@@ -86,7 +86,8 @@ def test_tcp_comes_back_on_its_retransmission_schedule() -> None:
 
 def _simulate(tmp_path: Path, *events: str, iterations: int = 4) -> dict[str, object]:
     inputs = load_inputs(THREE, events=events, iterations=iterations)
-    spec = RunSpec("simulate", inputs.topology, inputs.job, "atlas", {}, events=inputs.events)
+    spec = RunSpec.build("simulate", inputs.topology, inputs.job, policy="atlas",
+                         events=inputs.events)
     return run(spec, tmp_path / "run").results
 
 

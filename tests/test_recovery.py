@@ -37,9 +37,9 @@ def _simulate(tmp_path: Path, name: str, text: str | None, on_failure: str = "st
               every: int = 2, topology: Path = TWO, policy: str = "gpipe") -> dict[str, Any]:
     scenario = _scenario(tmp_path, text) if text is not None else None
     inputs = load_inputs(topology, scenario=scenario, sets=(f"iterations={ITERATIONS}",))
-    spec = RunSpec("simulate", inputs.topology, inputs.job, policy, {}, events=inputs.events,
-                   scenario=inputs.scenario, on_failure=on_failure,  # type: ignore[arg-type]
-                   checkpoint_every=every)
+    spec = RunSpec.build("simulate", inputs.topology, inputs.job, policy=policy,
+                         events=inputs.events, scenario=inputs.scenario, on_failure=on_failure,
+                         checkpoint_every=every)
     outcome = run(spec, tmp_path / name)
     return outcome.results
 
@@ -165,8 +165,8 @@ def test_a_failure_of_a_gpu_the_plan_does_not_use_changes_nothing(tmp_path: Path
 def test_restart_needs_the_gpu_back_and_says_so_before_running(tmp_path: Path) -> None:
     path = _scenario(tmp_path, "failures: [{at: 1s, worker: east-1}]")
     inputs = load_inputs(TWO, scenario=path)
-    spec = RunSpec("simulate", inputs.topology, inputs.job, "gpipe", {},
-                   scenario=inputs.scenario, on_failure="restart")
+    spec = RunSpec.build("simulate", inputs.topology, inputs.job, policy="gpipe",
+                         scenario=inputs.scenario, on_failure="restart")
     with pytest.raises(InputError, match=r"scenario\.yaml: failures: --on-failure restart "
                        r"waits for a lost GPU to be back, and east-1 never is"):
         run(spec, tmp_path / "out")
@@ -351,7 +351,7 @@ def test_a_gpu_holding_several_stages_is_lost_with_all_of_them(tmp_path: Path) -
     assert results["status"] == "failed"
     assert results["error"].startswith("worker east-1 (replica 1, stages 0, 3) lost at 0.3 s")
     inputs = load_inputs(TWO, sets=(f"iterations={ITERATIONS}",))
-    spec = RunSpec("emulate", inputs.topology, inputs.job, "zb-v", {}, checkpoint_every=2)
+    spec = RunSpec.build("emulate", inputs.topology, inputs.job, policy="zb-v", checkpoint_every=2)
     plan = plan_with_simulator(training_policy("zb-v", {}), inputs.topology, inputs.job)
     checkpoints = _checkpoints(spec, tmp_path / "run", Segment(
         0, inputs.topology, plan, 0, (), (), ()), "emulated")
@@ -368,8 +368,9 @@ def test_a_replan_once_the_lost_gpu_is_back_says_it_plans_on_all(tmp_path: Path)
     scenario = _scenario(tmp_path, f"failures: [{{at: {at}s, worker: west-1, back: "
                          f"{at + 0.1}s}}]\nrecovery: {{detect: 0.05s, restart: 0.2s}}")
     inputs = load_inputs(TWO, scenario=scenario, sets=(f"iterations={ITERATIONS}",))
-    spec = RunSpec("simulate", inputs.topology, inputs.job, "gpipe", {}, events=inputs.events,
-                   scenario=inputs.scenario, on_failure="replan", checkpoint_every=3)
+    spec = RunSpec.build("simulate", inputs.topology, inputs.job, policy="gpipe",
+                         events=inputs.events, scenario=inputs.scenario, on_failure="replan",
+                         checkpoint_every=3)
     said: list[str] = []
     assert run(spec, tmp_path / "back", said.append).results["status"] == "ok"
     gpus = load_topology(TWO).total_gpus
@@ -407,8 +408,8 @@ def test_every_segment_meets_the_failures_from_its_first_moment() -> None:
     inputs = load_inputs(TWO, sets=(f"iterations={ITERATIONS}",))
     first, second = WorkerLoss(0.0, "east-1", 0.5), WorkerLoss(0.7, "west-1", 2.0)
     scenario = Scenario(failures=(first, second), recovery=Recovery(0.05, 0.2))
-    spec = RunSpec("simulate", inputs.topology, inputs.job, "gpipe", {}, scenario=scenario,
-                   on_failure="restart")
+    spec = RunSpec.build("simulate", inputs.topology, inputs.job, policy="gpipe", scenario=scenario,
+                         on_failure="restart")
     policy = training_policy("gpipe")
     plan = plan_with_simulator(policy, inputs.topology, inputs.job)
     met: list[tuple[WorkerLoss, ...]] = []

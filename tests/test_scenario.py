@@ -217,8 +217,8 @@ def test_a_straggler_stretches_compute_that_starts_in_its_window() -> None:
 def _simulate(tmp_path: Path, name: str, scenario: Path | None, topology: Path = TWO,
               iterations: int = 6, **spec: object) -> dict[str, object]:
     inputs = load_inputs(topology, scenario=scenario, sets=(f"iterations={iterations}",))
-    run_spec = RunSpec("simulate", inputs.topology, inputs.job, "gpipe", {},
-                       events=inputs.events, scenario=inputs.scenario, **spec)  # type: ignore[arg-type]
+    run_spec = RunSpec.build("simulate", inputs.topology, inputs.job, policy="gpipe",
+                             events=inputs.events, scenario=inputs.scenario, **spec)  # type: ignore[arg-type]
     return run(run_spec, tmp_path / name).results
 
 
@@ -250,7 +250,8 @@ def test_a_simulated_bandwidth_trace_is_the_same_run_as_its_events(tmp_path: Pat
     inputs = load_inputs(TWO, events=("at=0s,link=east-west,bandwidth=100Mbit,for=0.3s",
                                       "at=0.3s,link=east-west,bandwidth=20Mbit"),
                          sets=("iterations=6",))
-    spec = RunSpec("simulate", inputs.topology, inputs.job, "gpipe", {}, events=inputs.events)
+    spec = RunSpec.build("simulate", inputs.topology, inputs.job, policy="gpipe",
+                         events=inputs.events)
     evented = run(spec, tmp_path / "evented").results
     assert traced["iteration_time_s"] == evented["iteration_time_s"]
     calm = _simulate(tmp_path, "calm", None)

@@ -36,8 +36,8 @@ def _spec(tmp_path: Path, backend: str, scenario: str | None, sets: tuple[str, .
         for name, text in (files or {}).items():
             (tmp_path / name).write_text(text)
     inputs = load_inputs(TWO, scenario=path, sets=sets)
-    return RunSpec(backend, inputs.topology, inputs.job, more.pop("policy", "gpipe"),  # type: ignore[arg-type]
-                   {}, events=inputs.events, scenario=inputs.scenario, **more)
+    return RunSpec.build(backend, inputs.topology, inputs.job, policy=more.pop("policy", "gpipe"),
+                         events=inputs.events, scenario=inputs.scenario, **more)
 
 
 def _results(directory: Path) -> dict[str, Any]:

@@ -133,9 +133,10 @@ def test_each_row_is_the_run_its_flags_give(tmp_path: Path) -> None:
         events = () if row["event"] == "none" else \
             load_inputs(PAPER, events=(row["event"],)).events
         repeat = int(row["repeat"]) - 1
-        spec = RunSpec("simulate", inputs.topology, inputs.job, "1f1b",
-                       {"sends": row["option.1f1b.sends"]}, row["bubble"], {}, events=events,
-                       jitter=jitter.with_seed(repeat) if jitter else None)
+        spec = RunSpec.build("simulate", inputs.topology, inputs.job, policy="1f1b",
+                             policy_options={"sends": row["option.1f1b.sends"]},
+                             bubble_policy=row["bubble"], bubble_options={}, events=events,
+                             jitter=jitter.with_seed(repeat) if jitter else None)
         result = api.run(spec, tmp_path / "runs" / str(rows.index(row)))
         assert float(row["iteration_s"]) == result.iteration_s
         assert int(row["served"]) == result.results["inference"]["served"]
@@ -323,11 +324,21 @@ def test_with_a_target_each_points_rows_are_sorted_by_time_to_loss() -> None:
 
 def test_a_sweep_row_has_the_typical_iteration_as_compare_does() -> None:
     """A DiLoCo cycle's mean, not its median step without the sync (about 0 s)."""
-    from testbed.experiments.sweep import row_metrics
+    from dataclasses import replace
 
-    cycle = {"iteration_time_s": {"median": 0.001, "mean": 0.5, "all": [0.001] * 9 + [4.99]},
-             "cycle_time_s": {"period": 10, "mean": 5.0}}
+    from testbed.experiments.run import simulated
+    from testbed.experiments.sweep import row_metrics
+    from testbed.report.run_results import CycleTimes, IterationTimes
+
+    inputs = load_inputs(TWO_DC, sets=("iterations=2",))
+    typed = simulated(RunSpec.build("simulate", inputs.topology, inputs.job,
+                                    policy="gpipe")).typed()
+    cycle = replace(typed, iteration_time_s=IterationTimes(
+        0.001, 0.001, 4.99, 0.5, [0.001] * 9 + [4.99]), cycle_time_s=CycleTimes(5.0, 10, 1))
     assert row_metrics(cycle)["iteration_s"] == 0.5
-    steady = {"iteration_time_s": {"median": 0.2, "mean": 0.25, "all": [0.3, 0.2, 0.2]}}
+    steady = replace(typed, iteration_time_s=IterationTimes(0.2, 0.2, 0.3, 0.25,
+                                                            [0.3, 0.2, 0.2]))
     assert row_metrics(steady)["iteration_s"] == 0.2
-    assert row_metrics({"status": "failed"})["iteration_s"] is None
+    failed = replace(typed, iteration_time_s=IterationTimes(None, None, None, None, []))
+    assert row_metrics(failed)["iteration_s"] is None
+    assert row_metrics(typed)["tokens_per_s"] == typed.tokens_per_s > 0

@@ -443,8 +443,8 @@ def test_bubbletea_over_the_emulator_serves_prefills_to_decode_servers(tmp_path:
         "iterations=5", "inference.model=tiny", "inference.arrival_rate=100",
         "inference.prompt_length.distribution=fixed", "inference.prompt_length.value=16",
         "inference.max_batch_tokens=8"))  # every prompt in two chunks
-    spec = RunSpec("emulate", inputs.topology, inputs.job, "1f1b", {},
-                   bubble_policy="bubbletea", compute="emulated")
+    spec = RunSpec.build("emulate", inputs.topology, inputs.job, policy="1f1b",
+                         bubble_policy="bubbletea", compute="emulated")
     outcome = run(spec, tmp_path / "run")
     results = outcome.results
     assert results["status"] == "ok", results["error"]
@@ -565,7 +565,7 @@ def test_an_emulated_run_over_its_wall_budget_is_refused_before_it_starts(tmp_pa
     from testbed.run.spec import RunSpec
 
     inputs = load_inputs(TWO_DC)
-    spec = RunSpec("emulate", inputs.topology, inputs.job, "1f1b", {}, wall_budget_s=1e-3)
+    spec = RunSpec.build("emulate", inputs.topology, inputs.job, policy="1f1b", wall_budget_s=1e-3)
     with pytest.raises(TestbedError, match=r"not run: at dilation 1 .* over the"):
         run(spec, tmp_path / "run")
     assert not (tmp_path / "run" / "results.json").exists()

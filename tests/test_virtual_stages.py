@@ -204,7 +204,7 @@ def test_a_cycle_syncs_every_stage_of_a_gpu() -> None:
 
 
 def test_both_backends_run_what_torch_schedules_need() -> None:
-    spec = RunSpec("simulate", TOPOLOGY, JOB, "interleaved-zb", {})
+    spec = RunSpec.build("simulate", TOPOLOGY, JOB, policy="interleaved-zb")
     for schedule in (Schedule.INTERLEAVED_ZB, Schedule.DUALPIPE_V):
         SimulatorBackend().check(spec, _plan(schedule), None)
         EmulatorBackend().check(replace(spec, backend="emulate"), _plan(schedule), None)

@@ -73,14 +73,14 @@ class EmulatorBackend:
         """What the emulator does not run is refused before anything starts (torch's
         whole schedule language it runs: virtual stages, split backwards, overlapped
         units)."""
-        if spec.jitter:
+        if spec.simulate.jitter:
             raise InputError("applies to the simulator: an emulated run has its own noise",
                              "--jitter")
         check_emulable(spec, plan)
         check_recoverable(spec)
-        if spec.checkpoint_every or resume:
+        if spec.common.checkpoint_every or resume:
             check_checkpointable(spec, plan)
-        if spec.cluster is not None:
+        if spec.emulate.cluster is not None:
             check_across_machines(spec, resume)
 
     def execute(self, spec: RunSpec, plan: Plan, policy: TrainingPolicy, directory: Path,
@@ -90,7 +90,7 @@ class EmulatorBackend:
 
 def check_across_machines(spec: RunSpec, resume: Progress | None) -> None:
     """What a run across machines does not do yet, refused before anything starts."""
-    if spec.checkpoint_every or resume is not None:
+    if spec.common.checkpoint_every or resume is not None:
         raise InputError("checkpoints and --resume are for runs on one machine", "--cluster")
     if spec.scenario.failures:
         raise InputError("a scenario's failures are for runs on one machine", "--cluster")
@@ -98,17 +98,21 @@ def check_across_machines(spec: RunSpec, resume: Progress | None) -> None:
 
 def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path, say: Say,
              resume: Progress | None) -> BackendRun:
-    mode = choose_compute(spec.compute, len(plan.used_gpus()))
-    broker = make_broker(spec.topology, spec.job, plan, spec.bubble_policy, spec.bubble_options)
+    """The run: its prediction and dilation, then the coordinator's network and workers
+    (or segments between a scenario's failures), its measurements in represented time."""
+    common = spec.common
+    mode = choose_compute(spec.emulate.compute, len(plan.used_gpus()))
+    broker = make_broker(spec.topology, spec.job, plan, common.bubble_policy,
+                         common.bubble_options)
     simulable = False
     try:
         SimulatorBackend().check(spec, plan, resume)  # what it does not run, it cannot predict
         simulable = True
         preview = replace(spec.job, iterations=min(
             spec.job.iterations, max(PREDICTED_ITERATIONS, plan.period)))
-        simulated, predicted_spans = simulate_plan(spec.topology, preview, plan, chosen,
-                                                   spec.profile, broker, spec.link_events,
-                                                   stragglers=spec.scenario.stragglers)
+        simulated, predicted_spans = simulate_plan(
+            spec.topology, preview, plan, chosen, spec.simulate.profile, broker,
+            spec.link_events, stragglers=spec.scenario.stragglers)
         predicted = simulated.typical_s
     except TestbedError as exc:  # the emulator can still run the plan
         say(f"warning: no prediction for this run: {exc}")
@@ -119,24 +123,25 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
         wall = predicted * (spec.job.iterations + 1) * k
         say(f"the simulator predicts {predicted:.3f} s per iteration; at dilation "
             f"{k} training takes about {_wall_time(wall)} of wall time")
-        if spec.wall_budget_s is not None and wall > spec.wall_budget_s:
+        if spec.emulate.wall_budget_s is not None and wall > spec.emulate.wall_budget_s:
             raise TestbedError(
                 f"not run: at dilation {k} it would take about {_wall_time(wall)} of wall "
                 f"time ({predicted:.3g} s per iteration predicted), over the "
-                f"{_wall_time(spec.wall_budget_s)} budget")
-    if spec.checkpoint_every and resume is None:
+                f"{_wall_time(spec.emulate.wall_budget_s)} budget")
+    if common.checkpoint_every and resume is None:
         save_settings(directory, spec, mode, k)
     if spec.scenario.failures:
         return _in_segments(spec, plan, chosen, directory, say, mode, k, predicted, memory)
     checkpoints = None
-    if spec.checkpoint_every or resume:
-        checkpoints = checkpoints_for(directory, spec.checkpoint_every, len(plan.used_gpus()),
-                                      resume)
+    if common.checkpoint_every or resume:
+        checkpoints = checkpoints_for(directory, common.checkpoint_every,
+                                      len(plan.used_gpus()), resume)
     config = RunConfig.for_spec(
         spec, spec.topology, plan, chosen, mode, directory / "logs", k, spec.link_events,
         spec.scenario, checkpoints=checkpoints,
-        bubble_seed=modeled_waits(spec.topology, spec.job, plan, chosen, spec.profile, k)
-        if spec.bubble_policy and simulable else {})
+        bubble_seed=modeled_waits(spec.topology, spec.job, plan, chosen,
+                                  spec.simulate.profile, k)
+        if common.bubble_policy and simulable else {})
     coordinator = Coordinator(config, say=say)
     outcome, error = run_to_the_end(coordinator)
     if outcome is None:
@@ -154,11 +159,11 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
     inference = inference_results(coordinator.topology, coordinator.job, plan,
                                   coordinator.broker, until)
     record = RunRecord(
-        backend="emulate", policy=spec.policy, bubble_policy=spec.bubble_policy,
+        backend="emulate", policy=spec.policy, bubble_policy=common.bubble_policy,
         topology=spec.topology, job=spec.job, plan=plan, shaper=outcome.shaper,
         compute=mode, summary=summary, spans=spans, start=outcome.start,
         status=outcome.status, error=outcome.error, losses=outcome.losses,
-        synced_losses=outcome.synced_losses or None, policy_options=spec.policy_options,
+        synced_losses=outcome.synced_losses or None, policy_options=common.policy_options,
         backend_block=_block(spec, k, predicted, summary.typical_s, health,
                              _memory_block(outcome.memory, memory),
                              resume.resumed_at if resume else []),
@@ -196,7 +201,7 @@ def _in_segments(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: P
         job=spec.job, plan=plan, shaper=seen.shaper, compute=mode, summary=summary,
         spans=spans, start=0.0, status=status, error=str(error) if error else None,
         losses=joined.losses, synced_losses=joined.synced_losses or None,
-        policy_options=spec.policy_options,
+        policy_options=spec.common.policy_options,
         backend_block=_block(spec, k, predicted, summary.typical_s, health,
                              _memory_block(seen.memory, memory), []),
         recovery=recovery_results(spec, joined))
@@ -209,11 +214,12 @@ def _block(spec: RunSpec, k: int, predicted: float | None, measured: float | Non
     """What the emulator alone writes into results.json: its settings, the dilation it
     went at, the simulator's prediction beside the measured iteration, the machine's
     health and memory."""
+    emulate = spec.emulate
     return EmulatorBlock(
-        allreduce=spec.allreduce, pacing=spec.pacing, activations=spec.activations,
-        dilation=k, dilation_requested=spec.dilation,
-        checkpoint_every=spec.checkpoint_every or None,
-        cluster=None if spec.cluster is None else describe_run(spec.cluster),
+        allreduce=emulate.allreduce, pacing=emulate.pacing, activations=emulate.activations,
+        dilation=k, dilation_requested=emulate.dilation,
+        checkpoint_every=spec.common.checkpoint_every or None,
+        cluster=None if emulate.cluster is None else describe_run(emulate.cluster),
         resumed_at=resumed_at, predicted_iteration_s=predicted,
         prediction_error=prediction_error(predicted, measured),
         emulation=None if health is None else health.as_dict(), memory=memory)
@@ -249,13 +255,13 @@ def prediction_error(predicted: float | None, measured: float | None) -> float |
 
 def _choose_dilation(spec: RunSpec, predicted_spans: Sequence[Span], compute: str,
                      plan: Plan, memory: MemoryPlan, say: Say) -> int:
-    if spec.dilation != "auto":
-        return spec.dilation
+    if spec.emulate.dilation != "auto":
+        return spec.emulate.dilation
     from testbed.runtime.coordinator.capacity import cores, machine_capacity_bps, worker_costs
 
     load = MachineLoad(
         peak_rate_bps(predicted_spans,
-                      wan_only=spec.activations == "auto" and compute == "emulated"),
+                      wan_only=spec.emulate.activations == "auto" and compute == "emulated"),
         machine_capacity_bps(say), spans_per_second(predicted_spans),
         len(plan.used_gpus()), cores(), worker_costs(say))
     background = busy_now()

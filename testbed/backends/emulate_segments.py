@@ -89,14 +89,14 @@ def _checkpoints(spec: RunSpec, directory: Path, segment: Segment,
                  compute: EmulatedCompute) -> Checkpoints | None:
     """The segment's checkpoints: going on from the one it starts at (its state moved to
     the new placement, where replanned with real compute)."""
-    if not spec.checkpoint_every:
+    if not spec.common.checkpoint_every:
         return None
     workers = len(segment.plan.used_gpus())  # a part per GPU, whatever stages it holds
     if not segment.first_iteration:
-        return checkpoints_for(directory, spec.checkpoint_every, workers, None)
+        return checkpoints_for(directory, spec.common.checkpoint_every, workers, None)
     pid = os.getpid()
     prior = Progress(segment.first_iteration, {}, [], pid, process_start_ticks(pid) or 0)
-    checkpoints = checkpoints_for(directory, spec.checkpoint_every, workers, prior)
+    checkpoints = checkpoints_for(directory, spec.common.checkpoint_every, workers, prior)
     if segment.restore is not None and compute == "real":
         from testbed.runtime.worker.reshard import reshard
 

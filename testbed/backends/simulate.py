@@ -49,12 +49,12 @@ class SimulatorBackend:
         """The run in memory: the simulator writes nothing of its own."""
         if spec.scenario.failures:
             return simulate_with_failures(spec, plan, policy, lambda _m: None).record
-        seed = modeled_waits(spec.topology, spec.job, plan, policy, spec.profile) \
-            if spec.bubble_policy else {}
-        broker = make_broker(spec.topology, spec.job, plan, spec.bubble_policy,
-                             spec.bubble_options, seed)
-        summary, spans = simulate_plan(spec.topology, spec.job, plan, policy, spec.profile,
-                                       broker, spec.link_events, spec.jitter,
+        seed = modeled_waits(spec.topology, spec.job, plan, policy, spec.simulate.profile) \
+            if spec.common.bubble_policy else {}
+        broker = make_broker(spec.topology, spec.job, plan, spec.common.bubble_policy,
+                             spec.common.bubble_options, seed)
+        summary, spans = simulate_plan(spec.topology, spec.job, plan, policy, spec.simulate.profile,
+                                       broker, spec.link_events, spec.simulate.jitter,
                                        spec.scenario.stragglers)
         end = last_end(spans)
         inference = inference_results(spec.topology, spec.job, plan, broker, end)
@@ -67,16 +67,16 @@ class SimulatorBackend:
 def check_recoverable(spec: RunSpec) -> None:
     """What a run with a scenario's failures cannot do, refused before it starts."""
     scenario = spec.scenario
-    if scenario.failures and spec.bubble_policy:
+    if scenario.failures and spec.common.bubble_policy:
         raise InputError("a scenario with failures cannot be run with bubble filling "
                          "(its inference requests are not carried across a recovery)",
                          scenario.source)
-    if scenario.failures and spec.on_failure == "replan" and spec.policy == PLAN_FILE:
+    if scenario.failures and spec.common.on_failure == "replan" and spec.policy == PLAN_FILE:
         raise InputError(f"replan asks the run's policy for a new plan, and {PLAN_FILE} (the "
                          "given plan's) makes none: name one with -p, or use --on-failure "
                          "restart", "--on-failure")
     never = [f.worker for f in scenario.failures if f.back_s is None]
-    if spec.on_failure == "restart" and never:
+    if spec.common.on_failure == "restart" and never:
         raise InputError(f"--on-failure restart waits for a lost GPU to be back, and "
                          f"{never[0]} never is: give its failure a `back` time, or use "
                          "--on-failure replan", scenario.source, "failures")
@@ -91,13 +91,14 @@ def typed_inference(block: dict[str, Any]) -> Inference:
 def _record(spec: RunSpec, plan: Plan, summary: Summary, spans: Sequence[Span],
             inference: Inference, recovery: RecoveryBlock | None, status: Status = "ok",
             error: str | None = None, requests: list[RequestRow] | None = None) -> RunRecord:
+    jitter = spec.simulate.jitter
     return RunRecord(
-        backend="simulate", policy=spec.policy, bubble_policy=spec.bubble_policy,
+        backend="simulate", policy=spec.policy, bubble_policy=spec.common.bubble_policy,
         topology=spec.topology, job=spec.job, plan=plan, shaper=None, compute="modeled",
-        summary=summary, spans=spans, start=0.0, policy_options=spec.policy_options,
+        summary=summary, spans=spans, start=0.0, policy_options=spec.common.policy_options,
         status=status, error=error,
-        backend_block=SimulatorBlock(profile=bool(spec.profile), jitter=spec.jitter.as_dict()
-                                     if spec.jitter else None),
+        backend_block=SimulatorBlock(profile=bool(spec.simulate.profile),
+                                     jitter=jitter.as_dict() if jitter else None),
         inference=inference, recovery=recovery, requests=requests)
 
 
@@ -127,7 +128,7 @@ def joined_spans(spec: RunSpec, joined: Joined) -> list[Span]:
 def recovery_results(spec: RunSpec, joined: Joined) -> RecoveryBlock:
     """results.json's record of the failures: each one, and the time they cost."""
     lost = [f.time_lost_s for f in joined.failures if f.time_lost_s is not None]
-    return RecoveryBlock(spec.on_failure, [f.as_results() for f in joined.failures],
+    return RecoveryBlock(spec.common.on_failure, [f.as_results() for f in joined.failures],
                          sum(lost))
 
 
@@ -135,8 +136,8 @@ def _segment_runner(spec: RunSpec, plan: Plan, policy: TrainingPolicy) -> RunSeg
     def run(segment: Segment) -> SegmentResult:
         simulator = Simulator(
             segment.topology, spec.job, segment.plan, policy,
-            spec.profile if segment.plan is plan else None, events=segment.events,
-            jitter=spec.jitter, stragglers=segment.stragglers, losses=segment.losses,
+            spec.simulate.profile if segment.plan is plan else None, events=segment.events,
+            jitter=spec.simulate.jitter, stragglers=segment.stragglers, losses=segment.losses,
             first_iteration=segment.first_iteration)
         try:
             result = simulator.run()
@@ -146,6 +147,6 @@ def _segment_runner(spec: RunSpec, plan: Plan, policy: TrainingPolicy) -> RunSeg
         done = segment.first_iteration + len(iteration_ends(
             spans, segment.plan.used_gpus(), first=segment.first_iteration))
         return SegmentResult(spans, result.lost, resume_from(
-            done, segment.first_iteration, spec.checkpoint_every, segment.plan.period))
+            done, segment.first_iteration, spec.common.checkpoint_every, segment.plan.period))
 
     return run

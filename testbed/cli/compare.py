@@ -8,33 +8,20 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from testbed.api import spec_for
 from testbed.cli.options import (
-    checkpoint_option,
-    emulation_options,
     event_options,
     force_option,
     format_option,
-    jitter_option,
     job_flags,
     job_options,
-    loss_model_option,
-    parse_dilation,
     results_dir,
-    scenario_options,
-    target_loss_option,
-    trace_option,
+    scenario_option,
     verbosity_option,
 )
 from testbed.cli.progress import Reporter
-from testbed.common.choices import (
-    ActivationsChoice,
-    BackendName,
-    ComputeChoice,
-    FigureFormat,
-    OnFailure,
-    TraceChoice,
-    values_of,
-)
+from testbed.cli.spec_options import given_settings, spec_options
+from testbed.common.choices import BackendName, FigureFormat, values_of
 from testbed.common.fsutil import write_atomic
 from testbed.common.units import plural
 from testbed.errors import InputError
@@ -47,12 +34,10 @@ from testbed.experiments.comparison import (
 )
 from testbed.experiments.inputs import load_inputs
 from testbed.plan.load import given_plan
-from testbed.policy.registry import DEFAULT_COMPARISON, DEFAULT_POLICY
+from testbed.policy.registry import DEFAULT_COMPARISON
 from testbed.report.compare import RunEntry, markdown_table, table_rows, table_text
 from testbed.report.results import new_run_dir
 from testbed.report.saved import SavedRun, load_compare, load_spans
-from testbed.run.spec import RunSpec
-from testbed.sim.jitter import Jitter
 from testbed.topology import load_topology
 from testbed.topology.model import Topology
 
@@ -81,18 +66,10 @@ from testbed.topology.model import Topology
               show_default=True, help="emulate: real workers over the emulated WAN (root).")
 @click.option("--repeat", type=int, default=1, show_default=True,
               help="Runs per combination; the table shows the median and the spread.")
-@click.option("--compute", type=click.Choice(values_of(ComputeChoice)),
-              default=RunSpec.compute,
-              show_default=True, help="Compute mode for the emulate backend.")
+@spec_options("compare")
 @job_options
 @event_options
-@scenario_options
-@checkpoint_option
-@emulation_options
-@jitter_option
-@target_loss_option
-@loss_model_option
-@trace_option
+@scenario_option
 @force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the comparison (default: a new one under runs/).")
@@ -100,11 +77,7 @@ from testbed.topology.model import Topology
 @verbosity_option
 def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, ...],
             bubbles: tuple[str, ...], policy_opts: tuple[str, ...], backend: BackendName,
-            repeat: int,
-            compute: ComputeChoice, out: Path | None, pacing: str,
-            activations: ActivationsChoice, dilation: str, jitter: Jitter | None,
-            target_loss: float | None, loss_model: str, force: bool, fmt: FigureFormat,
-            trace: TraceChoice, on_failure: OnFailure, checkpoint_every: int | None,
+            repeat: int, out: Path | None, force: bool, fmt: FigureFormat,
             reporter: Reporter, **kwargs: Any) -> None:
     """Run policies on the same topology, job and seed, one after another, and compare.
 
@@ -121,10 +94,11 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
         from testbed.cli.net import require_root
 
         require_root()
-    factor = parse_dilation(dilation)
-    if backend == "simulate" and factor != 1:
+    settings = given_settings("compare", kwargs)
+    if backend == "simulate" and settings.get("dilation", 1) != 1:
         raise InputError("applies to --backend emulate only (the simulator has no clock "
                          "to slow down)", "--dilation")
+    jitter = settings.get("jitter")
     if backend == "emulate" and jitter:
         raise InputError("applies to --backend simulate only (an emulated run has its own "
                          "noise)", "--jitter")
@@ -134,23 +108,20 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
         policies = ()  # the plans alone, unless policies are named beside them
     plans = [GivenRun(str(path), *given_plan(path, inputs.topology, inputs.job))
              for path in plan_paths]
-    base = RunSpec(backend, inputs.topology, inputs.job, DEFAULT_POLICY, {}, compute=compute,
-                   events=inputs.events, pacing=pacing == "on", activations=activations,
-                   dilation=factor, jitter=jitter, target_loss=target_loss, trace=trace,
-                   scenario=inputs.scenario, on_failure=on_failure,
-                   checkpoint_every=checkpoint_every or 0, loss_model=loss_model)
+    base = spec_for(backend, inputs, settings)
     runs = comparison_runs(base, policies, bubbles, policy_opts, repeat, plans)
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, "compare"))
     with reporter.counting(f"{backend}: {plural(len(runs), 'run')}", len(runs), "run") as steps:
         done = run_comparison(runs, directory, steps.start, steps.finish, reporter.detail)
     entries = [entry for entry, _ in done]
+    common = base.common
     config = {"topology": str(topology), "backend": backend,
               "policies": list(policies), "plans": [str(p) for p in plan_paths],
               "bubbles": list(bubbles), "repeat": repeat,
               "options": list(policy_opts), "job_overrides": _overrides(kwargs),
-              "jitter": jitter.as_dict() if jitter else None, "target_loss": target_loss,
-              "loss_model": loss_model, "scenario": inputs.scenario.source,
-              "on_failure": on_failure}
+              "jitter": jitter.as_dict() if jitter else None,
+              "target_loss": common.target_loss, "loss_model": common.loss_model,
+              "scenario": inputs.scenario.source, "on_failure": common.on_failure}
     write_compare(directory, config, entries)
     if jitter:
         click.echo(f"jitter (CV): compute {jitter.compute:.0%}, prefill {jitter.prefill:.0%}, "
@@ -187,8 +158,8 @@ def show(directory: Path, entries: list[RunEntry], topology: Topology,
     target = next((row.to_loss.target for row in rows if row.to_loss), None)
     points = []
     for row in rows:
-        rates = [e.results["tokens_per_s"] for e in entries if e.combo == row.combo
-                 and e.status == "ok" and e.results and e.results["tokens_per_s"]]
+        rates = [rate for e in entries if e.combo == row.combo and e.status == "ok"
+                 and (f := e.figures) is not None and (rate := f.tokens_per_s)]
         loss = row.to_loss
         points.append(Throughput(
             row.combo, row.tokens_per_s, min(rates, default=None), max(rates, default=None),

@@ -9,46 +9,26 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from testbed.api import check, run
-from testbed.cli.net import SHAPERS, machine_option, require_root, this_machine
+from testbed.api import check, run, spec_for
+from testbed.cli.net import machine_option, require_root, this_machine
 from testbed.cli.options import (
-    bubble_options,
-    emulation_options,
     event_options,
     force_option,
     job_flags,
     job_options,
-    loss_model_option,
-    parse_dilation,
-    plan_option,
-    policy_option,
-    policy_options,
     results_dir,
     run_verbosity_option,
-    scenario_options,
-    target_loss_option,
-    trace_option,
-    with_plan,
+    scenario_option,
 )
 from testbed.cli.progress import Reporter
-from testbed.common.choices import (
-    ActivationsChoice,
-    AllReduceChoice,
-    ComputeChoice,
-    OnFailure,
-    ShaperChoice,
-    TraceChoice,
-    values_of,
-)
+from testbed.cli.spec_options import given_settings, spec_options
 from testbed.errors import InputError
 from testbed.experiments.inputs import load_inputs
-from testbed.policy import parse_options
 from testbed.report.results import new_run_dir
 from testbed.report.run_dirs import claim
 from testbed.report.table import run_summary
 from testbed.run.checkpoint import Progress
 from testbed.run.resume import load_resumption
-from testbed.run.spec import RunSpec
 from testbed.runtime.wire.secret import read_secret
 from testbed.topology import Topology
 from testbed.topology.seats import ClusterRun
@@ -63,63 +43,15 @@ def echo_err(message: str) -> None:
     "topology", metavar="TOPOLOGY.yaml", required=False,
     type=click.Path(dir_okay=False, path_type=Path)
 )
-@policy_option
-@policy_options
-@plan_option
-@bubble_options
+@spec_options("up")
 @job_options
 @event_options
-@scenario_options
-@emulation_options
-@target_loss_option
-@loss_model_option
-@trace_option
+@scenario_option
 @force_option
-@click.option(
-    "--compute",
-    type=click.Choice(values_of(ComputeChoice)),
-    default=RunSpec.compute,
-    show_default=True,
-    help="real: torch forward/backward; emulated: each GPU is held busy for the "
-    "modeled time while real-size tensors cross the network. auto: real when "
-    "there is a GPU per worker.",
-)
-@click.option(
-    "--shaper",
-    type=click.Choice(SHAPERS),
-    default=RunSpec.shaper,
-    show_default=True,
-    help="netem where the kernel has it, else the userspace delay line.",
-)
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     help="Results directory (default: a new one under runs/).",
-)
-@click.option(
-    "--allreduce",
-    type=click.Choice(values_of(AllReduceChoice)),
-    default=RunSpec.allreduce,
-    show_default=True,
-    help="auto: with emulated compute, gradient all-reduces inside one DC are modeled at the "
-    "DC's bandwidth (this machine cannot push intra-DC rates through Python); all-reduces "
-    "across the WAN always move real bytes. real: always move real bytes.",
-)
-@click.option(
-    "--stall-timeout",
-    type=float,
-    default=RunSpec.stall_timeout_s,
-    show_default=True,
-    help="Seconds in which no worker finishes an iteration before the run is declared "
-    "hung (set it above an iteration's length).",
-)
-@click.option(
-    "--checkpoint-every",
-    type=click.IntRange(min=1),
-    metavar="N",
-    help="Checkpoint every N iterations and at the end (model and optimizer state with real "
-    "compute; iteration count and measurements always) into RUN_DIR/checkpoint, so that "
-    "`--resume` can go on after a crash.",
 )
 @click.option(
     "--resume",
@@ -137,33 +69,9 @@ def echo_err(message: str) -> None:
 @click.option("--join-timeout", type=click.FloatRange(min=1), default=300.0,
               show_default=True, help="Seconds the other machines get to join (--cluster).")
 @run_verbosity_option
-def up(
-    topology: Path | None,
-    policy: str,
-    policy_opts: tuple[str, ...],
-    plan_path: Path | None,
-    compute: ComputeChoice,
-    shaper: ShaperChoice,
-    out: Path | None,
-    allreduce: AllReduceChoice,
-    stall_timeout: float,
-    bubble: str | None,
-    bubble_opts: tuple[str, ...],
-    pacing: str,
-    activations: ActivationsChoice,
-    dilation: str,
-    force: bool,
-    checkpoint_every: int | None,
-    resume: Path | None,
-    cluster_file: Path | None,
-    machine: str | None,
-    join_timeout: float,
-    target_loss: float | None, loss_model: str,
-    trace: TraceChoice,
-    on_failure: OnFailure,
-    reporter: Reporter,
-    **kwargs: Any,
-) -> None:
+def up(topology: Path | None, out: Path | None, force: bool, resume: Path | None,
+       cluster_file: Path | None, machine: str | None, join_timeout: float,
+       reporter: Reporter, **kwargs: Any) -> None:
     """Train over the emulated WAN: one worker process per GPU in its namespace.
 
     Brings the network up, starts the workers, runs the policy's plan (or the one
@@ -188,17 +96,10 @@ def up(
     else:
         if topology is None:
             raise click.UsageError("give TOPOLOGY.yaml, or --resume RUN_DIR")
+        settings = given_settings("up", kwargs)
         inputs = load_inputs(topology, **job_flags(kwargs))
-        spec = RunSpec("emulate", inputs.topology, inputs.job, policy,
-                       dict(parse_options(policy_opts)), bubble_policy=bubble,
-                       bubble_options=dict(parse_options(bubble_opts)), compute=compute,
-                       shaper=shaper, allreduce=allreduce, stall_timeout_s=stall_timeout,
-                       events=inputs.events, pacing=pacing == "on", activations=activations,
-                       dilation=parse_dilation(dilation), checkpoint_every=checkpoint_every or 0,
-                       cluster=cluster_run(cluster_file, machine, join_timeout, inputs.topology),
-                       target_loss=target_loss, trace=trace, scenario=inputs.scenario,
-                       on_failure=on_failure, loss_model=loss_model)
-        spec = with_plan(spec, plan_path)
+        cluster = cluster_run(cluster_file, machine, join_timeout, inputs.topology)
+        spec = spec_for("emulate", inputs, {**settings, "cluster": cluster})
         check(spec)
         directory = results_dir(out, force,
                                 lambda: new_run_dir(inputs.topology.name, spec.policy))

@@ -8,68 +8,37 @@ from typing import Any
 
 import click
 
-from testbed.api import check, run
+from testbed.api import check, run, spec_for
 from testbed.cli.options import (
-    bubble_options,
-    checkpoint_option,
     event_options,
     force_option,
-    jitter_option,
     job_flags,
     job_options,
-    loss_model_option,
-    plan_option,
-    policy_option,
-    policy_options,
     results_dir,
     run_verbosity_option,
-    scenario_options,
-    target_loss_option,
-    trace_option,
-    with_plan,
+    scenario_option,
 )
 from testbed.cli.progress import Reporter
-from testbed.common.choices import OnFailure, TraceChoice
+from testbed.cli.spec_options import given_settings, spec_options
 from testbed.experiments.inputs import load_inputs
-from testbed.policy import parse_options
 from testbed.report.results import new_run_dir
 from testbed.report.table import run_summary
-from testbed.run.spec import RunSpec
-from testbed.sim.jitter import Jitter
-from testbed.sim.profile import load_profile, write_profile
-
-profile_option = click.option(
-    "--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
-    help="Per-stage compute times measured by a run (`testbed profile RUN_DIR`) instead of "
-    "the FLOP model.")
+from testbed.sim.profile import write_profile
 
 
 @click.command()
 @click.argument("topology", metavar="TOPOLOGY.yaml",
                 type=click.Path(dir_okay=False, path_type=Path))
-@policy_option
-@policy_options
-@plan_option
-@bubble_options
+@spec_options("simulate")
 @job_options
 @event_options
-@scenario_options
-@checkpoint_option
-@profile_option
-@jitter_option
-@target_loss_option
-@loss_model_option
-@trace_option
+@scenario_option
 @force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Results directory (default: a new one under runs/).")
 @run_verbosity_option
-def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], plan_path: Path | None,
-             bubble: str | None, bubble_opts: tuple[str, ...], profile_path: Path | None,
-             out: Path | None, force: bool, jitter: Jitter | None, target_loss: float | None,
-             loss_model: str,
-             trace: TraceChoice, on_failure: OnFailure, checkpoint_every: int | None,
-             reporter: Reporter, **kwargs: Any) -> None:
+def simulate(topology: Path, out: Path | None, force: bool, reporter: Reporter,
+             **kwargs: Any) -> None:
     """Simulate the plan at any scale: modeled compute, flow-level network.
 
     Compute times come from FLOPs and the GPU type's sustained rate (or --profile);
@@ -78,17 +47,9 @@ def simulate(topology: Path, policy: str, policy_opts: tuple[str, ...], plan_pat
     results.json, spans.json and trace.json.gz as `testbed up` (backend simulate, compute
     modeled). With --plan FILE, runs that plan (saved, hand-edited, or torch's CSV form).
     """
+    settings = given_settings("simulate", kwargs)
     inputs = load_inputs(topology, **job_flags(kwargs))
-    spec = RunSpec("simulate", inputs.topology, inputs.job, policy,
-                   dict(parse_options(policy_opts)), bubble_policy=bubble,
-                   bubble_options=dict(parse_options(bubble_opts)),
-                   profile=load_profile(profile_path) if profile_path else None,
-                   events=inputs.events,
-                   jitter=jitter.with_seed(inputs.job.seed) if jitter else None,
-                   target_loss=target_loss, trace=trace, scenario=inputs.scenario,
-                   on_failure=on_failure, checkpoint_every=checkpoint_every or 0,
-                   loss_model=loss_model)
-    spec = with_plan(spec, plan_path)
+    spec = spec_for("simulate", inputs, settings)
     check(spec)
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, spec.policy))
     outcome = run(spec, directory, reporter.say)

@@ -16,16 +16,13 @@ from testbed import DISTRIBUTION
 from testbed.cli.options import (
     event_options,
     force_option,
-    jitter_option,
     job_flags,
     job_options,
-    loss_model_option,
     results_dir,
-    target_loss_option,
     verbosity_option,
 )
 from testbed.cli.progress import Reporter
-from testbed.cli.simulate import profile_option
+from testbed.cli.spec_options import given_settings, spec_options
 from testbed.common.units import plural
 from testbed.errors import InputError, Terminated, one_line
 from testbed.experiments.comparison import check_repeat
@@ -47,8 +44,6 @@ from testbed.policy.registry import DEFAULT_POLICY, check_policies
 from testbed.policy.routing import variants
 from testbed.report.results import new_run_dir
 from testbed.report.table import aligned
-from testbed.sim.jitter import Jitter
-from testbed.sim.profile import load_profile
 
 SHOWN_ROWS = 40
 """Rows printed at the end; sweep.csv has them all."""
@@ -81,12 +76,9 @@ SHOWN_ROWS = 40
               help="Run the points as tasks on a Ray cluster (its address: HOST:PORT, "
               "ray://HOST:PORT or auto; every node with testbed installed), or on a Ray "
               f"instance started here (local). Needs pip install '{DISTRIBUTION}[ray]'.")
+@spec_options("sweep")
 @job_options
 @event_options
-@jitter_option
-@profile_option
-@target_loss_option
-@loss_model_option
 @force_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the sweep (default: a new one under runs/). One that holds "
@@ -94,9 +86,8 @@ SHOWN_ROWS = 40
 @verbosity_option
 def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
           bubbles: tuple[str, ...], policy_opts: tuple[str, ...], repeat: int,
-          workers: int | None, ray_address: str | None, jitter: Jitter | None,
-          profile_path: Path | None, target_loss: float | None, loss_model: str,
-          out: Path | None, force: bool, reporter: Reporter, **kwargs: Any) -> None:
+          workers: int | None, ray_address: str | None, out: Path | None, force: bool,
+          reporter: Reporter, **kwargs: Any) -> None:
     """What-if grid in the simulator: one CSV row per point and run, and a plot.
 
     Every combination of the --vary knobs is a point; each point runs every policy with
@@ -115,13 +106,12 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
         workers, why = local_workers(workers)
         if why:
             click.echo(f"--workers: {why}", err=True)
+    given = given_settings("sweep", kwargs)
     inputs = load_inputs(topology, **job_flags(kwargs))
     check_policies([(v.policy, {}) for v in variants(policies)],
                    [(name, {}) for name in bubbles])
     settings = SweepSettings(inputs, policies, tuple(parse_vary(v) for v in varies), bubbles,
-                             policy_opts, repeat, jitter,
-                             load_profile(profile_path) if profile_path else None,
-                             target_loss, loss_model)
+                             policy_opts, repeat, **given)
     grid = points(settings)
     with runner(workers, ray_address) as run:
         resuming = out is not None and out.is_dir() and holds_sweep(out) and not force
@@ -138,14 +128,14 @@ def sweep(topology: Path, policies: tuple[str, ...], varies: tuple[str, ...],
             plural(min(workers, max(len(grid) - len(done), 1)), "local worker")
         _run(store, grid, run, where, reporter)
     table = with_speedups(store.rows(grid), policies, [k.key for k in settings.knobs])
-    if target_loss is not None:
+    if settings.target_loss is not None:
         table = by_time_to_loss(table, [k.key for k in settings.knobs])
     csv_path = write_csv(directory, columns(settings), table)
     from testbed.report.plots import sweep_plot
 
     keys = [k.key for k in settings.knobs] + (["bubble"] if bubbles else [])
     sweep_plot(_medians(table, keys), keys, directory / "sweep.png")
-    _show(table, keys, target_loss is not None)
+    _show(table, keys, settings.target_loss is not None)
     click.echo(f"wrote {csv_path} and {directory / 'sweep.png'}")
 
 

@@ -5,7 +5,7 @@ directory under runs/, topology.yaml for `testbed report`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,15 +83,15 @@ def comparison_runs(base: RunSpec, policies: Sequence[str], bubbles: Sequence[st
         for bubble in bubbles or (None,):
             for k in range(repeat):
                 name = f"{one_name(label)}{'+' + bubble if bubble else ''}-r{k + 1}"
-                jitter = base.jitter.with_seed(base.job.seed + k) if base.jitter else None
-                out.append(ComparisonRun(name, label, k, replace(
-                    base, policy=policy,
+                noise = base.simulate.jitter
+                out.append(ComparisonRun(name, label, k, base.with_settings(
+                    policy=policy,
                     policy_options=options_for(policy, options, label=label)
                     if plan is None else {},
                     plan=plan, plan_file=plan_file,
                     bubble_policy=bubble,
                     bubble_options=options_for(bubble, options, False) if bubble else None,
-                    jitter=jitter)))
+                    jitter=noise.with_seed(base.job.seed + k) if noise else None)))
     return out
 
 
@@ -116,7 +116,7 @@ def run_comparison(runs: Sequence[ComparisonRun], directory: Path,
 def _run(run: ComparisonRun, directory: Path, say: Say) -> tuple[RunEntry, RunResult | None]:
     run_dir = own_directory(directory, "runs", run.name)  # never through a link there
     relative = str(run_dir.relative_to(directory))
-    bubble = run.spec.bubble_policy
+    bubble = run.spec.common.bubble_policy
     try:
         outcome = run_one(run.spec, run_dir, say)
     except TestbedError as exc:

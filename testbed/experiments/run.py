@@ -22,7 +22,6 @@ from testbed.common.yamlio import to_yaml
 from testbed.errors import InputError, TestbedError, TestbedWarning
 from testbed.inference.memory import check_inference_memory
 from testbed.job.load import dump_job
-from testbed.metrics.loss import check_target_loss
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.plan.model import Plan
 from testbed.policy import bubble_policy, training_policy
@@ -70,9 +69,9 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
     try:
         backend.check(spec, plan, resume)
     except InputError as exc:  # what the backend refuses of a given plan is in its file
-        if spec.plan_file is None or exc.source != f"-p {plan.policy}":
+        if spec.common.plan_file is None or exc.source != f"-p {plan.policy}":
             raise
-        raise exc.at(spec.plan_file) from None
+        raise exc.at(spec.common.plan_file) from None
     started = time.monotonic()
     directory.mkdir(parents=True, exist_ok=True)
     with holding(directory):  # one process at a time writes here (testbed.report.run_dirs)
@@ -82,9 +81,9 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
         reached(spec, record)
         predicting(spec, plan, chosen, record)
         record.wall_s = time.monotonic() - started
-        record.target_loss = spec.target_loss
-        record.plan_file = spec.plan_file
-        record.trace = spec.trace
+        record.target_loss = spec.common.target_loss
+        record.plan_file = spec.common.plan_file
+        record.trace = spec.common.trace
         with old_objects_frozen():  # the record: what the files are written from
             results = write_run(directory, record)
     if results.trace.left_out:
@@ -95,19 +94,19 @@ def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,
 def prepare(spec: RunSpec, say: Say) -> tuple[RunSpec, Plan, TrainingPolicy]:
     """The run as it will go: the policy's plan, whole cycles of it, the host TCP settings
     it asks for, and memory for the prefills it will take."""
-    model = loss_model(spec.loss_model)
-    if spec.target_loss is not None:
-        check_target_loss(spec.target_loss, "target_loss")
-        if spec.backend == "simulate" or spec.compute == "emulated":  # no loss measured
-            check_reachable(model, spec.target_loss)
-    chosen = training_policy(spec.policy, spec.policy_options)
-    plan = spec.plan if spec.plan is not None else \
+    common = spec.common  # its target loss a number above 0 (testbed.run.spec.Common)
+    model = loss_model(common.loss_model)
+    if common.target_loss is not None and (
+            spec.backend == "simulate" or spec.emulate.compute == "emulated"):  # no loss measured
+        check_reachable(model, common.target_loss)
+    chosen = training_policy(spec.policy, common.policy_options)
+    plan = common.plan if common.plan is not None else \
         plan_with_simulator(chosen, spec.topology, spec.job, say=say)
     spec = whole_cycles(spec, plan.period)
     # the host TCP settings the plan asks for, on both backends and in the run's topology.yaml
     spec = replace(spec, topology=hosts_as_planned(spec.topology, plan))
-    if spec.bubble_policy is not None and bubble_policy(spec.bubble_policy,
-                                                       spec.bubble_options).fills:
+    if common.bubble_policy is not None and bubble_policy(common.bubble_policy,
+                                                          common.bubble_options).fills:
         check_inference_memory(spec.topology, spec.job, plan)
     return spec, plan, chosen
 
@@ -121,14 +120,14 @@ def simulated(spec: RunSpec) -> RunRecord:
     record = SimulatorBackend().record(spec, plan, chosen)
     reached(spec, record)
     predicting(spec, plan, chosen, record)
-    record.target_loss = spec.target_loss
+    record.target_loss = spec.common.target_loss
     return record
 
 
 def predicting(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, record: RunRecord) -> None:
     """The loss model and the method's effect on loss per token, for the run's results
     (`loss_model`, and the predicted time to the target where the run trains no model)."""
-    record.loss_model = loss_model(spec.loss_model)
+    record.loss_model = loss_model(spec.common.loss_model)
     record.loss_effect = declared_effect(chosen, plan, spec.topology)
 
 
@@ -139,9 +138,9 @@ def reached(spec: RunSpec, record: RunRecord) -> None:
     iteration time)."""
     failed = [(f["worker"], f["at_s"]) for f in record.recovery.failures] \
         if record.recovery else []
-    found = reach(entries(spec.events, spec.scenario), last_end(record.spans) - record.start,
+    found = reach(entries(spec.common.events, spec.scenario), last_end(record.spans) - record.start,
                   failed)
-    record.applied = applied_results(spec.events, spec.scenario, found)
+    record.applied = applied_results(spec.common.events, spec.scenario, found)
     late, summary = found.late, record.summary
     if not late or record.status != "ok":
         return  # a run that stopped early says why itself

@@ -30,6 +30,7 @@ from testbed.job.load import apply_overrides, dump_job, parse_job
 from testbed.job.model import Job
 from testbed.policy.loss_models import DEFAULT_LOSS_MODEL
 from testbed.policy.registry import TRAINING_GROUP, discover
+from testbed.report.run_results import Results
 from testbed.run.spec import RunSpec
 from testbed.sim.jitter import Jitter, parse_jitter
 from testbed.sim.profile import Profile
@@ -168,9 +169,9 @@ def _runs(settings: SweepSettings, values: tuple[tuple[str, str], ...]) -> list[
     events = settings.inputs.events + tuple(_event(t, topology) for t in event_texts)
     if settings.bubbles and job.inference is None:
         raise InputError("a bubble policy needs an inference workload (job.inference)", "-b")
-    base = RunSpec("simulate", topology, job, settings.policies[0], {},
-                   profile=settings.profile, events=events, jitter=jitter,
-                   target_loss=settings.target_loss, loss_model=settings.loss_model)
+    base = RunSpec.build("simulate", topology, job, policy=settings.policies[0],
+                         profile=settings.profile, events=events, jitter=jitter,
+                         target_loss=settings.target_loss, loss_model=settings.loss_model)
 
     def made(options: Sequence[str]) -> list[ComparisonRun]:
         return comparison_runs(base, settings.policies, settings.bubbles, options,
@@ -191,7 +192,7 @@ def _runs(settings: SweepSettings, values: tuple[tuple[str, str], ...]) -> list[
     for run in runs:
         labels: dict[str, Any] = {"policy": run.label}  # a labelled variant's label
         if settings.bubbles:
-            labels["bubble"] = run.spec.bubble_policy
+            labels["bubble"] = run.spec.common.bubble_policy
         if settings.repeat > 1:
             labels["repeat"] = run.repeat + 1
         out.append(PointRun(labels, run.spec))
@@ -221,39 +222,40 @@ def columns(settings: SweepSettings) -> list[str]:
     out = [k.key for k in settings.knobs] + ["policy"]
     out += ["bubble"] if settings.bubbles else []
     out += ["repeat"] if settings.repeat > 1 else []
-    out += [name for name, _ in METRICS]
+    out += METRICS
     out += ["speedup"] if len(settings.policies) > 1 else []
-    out += [name for name, _ in BUBBLE_METRICS] if settings.bubbles else []
+    out += BUBBLE_METRICS if settings.bubbles else []
     return [*out, "error"]
 
 
-METRICS = (("iteration_s", "iteration_time_s"), ("tokens_per_s", "tokens_per_s"),
-           ("effective_tokens_per_s", "loss_model.target.effective_tokens_per_s"),
-           ("target_loss", "loss_model.target.loss"),
-           ("time_to_loss_s", "loss_model.target.time_s"),
-           ("gpu_utilization", "gpu_utilization.training"),
-           ("wan_utilization", "wan.utilization"), ("dp", "plan.dp"), ("pp", "plan.pp"))
-"""Row column -> where results.json has it."""
-BUBBLE_METRICS = (("gpu_utilization_total", "gpu_utilization.total"),
-                  ("requests", "inference.requests"), ("served", "inference.served"),
-                  ("rejected", "inference.rejected"), ("ttft_p50_s", "inference.ttft_s.p50"),
-                  ("ttft_p99_s", "inference.ttft_s.p99"))
+METRICS = ("iteration_s", "tokens_per_s", "effective_tokens_per_s", "target_loss",
+           "time_to_loss_s", "gpu_utilization", "wan_utilization", "dp", "pp")
+"""sweep.csv's measures of every run (row_metrics says where each comes from)."""
+BUBBLE_METRICS = ("gpu_utilization_total", "requests", "served", "rejected", "ttft_p50_s",
+                  "ttft_p99_s")
+"""Its measures of the runs that fill bubbles."""
 
 
-def row_metrics(results: dict[str, Any]) -> dict[str, Any]:
-    """A run's measures as sweep.csv has them, from its results.json; the iteration is
-    the typical one, as compare's table has it (a DiLoCo cycle's mean, not its median
-    step without the sync)."""
-    from testbed.report.compare import typical_s
-
-    out: dict[str, Any] = {}
-    for name, path in METRICS + BUBBLE_METRICS:
-        node: Any = results
-        for part in path.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        out[name] = node
-    out["iteration_s"] = typical_s(results) if isinstance(out["iteration_s"], dict) else None
-    return out
+def row_metrics(results: Results) -> dict[str, Any]:
+    """A run's measures as sweep.csv has them, from its results; the iteration is the
+    typical one, as compare's table has it (a DiLoCo cycle's mean, not its median step
+    without the sync)."""
+    target = results.loss_model["target"] if results.loss_model else None
+    inference = results.inference
+    return {
+        "iteration_s": results.typical_s,
+        "tokens_per_s": results.tokens_per_s,
+        "effective_tokens_per_s": target["effective_tokens_per_s"] if target else None,
+        "target_loss": target["loss"] if target else None,
+        "time_to_loss_s": target["time_s"] if target else None,
+        "gpu_utilization": results.gpu_utilization.training,
+        "wan_utilization": results.wan.utilization,
+        "dp": results.plan.get("dp"), "pp": results.plan.get("pp"),
+        "gpu_utilization_total": results.gpu_utilization.total,
+        "requests": inference.requests, "served": inference.served,
+        "rejected": inference.rejected, "ttft_p50_s": inference.ttft_s.p50,
+        "ttft_p99_s": inference.ttft_s.p99,
+    }
 
 
 def with_speedups(rows: list[dict[str, Any]], policies: Sequence[str],

@@ -38,7 +38,7 @@ MAX_POINTS_BYTES = 256 * MIB
 """points.jsonl: a row is a few hundred bytes, and a sweep has at most 100,000 runs."""
 SHOWN_NOTES = 5
 Row = dict[str, Any]
-FIGURES = frozenset(name for name, _ in (*METRICS, *BUBBLE_METRICS))
+FIGURES = frozenset((*METRICS, *BUBBLE_METRICS))
 
 
 def holds_sweep(directory: Path) -> bool:

@@ -82,7 +82,7 @@ def run_point(point: Point, keep: bool = False) -> list[Row]:
                 warnings.simplefilter("always", TestbedWarning)
                 try:
                     record = simulated(run.spec)
-                    row.update(row_metrics(record.results()))
+                    row.update(row_metrics(record.typed()))
                     row["error"] = one_line(record.error) if record.error else ""
                 except TestbedError as exc:
                     row["error"] = one_line(str(exc))

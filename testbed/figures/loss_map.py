@@ -88,17 +88,21 @@ def cell_at(topology: Topology, point: Point, target: float | None,
         for policy, options in contenders:
             try:
                 job = load_job(here.job, here.source)
-                record = simulated(RunSpec("simulate", here, job, policy, dict(options),
-                                           target_loss=target))
-                results = record.results()
+                record = simulated(RunSpec.build("simulate", here, job, policy=policy,
+                                                 policy_options=dict(options),
+                                                 target_loss=target))
+                results = record.typed()
             except TestbedError as exc:
                 entrants.append(Entrant(policy, None, None, None, False, one_line(str(exc))))
                 continue
-            ahead = (results.get("loss_model") or {}).get("target") or {}
-            entrants.append(Entrant(policy, results["tokens_per_s"], ahead.get("time_s"),
-                                    ahead.get("effective_tokens_per_s"),
-                                    bool(ahead.get("extrapolated")), ahead.get("reason")))
-            target = ahead.get("loss", target)
+            ahead = results.loss_model["target"] if results.loss_model else None
+            if ahead is None:
+                entrants.append(Entrant(policy, results.tokens_per_s, None, None, False, None))
+                continue
+            entrants.append(Entrant(policy, results.tokens_per_s, ahead["time_s"],
+                                    ahead["effective_tokens_per_s"], ahead["extrapolated"],
+                                    ahead["reason"]))
+            target = ahead["loss"]
     return Cell(point, target, tuple(entrants))
 
 

@@ -101,10 +101,12 @@ class Runner:
             sets.append(f"iterations={min(self.inputs.job.iterations, EMULATED_ITERATIONS)}")
         try:
             job = load_job(dict(self.inputs.topology.job or {}), topology.source, None, sets)
-            spec = RunSpec(self.backend, topology, job, ask.policy, dict(ask.options),
-                           bubble_policy=ask.bubbles, bubble_options={} if ask.bubbles else None,
-                           dilation="auto" if self.backend == "emulate" else 1,
-                           wall_budget_s=self.wall_budget_s)
+            spec = RunSpec.build(
+                self.backend, topology, job, policy=ask.policy,
+                policy_options=dict(ask.options), bubble_policy=ask.bubbles,
+                bubble_options={} if ask.bubbles else None,
+                dilation="auto" if self.backend == "emulate" else 1,
+                wall_budget_s=self.wall_budget_s)
             if self.directory is None:
                 return figures_of(simulated(spec).typed())
             outcome = run(spec, own_directory(self.directory, "runs", name), self.detail)

@@ -14,6 +14,7 @@ from testbed.errors import one_line
 from testbed.metrics.interval import Interval, mean_interval
 from testbed.metrics.summary import speedup
 from testbed.report.compare_loss import ToLoss, loss_notes, sort_key, to_loss
+from testbed.report.run_figures import RunFigures
 from testbed.report.table import aligned
 
 EFFECTIVE = "effective tokens/s"
@@ -37,6 +38,11 @@ class RunEntry:
     @property
     def combo(self) -> str:
         return self.policy if not self.bubble_policy else f"{self.policy}+{self.bubble_policy}"
+
+    @property
+    def figures(self) -> RunFigures | None:
+        """What the table reads of its results, typed; None where it has none."""
+        return None if self.results is None else RunFigures.of(self.results)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -96,8 +102,8 @@ class Requests:
                 _fmt(self.expired, "{:.0f}")]
 
 
-def requests_of(ok: Sequence[dict[str, Any]]) -> Requests | None:
-    blocks = [r.get("inference") or {} for r in ok]
+def requests_of(ok: Sequence[RunFigures]) -> Requests | None:
+    blocks = [r.inference for r in ok]
     if not any(b.get("requests") for b in blocks):
         return None
 
@@ -154,15 +160,6 @@ class Row:
                 "yes" if self.machine_bound else "no"]
 
 
-def typical_s(results: dict[str, Any]) -> float | None:
-    """A run's typical iteration: the median, or for a plan whose iterations differ the
-    mean over its whole cycles (a median would be a step without the cycle's sync)."""
-    times = results["iteration_time_s"]
-    if (results.get("cycle_time_s") or {}).get("period", 1) > 1:
-        return times.get("mean")  # type: ignore[no-any-return]
-    return times["median"]  # type: ignore[no-any-return]
-
-
 def _median(values: Sequence[float | None]) -> float | None:
     kept = [v for v in values if v is not None]
     return statistics.median(kept) if kept else None
@@ -176,8 +173,8 @@ def table_rows(entries: Sequence[RunEntry]) -> list[Row]:
     rows: list[Row] = []
     for combo in combos:
         runs = [e for e in entries if e.combo == combo]
-        ok = [e.results for e in runs if e.status == "ok" and e.results is not None]
-        medians = [t for t in map(typical_s, ok) if t is not None]
+        ok = [f for e in runs if e.status == "ok" and (f := e.figures) is not None]
+        medians = [r.typical_s for r in ok if r.typical_s is not None]
         failed = [e for e in runs if e.status != "ok"]
         rows.append(Row(
             combo=combo, runs=len(runs), failed=len(failed),
@@ -185,16 +182,16 @@ def table_rows(entries: Sequence[RunEntry]) -> list[Row]:
             iteration_low=min(medians) if medians else None,
             iteration_high=max(medians) if medians else None,
             speedup=None,
-            tokens_per_s=_median([r["tokens_per_s"] for r in ok]),
-            util_training=_median([r["gpu_utilization"]["training"] for r in ok]),
-            util_total=_median([r["gpu_utilization"]["total"] for r in ok]),
-            wan_util=_median([r["wan"]["utilization"] for r in ok]),
-            ttft_p50=_median([r["inference"]["ttft_s"]["p50"] for r in ok]),
-            ttft_p99=_median([r["inference"]["ttft_s"]["p99"] for r in ok]),
+            tokens_per_s=_median([r.tokens_per_s for r in ok]),
+            util_training=_median([r.util_training for r in ok]),
+            util_total=_median([r.util_total for r in ok]),
+            wan_util=_median([r.wan_util for r in ok]),
+            ttft_p50=_median([r.ttft_p50 for r in ok]),
+            ttft_p99=_median([r.ttft_p99 for r in ok]),
             error=_short(failed[0].error or failed[0].status) if failed else None,
-            predicted=_median([r.get("predicted_iteration_s") for r in ok]),
-            dilation=max((int(r.get("dilation") or 1) for r in ok), default=None),
-            machine_bound=any((r.get("emulation") or {}).get("cpu_bound") for r in ok),
+            predicted=_median([r.predicted_s for r in ok]),
+            dilation=max((r.dilation for r in ok), default=None),
+            machine_bound=any(r.cpu_bound for r in ok),
             to_loss=to_loss(ok),
             requests=requests_of(ok),
             timed=len(medians),
@@ -218,9 +215,8 @@ def _paired_slowdowns(entries: Sequence[RunEntry], combo: str, reference: str) -
     """Per repeat number, the reference's tokens/s over the combination's - 1: how much
     longer the same tokens take."""
     def rates(name: str) -> dict[int, float]:
-        return {e.repeat: e.results["tokens_per_s"] for e in entries
-                if e.combo == name and e.status == "ok" and e.results is not None
-                and e.results["tokens_per_s"]}
+        return {e.repeat: rate for e in entries if e.combo == name and e.status == "ok"
+                and (f := e.figures) is not None and (rate := f.tokens_per_s)}
 
     mine, base = rates(combo), rates(reference)
     return [base[k] / mine[k] - 1 for k in sorted(mine) if k in base]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from testbed.metrics.loss import duration_text
+from testbed.report.run_figures import RunFigures
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -59,15 +60,15 @@ class ToLoss:
         return f"{self.time_s:.3f}{unit}s{missed}"
 
 
-def to_loss(ok: Sequence[dict[str, Any]]) -> ToLoss | None:
+def to_loss(ok: Sequence[RunFigures]) -> ToLoss | None:
     """The row's time to loss from its runs' results: their `time_to_loss` where a target
     was given, else the loss model's default target where every run has a prediction and
     none measured a loss; None otherwise."""
-    blocks = [r["time_to_loss"] for r in ok if r.get("time_to_loss")]
-    ahead = [t for r in ok if (t := (r.get("loss_model") or {}).get("target"))]
-    predictions = [p for r in ok if (p := r.get("loss_model"))]
+    blocks = [t for r in ok if (t := r.time_to_loss)]
+    predictions = [p for r in ok if (p := r.loss_model)]
+    ahead = [g for p in predictions if (g := p["target"])]
     common: dict[str, Any] = {
-        "compute": str(ok[0].get("compute")) if ok else "modeled",
+        "compute": ok[0].compute if ok else "modeled",
         "fastest_s": _median([t["time_band_s"][0] for t in ahead]),
         "slowest_s": _median([t["time_band_s"][1] for t in ahead]),
         "effective_tokens_per_s": _median([t["effective_tokens_per_s"] for t in ahead]),
@@ -85,7 +86,7 @@ def to_loss(ok: Sequence[dict[str, Any]]) -> ToLoss | None:
                       not_reached=sum(b["reached"] is False for b in blocks),
                       why=next((b["reason"] for b in blocks if b["reason"]), None),
                       basis=basis, **common)
-    if not ok or len(ahead) < len(ok) or any(r.get("loss_curve") for r in ok):
+    if not ok or len(ahead) < len(ok) or any(r.measured_loss for r in ok):
         return None
     reached_at = [t for t in ahead if t["time_s"] is not None]
     return ToLoss(target=ahead[0]["loss"], time_s=_median([t["time_s"] for t in reached_at]),

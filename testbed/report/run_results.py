@@ -259,3 +259,11 @@ class Results:
     """The synchronized model's loss at the start of the run and of each cycle, on that
     iteration's global batch, and of the model it ends with, at its end
     (testbed.runtime.worker.synced_loss): what its `time_to_loss` ranks."""
+
+    @property
+    def typical_s(self) -> Seconds | None:
+        """The run's typical iteration: the median, or for a plan whose iterations differ
+        the mean over its whole cycles (a median would be a step without the cycle's
+        sync)."""
+        times = self.iteration_time_s
+        return times.mean if self.cycle_time_s.period > 1 else times.median

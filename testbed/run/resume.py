@@ -55,16 +55,17 @@ _SETTINGS = ("policy", "policy_options", "compute", "shaper", "allreduce", "stal
 
 def check_checkpointable(spec: RunSpec, plan: Plan) -> None:
     """What a resumed run could not reproduce is refused before anything starts."""
-    if spec.checkpoint_every % plan.period:
-        raise InputError(f"{spec.checkpoint_every} is not a multiple of the plan's cycle of "
+    every = spec.common.checkpoint_every
+    if every % plan.period:
+        raise InputError(f"{every} is not a multiple of the plan's cycle of "
                          f"{plan.period} iterations (checkpoints are taken between cycles, "
                          "when no sync is under way)", "--checkpoint-every")
-    if (spec.events or spec.scenario) and spec.on_failure == "stop":
+    if (spec.common.events or spec.scenario) and spec.common.on_failure == "stop":
         raise InputError("checkpointing a run with network events is not supported, nor "
                          "one with a scenario (their times would restart with a resumed "
                          "run), but for --on-failure restart or replan, whose recovery "
                          "carries them over", "--checkpoint-every")
-    if spec.bubble_policy:
+    if spec.common.bubble_policy:
         raise InputError("checkpointing a run that fills bubbles is not supported (its "
                          "inference requests are not carried over)", "--checkpoint-every")
 
@@ -73,13 +74,14 @@ def save_settings(directory: Path, spec: RunSpec, compute: str, dilation: int) -
     """Everything that decides the run, with `auto` choices resolved, so that a resumed
     run is the same run."""
     folder = own_directory(directory, CHECKPOINT_DIR)
-    settings: dict[str, Any] = {name: getattr(spec, name) for name in _SETTINGS}
+    settings: dict[str, Any] = {name: spec.setting(name) for name in _SETTINGS}
     settings.update(format=FORMAT, compute=compute, dilation=dilation,
-                    timed=bool(spec.events or spec.scenario), plan_file=spec.plan_file)
+                    timed=bool(spec.common.events or spec.scenario),
+                    plan_file=spec.common.plan_file)
     files = {TOPOLOGY_FILE: to_yaml(dump_topology(spec.topology)),
              JOB_FILE: to_yaml(dump_job(spec.job))}
-    if spec.plan is not None:
-        files[PLAN_FILE] = plan_to_csv(spec.plan)
+    if spec.common.plan is not None:
+        files[PLAN_FILE] = plan_to_csv(spec.common.plan)
     for name, content in files.items():
         write_atomic(folder / name, content, 0o644)
     settings["digests"] = {name: _digest(content) for name, content in files.items()}
@@ -139,7 +141,7 @@ def load_resumption(directory: Path) -> tuple[RunSpec, Progress]:
         raise InputError(f"{saved} is missing", str(folder / "state.json"), "completed")
     given = folder / PLAN_FILE
     plan = load_plan(given, topology, job) if given.is_file() else None
-    spec = RunSpec("emulate", topology, job, **settings, plan=plan)
+    spec = RunSpec.build("emulate", topology, job, **settings, plan=plan)
     progress.resumed_at.append(progress.completed)
     return spec, progress
 

@@ -97,7 +97,7 @@ def run_segments(spec: RunSpec, plan: Plan, policy: TrainingPolicy, run: RunSegm
                  say: Say) -> Joined:
     """Segments until one ends without a failure of the scenario's, or `stop` (or a
     failure that cannot be recovered from) ends the run."""
-    scenario, action = spec.scenario, spec.on_failure
+    scenario, action = spec.scenario, spec.common.on_failure
     t0, first, history, losses = 0.0, 0, [], {}
     place = Survivors(spec.topology, {})
     epochs = [Epoch(0, tuple(plan.used_gpus()), tokens_per_iteration(spec.job, plan))]
@@ -117,7 +117,7 @@ def run_segments(spec: RunSpec, plan: Plan, policy: TrainingPolicy, run: RunSegm
         loss = WorkerLoss(result.lost.at_s + t0, place.physical(result.lost.worker),
                           None if result.lost.back_s is None else result.lost.back_s + t0)
         completed = len(iteration_ends(history, (), epochs))
-        checkpoint = max(first, result.checkpoint) if spec.checkpoint_every else 0
+        checkpoint = max(first, result.checkpoint) if spec.common.checkpoint_every else 0
         checkpoint_s = t0 if checkpoint == first else _end_of(history, epochs, checkpoint)
         who, before = _describe(plan, place, result.lost.worker), plan_record(plan, place.names)
         stopped = FailureRecord(loss.worker, loss.at_s, action, completed, checkpoint,

@@ -24,7 +24,7 @@ def check_emulable(spec: RunSpec, plan: Plan) -> None:
                          f"(plan has tp {plan.tp}); use `testbed simulate` for it", source,
                          "job.tp")
     check_limits(spec.topology)
-    mode = choose_compute(spec.compute, len(plan.used_gpus()))
+    mode = choose_compute(spec.emulate.compute, len(plan.used_gpus()))
     if mode == "real" and spec.job.model.tied_embeddings and plan.pp > 1:
         raise InputError(
             f"a tied output layer split over {plan.pp} stages needs its first and last "

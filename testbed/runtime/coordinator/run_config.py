@@ -14,7 +14,7 @@ from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.run.checkpoint import Checkpoints
 from testbed.run.dilation import dilate_events, dilate_job, dilate_topology
-from testbed.run.spec import RunSpec
+from testbed.run.spec import Common, EmulatorSettings, RunSpec
 from testbed.scenario.scenario import Scenario, WorkerLoss, dilated
 from testbed.scenario.slowdowns import Straggler
 from testbed.topology.model import Topology
@@ -24,7 +24,7 @@ from testbed.topology.seats import ClusterRun
 
 @dataclass(frozen=True)
 class RunConfig:
-    """An emulated run: a RunSpec's choices (its defaults are RunSpec's), with what the
+    """An emulated run: a RunSpec's choices (its defaults are the spec's), with what the
     run was given to do at its dilation. `for_spec` makes one from a RunSpec."""
 
     topology: Topology
@@ -35,22 +35,22 @@ class RunConfig:
     compute: EmulatedCompute
     """Timed sleeps or torch."""
     log_dir: Path
-    shaper: ShaperChoice = RunSpec.shaper
-    stall_timeout_s: float = RunSpec.stall_timeout_s
+    shaper: ShaperChoice = EmulatorSettings.shaper
+    stall_timeout_s: float = EmulatorSettings.stall_timeout_s
     save_dir: Path | None = None
     """Where workers write their stage's final parameters (real compute)."""
-    allreduce: AllReduceChoice = RunSpec.allreduce
+    allreduce: AllReduceChoice = EmulatorSettings.allreduce
     """"real": send every gradient byte; "auto": model intra-DC rings in emulated compute."""
-    pacing: bool = RunSpec.pacing
+    pacing: bool = EmulatorSettings.pacing
     """Cap each cross-DC connection at its share of the path's rate (testbed.plan.pacing)."""
-    activations: ActivationsChoice = RunSpec.activations
+    activations: ActivationsChoice = EmulatorSettings.activations
     """"auto": with emulated compute, activations between stages in one DC are modeled at
     the DC's bandwidth; "real": they cross the network as real bytes."""
-    bubble_policy: str | None = RunSpec.bubble_policy
-    bubble_options: dict[str, str] | None = RunSpec.bubble_options
+    bubble_policy: str | None = Common.bubble_policy
+    bubble_options: dict[str, str] | None = Common.bubble_options
     bubble_seed: dict[WaitKey, float] = field(default_factory=dict)
     """Modeled waits per (GPU, action), dilated: bubble predictions before any is measured."""
-    events: tuple[NetEvent, ...] = RunSpec.events
+    events: tuple[NetEvent, ...] = Common.events
     """Network events applied during training, at times from its start."""
     dilation: int = 1
     """Real seconds per represented second; the topology and times given are dilated."""
@@ -71,13 +71,13 @@ class RunConfig:
         """`spec` run at dilation `k` on `topology` (the spec's, or a segment's after a
         failure): it, the job, the stall timeout, `events` and `scenario`'s stragglers
         and failures dilated; the spec's other choices as they are."""
-        slowed = dilated(scenario, k)
+        slowed, emulate, common = dilated(scenario, k), spec.emulate, spec.common
         return cls(dilate_topology(topology, k), dilate_job(spec.job, k), plan, policy,
-                   compute, log_dir, shaper=spec.shaper,
-                   stall_timeout_s=spec.stall_timeout_s * k, allreduce=spec.allreduce,
-                   pacing=spec.pacing, activations=spec.activations,
-                   bubble_policy=spec.bubble_policy, bubble_options=spec.bubble_options,
-                   events=dilate_events(events, k), dilation=k, cluster=spec.cluster,
+                   compute, log_dir, shaper=emulate.shaper,
+                   stall_timeout_s=emulate.stall_timeout_s * k, allreduce=emulate.allreduce,
+                   pacing=emulate.pacing, activations=emulate.activations,
+                   bubble_policy=common.bubble_policy, bubble_options=common.bubble_options,
+                   events=dilate_events(events, k), dilation=k, cluster=emulate.cluster,
                    stragglers=slowed.stragglers, losses=slowed.failures, **rest)
 
     def decode_dcs(self, with_bubbles: bool) -> tuple[str, ...]:
