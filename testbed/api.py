@@ -199,6 +199,16 @@ def spec_for(backend: BackendName, inputs: Inputs, settings: Mapping[str, Any]) 
     return with_given_plan(spec, plan, given.get("policy"))
 
 
+def refuse_the_other_backends(backend: BackendName, settings: Mapping[str, Any]) -> None:
+    """Settings of the other backend's, refused for a comparison that runs on one."""
+    if backend == "simulate" and settings.get("dilation", 1) != 1:
+        raise InputError("applies to --backend emulate only (the simulator has no clock "
+                         "to slow down)", "--dilation")
+    if backend == "emulate" and settings.get("jitter"):
+        raise InputError("applies to --backend simulate only (an emulated run has its own "
+                         "noise)", "--jitter")
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -347,6 +357,7 @@ def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPla
     given_options = _mapping(options, "options", "{'atlas.connections': 8}")
     pairs = [f"{key}={value}" for key, value in given_options.items()]
     with _said_of_parameters("compare"):
+        refuse_the_other_backends(backend, given_settings)
         base = spec_for(backend, inputs, given_settings)
     noise = given_settings.get("jitter")
     given: list[GivenRun] = []

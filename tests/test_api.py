@@ -116,3 +116,21 @@ def test_compare_takes_options_bubbles_repeats_and_jitter_as_the_command_does(
     with pytest.raises(InputError, match="unknown option 'send' for 1f1b"):
         api.compare(inputs, ["1f1b"], options={"1f1b.send": "eager"}, out=tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
+
+
+def test_settings_are_checked_by_their_fields_and_said_of_the_parameter(
+        tmp_path: Path) -> None:
+    """The API's settings are the spec's fields: a text is read as its option reads it,
+    a value of the wrong type or a setting of the other backend's is one line naming the
+    parameter, and a name no function takes is Python's own TypeError."""
+    inputs = api.load(TWO_DC, iterations=2)
+    with pytest.raises(InputError, match=r"^dilation: applies to --backend emulate only"):
+        api.compare(inputs, ["gpipe"], dilation="2", out=tmp_path / "c")
+    with pytest.raises(InputError, match=r"^checkpoint_every: expected an int, got str '2'"):
+        api.simulate(inputs, checkpoint_every="2", out=tmp_path / "s")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'dilation'"):
+        api.simulate(inputs, dilation=2, out=tmp_path / "s")
+    result = api.simulate(inputs, "gpipe", jitter="5%", trace="none", out=tmp_path / "ok")
+    assert result.typed.jitter == {"compute": 0.05, "prefill": 0.05, "network": 0.05,
+                                   "seed": inputs.job.seed}
+    assert not (tmp_path / "ok" / "trace.json.gz").exists()

@@ -9,15 +9,18 @@ writes tests/cli_surface.txt from the code; the diff is the change to the surfac
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
+import pytest
 
 from testbed import api
 from testbed.cli.main import cli
+from testbed.errors import InputError
 from testbed.run.spec import RunSpec, run_settings
 
 SNAPSHOT = Path(__file__).resolve().parent / "cli_surface.txt"
@@ -89,6 +92,12 @@ def test_settings_are_given_by_name_into_their_sections() -> None:
     assert spec.with_settings(dilation=2).emulate == \
         spec.emulate.__class__(dilation=2)
     assert spec.setting("dilation") == 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.common.policy = "gpipe"  # type: ignore[misc]
+    with pytest.raises(InputError, match=r"^--dilation: must be a whole number from 1"):
+        spec.with_settings(dilation=0)  # refused as it is made, not when it runs
+    with pytest.raises(TypeError, match="no setting 'dilatoin'"):
+        spec.with_settings(dilatoin=2)
 
 
 if __name__ == "__main__":

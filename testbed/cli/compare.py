@@ -8,7 +8,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from testbed.api import spec_for
+from testbed.api import refuse_the_other_backends, spec_for
 from testbed.cli.options import (
     event_options,
     force_option,
@@ -24,7 +24,6 @@ from testbed.cli.spec_options import given_settings, spec_options
 from testbed.common.choices import BackendName, FigureFormat, values_of
 from testbed.common.fsutil import write_atomic
 from testbed.common.units import plural
-from testbed.errors import InputError
 from testbed.experiments.comparison import (
     GivenRun,
     check_repeat,
@@ -95,13 +94,8 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
 
         require_root()
     settings = given_settings("compare", kwargs)
-    if backend == "simulate" and settings.get("dilation", 1) != 1:
-        raise InputError("applies to --backend emulate only (the simulator has no clock "
-                         "to slow down)", "--dilation")
+    refuse_the_other_backends(backend, settings)
     jitter = settings.get("jitter")
-    if backend == "emulate" and jitter:
-        raise InputError("applies to --backend simulate only (an emulated run has its own "
-                         "noise)", "--jitter")
     inputs = load_inputs(topology, **job_flags(kwargs))
     if plan_paths and click.get_current_context().get_parameter_source(
             "policies") is not ParameterSource.COMMANDLINE:

@@ -177,4 +177,5 @@ def _describe(hint: Any) -> str:
         return "None"
     if origin is dict:
         return "a mapping of texts"
-    return f"a {getattr(origin or hint, '__name__', str(hint))}"
+    name = getattr(origin or hint, "__name__", str(hint))
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
