@@ -249,14 +249,20 @@ class RunSpec:
     by name)."""
 
     backend: BackendName
+    """Which runs it: the simulator or the emulator."""
     topology: Topology
+    """The datacenters, their GPUs and the WAN, every override applied."""
     job: Job
+    """The model, batches and iterations, every override applied."""
     common: Common = field(default_factory=Common)
+    """What every run has."""
     scenario: Scenario = field(default_factory=Scenario)
     """Link traces, stragglers and failures during the run (its events are in
     `common.events`)."""
     simulate: SimulatorSettings = field(default_factory=SimulatorSettings)
+    """The simulator's part: read by the simulator, and by the emulator's prediction."""
     emulate: EmulatorSettings = field(default_factory=EmulatorSettings)
+    """The emulator's part."""
 
     @classmethod
     def build(cls, backend: BackendName, topology: Topology, job: Job,
