@@ -35,8 +35,9 @@ def surface() -> str:
     out: list[str] = []
     for name in COMMANDS:
         command = cli.commands[name]
-        parent = click.Context(cli, info_name="testbed", terminal_width=WIDTH,
-                               max_content_width=WIDTH)
+        parent = click.Context(cli, info_name="testbed",  # -h as well, as a user has it
+                               **{**cli.context_settings, "terminal_width": WIDTH,
+                                  "max_content_width": WIDTH})
         context = click.Context(command, parent=parent, info_name=name,
                                 terminal_width=WIDTH, max_content_width=WIDTH)
         out += [f"=== testbed {name} --help", command.get_help(context), ""]
