@@ -44,6 +44,7 @@ def test_compare_writes_rows_files_and_plots_and_report_reproduces_them(
     for name in ("compare.json", "compare.csv", "table.md", "throughput.png", "gantt.png",
                  "wan.png", "topology.yaml"):
         assert (out / name).stat().st_size > 0, name
+    assert json.loads((out / "compare.json").read_text())["job_overrides"] == {"iterations": 3}
     rows = list(csv.DictReader((out / "compare.csv").open()))
     assert [(r["policy"], r["repeat"]) for r in rows] == [
         ("gpipe", "0"), ("gpipe", "1"), ("failing", "0"), ("failing", "1"), ("1f1b", "0"),

@@ -96,7 +96,8 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
     settings = given_settings("compare", kwargs)
     refuse_the_other_backends(backend, settings)
     jitter = settings.get("jitter")
-    inputs = load_inputs(topology, **job_flags(kwargs))
+    flags = job_flags(kwargs)
+    inputs = load_inputs(topology, **flags)
     if plan_paths and click.get_current_context().get_parameter_source(
             "policies") is not ParameterSource.COMMANDLINE:
         policies = ()  # the plans alone, unless policies are named beside them
@@ -112,7 +113,7 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
     config = {"topology": str(topology), "backend": backend,
               "policies": list(policies), "plans": [str(p) for p in plan_paths],
               "bubbles": list(bubbles), "repeat": repeat,
-              "options": list(policy_opts), "job_overrides": _overrides(kwargs),
+              "options": list(policy_opts), "job_overrides": _overrides(flags),
               "jitter": jitter.as_dict() if jitter else None,
               "target_loss": common.target_loss, "loss_model": common.loss_model,
               "scenario": inputs.scenario.source, "on_failure": common.on_failure}
