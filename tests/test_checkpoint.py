@@ -205,6 +205,7 @@ def test_a_nan_span_end_is_refused_and_a_nan_loss_is_kept(tmp_path: Path) -> Non
 
 def test_run_json_reads_back_what_a_run_saved(tmp_path: Path) -> None:
     from testbed.experiments.inputs import load_inputs
+    from testbed.policy.loss_models import DEFAULT_LOSS_MODEL
     from testbed.run.resume import read_settings, save_settings
     from testbed.run.spec import RunSpec
 
@@ -220,11 +221,14 @@ def test_run_json_reads_back_what_a_run_saved(tmp_path: Path) -> None:
                         "compute": "real", "shaper": "auto", "allreduce": "auto",
                         "stall_timeout_s": 30.0, "pacing": False, "activations": "auto",
                         "dilation": 4, "checkpoint_every": 3, "target_loss": 2.5,
-                        "timed": False, "plan_file": None}
+                        "loss_model": DEFAULT_LOSS_MODEL, "timed": False, "plan_file": None}
     saved = json.loads((tmp_path / "checkpoint" / "run.json").read_text())
-    del saved["target_loss"]  # saved before runs had a target: none
+    (tmp_path / "checkpoint" / "run.json").write_text(json.dumps({**saved, "loss_model": "fit"}))
+    assert read_settings(tmp_path / "checkpoint" / "run.json")["loss_model"] == "fit"
+    del saved["target_loss"], saved["loss_model"]  # saved before runs had them
     (tmp_path / "checkpoint" / "run.json").write_text(json.dumps(saved))
-    assert read_settings(tmp_path / "checkpoint" / "run.json")["target_loss"] is None
+    before = read_settings(tmp_path / "checkpoint" / "run.json")
+    assert (before["target_loss"], before["loss_model"]) == (None, DEFAULT_LOSS_MODEL)
 
 
 def test_a_run_with_events_or_a_scenario_is_not_resumed(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from testbed.net.state import process_start_ticks
 from testbed.plan.load import load_plan
 from testbed.plan.model import Plan
 from testbed.plan.text import plan_to_csv
+from testbed.policy.loss_models import DEFAULT_LOSS_MODEL
 from testbed.policy.option_parsers import one_of
 from testbed.run.checkpoint import (
     CHECKPOINT_DIR,
@@ -50,7 +51,8 @@ JOB_FILE = "job.yaml"
 PLAN_FILE = "plan.csv"
 """A given plan (`--plan`), as the run ran it: a resumed run runs it again."""
 _SETTINGS = ("policy", "policy_options", "compute", "shaper", "allreduce", "stall_timeout_s",
-             "pacing", "activations", "dilation", "checkpoint_every", "target_loss")
+             "pacing", "activations", "dilation", "checkpoint_every", "target_loss",
+             "loss_model")
 
 
 def check_checkpointable(spec: RunSpec, plan: Plan) -> None:
@@ -177,6 +179,8 @@ def read_settings(path: Path) -> dict[str, Any]:
         "dilation": top.get("dilation", bounded(integer, 1, MAX_DILATION, str)),
         "checkpoint_every": top.get("checkpoint_every", positive(integer)),
         "target_loss": top.get("target_loss", positive(number), None),  # absent: none
+        # absent: written before loss models, when the one model was today's default
+        "loss_model": top.get("loss_model", text, DEFAULT_LOSS_MODEL),
         "timed": top.get("timed", boolean, False),  # absent: written before scenarios
         "plan_file": top.get("plan_file", string, None),  # absent or null: the policy's
         "digests": _digests(top),
