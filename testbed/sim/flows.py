@@ -87,14 +87,15 @@ class Pair:
         """bit/s one flow of the pair reaches with a full window: window per RTT."""
         return self.connections * self.window * 8 / self.rtt / max(1, self.active)
 
-    def weight(self, shortest_rtt: float) -> float:
+    def weight(self) -> float:
         """What one flow of this pair weighs in max-min sharing: its connections, less
-        for a longer round trip than `shortest_rtt` (the shortest among the flows it is
-        shared with) by the congestion control's RTT bias. Round trips count against each
-        other, never against a second: a dilated network, every round trip K times
-        longer, shares as the one it represents, whatever the congestion controls."""
+        for a longer round trip by the congestion control's RTT bias. The round trip is
+        counted in units of the stack's minimum RTO, a time dilation stretches as it does
+        the round trips: a dilated network shares as the one it represents, also where
+        congestion controls of different biases meet (seconds would weigh them otherwise
+        at every K), and a flow's weight never depends on which others are under way."""
         weight = self.connections / max(1, self.active)
-        return weight * (self.rtt / shortest_rtt) ** -self.rtt_bias if self.rtt_bias \
+        return weight * (self.rtt / self.rto_min) ** -self.rtt_bias if self.rtt_bias \
             else weight
 
     @property

@@ -300,9 +300,8 @@ class FluidNetwork:
             self._settle(now, flow)
             flow.progress(now)
         sending = [f for f in flows if not f.paused]
-        shortest = min((f.pair.rtt for f in sending), default=1.0)
         rates = max_min(
-            {f.id: (f.pair.weight(shortest), cap(f), f.resources)
+            {f.id: (f.pair.weight(), cap(f), f.resources)
              for f in sending},
             {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in seen},
         )
