@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 # answer another's, and fill the user's cache: off here (and in every command a test
 # starts); tests of the store name a folder of their own.
 os.environ["TESTBED_PLANNING_STORE"] = "off"
+
+# pytest-xdist's workers start with SIGINT ignored, and the commands tests start would
+# inherit that (a command started so keeps Ctrl-C ignored, as it should): the tests that
+# stop a command with Ctrl-C need it live, as at a terminal.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGIES = ROOT / "topologies"

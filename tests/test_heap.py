@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import gc
 
+import pytest
+
 from testbed.common.heap import old_objects_frozen
+
+# the collector's frozen count is the process's: no other thread may free objects meanwhile
+pytestmark = pytest.mark.serial
 
 
 def test_old_objects_are_left_alone_inside_and_tracked_again_after() -> None:
