@@ -10,6 +10,11 @@ the inner step of the iterations that have them.
   its gradient g and its residual e, sends C(p) once, and keeps e = p - C(p); every replica
   applies the mean of all replicas' C(p), summed in fp32 in replica order. C is the
   contract's: blockwise absmax with round to nearest even, or the k largest magnitudes.
+- Deltas in a quantized payload (int8, int4, and the Streaming DiLoCo paper's 4-bit float,
+  E3M0) are quantized once by each replica and summed in fp32 after dequantizing, in
+  replica order: the paper lowers the precision of what is communicated only (arXiv
+  2501.18512, section 2.3). E3M0 here: a sign and 2^(e - 7), e = 1..7, times the block's
+  absmax (256 values a block), or 0; the nearest value, a tie to the larger magnitude.
 - Uncompressed gradients and deltas (outer minus local parameters, when a sync starts)
   are summed as a ring does: chunk i of whole 256-element blocks starts at replica i and
   each replica after it adds its own, the sum crossing the wire in the payload at every
@@ -17,6 +22,17 @@ the inner step of the iterations that have them.
   keep no error feedback. An outer step hands their average to the fragment's
   torch.optim.SGD as the outer parameters' gradient; then local = mixing * local +
   (1 - mixing) * outer.
+- In buckets (torch DDP's, and the plan's `bK/N`): the values laid out in the order the
+  backward produces them (the output layer, the blocks last to first, the embeddings;
+  a unit's own parameters last to first), bucket k of N the k-th N-th of them, each
+  bucket reduced on its own (its own ring). A bucket of deltas that starts in the
+  backward takes its parameters' inner step there: the same step, so the same values.
+- Eager outer steps (Kale, Douillard, Donchev 2025, arXiv 2502.12996, Algorithm 3): each
+  replica keeps its own outer parameters and momentum; at a sync it applies at once
+  (its fresh deltas + the sum of the others' deltas of the previous sync, as each sent
+  them) / M, computed as previous average - own previous as sent / M + fresh / M (the
+  first sync: fresh / M), and its local parameters take its outer ones; the sync's own
+  average is what the next one mixes in.
 
 A compressed or ring-summed vector here is a whole replica's, as one pipeline stage holds
 it: a pipeline's stages compress and chunk their own parts, so compare pipelined plans
@@ -36,6 +52,7 @@ from testbed.job.model import Job
 from testbed.runtime.worker.model import Corpus, build_model, loss_of, sample_index
 
 BLOCK = 256
+QUANTIZED = ("int8", "int4", "fp4")
 
 
 @dataclass(frozen=True)
@@ -47,6 +64,7 @@ class Sync:
     fragment: int = 0
     fragments: int = 1
     payload: str = ""
+    buckets: int = 1
 
 
 @dataclass(frozen=True)
@@ -55,6 +73,7 @@ class Outer:
     momentum: float = 0.9
     nesterov: bool = True
     mixing: float = 0.0
+    eager: bool = False
 
 
 def fragment_of(name: str, layers: int, fragments: int) -> int:
@@ -68,14 +87,47 @@ def fragment_of(name: str, layers: int, fragments: int) -> int:
     return (layers - 1) % fragments
 
 
+def backward_order(names: Sequence[str]) -> list[str]:
+    """The output layer's parameters, then each block's from the last block to the
+    first, then the embeddings'; within each, last to first."""
+    def unit(name: str) -> tuple[int, int]:
+        if name.startswith("head."):
+            return (0, 0)
+        if name.startswith("blocks."):
+            return (1, -int(name.split(".")[1]))
+        return (2, 0)
+
+    return sorted(names, key=lambda n: (unit(n), -names.index(n)))
+
+
+def fp4(block: torch.Tensor) -> torch.Tensor:
+    """One block as E3M0 delivers it (in fp32: |x| / scale, and its distance to each
+    level)."""
+    scale = block.abs().max()
+    out = torch.zeros_like(block)
+    if scale == 0:
+        return out
+    levels = [0.0] + [2.0 ** (e - 7) for e in range(1, 8)]
+    ratios = block.abs() / scale
+    for i in range(block.numel()):
+        distances = [float((ratios[i] - torch.tensor(level)).abs()) for level in levels]
+        best = max(range(len(levels)), key=lambda j: (-distances[j], j))
+        out[i] = math.copysign(levels[best], float(block[i])) * scale if best else 0.0
+    return out
+
+
 def wire(values: torch.Tensor, payload: str) -> torch.Tensor:
     """`values` as the receiving end reads them."""
     if payload in ("", "fp32"):
         return values.clone()
     if payload in ("bf16", "fp16"):
         return values.to(torch.bfloat16 if payload == "bf16" else torch.float16).float()
-    levels = {"int8": 127, "int4": 7}[payload]
     out = torch.empty_like(values)
+    if payload == "fp4":
+        for start in range(0, values.numel(), BLOCK):
+            out[start : start + BLOCK] = fp4(values[start : start + BLOCK])
+        return out
+    levels = {"int8": 127, "int4": 7}[payload]
     for start in range(0, values.numel(), BLOCK):
         block = values[start : start + BLOCK]
         scale = block.abs().max() / levels
@@ -137,15 +189,33 @@ def ring_sum(values: Sequence[torch.Tensor], payload: str) -> torch.Tensor:
     return out
 
 
+def reduce_sum(values: Sequence[torch.Tensor], payload: str, buckets: int = 1) -> torch.Tensor:
+    """The sum every replica holds after the all-reduce of these vectors: each bucket
+    reduced on its own, quantized ones each replica's quantized once and summed in fp32."""
+    total = values[0].numel()
+    parts = []
+    for k in range(buckets):
+        start, end = k * total // buckets, (k + 1) * total // buckets
+        chunk = [v[start:end] for v in values]
+        if payload in QUANTIZED:
+            summed = torch.zeros_like(chunk[0])
+            for v in chunk:
+                summed += wire(v, payload)
+            parts.append(summed)
+        else:
+            parts.append(ring_sum(chunk, payload))
+    return torch.cat(parts)
+
+
 def train(job: Job, replicas: int, microbatches: int, iterations: int,
           syncs: Callable[[int], list[Sync]], outer: Outer = Outer(),
-          gradients: str | None = None,
+          gradients: str | None = None, gradient_buckets: int = 1,
           kept: dict[int, dict[str, torch.Tensor]] | None = None
           ) -> list[dict[str, torch.Tensor]]:
     """Each replica's parameters after `iterations`; `gradients`: the payload of an
-    every-step gradient all-reduce (None: replicas step apart); `kept`: its keys are
-    iterations at whose start (`iterations`: at the end) to keep the outer parameters
-    there."""
+    every-step gradient all-reduce (None: replicas step apart), in `gradient_buckets`;
+    `kept`: its keys are iterations at whose start (`iterations`: at the end) to keep
+    replica 0's outer parameters there."""
     torch.set_num_threads(1)
     shape = job.model
     models = [build_model(shape, job.seed) for _ in range(replicas)]
@@ -153,11 +223,26 @@ def train(job: Job, replicas: int, microbatches: int, iterations: int,
     inner = [torch.optim.AdamW(m.parameters(), lr=settings.lr,
                                weight_decay=settings.weight_decay) for m in models]
     corpus = Corpus(shape.vocab, shape.seq_len, job.seed)
-    outer_loop = _OuterLoop(models, shape.layers, outer)
+    names = [n for n, _ in models[0].named_parameters()]
+    outer_params = [{n: p.detach().clone() for n, p in models[0].named_parameters()}
+                    for _ in range(replicas)]
+    optimizers: dict[tuple[int, int, int], torch.optim.SGD] = {}
     residuals = [torch.zeros(0) for _ in range(replicas)]
+    pending: dict[tuple[int, int], torch.Tensor] = {}
+    fresh: dict[tuple[int, int], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    sent_before: dict[tuple[int, int], list[torch.Tensor]] = {}
+    previous: dict[tuple[int, int], torch.Tensor] = {}
+
+    def chosen(sync: Sync) -> list[str]:
+        mine = [n for n in names if fragment_of(n, shape.layers, sync.fragments) == sync.fragment]
+        return backward_order(mine) if sync.buckets > 1 else mine
+
+    def flat(tensors: dict[str, torch.Tensor], order: list[str]) -> torch.Tensor:
+        return torch.cat([tensors[n].reshape(-1) for n in order])
+
     for iteration in range(iterations):
         if kept is not None and iteration in kept:
-            kept[iteration] = outer_loop.snapshot()
+            kept[iteration] = {n: p.clone() for n, p in outer_params[0].items()}
         for r, model in enumerate(models):
             for mb in range(microbatches):
                 first = sample_index(iteration, r, mb, replicas, microbatches,
@@ -165,79 +250,63 @@ def train(job: Job, replicas: int, microbatches: int, iterations: int,
                 inputs, targets = corpus.batch(first, job.microbatch_size)
                 (loss_of(model(inputs), targets) / microbatches).backward()  # type: ignore[no-untyped-call]
         if gradients is not None:
-            _all_reduce_gradients(models, residuals, gradients)
+            order = backward_order(names) if gradient_buckets > 1 else names
+            flats = [flat({n: p.grad for n, p in m.named_parameters()  # type: ignore[misc]
+                           }, order) for m in models]
+            if gradients in ("", "fp32", "bf16", "fp16"):
+                average = reduce_sum(flats, gradients, gradient_buckets) / replicas
+            else:
+                average = error_feedback_average(flats, residuals, gradients)
+            for m in models:
+                params = dict(m.named_parameters())
+                offset = 0
+                for n in order:
+                    p = params[n]
+                    p.grad = average[offset : offset + p.numel()].view_as(p).clone()
+                    offset += p.numel()
         for optimizer in inner:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         for sync in syncs(iteration):
-            outer_loop.apply(sync)
+            key = (sync.fragment, sync.fragments)
+            order = chosen(sync)
+            if sync.kind == "start":
+                deltas = [flat(outer_params[r], order) - flat(
+                    {n: p.detach() for n, p in models[r].named_parameters()}, order)
+                    for r in range(replicas)]
+                pending[key] = reduce_sum(deltas, sync.payload, sync.buckets) / replicas
+                fresh[key] = (deltas, [wire(d, sync.payload) for d in deltas])
+                continue
+            for r, model in enumerate(models):
+                if (r, *key) not in optimizers:
+                    optimizers[(r, *key)] = torch.optim.SGD(
+                        [outer_params[r][n] for n in order], lr=outer.lr,
+                        momentum=outer.momentum, nesterov=outer.nesterov)
+                if outer.eager:
+                    own = fresh[key][0][r]
+                    before = sent_before.get(key)
+                    average = own / replicas if before is None else \
+                        previous[key] - before[r] / replicas + own / replicas
+                else:
+                    average = pending[key]
+                offset = 0
+                for n in order:
+                    count = outer_params[r][n].numel()
+                    outer_params[r][n].grad = average[offset : offset + count].view_as(
+                        outer_params[r][n])
+                    offset += count
+                optimizers[(r, *key)].step()
+                optimizers[(r, *key)].zero_grad(set_to_none=True)
+                mixing = 0.0 if outer.eager else outer.mixing
+                with torch.no_grad():
+                    params = dict(model.named_parameters())
+                    for n in order:
+                        params[n].copy_(mixing * params[n] + (1 - mixing) * outer_params[r][n])
+            if outer.eager:
+                sent_before[key] = fresh[key][1]
+                previous[key] = pending[key]
     if kept is not None and iterations in kept:
-        kept[iterations] = outer_loop.snapshot()
+        kept[iterations] = {n: p.clone() for n, p in outer_params[0].items()}
     assert not math.isnan(sum(float(p.detach().sum()) for m in models for p in m.parameters()))
     return [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
 
-
-def _all_reduce_gradients(models: list[torch.nn.Module], residuals: list[torch.Tensor],
-                          payload: str) -> None:
-    """Every replica's gradients replaced by their average: ring-summed as sent
-    uncompressed, or compressed with error feedback."""
-    flats = [torch.cat([p.grad.reshape(-1) for p in m.parameters()])  # type: ignore[union-attr]
-             for m in models]
-    if payload in ("", "fp32", "bf16", "fp16"):
-        average = ring_sum(flats, payload) / len(models)
-    else:
-        average = error_feedback_average(flats, residuals, payload)
-    for m in models:
-        offset = 0
-        for p in m.parameters():
-            p.grad = average[offset : offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
-
-
-class _OuterLoop:
-    """The outer parameters, a torch SGD per fragment, and the averaged deltas of the
-    syncs started and not yet stepped."""
-
-    def __init__(self, models: list[torch.nn.Module], layers: int, outer: Outer) -> None:
-        self.models, self.layers, self.outer = models, layers, outer
-        self.names = [n for n, _ in models[0].named_parameters()]
-        self.params = {n: p.detach().clone() for n, p in models[0].named_parameters()}
-        self.optimizers: dict[tuple[int, int], torch.optim.SGD] = {}
-        self.pending: dict[tuple[int, int], torch.Tensor] = {}
-
-    def snapshot(self) -> dict[str, torch.Tensor]:
-        return {n: p.clone() for n, p in self.params.items()}
-
-    def apply(self, sync: Sync) -> None:
-        key = (sync.fragment, sync.fragments)
-        chosen = [n for n in self.names
-                  if fragment_of(n, self.layers, sync.fragments) == sync.fragment]
-        if sync.kind == "start":
-            deltas = [torch.cat([(self.params[n] - dict(m.named_parameters())[n].detach())
-                                 .reshape(-1) for n in chosen]) for m in self.models]
-            self.pending[key] = ring_sum(deltas, sync.payload) / len(self.models)
-        else:
-            self._step(key, chosen)
-
-    def _step(self, key: tuple[int, int], chosen: list[str]) -> None:
-        """The fragment's outer step on its averaged deltas, then every replica's copy
-        mixed towards the new outer parameters."""
-        outer = self.outer
-        if key not in self.optimizers:
-            self.optimizers[key] = torch.optim.SGD(
-                [self.params[n] for n in chosen], lr=outer.lr, momentum=outer.momentum,
-                nesterov=outer.nesterov)
-        average = self.pending.pop(key)
-        offset = 0
-        for n in chosen:
-            count = self.params[n].numel()
-            self.params[n].grad = average[offset : offset + count].view_as(self.params[n])
-            offset += count
-        self.optimizers[key].step()
-        self.optimizers[key].zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for m in self.models:
-                params = dict(m.named_parameters())
-                for n in chosen:
-                    params[n].copy_(outer.mixing * params[n]
-                                    + (1 - outer.mixing) * self.params[n])

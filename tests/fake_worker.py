@@ -20,19 +20,17 @@ import sys
 import time
 from typing import Any
 
+from testbed.runtime.wire.arbitration import Grant, Sent, TransferRequest
 from testbed.runtime.wire.messages import (
     Config,
     Connect,
     Done,
-    Grant,
     Hello,
     IterationDone,
     Listening,
     Ready,
-    Sent,
     Start,
     Stop,
-    TransferRequest,
     receive,
     send,
 )

@@ -35,8 +35,9 @@ def test_a_plan_that_spans_iterations_checkpoints_between_its_cycles() -> None:
     end is a cut every worker can resume from."""
     assert [done for done in range(12) if checkpoint_due(done, 4, 11, period=2)] == [4, 8]
     from testbed.job.model import Job, ModelShape
-    from testbed.plan.build import Schedule, build_plan, cycled
+    from testbed.plan.build import Schedule, build_plan
     from testbed.plan.collective import Collective, Reduces
+    from testbed.plan.cycles import cycled
     from testbed.plan.model import Action, Op
     from testbed.run.resume import check_checkpointable
     from testbed.run.spec import RunSpec

@@ -112,12 +112,17 @@ def test_a_compressed_gradient_payload_is_gathered_and_summed_in_ring_order(
     assert sent == size * (size - 1) * payload_bytes(elements, payload, 4)
 
 
-def test_compressed_gradients_are_gathered_and_deltas_reduced_in_a_ring() -> None:
+def test_quantized_payloads_are_gathered_and_dense_ones_reduced_in_a_ring() -> None:
+    """Quantized once and summed in fp32 after dequantizing: compressed gradients (error
+    feedback) and quantized deltas (Streaming DiLoCo's 4-bit outer gradients, section
+    2.3: only what is communicated is low precision)."""
     assert Collective(payload="int8").gathers and Collective(payload="top1%").gathers
     assert Collective(payload="int4", scope=Scope.DC).gathers
-    assert not Collective(Reduces.DELTAS, payload="int4").gathers
+    for payload in ("int8", "int4", "fp4"):
+        assert Collective(Reduces.DELTAS, payload=payload).gathers
     assert Collective(Reduces.DELTAS, payload="top1%").gathers  # pairs never add up
     assert not Collective(payload="bf16").gathers and not Collective().gathers
+    assert not Collective(Reduces.DELTAS, payload="bf16").gathers
 
 
 def test_quantization_is_blockwise_absmax_symmetric_round_to_nearest() -> None:

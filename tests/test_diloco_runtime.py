@@ -16,8 +16,9 @@ import torch
 from testbed.experiments.inputs import load_inputs
 from testbed.job.model import Job
 from testbed.plan import validate_plan
-from testbed.plan.build import Schedule, build_plan, cycled
+from testbed.plan.build import Schedule, build_plan
 from testbed.plan.collective import Collective, Reduces
+from testbed.plan.cycles import cycled
 from testbed.plan.model import Action, Op, OuterOptimizer, Plan
 from testbed.policy import training_policy
 from testbed.runtime.coordinator.pool import WorkerHandle

@@ -9,6 +9,7 @@ import pytest
 
 from testbed.job.model import ModelShape
 from testbed.plan.model import OuterOptimizer
+from testbed.runtime.wire.arbitration import Grant, TransferRequest
 from testbed.runtime.wire.messages import (
     CollectiveSetup,
     Config,
@@ -16,7 +17,6 @@ from testbed.runtime.wire.messages import (
     DecodeAddress,
     Done,
     EmulatedTiming,
-    Grant,
     Hello,
     IterationDone,
     KvDelivered,
@@ -25,7 +25,6 @@ from testbed.runtime.wire.messages import (
     PeerInfo,
     Prefill,
     PrefillPart,
-    TransferRequest,
     WorkerError,
     decode,
     to_json,

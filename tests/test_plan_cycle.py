@@ -10,8 +10,9 @@ import pytest
 from testbed.errors import PlanError
 from testbed.job.model import Job, ModelShape
 from testbed.plan import Action, Op, Plan, parse_plan_csv, plan_to_csv, validate_plan
-from testbed.plan.build import Schedule, build_plan, cycled
+from testbed.plan.build import Schedule, build_plan
 from testbed.plan.collective import Collective, Reduces, Scope, payload_bytes
+from testbed.plan.cycles import cycled
 from testbed.plan.model import OuterOptimizer
 from testbed.topology import load_topology
 from tests.conftest import TOPOLOGIES

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from testbed.job.model import Job, ModelShape
 from testbed.plan import validate_plan
-from testbed.plan.build import Schedule, build_plan, cycled
+from testbed.plan.build import Schedule, build_plan
 from testbed.plan.collective import Collective, Reduces, Scope
 from testbed.plan.compute import collective_bytes, ring_allgather_s
+from testbed.plan.cycles import cycled
 from testbed.plan.model import Action, Op, OuterOptimizer, Plan
 from testbed.policy import training_policy
 from testbed.runtime.coordinator.pool import WorkerHandle

@@ -17,20 +17,20 @@ from testbed.policy.api import (
     Job,
     Plan,
     PlanningContext,
-    Schedule,
     Topology,
     TrainingPolicy,
-    build_plan,
-    dc_pipelines,
     payload,
     setting,
 )
 
+from .dp_across_dc import DataParallelSettings, data_parallel
+
 
 @dataclass(frozen=True)
-class CompressedSettings:
-    payload: str = setting("int8", "int8 or int4 (blockwise absmax), or topP% (the largest "
-                           "P% of values with their indices; DGC keeps 0.1%)", payload)
+class CompressedSettings(DataParallelSettings):
+    payload: str = setting("int8", "int8 or int4 (blockwise absmax), fp4 (E3M0), or topP% "
+                           "(the largest P% of values with their indices; DGC keeps 0.1%)",
+                           payload)
 
 
 class DpCompressedPolicy(TrainingPolicy):
@@ -41,6 +41,5 @@ class DpCompressedPolicy(TrainingPolicy):
     settings: CompressedSettings
 
     def plan(self, topology: Topology, job: Job, context: PlanningContext) -> Plan:
-        gradients = Collective(payload=self.settings.payload)
-        return build_plan(self.name, topology, job, dc_pipelines(topology, job),
-                          Schedule.ONE_F_ONE_B, gradients=gradients)
+        return data_parallel(self.name, topology, job,
+                             Collective(payload=self.settings.payload), self.settings)

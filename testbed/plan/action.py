@@ -7,7 +7,9 @@ to fill a bubble). `(0F7;7B3)OVERLAP_F_B` runs a forward and a backward of other
 microbatches as one unit (DualPipeV). `1SEND_B3` sends microbatch 3's input gradient from
 stage 1 to stage 0, and `1WAIT_B3` waits until that send has completed (a stage that never
 waits on its sends leaves them out). An all-reduce may say what it reduces in brackets
-(testbed.plan.collective): `0ALLREDUCE[delta,f1/4,int4]`.
+(testbed.plan.collective): `0ALLREDUCE[delta,f1/4,int4]`; a bucket's START right after a
+backward of its stage starts when that backward has the bucket's values
+(`0B3`, `0ALLREDUCE_START[b0/4]`: testbed.plan.buckets).
 """
 
 from __future__ import annotations
@@ -133,7 +135,8 @@ class Action:
                 raise ValueError(f"{self.op.value} takes no collective")
             if self.op is Op.OUTER_STEP and (self.collective.reduces is not Reduces.DELTAS
                                              or self.collective.payload
-                                             or self.collective.scope is not Scope.ALL):
+                                             or self.collective.scope is not Scope.ALL
+                                             or self.collective.bucketed):
                 raise ValueError("an OUTER_STEP names only its fragment (fK/N)")
             if self.collective == self.implied:  # one spelling per action
                 object.__setattr__(self, "collective", None)

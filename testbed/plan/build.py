@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from enum import StrEnum
 from typing import Any
 
@@ -11,15 +10,16 @@ from testbed.common.sizes import MAX_MICROBATCHES
 from testbed.common.units import plural
 from testbed.errors import InputError
 from testbed.job.model import Job
+from testbed.plan.buckets import in_buckets
 from testbed.plan.collective import EVERY_STEP, Collective
 from testbed.plan.compute import gpu_memory_bytes
 from testbed.plan.lowering import lower
 from testbed.plan.model import (
     Action,
     HostTcp,
-    OuterOptimizer,
     Plan,
     Sharing,
+    SyncOrder,
     Worker,
     pair_key,
     split_layers,
@@ -253,6 +253,8 @@ def build_plan(
     notes: Mapping[str, Any] | None = None,
     gradients: Collective | None = EVERY_STEP,
     order: TorchOrder | None = None,
+    bucket_mb: float | None = None,
+    sync_order: SyncOrder = SyncOrder.FAIR,
 ) -> Plan:
     """A Plan named after `policy` from a placement (which fixes dp and pp): every GPU's
     actions under the schedule, connection counts, and how pipeline traffic shares each
@@ -260,7 +262,10 @@ def build_plan(
     in memory. `sends`: whether stages wait for their sends as torch's schedules do.
     `gradients`: how replicas reduce their gradients before each step (None: they do not,
     as DiLoCo's workers step apart; see `cycled` for their syncs). `order`: for
-    Schedule.TORCH_CSV, the compute order read from torch's CSV form."""
+    Schedule.TORCH_CSV, the compute order read from torch's CSV form. `bucket_mb`: reduce
+    each stage's gradients in buckets of at most this many MiB, each starting as the
+    backward has its values (torch DDP's; testbed.plan.buckets); None: in one all-reduce
+    after the backward. `sync_order`: how all-reduces crossing the WAN share it."""
     dp, pp = placement_shape(placement)
     label = schedule.label(extra_warmup)
     microbatches = job.microbatches_for(dp)
@@ -274,6 +279,9 @@ def build_plan(
                          f"{job.model.layers}", job.source, "job.model.layers")
     orders = compute_orders(job, placement, schedule, label, microbatches, order)
     _check_memory(topology, job, placement, orders)
+    layers = split_layers(job.model.layers, pp)
+    buckets = {stage: 1 if gradients is None else len(
+        in_buckets(job, layers, stage, gradients, bucket_mb)) for stage in range(pp)}
     count = connections if callable(connections) else _every_pair(connections)
     held = stages_held(placement)
     # one list per set of stages held, shared by its replicas' GPUs (what a GPU does
@@ -284,9 +292,10 @@ def build_plan(
         stages = held[gpus]
         if stages not in per_stages:
             per_stages[stages] = tuple(
-                lower(computes, stages, pp, microbatches, dp, sends, gradients)
+                lower(computes, stages, pp, microbatches, dp, sends, gradients, buckets)
                 if schedule.from_torch else
-                stage_actions(label, stages[0], pp, microbatches, dp, sends, gradients))
+                stage_actions(label, stages[0], pp, microbatches, dp, sends, gradients,
+                              buckets[stages[0]]))
         for gpu in gpus:
             actions[gpu] = per_stages[stages]
     dc_of = {gpu: topology.dc_of(gpu) for gpus in placement.values() for gpu in gpus}
@@ -306,7 +315,7 @@ def build_plan(
         pp=pp,
         microbatches=microbatches,
         microbatch_size=job.microbatch_size,
-        layers=split_layers(job.model.layers, pp),
+        layers=layers,
         placement=dict(placement),
         actions=actions,
         connections=conns,
@@ -315,6 +324,7 @@ def build_plan(
         dp_cells=dp_cells,
         host_tcp=host_tcp or HostTcp(),
         notes=dict(notes or {}),
+        sync_order=sync_order,
     )
 
 
@@ -368,32 +378,6 @@ def compute_orders(job: Job, placement: Mapping[Worker, tuple[str, ...]], schedu
                              f"{list(order.stages_of(rank))} on one GPU (see virtual_placement)")
         out[gpus] = order.compute[rank]
     return out
-
-
-Tail = Callable[[int], Sequence[Action]]
-"""What a stage does after its step in one iteration of a cycle (given the stage)."""
-
-
-def cycled(plan: Plan, tails: Sequence[Tail], outer: OuterOptimizer | None = None) -> Plan:
-    """`plan` as a cycle of len(tails) iterations: iteration i runs every GPU's actions
-    followed by tails[i] (its stage), of each stage it holds (a sync every H steps: H - 1
-    empty tails, then the sync). Iterations with the same tails share one program."""
-    if not tails:
-        raise ValueError("a cycle needs at least one iteration")
-    programs: dict[tuple[tuple[Action, ...], ...], int] = {}
-    bodies: list[dict[str, tuple[Action, ...]]] = []
-    cycle = []
-    for tail in tails:
-        key = tuple(tuple(tail(stage)) for stage in range(plan.pp))
-        if key not in programs:
-            programs[key] = len(bodies)
-            bodies.append({gpu: (*actions, *(a for stage in plan.stages_of(gpu)
-                                             for a in key[stage]))
-                           for gpu, actions in plan.actions.items()})
-        cycle.append(programs[key])
-    return replace(plan, actions=bodies[0], programs=tuple(bodies[1:]),
-                   cycle=tuple(cycle) if len(bodies) > 1 else (),
-                   outer=outer or plan.outer)
 
 
 def _every_pair(n: int) -> Callable[[str, str, LinkKind], int]:

@@ -16,7 +16,7 @@ from typing import Any
 from testbed.job.fragments import fragment_params
 from testbed.job.model import Job, ModelShape
 from testbed.plan.activations import in_flight, peak_layers_held
-from testbed.plan.collective import Collective, payload_bytes
+from testbed.plan.collective import Collective, bucket_range, payload_bytes
 from testbed.plan.model import Action, Plan
 from testbed.topology.model import GpuType, Topology
 
@@ -53,12 +53,21 @@ def stage_params(model: ModelShape, layers: int, first: bool, last: bool) -> int
 def collective_bytes(job: Job, layers: tuple[int, ...], stage: int, collective: Collective,
                      tp: int = 1) -> int:
     """What one member of the stage's collective contributes: its parameters' gradients
-    or deltas (a fragment's, when it names one; a tensor-parallel GPU's 1/tp), in the
-    collective's payload."""
-    first, last = stage == 0, stage == len(layers) - 1
-    params = stage_params(job.model, layers[stage], first, last) if collective.whole else \
-        fragment_params(job.model, layers, stage, collective.fragment, collective.fragments)
+    or deltas (a fragment's, when it names one; a bucket's part of that, when it names
+    one; a tensor-parallel GPU's 1/tp), in the collective's payload."""
+    params = collective_params(job.model, layers, stage, collective)
     return payload_bytes(params // tp, collective.payload, job.dtype_bytes)
+
+
+def collective_params(model: ModelShape, layers: tuple[int, ...], stage: int,
+                      collective: Collective) -> int:
+    """The values (of the whole tensor-parallel group) a collective of the stage covers:
+    its fragment's, and of those its bucket's (testbed.plan.buckets)."""
+    first, last = stage == 0, stage == len(layers) - 1
+    params = stage_params(model, layers[stage], first, last) if collective.whole else \
+        fragment_params(model, layers, stage, collective.fragment, collective.fragments)
+    start, end = bucket_range(params, collective.bucket, collective.buckets)
+    return end - start
 
 
 @dataclass(frozen=True)

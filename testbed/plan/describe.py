@@ -49,7 +49,7 @@ def cycle_lines(plan: Plan, job: Job) -> list[str]:
     sizes: dict[str, int] = {}
     for iteration in range(plan.period):
         for stage in range(plan.pp):
-            for action in plan.actions_at(iteration)[plan.lead_gpu(0, stage)]:
+            for action in plan.steady_actions_at(iteration)[plan.lead_gpu(0, stage)]:
                 if action.op in (Op.ALLREDUCE, Op.ALLREDUCE_START):
                     key = str(action.subject) or "grad"
                     counts[key] = counts.get(key, 0) + (stage == 0)

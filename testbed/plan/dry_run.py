@@ -1,9 +1,11 @@
-"""Run a plan's action lists without running anything, a cycle long.
+"""Run a plan's action lists without running anything, a cycle long (its opening cycle,
+then one cycle after it, where the plan has an opening).
 
 Replicas must meet at every all-reduce with the same collective in the same iteration;
-every started all-reduce is awaited within the cycle; replicas that step apart (no
-all-reduce of their gradients across all replicas) must sync every fragment of their
-parameters at least once per cycle.
+every started all-reduce is awaited within the cycle (or, where the plan has an opening,
+a cycle leaves under way what it found: a sync crossing the cycle's end); replicas that
+step apart (no all-reduce of their gradients across all replicas) must sync every
+fragment of their parameters at least once per cycle.
 """
 
 from __future__ import annotations
@@ -85,6 +87,16 @@ class _Cycle:
     """Fragments whose deltas were reduced across every replica, for an OUTER_STEP."""
 
 
+@dataclass
+class _Outcome:
+    """What running one iteration did: each worker's state after it, the fragments it
+    synced and the stages it found stepping apart."""
+
+    cycles: dict[Worker, tuple[dict[Collective, tuple[GroupKey, int]], set[tuple[int, int]]]]
+    synced: dict[int, set[int]]
+    apart: dict[int, Action]
+
+
 class _CycleRun:
     """Each GPU runs its list in order, iteration after iteration of one cycle; receives
     and the waits of all-reduces block, sends do not (a send completes once delivered, so
@@ -125,17 +137,39 @@ class _CycleRun:
         self.mail: Mail = set()
 
     def run(self) -> None:
-        seen: set[object] = set()
-        for iteration, index in enumerate(self.plan.cycle or (0,)):
-            # an iteration that starts as an earlier one did runs as it did: skip it
+        seen: dict[object, _Outcome] = {}
+        plan = self.plan
+        self._run_cycle(plan.opening or plan.cycle or (0,), seen)
+        if not plan.opening:
+            self._check_cycle_end({worker: set() for worker in self.cycle})
+            return
+        found = {worker: set(c.started) for worker, c in self.cycle.items()}
+        self.synced = {}
+        self._run_cycle(plan.cycle, seen)
+        self._check_cycle_end(found)
+
+    def _run_cycle(self, programs: tuple[int, ...], seen: dict[object, _Outcome]) -> None:
+        for iteration, index in enumerate(programs):
+            # an iteration that starts as an earlier one did runs as it did: take its outcome
             key = (index, tuple((w, tuple(sorted(map(str, c.started))),
                                  tuple(sorted(c.reduced_deltas)))
                                 for w, c in sorted(self.cycle.items())))
-            if key in seen:
-                continue
-            seen.add(key)
-            self._run_iteration(iteration, self.plan.all_programs()[index])
-        self._check_cycle_end()
+            outcome = seen.get(key)
+            if outcome is None:
+                synced = {stage: set(found) for stage, found in self.synced.items()}
+                apart = set(self.apart)
+                self._run_iteration(iteration, self.plan.all_programs()[index])
+                outcome = seen[key] = _Outcome(
+                    {w: (dict(c.started), set(c.reduced_deltas)) for w, c in self.cycle.items()},
+                    {stage: found - synced.get(stage, set())
+                     for stage, found in self.synced.items()},
+                    {stage: step for stage, step in self.apart.items() if stage not in apart})
+            for worker, (started, reduced) in outcome.cycles.items():
+                self.cycle[worker] = _Cycle(dict(started), set(reduced))
+            for stage, fragments in outcome.synced.items():
+                self.synced.setdefault(stage, set()).update(fragments)
+            for stage, step in outcome.apart.items():
+                self.apart.setdefault(stage, step)
 
     def _where(self, gpu: str) -> str:
         return f"{gpu} in iteration {self.iteration}" if self.plan.cycle else gpu
@@ -158,13 +192,22 @@ class _CycleRun:
             check_complete(state, self.plan.microbatches, self._where(self.lead[worker]),
                            worker[1], self.name_stages)
 
-    def _check_cycle_end(self) -> None:
+    def _check_cycle_end(self, found: dict[Worker, set[Collective]]) -> None:
+        """The cycle leaves under way what it found (nothing, but where the plan has an
+        opening), and every stage that steps apart synced every fragment."""
         for worker, cycle in self.cycle.items():
-            if cycle.started:
-                collective = min(cycle.started)
-                what = Action(worker[1], Op.ALLREDUCE_START, None, collective)
+            extra = set(cycle.started) - found[worker]
+            if extra:
+                what = Action(worker[1], Op.ALLREDUCE_START, None, min(extra))
                 raise fail(f"{self.lead[worker]}: {what} is never waited for (every "
-                            "all-reduce started ends within the cycle)")
+                            "all-reduce started ends within the cycle"
+                            + (", or the next cycle starts it again)" if found[worker]
+                               or self.plan.opening else ")"))
+            gone = found[worker] - set(cycle.started)
+            if gone:
+                what = Action(worker[1], Op.ALLREDUCE_START, None, min(gone))
+                raise fail(f"{self.lead[worker]}: {what} is under way as the cycle starts "
+                            "and not as it ends: the opening cycle and the cycle disagree")
         for stage, step in sorted(self.apart.items()):
             gpu = self.lead[(0, stage)]
             if stage not in self.delta_syncs:
@@ -224,6 +267,17 @@ class _CycleRun:
     def _outer_step(self, worker: Worker, action: Action, where: str) -> None:
         fragment = (action.subject.fragment, action.subject.fragments)
         cycle = self.cycle[worker]
+        if self.plan.outer.eager:
+            started = [c for c, (group, _) in cycle.started.items()
+                       if c.reduces is Reduces.DELTAS and self.groups.spans_all(group)
+                       and (c.fragment, c.fragments) == fragment]
+            if not started:
+                raise fail(f"{where}: eager {action} before this fragment's sync across "
+                            "all replicas started (an eager outer step takes the fresh "
+                            "deltas as its sync starts)")
+            cycle.reduced_deltas.discard(fragment)
+            self.synced.setdefault(worker[1], set()).add(fragment[0])
+            return
         if fragment not in cycle.reduced_deltas:
             raise fail(f"{where}: {action} before an all-reduce of fragment "
                         f"{fragment[0]} of {fragment[1]}'s deltas across all replicas "

@@ -158,10 +158,19 @@ class AllReduce:
 @dataclass(frozen=True, slots=True)
 class ReduceStart:
     """Start reducing with the stage's replicas and go on; a ReduceWait of the same stage
-    and collective (in this iteration or a later one of the cycle) waits for the result."""
+    and collective (in this iteration or a later one of the cycle) waits for the result.
+
+    One right after a backward of its stage (sends between them aside: `backward`) is in
+    that backward: it starts as the backward has its values (testbed.plan.buckets), as
+    torch's DistributedDataParallel starts a bucket. A delta's parameters then take their
+    inner step in the backward as their gradients are final (the optimizer in the
+    backward), so that the deltas include this iteration's step."""
 
     collective: Collective
     stage: int
+    backward: int = -1
+    """The index of the compute step whose backward it starts in; -1: it starts where it
+    stands."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,14 +224,36 @@ def _interpret(actions: tuple[Action, ...], stages: tuple[int, ...], pp: int
     """Cached: the replicas of a stage, and the plans a plan search simulates, mostly
     share their action lists."""
     steps: list[Step] = []
-    for action in actions:
+    in_backward = backward_of(actions)
+    for index, action in enumerate(actions):
         if action.op is Op.OVERLAP_F_B:
             steps.append(Overlapped(tuple(_compute(part, stages) for part in action.parts)))
         elif action.op in _PART:
             steps.append(_compute(action, stages))
+        elif index in in_backward:
+            _held(action, stages)
+            steps.append(ReduceStart(action.subject, action.stage, in_backward[index]))
         else:
             steps.append(_step(action, stages, pp))
     return tuple(steps)
+
+
+def backward_of(actions: Sequence[Action]) -> dict[int, int]:
+    """The STARTs that are in a backward (see ReduceStart): their index, and the index of
+    the compute whose backward of their stage they follow, with only sends and other such
+    STARTs between."""
+    found: dict[int, int] = {}
+    compute, stages = -1, frozenset[int]()
+    for index, action in enumerate(actions):
+        if action.op.is_compute:
+            compute = index
+            stages = frozenset(leaf.stage for leaf in action.leaves
+                               if leaf.op in (Op.B, Op.W))
+        elif action.op is Op.ALLREDUCE_START and action.stage in stages:
+            found[index] = compute
+        elif not action.op.is_send:
+            stages = frozenset()
+    return found
 
 
 def _held(action: Action, stages: tuple[int, ...]) -> None:

@@ -14,21 +14,24 @@ posted first, and the optimizer then steps every stage.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from testbed.plan.collective import EVERY_STEP, Collective
 from testbed.plan.model import Action, Op
-from testbed.plan.schedules import Sends
+from testbed.plan.schedules import Sends, reduce_actions
 
 
 def lower(compute: Sequence[Action], stages: tuple[int, ...], pp: int, microbatches: int,
           replicas: int, sends: Sends = Sends.TORCH,
-          gradients: Collective | None = EVERY_STEP) -> list[Action]:
+          gradients: Collective | None = EVERY_STEP,
+          buckets: Mapping[int, int] | None = None) -> list[Action]:
     """The actions of a GPU that holds `stages` of a `pp`-stage pipeline and computes in
     the order `compute` (F, B, I, W and OVERLAP_F_B actions). `sends`: TORCH waits for
     every send at the end of the step, as torch's runtime does; EAGER never waits.
-    `gradients`: what replicas all-reduce after a stage's last backward (None: nothing)."""
+    `gradients`: what replicas all-reduce after a stage's last backward (None: nothing);
+    `buckets`: in how many buckets, by stage (testbed.plan.buckets; one by default)."""
     out: list[Action] = []
+    waits: list[Action] = []
     posted: list[Action] = []
     backwards = dict.fromkeys(stages, 0)
     for action in compute:
@@ -48,10 +51,14 @@ def lower(compute: Sequence[Action], stages: tuple[int, ...], pp: int, microbatc
                 backwards[leaf.stage] += 1
                 if backwards[leaf.stage] == microbatches and replicas > 1 \
                         and gradients is not None:
-                    out.append(Action(leaf.stage, Op.ALLREDUCE, None, gradients))
+                    starts, ends = reduce_actions(leaf.stage, gradients,
+                                                  (buckets or {}).get(leaf.stage, 1))
+                    out += starts
+                    waits += ends
     if sends is Sends.TORCH:
         out += [Action(s.stage, Op.WAIT_F if s.op is Op.SEND_F else Op.WAIT_B, s.microbatch)
                 for s in reversed(posted)]
+    out += waits
     out += [Action(stage, Op.STEP) for stage in stages]
     return out
 

@@ -51,6 +51,23 @@ class Sharing(StrEnum):
     """One transfer at a time, in the order the policy's `next_transfer` chooses."""
 
 
+class SyncOrder(StrEnum):
+    """How all-reduces whose rings cross the WAN share a link direction."""
+
+    FAIR = "fair"
+    """TCP fair share: every ring's flows at once."""
+    FIRST_LAYERS = "first-layers"
+    """One transfer at a time, the first layers' first (testbed.policy.base.
+    first_layers_first): what the next forward needs soonest."""
+    POLICY = "policy"
+    """One transfer at a time, in the order the policy's `next_transfer` chooses."""
+
+    @property
+    def arbitrated(self) -> bool:
+        """Whether the arbiter grants the link one transfer at a time."""
+        return self is not SyncOrder.FAIR
+
+
 @dataclass(frozen=True)
 class OuterOptimizer:
     """How OUTER_STEP moves the outer parameters (DiLoCo, arXiv 2311.08105: SGD with
@@ -65,11 +82,18 @@ class OuterOptimizer:
     mixing: float = 0.0
     """Weight the local parameters keep when the outer ones arrive after inner steps went
     on (Streaming DiLoCo's overlap, arXiv 2501.18512: alpha, 0.5 there); 0 replaces them."""
+    eager: bool = False
+    """Eager updates (Kale, Douillard, Donchev, arXiv 2502.12996, Algorithm 3): a sync
+    overlaps the whole next outer step's inner phase; each outer step takes at once this
+    replica's own fresh deltas mixed with the others' of the sync before, which has
+    ended by then: (own fresh + sum over the others of their previous) / M. An OUTER_STEP
+    then follows its fragment's START of the fresh sync, and the sync before is waited
+    for first."""
 
     def to_dict(self) -> dict[str, Any]:
         """Its fields by name, as results.json records them."""
         return {"lr": self.lr, "momentum": self.momentum, "nesterov": self.nesterov,
-                "mixing": self.mixing}
+                "mixing": self.mixing, **({"eager": True} if self.eager else {})}
 
 
 Worker = tuple[int, int]
@@ -123,8 +147,15 @@ class Plan:
     cycle: tuple[int, ...] = ()
     """The program each iteration of a cycle runs (0 is `actions`, i is programs[i - 1]);
     iteration n runs cycle[n % len(cycle)]. Empty: every iteration runs `actions`."""
+    opening: tuple[int, ...] = ()
+    """The program each iteration of the run's first cycle runs, where that cycle differs
+    (a sync that crosses the cycle's end has nothing to wait for, nor an outer step to
+    take, in the first): as long as `cycle`. Empty: the first cycle is as the others."""
     outer: OuterOptimizer = OuterOptimizer()
     """What OUTER_STEP actions do, where the plan has any."""
+    sync_order: SyncOrder = SyncOrder.FAIR
+    """How all-reduces crossing the WAN share a link direction (`sharing` says how
+    pipeline traffic does)."""
 
     @property
     def has_outer_steps(self) -> bool:
@@ -154,11 +185,19 @@ class Plan:
 
     def program_of(self, iteration: int) -> int:
         """Which program iteration `iteration` runs."""
+        if iteration < len(self.opening):
+            return self.opening[iteration]
         return self.cycle[iteration % len(self.cycle)] if self.cycle else 0
 
     def actions_at(self, iteration: int) -> Program:
         """Every GPU's actions in iteration `iteration`."""
         return self.all_programs()[self.program_of(iteration)]
+
+    def steady_actions_at(self, position: int) -> Program:
+        """Every GPU's actions at `position` of a cycle after the first (what the plan
+        does for good, its opening aside)."""
+        return self.all_programs()[self.cycle[position % len(self.cycle)]
+                                   if self.cycle else 0]
 
     def gpus_of(self, replica: int, stage: int) -> tuple[str, ...]:
         """The GPUs of one (replica, stage): `tp` of them."""
@@ -240,10 +279,13 @@ class Plan:
             "placement": {f"{r},{s}": list(g) for (r, s), g in sorted(self.placement.items())},
             "connections": {f"{a}:{b}": n for (a, b), n in sorted(self.connections.items())},
             "sharing": {f"{a}>{b}": s.value for (a, b), s in sorted(self.sharing.items())},
+            **({"sync_order": self.sync_order.value}
+               if self.sync_order is not SyncOrder.FAIR else {}),
             "dp_cells": [list(cell) for cell in self.dp_cells],
             "host_tcp": self.host_tcp.to_dict(),
             "notes": dict(self.notes),
             "period": self.period,
+            **({"opening": list(self.opening)} if self.opening else {}),
             **({"stages_per_gpu": self.stages_per_gpu} if self.stages_per_gpu > 1 else {}),
             **({"outer": self.outer.to_dict()} if self.has_outer_steps else {}),
             **({"payloads": self.payloads} if self.payloads else {}),

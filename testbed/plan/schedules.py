@@ -154,12 +154,30 @@ def torch_1f1b(stage: int, stages: int, microbatches: int, extra_warmup: int = 0
 
 
 def with_update(actions: list[Action], stage: int, replicas: int,
-                gradients: Collective | None = EVERY_STEP) -> list[Action]:
+                gradients: Collective | None = EVERY_STEP, buckets: int = 1) -> list[Action]:
     """Gradient all-reduce across the replicas of a stage (if any, and as `gradients` says;
-    None: none), then the optimizer step."""
-    tail = [Action(stage, Op.ALLREDUCE, None, gradients)] \
-        if replicas > 1 and gradients is not None else []
-    return [*actions, *tail, Action(stage, Op.STEP)]
+    None: none), then the optimizer step. In `buckets` buckets (testbed.plan.buckets):
+    each starts right after the stage's last backward, as that backward has its values,
+    and is waited for before the step; one bucket is one all-reduce after everything."""
+    if replicas < 2 or gradients is None:
+        return [*actions, Action(stage, Op.STEP)]
+    if buckets <= 1:
+        return [*actions, Action(stage, Op.ALLREDUCE, None, gradients), Action(stage, Op.STEP)]
+    last = max(i for i, a in enumerate(actions) if a.op in (Op.B, Op.W))
+    starts, waits = reduce_actions(stage, gradients, buckets)
+    return [*actions[: last + 1], *starts, *actions[last + 1 :], *waits, Action(stage, Op.STEP)]
+
+
+def reduce_actions(stage: int, collective: Collective, buckets: int
+                   ) -> tuple[list[Action], list[Action]]:
+    """A stage's reduction of `collective` in `buckets` buckets: what follows its last
+    backward (each bucket's START, which starts as the backward has its values; one
+    ALLREDUCE when there is one bucket) and what precedes its step (each bucket's WAIT)."""
+    if buckets <= 1:
+        return [Action(stage, Op.ALLREDUCE, None, collective)], []
+    parts = [collective.in_bucket(k, buckets) for k in range(buckets)]
+    return ([Action(stage, Op.ALLREDUCE_START, None, c) for c in parts],
+            [Action(stage, Op.ALLREDUCE_WAIT, None, c) for c in parts])
 
 
 def parse_schedule(schedule: str) -> tuple[str, tuple[int, ...]]:
@@ -211,15 +229,16 @@ def _schedule_compute(schedule: str, stage: int, stages: int, microbatches: int
 
 def stage_actions(
     schedule: str, stage: int, stages: int, microbatches: int, replicas: int,
-    sends: Sends = Sends.EAGER, gradients: Collective | None = EVERY_STEP,
+    sends: Sends = Sends.EAGER, gradients: Collective | None = EVERY_STEP, buckets: int = 1,
 ) -> list[Action]:
     return list(_stage_actions(schedule, stage, stages, microbatches, replicas, sends,
-                               gradients))
+                               gradients, buckets))
 
 
 @functools.lru_cache(maxsize=ORDERS_KEPT)
 def _stage_actions(schedule: str, stage: int, stages: int, microbatches: int, replicas: int,
-                   sends: Sends, gradients: Collective | None) -> tuple[Action, ...]:
+                   sends: Sends, gradients: Collective | None, buckets: int = 1
+                   ) -> tuple[Action, ...]:
     if sends is Sends.EAGER:
         actions = with_communication(schedule_compute(schedule, stage, stages, microbatches),
                                      stages)
@@ -228,7 +247,7 @@ def _stage_actions(schedule: str, stage: int, stages: int, microbatches: int, re
     else:
         actions = torch_1f1b(stage, stages, microbatches,
                              extra_warmup_of(schedule, stage, stages))
-    return tuple(with_update(actions, stage, replicas, gradients))
+    return tuple(with_update(actions, stage, replicas, gradients, buckets))
 
 
 def schedule_actions(schedule: str, stages: int, microbatches: int, replicas: int,

@@ -16,7 +16,15 @@ from testbed.common.input_files import MAX_CSV_BYTES, read_input
 from testbed.common.jsonio import loads
 from testbed.common.units import plural
 from testbed.errors import InputError
-from testbed.plan.model import Action, HostTcp, OuterOptimizer, Plan, Sharing, Worker
+from testbed.plan.model import (
+    Action,
+    HostTcp,
+    OuterOptimizer,
+    Plan,
+    Sharing,
+    SyncOrder,
+    Worker,
+)
 
 _INT_META = ("dp", "pp", "tp", "microbatches", "microbatch_size")
 
@@ -43,6 +51,10 @@ def plan_to_csv(plan: Plan) -> str:
         actions_row(["actions", gpu], plan.actions[gpu])
     if plan.cycle:
         writer.writerow(["meta", "cycle", format_cycle(plan.cycle)])
+    if plan.opening:
+        writer.writerow(["meta", "opening", format_cycle(plan.opening)])
+    if plan.sync_order is not SyncOrder.FAIR:
+        writer.writerow(["meta", "sync_order", plan.sync_order.value])
     for index, program in enumerate(plan.programs, start=1):
         for gpu in plan.used_gpus():
             actions_row(["program", index, gpu], program[gpu])
@@ -118,8 +130,10 @@ def parse_plan_csv(text: str, source: str | None = None) -> Plan:
                 meta[key] = cell(2, _natural, key)
             elif key == "layers":
                 meta[key] = cell(2, lambda v: tuple(_natural(x) for x in v.split()), "layers")
-            elif key == "cycle":
-                meta[key] = cell(2, parse_cycle, "cycle")
+            elif key in ("cycle", "opening"):
+                meta[key] = cell(2, parse_cycle, key)
+            elif key == "sync_order":
+                meta[key] = cell(2, SyncOrder, "sync_order (fair, first-layers or policy)")
             else:
                 raise InputError(f"unknown meta key {key!r}", source, where)
         elif kind == "place":
@@ -172,7 +186,7 @@ def parse_plan_csv(text: str, source: str | None = None) -> Plan:
                 raise InputError(f"unknown outer key {key!r} "
                                  f"({', '.join(OuterOptimizer.__dataclass_fields__)})",
                                  source, where)
-            parse_value = _on_off if key == "nesterov" else _finite
+            parse_value = _on_off if key in ("nesterov", "eager") else _finite
             outer = replace(outer, **{key: cell(2, parse_value, key)})
         elif kind == "note":
             notes[cell(1, str, "key")] = cell(2, loads, "JSON value")
@@ -190,9 +204,11 @@ def parse_plan_csv(text: str, source: str | None = None) -> Plan:
         raise InputError(f"programs are numbered {sorted(programs)}: expected 1 to "
                          f"{len(programs)}", source)
     cycle: tuple[int, ...] = meta.get("cycle", ())
-    if any(index > len(programs) for index in cycle):
-        raise InputError(f"the cycle names program {max(cycle)}, the file has "
-                         f"{len(programs)} besides the actions rows", source)
+    opening: tuple[int, ...] = meta.get("opening", ())
+    for name, listed in (("cycle", cycle), ("opening", opening)):
+        if any(index > len(programs) for index in listed):
+            raise InputError(f"the {name} names program {max(listed)}, the file has "
+                             f"{len(programs)} besides the actions rows", source)
     return Plan(
         policy=meta["policy"],
         dp=meta["dp"],
@@ -210,7 +226,9 @@ def parse_plan_csv(text: str, source: str | None = None) -> Plan:
         notes=notes,
         programs=tuple(programs[index] for index in sorted(programs)),
         cycle=cycle,
+        opening=opening,
         outer=outer,
+        sync_order=meta.get("sync_order", SyncOrder.FAIR),
     )
 
 

@@ -7,6 +7,7 @@ from collections import Counter
 
 from testbed.plan.collective import Reduces
 from testbed.plan.dry_run import dry_run
+from testbed.plan.interpret import backward_of
 from testbed.plan.model import Action, Op, Plan, Program, Worker
 from testbed.plan.stage_rules import fail
 from testbed.plan.tcp_model import HostLimits
@@ -39,11 +40,15 @@ def _check_structure(plan: Plan, topology: Topology | None) -> None:
         raise fail(f"needs a positive layer count for each of {plan.pp} stages, got {plan.layers}")
     if plan.programs and not plan.cycle:
         raise fail(f"{len(plan.programs) + 1} programs but no cycle saying which runs when")
-    for index in plan.cycle:
-        if not 0 <= index <= len(plan.programs):
-            raise fail(f"the cycle names program {index}, the plan has programs 0 to "
-                        f"{len(plan.programs)}")
-    unused = set(range(len(plan.programs) + 1)) - set(plan.cycle or (0,))
+    for name, listed in (("cycle", plan.cycle), ("opening", plan.opening)):
+        for index in listed:
+            if not 0 <= index <= len(plan.programs):
+                raise fail(f"the {name} names program {index}, the plan has programs 0 to "
+                            f"{len(plan.programs)}")
+    if plan.opening and len(plan.opening) != plan.period:
+        raise fail(f"the opening cycle has {len(plan.opening)} iterations, the cycle "
+                    f"{plan.period}")
+    unused = set(range(len(plan.programs) + 1)) - set(plan.cycle or (0,)) - set(plan.opening)
     if unused:
         raise fail(f"program {min(unused)} is in no iteration of the cycle")
     expected = {(r, s) for r in range(plan.dp) for s in range(plan.pp)}
@@ -147,6 +152,7 @@ def _check_program(plan: Plan, program: Program, name: str) -> None:
         for action in lists[0]:
             for leaf in action.leaves:
                 _check_action(plan, leaf, stages, where)
+        _check_in_backward(lists[0], where)
 
 
 def _check_action(plan: Plan, action: Action, stages: tuple[int, ...], where: str) -> None:
@@ -167,6 +173,22 @@ def _check_action(plan: Plan, action: Action, stages: tuple[int, ...], where: st
         if subject.reduces is Reduces.GRADIENTS and not subject.whole:
             raise fail(f"{where}: {action}: gradients are all-reduced whole "
                         "(fragments are for parameter deltas)")
+
+
+def _check_in_backward(actions: tuple[Action, ...], where: str) -> None:
+    """A delta sync that starts in the backward takes its inner step there (ReduceStart):
+    not where the stage's gradients are reduced first, after the backward."""
+    for index in backward_of(actions):
+        start = actions[index]
+        if start.subject.reduces is not Reduces.DELTAS:
+            continue
+        reduced = next((a for a in actions if a.op.is_collective and a.stage == start.stage
+                        and a.op is not Op.OUTER_STEP
+                        and a.subject.reduces is Reduces.GRADIENTS), None)
+        if reduced is not None:
+            raise fail(f"{where}: {start} starts in the backward, where its parameters take "
+                        f"their inner step, but the stage's gradients are reduced ({reduced}) "
+                        "after the backward: start the deltas after the step")
 
 
 _MATCH = {Op.SEND_F: (Op.RECV_F, +1), Op.SEND_B: (Op.RECV_B, -1)}

@@ -19,13 +19,12 @@ from testbed.loss.effects import (
     streaming_diloco,
 )
 from testbed.loss.model import Estimate, LossModel, Penalty
+from testbed.plan.buckets import DDP_BUCKET_MB, in_buckets
 from testbed.plan.build import (
     Connections,
     LinkKind,
     Schedule,
-    Tail,
     build_plan,
-    cycled,
     dc_pipelines,
     default_pp,
     file_order_placement,
@@ -34,6 +33,7 @@ from testbed.plan.build import (
 )
 from testbed.plan.collective import Collective, Reduces, Scope
 from testbed.plan.compute import StageCost, ring_allreduce_s, stage_cost
+from testbed.plan.cycles import Iteration, Tail, cycled
 from testbed.plan.model import (
     Action,
     HostTcp,
@@ -41,6 +41,7 @@ from testbed.plan.model import (
     OuterOptimizer,
     Plan,
     Sharing,
+    SyncOrder,
     Worker,
     split_layers,
 )
@@ -63,12 +64,14 @@ from testbed.policy.base import (
     Request,
     TrainingPolicy,
     Transfer,
+    first_layers_first,
     setting,
 )
 from testbed.policy.context import PlanningContext
 from testbed.policy.loss_effect import effect_of
 from testbed.policy.option_parsers import (
     at_least_one,
+    bucket_size,
     fraction,
     non_negative,
     non_negative_int,
@@ -81,6 +84,7 @@ from testbed.topology.model import Datacenter, Gpu, GpuType, TcpSettings, Topolo
 
 __all__ = [
     "API_VERSION",
+    "DDP_BUCKET_MB",
     "PAYLOAD_EFFICIENCY",
     "WINDOW_EFFICIENCY",
     "Action",
@@ -98,6 +102,7 @@ __all__ = [
     "HostLimits",
     "HostTcp",
     "InputError",
+    "Iteration",
     "Job",
     "LinkKind",
     "LocalSteps",
@@ -119,6 +124,7 @@ __all__ = [
     "Sends",
     "Sharing",
     "StageCost",
+    "SyncOrder",
     "Tail",
     "TcpSettings",
     "Topology",
@@ -128,6 +134,7 @@ __all__ = [
     "WanLink",
     "Worker",
     "at_least_one",
+    "bucket_size",
     "build_plan",
     "cycled",
     "dc_pipelines",
@@ -135,8 +142,10 @@ __all__ = [
     "diloco",
     "effect_of",
     "file_order_placement",
+    "first_layers_first",
     "fits_memory",
     "fraction",
+    "in_buckets",
     "in_flight_bytes",
     "load_torch",
     "non_negative",

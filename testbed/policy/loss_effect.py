@@ -25,7 +25,7 @@ _REDUCING = (Op.ALLREDUCE, Op.ALLREDUCE_START)
 def effect_of(plan: Plan, topology: Topology) -> LossEffect:
     """The plan's effect on loss per token (see the module's docstring)."""
     lead = plan.lead_gpu(0, 0)
-    by_iteration = [plan.actions_at(i)[lead] for i in range(plan.period)]
+    by_iteration = [plan.steady_actions_at(i)[lead] for i in range(plan.period)]
     reductions = [a.subject for actions in by_iteration for a in actions if a.op in _REDUCING]
     gradients = [c for c in reductions if c.reduces is Reduces.GRADIENTS]
     if any(a.op is Op.OUTER_STEP for actions in by_iteration for a in actions):

@@ -44,12 +44,21 @@ def positive(text: str) -> float:
 
 
 def payload(text: str) -> str:
-    """A compressed payload for an all-reduce: int8, int4 or topP%."""
+    """A compressed payload for an all-reduce: int8, int4, fp4 or topP%."""
     from testbed.plan.collective import check_payload
 
     if text in ("", "fp32", "bf16", "fp16"):
-        raise ValueError("a compressed payload: int8, int4 or topP% (P from 0 to 100)")
+        raise ValueError("a compressed payload: int8, int4, fp4 or topP% (P from 0 to 100)")
     return check_payload(text)
+
+
+def bucket_size(text: str) -> float:
+    """A bucket size in MiB for all-reduces that start as the backward has their values
+    (torch DDP's `bucket_cap_mb`); 0 turns buckets off: one all-reduce after the backward."""
+    value = non_negative(text)
+    if value == float("inf"):
+        raise ValueError("must be finite (0 turns buckets off)")
+    return value
 
 
 def fraction(text: str) -> float:

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 
 from testbed.common.span_table import SpanTable
 from testbed.job.model import Job
+from testbed.plan.buckets import bucket_ready
 from testbed.plan.collective import Collective, Scope
 from testbed.plan.compute import collective_bytes, ring_allgather_s, ring_allreduce_s
+from testbed.plan.interpret import Compute, Part, Phase, ReduceStart, Send
 from testbed.plan.model import Op, Plan
 from testbed.sim.network import Schedule
 from testbed.sim.transfers import Transfers
@@ -55,6 +57,33 @@ class AllReduces:
         """By group and index in it."""
         self._groups: dict[GroupKey, list[SimWorker]] = {}
         self._bytes: dict[tuple[int, Collective], int] = {}
+        self._ready: dict[tuple[int, Collective], float] = {}
+
+    def in_backward(self, worker: SimWorker,
+                    timed: list[tuple[Compute, float, float]]) -> None:
+        """Join each START that follows the compute at the worker's step (sends between
+        them aside) in its backward, when that backward has the bucket's values
+        (testbed.plan.buckets: the units' backward in proportion to their FLOPs)."""
+        steps, index = worker.steps, worker.pc + 1
+        while index < len(steps):
+            step = steps[index]
+            if isinstance(step, ReduceStart) and step.backward == worker.pc:
+                start, end = next((s, e) for c, s, e in timed if c.stage == step.stage
+                                  and c.phase is Phase.BACKWARD and c.part is not Part.INPUT)
+                key = (step.stage, step.collective)
+                if key not in self._ready:
+                    self._ready[key] = bucket_ready(self.job.model, self.plan.layers,
+                                                    step.stage, step.collective)
+                worker.early[(worker.iteration, index)] = True
+                self.at(start + self._ready[key] * (end - start),
+                        functools.partial(self._join_early, worker, step))
+            elif not isinstance(step, Send):
+                return
+            index += 1
+
+    def _join_early(self, worker: SimWorker, step: ReduceStart, now: float) -> None:
+        worker.under_way[(step.stage, step.collective)] = self.join(
+            worker, step.stage, step.collective, now, None, None)
 
     def join(self, worker: SimWorker, stage: int, collective: Collective, now: float,
              action: int | None, resume: Resume | None) -> Joined:
@@ -136,7 +165,7 @@ class AllReduces:
         for i, member in enumerate(members):
             successor = members[(i + 1) % n]
             self.transfers.send(now, member, successor, chunk, landed, Op.ALLREDUCE, None,
-                                iteration, stage, stage)
+                                iteration, stage, stage, reduce.collective)
 
     def _done(self, key: tuple[GroupKey, int], now: float) -> None:
         reduce = self._under_way.pop(key)

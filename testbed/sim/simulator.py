@@ -37,9 +37,8 @@ from testbed.plan.interpret import (
     Send,
     SendWait,
     Step,
-    interpret,
 )
-from testbed.plan.model import Action, Plan
+from testbed.plan.model import Plan
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import TrainingPolicy
 from testbed.scenario.scenario import WorkerLoss
@@ -52,7 +51,7 @@ from testbed.sim.network import FluidNetwork
 from testbed.sim.prefills import Prefills
 from testbed.sim.rings import AllReduces
 from testbed.sim.transfers import Transfers
-from testbed.sim.workers import SendKey, SimWorker
+from testbed.sim.workers import SendKey, SimWorker, interpreted
 from testbed.topology.model import Topology
 from testbed.topology.net_events import NetEvent, changes, event_spans
 
@@ -116,7 +115,7 @@ class Simulator:
             held.setdefault((replica, gpus), []).append(stage)
         steps: dict[tuple[int, tuple[int, ...]], tuple[Step, ...]] = {}  # replicas share lists
         for index, ((replica, gpus), stages) in enumerate(held.items()):
-            programs = tuple(_interpreted(steps, program[gpus[0]], tuple(stages), plan.pp)
+            programs = tuple(interpreted(steps, program[gpus[0]], tuple(stages), plan.pp)
                              for program in plan.all_programs())
             dc = topology.dc_of(gpus[0])
             worker = SimWorker(index, replica, stages[0], gpus, dc, programs, plan.program_of,
@@ -203,10 +202,13 @@ class Simulator:
 
     def _compute(self, worker: SimWorker, computes: tuple[Compute, ...], now: float) -> None:
         """Hold the GPU for the computes one after the other (an overlapped unit's parts
-        as torch's runtime runs them), then go on."""
+        as torch's runtime runs them), join the all-reduces that start in their backward
+        as it has their values, then go on."""
         end = now
+        timed = []
         for compute in computes:
             start, end = end, end + self.compute_s(compute) * factor_at(worker.slowdowns, end)
+            timed.append((compute, start, end))
             if compute.part is Part.WHOLE:
                 worker.record(self.spans, compute.phase.label, start, end, compute.microbatch,
                               stage=compute.stage)
@@ -214,6 +216,7 @@ class Simulator:
                 worker.record(self.spans, "backward", start, end, compute.microbatch,
                               stage=compute.stage,
                               part="I" if compute.part is Part.INPUT else "W")
+        self.allreduces.in_backward(worker, timed)
         worker.pc += 1
         self.agenda.at(end, functools.partial(self._advance, worker))
 
@@ -293,8 +296,9 @@ class Simulator:
                         self.prefills.fill(worker, now, self._advance)
                     return
                 case ReduceStart(collective=collective, stage=stage):
-                    worker.under_way[(stage, collective)] = self.allreduces.join(
-                        worker, stage, collective, now, None, None)
+                    if not worker.early.pop((worker.iteration, worker.pc), False):
+                        worker.under_way[(stage, collective)] = self.allreduces.join(
+                            worker, stage, collective, now, None, None)
                     worker.pc += 1
                 case ReduceWait(collective=collective, stage=stage):
                     if (stage, collective) not in worker.under_way:
@@ -388,13 +392,3 @@ def _sender(phase: Phase, to_stage: int) -> int:
     gradients back up."""
     return to_stage - 1 if phase is Phase.FORWARD else to_stage + 1
 
-
-def _interpreted(known: dict[tuple[int, tuple[int, ...]], tuple[Step, ...]],
-                 actions: tuple[Action, ...], stages: tuple[int, ...], pp: int
-                 ) -> tuple[Step, ...]:
-    """A worker's interpreted steps, made once per action list and stages held (steps are
-    immutable)."""
-    key = (id(actions), stages)
-    if key not in known:
-        known[key] = interpret(actions, stages, pp)
-    return known[key]

@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Callable
 
 from testbed.common.span_table import SpanTable
+from testbed.plan.collective import Collective
 from testbed.plan.model import Op, Plan, Sharing
 from testbed.plan.pacing import GRADIENTS
 from testbed.policy.arbiter import Arbiter
@@ -80,9 +81,11 @@ class Transfers:
         iteration: int,
         stage: int,
         to_stage: int,
+        collective: Collective | None = None,
     ) -> None:
         """`op`: SEND_F or SEND_B for pipeline messages (arbitrated where the plan says so),
-        ALLREDUCE for a ring's chunks; `stage` sends to `to_stage` (of the GPUs' stages)."""
+        ALLREDUCE for a ring's chunks of `collective` (arbitrated where the plan orders
+        its syncs: Plan.sync_order); `stage` sends to `to_stage` (of the GPUs' stages)."""
         resources, latency = self.path(src, dst)
         pair = self.pair(src, dst, latency, nbytes if op is not Op.ALLREDUCE else GRADIENTS,
                          now)
@@ -118,11 +121,9 @@ class Transfers:
                 ),
             )
 
-        arbitrated = (
-            link is not None
-            and op.is_send
-            and self.plan.sharing.get((src.dc, dst.dc)) is Sharing.ARBITRATED
-        )
+        arbitrated = link is not None and (
+            self.plan.sharing.get((src.dc, dst.dc)) is Sharing.ARBITRATED if op.is_send
+            else self.plan.sync_order.arbitrated)
         if not arbitrated:
             begin(now)
             return
@@ -140,6 +141,7 @@ class Transfers:
             nbytes,
             now,
             iteration,
+            collective,
         )
 
         def granted(t: float, requested: float = now) -> None:

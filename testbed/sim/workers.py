@@ -12,7 +12,8 @@ from typing import Unpack
 from testbed.common.span_table import SpanTable
 from testbed.common.spans import SpanDetail, SpanKind
 from testbed.plan.collective import Collective
-from testbed.plan.interpret import Phase, SendWait, Step
+from testbed.plan.interpret import Phase, SendWait, Step, interpret
+from testbed.plan.model import Action
 from testbed.scenario.slowdowns import Slowdown
 
 SendKey = tuple[int, Phase, int, int]
@@ -53,6 +54,9 @@ class SimWorker:
     under_way: dict[tuple[int, Collective], Joined] = field(default_factory=dict)
     """All-reduces it started (ALLREDUCE_START) and has not yet waited for, by stage and
     collective."""
+    early: dict[tuple[int, int], bool] = field(default_factory=dict)
+    """STARTs in a backward (iteration, step index) that joined during it, as the
+    backward had their values: the worker passes them by when it gets there."""
     stages: tuple[int, ...] = ()
     """Every stage it holds (virtual stages), in order; `(stage,)` when left out."""
     slowdowns: list[Slowdown] = field(default_factory=list)
@@ -115,3 +119,14 @@ class Joined:
     done: bool = False
     resume: Resume | None = None
     """While the worker waits for the result: what carries on once it is in."""
+
+
+def interpreted(known: dict[tuple[int, tuple[int, ...]], tuple[Step, ...]],
+                 actions: tuple[Action, ...], stages: tuple[int, ...], pp: int
+                 ) -> tuple[Step, ...]:
+    """A worker's interpreted steps, made once per action list and stages held (steps are
+    immutable)."""
+    key = (id(actions), stages)
+    if key not in known:
+        known[key] = interpret(actions, stages, pp)
+    return known[key]

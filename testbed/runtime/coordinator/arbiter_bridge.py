@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from testbed.plan.collective import Collective
 from testbed.plan.model import Op, Plan
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import TrainingPolicy, Transfer
 from testbed.runtime.coordinator.pool import WorkerHandle
-from testbed.runtime.wire.messages import TransferRequest
+from testbed.runtime.wire.arbitration import TransferRequest
 
 Granted = tuple[WorkerHandle, str]
 """Who may send now, and the tag of the transfer it may send."""
@@ -36,7 +37,8 @@ class ArbiterBridge:
             id=self._ids, src_gpu=ask.src, dst_gpu=ask.dst, src_dc=src_dc, dst_dc=dst_dc,
             kind=Op(ask.kind) if ask.kind in Op.__members__ else Op.SEND_F,
             replica=ask.replica, stage=ask.stage, microbatch=ask.microbatch,
-            nbytes=ask.nbytes, ready_at=ask.ready_at - self.start, iteration=ask.iteration)
+            nbytes=ask.nbytes, ready_at=ask.ready_at - self.start, iteration=ask.iteration,
+            collective=Collective.parse(ask.collective) if ask.collective else None)
         self._pending[ask.tag] = (transfer, worker)
         self._tags[transfer.id] = ask.tag
         return self._granted(self._arbiter.request(transfer))

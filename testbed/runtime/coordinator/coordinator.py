@@ -45,17 +45,15 @@ from testbed.runtime.coordinator.run_config import RunConfig
 from testbed.runtime.coordinator.telemetry import Telemetry
 from testbed.runtime.coordinator.timed import TimedChanges
 from testbed.runtime.coordinator.worker_setup import worker_config, worker_connections
+from testbed.runtime.wire.arbitration import Grant, Sent, TransferRequest
 from testbed.runtime.wire.messages import (
     BubbleAsk,
     CheckpointWritten,
     Done,
-    Grant,
     Idle,
     IterationDone,
     KvDelivered,
-    Sent,
     Start,
-    TransferRequest,
     WorkerError,
     receive,
 )

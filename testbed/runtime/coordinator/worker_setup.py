@@ -47,7 +47,7 @@ def worker_config(run: RunConfig, worker: WorkerHandle, workers: Sequence[Worker
     if decode_dcs:
         target = dc if dc in decode_dcs else decode_dcs[0]
         decode = DecodeAddress(address_of(f"{target}-decode"), DECODE_PORT)
-    programs, cycle = gpu_programs(plan, worker.gpu)
+    programs, cycle, opening = gpu_programs(plan, worker.gpu)
     collectives = [
         CollectiveSetup(stage, str(c), collective_bytes(job, plan.layers, stage, c, plan.tp),
                         [peer(plan.lead_gpu(r, stage)) for r in members],
@@ -56,6 +56,7 @@ def worker_config(run: RunConfig, worker: WorkerHandle, workers: Sequence[Worker
     return Config(
         index=worker.index, gpu=worker.gpu, dc=dc, address=address_of(worker.gpu),
         replica=worker.replica, stages=list(stages), programs=programs, cycle=cycle,
+        opening=opening, arbitrated_syncs=plan.sync_order.arbitrated,
         neighbours=neighbours, collectives=collectives,
         arbitrated=[f"{a}>{b}" for (a, b), s in plan.sharing.items()
                     if s is Sharing.ARBITRATED],
@@ -82,8 +83,9 @@ def worker_config(run: RunConfig, worker: WorkerHandle, workers: Sequence[Worker
     )
 
 
-def gpu_programs(plan: Plan, gpu: str) -> tuple[list[list[str]], list[int]]:
-    """`gpu`'s distinct programs, once each, and the cycle as indices into them."""
+def gpu_programs(plan: Plan, gpu: str) -> tuple[list[list[str]], list[int], list[int]]:
+    """`gpu`'s distinct programs, once each, and the cycle and the opening cycle as
+    indices into them."""
     texts: list[list[str]] = []
     index: dict[tuple[str, ...], int] = {}
     of_program = []
@@ -93,7 +95,8 @@ def gpu_programs(plan: Plan, gpu: str) -> tuple[list[list[str]], list[int]]:
             index[actions] = len(texts)
             texts.append(list(actions))
         of_program.append(index[actions])
-    return texts, [of_program[index] for index in plan.cycle]
+    return (texts, [of_program[index] for index in plan.cycle],
+            [of_program[index] for index in plan.opening])
 
 
 def gpu_collectives(run: RunConfig, gpu: str) -> list[tuple[int, Collective, list[int]]]:

@@ -78,34 +78,6 @@ class IterationDone(Message):
 
 
 @dataclass(frozen=True)
-class TransferRequest(Message):
-    """A transfer waits for an arbitrated WAN link direction."""
-
-    op = "request"
-    wire_names = {"nbytes": "bytes"}
-    tag: str
-    link: str
-    """`src_dc>dst_dc`"""
-    src: str
-    dst: str
-    kind: str
-    replica: int
-    stage: int
-    microbatch: int
-    nbytes: int
-    iteration: int
-    ready_at: float
-
-
-@dataclass(frozen=True)
-class Sent(Message):
-    """The last byte of a granted transfer has left: its link direction is free."""
-
-    op = "sent"
-    tag: str
-
-
-@dataclass(frozen=True)
 class BubbleAsk(Message):
     """About to wait on a receive: is there a prefill to run meanwhile?"""
 
@@ -171,12 +143,6 @@ class Connect(Message):
 class Start(Message):
     op = "start"
     t0: float
-
-
-@dataclass(frozen=True)
-class Grant(Message):
-    op = "grant"
-    tag: str
 
 
 @dataclass(frozen=True)
@@ -297,7 +263,7 @@ class Config(Message):
     collectives: list[CollectiveSetup]
     """Every collective this GPU's programs join, of each stage it holds."""
     arbitrated: list[str]
-    """WAN link directions (`src>dst`) whose transfers need a grant."""
+    """WAN link directions (`src>dst`) whose pipeline transfers need a grant."""
     iterations: int
     compute: EmulatedCompute
     model: ModelShape
@@ -338,6 +304,10 @@ class Config(Message):
     slowdowns: list[Slowdown] = field(default_factory=list)
     """When this GPU computes slower (a scenario's stragglers), in seconds from the
     start of training (`Start.t0`)."""
+    opening: list[int] = field(default_factory=list)
+    """As `cycle`, for the run's first cycle where it differs (Plan.opening)."""
+    arbitrated_syncs: bool = False
+    """All-reduce transfers across the WAN need a grant (Plan.sync_order)."""
 
     @property
     def stage(self) -> int:
@@ -355,6 +325,8 @@ class Config(Message):
         return len(self.cycle) or 1
 
     def program_of(self, iteration: int) -> int:
+        if iteration < len(self.opening):
+            return self.opening[iteration]
         return self.cycle[iteration % len(self.cycle)] if self.cycle else 0
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, Unpack
 
 from testbed.common.spans import SpanDetail, SpanKind
+from testbed.plan.buckets import bucket_ready
 from testbed.plan.collective import Collective, Scope
+from testbed.plan.interpret import ReduceStart, Send, Step
 from testbed.plan.model import Op
 from testbed.runtime.wire.messages import CollectiveSetup, Config, PeerInfo
 from testbed.runtime.worker import clock
@@ -29,7 +31,7 @@ from testbed.runtime.worker.allreduce import (
     ring_allgather,
     ring_allreduce,
 )
-from testbed.runtime.worker.engines import Engine
+from testbed.runtime.worker.engines import Engine, InBackward
 from testbed.runtime.worker.transport import Transport
 from testbed.runtime.worker.zeros import zeros
 
@@ -47,7 +49,8 @@ class Runner(Protocol):
              **detail: Unpack[SpanDetail]) -> None: ...
 
     async def send(self, peer: PeerInfo, tag: str, payload: bytes | bytearray | memoryview,
-                   iteration: int, microbatch: int | None, kind: Op, stage: int) -> None: ...
+                   iteration: int, microbatch: int | None, kind: Op, stage: int,
+                   collective: str = "") -> None: ...
 
     async def fill_bubble(self, waiting: Callable[[], bool], action: int, iteration: int,
                           since: float) -> None: ...
@@ -78,6 +81,50 @@ class Collectives:
                        for s in runner.config.collectives}
         self.joins: collections.Counter[str] = collections.Counter()
         self.started: dict[tuple[int, Collective], Joined] = {}
+        self.early: dict[tuple[int, Collective], asyncio.Future[None]] = {}
+        """STARTs in a backward, until the runner gets to them: started once the
+        backward has their values (testbed.runtime.worker.bucket_hooks)."""
+
+    def in_backward(self, steps: Sequence[Step], index: int, iteration: int
+                    ) -> list[tuple[int, InBackward]]:
+        """The STARTs in the backward of the compute at `index` (sends between them
+        aside), by stage, as the engine starts them."""
+        cfg, found = self.runner.config, []
+        for step in steps[index + 1 :]:
+            if isinstance(step, ReduceStart) and step.backward == index:
+                key = (step.stage, step.collective)
+                setup = self.setups[key]
+                members = len(setup.group)
+                self.early[key] = asyncio.get_running_loop().create_future()
+                found.append((step.stage, InBackward(
+                    step.collective,
+                    bucket_ready(cfg.model, tuple(cfg.layers), step.stage, step.collective),
+                    4 * members if setup.modeled_s is not None else setup.nbytes, members,
+                    self._starter(step.collective, step.stage, iteration))))
+            elif not isinstance(step, Send):
+                break
+        return found
+
+    def _starter(self, collective: Collective, stage: int, iteration: int
+                 ) -> Callable[[Contribution], None]:
+        """What the engine calls, on the compute thread, with the bucket's contribution."""
+        loop = asyncio.get_running_loop()
+
+        def started(contribution: Contribution) -> None:
+            loop.call_soon_threadsafe(self._begin, collective, stage, iteration,
+                                      contribution, clock.now())
+
+        return started
+
+    def _begin(self, collective: Collective, stage: int, iteration: int,
+               contribution: Contribution, start: float) -> None:
+        setup = self.setups[(stage, collective)]
+        tag = self.tag_of(collective, stage)
+        moving = asyncio.create_task(self.move(collective, setup, contribution, tag, start,
+                                               iteration))
+        self.started[(stage, collective)] = Joined(setup, contribution, moving, start,
+                                                   iteration, None)
+        self.early[(stage, collective)].set_result(None)
 
     async def allreduce(self, collective: Collective, stage: int, iteration: int) -> None:
         """Join and wait for the result; with bubbles, prefills fill the wait once the
@@ -86,6 +133,10 @@ class Collectives:
         await self.take(collective, joined)
 
     async def start(self, collective: Collective, stage: int, iteration: int) -> None:
+        early = self.early.pop((stage, collective), None)
+        if early is not None:  # started in the backward before it
+            await early
+            return
         if (stage, collective) in self.started:
             raise RuntimeError(f"{collective!r} of stage {stage} is already under way")
         self.started[(stage, collective)] = await self.join(collective, stage, iteration, None)
@@ -171,7 +222,7 @@ class Collectives:
 
         async def send(name: str, data: Wire) -> None:
             await runner.send(successor, name, data, iteration, None, Op.ALLREDUCE,
-                              setup.stage)
+                              setup.stage, str(collective))
 
         async def receive(name: str) -> Wire:
             return await self.receive(predecessor, name, iteration, modeled, setup.stage)

@@ -8,7 +8,7 @@ moving data while a stage computes, as a GPU's copy engines would.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -19,6 +19,24 @@ if TYPE_CHECKING:
     from testbed.plan.collective import Collective
     from testbed.runtime.wire.messages import Config, EmulatedTiming, PrefillPart
 
+Started = Callable[[Contribution], None]
+"""What a bucket's contribution goes to once made (on the compute thread)."""
+
+
+@dataclass(frozen=True)
+class InBackward:
+    """A START in a backward, as its engine is given it."""
+
+    collective: Collective
+    ready: float
+    """How far into the backward its values are there (testbed.plan.buckets): when
+    emulated compute starts it."""
+    nbytes: int
+    """Its size on the wire as planned (what emulated compute sends)."""
+    members: int
+    started: Started
+
+
 
 
 
@@ -28,17 +46,21 @@ class Engine(Protocol):
     def forward(self, iteration: int, microbatch: int, received: Received) -> Wire | None:
         """Run the forward; return the activations to send on (None on the last stage)."""
 
-    def backward(self, iteration: int, microbatch: int, received: Received) -> Wire | None:
-        """Run the backward; return the input gradient to send back (None on stage 0)."""
+    def backward(self, iteration: int, microbatch: int, received: Received,
+                 starts: Sequence[InBackward] = ()) -> Wire | None:
+        """Run the backward; return the input gradient to send back (None on stage 0).
+        `starts`: the all-reduces that start in it, each once it has their values."""
 
     def input_gradient(self, iteration: int, microbatch: int, received: Received
                        ) -> Wire | None:
         """A split backward's first half (I): the input gradient to send back (None on
         stage 0), keeping what the weight gradient needs."""
 
-    def weight_gradient(self, iteration: int, microbatch: int) -> None:
+    def weight_gradient(self, iteration: int, microbatch: int,
+                        starts: Sequence[InBackward] = ()) -> None:
         """A split backward's second half (W), after the microbatch's input gradient: the
-        weights' gradients, accumulated as a whole backward accumulates them."""
+        weights' gradients, accumulated as a whole backward accumulates them; `starts` as
+        for `backward`."""
 
     def contribute(self, collective: Collective, nbytes: int, members: int) -> Contribution:
         """This stage's part of `collective` as it joins (its gradients, or its deltas
@@ -108,8 +130,9 @@ class EmulatedEngine:
         time.sleep(self.timing.forward_s)
         return None if self.last else zeros(self.activation_bytes)
 
-    def backward(self, iteration: int, microbatch: int, received: Received) -> Wire | None:
-        time.sleep(self.timing.backward_s)
+    def backward(self, iteration: int, microbatch: int, received: Received,
+                 starts: Sequence[InBackward] = ()) -> Wire | None:
+        _busy(self.timing.backward_s, starts)
         return None if self.first else zeros(self.activation_bytes)
 
     def input_gradient(self, iteration: int, microbatch: int, received: Received
@@ -117,8 +140,9 @@ class EmulatedEngine:
         time.sleep(self.timing.input_s)
         return None if self.first else zeros(self.activation_bytes)
 
-    def weight_gradient(self, iteration: int, microbatch: int) -> None:
-        time.sleep(self.timing.weight_s)
+    def weight_gradient(self, iteration: int, microbatch: int,
+                        starts: Sequence[InBackward] = ()) -> None:
+        _busy(self.timing.weight_s, starts)
 
     def contribute(self, collective: Collective, nbytes: int, members: int) -> Contribution:
         """Zeros of the planned size (GBs for large stages, held in no memory)."""
@@ -163,6 +187,20 @@ class EmulatedEngine:
     def prefill(self, parts: Sequence[PrefillPart], modeled_s: float) -> dict[int, bytes]:
         time.sleep(modeled_s)
         return {part.request: bytes(part.kv_bytes) for part in parts if part.last}
+
+
+def _busy(seconds: float, starts: Sequence[InBackward]) -> None:
+    """Hold the GPU `seconds`, starting each all-reduce as that far into it as its values
+    are there (in order: none before the one before it), with zeros of its size."""
+    began = time.monotonic()
+    for start in starts:
+        left = began + start.ready * seconds - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+        start.started(Bytes(zeros(start.nbytes), start.members))
+    left = began + seconds - time.monotonic()
+    if left > 0:
+        time.sleep(left)
 
 
 def make_engines(config: Config) -> dict[int, Engine]:

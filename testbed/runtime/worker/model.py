@@ -150,6 +150,25 @@ def parameter_fragments(stage: Stage, layers: tuple[int, ...], index: int,
     return out
 
 
+def backward_order(stage: Stage, layers: tuple[int, ...], index: int) -> list[str]:
+    """Stage `index`'s parameter names in the order its backward produces their gradients,
+    by unit as testbed.plan.buckets orders them (the output layer, the blocks last to
+    first, the embeddings), a unit's own parameters last to first."""
+    blocks = stage_blocks(layers, index)
+
+    def unit(name: str) -> int:
+        part, _, rest = name.partition(".")
+        if part == "head":
+            return -1
+        if part == "blocks":
+            return sum(layers) - blocks[int(rest.partition(".")[0])]
+        return sum(layers) + 1  # the embeddings, last
+
+    names = [name for name, _ in stage.named_parameters()]
+    position = {name: i for i, name in enumerate(names)}
+    return sorted(names, key=lambda n: (unit(n), -position[n]))
+
+
 def build_model(shape: ModelShape, seed: int) -> Stage:
     """The whole model in one piece (the single-process reference)."""
     return build_stages(shape, (shape.layers,), seed)[0]

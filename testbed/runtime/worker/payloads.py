@@ -3,8 +3,11 @@ cast, blockwise-quantized or top-k), and a member's side of the collective over 
 
 Quantization is blockwise absmax (testbed.plan.collective.QUANT_BLOCK elements per fp32
 scale), symmetric, round to nearest even: int8 in [-127, 127], int4 in [-7, 7] packed two
-to a byte (low nibble first). This int4 is an integer format, not the 4-bit float (E3M0)
-the Streaming DiLoCo paper sends. A chunk on the wire is its values then its scales.
+to a byte (low nibble first). fp4 is the Streaming DiLoCo paper's 4-bit float, E3M0: a
+nibble of a sign bit (high) and a 3-bit exponent e, the value 0 for e = 0 and else
+2^(e - 7) times the block's scale (its absmax), e taken so that the value is the nearest
+to the original, a tie going to the larger magnitude; two to a byte, low nibble first.
+A chunk on the wire is its values then its scales.
 Top-k sends the k = ceil(P% of the elements) largest |values| (ties by lower index) as
 int32 indices then fp32 values. Real compute trains in fp32, so a payload of the job's
 dtype ('') is fp32 here.
@@ -21,7 +24,14 @@ from dataclasses import dataclass
 
 import torch
 
-from testbed.plan.collective import QUANT_BLOCK, QUANTIZED_BITS, topk_fraction
+from testbed.plan.collective import (
+    FLOAT4,
+    FP4_EXPONENTS,
+    QUANT_BLOCK,
+    QUANTIZED_BITS,
+    quantized_bits,
+    topk_fraction,
+)
 from testbed.runtime.worker.allreduce import Wire, chunk_bounds
 
 _CASTS = {"": torch.float32, "fp32": torch.float32, "bf16": torch.bfloat16,
@@ -34,6 +44,8 @@ def encode(values: torch.Tensor, payload: str) -> bytes:
     fraction = topk_fraction(payload)
     if fraction is not None:
         return _topk(values, fraction)
+    if payload == FLOAT4:
+        return _float4(values)
     if payload in QUANTIZED_BITS:
         return _quantize(values, QUANTIZED_BITS[payload])
     return _raw(values.to(_CASTS[payload]))
@@ -44,6 +56,8 @@ def decode(data: Wire, elements: int, payload: str, device: torch.device = HOST
     """What `encode` wrote, back as fp32 on `device`."""
     if topk_fraction(payload) is not None:
         return _untopk(data, elements, device)
+    if payload == FLOAT4:
+        return _unfloat4(data, elements, device)
     if payload in QUANTIZED_BITS:
         return _dequantize(data, elements, QUANTIZED_BITS[payload], device)
     if not elements:
@@ -59,7 +73,7 @@ def compressed(values: torch.Tensor, payload: str) -> torch.Tensor:
 
 def lossy(payload: str) -> bool:
     """Whether a payload loses what it cannot carry (error feedback keeps it)."""
-    return payload in QUANTIZED_BITS or topk_fraction(payload) is not None
+    return quantized_bits(payload) is not None or topk_fraction(payload) is not None
 
 
 def _raw(tensor: torch.Tensor) -> bytes:
@@ -110,6 +124,41 @@ def _dequantize(data: Wire, elements: int, bits: int, device: torch.device) -> t
         q = _host(raw, torch.int8, count=nvalues).to(device)
     per_element = scales.repeat_interleave(QUANT_BLOCK)[:elements]
     return q.to(torch.float32) * per_element
+
+
+def _fp4_levels(device: torch.device) -> torch.Tensor:
+    """E3M0's magnitudes by exponent field: 0, then 2^-6 ... 2^0."""
+    exponents = torch.arange(1, FP4_EXPONENTS + 1, device=device, dtype=torch.float32)
+    return torch.cat([torch.zeros(1, device=device), torch.pow(2.0, exponents - 7)])
+
+
+def _float4(values: torch.Tensor) -> bytes:
+    blocks = _blocks(values)
+    scales = blocks.abs().amax(dim=1)
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+    scaled = (blocks / safe[:, None]).reshape(-1)[: values.numel()]
+    levels = _fp4_levels(values.device)
+    distance = (scaled.abs()[:, None] - levels[None, :]).abs()
+    # the nearest level, a tie to the larger: argmin over the levels from the largest down
+    nearest = levels.numel() - 1 - torch.argmin(distance.flip(1), dim=1)
+    sign = ((scaled < 0) & (nearest > 0)).to(torch.uint8)
+    nibbles = (sign << 3) | nearest.to(torch.uint8)
+    if nibbles.numel() % 2:
+        nibbles = torch.cat([nibbles, nibbles.new_zeros(1)])
+    return _raw(nibbles[0::2] | (nibbles[1::2] << 4)) + _raw(scales)
+
+
+def _unfloat4(data: Wire, elements: int, device: torch.device) -> torch.Tensor:
+    if not elements:
+        return torch.zeros(0, device=device)
+    raw = bytearray(data)
+    nvalues = math.ceil(elements / 2)
+    scales = _host(raw, torch.float32, offset=nvalues).to(device)
+    packed = _host(raw, torch.uint8, count=nvalues).to(device)
+    nibbles = torch.stack([packed & 0xF, packed >> 4], dim=1).reshape(-1)[:elements]
+    magnitude = _fp4_levels(device)[(nibbles & 0x7).to(torch.long)]
+    signed = torch.where((nibbles & 0x8) > 0, -magnitude, magnitude)
+    return signed * scales.repeat_interleave(QUANT_BLOCK)[:elements]
 
 
 def _topk(values: torch.Tensor, fraction: float) -> bytes:

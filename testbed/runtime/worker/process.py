@@ -21,6 +21,7 @@ from typing import Any
 from testbed.common.stats import percentile
 from testbed.errors import TestbedError, one_line
 from testbed.run.checkpoint import checkpoint_due, iteration_dir, save_stage, stage_file
+from testbed.runtime.wire.arbitration import Grant
 from testbed.runtime.wire.join_messages import LinkChange
 from testbed.runtime.wire.messages import (
     Abort,
@@ -28,7 +29,6 @@ from testbed.runtime.wire.messages import (
     Config,
     Connect,
     Done,
-    Grant,
     Hello,
     Idle,
     IterationDone,

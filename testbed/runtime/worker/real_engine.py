@@ -15,9 +15,12 @@ from testbed.job.model import ModelShape
 from testbed.plan.collective import Collective
 from testbed.runtime.wire.messages import Config, PrefillPart
 from testbed.runtime.worker.allreduce import Contribution, Received
+from testbed.runtime.worker.bucket_hooks import BackwardBuckets
+from testbed.runtime.worker.engines import InBackward
 from testbed.runtime.worker.model import (
     Samples,
     Stage,
+    backward_order,
     build_stages,
     inner_optimizer,
     loss_of,
@@ -48,7 +51,8 @@ def real_engines(config: Config) -> dict[int, RealEngine]:
         syncs = Syncs([(n, p) for n, p in module.named_parameters() if p.requires_grad],
                       functools.partial(parameter_fragments, module, layers, stage),
                       config.outer, [Collective.parse(c.collective) for c in config.collectives
-                                     if c.stage == stage], config.dp)
+                                     if c.stage == stage], config.dp,
+                      backward_order(module, layers, stage))
         engines[stage] = RealEngine(
             stage, config.pp, config.replica, config.dp, config.microbatches,
             config.microbatch_size, shape, module, corpus, device,
@@ -141,9 +145,11 @@ class RealEngine:
         the last stage)."""
         return None if self.last else self._activation(received)
 
-    def backward(self, iteration: int, microbatch: int, received: Received) -> bytes | None:
+    def backward(self, iteration: int, microbatch: int, received: Received,
+                 starts: Sequence[InBackward] = ()) -> bytes | None:
         inputs, out = self._saved.pop(microbatch)
-        out.backward(self._output_grad(received))  # type: ignore[no-untyped-call]
+        with BackwardBuckets(self.syncs, self.optimizer, starts):
+            out.backward(self._output_grad(received))  # type: ignore[no-untyped-call]
         if self.first:
             return None
         assert inputs is not None and inputs.grad is not None
@@ -161,8 +167,10 @@ class RealEngine:
         self._weights_due[microbatch] = functools.partial(weight_gradients, held)
         return _to_bytes(found)
 
-    def weight_gradient(self, iteration: int, microbatch: int) -> None:
-        self._weights_due.pop(microbatch)()
+    def weight_gradient(self, iteration: int, microbatch: int,
+                        starts: Sequence[InBackward] = ()) -> None:
+        with BackwardBuckets(self.syncs, self.optimizer, starts):
+            self._weights_due.pop(microbatch)()
 
     def contribute(self, collective: Collective, nbytes: int, members: int) -> Contribution:
         return self.syncs.contribute(collective, members)

@@ -37,13 +37,14 @@ from testbed.plan.interpret import (
     interpret,
 )
 from testbed.plan.model import Action, Op
-from testbed.runtime.wire.messages import BubbleAsk, Config, Idle, PeerInfo, Sent, TransferRequest
+from testbed.runtime.wire.arbitration import Sent, TransferRequest
+from testbed.runtime.wire.messages import BubbleAsk, Config, Idle, PeerInfo
 from testbed.runtime.wire.messages import Prefill as PrefillOrder
 from testbed.runtime.wire.messages import send as send_message
 from testbed.runtime.worker import clock
 from testbed.runtime.worker.allreduce import Received, Wire
 from testbed.runtime.worker.collectives import Collectives
-from testbed.runtime.worker.engines import Engine
+from testbed.runtime.worker.engines import Engine, InBackward
 from testbed.runtime.worker.transport import Transport
 from testbed.scenario.slowdowns import factor_at
 
@@ -118,10 +119,12 @@ class StageRunner:
                 case Receive(phase=phase, stage=stage, microbatch=mb):
                     received[(phase, stage, mb)] = await self.receive_step(step, iteration)
                 case Compute():
-                    await self.run_compute(step, iteration, received, computed)
+                    await self.run_compute(step, iteration, received, computed,
+                                           self.collectives.in_backward(steps, index, iteration))
                 case Overlapped(parts=parts):  # one after the other, as torch's runtime
+                    starts = self.collectives.in_backward(steps, index, iteration)
                     for part in parts:
-                        await self.run_compute(part, iteration, received, computed)
+                        await self.run_compute(part, iteration, received, computed, starts)
                 case Send(phase=phase, to_stage=to_stage, microbatch=mb):
                     payload = computed.pop((phase, step.stage, mb))
                     assert payload is not None
@@ -157,21 +160,24 @@ class StageRunner:
         return losses[0] if losses else None
 
     async def run_compute(self, step: Compute, iteration: int, received: Tensors,
-                          computed: Tensors) -> None:
+                          computed: Tensors, starts: list[tuple[int, InBackward]]) -> None:
         """A forward, backward, or half of a split one, on its stage's engine; a span
-        naming its stage and, for a half, its part."""
+        naming its stage and, for a half, its part. `starts`: the all-reduces that start
+        in the backward of their stage (testbed.plan.interpret.ReduceStart)."""
         engine, mb = self.engines[step.stage], step.microbatch
         key = (step.phase, step.stage, mb)
+        mine = [start for stage, start in starts if stage == step.stage]
         run: Callable[[], Wire | None]
         if step.phase is Phase.FORWARD:
             run = functools.partial(engine.forward, iteration, mb, received.pop(key, None))
         elif step.part is Part.WEIGHT:
-            run = functools.partial(engine.weight_gradient, iteration, mb)
+            run = functools.partial(engine.weight_gradient, iteration, mb, mine)
         elif step.part is Part.INPUT:
             run = functools.partial(engine.input_gradient, iteration, mb,
                                     received.pop(key, None))
         else:
-            run = functools.partial(engine.backward, iteration, mb, received.pop(key, None))
+            run = functools.partial(engine.backward, iteration, mb, received.pop(key, None),
+                                    mine)
         detail: SpanDetail = {"microbatch": mb, "stage": step.stage}
         if step.part is not Part.WHOLE:
             detail["part"] = "I" if step.part is Part.INPUT else "W"
@@ -229,21 +235,25 @@ class StageRunner:
         microbatch: int | None,
         kind: Op,
         stage: int,
+        collective: str = "",
     ) -> None:
         """Send, first asking the arbiter for the link when the plan arbitrates it.
-        `kind`: SEND_F or SEND_B for pipeline messages, ALLREDUCE for a ring's chunks;
-        `stage`: the sending one."""
+        `kind`: SEND_F or SEND_B for pipeline messages, ALLREDUCE for a ring's chunks
+        (of `collective`); `stage`: the sending one."""
         link = self.link_key(peer)
         queued = clock.now()
-        pipeline = kind.is_send  # only pipeline traffic is arbitrated
-        if link is not None and pipeline and link in self.config.arbitrated:
+        pipeline = kind.is_send
+        granted = link is not None and (link in self.config.arbitrated if pipeline
+                                        else self.config.arbitrated_syncs)
+        if granted and link is not None:
             grant = asyncio.get_running_loop().create_future()
             self.grants[tag] = grant
             await send_message(self.control, TransferRequest(
                 tag=tag, link=link, src=self.config.gpu, dst=peer.gpu, kind=kind.value,
                 replica=self.config.replica, stage=stage,
                 microbatch=microbatch if microbatch is not None else -1,
-                nbytes=len(payload), iteration=iteration, ready_at=queued))
+                nbytes=len(payload), iteration=iteration, ready_at=queued,
+                collective=collective))
             await grant
             self.span(
                 "wait_grant",
@@ -261,8 +271,7 @@ class StageRunner:
             await self.send_modeled(peer, tag, len(payload), modeled_bps)
         else:
             await self.transport.send(peer.index, tag, payload)
-        if link is not None and pipeline and link in self.config.arbitrated:
-            # the last byte has left: the link is free for the next transfer
+        if granted:  # the last byte has left: the link is free for the next transfer
             await send_message(self.control, Sent(tag))
         self.span(
             "send",

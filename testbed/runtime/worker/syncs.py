@@ -10,7 +10,16 @@ the only error in the sum and the residuals account for all of it.
 
 Deltas are outer minus local parameters when a collective joins; OUTER_STEP gives their
 average to the fragment's torch.optim.SGD as the outer parameters' gradient, then the
-local parameters become mixing * local + (1 - mixing) * outer.
+local parameters become mixing * local + (1 - mixing) * outer. An eager outer step
+(Kale, Douillard, Donchev, arXiv 2502.12996, Algorithm 3) gives it instead, at once,
+(this replica's fresh deltas + the sum of the other replicas' deltas of the sync before)
+/ M, the latter being the previous average less this replica's own previous deltas as
+it sent them: previous - sent / M + fresh / M, in that order, in fp32 (nothing the first
+time); the local parameters then take the outer ones.
+
+A collective in buckets (testbed.plan.buckets) covers its values in the order the
+backward produces them (testbed.runtime.worker.model.backward_order); a whole one, in
+the stage's own order.
 """
 
 from __future__ import annotations
@@ -20,31 +29,49 @@ from typing import Any
 
 import torch
 
-from testbed.plan.collective import Collective, Reduces
+from testbed.plan.collective import Collective, Reduces, bucket_range
 from testbed.plan.model import OuterOptimizer
 from testbed.runtime.worker.allreduce import Contribution
-from testbed.runtime.worker.payloads import HOST, Dense, Gathered, decode, encode, lossy
+from testbed.runtime.worker.payloads import HOST, Dense, Gathered, compressed, decode, encode, lossy
 
 Fragment = tuple[int, int]
 """(fragment, fragments)."""
 Named = list[tuple[str, torch.nn.Parameter]]
+Piece = tuple[str, torch.nn.Parameter, int, int]
+"""A parameter's values [start, end) of its flat view that a bucket holds."""
 
 
 class Syncs:
     def __init__(self, named: Named, fragments_of: Callable[[int], dict[str, int]],
                  outer: OuterOptimizer | None, collectives: list[Collective],
-                 replicas: int) -> None:
+                 replicas: int, backward: list[str] | None = None) -> None:
         """`named`: the stage's parameters in order; `fragments_of(n)`: each one's
         fragment of n; `collectives`: every collective the stage joins; `replicas`: of
-        the stage, all of them."""
+        the stage, all of them; `backward`: their names in the order the backward
+        produces their gradients (for collectives in buckets)."""
         self.named, self.config, self.replicas = named, outer or OuterOptimizer(), replicas
+        order = {name: i for i, name in enumerate(backward or [n for n, _ in named])}
         self.members: dict[Fragment, Named] = {}
+        self.layouts: dict[tuple[Reduces, Fragment], Named] = {}
         self.outer: dict[str, torch.Tensor] = {}
         self.optimizers: dict[Fragment, torch.optim.SGD] = {}
         self.residuals: dict[Collective, torch.Tensor] = {}
         self.averaged: dict[Fragment, torch.Tensor] = {}
+        self.partial: dict[Fragment, dict[int, torch.Tensor]] = {}
+        """Averaged deltas of a fragment's buckets until every bucket's is in."""
+        self.fresh: dict[Fragment, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+        """Eager: this replica's deltas of the sync under way, by bucket, and as sent."""
+        self.sent: dict[Fragment, torch.Tensor] = {}
+        """Eager: this replica's deltas of the sync before, as sent."""
+        self._pieces: dict[Collective, list[Piece]] = {}
         for c in collectives:
             key = (c.fragment, c.fragments)
+            layout = (c.reduces, key)
+            if c.bucketed or layout not in self.layouts:
+                chosen = named if c.reduces is Reduces.GRADIENTS else \
+                    [(n, p) for n, p in named if fragments_of(c.fragments)[n] == c.fragment]
+                self.layouts[layout] = sorted(chosen, key=lambda np: order[np[0]]) \
+                    if c.bucketed else list(chosen)
             if c.reduces is not Reduces.DELTAS or key in self.members:
                 continue
             if not self.outer:  # outer parameters start as the initial ones, on the host
@@ -58,20 +85,40 @@ class Syncs:
                     params, lr=self.config.lr, momentum=momentum,
                     nesterov=self.config.nesterov and momentum > 0)
 
+    def pieces(self, collective: Collective) -> list[Piece]:
+        """What of each parameter the collective's bucket holds, in its order."""
+        found = self._pieces.get(collective)
+        if found is None:
+            layout = self.layouts[(collective.reduces,
+                                   (collective.fragment, collective.fragments))]
+            total = sum(p.numel() for _, p in layout)
+            start, end = bucket_range(total, collective.bucket, collective.buckets)
+            found, offset = [], 0
+            for name, p in layout:
+                lo, hi = max(start, offset), min(end, offset + p.numel())
+                if lo < hi:
+                    found.append((name, p, lo - offset, hi - offset))
+                offset += p.numel()
+            self._pieces[collective] = found
+        return found
+
     def contribute(self, collective: Collective, members: int) -> Contribution:
         """This member's side of `collective`: its gradients (plus the residual its error
         feedback kept) or its deltas. A gathered payload is compressed once, here, on
         the parameters' device; what that lost is the next residual."""
+        pieces = self.pieces(collective)
         if collective.reduces is Reduces.GRADIENTS:
-            values = torch.cat([_grad(p).reshape(-1) for _, p in self.named])
+            values = _cat([_grad(p).reshape(-1)[a:b] for _, p, a, b in pieces])
             residual = self.residuals.get(collective)
             if residual is not None and members > 1:
                 values = values + residual
         else:
-            pairs = self.members[(collective.fragment, collective.fragments)]
-            values = torch.cat([(self.outer[n] - p.detach().to(HOST)).reshape(-1)
-                                for n, p in pairs]) if pairs else torch.zeros(0)
+            values = _cat([(self.outer[n] - p.detach().to(HOST)).reshape(-1)[a:b]
+                           for n, p, a, b in pieces])
         values = values.to(torch.float32)
+        if collective.reduces is Reduces.DELTAS and self.config.eager:
+            self.fresh.setdefault((collective.fragment, collective.fragments), {})[
+                collective.bucket] = (values.cpu(), compressed(values, collective.payload).cpu())
         if collective.gathers and members > 1:
             mine = encode(values, collective.payload)
             if collective.reduces is Reduces.GRADIENTS and lossy(collective.payload):
@@ -86,39 +133,58 @@ class Syncs:
         average = contribution.values / members
         if collective.reduces is Reduces.DELTAS:
             if members == self.replicas:  # an outer step takes an average over all
-                self.averaged[(collective.fragment, collective.fragments)] = average
+                key = (collective.fragment, collective.fragments)
+                parts = self.partial.setdefault(key, {})
+                parts[collective.bucket] = average
+                if len(parts) == collective.buckets:
+                    self.averaged[key] = _cat([parts[b] for b in range(collective.buckets)])
+                    del self.partial[key]
             return
         offset = 0
-        for _, p in self.named:
-            n = p.numel()
-            p.grad = average[offset : offset + n].view_as(p).to(p.device).clone()
-            offset += n
+        for _, p, start, end in self.pieces(collective):
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            p.grad.view(-1)[start:end] = average[offset : offset + end - start].to(p.device)
+            offset += end - start
 
     def outer_step(self, collective: Collective) -> None:
         key = (collective.fragment, collective.fragments)
-        average = self.averaged.pop(key)
         optimizer = self.optimizers.get(key)
+        average = self._eager(key) if self.config.eager else self.averaged.pop(key)
         if optimizer is None:  # this stage holds nothing of the fragment
             return
+        layout = self.layouts[(Reduces.DELTAS, key)]
         offset = 0
-        pairs = self.members[key]
-        for name, p in pairs:
+        for name, p in layout:
             outer = self.outer[name]
             outer.grad = average[offset : offset + p.numel()].view_as(outer)
             offset += p.numel()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        mixing = self.config.mixing
+        mixing = 0.0 if self.config.eager else self.config.mixing
         with torch.no_grad():
-            for name, p in pairs:
+            for name, p in layout:
                 p.copy_(mixing * p + (1 - mixing) * self.outer[name].to(p.device))
+
+    def _eager(self, key: Fragment) -> torch.Tensor:
+        """previous - sent / M + fresh / M (see the module's docstring)."""
+        buckets = self.fresh.pop(key)
+        fresh = _cat([buckets[b][0] for b in range(len(buckets))])
+        sent = _cat([buckets[b][1] for b in range(len(buckets))])
+        previous = self.averaged.pop(key, None)
+        before = self.sent.get(key)
+        self.sent[key] = sent
+        if previous is None or before is None:
+            return fresh / self.replicas
+        return previous - before / self.replicas + fresh / self.replicas
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to go on as this one would have."""
         return {"outer": self.outer,
                 "optimizers": {f"{k}/{n}": o.state_dict() for (k, n), o in self.optimizers.items()},
                 "residuals": {str(c): r for c, r in self.residuals.items()},
-                "averaged": {f"{k}/{n}": a for (k, n), a in self.averaged.items()}}
+                "averaged": {f"{k}/{n}": a for (k, n), a in self.averaged.items()},
+                "sent": {f"{k}/{n}": a for (k, n), a in self.sent.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, value in state["outer"].items():
@@ -127,11 +193,16 @@ class Syncs:
             optimizer.load_state_dict(state["optimizers"][f"{k}/{n}"])
         self.residuals = {Collective.parse(c): r for c, r in state["residuals"].items()}
         self.averaged = {_fragment(key): a for key, a in state["averaged"].items()}
+        self.sent = {_fragment(key): a for key, a in state.get("sent", {}).items()}
 
 
 def _fragment(text: str) -> Fragment:
     k, _, n = text.partition("/")
     return int(k), int(n)
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(parts) if parts else torch.zeros(0)
 
 
 def _grad(p: torch.nn.Parameter) -> torch.Tensor:
