@@ -101,19 +101,16 @@ def backward_order(names: Sequence[str]) -> list[str]:
 
 
 def fp4(block: torch.Tensor) -> torch.Tensor:
-    """One block as E3M0 delivers it (in fp32: |x| / scale, and its distance to each
-    level)."""
+    """One block as E3M0 delivers it: |x| / scale in fp32 takes the level above each
+    midpoint between two levels it reaches (a tie goes up)."""
     scale = block.abs().max()
-    out = torch.zeros_like(block)
     if scale == 0:
-        return out
-    levels = [0.0] + [2.0 ** (e - 7) for e in range(1, 8)]
+        return torch.zeros_like(block)
+    levels = torch.tensor([0.0] + [2.0 ** (e - 7) for e in range(1, 8)])
+    midpoints = (levels[:-1] + levels[1:]) / 2
     ratios = block.abs() / scale
-    for i in range(block.numel()):
-        distances = [float((ratios[i] - torch.tensor(level)).abs()) for level in levels]
-        best = max(range(len(levels)), key=lambda j: (-distances[j], j))
-        out[i] = math.copysign(levels[best], float(block[i])) * scale if best else 0.0
-    return out
+    chosen = levels[(ratios[:, None] >= midpoints[None, :]).sum(dim=1)]
+    return torch.where(block < 0, -chosen, chosen) * scale
 
 
 def wire(values: torch.Tensor, payload: str) -> torch.Tensor:
@@ -157,14 +154,16 @@ def compress(values: torch.Tensor, payload: str) -> torch.Tensor:
 
 
 def error_feedback_average(gradients: Sequence[torch.Tensor], residuals: list[torch.Tensor],
-                           payload: str) -> torch.Tensor:
+                           payload: str, buckets: int = 1) -> torch.Tensor:
     """EF-SGD's step for every replica at once: each replica r sends C(g_r + e_r) and
     keeps e_r = g_r + e_r - C(g_r + e_r) (`residuals`, updated in place); the mean of what
-    was sent."""
+    was sent. In buckets, each bucket is compressed on its own."""
     total = torch.zeros_like(gradients[0])
+    size = gradients[0].numel()
     for r, g in enumerate(gradients):
         p = g + residuals[r] if residuals[r].numel() else g
-        sent = compress(p, payload)
+        sent = torch.cat([compress(p[k * size // buckets : (k + 1) * size // buckets], payload)
+                          for k in range(buckets)])
         residuals[r] = p - sent
         total += sent
     return total / len(gradients)
@@ -256,7 +255,8 @@ def train(job: Job, replicas: int, microbatches: int, iterations: int,
             if gradients in ("", "fp32", "bf16", "fp16"):
                 average = reduce_sum(flats, gradients, gradient_buckets) / replicas
             else:
-                average = error_feedback_average(flats, residuals, gradients)
+                average = error_feedback_average(flats, residuals, gradients,
+                                                 gradient_buckets)
             for m in models:
                 params = dict(m.named_parameters())
                 offset = 0

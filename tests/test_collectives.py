@@ -140,6 +140,22 @@ def test_quantization_is_blockwise_absmax_symmetric_round_to_nearest() -> None:
     assert set((four[:256] / (2 / 7)).round().tolist()) <= set(range(-7, 8))
 
 
+def test_fp4_is_e3m0_a_sign_and_a_power_of_two_of_the_block_s_absmax() -> None:
+    """The Streaming DiLoCo paper's 4-bit float: 0 or +-2^-6 ... 2^0 times the block's
+    scale, the nearest (a tie to the larger), two to a byte, the bytes the plan counts."""
+    ladder = [0.0, 2**-8, 2**-7, 3 * 2**-8, 0.011, 0.375, -0.74, 1.0, -0.0]
+    values = torch.tensor(ladder + [0.0] * (256 - len(ladder)) + [5.0, -1.25])
+    data = encode(values, "fp4")
+    assert len(data) == payload_bytes(values.numel(), "fp4", 2) == 129 + 8
+    got = decode(data, values.numel(), "fp4")
+    assert got[:9].tolist() == [0.0, 0.0, 2**-6, 2**-6, 2**-6, 0.5, -0.5, 1.0, 0.0]
+    assert got[256:].tolist() == [5.0, -5.0 * 2**-2]
+    assert torch.equal(got, wire(values, "fp4"))
+    nibbles = bytearray(data[:129])
+    assert nibbles[0] & 0xF == 0 and nibbles[3] >> 4 == 0b0111  # +1.0: exponent 7
+    assert nibbles[3] & 0xF == 0b1110  # -0.5: sign and exponent 6
+
+
 def test_top_k_takes_the_largest_magnitudes_ties_by_lower_index() -> None:
     values = torch.tensor([1.0, -3.0, 2.0, 3.0, -2.0, 0.5])
     kept = decode(encode(values, "top50%"), 6, "top50%")  # k = 3

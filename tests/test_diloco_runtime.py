@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -64,9 +65,11 @@ def _plan(topology: Topology, job: Job, pp: int, tails: Sequence[Tail],
 
 def _train(topology: Topology, job: Job, plan: Plan,
            losses: dict[int, list[float]] | None = None,
-           synced: dict[int, float] | None = None) -> list[StageRunner]:
+           synced: dict[int, float] | None = None,
+           told: list[dict[str, Any]] | None = None) -> list[StageRunner]:
     """The plan's workers, trained; `losses`: each iteration's as the runners report them;
-    `synced`: the synchronized model's, as the workers evaluate it after training."""
+    `synced`: the synchronized model's, as the workers evaluate it after training; `told`:
+    every message they sent the coordinator's stand-in."""
     run = RunConfig(topology, job, plan, training_policy("1f1b"), "real", Path("logs"))
     workers = [WorkerHandle(n, gpu, *plan.worker_of(gpu), plan.stages_of(gpu))
                for n, gpu in enumerate(plan.used_gpus())]
@@ -78,7 +81,9 @@ def _train(topology: Topology, job: Job, plan: Plan,
             for losses_of in found:
                 synced.update(losses_of)
 
-    runners, _ = asyncio.run(_run_configs(configs, job.iterations, losses, evaluate))
+    runners, controls = asyncio.run(_run_configs(configs, job.iterations, losses, evaluate))
+    if told is not None:
+        told.extend(m for control in controls for m in control.messages)
     return runners
 
 
@@ -197,3 +202,103 @@ def test_streaming_diloco_s_synchronized_loss_is_the_outer_model_s() -> None:
         expected = _synced_loss(job, plan.microbatches, iteration, outer)
         assert synced[iteration] == pytest.approx(expected, rel=1e-5), iteration
     assert synced[4] != pytest.approx(sum(losses[4]) / 2, rel=1e-3)
+
+
+def _policy(policy: str, iterations: int, **options: str) -> tuple[Topology, Job, Plan]:
+    """A policy's own plan on two-dc, one whole replica per DC, one stage each."""
+    inputs = load_inputs(TWO_DC, sets=(f"iterations={iterations}", "dc.gpus=1", "pp=1"))
+    chosen = training_policy(policy, dict(options))
+    plan = chosen.plan(inputs.topology, inputs.job, None)  # type: ignore[arg-type]
+    validate_plan(plan, inputs.topology)
+    return inputs.topology, inputs.job, plan
+
+
+def _buckets(plan: Plan) -> int:
+    found = {a.subject.buckets for program in plan.all_programs()
+             for actions in program.values() for a in actions
+             if a.op.is_collective and a.op is not Op.OUTER_STEP}
+    assert len(found) == 1, found
+    return found.pop()
+
+
+@pytest.mark.parametrize(("payload", "order"), [("", "fair"), ("int8", "fair"),
+                                                ("", "first-layers")])
+def test_data_parallel_gradients_in_buckets_equal_one_process(payload: str, order: str) -> None:
+    """Torch DDP's way: each bucket of the gradient, in the order the backward produces
+    it, starts its own all-reduce as the backward has it; the step waits for all. Ordered
+    syncs ask the arbiter for the WAN before each of their transfers, naming the bucket."""
+    policy = "dp-across-dc" if not payload else "dp-compressed"
+    options = {"bucket_mb": "0.1", "sync_order": order,
+               **({"payload": payload} if payload else {})}
+    topology, job, plan = _policy(policy, 3, **options)
+    buckets = _buckets(plan)
+    assert buckets > 2
+    told: list[dict[str, Any]] = []
+    runners = _train(topology, job, plan, told=told)
+    asked = {m["collective"] for m in told if m["op"] == "request"}
+    assert asked == (set() if order == "fair" else {f"b{k}/{buckets}" for k in range(buckets)})
+    expected = reference.train(job, 2, plan.microbatches, 3, lambda i: [],
+                               gradients=payload or "fp32", gradient_buckets=buckets)
+    _compare(runners, plan, expected)
+
+
+@pytest.mark.parametrize("payload", ["bf16", "fp4"])
+def test_diloco_deltas_in_buckets_started_in_the_backward_equal_one_process(
+        payload: str) -> None:
+    """Every bucket's parameters take their inner step in the backward of the sync's
+    step (optimizer in the backward) and their deltas start there: the same values as a
+    step after it; fp4 (the Streaming DiLoCo paper's E3M0) quantized once, summed in fp32."""
+    bits = {"bf16": "16", "fp4": "4"}[payload]
+    topology, job, plan = _policy("diloco", 6, inner_steps="3", outer_bits=bits,
+                                  bucket_mb="0.1")
+    buckets = _buckets(plan)
+    assert buckets > 2
+    runners = _train(topology, job, plan)
+    syncs = [Sync("start", payload=payload, buckets=buckets), Sync("outer", buckets=buckets)]
+    expected = reference.train(job, 2, plan.microbatches, 6,
+                               lambda i: syncs if i % 3 == 2 else [])
+    _compare(runners, plan, expected)
+
+
+@pytest.mark.parametrize("buckets", ["0", "0.1"])
+def test_eager_diloco_equals_one_process(buckets: str) -> None:
+    """Kale, Douillard and Donchev's eager updates: each sync overlaps the next H steps,
+    each outer step takes (own fresh + others' previous) / M at once; three outer steps,
+    the first with nothing before it."""
+    topology, job, plan = _policy("diloco", 9, inner_steps="3", eager="on", bucket_mb=buckets)
+    n = _buckets(plan)
+    runners = _train(topology, job, plan)
+    syncs = [Sync("start", payload="bf16", buckets=n), Sync("outer", buckets=n)]
+    expected = reference.train(job, 2, plan.microbatches, 9,
+                               lambda i: syncs if i % 3 == 2 else [], Outer(eager=True))
+    _compare(runners, plan, expected)
+
+
+def test_eager_streaming_diloco_with_fp4_equals_one_process() -> None:
+    """Two fragments in turn, each sync overlapping a whole outer step, 4-bit floats."""
+    topology, job, plan = _policy("streaming-diloco", 8, inner_steps="4", fragments="2",
+                                  eager="on", outer_bits="4", bucket_mb="0")
+    runners = _train(topology, job, plan)
+    by_phase: list[list[Sync]] = [[], [Sync("start", 0, 2, "fp4"), Sync("outer", 0, 2)], [],
+                                  [Sync("start", 1, 2, "fp4"), Sync("outer", 1, 2)]]
+    expected = reference.train(job, 2, plan.microbatches, 8, lambda i: by_phase[i % 4],
+                               Outer(eager=True))
+    _compare(runners, plan, expected)
+
+
+def test_streaming_diloco_whose_syncs_cross_the_cycle_s_end_equals_one_process() -> None:
+    """Overlap 3 of H = 4 with two fragments starting after steps 1 and 3: both land in
+    the next cycle, at its steps 0 and 2 (the run's first cycle lands none)."""
+    topology, job, plan = _policy("streaming-diloco", 8, inner_steps="4", fragments="2",
+                                  overlap="3", bucket_mb="0", outer_bits="32")
+    assert plan.opening
+    runners = _train(topology, job, plan)
+
+    def schedule(i: int) -> list[Sync]:
+        phase = i % 4
+        if phase in (1, 3):
+            return [Sync("start", phase // 2, 2, "fp32")]
+        return [Sync("outer", phase // 2, 2)] if i >= 4 else []
+
+    expected = reference.train(job, 2, plan.microbatches, 8, schedule, Outer(mixing=0.5))
+    _compare(runners, plan, expected)

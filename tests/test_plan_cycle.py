@@ -4,6 +4,7 @@ the validator's checks across a cycle (replicas meet, syncs end, replicas do not
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -12,8 +13,8 @@ from testbed.job.model import Job, ModelShape
 from testbed.plan import Action, Op, Plan, parse_plan_csv, plan_to_csv, validate_plan
 from testbed.plan.build import Schedule, build_plan
 from testbed.plan.collective import Collective, Reduces, Scope, payload_bytes
-from testbed.plan.cycles import cycled
-from testbed.plan.model import OuterOptimizer
+from testbed.plan.cycles import Iteration, cycled
+from testbed.plan.model import OuterOptimizer, SyncOrder
 from testbed.topology import load_topology
 from tests.conftest import TOPOLOGIES
 
@@ -52,6 +53,7 @@ SYNC = _at((Op.ALLREDUCE, DELTAS), (Op.OUTER_STEP, None))
     "0ALLREDUCE", "0ALLREDUCE[delta]", "0ALLREDUCE[delta,f1/4,int4,dc]", "3ALLREDUCE[top1%]",
     "0ALLREDUCE_START[delta,f0/2,int8]", "0ALLREDUCE_WAIT[delta,f0/2,int8]",
     "1OUTER_STEP", "1OUTER_STEP[f3/4]", "0ALLREDUCE[dc]", "2ALLREDUCE[fp32]",
+    "0ALLREDUCE_START[b2/8]", "0ALLREDUCE_START[delta,f1/4,fp4,b0/3]", "1ALLREDUCE[fp4]",
 ])
 def test_collective_action_text_round_trip(text: str) -> None:
     assert str(Action.parse(text)) == text
@@ -64,6 +66,8 @@ def test_collective_action_text_round_trip(text: str) -> None:
     ("0ALLREDUCE[delta,grad]", "given twice"),
     ("0OUTER_STEP[int4]", "names only its fragment"),
     ("0ALLREDUCE[top0%]", "is not grad/delta"),
+    ("0ALLREDUCE[b3/3]", "bucket 3 of 3 does not exist"),
+    ("0OUTER_STEP[b0/2]", "names only its fragment"),
 ])
 def test_bad_collective_actions(bad: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
@@ -81,6 +85,7 @@ def test_payload_bytes_follow_the_payload() -> None:
     assert payload_bytes(n, "fp32", 2) == 4 * n
     assert payload_bytes(n, "int8", 2) == n + 4 * n // 256
     assert payload_bytes(n, "int4", 2) == n // 2 + 4 * n // 256
+    assert payload_bytes(n, "fp4", 2) == n // 2 + 4 * n // 256
     assert payload_bytes(n, "top1%", 2) == -(-n // 100) * 6
 
 
@@ -91,6 +96,54 @@ def test_a_cycle_round_trips_through_csv() -> None:
     assert "meta,cycle,0x9 1" in text
     assert parse_plan_csv(text) == plan
     validate_plan(plan, PAPER)
+
+
+def test_an_opening_eager_ordered_plan_round_trips_through_csv() -> None:
+    start = _at((Op.ALLREDUCE_START, DELTAS), (Op.OUTER_STEP, None))
+    again = _at((Op.ALLREDUCE_WAIT, DELTAS), (Op.ALLREDUCE_START, DELTAS), (Op.OUTER_STEP, None))
+    plan = replace(cycled(_inner(), [NOTHING, again], OuterOptimizer(eager=True),
+                          opening=[NOTHING, start]), sync_order=SyncOrder.FIRST_LAYERS)
+    assert plan.opening == (0, 2) and plan.cycle == (0, 1)
+    text = plan_to_csv(plan)
+    assert "meta,opening,0 2" in text and "outer,eager,on" in text
+    assert "meta,sync_order,first-layers" in text
+    assert parse_plan_csv(text) == plan
+    validate_plan(plan, PAPER)
+    assert [plan.program_of(i) for i in range(6)] == [0, 2, 0, 1, 0, 1]
+
+
+def test_a_sync_crossing_the_cycle_needs_an_opening_that_agrees() -> None:
+    start, wait = _at((Op.ALLREDUCE_START, DELTAS)), _at((Op.ALLREDUCE_WAIT, DELTAS),
+                                                         (Op.OUTER_STEP, None))
+    both = _at((Op.ALLREDUCE_WAIT, DELTAS), (Op.OUTER_STEP, None),
+               (Op.ALLREDUCE_START, DELTAS))
+    with pytest.raises(PlanError, match="waits for an all-reduce this stage has not"):
+        validate_plan(cycled(_inner(), [NOTHING, both]), PAPER)
+    validate_plan(cycled(_inner(), [NOTHING, both], opening=[NOTHING, start]), PAPER)
+    other = Collective(Reduces.DELTAS, payload="fp32")
+    switch = _at((Op.ALLREDUCE_WAIT, DELTAS), (Op.OUTER_STEP, None),
+                 (Op.ALLREDUCE_START, other))
+    with pytest.raises(PlanError, match="is never waited for"):  # other's, in the next
+        validate_plan(cycled(_inner(), [NOTHING, switch], opening=[NOTHING, start]), PAPER)
+    with pytest.raises(PlanError, match="waits for an all-reduce this stage has not"):
+        validate_plan(cycled(_inner(), [NOTHING, start], opening=[NOTHING, wait]), PAPER)
+
+
+def test_an_eager_outer_step_needs_its_fresh_sync_started() -> None:
+    eager = OuterOptimizer(eager=True)
+    validate_plan(cycled(_inner(), [NOTHING, _at((Op.ALLREDUCE_START, DELTAS),
+                                                 (Op.OUTER_STEP, None),
+                                                 (Op.ALLREDUCE_WAIT, DELTAS))], eager), PAPER)
+    with pytest.raises(PlanError, match=r"eager .OUTER_STEP before this fragment's sync"):
+        validate_plan(cycled(_inner(), [NOTHING, SYNC], eager), PAPER)
+
+
+def test_a_delta_sync_in_the_backward_is_refused_where_gradients_reduce_after_it() -> None:
+    plan = cycled(_inner(2, Collective(scope=Scope.DC)), [NOTHING, lambda stage: Iteration(
+        in_backward=(Action(stage, Op.ALLREDUCE_START, None, DELTAS),),
+        after=(Action(stage, Op.ALLREDUCE_WAIT, None, DELTAS), Action(stage, Op.OUTER_STEP)))])
+    with pytest.raises(PlanError, match="starts in the backward, where its parameters take"):
+        validate_plan(plan, PAPER)
 
 
 def test_diloco_every_h_steps_is_valid_and_stepping_apart_without_it_is_not() -> None:

@@ -18,8 +18,12 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, get_args
 
+import pytest
+
 from testbed.common.spans import Span, SpanKind
 from testbed.job.model import ModelShape
+from testbed.plan.buckets import bucket_ready
+from testbed.plan.collective import Collective
 from testbed.plan.model import Action, Op
 from testbed.plan.schedules import stage_actions
 from testbed.runtime.wire.messages import CollectiveSetup, Config, EmulatedTiming, Idle, PeerInfo
@@ -334,3 +338,37 @@ def test_an_emulated_worker_imports_no_torch() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parent.parent, timeout=120, check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_buckets_start_in_the_backward_as_it_has_their_values() -> None:
+    """Emulated compute holds the GPU for the backward's time and starts each bucket's
+    all-reduce that far into it as testbed.plan.buckets puts its values' readiness, in
+    the plan's order; the step waits for all of them."""
+    dp, backward_s, buckets = 2, 0.2, 3
+    configs = []
+    for replica in range(dp):
+        config = _config(replica, 0, dp, 1, 2, False, False)
+        actions = stage_actions("1f1b", 0, 1, 2, dp, buckets=buckets)
+        subjects = [f"b{k}/{buckets}" for k in range(buckets)]
+        configs.append(dataclasses.replace(
+            config, programs=[[str(a) for a in actions]],
+            collectives=[dataclasses.replace(config.collectives[0], collective=c)
+                         for c in subjects],
+            emulated={"0": EmulatedTiming(0.0, backward_s, 0.0, 0.0)}))
+    runners, _ = asyncio.run(_run_configs(configs, 2))
+    for runner in runners:
+        for iteration in range(2):
+            last = max((s for s in runner.spans if s["kind"] == "backward"
+                        and s["iteration"] == iteration), key=lambda s: s["start"])
+            rings = sorted((s for s in runner.spans if s["kind"] == "allreduce"
+                            and s["iteration"] == iteration), key=lambda s: s["start"])
+            assert [s["collective"] for s in rings] == [f"b{k}/{buckets}"
+                                                        for k in range(buckets)]
+            for k, ring in enumerate(rings):
+                ready = bucket_ready(configs[0].model, (1,), 0,
+                                     Collective(bucket=k, buckets=buckets))
+                assert ring["start"] == pytest.approx(last["start"] + ready * backward_s,
+                                                      abs=0.03)
+            step = next(s for s in runner.spans if s["kind"] == "step"
+                        and s["iteration"] == iteration)
+            assert step["start"] >= max(s["end"] for s in rings)

@@ -20,12 +20,12 @@ from testbed.plan.build import (
     Schedule,
     build_plan,
     check_memory,
-    cycled,
     file_order_placement,
     virtual_placement,
 )
 from testbed.plan.collective import Collective, Reduces
 from testbed.plan.compute import gpu_memory_bytes, stage_params
+from testbed.plan.cycles import cycled
 from testbed.plan.ideal import ideal_bubble_fraction
 from testbed.plan.interpret import Compute, Overlapped, Part, Phase, Receive, Send, SendWait
 from testbed.plan.interpret import interpret as interpret_steps

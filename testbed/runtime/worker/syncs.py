@@ -117,8 +117,10 @@ class Syncs:
                            for n, p, a, b in pieces])
         values = values.to(torch.float32)
         if collective.reduces is Reduces.DELTAS and self.config.eager:
+            # a copy: a ring sums into the values it is given
             self.fresh.setdefault((collective.fragment, collective.fragments), {})[
-                collective.bucket] = (values.cpu(), compressed(values, collective.payload).cpu())
+                collective.bucket] = (values.to(HOST, copy=True),
+                                      compressed(values, collective.payload).to(HOST))
         if collective.gathers and members > 1:
             mine = encode(values, collective.payload)
             if collective.reduces is Reduces.GRADIENTS and lossy(collective.payload):
