@@ -63,11 +63,12 @@ class Estimate:
     allreduce_s: float
 
 
-def costs(topology: Topology, job: Job, stage_dcs: list[str], tp: int) -> list[StageCost]:
+def costs(topology: Topology, job: Job, stage_dcs: list[str], tp: int,
+          microbatches: int) -> list[StageCost]:
     pp = len(stage_dcs)
     layers = split_layers(job.model.layers, pp)
-    return [stage_cost(job, layers[s], s == 0, s == pp - 1, topology.dc(stage_dcs[s]).gpu, tp)
-            for s in range(pp)]
+    return [stage_cost(job, layers[s], s == 0, s == pp - 1, topology.dc(stage_dcs[s]).gpu, tp,
+                       microbatches) for s in range(pp)]
 
 
 def estimate(topology: Topology, job: Job, stage_dcs: list[str], dp: int, tp: int,
@@ -80,7 +81,7 @@ def estimate(topology: Topology, job: Job, stage_dcs: list[str], dp: int, tp: in
     rate its connections reach, and a period must fit all of them.
     """
     m = job.microbatches_for(dp)
-    stage_costs = costs(topology, job, stage_dcs, tp)
+    stage_costs = costs(topology, job, stage_dcs, tp, m)
     pp = len(stage_dcs)
     extras = [extra_warmup] * pp if isinstance(extra_warmup, int) else list(extra_warmup)
     period = max(c.total_s for c in stage_costs)
@@ -113,7 +114,7 @@ def lower_bound(topology: Topology, job: Job, stage_dcs: list[str], dp: int, tp:
     through the stages (and WAN crossings) upstream; and the busiest WAN direction moves
     its dp x m activations at the link rate; then the intra-DC all-reduce."""
     m = job.microbatches_for(dp)
-    stage_costs = costs(topology, job, stage_dcs, tp)
+    stage_costs = costs(topology, job, stage_dcs, tp, m)
     compute = 0.0
     upstream = 0.0  # compute and propagation before a stage, both ways
     for s, cost in enumerate(stage_costs):

@@ -32,6 +32,7 @@ from testbed.common.sizes import (
 from testbed.common.units import parse_duration, parse_per_second, plural
 from testbed.common.yamlio import parse_yaml, read_yaml
 from testbed.errors import InputError
+from testbed.job.compute_time import COMPUTE_TIME_KEYS, dump_compute_time, parse_compute_time
 from testbed.job.data import dump_data, parse_data
 from testbed.job.model import (
     DTYPE_BYTES,
@@ -139,7 +140,7 @@ def parse_job(data: object, source: str | None = None, prefix: str = "job",
     fields = Fields(data, source, prefix, ("model", "microbatch_size", "microbatches",
                                            "global_batch", "dp", "pp", "tp", "iterations",
                                            "seed", "dtype", "inference", "data",
-                                           "optimizer", "token_budget"))
+                                           "optimizer", "token_budget", "compute_time"))
     base = base if base is not None else source_folder(source)
     model = _parse_model(fields, "model")
     microbatch_size = fields.get("microbatch_size", positive(integer), 1)
@@ -166,6 +167,7 @@ def parse_job(data: object, source: str | None = None, prefix: str = "job",
     corpus = parse_data(fields, "data", model, base)
     optimizer = parse_optimizer(fields.section("optimizer", keys=OPTIMIZER_KEYS))
     token_budget = fields.get("token_budget", positive(integer), None)
+    compute_time = parse_compute_time(fields.section("compute_time", keys=COMPUTE_TIME_KEYS))
     fields.done()
     return Job(
         model,
@@ -183,6 +185,7 @@ def parse_job(data: object, source: str | None = None, prefix: str = "job",
         corpus,
         optimizer,
         token_budget,
+        compute_time,
     )
 
 
@@ -373,6 +376,7 @@ def dump_job(job: Job) -> dict[str, Any]:
         out["data"] = dump_data(job.data)
     if job.optimizer != InnerOptimizer():
         out["optimizer"] = dump_optimizer(job.optimizer)
+    out |= {"compute_time": dump_compute_time(job.compute_time)} if job.compute_time else {}
     if job.inference is not None:
         inf = job.inference
         workload: dict[str, Any] = {"model": _dump_model(inf.model), "deadline": inf.deadline_s,

@@ -175,6 +175,16 @@ class InnerOptimizer:
 
 
 @dataclass(frozen=True)
+class ComputeTime:
+    """A measured compute time the job's compute is costed by (testbed.job.compute_time):
+    `seconds` for one replica's whole step, or for one layer's forward and backward of one
+    microbatch; the FLOPs of that work over it are the rate every stage computes at."""
+
+    per: Literal["step", "layer"]
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Job:
     """The training job a policy plans: the model, the batch, and whatever parallelism the
     job file fixes (None leaves it to the policy)."""
@@ -217,6 +227,9 @@ class Job:
     """Tokens the whole training run is meant to see (a run simulates or emulates a few
     of its iterations): what the loss model's default target is the synchronous loss at;
     None: 20 per parameter, the compute-optimal budget (`tokens_budgeted`)."""
+    compute_time: ComputeTime | None = None
+    """A measured compute time to cost compute by, instead of the GPUs' peak and
+    efficiency; None: their FLOP rate."""
 
     @property
     def tokens_budgeted(self) -> int:

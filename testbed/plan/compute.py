@@ -101,14 +101,17 @@ class StageCost:
 
 
 def stage_cost(
-    job: Job, layers: int, first: bool, last: bool, gpu: GpuType, tp: int = 1
+    job: Job, layers: int, first: bool, last: bool, gpu: GpuType, tp: int = 1,
+    microbatches: int | None = None,
 ) -> StageCost:
     """One microbatch's compute through a stage of `layers` layers on `gpu` (tp of them
     together), from the FLOP model the simulator runs on, at the GPU type's sustained
-    FLOP/s: `first` adds the token embedding's parameters, `last` the output layer's FLOPs
-    and parameters."""
+    FLOP/s, or at the rate the job's measured `compute_time` gives (`compute_rate`;
+    `microbatches` per replica then for a step's): `first` adds the token embedding's
+    parameters, `last` the output layer's FLOPs and parameters."""
     forward = stage_forward_flops(job.model, job.microbatch_size, layers, last)
-    rate = gpu.sustained_flops * tp
+    rate = gpu.sustained_flops * tp if job.compute_time is None else \
+        compute_rate(job, microbatches)
     params = stage_params(job.model, layers, first, last)
     return StageCost(
         forward_s=forward / rate,
@@ -117,18 +120,36 @@ def stage_cost(
     )
 
 
+def compute_rate(job: Job, microbatches: int | None) -> float:
+    """The FLOP rate of a stage's GPUs the job's measured compute time gives: the FLOPs of
+    what it measured (forward and backward, three forwards' worth) over its seconds. A
+    step's is every layer and the output layer for each of a replica's `microbatches`."""
+    measured = job.compute_time
+    assert measured is not None
+    model, batch = job.model, job.microbatch_size
+    if measured.per == "layer":
+        flops = layer_forward_flops(model, batch)
+    elif microbatches is None:
+        raise ValueError("a step's compute time needs the microbatches a replica computes")
+    else:
+        flops = microbatches * stage_forward_flops(model, batch, model.layers, True)
+    return (1 + BACKWARD_FACTOR) * flops / measured.seconds
+
+
 def stage_costs(
     topology: Topology,
     job: Job,
     plan: Plan,
     profile: Mapping[int, Mapping[str, float]] | None = None,
 ) -> list[StageCost]:
-    """Per-stage compute: the FLOP model on the stage's GPU type, or a measured profile
-    (forward_s and backward_s per stage) where one is given."""
+    """Per-stage compute: the FLOP model on the stage's GPU type (or at the job's measured
+    compute time), or a measured profile (forward_s and backward_s per stage) where one is
+    given. What both backends hold each GPU busy for."""
     costs = []
     for stage in range(plan.pp):
         gpu = topology.gpu(plan.lead_gpu(0, stage)).type
-        cost = stage_cost(job, plan.layers[stage], stage == 0, stage == plan.pp - 1, gpu, plan.tp)
+        cost = stage_cost(job, plan.layers[stage], stage == 0, stage == plan.pp - 1, gpu, plan.tp,
+                          plan.microbatches)
         if profile is not None and stage in profile:
             measured = profile[stage]
             cost = StageCost(

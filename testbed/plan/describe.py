@@ -77,6 +77,13 @@ def in_flight_line(plan: Plan) -> str:
     return f"  activations held at most (microbatches per stage): {', '.join(held)}"
 
 
+def _costed(job: Job, gpu: str) -> str:
+    measured = job.compute_time
+    if measured is None:
+        return f"modeled on {gpu}"
+    return f"at the job's measured {human_duration(measured.seconds)} per {measured.per}"
+
+
 def describe_plan(plan: Plan, topology: Topology, job: Job) -> list[str]:
     virtual = plan.stages_per_gpu
     pp = f"pp {plan.pp}" if virtual == 1 else \
@@ -91,14 +98,13 @@ def describe_plan(plan: Plan, topology: Topology, job: Job) -> list[str]:
     for stage in range(plan.pp):
         gpus = [g for r in range(plan.dp) for g in plan.gpus_of(r, stage)]
         gpu_type = topology.gpu(gpus[0]).type
-        cost = stage_cost(
-            job, plan.layers[stage], stage == 0, stage == plan.pp - 1, gpu_type, plan.tp
-        )
+        cost = stage_cost(job, plan.layers[stage], stage == 0, stage == plan.pp - 1, gpu_type,
+                          plan.tp, plan.microbatches)
         lines.append(
             f"  stage {stage}: {plural(plan.layers[stage], 'layer')} in "
             f"{', '.join(sorted(dcs[stage]))} ({plural(len(gpus), 'GPU')}), forward "
             f"{human_duration(cost.forward_s)}, backward {human_duration(cost.backward_s)} "
-            f"per microbatch (modeled on {gpu_type.name})"
+            f"per microbatch ({_costed(job, gpu_type.name)})"
         )
     wan = [f"{a}->{b} {s.value}" for (a, b), s in sorted(plan.sharing.items())]
     reduce_note = "; gradient all-reduce crosses it" if allreduce_spans_wan(plan, topology) else ""

@@ -67,9 +67,16 @@ def dilate_events(events: Iterable[NetEvent], k: float) -> tuple[NetEvent, ...]:
 
 
 def dilate_job(job: Job, k: float) -> Job:
-    """Inference arrivals K times sparser and deadlines K times longer."""
+    """A measured compute time K times longer (as the GPUs' peak is K times lower),
+    inference arrivals K times sparser and deadlines K times longer."""
+    if k == 1:
+        return job
+    measured = job.compute_time
+    if measured is not None:
+        job = dataclasses.replace(job, compute_time=dataclasses.replace(
+            measured, seconds=measured.seconds * k))
     workload = job.inference
-    if workload is None or k == 1:
+    if workload is None:
         return job
     trace = None if workload.trace is None else tuple((t * k, n) for t, n in workload.trace)
     return dataclasses.replace(job, inference=dataclasses.replace(

@@ -38,8 +38,8 @@ def worker_config(run: RunConfig, worker: WorkerHandle, workers: Sequence[Worker
 
     stages = plan.stages_of(worker.gpu)
     gpu_type = topology.gpu(worker.gpu).type
-    costs = {s: stage_cost(job, plan.layers[s], s == 0, s == plan.pp - 1, gpu_type)
-             for s in stages}
+    costs = {s: stage_cost(job, plan.layers[s], s == 0, s == plan.pp - 1, gpu_type,
+                           microbatches=plan.microbatches) for s in stages}
     neighbours = {str(s): peer(plan.lead_gpu(worker.replica, s)) for held in stages
                   for s in (held - 1, held + 1) if 0 <= s < plan.pp and s not in stages}
     checkpoints = run.checkpoints
