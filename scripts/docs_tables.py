@@ -110,6 +110,14 @@ def _launch(report: dict[str, Any]) -> str:
     return str(_script("bench_launch").table(report))
 
 
+def _streaming_table(report: dict[str, Any]) -> str:
+    return str(_script("bench_streaming_table").table(report))
+
+
+def _bucket_overlap(report: dict[str, Any]) -> str:
+    return str(_script("bench_streaming_table").overlap_table(report))
+
+
 def _claims(records: list[Any]) -> str:
     from testbed.figures.render import claims_block
 
@@ -181,6 +189,11 @@ TABLES: dict[str, Table] = {
                          "scripts/bench_peers.py"),
     "peers-inflight": Table(("benchmarks/peers.json",), _measured("peers_inflight"),
                             "scripts/bench_peers.py"),
+    "streaming-table": Table(("benchmarks/streaming-table.json",), _streaming_table,
+                             "scripts/bench_streaming_table.py --parts table,table1"),
+    "bucket-overlap": Table(("benchmarks/streaming-table.json",), _bucket_overlap,
+                            "scripts/bench_streaming_table.py --parts "
+                            "overlap-simulate,overlap-emulate"),
 }
 
 
