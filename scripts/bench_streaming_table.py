@@ -505,8 +505,8 @@ def table(report: dict[str, Any]) -> str:
             lines.append(f"| {method} | {paper} | {row['simulated_ratio']:.3g}x |")
         parallel = table1.get("Data-Parallel", {}).get("paper", [])
         if parallel and "implies_gbit_per_step" in parallel[0]:
-            spans = ", ".join(f"{p['implies_gbit_per_step'][0]:.1f}-"
-                              f"{p['implies_gbit_per_step'][1]:.1f}" for p in parallel)
+            spans = ", ".join(f"{p['implies_gbit_per_step'][0]:.2f}-"
+                              f"{p['implies_gbit_per_step'][1]:.2f}" for p in parallel)
             lines += ["", "At 1 Gbit/s data parallelism's step waits for its gradients' bits "
                       "less what the backward hides, so Table 1's Data-Parallel ratios put a "
                       f"step's all-reduce at {spans} Gbit: 16 bits a parameter, where Table "
