@@ -222,26 +222,11 @@ def train(job: Job, replicas: int, microbatches: int, iterations: int,
     inner = [torch.optim.AdamW(m.parameters(), lr=settings.lr,
                                weight_decay=settings.weight_decay) for m in models]
     corpus = Corpus(shape.vocab, shape.seq_len, job.seed)
-    names = [n for n, _ in models[0].named_parameters()]
-    outer_params = [{n: p.detach().clone() for n, p in models[0].named_parameters()}
-                    for _ in range(replicas)]
-    optimizers: dict[tuple[int, int, int], torch.optim.SGD] = {}
+    outer_loop = _OuterLoop(models, shape.layers, outer)
     residuals = [torch.zeros(0) for _ in range(replicas)]
-    pending: dict[tuple[int, int], torch.Tensor] = {}
-    fresh: dict[tuple[int, int], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-    sent_before: dict[tuple[int, int], list[torch.Tensor]] = {}
-    previous: dict[tuple[int, int], torch.Tensor] = {}
-
-    def chosen(sync: Sync) -> list[str]:
-        mine = [n for n in names if fragment_of(n, shape.layers, sync.fragments) == sync.fragment]
-        return backward_order(mine) if sync.buckets > 1 else mine
-
-    def flat(tensors: dict[str, torch.Tensor], order: list[str]) -> torch.Tensor:
-        return torch.cat([tensors[n].reshape(-1) for n in order])
-
     for iteration in range(iterations):
         if kept is not None and iteration in kept:
-            kept[iteration] = {n: p.clone() for n, p in outer_params[0].items()}
+            kept[iteration] = outer_loop.snapshot()
         for r, model in enumerate(models):
             for mb in range(microbatches):
                 first = sample_index(iteration, r, mb, replicas, microbatches,
@@ -249,64 +234,113 @@ def train(job: Job, replicas: int, microbatches: int, iterations: int,
                 inputs, targets = corpus.batch(first, job.microbatch_size)
                 (loss_of(model(inputs), targets) / microbatches).backward()  # type: ignore[no-untyped-call]
         if gradients is not None:
-            order = backward_order(names) if gradient_buckets > 1 else names
-            flats = [flat({n: p.grad for n, p in m.named_parameters()  # type: ignore[misc]
-                           }, order) for m in models]
-            if gradients in ("", "fp32", "bf16", "fp16"):
-                average = reduce_sum(flats, gradients, gradient_buckets) / replicas
-            else:
-                average = error_feedback_average(flats, residuals, gradients,
-                                                 gradient_buckets)
-            for m in models:
-                params = dict(m.named_parameters())
-                offset = 0
-                for n in order:
-                    p = params[n]
-                    p.grad = average[offset : offset + p.numel()].view_as(p).clone()
-                    offset += p.numel()
+            _all_reduce_gradients(models, residuals, gradients, gradient_buckets)
         for optimizer in inner:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         for sync in syncs(iteration):
-            key = (sync.fragment, sync.fragments)
-            order = chosen(sync)
-            if sync.kind == "start":
-                deltas = [flat(outer_params[r], order) - flat(
-                    {n: p.detach() for n, p in models[r].named_parameters()}, order)
-                    for r in range(replicas)]
-                pending[key] = reduce_sum(deltas, sync.payload, sync.buckets) / replicas
-                fresh[key] = (deltas, [wire(d, sync.payload) for d in deltas])
-                continue
-            for r, model in enumerate(models):
-                if (r, *key) not in optimizers:
-                    optimizers[(r, *key)] = torch.optim.SGD(
-                        [outer_params[r][n] for n in order], lr=outer.lr,
-                        momentum=outer.momentum, nesterov=outer.nesterov)
-                if outer.eager:
-                    own = fresh[key][0][r]
-                    before = sent_before.get(key)
-                    average = own / replicas if before is None else \
-                        previous[key] - before[r] / replicas + own / replicas
-                else:
-                    average = pending[key]
-                offset = 0
-                for n in order:
-                    count = outer_params[r][n].numel()
-                    outer_params[r][n].grad = average[offset : offset + count].view_as(
-                        outer_params[r][n])
-                    offset += count
-                optimizers[(r, *key)].step()
-                optimizers[(r, *key)].zero_grad(set_to_none=True)
-                mixing = 0.0 if outer.eager else outer.mixing
-                with torch.no_grad():
-                    params = dict(model.named_parameters())
-                    for n in order:
-                        params[n].copy_(mixing * params[n] + (1 - mixing) * outer_params[r][n])
-            if outer.eager:
-                sent_before[key] = fresh[key][1]
-                previous[key] = pending[key]
+            outer_loop.apply(sync)
     if kept is not None and iterations in kept:
-        kept[iterations] = {n: p.clone() for n, p in outer_params[0].items()}
+        kept[iterations] = outer_loop.snapshot()
     assert not math.isnan(sum(float(p.detach().sum()) for m in models for p in m.parameters()))
     return [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
+
+
+def _flat(tensors: dict[str, torch.Tensor], order: list[str]) -> torch.Tensor:
+    return torch.cat([tensors[n].reshape(-1) for n in order])
+
+
+def _all_reduce_gradients(models: Sequence[torch.nn.Module], residuals: list[torch.Tensor],
+                          payload: str, buckets: int) -> None:
+    """Every replica's gradients replaced by their average: summed as sent uncompressed
+    (each bucket on its own), or compressed with error feedback."""
+    names = [n for n, _ in models[0].named_parameters()]
+    order = backward_order(names) if buckets > 1 else names
+    flats = [_flat({n: p.grad for n, p in m.named_parameters()  # type: ignore[misc]
+                    }, order) for m in models]
+    if payload in ("", "fp32", "bf16", "fp16"):
+        average = reduce_sum(flats, payload, buckets) / len(models)
+    else:
+        average = error_feedback_average(flats, residuals, payload, buckets)
+    for m in models:
+        params = dict(m.named_parameters())
+        offset = 0
+        for n in order:
+            p = params[n]
+            p.grad = average[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+
+
+class _OuterLoop:
+    """Each replica's outer parameters and its torch SGD per fragment, the averaged deltas
+    of the syncs started and not yet stepped, and for eager updates what each replica
+    sent in the sync before and that sync's average."""
+
+    def __init__(self, models: Sequence[torch.nn.Module], layers: int, outer: Outer) -> None:
+        self.models, self.layers, self.outer = models, layers, outer
+        self.names = [n for n, _ in models[0].named_parameters()]
+        self.params = [{n: p.detach().clone() for n, p in models[0].named_parameters()}
+                       for _ in models]
+        self.optimizers: dict[tuple[int, int, int], torch.optim.SGD] = {}
+        self.pending: dict[tuple[int, int], torch.Tensor] = {}
+        self.fresh: dict[tuple[int, int], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        self.sent_before: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self.previous: dict[tuple[int, int], torch.Tensor] = {}
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        return {n: p.clone() for n, p in self.params[0].items()}
+
+    def apply(self, sync: Sync) -> None:
+        key = (sync.fragment, sync.fragments)
+        mine = [n for n in self.names
+                if fragment_of(n, self.layers, sync.fragments) == sync.fragment]
+        order = backward_order(mine) if sync.buckets > 1 else mine
+        if sync.kind == "start":
+            self._start(key, order, sync)
+            return
+        for r in range(len(self.models)):
+            self._step(r, key, order)
+        if self.outer.eager:
+            self.sent_before[key] = self.fresh[key][1]
+            self.previous[key] = self.pending[key]
+
+    def _start(self, key: tuple[int, int], order: list[str], sync: Sync) -> None:
+        deltas = [_flat(self.params[r], order) - _flat(
+            {n: p.detach() for n, p in m.named_parameters()}, order)
+            for r, m in enumerate(self.models)]
+        self.pending[key] = reduce_sum(deltas, sync.payload, sync.buckets) / len(self.models)
+        self.fresh[key] = (deltas, [wire(d, sync.payload) for d in deltas])
+
+    def _average(self, r: int, key: tuple[int, int]) -> torch.Tensor:
+        """What replica r's outer step takes: the sync's average, or eagerly its own fresh
+        deltas with the others' of the sync before."""
+        if not self.outer.eager:
+            return self.pending[key]
+        replicas = len(self.models)
+        own = self.fresh[key][0][r]
+        before = self.sent_before.get(key)
+        return own / replicas if before is None else \
+            self.previous[key] - before[r] / replicas + own / replicas
+
+    def _step(self, r: int, key: tuple[int, int], order: list[str]) -> None:
+        """Replica r's outer step on the fragment, then its local copy mixed towards its
+        new outer parameters."""
+        outer, params = self.outer, self.params[r]
+        if (r, *key) not in self.optimizers:
+            self.optimizers[(r, *key)] = torch.optim.SGD(
+                [params[n] for n in order], lr=outer.lr, momentum=outer.momentum,
+                nesterov=outer.nesterov)
+        average = self._average(r, key)
+        offset = 0
+        for n in order:
+            count = params[n].numel()
+            params[n].grad = average[offset : offset + count].view_as(params[n])
+            offset += count
+        self.optimizers[(r, *key)].step()
+        self.optimizers[(r, *key)].zero_grad(set_to_none=True)
+        mixing = 0.0 if outer.eager else outer.mixing
+        with torch.no_grad():
+            local = dict(self.models[r].named_parameters())
+            for n in order:
+                local[n].copy_(mixing * local[n] + (1 - mixing) * params[n])
 

@@ -376,7 +376,8 @@ def dump_job(job: Job) -> dict[str, Any]:
         out["data"] = dump_data(job.data)
     if job.optimizer != InnerOptimizer():
         out["optimizer"] = dump_optimizer(job.optimizer)
-    out |= {"compute_time": dump_compute_time(job.compute_time)} if job.compute_time else {}
+    if job.compute_time is not None:
+        out["compute_time"] = dump_compute_time(job.compute_time)
     if job.inference is not None:
         inf = job.inference
         workload: dict[str, Any] = {"model": _dump_model(inf.model), "deadline": inf.deadline_s,
