@@ -93,7 +93,9 @@ def test_first_layers_first_orders_by_stage_fragment_and_bucket() -> None:
 def test_an_eager_sync_costs_nothing_while_it_ends_within_the_next_outer_step() -> None:
     """Blocking DiLoCo waits for its sync every H steps; an eager one starts it and goes
     on, and waits for it only H steps later, by when it has ended: its cycle is H steps'
-    compute, the blocking one's that and the sync."""
+    compute, the blocking one's that and the sync. The first sync runs on connections
+    still in slow start and may outlast its outer step: the waits counted are the later
+    ones'."""
     global PAPER
     plain, PAPER = PAPER, load_inputs(ROOT / "topologies" / "paper-3dc.yaml",
                                       sets=("model=gpt2", "microbatch_size=16",
@@ -107,7 +109,7 @@ def test_an_eager_sync_costs_nothing_while_it_ends_within_the_next_outer_step() 
         PAPER = plain
     step = min(blocking.iteration_times)
     waited = [s["end"] - s["start"] for s in eager_spans
-              if s["kind"] == "wait_reduce" and s["iteration"] >= h]
+              if s["kind"] == "wait_reduce" and s["iteration"] >= 2 * h]
     assert waited and max(waited) < 0.01 * step
     assert eager.cycle_s == pytest.approx(h * step, rel=0.01)
     sync = min(s["end"] - s["start"] for s in spans if s["kind"] == "allreduce")
