@@ -380,6 +380,11 @@ def overlap_part(work: Path, backends: tuple[str, ...], dilation: str,
                                      out=folder / "simulate").results
             run["simulated_iteration_s"] = simulated["iteration_time_s"]["median"]
         if "emulate" in backends:
+            if "emulated_iteration_s" in run:  # an earlier emulation is kept, not replaced
+                out.setdefault("earlier_emulations", []).append(
+                    {"variant": label, "iteration_s": run["emulated_iteration_s"],
+                     "iterations_s": run.get("emulated_iterations_s"),
+                     "dilation": run.get("dilation")})
             emulated = api.emulate(inputs, "dp-across-dc", chosen, compute="emulated",
                                    dilation="auto" if dilation == "auto" else int(dilation),
                                    out=folder / "emulate", say=lambda _m: None).results
@@ -539,6 +544,11 @@ def overlap_table(report: dict[str, Any]) -> str:
                    for label, run in runs.items() if run.get("emulated_iterations_s")]
         if spreads:
             lines[-1] += " Emulated iterations: " + ", ".join(spreads) + "."
+    earlier = overlap.get("earlier_emulations")
+    if earlier:
+        lines += ["", "Earlier emulations of the same runs: " + ", ".join(
+            f"{e['variant']} {e['iteration_s']:.3f} s (dilation {e['dilation']})"
+            for e in earlier) + "."]
     shipped = overlap.get("shipped_job")
     if shipped:
         buckets, one = shipped["buckets"], shipped["one all-reduce"]

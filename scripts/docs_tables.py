@@ -193,7 +193,7 @@ TABLES: dict[str, Table] = {
                              "scripts/bench_streaming_table.py --parts table,table1"),
     "bucket-overlap": Table(("benchmarks/streaming-table.json",), _bucket_overlap,
                             "scripts/bench_streaming_table.py --parts "
-                            "overlap-simulate,overlap-emulate"),
+                            "overlap-simulate,overlap-emulate --dilation 4"),
 }
 
 
