@@ -33,7 +33,6 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -557,14 +556,6 @@ def overlap_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT,
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="table,table1")
@@ -593,8 +584,6 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             report["overlap"] = overlap_part(Path(tmp), backends, args.dilation,
                                              report.get("overlap"))
-    if parts:
-        report["commit"] = commit()
     save()
 
 
