@@ -51,9 +51,9 @@ def simulated_transfer(one_way_ms: float, connections: int, warm: bool) -> float
 
 
 def emulated_transfers(one_way_ms: float, connections: int, messages: int) -> list[float]:
-    from testbed.net.network import bring_up, tear_down
+    from testbed.emulator.net.network import bring_up, tear_down
+    from testbed.emulator.runtime.coordinator.probe import timed_messages
     from testbed.plan.pacing import paced
-    from testbed.runtime.coordinator.probe import timed_messages
 
     topology = pair_topology(one_way_ms)
     # paced as a run would pace this pair (testbed.plan.pacing)

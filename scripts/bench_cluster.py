@@ -2,7 +2,7 @@
 """One emulated WAN across machines against the same WAN on one machine (needs root).
 
 `.venv/bin/python scripts/bench_cluster.py [TOPOLOGY] [--split east+central,west]
-[--json F]`: the machines are namespaces on a bridge (testbed.net.namespace_cluster),
+[--json F]`: the machines are namespaces on a bridge (testbed.emulator.net.namespace_cluster),
 each bringing up its share as `testbed net up --cluster F --machine M` does. For every WAN
 link it measures ping RTT (median of 30) and iperf3 throughput (4 flows, 3 s) between the
 first hosts of its two DCs (4 and 8 flows), on one machine and across the cluster, and the time each
@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.net.check import iperf_bps, ping_rtts
-from testbed.net.namespace_cluster import namespace_machines
-from testbed.net.network import Network, bring_up, tear_down
+from testbed.emulator.net.check import iperf_bps, ping_rtts
+from testbed.emulator.net.namespace_cluster import namespace_machines
+from testbed.emulator.net.network import Network, bring_up, tear_down
 from testbed.topology import load_topology
 from testbed.topology.cluster import load_cluster
 from testbed.topology.model import Topology

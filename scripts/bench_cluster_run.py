@@ -4,7 +4,7 @@
 
 `.venv/bin/python scripts/bench_cluster_run.py [TOPOLOGY] [--split east+central,west]
 [--policies gpipe,atlas] [--iterations 3] [--repeat 1] [--json benchmarks/cluster-run.json]`:
-the machines are namespaces on a bridge (testbed.net.namespace_cluster), by default one
+the machines are namespaces on a bridge (testbed.emulator.net.namespace_cluster), by default one
 per DC; the coordinator's
 `testbed up --cluster` runs here and each other machine runs the torchrun command it
 prints, as a user would. Emulated compute, the topology's job, dilation 1 for all runs
@@ -28,11 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.emulator.net.namespace_cluster import namespace_machines
+from testbed.emulator.runtime.wire.secret import read_secret
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.run import run
-from testbed.net.namespace_cluster import namespace_machines
 from testbed.run.spec import RunSpec
-from testbed.runtime.wire.secret import read_secret
 from testbed.topology.cluster import load_cluster
 from testbed.topology.seats import ClusterRun
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from testbed.runtime.coordinator.health import busy_share, read_cpu
+from testbed.emulator.runtime.coordinator.health import busy_share, read_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ["TESTBED_PLANNING_STORE"] = "off"  # every search timed as a first: none read back

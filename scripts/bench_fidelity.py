@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.emulator.runtime.coordinator.capacity import machine_capacity_bps
 from testbed.experiments.inputs import Inputs, load_inputs
 from testbed.experiments.run import run
 from testbed.policy.registry import discover, training_policy
 from testbed.run.dilation import choose_dilation, peak_rate_bps
 from testbed.run.spec import RunSpec
-from testbed.runtime.coordinator.capacity import machine_capacity_bps
 from testbed.scenario.scenario import Scenario
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan

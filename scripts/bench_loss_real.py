@@ -130,11 +130,11 @@ def _emulated(topology: str, label: str, policy: str, options: dict[str, str], s
     that fails is recorded with its error, one stopped by Ctrl-C or SIGTERM stops the
     benchmark."""
     from testbed import api
+    from testbed.emulator.runtime.coordinator.failure import Interrupted
+    from testbed.emulator.runtime.worker.model import entropy_floor
     from testbed.errors import TestbedError
     from testbed.policy import training_policy
     from testbed.policy.loss_models import declared_effect, loss_model
-    from testbed.runtime.coordinator.failure import Interrupted
-    from testbed.runtime.worker.model import entropy_floor
 
     conditions = TOPOLOGIES[topology]
     inputs = api.load(ROOT / "topologies" / f"{topology}.yaml", sets=conditions["sets"])

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.net.check import iperf_bps, ping_rtts
-from testbed.net.netns import list_namespaces
-from testbed.net.network import bring_up, tear_down
+from testbed.emulator.net.check import iperf_bps, ping_rtts
+from testbed.emulator.net.netns import list_namespaces
+from testbed.emulator.net.network import bring_up, tear_down
 from testbed.topology import load_topology, parse_topology
 
 ROOT = Path(__file__).resolve().parent.parent

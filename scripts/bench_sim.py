@@ -277,10 +277,10 @@ def _sizes(text: str) -> tuple[tuple[int, int], ...]:
 
 
 def agreement_table(repeat: int, topologies: list[str]) -> list[dict[str, Any]]:
+    from testbed.emulator.runtime.coordinator.coordinator import Coordinator
+    from testbed.emulator.runtime.coordinator.run_config import RunConfig
+    from testbed.emulator.runtime.coordinator.signals import run_with_signals
     from testbed.plan.host_tcp import hosts_as_planned
-    from testbed.runtime.coordinator.coordinator import Coordinator
-    from testbed.runtime.coordinator.run_config import RunConfig
-    from testbed.runtime.coordinator.signals import run_with_signals
 
     rows = []
     for name, iterations in (("two-dc", 8), ("paper-3dc", 4)):

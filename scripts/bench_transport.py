@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.net.network import bring_up, tear_down
-from testbed.runtime.coordinator.probe import timed_messages
+from testbed.emulator.net.network import bring_up, tear_down
+from testbed.emulator.runtime.coordinator.probe import timed_messages
 from testbed.topology import parse_topology
 
 

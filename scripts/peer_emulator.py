@@ -16,15 +16,15 @@ from typing import Any
 
 from peer_cases import ShareCase, TransferCase, share_topology, transfer_topology
 
-from testbed.net.network import Network, bring_up, tear_down
-from testbed.plan.pacing import PACING_SHARE, paced
-from testbed.runtime.coordinator.health import (
+from testbed.emulator.net.network import Network, bring_up, tear_down
+from testbed.emulator.runtime.coordinator.health import (
     assess,
     busy_share,
     delay_line_lateness,
     read_cpu,
 )
-from testbed.runtime.coordinator.probe import timed_messages
+from testbed.emulator.runtime.coordinator.probe import timed_messages
+from testbed.plan.pacing import PACING_SHARE, paced
 
 SHARE_SECONDS = 15.0
 OMIT_S = 5.0

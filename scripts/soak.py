@@ -39,8 +39,8 @@ STATE = Path("/run/testbed")
 
 def leftovers() -> dict[str, int]:
     """Namespaces, recorded runs and processes of ours still on the machine."""
-    from testbed.net.cleanup import stray_processes
-    from testbed.net.netns import list_namespaces
+    from testbed.emulator.net.cleanup import stray_processes
+    from testbed.emulator.net.netns import list_namespaces
 
     return {"namespaces": len([n for n in list_namespaces() if n.startswith("tb")]),
             "state": len(list(STATE.glob("[!.]*"))) if STATE.exists() else 0,

@@ -41,7 +41,7 @@ def _until_training(proc: subprocess.Popen[str], lines: list[str]) -> bool:
 
 
 def _run_state(owner: int) -> Any:
-    from testbed.net.state import all_states
+    from testbed.emulator.net.state import all_states
 
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -70,7 +70,7 @@ def _listening(pid: int) -> list[tuple[str, int]]:
 
 INTRUDER = """
 import socket, sys, os
-from testbed.runtime.wire.protocol import pack_hello
+from testbed.emulator.runtime.wire.protocol import pack_hello
 host, port = sys.argv[1], int(sys.argv[2])
 for payload in (b"", b"GET / HTTP/1.0\\r\\n\\r\\n", pack_hello(os.urandom(32), 0, 0),
                 b"\\xff" * 4096):
@@ -281,7 +281,7 @@ def _checkpointed(folder: Path) -> None:
     code = ("import sys; from pathlib import Path\n"
             "from testbed.experiments.inputs import load_inputs\n"
             "from testbed.run.checkpoint import Progress\n"
-            "from testbed.run.resume import save_settings\n"
+            "from testbed.emulator.resume import save_settings\n"
             "from testbed.run.spec import RunSpec\n"
             f"inputs = load_inputs(Path({str(TWO_DC)!r}))\n"
             "spec = RunSpec.build('emulate', inputs.topology, inputs.job, policy='gpipe', "
@@ -298,11 +298,11 @@ def _checkpointed(folder: Path) -> None:
 
 RESUME = ("import sys; from pathlib import Path\n"
           "from testbed.cli.main import main\n"
-          "from testbed.run.resume import load_resumption\n"
+          "from testbed.emulator.resume import load_resumption\n"
           "from testbed.errors import TestbedError\n"
           "try:\n    load_resumption(Path(sys.argv[1]))\n"
           "except TestbedError as exc:\n    sys.exit(f'testbed: error: {exc}')\n")
-SUGGESTED = ("from testbed.runtime.coordinator.health import assess\n"
+SUGGESTED = ("from testbed.emulator.runtime.coordinator.health import assess\n"
              "print(assess(1.0, [0.001], None, 1).behind(3000.0, 1.0).warning())\n")
 
 

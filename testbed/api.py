@@ -166,7 +166,7 @@ def run(spec: RunSpec, out: str | Path | None = None, say: Say = lambda _m: None
         resume: Progress | None = None) -> Result:
     """Any run, every setting spelled out (testbed.run.spec.RunSpec); `out`: its
     directory (default: a new one under runs/); `resume`: go on from that checkpoint of
-    the run in `out` (testbed.run.resume.load_resumption)."""
+    the run in `out` (testbed.emulator.resume.load_resumption)."""
     check(spec)
     directory = Path(out) if out is not None else new_run_dir(spec.topology.name, spec.policy)
     try:

@@ -66,7 +66,7 @@ def _install_plugin(name: str, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 
 def _our_processes() -> list[int]:
-    from testbed.net.cleanup import stray_processes
+    from testbed.emulator.net.cleanup import stray_processes
 
     return stray_processes()
 
@@ -85,14 +85,14 @@ def clean_host():
     """Root tests: skip without root; afterwards no namespace or process of ours may remain."""
     if os.geteuid() != 0:
         pytest.skip("needs root for network namespaces (CI runs as root)")
-    from testbed.net.netns import list_namespaces
+    from testbed.emulator.net.netns import list_namespaces
 
     before = set(list_namespaces())
     yield
     left = set(list_namespaces()) - before
     strays = _our_processes()
     if left or strays:
-        from testbed.net.cleanup import down
+        from testbed.emulator.net.cleanup import down
 
         down()
     assert not left, f"namespaces left behind: {sorted(left)}"

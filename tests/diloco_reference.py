@@ -48,8 +48,8 @@ from typing import Literal
 
 import torch
 
+from testbed.emulator.runtime.worker.model import Corpus, build_model, loss_of, sample_index
 from testbed.job.model import Job
-from testbed.runtime.worker.model import Corpus, build_model, loss_of, sample_index
 
 BLOCK = 256
 QUANTIZED = ("int8", "int4", "fp4")

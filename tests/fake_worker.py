@@ -20,8 +20,8 @@ import sys
 import time
 from typing import Any
 
-from testbed.runtime.wire.arbitration import Grant, Sent, TransferRequest
-from testbed.runtime.wire.messages import (
+from testbed.emulator.runtime.wire.arbitration import Grant, Sent, TransferRequest
+from testbed.emulator.runtime.wire.messages import (
     Config,
     Connect,
     Done,
@@ -34,7 +34,7 @@ from testbed.runtime.wire.messages import (
     receive,
     send,
 )
-from testbed.runtime.wire.protocol import TOKEN_ENV
+from testbed.emulator.runtime.wire.protocol import TOKEN_ENV
 
 
 async def transfers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,

@@ -22,7 +22,8 @@ PACKAGES = (("testbed", "testbed"), ("testbed_plugins", "plugins"))
 class Import:
     module: str
     """What is imported, absolute: the module itself where the name is one of ours (in
-    `from testbed import runtime`, testbed.runtime), else the package it is taken from; ""
+    `from testbed.emulator import runtime`, testbed.emulator.runtime), else the package it
+    is taken from; ""
     for a dynamic import whose name is not a literal."""
     line: int
     lazy: bool

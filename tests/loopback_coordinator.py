@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.runtime.coordinator.cluster_run import ClusterJoins
-from testbed.runtime.coordinator.control_server import ControlServer
-from testbed.runtime.coordinator.join_gate import JoinGate
-from testbed.runtime.wire.join_messages import ShareOrder
+from testbed.emulator.runtime.coordinator.cluster_run import ClusterJoins
+from testbed.emulator.runtime.coordinator.control_server import ControlServer
+from testbed.emulator.runtime.coordinator.join_gate import JoinGate
+from testbed.emulator.runtime.wire.join_messages import ShareOrder
 from testbed.topology import load_topology
 from testbed.topology.cluster import parse_cluster
 from testbed.topology.seats import ClusterRun, machine_seats

@@ -17,8 +17,8 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-from testbed.net import cleanup, netns, state, sweep_leftovers
-from testbed.net.state import process_start_ticks
+from testbed.emulator.net import cleanup, netns, state, sweep_leftovers
+from testbed.emulator.net.state import process_start_ticks
 
 WORKER = f"testbed-test-worker-{os.getpid()}"
 """The module `down` here takes for one of ours (cleanup.OUR_MODULES)."""

@@ -1,9 +1,11 @@
 """The architecture as a table: which part of the package imports which. A part is a
-folder of testbed/ (runtime's four: the wire between the processes, the worker, the
-coordinator, `testbed launch`); lazy imports inside functions and dynamic imports count
-too, since they bind the parts as surely as imports at the top of a module. The table
-holds the crossings the design makes and no more: a new one is a decision, made by adding
-it here. Imports are read by tests/import_reader.py, which test_layering.py shares."""
+folder of testbed/, and under emulator/ each of its folders (the WAN, net/; runtime's four:
+the wire between the processes, the worker, the coordinator, `testbed launch`) with its
+own modules (backend, resumption) the part `emulator`. Lazy imports inside functions and
+dynamic imports count too, since they bind the parts as surely as imports at the top of a
+module. The table holds the crossings the design makes and no more: a new one is a
+decision, made by adding it here. Imports are read by tests/import_reader.py, which
+test_layering.py shares."""
 
 from __future__ import annotations
 
@@ -32,44 +34,53 @@ MAY_IMPORT: dict[str, set[str]] = {
                "topology"},
     "sim": {"common", "inference", "job", "metrics", "plan", "policy", "report", "scenario",
             "topology"},
-    "net": {"common", "plan", "topology"},
-    "run": {"common", "inference", "job", "metrics", "net", "plan", "policy", "report",
-            "scenario", "sim", "topology"},
-    "runtime.wire": {"common", "job", "plan", "scenario", "topology"},
-    "runtime.worker": {"common", "job", "net", "plan", "run", "runtime.wire", "scenario",
-                       "topology"},
-    "runtime.coordinator": {"common", "inference", "job", "metrics", "net", "plan", "policy",
-                            "run", "runtime.wire", "runtime.worker", "scenario", "sim",
-                            "topology"},
-    "runtime.launch": {"common", "job", "metrics", "net", "policy", "report",
-                       "runtime.coordinator", "runtime.wire", "runtime.worker", "scenario",
-                       "sim", "topology"},
-    "backends": {"common", "inference", "metrics", "net", "plan", "policy", "report", "run",
-                 "runtime.coordinator", "runtime.worker", "sim", "topology"},
-    "experiments": {"backends", "common", "inference", "job", "metrics", "net", "plan",
-                    "policy", "report", "run", "runtime.coordinator", "scenario", "sim",
-                    "topology"},
-    "figures": {"common", "experiments", "job", "metrics", "net", "plan", "policy", "report",
-                "run", "runtime.coordinator", "sim", "topology"},
+    "run": {"common", "inference", "job", "metrics", "plan", "policy", "report", "scenario",
+            "sim", "topology"},
+    "backends": {"common", "inference", "metrics", "plan", "policy", "report", "run", "sim",
+                 "topology"},
+    # the emulator: its WAN, its processes (runtime's four), then its backend and resumption
+    "emulator.net": {"common", "plan", "topology"},
+    "emulator.runtime.wire": {"common", "job", "plan", "scenario", "topology"},
+    "emulator.runtime.worker": {"common", "emulator.net", "emulator.runtime.wire", "job", "plan",
+                                "run", "scenario", "topology"},
+    "emulator.runtime.coordinator": {"common", "emulator.net", "emulator.runtime.wire",
+                                     "emulator.runtime.worker", "inference", "job", "metrics",
+                                     "plan", "policy", "run", "scenario", "sim", "topology"},
+    "emulator.runtime.launch": {"common", "emulator.net", "emulator.runtime.coordinator",
+                                "emulator.runtime.wire", "emulator.runtime.worker", "job",
+                                "metrics", "policy", "report", "scenario", "sim", "topology"},
+    "emulator": {"backends", "common", "emulator.net", "emulator.runtime.coordinator",
+                 "emulator.runtime.worker", "inference", "job", "metrics", "plan", "policy",
+                 "report", "run", "sim", "topology"},
+    "experiments": {"backends", "common", "emulator", "emulator.net",
+                    "emulator.runtime.coordinator", "inference", "job", "metrics", "plan",
+                    "policy", "report", "run", "scenario", "sim", "topology"},
+    "figures": {"common", "emulator.net", "emulator.runtime.coordinator", "experiments", "job",
+                "metrics", "plan", "policy", "report", "run", "sim", "topology"},
     "api": {"common", "experiments", "metrics", "plan", "policy", "report", "run", "sim"},
-    "cli": {"api", "common", "experiments", "figures", "metrics", "net", "plan", "policy",
-            "report", "run", "runtime.launch", "runtime.wire", "sim", "topology"},
+    "cli": {"api", "common", "emulator", "emulator.net", "emulator.runtime.launch",
+            "emulator.runtime.wire", "experiments", "figures", "metrics", "plan", "policy",
+            "report", "run", "sim", "topology"},
 }
 EVERYWHERE = {"errors", "__init__"}
-GROUPS = {"runtime": {"runtime.wire", "runtime.worker", "runtime.coordinator",
-                      "runtime.launch"}}
-"""A folder split into parts: importing it bare (`from testbed import runtime`) reaches
-every one of them."""
+GROUPS = {"emulator.runtime": {"emulator.runtime.wire", "emulator.runtime.worker",
+                               "emulator.runtime.coordinator", "emulator.runtime.launch"}}
+"""A folder split into parts: importing it bare (`from testbed.emulator import runtime`)
+reaches every one of them."""
 
 
 def part(module: str) -> str:
-    """testbed.runtime.worker.transport -> runtime.worker; testbed.sim.network -> sim;
-    testbed.api -> api; testbed.runtime -> runtime; testbed -> __init__."""
+    """The longest row or group that holds `module`, else its folder:
+    testbed.emulator.runtime.worker.transport -> emulator.runtime.worker;
+    testbed.emulator.net.shaping -> emulator.net; testbed.emulator.backend -> emulator;
+    testbed.sim.network -> sim; testbed.api -> api; testbed -> __init__."""
     parts = module.split(".")[1:]
     if not parts:
         return "__init__"
-    if parts[0] in GROUPS and len(parts) > 1:
-        return ".".join(parts[:2])
+    for end in range(len(parts), 0, -1):
+        name = ".".join(parts[:end])
+        if name in MAY_IMPORT or name in GROUPS:
+            return name
     return parts[0]
 
 
@@ -136,18 +147,19 @@ def test_the_table_is_layered() -> None:
 
 
 def test_the_simulator_never_imports_the_runtime() -> None:
-    assert not any(p.startswith("runtime") or p in {"backends", "net", "run"}
+    assert not any(p.startswith("emulator") or p in {"backends", "run"}
                    for p in MAY_IMPORT["sim"])
 
 
 # Every form an import takes is read: each planted in a copy of the simulator's flow model
 # (which must not reach the emulator's runtime) makes the table fail.
 SLIPS = {
-    "relative": "from ..runtime.worker import transport",
-    "bare package": "from testbed import runtime",
-    "import testbed.x": "import testbed.runtime",
-    "importlib literal": "import importlib\nimportlib.import_module('testbed.runtime.wire')",
-    "__import__ literal": "__import__('testbed.net.network')",
+    "relative": "from ..emulator.runtime.worker import transport",
+    "bare package": "from testbed.emulator import runtime",
+    "import testbed.x": "import testbed.emulator.runtime",
+    "importlib literal":
+        "import importlib\nimportlib.import_module('testbed.emulator.runtime.wire')",
+    "__import__ literal": "__import__('testbed.emulator.net.network')",
 }
 
 

@@ -269,7 +269,7 @@ def test_a_policys_connections_past_the_bound_are_refused() -> None:
 
 
 def test_the_memory_check_counts_the_plans_connections() -> None:
-    from testbed.runtime.coordinator.memory import (
+    from testbed.emulator.runtime.coordinator.memory import (
         CONNECTION_BYTES,
         MemoryPlan,
         check_memory,
@@ -339,8 +339,8 @@ def test_profile_reads_span_times_within_a_runs(tmp_path: Path) -> None:
 def test_a_checkpoint_whose_inputs_were_edited_is_not_resumed(
         tmp_path: Path, name: str, old: str, new: str) -> None:
     """An edited topology resumed a run that reported `ok` with 0 iterations done."""
+    from testbed.emulator.resume import load_resumption, save_settings
     from testbed.run.checkpoint import Progress
-    from testbed.run.resume import load_resumption, save_settings
     from testbed.run.spec import RunSpec
 
     inputs = load_inputs(TWO_DC)
@@ -508,9 +508,9 @@ def test_a_sweep_refuses_saved_points_that_are_not_a_file(tmp_path: Path) -> Non
 
 def test_the_suggested_dilation_is_at_most_the_most_allowed() -> None:
     """`try --dilation 5096` was suggested, and --dilation refuses past 64."""
+    from testbed.emulator.runtime.coordinator.health import assess
     from testbed.run.dilation import MAX_DILATION
     from testbed.run.spec import parse_dilation
-    from testbed.runtime.coordinator.health import assess
 
     behind = assess(1.0, [0.001], None, dilation=1).behind(3000.0, 1.0)
     assert (behind.suggested_dilation, behind.needed_dilation) == (MAX_DILATION, 5000)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from testbed.emulator.net.state import process_start_ticks
+from testbed.emulator.resume import load_resumption
 from testbed.errors import InputError
-from testbed.net.state import process_start_ticks
 from testbed.run.checkpoint import (
     Checkpoints,
     Progress,
@@ -21,7 +22,6 @@ from testbed.run.checkpoint import (
     read_progress,
     stage_file,
 )
-from testbed.run.resume import load_resumption
 
 
 def test_a_checkpoint_is_due_every_n_and_at_the_end() -> None:
@@ -34,12 +34,12 @@ def test_a_plan_that_spans_iterations_checkpoints_between_its_cycles() -> None:
     """A sync started in one iteration of a cycle may end in a later one: only a cycle's
     end is a cut every worker can resume from."""
     assert [done for done in range(12) if checkpoint_due(done, 4, 11, period=2)] == [4, 8]
+    from testbed.emulator.resume import check_checkpointable
     from testbed.job.model import Job, ModelShape
     from testbed.plan.build import Schedule, build_plan
     from testbed.plan.collective import Collective, Reduces
     from testbed.plan.cycles import cycled
     from testbed.plan.model import Action, Op
-    from testbed.run.resume import check_checkpointable
     from testbed.run.spec import RunSpec
     from testbed.topology import load_topology
     from tests.conftest import TOPOLOGIES
@@ -205,9 +205,9 @@ def test_a_nan_span_end_is_refused_and_a_nan_loss_is_kept(tmp_path: Path) -> Non
 
 
 def test_run_json_reads_back_what_a_run_saved(tmp_path: Path) -> None:
+    from testbed.emulator.resume import read_settings, save_settings
     from testbed.experiments.inputs import load_inputs
     from testbed.policy.loss_models import DEFAULT_LOSS_MODEL
-    from testbed.run.resume import read_settings, save_settings
     from testbed.run.spec import RunSpec
 
     inputs = load_inputs(Path(__file__).resolve().parent.parent / "topologies" / "two-dc.yaml")
@@ -235,8 +235,8 @@ def test_run_json_reads_back_what_a_run_saved(tmp_path: Path) -> None:
 def test_a_run_with_events_or_a_scenario_is_not_resumed(tmp_path: Path) -> None:
     """Its events' times would start again with the resumed run: only its own recovery
     (--on-failure restart|replan) checkpoints it, and --resume refuses it."""
+    from testbed.emulator.resume import check_checkpointable, load_resumption, save_settings
     from testbed.experiments.inputs import load_inputs
-    from testbed.run.resume import check_checkpointable, load_resumption, save_settings
     from testbed.run.spec import RunSpec
 
     topology = Path(__file__).resolve().parent.parent / "topologies" / "two-dc.yaml"

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from testbed.emulator.net.layout import build_layout
+from testbed.emulator.net.share import VNI_BASE, machine_share, vxlan_command
 from testbed.errors import InputError
-from testbed.net.layout import build_layout
-from testbed.net.share import VNI_BASE, machine_share, vxlan_command
 from testbed.topology import load_topology
 from testbed.topology.cluster import parse_cluster
 

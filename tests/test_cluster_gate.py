@@ -21,15 +21,15 @@ from typing import Any
 import pytest
 
 from testbed.common.codec import to_json
-from testbed.runtime.wire.join_messages import Assign, Join
-from testbed.runtime.wire.protocol import (
+from testbed.emulator.runtime.wire.join_messages import Assign, Join
+from testbed.emulator.runtime.wire.protocol import (
     MAX_CONTROL_BYTES,
     MAX_UNPROVEN_BYTES,
     frame,
     read_message_blocking,
 )
-from testbed.runtime.wire.secret import coordinator_proof, join_proof
-from testbed.runtime.worker.join import JoinFailed, connect, join, seat_from
+from testbed.emulator.runtime.wire.secret import coordinator_proof, join_proof
+from testbed.emulator.runtime.worker.join import JoinFailed, connect, join, seat_from
 
 from .loopback_coordinator import ROOT, SECRET, loopback_coordinator
 
@@ -226,7 +226,7 @@ def test_a_joining_process_refuses_a_bad_secret_file_before_it_connects(
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "testbed.runtime.worker.join", "--coordinator",
+            [sys.executable, "-m", "testbed.emulator.runtime.worker.join", "--coordinator",
              f"127.0.0.1:{port}", "--secret", str(secret), "--machine", "m2"],
             capture_output=True, text=True, timeout=60, cwd=ROOT,
             env={**os.environ, "LOCAL_RANK": "0"}, check=False)

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from testbed.errors import InputError
-from testbed.runtime.wire.secret import (
+from testbed.emulator.runtime.wire.secret import (
     coordinator_proof,
     join_proof,
     proves,
     read_secret,
     run_token,
 )
-from testbed.runtime.worker.join import JoinFailed, connect, join
+from testbed.emulator.runtime.worker.join import JoinFailed, connect, join
+from testbed.errors import InputError
 from testbed.topology.cluster import dump_cluster, parse_cluster
 from testbed.topology.seats import Seat, command_line, machine_seats
 
@@ -53,7 +53,8 @@ def test_each_machine_gets_one_torchrun_with_the_rendezvous_at_the_first() -> No
     assert lines[0].startswith("torchrun --nnodes 3 --nproc-per-node 1 --rdzv-backend c10d "
                                "--rdzv-endpoint 127.0.0.1:29400 --rdzv-id testbed-1 "
                                "--local-addr 127.0.0.1 --max-restarts 0 --rdzv-conf is_host=1 "
-                               "-m testbed.runtime.worker.join --coordinator 127.0.0.1:29410")
+                               "-m testbed.emulator.runtime.worker.join "
+                               "--coordinator 127.0.0.1:29410")
     assert lines[1].startswith("ip netns exec tbcl-m2 torchrun --nnodes 3 --nproc-per-node 2")
     assert "is_host" not in lines[1] and "--local-addr 10.251.0.2" in lines[1]
     assert lines[2].endswith("--secret s --machine m3")

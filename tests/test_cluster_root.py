@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from testbed.net.check import iperf_bps, ping_rtts
-from testbed.net.layout import Layout, build_layout
-from testbed.net.namespace_cluster import namespace_machines
-from testbed.net.netns import list_namespaces
-from testbed.net.slots import free_slot
+from testbed.emulator.net.check import iperf_bps, ping_rtts
+from testbed.emulator.net.layout import Layout, build_layout
+from testbed.emulator.net.namespace_cluster import namespace_machines
+from testbed.emulator.net.netns import list_namespaces
+from testbed.emulator.net.slots import free_slot
 from testbed.topology.load import load_topology
 from tests.conftest import machine_prefix
 

@@ -1,5 +1,5 @@
 """A training run across machines, on this one machine: each "machine" is a network
-namespace on a bridge (testbed.net.namespace_cluster); the other machine brings up its
+namespace on a bridge (testbed.emulator.net.namespace_cluster); the other machine brings up its
 share with `testbed net up --cluster` and runs the torchrun command the coordinator
 prints, as a user would.
 
@@ -25,18 +25,18 @@ import pytest
 import torch
 
 from testbed.common.choices import EmulatedCompute
+from testbed.emulator.net.check import ping_rtts
+from testbed.emulator.net.layout import build_layout, prefix_for
+from testbed.emulator.net.namespace_cluster import namespace_machines
+from testbed.emulator.net.slots import free_slot
+from testbed.emulator.runtime.coordinator.coordinator import Coordinator, RunFailed
+from testbed.emulator.runtime.coordinator.run_config import RunConfig
+from testbed.emulator.runtime.coordinator.signals import run_with_signals
+from testbed.emulator.runtime.wire.secret import read_secret
+from testbed.emulator.runtime.worker.reference import merge_stages, train_one_process
 from testbed.experiments.inputs import load_inputs
-from testbed.net.check import ping_rtts
-from testbed.net.layout import build_layout, prefix_for
-from testbed.net.namespace_cluster import namespace_machines
-from testbed.net.slots import free_slot
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.policy import training_policy
-from testbed.runtime.coordinator.coordinator import Coordinator, RunFailed
-from testbed.runtime.coordinator.run_config import RunConfig
-from testbed.runtime.coordinator.signals import run_with_signals
-from testbed.runtime.wire.secret import read_secret
-from testbed.runtime.worker.reference import merge_stages, train_one_process
 from testbed.sim.planning import plan_with_simulator
 from testbed.topology.cluster import load_cluster
 from testbed.topology.load import load_topology

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from testbed.emulator.runtime.worker.payloads import Dense, Gathered, compressed, decode, encode
+from testbed.emulator.runtime.worker.syncs import Syncs
 from testbed.plan.collective import Collective, Reduces
 from testbed.plan.model import OuterOptimizer
-from testbed.runtime.worker.payloads import Dense, Gathered, compressed, decode, encode
-from testbed.runtime.worker.syncs import Syncs
 from tests.emulated_device import DEVICE, HOST, EmulatedDevice
 
 PAYLOADS = ["fp32", "bf16", "int8", "int4", "top10%"]

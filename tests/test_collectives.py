@@ -12,16 +12,21 @@ from pathlib import Path
 import pytest
 import torch
 
+from testbed.emulator.runtime.wire.messages import CollectiveSetup, Config, PeerInfo
+from testbed.emulator.runtime.worker.allreduce import (
+    Wire,
+    chunk_bounds,
+    ring_allgather,
+    ring_allreduce,
+)
+from testbed.emulator.runtime.worker.model import build_stages, parameter_fragments
+from testbed.emulator.runtime.worker.payloads import Dense, Gathered, decode, encode
+from testbed.emulator.runtime.worker.real_engine import RealEngine, real_engines
+from testbed.emulator.runtime.worker.syncs import Syncs
 from testbed.job.fragments import fragment_params
 from testbed.job.model import ModelShape
 from testbed.plan.collective import Collective, Reduces, Scope, payload_bytes
 from testbed.plan.model import OuterOptimizer
-from testbed.runtime.wire.messages import CollectiveSetup, Config, PeerInfo
-from testbed.runtime.worker.allreduce import Wire, chunk_bounds, ring_allgather, ring_allreduce
-from testbed.runtime.worker.model import build_stages, parameter_fragments
-from testbed.runtime.worker.payloads import Dense, Gathered, decode, encode
-from testbed.runtime.worker.real_engine import RealEngine, real_engines
-from testbed.runtime.worker.syncs import Syncs
 from tests.diloco_reference import compress, ring_sum, wire
 
 

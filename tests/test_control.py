@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed.runtime.coordinator.control_server import ControlServer
-from testbed.runtime.wire.messages import Hello
-from testbed.runtime.wire.protocol import MAX_UNPROVEN_BYTES, send_message
+from testbed.emulator.runtime.coordinator.control_server import ControlServer
+from testbed.emulator.runtime.wire.messages import Hello
+from testbed.emulator.runtime.wire.protocol import MAX_UNPROVEN_BYTES, send_message
 
 
 def test_silent_connections_do_not_hold_up_a_hello(tmp_path: Path) -> None:

@@ -15,12 +15,12 @@ from typing import Any, TextIO
 
 import pytest
 
+from testbed.emulator.runtime.coordinator.coordinator import Coordinator, RunFailed, RunOutcome
+from testbed.emulator.runtime.coordinator.run_config import RunConfig
+from testbed.emulator.runtime.coordinator.signals import run_with_signals
 from testbed.experiments.inputs import load_inputs
 from testbed.plan.model import Plan
 from testbed.policy import TrainingPolicy, Transfer, training_policy
-from testbed.runtime.coordinator.coordinator import Coordinator, RunFailed, RunOutcome
-from testbed.runtime.coordinator.run_config import RunConfig
-from testbed.runtime.coordinator.signals import run_with_signals
 from testbed.sim.planning import plan_with_simulator
 from testbed.topology.model import Topology
 
@@ -54,7 +54,7 @@ class LocalHosts:
 
     async def spawn(self, host: str, module: str, args: list[str], env: Mapping[str, str],
                     log: TextIO, name: str) -> asyncio.subprocess.Process:
-        assert module == "testbed.runtime.worker.process"
+        assert module == "testbed.emulator.runtime.worker.process"
         cgroup = self.cgroups.get(host)
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tests.fake_worker", *args, cwd=ROOT,
@@ -287,7 +287,7 @@ def test_a_killed_coordinator_leaves_no_worker(tmp_path: Path) -> None:
 
 
 def test_why_a_process_ended_in_words(tmp_path: Path) -> None:
-    from testbed.runtime.coordinator.exits import exit_reason, oom_kills, resident_bytes
+    from testbed.emulator.runtime.coordinator.exits import exit_reason, oom_kills, resident_bytes
 
     assert exit_reason(3) == "exited with code 3"
     assert exit_reason(-11) == "was killed by SIGSEGV (exit code -11)"

@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from testbed.common.choices import EmulatedCompute
+from testbed.emulator.runtime.coordinator.failure import Failure, RunFailed
+from testbed.emulator.runtime.coordinator.pool import WorkerHandle
+from testbed.emulator.runtime.wire.messages import Config, Hello, Listening, receive_as
+from testbed.emulator.runtime.worker.model import FileCorpus, make_corpus, sample_index
 from testbed.errors import InputError
 from testbed.job.load import dump_job, load_job, parse_job
 from testbed.job.model import DataFile, ModelShape
 from testbed.job.tokens import TokenWindows, open_tokens, window_start
-from testbed.runtime.coordinator.failure import Failure, RunFailed
-from testbed.runtime.coordinator.pool import WorkerHandle
-from testbed.runtime.wire.messages import Config, Hello, Listening, receive_as
-from testbed.runtime.worker.model import FileCorpus, make_corpus, sample_index
 
 TINY = {"model": "tiny"}  # seq_len 32, vocab 256
 
@@ -174,7 +174,7 @@ def _config(data: DataFile | None, stage: int = 0) -> Config:
 
 
 def test_the_real_engine_trains_on_the_file(corpus_dir: Path) -> None:
-    from testbed.runtime.worker.real_engine import real_engines
+    from testbed.emulator.runtime.worker.real_engine import real_engines
 
     path = corpus_dir / "book.txt"
     data = DataFile(str(path), "text", path.stat().st_size)
@@ -202,9 +202,9 @@ def test_the_real_engine_trains_on_the_file(corpus_dir: Path) -> None:
 def test_a_worker_without_the_data_file_names_its_machine_and_the_path(tmp_path: Path) -> None:
     """The coordinator's start-up exchange with a real worker on machine m2 that lacks the
     file (a socket pair for the control connection)."""
+    from testbed.emulator.runtime.coordinator.control_server import read_from
+    from testbed.emulator.runtime.worker.process import serve_on
     from testbed.errors import TestbedError
-    from testbed.runtime.coordinator.control_server import read_from
-    from testbed.runtime.worker.process import serve_on
 
     missing = str(tmp_path / "book.txt")
 
@@ -231,10 +231,10 @@ def test_a_worker_without_the_data_file_names_its_machine_and_the_path(tmp_path:
 
 
 def test_only_real_compute_workers_are_given_the_data(corpus_dir: Path) -> None:
+    from testbed.emulator.runtime.coordinator.run_config import RunConfig
+    from testbed.emulator.runtime.coordinator.worker_setup import worker_config
     from testbed.experiments.inputs import load_inputs
     from testbed.policy import training_policy
-    from testbed.runtime.coordinator.run_config import RunConfig
-    from testbed.runtime.coordinator.worker_setup import worker_config
     from testbed.sim.planning import plan_with_simulator
 
     root = Path(__file__).resolve().parent.parent

@@ -16,6 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testbed.common.spans import Span
+from testbed.emulator.runtime.coordinator.health import (
+    CpuSample,
+    assess,
+    assess_run,
+    delay_line_lateness,
+    suggest_dilation,
+)
 from testbed.errors import InputError
 from testbed.job.model import InferenceWorkload, Job, ModelShape
 from testbed.policy import training_policy
@@ -37,13 +44,6 @@ from testbed.run.dilation import (
     usable_share,
 )
 from testbed.run.spec import parse_dilation
-from testbed.runtime.coordinator.health import (
-    CpuSample,
-    assess,
-    assess_run,
-    delay_line_lateness,
-    suggest_dilation,
-)
 from testbed.sim.flows import MIN_RTT_S
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulator import Simulator
@@ -264,7 +264,7 @@ def test_the_workers_cpu_is_measured_once_and_cached(tmp_path: Path,
     """The calibration runs the workers' own data plane (stage runners, transports, the
     control protocol) on this machine; the figures are kept beside the forwarding
     capacity, per kernel and core count."""
-    from testbed.runtime.coordinator import capacity
+    from testbed.emulator.runtime.coordinator import capacity
 
     monkeypatch.setenv("TESTBED_CAPACITY_DIR", str(tmp_path))
     said: list[str] = []
@@ -281,12 +281,12 @@ def test_the_capacity_cache_has_a_variable_of_its_own(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """`TESTBED_CACHE=off` (the planning store's older switch) makes no folder `./off/`;
     `TESTBED_CAPACITY_DIR` moves the cache, and is an absolute path."""
-    from testbed.runtime.coordinator import capacity
+    from testbed.emulator.runtime.coordinator import capacity
 
     work, kept = tmp_path / "work", tmp_path / "kept"
     work.mkdir()
     script = ("from testbed.run.dilation import WorkerCosts\n"
-              "from testbed.runtime.coordinator import capacity\n"
+              "from testbed.emulator.runtime.coordinator import capacity\n"
               "capacity.measure_worker_costs = lambda: WorkerCosts(5e-05, 0.002)\n"
               "capacity.worker_costs()\n")
     subprocess.run([sys.executable, "-c", script], cwd=work, check=True, env={
@@ -304,7 +304,7 @@ def test_implausible_cached_capacity_figures_are_measured_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: object) -> None:
     """A figure read back outside its plausible range (1e-300 or Infinity would make the
     dilation 64 or 1) is not used: it is measured again, and the measurement kept."""
-    from testbed.runtime.coordinator import capacity
+    from testbed.emulator.runtime.coordinator import capacity
 
     monkeypatch.setenv("TESTBED_CAPACITY_DIR", str(tmp_path))
     (tmp_path / "capacity.json").write_text(json.dumps({
@@ -326,7 +326,7 @@ def test_a_capacity_cache_others_could_write_is_measured_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str) -> None:
     """Figures read only from a file of testbed's own: a link (never followed) or a file
     anyone may write is treated as absent, said once; the new measurement replaces it."""
-    from testbed.runtime.coordinator import capacity
+    from testbed.emulator.runtime.coordinator import capacity
 
     folder = tmp_path / "kept"
     folder.mkdir()
@@ -352,7 +352,7 @@ def test_a_capacity_cache_others_could_write_is_measured_again(
 def test_an_idle_worker_wakes_ten_times_a_second() -> None:
     """Its lag monitor is its upkeep, paid by every worker whatever the dilation: at 50
     looks a second 64 idle workers took a fifth of this 2-core machine."""
-    from testbed.runtime.worker.process import lag_monitor, run_loop
+    from testbed.emulator.runtime.worker.process import lag_monitor, run_loop
 
     async def idle() -> int:
         samples: list[float] = []
@@ -367,7 +367,7 @@ def test_an_idle_worker_wakes_ten_times_a_second() -> None:
 def test_niced_work_is_told_apart(tmp_path: Path) -> None:
     """Work at a nice above 0 yields to the run's processes: what a run may plan on
     leaves it out."""
-    from testbed.runtime.coordinator.health import read_cpu
+    from testbed.emulator.runtime.coordinator.health import read_cpu
 
     stat = tmp_path / "stat"
     stat.write_text("cpu  100 50 30 800 20 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")

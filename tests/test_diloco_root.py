@@ -12,6 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from testbed.emulator.runtime.coordinator.coordinator import Coordinator, RunOutcome
+from testbed.emulator.runtime.coordinator.run_config import RunConfig
+from testbed.emulator.runtime.coordinator.signals import run_with_signals
+from testbed.emulator.runtime.worker.reference import merge_stages
 from testbed.experiments.inputs import load_inputs
 from testbed.job.model import Job
 from testbed.plan import validate_plan
@@ -22,10 +26,6 @@ from testbed.plan.cycles import cycled
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.plan.model import Action, Op, OuterOptimizer, Plan
 from testbed.policy import training_policy
-from testbed.runtime.coordinator.coordinator import Coordinator, RunOutcome
-from testbed.runtime.coordinator.run_config import RunConfig
-from testbed.runtime.coordinator.signals import run_with_signals
-from testbed.runtime.worker.reference import merge_stages
 from testbed.topology.model import Topology
 from tests import diloco_reference as reference
 from tests.diloco_reference import Outer, Sync

@@ -14,6 +14,14 @@ from typing import Any
 import pytest
 import torch
 
+from testbed.emulator.runtime.coordinator.pool import WorkerHandle
+from testbed.emulator.runtime.coordinator.run_config import RunConfig
+from testbed.emulator.runtime.coordinator.worker_setup import worker_config
+from testbed.emulator.runtime.worker.model import build_model, loss_of, make_corpus, sample_index
+from testbed.emulator.runtime.worker.real_engine import RealEngine
+from testbed.emulator.runtime.worker.reference import merge_stages
+from testbed.emulator.runtime.worker.stage_runner import StageRunner
+from testbed.emulator.runtime.worker.synced_loss import synced_losses
 from testbed.experiments.inputs import load_inputs
 from testbed.job.model import Job
 from testbed.plan import validate_plan
@@ -22,14 +30,6 @@ from testbed.plan.collective import Collective, Reduces
 from testbed.plan.cycles import cycled
 from testbed.plan.model import Action, Op, OuterOptimizer, Plan
 from testbed.policy import training_policy
-from testbed.runtime.coordinator.pool import WorkerHandle
-from testbed.runtime.coordinator.run_config import RunConfig
-from testbed.runtime.coordinator.worker_setup import worker_config
-from testbed.runtime.worker.model import build_model, loss_of, make_corpus, sample_index
-from testbed.runtime.worker.real_engine import RealEngine
-from testbed.runtime.worker.reference import merge_stages
-from testbed.runtime.worker.stage_runner import StageRunner
-from testbed.runtime.worker.synced_loss import synced_losses
 from testbed.topology.model import Topology
 from tests import diloco_reference as reference
 from tests.diloco_reference import Outer, Sync

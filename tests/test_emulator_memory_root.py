@@ -60,7 +60,7 @@ class Sampler(threading.Thread):
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
             ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid != self.parent or b"testbed.runtime.worker.process" not in argv:
+            if ppid != self.parent or b"testbed.emulator.runtime.worker.process" not in argv:
                 return
             gpu = argv[argv.index(b"--gpu") + 1].decode()
             status = (proc / "status").read_text()

@@ -13,9 +13,9 @@ import pytest
 
 from testbed import api
 from testbed.backends.simulate import SimulatorBackend
+from testbed.emulator.resume import check_checkpointable
 from testbed.errors import InputError
 from testbed.plan import parse_plan_csv, plan_to_csv
-from testbed.run.resume import check_checkpointable
 from testbed.run.spec import RunSpec
 from tests.test_cli import call
 
@@ -195,8 +195,8 @@ def test_what_a_backend_refuses_of_a_given_plan_names_its_file(
 def test_a_checkpointed_run_of_a_given_plan_resumes_with_that_plan(tmp_path: Path) -> None:
     """The plan is saved beside the run's settings; `up --resume` runs it again (not the
     policy's plan), checked as a given plan is, and records where it first came from."""
+    from testbed.emulator.resume import load_resumption, save_settings
     from testbed.run.checkpoint import CHECKPOINT_DIR, Progress
-    from testbed.run.resume import load_resumption, save_settings
 
     inputs = api.load(TWO_DC)
     plan = api.plan(inputs, "gpipe")  # not the policy the run names: 1f1b's would differ

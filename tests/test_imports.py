@@ -12,8 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "matplotlib", "numpy", "pyroute2", "uvloop")
-EMULATOR = ("testbed.backends.emulate", "testbed.runtime.coordinator.coordinator",
-            "testbed.runtime.worker.process", "testbed.net.network")
+EMULATOR = ("testbed.emulator.backend", "testbed.emulator.runtime.coordinator.coordinator",
+            "testbed.emulator.runtime.worker.process", "testbed.emulator.net.network")
 
 LOADED = """
 import json, sys

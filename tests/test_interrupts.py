@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
+from testbed.emulator.net.interrupts import critical, stop_point, stop_signals
 from testbed.errors import Terminated
-from testbed.net.interrupts import critical, stop_point, stop_signals
 
 
 def test_a_signal_inside_a_step_waits_for_the_next_stop_point() -> None:

@@ -9,6 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from testbed.emulator.runtime.launch.metric_lines import (
+    launch_loss_curve,
+    metric_in_output,
+    parse_metric,
+)
+from testbed.emulator.runtime.launch.placement import file_order, order_from_file, rank_order
+from testbed.emulator.runtime.launch.ranks import Rendezvous, seat_env, seats, torchrun_argv
+from testbed.emulator.runtime.launch.spec import LaunchSpec, refuse_dilation
 from testbed.errors import InputError
 from testbed.metrics.link_counters import (
     Counter,
@@ -18,10 +26,6 @@ from testbed.metrics.link_counters import (
     total_utilization,
 )
 from testbed.report.results_schema import LAUNCH_KIND, results_problems, shipped_schema
-from testbed.runtime.launch.metric_lines import launch_loss_curve, metric_in_output, parse_metric
-from testbed.runtime.launch.placement import file_order, order_from_file, rank_order
-from testbed.runtime.launch.ranks import Rendezvous, seat_env, seats, torchrun_argv
-from testbed.runtime.launch.spec import LaunchSpec, refuse_dilation
 from testbed.topology import load_topology
 
 from .conftest import TOPOLOGIES
@@ -227,7 +231,7 @@ def test_show_prints_a_launch_again_and_draws_its_plots(tmp_path: Path) -> None:
 
 
 def test_the_cgroup2_mount_is_found_in_mountinfo(tmp_path: Path) -> None:
-    from testbed.net.sweep import cgroup2_mount
+    from testbed.emulator.net.sweep import cgroup2_mount
 
     group = tmp_path / "unified"
     group.mkdir()
@@ -244,7 +248,7 @@ def test_a_process_tree_is_found_below_its_first_process() -> None:
     import subprocess
     import sys
 
-    from testbed.net.sweep import descendants
+    from testbed.emulator.net.sweep import descendants
 
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
                                "subprocess.Popen(['sleep', '30']); time.sleep(30)"])
@@ -263,7 +267,7 @@ def test_a_process_tree_is_found_below_its_first_process() -> None:
 
 
 def test_the_launch_environment_keeps_what_the_user_set() -> None:
-    from testbed.runtime.launch.ranks import launch_env
+    from testbed.emulator.runtime.launch.ranks import launch_env
 
     env = launch_env({"OMP_NUM_THREADS": "4", "PATH": "/bin"})
     assert env["OMP_NUM_THREADS"] == "4" and env["PATH"] == "/bin"

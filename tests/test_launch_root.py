@@ -86,7 +86,7 @@ def _counters(out: Path) -> dict[str, list[Counter]]:
 def _gone(pid: int, wait_s: float = 5.0) -> bool:
     """Whether the process has ended (a zombie waiting for its reaper has), within
     `wait_s` (a SIGKILL takes effect as the process next runs)."""
-    from testbed.net.state import process_state
+    from testbed.emulator.net.state import process_state
 
     deadline = time.monotonic() + wait_s
     while process_state(pid) not in (None, "Z", "X"):
@@ -390,12 +390,12 @@ def test_torchft_diloco_goes_on_under_a_wan_trace_and_without_a_lost_group(
 
 
 def test_across_two_machines_each_starts_the_ranks_of_its_own_dcs(tmp_path: Path) -> None:
-    """Two "machines" (namespaces on a bridge, testbed.net.namespace_cluster), each running
+    """Two "machines" (namespaces on a bridge, testbed.emulator.net.namespace_cluster), each running
     the same launch command: west-0's bytes cross the VXLAN tunnel to rank 0 on m1, and
     m2, whose rank is done first, holds its share until m1's rank has them all."""
-    from testbed.net.layout import build_layout
-    from testbed.net.namespace_cluster import namespace_machines
-    from testbed.net.slots import free_slot
+    from testbed.emulator.net.layout import build_layout
+    from testbed.emulator.net.namespace_cluster import namespace_machines
+    from testbed.emulator.net.slots import free_slot
     from testbed.topology import load_topology
 
     from .conftest import machine_prefix

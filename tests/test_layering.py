@@ -96,10 +96,10 @@ CIRCLE_SLIPS = {
 }
 # (a relative import in plugins/ reaches only the plugins' own modules; ruff bans the form)
 PLUGIN_SLIPS = {
-    "bare package": "from testbed import runtime",
-    "import testbed.x": "import testbed.runtime",
-    "importlib literal": "import importlib\nimportlib.import_module('testbed.runtime')",
-    "__import__ literal": "__import__('testbed.runtime.worker')",
+    "bare package": "from testbed.emulator import runtime",
+    "import testbed.x": "import testbed.emulator.runtime",
+    "importlib literal": "import importlib\nimportlib.import_module('testbed.emulator.runtime')",
+    "__import__ literal": "__import__('testbed.emulator.runtime.worker')",
 }
 
 
@@ -129,7 +129,8 @@ def test_a_plugin_reaching_past_the_api_fails_in_any_form(tmp_path: Path, slip: 
     root = _copy(tmp_path)
     _plant(root, "plugins/baselines/bubbles.py", PLUGIN_SLIPS[slip])
     bad = plugin_imports(root)
-    assert bad and all("bubbles.py" in line and "testbed.runtime" in line for line in bad), bad
+    assert bad and all("bubbles.py" in line and "testbed.emulator.runtime" in line
+                       for line in bad), bad
 
 
 def test_a_dynamic_import_of_a_computed_name_fails(tmp_path: Path) -> None:

@@ -9,20 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from testbed.errors import InputError
-from testbed.experiments.inputs import load_inputs
-from testbed.inference.memory import in_flight_of
-from testbed.plan.compute import stage_params
-from testbed.plan.model import Plan
-from testbed.policy import training_policy
-from testbed.runtime.coordinator.exits import peak_resident_bytes, resident_bytes
-from testbed.runtime.coordinator.memory import (
+from testbed.emulator.runtime.coordinator.exits import peak_resident_bytes, resident_bytes
+from testbed.emulator.runtime.coordinator.memory import (
     DELAY_LINE_BYTES,
     WORKER_BYTES,
     MemoryPlan,
     check_memory,
     predict_memory,
 )
+from testbed.errors import InputError
+from testbed.experiments.inputs import load_inputs
+from testbed.inference.memory import in_flight_of
+from testbed.plan.compute import stage_params
+from testbed.plan.model import Plan
+from testbed.policy import training_policy
 from testbed.sim.planning import plan_with_simulator
 from testbed.topology import parse_topology
 

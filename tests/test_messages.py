@@ -7,10 +7,8 @@ import json
 
 import pytest
 
-from testbed.job.model import ModelShape
-from testbed.plan.model import OuterOptimizer
-from testbed.runtime.wire.arbitration import Grant, TransferRequest
-from testbed.runtime.wire.messages import (
+from testbed.emulator.runtime.wire.arbitration import Grant, TransferRequest
+from testbed.emulator.runtime.wire.messages import (
     CollectiveSetup,
     Config,
     Connect,
@@ -29,7 +27,9 @@ from testbed.runtime.wire.messages import (
     decode,
     to_json,
 )
-from testbed.runtime.wire.protocol import ProtocolError
+from testbed.emulator.runtime.wire.protocol import ProtocolError
+from testbed.job.model import ModelShape
+from testbed.plan.model import OuterOptimizer
 
 CONFIG = Config(
     index=1, gpu="west-0", dc="west", address="10.0.0.2", replica=0, stages=[1, 2],

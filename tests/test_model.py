@@ -10,6 +10,8 @@ import torch
 from torch import nn
 
 from testbed.common.choices import ComputeChoice
+from testbed.emulator.runtime.coordinator.preflight import check_emulable
+from testbed.emulator.runtime.worker.model import Corpus, build_model, build_stages, sample_index
 from testbed.errors import InputError
 from testbed.experiments.inputs import load_inputs
 from testbed.job.model import MODEL_PRESETS, ModelShape
@@ -17,8 +19,6 @@ from testbed.plan.compute import stage_params
 from testbed.plan.model import split_layers
 from testbed.policy import training_policy
 from testbed.run.spec import RunSpec
-from testbed.runtime.coordinator.preflight import check_emulable
-from testbed.runtime.worker.model import Corpus, build_model, build_stages, sample_index
 from testbed.sim.planning import plan_with_simulator
 
 

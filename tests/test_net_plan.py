@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from testbed.emulator.net.cleanup import DownReport
+from testbed.emulator.net.delayline import Port
+from testbed.emulator.net.layout import MIN_QUEUE_BYTES, Shape, build_layout, check_limits
+from testbed.emulator.net.shaping import TBF_MAX_BPS, Shaper, htb_burst, netem_limit, plan_shaping
 from testbed.errors import InputError, NetworkError
-from testbed.net.cleanup import DownReport
-from testbed.net.delayline import Port
-from testbed.net.layout import MIN_QUEUE_BYTES, Shape, build_layout, check_limits
-from testbed.net.shaping import TBF_MAX_BPS, Shaper, htb_burst, netem_limit, plan_shaping
 from testbed.topology import parse_topology
 
 from .strategies import topologies
@@ -184,7 +184,7 @@ def test_delay_line_offloads_only_without_loss() -> None:
 
 
 def test_window_limit_arithmetic() -> None:
-    from testbed.net.check import window_limit_bps
+    from testbed.emulator.net.check import window_limit_bps
 
     assert math.isclose(window_limit_bps(4 * 1024**2, 0.1), 335544320.0)
 
@@ -192,7 +192,7 @@ def test_window_limit_arithmetic() -> None:
 @given(topologies(), st.integers(0, 63))
 def test_no_topology_names_a_scratch_namespace(topology: Any, slot: int) -> None:
     """`down` removes scratch namespaces of exited makers; a topology cannot name one."""
-    from testbed.net.state import PROBE_PREFIX
+    from testbed.emulator.net.state import PROBE_PREFIX
 
     assert not any(ns.startswith(PROBE_PREFIX) for ns in build_layout(topology, slot)
                    .namespaces())
@@ -203,7 +203,7 @@ def test_a_scratch_namespace_is_stale_only_once_its_maker_is_gone() -> None:
     import subprocess
     import sys
 
-    from testbed.net.state import probe_namespace, stale_probe
+    from testbed.emulator.net.state import probe_namespace, stale_probe
 
     mine = probe_namespace()
     assert not stale_probe(mine)

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from testbed.net.check import iperf_bps, ping_rtts
-from testbed.net.netns import list_namespaces, netem_available
-from testbed.net.network import Network, bring_up, tear_down
-from testbed.net.state import all_states
+from testbed.emulator.net.check import iperf_bps, ping_rtts
+from testbed.emulator.net.netns import list_namespaces, netem_available
+from testbed.emulator.net.network import Network, bring_up, tear_down
+from testbed.emulator.net.state import all_states
 from testbed.topology import parse_topology
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("clean_host")]
@@ -306,7 +306,7 @@ def test_not_root_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_dilated_link_rtt_and_minimum_rto_scale_with_k() -> None:
-    from testbed.net.netns import read_sysctl
+    from testbed.emulator.net.netns import read_sysctl
     from testbed.run.dilation import dilate_topology
 
     k = 4
@@ -325,7 +325,7 @@ def test_dilated_link_rtt_and_minimum_rto_scale_with_k() -> None:
 def test_a_plans_host_tcp_settings_reach_its_hosts_and_no_others() -> None:
     from dataclasses import replace
 
-    from testbed.net.netns import read_sysctl
+    from testbed.emulator.net.netns import read_sysctl
     from testbed.plan.host_tcp import hosts_as_planned
     from testbed.plan.model import HostTcp, Plan
 
@@ -348,7 +348,7 @@ def test_a_plans_host_tcp_settings_reach_its_hosts_and_no_others() -> None:
 def test_allowed_congestion_controls_are_restored(kill: bool) -> None:
     """A congestion control the host did not allow is added for the run and taken away
     after it: on a clean teardown, and by `testbed down` after a killed run."""
-    from testbed.net.netns import read_sysctl, write_root_sysctl
+    from testbed.emulator.net.netns import read_sysctl, write_root_sysctl
 
     key = "net.ipv4.tcp_allowed_congestion_control"
     before = read_sysctl(key)
@@ -362,7 +362,7 @@ def test_allowed_congestion_controls_are_restored(kill: bool) -> None:
         network = _up(topology)
         assert "bbr" in read_sysctl(key).split()
         if kill:  # what a killed run leaves behind: its state file, for `testbed down`
-            from testbed.net.cleanup import down
+            from testbed.emulator.net.cleanup import down
 
             down()
         else:
@@ -407,7 +407,7 @@ def test_down_leaves_a_live_run_alone() -> None:
 def test_down_removes_no_namespace_of_a_live_run_whatever_its_names(tmp_path: Path) -> None:
     """Ownership comes from state: a DC named like an internal scratch namespace keeps its
     hosts while its run lives; a scratch namespace whose maker exited goes."""
-    from testbed.net.netns import create_namespace, remove_namespace
+    from testbed.emulator.net.netns import create_namespace, remove_namespace
 
     topology = tmp_path / "probe.yaml"
     topology.write_text("datacenters:\n  - {name: tbprobe, gpus: 1}\n  - {name: west, gpus: 1}\n"

@@ -241,10 +241,10 @@ def test_a_checkpoint_moves_to_another_split_of_the_layers(tmp_path: Path) -> No
     old plan's stages saved (replica 0's, for every new replica)."""
     import torch
 
+    from testbed.emulator.runtime.worker.model import build_stages
+    from testbed.emulator.runtime.worker.reference import merge_stages
+    from testbed.emulator.runtime.worker.reshard import reshard
     from testbed.job.model import MODEL_PRESETS
-    from testbed.runtime.worker.model import build_stages
-    from testbed.runtime.worker.reference import merge_stages
-    from testbed.runtime.worker.reshard import reshard
 
     shape, old, new = MODEL_PRESETS["tiny"], (2, 2), (1, 3)
     source = tmp_path / "old"
@@ -283,10 +283,10 @@ def test_a_checkpoint_moves_to_another_split_of_the_layers(tmp_path: Path) -> No
 def test_outer_optimizer_state_is_not_moved_silently(tmp_path: Path) -> None:
     import torch
 
+    from testbed.emulator.runtime.worker.model import build_stages
+    from testbed.emulator.runtime.worker.reshard import reshard
     from testbed.errors import TestbedError
     from testbed.job.model import MODEL_PRESETS
-    from testbed.runtime.worker.model import build_stages
-    from testbed.runtime.worker.reshard import reshard
 
     shape = MODEL_PRESETS["tiny"]
     (module,) = build_stages(shape, (4,), seed=0)
@@ -343,7 +343,7 @@ def test_a_gpu_holding_several_stages_is_lost_with_all_of_them(tmp_path: Path) -
     """ZB-V puts two stages on each GPU (east-1 holds replica 1's stages 0 and 3): the
     failure names both, and an emulated segment's checkpoint is complete with a part from
     each GPU, not one from each stage."""
-    from testbed.backends.emulate_segments import _checkpoints
+    from testbed.emulator.backend_segments import _checkpoints
     from testbed.run.segments import Segment
 
     results = _simulate(tmp_path, "zbv", "failures: [{at: 0.3s, worker: east-1}]",

@@ -125,8 +125,8 @@ def test_damaged_saved_state_is_refused_before_anything_is_made(
         tmp_path: Path, finished: Path, damage: str, expected: str) -> None:
     import shutil
 
-    from testbed.net.netns import list_namespaces
-    from testbed.net.state import all_states
+    from testbed.emulator.net.netns import list_namespaces
+    from testbed.emulator.net.state import all_states
 
     run = tmp_path / "run"
     shutil.copytree(finished, run)

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import torch
 
+from testbed.emulator.runtime.worker.reference import merge_stages, train_one_process
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.run import run
 from testbed.report.results_schema import check_results
 from testbed.run.spec import RunSpec
-from testbed.runtime.worker.reference import merge_stages, train_one_process
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("clean_host")]
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.runtime.wire.protocol import read_message, send_message
+from testbed.emulator.runtime.wire.protocol import read_message, send_message
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO_DC = ROOT / "topologies" / "two-dc.yaml"

@@ -21,15 +21,21 @@ from typing import Any, get_args
 import pytest
 
 from testbed.common.spans import Span, SpanKind
+from testbed.emulator.runtime.wire.messages import (
+    CollectiveSetup,
+    Config,
+    EmulatedTiming,
+    Idle,
+    PeerInfo,
+)
+from testbed.emulator.runtime.worker.engines import EmulatedEngine, make_engines
+from testbed.emulator.runtime.worker.process import make_transport
+from testbed.emulator.runtime.worker.stage_runner import StageRunner
 from testbed.job.model import ModelShape
 from testbed.plan.buckets import bucket_ready
 from testbed.plan.collective import Collective
 from testbed.plan.model import Action, Op
 from testbed.plan.schedules import stage_actions
-from testbed.runtime.wire.messages import CollectiveSetup, Config, EmulatedTiming, Idle, PeerInfo
-from testbed.runtime.worker.engines import EmulatedEngine, make_engines
-from testbed.runtime.worker.process import make_transport
-from testbed.runtime.worker.stage_runner import StageRunner
 
 TOKEN = b"t" * 32
 ACTIVATION = 64
@@ -312,7 +318,8 @@ def test_a_ring_across_dcs_moves_the_collectives_bytes_without_holding_them() ->
 def test_every_stage_of_an_emulated_worker_sends_zeros_that_take_no_memory() -> None:
     """A worker holding two stages (the first and the last) under split backwards: its
     forwards, whole backwards and input gradients are zeros of the activation's size from
-    the one read-only mapping (testbed.runtime.worker.zeros), never a buffer of their own."""
+    the one read-only mapping (testbed.emulator.runtime.worker.zeros), never a buffer of
+    their own."""
     config = _config(0, 0, 1, 3, 2, False, False, activation=2**20)
     config = dataclasses.replace(
         config, stages=[0, 2], emulated={"0": EmulatedTiming(0.0, 0.0, 0.0, 0.0),
@@ -331,7 +338,7 @@ def test_an_emulated_worker_imports_no_torch() -> None:
     """A worker process with emulated compute: its modules, engine, transport and a
     pipeline with replicas and all-reduces, in a fresh interpreter."""
     script = ("import asyncio, sys\n"
-              "import testbed.runtime.worker.process\n"
+              "import testbed.emulator.runtime.worker.process\n"
               "from tests.test_stage_runner import _run\n"
               "asyncio.run(_run(2, 2, 4))\n"
               "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n")

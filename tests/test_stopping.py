@@ -12,9 +12,9 @@ import pytest
 
 CHILD = textwrap.dedent("""
     import asyncio, os, signal, sys
-    from testbed.runtime.worker.stopping import until_signalled
-    from testbed.runtime.worker.transport import Transport, _Link
-    from testbed.runtime.worker.process import run_loop
+    from testbed.emulator.runtime.worker.stopping import until_signalled
+    from testbed.emulator.runtime.worker.transport import Transport, _Link
+    from testbed.emulator.runtime.worker.process import run_loop
 
     read_buffer = _Link.get_buffer
     def get_buffer(self, sizehint):

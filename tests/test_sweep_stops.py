@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from testbed.emulator.net import cleanup, sweep_leftovers
+from testbed.emulator.net.state import process_start_ticks
+from testbed.emulator.net.sweep_leftovers import MARK, OWNER_FILE, RAY_PREFIX, identity
 from testbed.experiments.sweep_store import POINTS_FILE
-from testbed.net import cleanup, sweep_leftovers
-from testbed.net.state import process_start_ticks
-from testbed.net.sweep_leftovers import MARK, OWNER_FILE, RAY_PREFIX, identity
 
 from .private_host import private_host
 from .test_sweep import NO_RAY

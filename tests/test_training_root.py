@@ -22,17 +22,17 @@ from typing import Any
 import pytest
 import torch
 
+from testbed.emulator.runtime.coordinator.coordinator import Coordinator, RunFailed
+from testbed.emulator.runtime.coordinator.hosts import NamespaceHosts
+from testbed.emulator.runtime.coordinator.run_config import RunConfig
+from testbed.emulator.runtime.coordinator.signals import run_with_signals
+from testbed.emulator.runtime.worker.model import Corpus, build_model, loss_of, sample_index
+from testbed.emulator.runtime.worker.reference import merge_stages, train_one_process
 from testbed.experiments.inputs import load_inputs
 from testbed.job.model import Job
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.policy import training_policy
 from testbed.report.results_schema import check_results
-from testbed.runtime.coordinator.coordinator import Coordinator, RunFailed
-from testbed.runtime.coordinator.hosts import NamespaceHosts
-from testbed.runtime.coordinator.run_config import RunConfig
-from testbed.runtime.coordinator.signals import run_with_signals
-from testbed.runtime.worker.model import Corpus, build_model, loss_of, sample_index
-from testbed.runtime.worker.reference import merge_stages, train_one_process
 from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import tokens_per_iteration
 
@@ -339,7 +339,7 @@ def _probe(network: Any, connections: int, megabytes: int, messages: int = 1,
            pace_bps: float = 0.0) -> float:
     """Goodput in bit/s of striped messages from east-0 to west-0 (median after the first
     when there are several: warm connections)."""
-    from testbed.runtime.coordinator.probe import timed_messages
+    from testbed.emulator.runtime.coordinator.probe import timed_messages
 
     size = megabytes * 2**20
     seconds = timed_messages(network, "east-0", "west-0", connections, messages, size,
@@ -352,7 +352,7 @@ def test_paced_striping_is_not_slower_than_one_connection() -> None:
     """Warm, paced connections leave at the path's rate together: N of them are not slower
     than one (bound generous for a busy machine; scripts/bench_transport.py --pacing
     measures the figures against iperf3)."""
-    from testbed.net.network import bring_up, tear_down
+    from testbed.emulator.net.network import bring_up, tear_down
     from testbed.topology import parse_topology
 
     topology = parse_topology({
@@ -370,7 +370,7 @@ def test_paced_striping_is_not_slower_than_one_connection() -> None:
     assert four < 2e8, four  # paced: never above the link
 
 def test_striping_beats_one_connection_as_the_window_limit_predicts() -> None:
-    from testbed.net.network import bring_up, tear_down
+    from testbed.emulator.net.network import bring_up, tear_down
     from testbed.topology import parse_topology
 
     topology = parse_topology({

@@ -12,9 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.runtime.wire.protocol import chunks
-from testbed.runtime.worker.allreduce import chunk_bounds
-from testbed.runtime.worker.transport import PeerLost, Transport
+from testbed.emulator.runtime.wire.protocol import chunks
+from testbed.emulator.runtime.worker.allreduce import chunk_bounds
+from testbed.emulator.runtime.worker.transport import PeerLost, Transport
 
 TOKEN = b"t" * 32
 DTYPES = [
@@ -146,7 +146,7 @@ def test_allreduce_chunks_are_whole_elements(total: int, parts: int) -> None:
 def test_strangers_are_dropped_without_touching_the_run() -> None:
     """A connection that never proves the run's secret (closed at once, garbage, a wrong
     token) is dropped; the peers' own traffic goes on."""
-    from testbed.runtime.wire.protocol import pack_hello
+    from testbed.emulator.runtime.wire.protocol import pack_hello
 
     async def stranger(port: int, payload: bytes) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -233,7 +233,7 @@ def test_a_wait_for_acknowledgement_looks_a_few_dozen_times_not_a_thousand(
     on any machine): the wait used to look every 0.5 ms, up to a thousand times, a cost
     every worker waiting out a slow link paid. It looks a few dozen times, and not once
     after the queue is empty."""
-    import testbed.runtime.worker.transport as transport
+    import testbed.emulator.runtime.worker.transport as transport
 
     looks: list[int] = []
     began = time.monotonic()
@@ -261,7 +261,11 @@ def test_a_wait_for_acknowledgement_looks_a_few_dozen_times_not_a_thousand(
 
 
 def test_how_long_a_wait_for_acknowledgement_sleeps() -> None:
-    from testbed.runtime.worker.send_queue import ACK_POLL_S, ACK_STALLED_MAX_S, ack_poll_delay
+    from testbed.emulator.runtime.worker.send_queue import (
+        ACK_POLL_S,
+        ACK_STALLED_MAX_S,
+        ack_poll_delay,
+    )
 
     assert ack_poll_delay(1000, 0, 0.0, 0.0) == ACK_POLL_S  # the first look comes soon
     # 1 MB left, draining 1 MB per 0.1 s: a quarter of the 0.1 s left

@@ -19,11 +19,11 @@ import pytest
 
 from testbed.common.input_files import MAX_NESTING
 from testbed.common.jsonio import MAX_JSON_BYTES
+from testbed.emulator.resume import load_resumption
 from testbed.errors import InputError
 from testbed.experiments.sweep import Point
 from testbed.experiments.sweep_store import POINTS_FILE, SWEEP_FILE, _line, start
 from testbed.plan.text import parse_plan_csv
-from testbed.run.resume import load_resumption
 from tests.test_checkpoint import _saved
 from tests.test_cli import call
 
@@ -230,7 +230,7 @@ def test_a_deeply_nested_checkpoint_is_one_line(tmp_path: Path) -> None:
 def test_a_deeply_nested_run_state_file_is_damaged_not_a_traceback(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`testbed down` and `net ls` list run state files: a deep one is damaged, skipped."""
-    from testbed.net import state
+    from testbed.emulator.net import state
 
     monkeypatch.setattr(state, "STATE_DIR", tmp_path)
     (tmp_path / "deep.json").write_text(DEEP)

@@ -17,6 +17,19 @@ import torch
 from torch.autograd.graph import Node
 
 from testbed.common.choices import EmulatedCompute
+from testbed.emulator.runtime.coordinator.pool import WorkerHandle
+from testbed.emulator.runtime.coordinator.run_config import RunConfig
+from testbed.emulator.runtime.coordinator.worker_setup import worker_config
+from testbed.emulator.runtime.wire.messages import Config
+from testbed.emulator.runtime.worker.model import build_stages, loss_of
+from testbed.emulator.runtime.worker.reference import merge_stages, train_one_process
+from testbed.emulator.runtime.worker.split_backward import (
+    _consumers,
+    _consuming,
+    input_gradient,
+    weight_gradients,
+)
+from testbed.emulator.runtime.worker.stage_runner import StageRunner
 from testbed.experiments.inputs import load_inputs
 from testbed.job.model import Job
 from testbed.plan.interpret import Compute, Overlapped, Part, Receive, Send, interpret
@@ -24,19 +37,6 @@ from testbed.plan.model import Plan
 from testbed.policy import training_policy
 from testbed.report.chrome import trace_events
 from testbed.report.gantt import GanttPanel, gantt_plot
-from testbed.runtime.coordinator.pool import WorkerHandle
-from testbed.runtime.coordinator.run_config import RunConfig
-from testbed.runtime.coordinator.worker_setup import worker_config
-from testbed.runtime.wire.messages import Config
-from testbed.runtime.worker.model import build_stages, loss_of
-from testbed.runtime.worker.reference import merge_stages, train_one_process
-from testbed.runtime.worker.split_backward import (
-    _consumers,
-    _consuming,
-    input_gradient,
-    weight_gradients,
-)
-from testbed.runtime.worker.stage_runner import StageRunner
 from testbed.sim.planning import plan_with_simulator
 from tests.test_stage_runner import _run_configs
 

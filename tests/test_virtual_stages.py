@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed.backends.emulate import EmulatorBackend
 from testbed.backends.simulate import SimulatorBackend
+from testbed.emulator.backend import EmulatorBackend
 from testbed.errors import InputError, PlanError
 from testbed.job.load import parse_job
 from testbed.plan import Action, Op, Plan, plan_grid, plan_to_csv, validate_plan

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from testbed.emulator.runtime.coordinator.pool import WorkerHandle
+from testbed.emulator.runtime.coordinator.run_config import RunConfig
+from testbed.emulator.runtime.coordinator.worker_setup import worker_config, worker_connections
 from testbed.job.model import Job, ModelShape
 from testbed.plan import validate_plan
 from testbed.plan.build import Schedule, build_plan
@@ -14,9 +17,6 @@ from testbed.plan.compute import collective_bytes, ring_allgather_s
 from testbed.plan.cycles import cycled
 from testbed.plan.model import Action, Op, OuterOptimizer, Plan
 from testbed.policy import training_policy
-from testbed.runtime.coordinator.pool import WorkerHandle
-from testbed.runtime.coordinator.run_config import RunConfig
-from testbed.runtime.coordinator.worker_setup import worker_config, worker_connections
 from testbed.topology import load_topology
 from tests.conftest import TOPOLOGIES
 

@@ -22,14 +22,14 @@ from testbed.cli.options import (
 )
 from testbed.cli.progress import Reporter
 from testbed.common.choices import ShaperChoice
+from testbed.emulator.runtime.launch.placement import FILE_ORDER, rank_order
+from testbed.emulator.runtime.launch.ranks import MASTER_PORT
+from testbed.emulator.runtime.launch.spec import DEFAULT_GRACE_S, LaunchSpec, refuse_dilation
+from testbed.emulator.runtime.wire.secret import read_secret
 from testbed.experiments.inputs import load_inputs
 from testbed.policy import parse_options
 from testbed.report.launch_results import launch_summary
 from testbed.report.results import new_run_dir
-from testbed.runtime.launch.placement import FILE_ORDER, rank_order
-from testbed.runtime.launch.ranks import MASTER_PORT
-from testbed.runtime.launch.spec import DEFAULT_GRACE_S, LaunchSpec, refuse_dilation
-from testbed.runtime.wire.secret import read_secret
 
 EXIT = {"ok": 0, "failed": 1, "timed_out": 1}
 
@@ -124,8 +124,8 @@ def launch(topology: Path, command: tuple[str, ...], placement: str,
     spec.check()
     reporter.say(f"launch: {' '.join(command)} on {inputs.topology.name}, ranks on "
                  f"{', '.join(hosts)}")
-    from testbed.runtime.launch.launcher import Launcher
-    from testbed.runtime.launch.outcome import write_launch
+    from testbed.emulator.runtime.launch.launcher import Launcher
+    from testbed.emulator.runtime.launch.outcome import write_launch
 
     quiet = reporter.verbosity == "quiet"
     launcher = Launcher(spec, reporter.say, (lambda _l: None) if quiet else

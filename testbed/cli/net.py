@@ -13,10 +13,10 @@ import click
 
 from testbed.common.choices import ShaperChoice, values_of
 from testbed.common.units import human_rate
+from testbed.emulator.net.interrupts import critical, stop_point, stop_signals
+from testbed.emulator.net.layout import check_limits
+from testbed.emulator.net.state import RunState, all_states
 from testbed.errors import NetworkError, Terminated, TestbedError
-from testbed.net.interrupts import critical, stop_point, stop_signals
-from testbed.net.layout import check_limits
-from testbed.net.state import RunState, all_states
 from testbed.topology import Topology, load_topology
 from testbed.topology.cluster import Cluster, load_cluster, machine_at
 
@@ -72,8 +72,8 @@ def net_up(topology: Path, shaper: str, detach: bool, cluster_file: Path | None,
     `testbed net exec east-0 -- ping west-0` works. With --cluster, run it on each
     machine of the cluster: each brings up its own DCs, and together they make one network.
     """
-    from testbed.net.network import bring_up
-    from testbed.net.teardown import clean_own_states
+    from testbed.emulator.net.network import bring_up
+    from testbed.emulator.net.teardown import clean_own_states
 
     topo = load_topology(topology)
     check_limits(topo)
@@ -210,9 +210,9 @@ def net_check(topology: Path, shaper: str, seconds: float, flows: int, as_json: 
     For each link: RTT (median and minimum, against the configured RTT), one TCP flow (a
     long link caps it at window/RTT), and several parallel flows (which should fill it).
     """
-    from testbed.net.check import check_link
-    from testbed.net.network import bring_up
-    from testbed.net.teardown import clean_own_states
+    from testbed.emulator.net.check import check_link
+    from testbed.emulator.net.network import bring_up
+    from testbed.emulator.net.teardown import clean_own_states
 
     require_root()
     topo = load_topology(topology)
@@ -270,7 +270,7 @@ def down(run: str | None, stop_live: bool) -> None:
     id, see `testbed net ls`) removes that run only, stopping it if it is alive; --all
     stops live runs too.
     """
-    from testbed.net.cleanup import down as clean
+    from testbed.emulator.net.cleanup import down as clean
 
     require_root()
     report = clean(echo_err, run=run, stop_live=stop_live)
@@ -290,7 +290,7 @@ def this_machine(path: Path | None, machine: str | None, topology: Topology
         if machine is not None:
             raise click.UsageError("--machine needs --cluster")
         return None, None
-    from testbed.net.netns import local_addresses
+    from testbed.emulator.net.netns import local_addresses
 
     cluster = load_cluster(path, topology)
     machine = machine or machine_at(cluster, local_addresses())

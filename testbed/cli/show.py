@@ -33,7 +33,7 @@ def show(run_dir: Path, out: Path | None, fmt: FigureFormat) -> None:
     from testbed.report.run_plots import draw_runs  # matplotlib: only when drawing
 
     if _is_launch(run_dir):
-        from testbed.runtime.launch.outcome import redraw
+        from testbed.emulator.runtime.launch.outcome import redraw
 
         directory = out or run_dir
         directory.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """Dataclasses to JSON-ready data and back, checked against their type hints: the control
-protocol's messages (testbed.runtime.wire.messages), results.json's types
+protocol's messages (testbed.emulator.runtime.wire.messages), results.json's types
 (testbed.report.run_results) and the planning store's answers (testbed.common.memo)
 alike."""
 

@@ -53,7 +53,7 @@ ENV_SWITCH = "TESTBED_PLANNING_STORE"
 ENV_DIR = "TESTBED_PLANNING_STORE_DIR"
 OLD_SWITCH = "TESTBED_CACHE"
 """The switch's older name, read for `off` alone (it also named the capacity cache's
-folder once: testbed.runtime.coordinator.capacity has a variable of its own now)."""
+folder once: testbed.emulator.runtime.coordinator.capacity has a variable of its own now)."""
 OLD_DIR = "TESTBED_CACHE_DIR"
 """The folder's older name, read where the new one is not set."""
 OFF = ("off", "0", "no", "false")

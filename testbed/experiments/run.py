@@ -173,6 +173,6 @@ def backend_for(name: BackendName) -> Backend:
         from testbed.backends.simulate import SimulatorBackend
 
         return SimulatorBackend()
-    from testbed.backends.emulate import EmulatorBackend
+    from testbed.emulator.backend import EmulatorBackend
 
     return EmulatorBackend()

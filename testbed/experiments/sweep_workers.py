@@ -10,7 +10,7 @@ held, so one that lands while they load is never a traceback of theirs) and die 
 this process, however it dies (PR_SET_PDEATHSIG; one that finds this process gone by
 the time it sets that exits). What a sweep starts carries its mark, and a local Ray
 instance's folder too, so `testbed down` finds what a killed one left
-(testbed.net.sweep_leftovers). Ray is an optional extra (`pip install
+(testbed.emulator.net.sweep_leftovers). Ray is an optional extra (`pip install
 'geo-testbed[ray]'`); on a cluster, every node needs this testbed installed.
 """
 
@@ -32,12 +32,12 @@ from typing import Any
 
 from testbed import DISTRIBUTION
 from testbed.common.units import human_bytes, plural
+from testbed.emulator.net.sweep_leftovers import marking, ray_folder
+from testbed.emulator.runtime.coordinator.memory import available_memory
 from testbed.errors import InputError, TestbedError, TestbedWarning, one_line
 from testbed.experiments.run import simulated
 from testbed.experiments.sweep import Point, row_metrics
-from testbed.net.sweep_leftovers import marking, ray_folder
 from testbed.policy.parallel import cores, die_with, share_cores
-from testbed.runtime.coordinator.memory import available_memory
 from testbed.sim.planning import keeping_answers, keeps_answers, shared_cache
 
 Row = dict[str, Any]

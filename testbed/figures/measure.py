@@ -138,10 +138,10 @@ def _emulated_transfer(topology: Topology, a: str, b: str, nbytes: int,
                        connections: int, force_pacing: bool = False) -> float:
     """Over the emulated pair of DCs, dilated and paced as a run would be (or paced
     regardless); in represented seconds."""
-    from testbed.net.network import bring_up, tear_down
+    from testbed.emulator.net.network import bring_up, tear_down
+    from testbed.emulator.runtime.coordinator.capacity import machine_capacity_bps
+    from testbed.emulator.runtime.coordinator.probe import timed_messages
     from testbed.run.dilation import choose_dilation, dilate_topology
-    from testbed.runtime.coordinator.capacity import machine_capacity_bps
-    from testbed.runtime.coordinator.probe import timed_messages
 
     pair = first_dcs(_only(topology, a, b), 2)
     rate = pair.bottleneck_bps(a, b)

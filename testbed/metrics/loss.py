@@ -35,7 +35,7 @@ class LossPoint(TypedDict):
 LossOf = Literal["training", "synchronized"]
 """Whose loss a time to loss ranks: the replicas' training steps' (each step's loss, mean
 over the replicas), or the synchronized model's, a DiLoCo-family run's outer parameters
-at the start of the run and of each cycle (testbed.runtime.worker.synced_loss), which is
+at the start of the run and of each cycle (testbed.emulator.runtime.worker.synced_loss), which is
 the model such a run would keep; its replicas' local models, which step apart between
 syncs, reach a lower loss sooner."""
 
@@ -105,7 +105,7 @@ def _tokens_so_far(ends_s: Sequence[float], tokens_per_iteration: int | Sequence
 
 def synced_loss_curve(losses: Mapping[int, float], ends_s: Sequence[float],
                       tokens_per_iteration: int | Sequence[int]) -> list[LossPoint]:
-    """The synchronized model's losses (testbed.runtime.worker.synced_loss) as a curve:
+    """The synchronized model's losses (testbed.emulator.runtime.worker.synced_loss) as a curve:
     the model kept as iteration `i` starts at iteration i's end, as a step's loss is
     (`loss_curve`); the model the run ends with, kept for the iteration after the last,
     at the run's end."""

@@ -163,7 +163,7 @@ class EmulatorBlock:
     prediction_error: float | None
     """The emulator's against it (positive: the emulator was slower)."""
     emulation: dict[str, Any] | None
-    """Whether the machine kept the pace (testbed.runtime.coordinator.health)."""
+    """Whether the machine kept the pace (testbed.emulator.runtime.coordinator.health)."""
     memory: dict[str, Any]
     """The run's peak memory as measured, beside what was predicted (in place of the
     plan's memory summary)."""
@@ -258,7 +258,7 @@ class Results:
     synced_loss_curve: list[LossPoint] | None = field(default=None, metadata=OMITTED)
     """The synchronized model's loss at the start of the run and of each cycle, on that
     iteration's global batch, and of the model it ends with, at its end
-    (testbed.runtime.worker.synced_loss): what its `time_to_loss` ranks."""
+    (testbed.emulator.runtime.worker.synced_loss): what its `time_to_loss` ranks."""
 
     @property
     def typical_s(self) -> Seconds | None:

@@ -1,5 +1,5 @@
 """The two ways to run a plan behind one interface, so that `testbed.experiments.run` only
-dispatches: the simulator (testbed.backends.simulate) and the emulator (testbed.backends.emulate).
+dispatches: the simulator (testbed.backends.simulate) and the emulator (testbed.emulator.backend).
 """
 
 from __future__ import annotations

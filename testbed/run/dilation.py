@@ -147,7 +147,7 @@ def peak_rate_bps(spans: Iterable[Span], wan_only: bool = True) -> float:
 @dataclass(frozen=True)
 class WorkerCosts:
     """What this machine's CPU pays for the workers besides the bytes they move
-    (measured by testbed.runtime.coordinator.calibrate)."""
+    (measured by testbed.emulator.runtime.coordinator.calibrate)."""
 
     span_cpu_s: float
     """CPU seconds per span a worker records: the action behind it (a send, a receive, a

@@ -3,7 +3,7 @@
 Pure data, validated against the topology like the topology itself: each machine has an
 address on the cluster network (the network the machines share) and carries whole DCs,
 their GPU hosts and router. A WAN link between DCs on different machines runs through a
-VXLAN tunnel between the two routers over the cluster network (see testbed.net.share).
+VXLAN tunnel between the two routers over the cluster network (see testbed.emulator.net.share).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Pure: from the cluster file and the run's processes (workers by GPU host, decode
 by name) it decides each machine's seats, in local-rank order, and the command line that
 starts them there with torch's own launcher (c10d rendezvous at the first machine with
 seats, which hosts the rendezvous store). Each process torchrun starts runs
-`testbed.runtime.worker.join`: it joins the coordinator and becomes its seat's worker.
+`testbed.emulator.runtime.worker.join`: it joins the coordinator and becomes its seat's worker.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from testbed.topology.cluster import Cluster, Machine
 Role = Literal["worker", "decode", "network"]
 """A seat's job; "network": hold the machine's share of the network while the run lasts
 (a machine that carries DCs no process of the plan runs on)."""
-JOIN_MODULE = "testbed.runtime.worker.join"
+JOIN_MODULE = "testbed.emulator.runtime.worker.join"
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class ClusterRun:
     machine: str
     """This machine: the cluster's coordinator."""
     secret: bytes
-    """What the cluster file's `secret` file holds (testbed.runtime.wire.secret)."""
+    """What the cluster file's `secret` file holds (testbed.emulator.runtime.wire.secret)."""
     join_timeout_s: float = 300.0
     """How long the other machines get to start their torchrun."""
 

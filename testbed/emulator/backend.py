@@ -1,0 +1,282 @@
+"""The emulator as a backend: the plan run by real processes over the emulated WAN, with
+the simulator's prediction beside it and time dilation where the links exceed what this
+machine can forward."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal
+
+from testbed.backends.simulate import (
+    SimulatorBackend,
+    check_recoverable,
+    joined_spans,
+    recovery_results,
+    simulate_with_failures,
+    typed_inference,
+)
+from testbed.common.choices import EmulatedCompute
+from testbed.common.spans import Span
+from testbed.common.units import human_bytes
+from testbed.emulator.backend_segments import Segments, segment_runner
+from testbed.emulator.resume import check_checkpointable, checkpoints_for, save_settings
+from testbed.emulator.runtime.coordinator.coordinator import Coordinator, Interrupted
+from testbed.emulator.runtime.coordinator.health import Health, busy_now
+from testbed.emulator.runtime.coordinator.memory import (
+    MemoryPlan,
+    MemoryUse,
+    available_memory,
+    coordinator_now,
+    predict_memory,
+)
+from testbed.emulator.runtime.coordinator.preflight import check_emulable, choose_compute
+from testbed.emulator.runtime.coordinator.run_config import RunConfig
+from testbed.emulator.runtime.coordinator.signals import run_to_the_end
+from testbed.errors import InputError, TestbedError
+from testbed.inference.bubbles import inference_results, make_broker
+from testbed.metrics.overruns import prefill_overruns
+from testbed.metrics.summary import summarize
+from testbed.plan.model import Plan
+from testbed.policy.base import TrainingPolicy
+from testbed.report.results import RunRecord
+from testbed.report.run_results import EmulatorBlock
+from testbed.run.backend import BackendRun, Say
+from testbed.run.checkpoint import Progress
+from testbed.run.dilation import (
+    MachineLoad,
+    choose_for,
+    peak_rate_bps,
+    represented_inference,
+    represented_requests,
+    represented_spans,
+    spans_per_second,
+    usable_share,
+)
+from testbed.run.segments import run_segments
+from testbed.run.spec import RunSpec
+from testbed.sim.bubble_seed import modeled_waits
+from testbed.sim.simulate import simulate_plan, tokens_per_iteration, wan_capacity_bps
+from testbed.topology.seats import describe_run
+
+PREDICTED_ITERATIONS = 20
+"""Iterations the simulator runs to predict an emulated run's iteration time (and peak
+rate): enough for the steady state, few enough that a run of a million iterations does
+not wait for its prediction."""
+
+
+class EmulatorBackend:
+    name: Literal["emulate"] = "emulate"
+
+    def check(self, spec: RunSpec, plan: Plan, resume: Progress | None) -> None:
+        """What the emulator does not run is refused before anything starts (torch's
+        whole schedule language it runs: virtual stages, split backwards, overlapped
+        units)."""
+        if spec.simulate.jitter:
+            raise InputError("applies to the simulator: an emulated run has its own noise",
+                             "--jitter")
+        check_emulable(spec, plan)
+        check_recoverable(spec)
+        if spec.common.checkpoint_every or resume:
+            check_checkpointable(spec, plan)
+        if spec.emulate.cluster is not None:
+            check_across_machines(spec, resume)
+
+    def execute(self, spec: RunSpec, plan: Plan, policy: TrainingPolicy, directory: Path,
+                say: Say, resume: Progress | None) -> BackendRun:
+        return _emulate(spec, plan, policy, directory, say, resume)
+
+
+def check_across_machines(spec: RunSpec, resume: Progress | None) -> None:
+    """What a run across machines does not do yet, refused before anything starts."""
+    if spec.common.checkpoint_every or resume is not None:
+        raise InputError("checkpoints and --resume are for runs on one machine", "--cluster")
+    if spec.scenario.failures:
+        raise InputError("a scenario's failures are for runs on one machine", "--cluster")
+
+
+def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path, say: Say,
+             resume: Progress | None) -> BackendRun:
+    """The run: its prediction and dilation, then the coordinator's network and workers
+    (or segments between a scenario's failures), its measurements in represented time."""
+    common = spec.common
+    mode = choose_compute(spec.emulate.compute, len(plan.used_gpus()))
+    broker = make_broker(spec.topology, spec.job, plan, common.bubble_policy,
+                         common.bubble_options)
+    simulable = False
+    try:
+        SimulatorBackend().check(spec, plan, resume)  # what it does not run, it cannot predict
+        simulable = True
+        preview = replace(spec.job, iterations=min(
+            spec.job.iterations, max(PREDICTED_ITERATIONS, plan.period)))
+        simulated, predicted_spans = simulate_plan(
+            spec.topology, preview, plan, chosen, spec.simulate.profile, broker,
+            spec.link_events, stragglers=spec.scenario.stragglers)
+        predicted = simulated.typical_s
+    except TestbedError as exc:  # the emulator can still run the plan
+        say(f"warning: no prediction for this run: {exc}")
+        predicted, predicted_spans = None, []
+    memory = predict_memory(spec.topology, spec.job, plan, mode, coordinator_now())
+    k = _choose_dilation(spec, predicted_spans, mode, plan, memory, say)
+    if predicted is not None:
+        wall = predicted * (spec.job.iterations + 1) * k
+        say(f"the simulator predicts {predicted:.3f} s per iteration; at dilation "
+            f"{k} training takes about {_wall_time(wall)} of wall time")
+        if spec.emulate.wall_budget_s is not None and wall > spec.emulate.wall_budget_s:
+            raise TestbedError(
+                f"not run: at dilation {k} it would take about {_wall_time(wall)} of wall "
+                f"time ({predicted:.3g} s per iteration predicted), over the "
+                f"{_wall_time(spec.emulate.wall_budget_s)} budget")
+    if common.checkpoint_every and resume is None:
+        save_settings(directory, spec, mode, k)
+    if spec.scenario.failures:
+        return _in_segments(spec, plan, chosen, directory, say, mode, k, predicted, memory)
+    checkpoints = None
+    if common.checkpoint_every or resume:
+        checkpoints = checkpoints_for(directory, common.checkpoint_every,
+                                      len(plan.used_gpus()), resume)
+    config = RunConfig.for_spec(
+        spec, spec.topology, plan, chosen, mode, directory / "logs", k, spec.link_events,
+        spec.scenario, checkpoints=checkpoints,
+        bubble_seed=modeled_waits(spec.topology, spec.job, plan, chosen,
+                                  spec.simulate.profile, k)
+        if common.bubble_policy and simulable else {})
+    coordinator = Coordinator(config, say=say)
+    outcome, error = run_to_the_end(coordinator)
+    if outcome is None:
+        raise error or TestbedError("the run ended before it started")
+    spans = represented_spans(outcome.spans, outcome.start, k)
+    summary = outcome.summary if k == 1 else summarize(
+        spans, plan.used_gpus(), outcome.start, tokens_per_iteration(spec.job, plan),
+        wan_capacity_bps(spec.topology, plan), plan.period)
+    # what the run needed to keep the represented pace sets the next dilation
+    health = None if outcome.health is None else \
+        outcome.health.behind(summary.typical_s, predicted)
+    if health is not None and health.warning():
+        say(f"warning: {health.warning()}")
+    until = max((s["end"] for s in outcome.spans), default=outcome.start) - outcome.start
+    inference = inference_results(coordinator.topology, coordinator.job, plan,
+                                  coordinator.broker, until)
+    record = RunRecord(
+        backend="emulate", policy=spec.policy, bubble_policy=common.bubble_policy,
+        topology=spec.topology, job=spec.job, plan=plan, shaper=outcome.shaper,
+        compute=mode, summary=summary, spans=spans, start=outcome.start,
+        status=outcome.status, error=outcome.error, losses=outcome.losses,
+        synced_losses=outcome.synced_losses or None, policy_options=common.policy_options,
+        backend_block=_block(spec, k, predicted, summary.typical_s, health,
+                             _memory_block(outcome.memory, memory),
+                             resume.resumed_at if resume else []),
+        inference=typed_inference(_with_overruns(represented_inference(inference, k), spans,
+                                                 coordinator.broker is not None)),
+        requests=None if coordinator.broker is None else represented_requests(
+            coordinator.broker.request_rows(until), k))
+    return BackendRun(record, error)
+
+
+def _in_segments(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
+                 say: Say, mode: EmulatedCompute, k: int, predicted: float | None,
+                 memory: MemoryPlan) -> BackendRun:
+    """A run with a scenario's failures, in segments (testbed.run.segments); the prediction
+    beside it is the simulator's of the same run, failures and recoveries included, and
+    the memory predicted is the first plan's."""
+    try:
+        simulated = simulate_with_failures(spec, plan, chosen, lambda _m: None).record.summary
+        predicted = simulated.typical_s
+    except TestbedError as exc:
+        say(f"warning: no prediction for this run with its failures: {exc}")
+    seen = Segments()
+    joined = run_segments(spec, plan, chosen, segment_runner(spec, chosen, directory, mode, k,
+                                                             say, seen), say)
+    spans = joined_spans(spec, joined)
+    summary = summarize(spans, joined.gpus, 0.0, tokens_per_iteration(spec.job, plan),
+                        wan_capacity_bps(spec.topology, plan), plan.period, joined.epochs)
+    error = joined.error
+    status = "interrupted" if isinstance(error, Interrupted) else "failed" if error else "ok"
+    health = None if seen.health is None else seen.health.behind(summary.typical_s, predicted)
+    if health is not None and health.warning():
+        say(f"warning: {health.warning()}")
+    record = RunRecord(
+        backend="emulate", policy=spec.policy, bubble_policy=None, topology=spec.topology,
+        job=spec.job, plan=plan, shaper=seen.shaper, compute=mode, summary=summary,
+        spans=spans, start=0.0, status=status, error=str(error) if error else None,
+        losses=joined.losses, synced_losses=joined.synced_losses or None,
+        policy_options=spec.common.policy_options,
+        backend_block=_block(spec, k, predicted, summary.typical_s, health,
+                             _memory_block(seen.memory, memory), []),
+        recovery=recovery_results(spec, joined))
+    return BackendRun(record, error)
+
+
+def _block(spec: RunSpec, k: int, predicted: float | None, measured: float | None,
+           health: Health | None, memory: dict[str, Any], resumed_at: list[int]
+           ) -> EmulatorBlock:
+    """What the emulator alone writes into results.json: its settings, the dilation it
+    went at, the simulator's prediction beside the measured iteration, the machine's
+    health and memory."""
+    emulate = spec.emulate
+    return EmulatorBlock(
+        allreduce=emulate.allreduce, pacing=emulate.pacing, activations=emulate.activations,
+        dilation=k, dilation_requested=emulate.dilation,
+        checkpoint_every=spec.common.checkpoint_every or None,
+        cluster=None if emulate.cluster is None else describe_run(emulate.cluster),
+        resumed_at=resumed_at, predicted_iteration_s=predicted,
+        prediction_error=prediction_error(predicted, measured),
+        emulation=None if health is None else health.as_dict(), memory=memory)
+
+
+def _with_overruns(inference: dict[str, Any], spans: list[Span], filled: bool
+                   ) -> dict[str, Any]:
+    """How often prefills held training past their bubbles, in represented time."""
+    return {**inference, "overruns": prefill_overruns(spans).as_dict()} if filled else inference
+
+
+def _memory_block(measured: MemoryUse | None, predicted: MemoryPlan) -> dict[str, Any]:
+    """The run's peak memory as measured, beside what was predicted before it started."""
+    return {**(measured.as_dict() if measured else {}), "predicted": predicted.as_dict(),
+            "available_bytes": available_memory()}
+
+
+def _wall_time(seconds: float) -> str:
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.3g} s"
+
+
+def prediction_error(predicted: float | None, measured: float | None) -> float | None:
+    """The emulator's error against the simulator's iteration time for the same plan
+    (positive: the emulator was slower)."""
+    if predicted and measured is not None:
+        return (measured - predicted) / predicted
+    return None
+
+
+def _choose_dilation(spec: RunSpec, predicted_spans: Sequence[Span], compute: str,
+                     plan: Plan, memory: MemoryPlan, say: Say) -> int:
+    if spec.emulate.dilation != "auto":
+        return spec.emulate.dilation
+    from testbed.emulator.runtime.coordinator.capacity import (
+        cores,
+        machine_capacity_bps,
+        worker_costs,
+    )
+
+    load = MachineLoad(
+        peak_rate_bps(predicted_spans,
+                      wan_only=spec.emulate.activations == "auto" and compute == "emulated"),
+        machine_capacity_bps(say), spans_per_second(predicted_spans),
+        len(plan.used_gpus()), cores(), worker_costs(say))
+    background = busy_now()
+    usable = usable_share(background)
+    k = choose_for(load, usable)
+    say(f"dilation auto: {k}: at dilation 1 the plan asks of this machine's {load.cores} "
+        f"cores {load.forwarding:.0%} to forward its peak {load.peak_bps / 1e9:.2f} Gbit/s "
+        f"(it forwards {load.capacity_bps / 1e9:.2f}), {load.bookkeeping:.0%} for the "
+        f"workers' {load.spans_per_s:,.0f} actions a second "
+        f"({load.costs.span_cpu_s * 1e6:.0f} us of CPU each), both shrinking K-fold, and "
+        f"{load.upkeep:.0%} for {load.workers} workers' upkeep, which does not; it may "
+        f"use {usable:.0%}, half of what other work leaves ({background:.0%} busy now). "
+        f"Memory ({human_bytes(memory.total)} predicted) is the same at any dilation")
+    return k
