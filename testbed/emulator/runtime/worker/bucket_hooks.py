@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from testbed.emulator.runtime.worker.engines import InBackward
+from testbed.emulator.runtime.worker.in_backward import InBackward
 from testbed.emulator.runtime.worker.syncs import Syncs
 from testbed.plan.collective import Reduces
 

@@ -28,7 +28,8 @@ from testbed.emulator.runtime.worker.allreduce import (
     ring_allgather,
     ring_allreduce,
 )
-from testbed.emulator.runtime.worker.engines import Engine, InBackward
+from testbed.emulator.runtime.worker.engines import Engine
+from testbed.emulator.runtime.worker.in_backward import InBackward
 from testbed.emulator.runtime.worker.transport import Transport
 from testbed.emulator.runtime.worker.zeros import zeros
 from testbed.plan.buckets import bucket_ready

@@ -8,37 +8,17 @@ moving data while a stage computes, as a GPU's copy engines would.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from testbed.emulator.runtime.worker.allreduce import Bytes, Contribution, Received, Wire
+from testbed.emulator.runtime.worker.in_backward import InBackward
 from testbed.emulator.runtime.worker.zeros import zeros
 
 if TYPE_CHECKING:
     from testbed.emulator.runtime.wire.messages import Config, EmulatedTiming, PrefillPart
     from testbed.plan.collective import Collective
-
-Started = Callable[[Contribution], None]
-"""What a bucket's contribution goes to once made (on the compute thread)."""
-
-
-@dataclass(frozen=True)
-class InBackward:
-    """A START in a backward, as its engine is given it."""
-
-    collective: Collective
-    ready: float
-    """How far into the backward its values are there (testbed.plan.buckets): when
-    emulated compute starts it."""
-    nbytes: int
-    """Its size on the wire as planned (what emulated compute sends)."""
-    members: int
-    started: Started
-
-
-
-
 
 class Engine(Protocol):
     """One stage's compute (a worker holding several stages has one engine for each)."""

@@ -13,7 +13,7 @@ import torch
 from testbed.emulator.runtime.wire.messages import Config, PrefillPart
 from testbed.emulator.runtime.worker.allreduce import Contribution, Received
 from testbed.emulator.runtime.worker.bucket_hooks import BackwardBuckets
-from testbed.emulator.runtime.worker.engines import InBackward
+from testbed.emulator.runtime.worker.in_backward import InBackward
 from testbed.emulator.runtime.worker.model import (
     Samples,
     Stage,

@@ -26,7 +26,8 @@ from testbed.emulator.runtime.wire.messages import send as send_message
 from testbed.emulator.runtime.worker import clock
 from testbed.emulator.runtime.worker.allreduce import Received, Wire
 from testbed.emulator.runtime.worker.collectives import Collectives
-from testbed.emulator.runtime.worker.engines import Engine, InBackward
+from testbed.emulator.runtime.worker.engines import Engine
+from testbed.emulator.runtime.worker.in_backward import InBackward
 from testbed.emulator.runtime.worker.transport import Transport
 from testbed.plan.interpret import (
     AllReduce,
