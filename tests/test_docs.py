@@ -310,8 +310,10 @@ def test_one_path_step_comes_first_and_every_page_spells_commands_after_it() -> 
         first = FENCE.search(text[text.index("## Quick start"):])
         assert first is not None
         lines = first["body"].splitlines()
-        assert lines[:3] == ["scripts/setup", ". .venv/bin/activate",
-                             "testbed up topologies/paper-3dc.yaml -p atlas"], page
+        assert lines == ["scripts/setup && . .venv/bin/activate && testbed up "
+                         "topologies/paper-3dc.yaml -p atlas",
+                         "scripts/setup && scripts/check"], page
+        assert lines[1] in (ROOT / ".ci" / "run").read_text().splitlines()  # CI runs it
         assert "export PATH=$PWD/.venv/bin:$PATH" in " ".join(text.split())
     for page in PAGES:
         spelled = re.findall(r"\.venv/bin/(testbed|mkdocs|pytest|ruff|mypy)\b",
