@@ -132,8 +132,8 @@ def test_the_readme_is_a_five_minute_read_that_links_to_the_pages() -> None:
     assert linked and linked <= pages
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     assert pages == set(re.findall(r"^ *- [^:]+: ([a-z-]+\.md)$", nav, re.M))
-    assert "scripts/setup\n. .venv/bin/activate\ntestbed up topologies/paper-3dc.yaml -p atlas\n" \
-        "scripts/check\n" in readme
+    assert "scripts/setup && . .venv/bin/activate && testbed up topologies/paper-3dc.yaml " \
+        "-p atlas\nscripts/setup && scripts/check\n" in readme
     assert "mkdocs serve" in readme
 
 
