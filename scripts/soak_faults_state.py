@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from testbed.emulator.net import cleanup  # noqa: E402
 from testbed.emulator.net.state import process_start_ticks  # noqa: E402
+from testbed.emulator.net.sweep import descendants  # noqa: E402
 from testbed.emulator.net.sweep_leftovers import identity  # noqa: E402
 from tests.private_host import gone_pid, private_host, run_record  # noqa: E402
 
@@ -54,20 +55,8 @@ def _sweep(out: Path, *extra: str) -> subprocess.Popen[str]:
 
 
 def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        below = children.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
+    """Every live process below `pid` (not `pid` itself)."""
+    return [found for found in descendants(pid) if found != pid]
 
 
 def _running(pids: list[int], limit: float) -> tuple[list[int], float]:

@@ -21,6 +21,7 @@ import pytest
 
 from testbed.emulator.net import cleanup, sweep_leftovers
 from testbed.emulator.net.state import process_start_ticks
+from testbed.emulator.net.sweep import descendants
 from testbed.emulator.net.sweep_leftovers import MARK, OWNER_FILE, RAY_PREFIX, identity
 from testbed.experiments.sweep_store import POINTS_FILE
 
@@ -42,20 +43,8 @@ def _sweep(out: Path, *extra: str) -> subprocess.Popen[str]:
 
 
 def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        below = children.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
+    """Every live process below `pid` (not `pid` itself)."""
+    return [found for found in descendants(pid) if found != pid]
 
 
 def _until(condition: Callable[[], bool], proc: subprocess.Popen[str], limit: float = 120
