@@ -23,11 +23,11 @@ from typing import Any
 from testbed_plugins.atlas.estimate import connections_to_fill
 
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.metrics.summary import summarize
 from testbed.plan.host_limits import this_machine
 from testbed.policy import training_policy
 from testbed.sim.one_transfer import one_transfer_s
-from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
 from testbed.sim.simulator import Simulator
 from testbed.topology import parse_topology

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator, shared_cache
 from testbed.job.load import parse_job
 from testbed.job.model import Job
 from testbed.policy import training_policy
-from testbed.sim.planning import plan_with_simulator, shared_cache
 from testbed.sim.simulate import simulate_plan
 from testbed.topology import dump_topology, load_topology, parse_topology
 from testbed.topology.model import Topology

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.inference.workload import predicted_bubbles
-from testbed.sim.profile import read_spans
+from testbed.report.profile import read_spans
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ["TESTBED_PLANNING_STORE"] = "off"  # every search timed as a first: none read back

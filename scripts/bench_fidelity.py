@@ -28,12 +28,12 @@ from typing import Any
 
 from testbed.emulator.runtime.coordinator.capacity import machine_capacity_bps
 from testbed.experiments.inputs import Inputs, load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.experiments.run import run
 from testbed.policy.registry import discover, training_policy
 from testbed.run.dilation import choose_dilation, peak_rate_bps
 from testbed.run.spec import RunSpec
 from testbed.scenario.scenario import Scenario
-from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -138,10 +138,10 @@ def model_facts() -> dict[str, Any]:
 
 
 def map_part(figure: Path, workers: int) -> dict[str, Any]:
+    from testbed.experiments.planning import keeping_answers
     from testbed.figures.charts import loss_map_plot
     from testbed.figures.frontier import SPACES
     from testbed.figures.loss_map import loss_map, summary, winners
-    from testbed.sim.planning import keeping_answers
     from testbed.topology import load_topology
 
     topology = load_topology(ROOT / "topologies" / "paper-3dc.yaml")

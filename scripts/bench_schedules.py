@@ -32,9 +32,9 @@ from typing import Any
 
 from testbed import api
 from testbed.errors import InputError
+from testbed.experiments.planning import shared_cache
 from testbed.experiments.sweep import vary
 from testbed.plan.ideal import ideal_bubble_fraction
-from testbed.sim.planning import shared_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 

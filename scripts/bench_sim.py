@@ -41,12 +41,12 @@ from typing import Any
 
 from testbed.common.yamlio import to_yaml
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.experiments.sweep import vary
 from testbed.job.load import dump_job
 from testbed.job.model import Job
 from testbed.policy import training_policy
-from testbed.sim.planning import plan_with_simulator
-from testbed.sim.profile import profile_from_spans
+from testbed.report.profile import profile_from_spans
 from testbed.sim.simulate import simulate_plan
 from testbed.sim.simulator import Simulator
 from testbed.topology import Topology, dump_topology

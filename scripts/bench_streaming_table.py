@@ -38,12 +38,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from testbed.experiments.planning import plan_with_simulator
 from testbed.job.model import ComputeTime, Job, ModelShape
 from testbed.metrics.summary import iteration_ends
 from testbed.plan.buckets import DDP_BUCKET_MB
 from testbed.plan.tcp_model import PAYLOAD_EFFICIENCY
 from testbed.policy import training_policy
-from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulator import Simulator
 from testbed.topology import parse_topology
 

@@ -34,6 +34,7 @@ from testbed.experiments.comparison import (
     write_compare,
 )
 from testbed.experiments.inputs import Inputs, load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.experiments.run import run as run_spec
 from testbed.metrics.loss import TimeToLoss
 from testbed.metrics.summary import speedup
@@ -49,7 +50,6 @@ from testbed.run.backend import Say
 from testbed.run.checkpoint import Progress
 from testbed.run.settings import Command, Named, checked
 from testbed.run.spec import RunSpec, run_settings
-from testbed.sim.planning import plan_with_simulator
 
 __all__ = ["Comparison", "Inputs", "Plan", "Result", "RunSpec", "compare", "emulate", "load",
            "plan", "run", "simulate"]

@@ -1,7 +1,9 @@
 """The architecture as a table: which part of the package imports which. A part is a
 folder of testbed/, and under emulator/ each of its folders (the WAN, net/; runtime's four:
 the wire between the processes, the worker, the coordinator, `testbed launch`) with its
-own modules (backend, resumption) the part `emulator`. Lazy imports inside functions and
+own modules (backend, resumption) the part `emulator`; the simulator's backend
+(sim/backend.py) is a part of its own, above the run it is a backend of, as the emulator's
+is. Lazy imports inside functions and
 dynamic imports count too, since they bind the parts as surely as imports at the top of a
 module. The table holds the crossings the design makes and no more: a new one is a
 decision, made by adding it here. Imports are read by tests/import_reader.py, which
@@ -32,12 +34,16 @@ MAY_IMPORT: dict[str, set[str]] = {
     "metrics": {"common", "job", "loss"},
     "report": {"common", "inference", "job", "loss", "metrics", "plan", "scenario",
                "topology"},
-    "sim": {"common", "inference", "job", "metrics", "plan", "policy", "report", "scenario",
-            "topology"},
+    # a run, whichever backend runs it: below both, so it imports neither (what it needs of
+    # the simulator, planning again after a failure or the emulator's prediction, it is
+    # handed: testbed.policy.registry.Planner, testbed.run.prediction.Prediction)
     "run": {"common", "inference", "job", "metrics", "plan", "policy", "report", "scenario",
-            "sim", "topology"},
-    "backends": {"common", "inference", "metrics", "plan", "policy", "report", "run", "sim",
-                 "topology"},
+            "topology"},
+    # the two backends, siblings above run/: the simulator, then its backend (sim/backend.py)
+    "sim": {"common", "inference", "job", "metrics", "plan", "policy", "scenario",
+            "topology"},
+    "sim.backend": {"common", "inference", "job", "metrics", "plan", "policy", "report", "run",
+                    "sim"},
     # the emulator: its WAN, its processes (runtime's four), then its backend and resumption
     "emulator.net": {"common", "plan", "topology"},
     "emulator.runtime.wire": {"common", "job", "plan", "scenario", "topology"},
@@ -45,22 +51,32 @@ MAY_IMPORT: dict[str, set[str]] = {
                                 "run", "scenario", "topology"},
     "emulator.runtime.coordinator": {"common", "emulator.net", "emulator.runtime.wire",
                                      "emulator.runtime.worker", "inference", "job", "metrics",
-                                     "plan", "policy", "run", "scenario", "sim", "topology"},
+                                     "plan", "policy", "run", "scenario", "topology"},
     "emulator.runtime.launch": {"common", "emulator.net", "emulator.runtime.coordinator",
                                 "emulator.runtime.wire", "emulator.runtime.worker", "job",
-                                "metrics", "policy", "report", "scenario", "sim", "topology"},
-    "emulator": {"backends", "common", "emulator.net", "emulator.runtime.coordinator",
+                                "metrics", "policy", "report", "scenario", "topology"},
+    "emulator": {"common", "emulator.net", "emulator.runtime.coordinator",
                  "emulator.runtime.worker", "inference", "job", "metrics", "plan", "policy",
-                 "report", "run", "sim", "topology"},
-    "experiments": {"backends", "common", "emulator", "emulator.net",
-                    "emulator.runtime.coordinator", "inference", "job", "metrics", "plan",
-                    "policy", "report", "run", "scenario", "sim", "topology"},
+                 "report", "run", "topology"},
+    # above both backends: what picks one and hands the emulator the simulator's prediction
+    # (run.py), the planning entry that wires the simulator into a policy's planning
+    # (planning.py); emulator.net: a sweep marks its worker processes so that `testbed
+    # down` finds what a killed sweep leaves (emulator.net.sweep_leftovers)
+    "experiments": {"common", "emulator", "emulator.net", "inference", "job", "metrics", "plan",
+                    "policy", "report", "run", "scenario", "sim", "sim.backend", "topology"},
+    # a claim measured on either backend: one transfer over a pair of emulated DCs at the
+    # dilation this machine needs (emulator.net, emulator.runtime.coordinator's capacity
+    # probe, run.dilation), or in the simulator (sim.one_transfer)
     "figures": {"common", "emulator.net", "emulator.runtime.coordinator", "experiments", "job",
                 "metrics", "plan", "policy", "report", "run", "sim", "topology"},
-    "api": {"common", "experiments", "metrics", "plan", "policy", "report", "run", "sim"},
+    "api": {"common", "experiments", "metrics", "plan", "policy", "report", "run"},
+    # the commands: the emulated WAN alone (`net`, `down`), `launch` (and `show` of its
+    # results), `up --resume` (emulator.resume);
+    # emulator.runtime.wire: a run across machines reads its secret file when the command
+    # starts, so that a bad one is a one-line error before anything is set up
     "cli": {"api", "common", "emulator", "emulator.net", "emulator.runtime.launch",
             "emulator.runtime.wire", "experiments", "figures", "metrics", "plan", "policy",
-            "report", "run", "sim", "topology"},
+            "report", "run", "topology"},
 }
 EVERYWHERE = {"errors", "__init__"}
 GROUPS = {"emulator.runtime": {"emulator.runtime.wire", "emulator.runtime.worker",
@@ -73,7 +89,8 @@ def part(module: str) -> str:
     """The longest row or group that holds `module`, else its folder:
     testbed.emulator.runtime.worker.transport -> emulator.runtime.worker;
     testbed.emulator.net.shaping -> emulator.net; testbed.emulator.backend -> emulator;
-    testbed.sim.network -> sim; testbed.api -> api; testbed -> __init__."""
+    testbed.sim.network -> sim; testbed.sim.backend -> sim.backend; testbed.api -> api;
+    testbed -> __init__."""
     parts = module.split(".")[1:]
     if not parts:
         return "__init__"
@@ -147,8 +164,18 @@ def test_the_table_is_layered() -> None:
 
 
 def test_the_simulator_never_imports_the_runtime() -> None:
-    assert not any(p.startswith("emulator") or p in {"backends", "run"}
+    """Nor the run it is a backend of: only its backend (sim/backend.py) does."""
+    assert not any(p.startswith("emulator") or p in {"run", "sim.backend"}
                    for p in MAY_IMPORT["sim"])
+    assert not any(p.startswith("emulator") for p in MAY_IMPORT["sim.backend"])
+
+
+def test_the_backends_are_siblings() -> None:
+    """Neither backend imports the other, and the run both run imports neither: what the
+    emulator needs of the simulator (its prediction, planning again) its caller hands it."""
+    emulator = [row for source, row in MAY_IMPORT.items() if source.startswith("emulator")]
+    assert not any(p.startswith("sim") for row in emulator for p in row)
+    assert not any(p.startswith(("sim", "emulator")) for p in MAY_IMPORT["run"])
 
 
 # Every form an import takes is read: each planted in a copy of the simulator's flow model

@@ -21,13 +21,13 @@ from testbed_plugins.atlas.placement import capacity, fill, largest_first, place
 
 from testbed.errors import InputError
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.metrics.summary import summarize
 from testbed.plan import validate_plan
 from testbed.plan.describe import wan_crossings
 from testbed.plan.model import Sharing
 from testbed.plan.tcp_model import HostLimits
 from testbed.policy import training_policy
-from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
 from testbed.sim.simulator import Simulator
 from testbed.topology import parse_topology
@@ -159,7 +159,7 @@ def test_selection_leaves_out_a_far_dc_that_would_slow_the_job() -> None:
 
 def test_ablations_reuse_atlas_simulations_from_a_shared_cache(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import testbed.sim.planning as planning
+    import testbed.experiments.planning as planning
 
     inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml")
     with planning.shared_cache() as cache:
@@ -261,8 +261,8 @@ SMALL_CASES = {
 
 @pytest.mark.parametrize("case", SMALL_CASES)
 def test_the_staged_search_is_within_3_percent_of_simulating_everything(case: str) -> None:
+    from testbed.experiments.planning import shared_cache
     from testbed.job.load import parse_job
-    from testbed.sim.planning import shared_cache
 
     topology = _constructed(*SMALL_CASES[case])
     job = parse_job({"model": {"layers": 40, "hidden": 5120, "heads": 40, "seq_len": 2048,
@@ -316,7 +316,7 @@ def test_stopping_slower_candidates_early_changes_no_choice(
     search measures and chooses exactly what it would without stopping."""
     from testbed_plugins.atlas import search as search_module
 
-    from testbed.sim.planning import planning_context
+    from testbed.experiments.planning import planning_context
 
     inputs = load_inputs(ROOT / "topologies" / f"{name}.yaml")
     policy = training_policy("atlas")
@@ -473,8 +473,8 @@ def test_a_long_search_says_how_it_goes(processes: int, monkeypatch: pytest.Monk
     """Planning with somewhere to say it: a line per candidate simulated where one is due
     at once (every 0 s), each counted once in the planning process, whether it ran there
     or in a pool's worker."""
+    import testbed.experiments.planning as planning
     import testbed.policy.context as context_module
-    import testbed.sim.planning as planning
 
     monkeypatch.setattr(context_module, "PROGRESS_EVERY_S", 0.0)
     monkeypatch.setattr(planning, "planning_processes", lambda: processes)
@@ -526,7 +526,7 @@ def test_candidates_measured_in_parallel_make_the_same_choice(name: str) -> None
     """Atlas's candidates simulated two and three at a time: the same plan as one after
     another, the same candidates, each exact time the same, and still some stopped early
     (a candidate started before the one ahead of it is in may be measured further)."""
-    from testbed.sim.planning import planning_context
+    from testbed.experiments.planning import planning_context
 
     inputs = load_inputs(ROOT / "topologies" / f"{name}.yaml")
     policy = training_policy("atlas")
@@ -700,7 +700,7 @@ def test_atlas_never_simulates_the_same_plan_to_the_same_stop_twice() -> None:
     name) takes that answer where the same run would give it."""
     from dataclasses import replace
 
-    from testbed.sim.planning import planning_context
+    from testbed.experiments.planning import planning_context
 
     inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml")
     policy = training_policy("atlas")

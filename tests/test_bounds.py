@@ -14,10 +14,10 @@ import pytest
 
 from testbed.errors import InputError
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.policy import training_policy
 from testbed.scenario.scenario import load_scenario
 from testbed.sim.agenda import Agenda
-from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulator import Simulator
 from testbed.topology import load_topology
 from testbed.topology.net_events import parse_event_flag

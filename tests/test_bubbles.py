@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from testbed.common.stats import percentile
 from testbed.errors import PluginError
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.inference.bubbles import BubbleBroker, make_broker
 from testbed.inference.workload import (
     PrefillModel,
@@ -26,7 +27,6 @@ from testbed.inference.workload import (
 from testbed.job.load import parse_job
 from testbed.metrics.overruns import prefill_overruns
 from testbed.policy import Bubble, BubblePolicy, Request, bubble_policy, training_policy
-from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
 
 from .test_cli import call

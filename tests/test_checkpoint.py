@@ -243,8 +243,8 @@ def test_a_run_with_events_or_a_scenario_is_not_resumed(tmp_path: Path) -> None:
     inputs = load_inputs(topology, events=("at=1s,link=east-west,down=1s",))
     spec = RunSpec.build("emulate", inputs.topology, inputs.job, policy="gpipe",
                          events=inputs.events, checkpoint_every=2)
+    from testbed.experiments.planning import plan_with_simulator
     from testbed.policy import training_policy
-    from testbed.sim.planning import plan_with_simulator
 
     plan = plan_with_simulator(training_policy("gpipe"), inputs.topology, inputs.job)
     with pytest.raises(InputError, match="network events is not supported"):

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from testbed.errors import InputError, PluginError
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.inference.bubbles import BubbleBroker, make_broker
 from testbed.inference.memory import check_inference_memory, in_flight_of
 from testbed.inference.workload import PrefillModel, fit_prefill
@@ -25,7 +26,6 @@ from testbed.plan.compute import prefill_flops
 from testbed.policy import Bubble, BubblePolicy, Request, bubble_policy, training_policy
 from testbed.policy.api import Chunk
 from testbed.sim.bubble_seed import modeled_waits
-from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
 
 from .test_cli import call

@@ -35,9 +35,9 @@ from testbed.emulator.runtime.coordinator.signals import run_with_signals
 from testbed.emulator.runtime.wire.secret import read_secret
 from testbed.emulator.runtime.worker.reference import merge_stages, train_one_process
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.policy import training_policy
-from testbed.sim.planning import plan_with_simulator
 from testbed.topology.cluster import load_cluster
 from testbed.topology.load import load_topology
 from testbed.topology.seats import ClusterRun

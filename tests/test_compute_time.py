@@ -14,6 +14,7 @@ from testbed.emulator.runtime.coordinator.pool import WorkerHandle
 from testbed.emulator.runtime.coordinator.run_config import RunConfig
 from testbed.emulator.runtime.coordinator.worker_setup import worker_config
 from testbed.errors import InputError
+from testbed.experiments.planning import plan_with_simulator
 from testbed.job.load import dump_job, load_job, parse_job
 from testbed.job.model import ComputeTime, Job, ModelShape
 from testbed.metrics.summary import run_iteration_s
@@ -21,7 +22,6 @@ from testbed.plan.compute import head_forward_flops, layer_forward_flops, stage_
 from testbed.plan.describe import describe_plan
 from testbed.policy import training_policy
 from testbed.run.dilation import dilate_job
-from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulator import Simulator
 from testbed.topology import parse_topology
 from tests.test_cli import call

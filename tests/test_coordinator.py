@@ -19,9 +19,9 @@ from testbed.emulator.runtime.coordinator.coordinator import Coordinator, RunFai
 from testbed.emulator.runtime.coordinator.run_config import RunConfig
 from testbed.emulator.runtime.coordinator.signals import run_with_signals
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.plan.model import Plan
 from testbed.policy import TrainingPolicy, Transfer, training_policy
-from testbed.sim.planning import plan_with_simulator
 from testbed.topology.model import Topology
 
 from .conftest import TOPOLOGIES

@@ -234,8 +234,8 @@ def test_only_real_compute_workers_are_given_the_data(corpus_dir: Path) -> None:
     from testbed.emulator.runtime.coordinator.run_config import RunConfig
     from testbed.emulator.runtime.coordinator.worker_setup import worker_config
     from testbed.experiments.inputs import load_inputs
+    from testbed.experiments.planning import plan_with_simulator
     from testbed.policy import training_policy
-    from testbed.sim.planning import plan_with_simulator
 
     root = Path(__file__).resolve().parent.parent
     inputs = load_inputs(root / "topologies" / "two-dc.yaml",

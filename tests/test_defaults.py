@@ -14,10 +14,10 @@ from testbed import api
 from testbed.cli.main import cli
 from testbed.emulator.runtime.coordinator.run_config import RunConfig
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.policy import training_policy
 from testbed.run.dilation import dilate_events
 from testbed.run.spec import RunSpec, run_settings
-from testbed.sim.planning import plan_with_simulator
 from testbed.topology.net_events import NetEvent
 from tests.conftest import TOPOLOGIES
 

@@ -19,7 +19,7 @@ import hashlib, json, random, sys
 from pathlib import Path
 from testbed.experiments.inputs import load_inputs
 from testbed.policy import training_policy
-from testbed.sim.planning import plan_with_simulator
+from testbed.experiments.planning import plan_with_simulator
 from testbed.sim.simulator import Simulator
 
 topology, policy_name, shuffle = sys.argv[1], sys.argv[2], int(sys.argv[3])

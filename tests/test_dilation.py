@@ -24,6 +24,7 @@ from testbed.emulator.runtime.coordinator.health import (
     suggest_dilation,
 )
 from testbed.errors import InputError
+from testbed.experiments.planning import plan_with_simulator
 from testbed.job.model import InferenceWorkload, Job, ModelShape
 from testbed.policy import training_policy
 from testbed.run.dilation import (
@@ -45,7 +46,6 @@ from testbed.run.dilation import (
 )
 from testbed.run.spec import parse_dilation
 from testbed.sim.flows import MIN_RTT_S
-from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulator import Simulator
 from testbed.topology import load_topology
 from testbed.topology.model import Topology

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from testbed import api
-from testbed.backends.simulate import SimulatorBackend
 from testbed.emulator.resume import check_checkpointable
 from testbed.errors import InputError
 from testbed.plan import parse_plan_csv, plan_to_csv
 from testbed.run.spec import RunSpec
+from testbed.sim.backend import SimulatorBackend
 from tests.test_cli import call
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,13 +10,13 @@ import pytest
 import yaml
 
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.experiments.run import run
 from testbed.plan.host_tcp import hosts_as_planned, tuned
 from testbed.plan.model import HostTcp
 from testbed.plan.text import parse_plan_csv, plan_to_csv
 from testbed.policy import training_policy
 from testbed.run.spec import RunSpec
-from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.metrics.interval import mean_interval, t975
+from testbed.plan.jitter import Jitter, Noise, parse_jitter
 from testbed.policy import training_policy
 from testbed.report.compare import RunEntry, slowdown_text, table_rows
-from testbed.sim.jitter import Jitter, Noise, parse_jitter
-from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulator import Simulator
 
 from .test_cli import call
@@ -199,7 +199,7 @@ def test_profile_measures_the_spread_a_jittered_run_had(tmp_path: Path) -> None:
 
 
 def test_spread_is_pooled_over_groups_of_the_same_work() -> None:
-    from testbed.sim.profile import measured_spread
+    from testbed.report.profile import measured_spread
 
     def span(kind: str, length: float, **detail: Any) -> dict[str, Any]:
         return {"kind": kind, "start": 0.0, "end": length, "iteration": 1, "stage": 0,

@@ -18,6 +18,7 @@ from testbed.emulator.runtime.launch.placement import file_order, order_from_fil
 from testbed.emulator.runtime.launch.ranks import Rendezvous, seat_env, seats, torchrun_argv
 from testbed.emulator.runtime.launch.spec import LaunchSpec, refuse_dilation
 from testbed.errors import InputError
+from testbed.experiments.planning import plan_with_simulator
 from testbed.metrics.link_counters import (
     Counter,
     direction_use,
@@ -78,16 +79,16 @@ def test_rank_order_from_the_file_a_policy_or_a_list(tmp_path: Path) -> None:
 
     assert file_order(TWO_DC) == ["east-0", "east-1", "west-0", "west-1"]
     inputs = load_inputs(TOPOLOGIES / "two-dc.yaml")
-    atlas = rank_order(inputs.topology, inputs.job, "atlas", {})
+    atlas = rank_order(inputs.topology, inputs.job, "atlas", {}, plan_with_simulator)
     from testbed.policy import training_policy
-    from testbed.sim.planning import plan_with_simulator
 
     plan = plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job)
     assert atlas == plan.used_gpus()
     assert atlas[:plan.pp] == [plan.lead_gpu(0, stage) for stage in range(plan.pp)]
     listed = tmp_path / "ranks.yaml"
     listed.write_text("- west-1\n- east-0\n")
-    assert rank_order(TWO_DC, inputs.job, str(listed), {}) == ["west-1", "east-0"]
+    assert rank_order(TWO_DC, inputs.job, str(listed), {}, plan_with_simulator) == [
+        "west-1", "east-0"]
 
 
 @pytest.mark.parametrize(("text", "key", "problem"), [

@@ -24,10 +24,10 @@ import pytest
 from testbed import errors
 from testbed.common.memo import FILE, KEY_FILE, DiskMemo, NoMemo, code_version, user_memo
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import keeping_answers, plan_with_simulator
 from testbed.plan.build import Schedule
 from testbed.plan.model import Plan
 from testbed.policy import training_policy
-from testbed.sim.planning import keeping_answers, plan_with_simulator
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO_DC = ROOT / "topologies" / "two-dc.yaml"
@@ -345,7 +345,7 @@ def test_atlas_reads_its_search_back_and_plans_the_same(kept: Path,
     it) and makes the same plan, with the same candidates and reasons, and so does one of
     a longer run with requests to serve (the search simulates a few iterations of training
     alone); other inputs search again."""
-    import testbed.sim.planning as planning
+    import testbed.experiments.planning as planning
 
     inputs = load_inputs(ROOT / "topologies" / "two-dc.yaml")
     with keeping_answers():

@@ -19,11 +19,11 @@ from testbed.emulator.runtime.coordinator.memory import (
 )
 from testbed.errors import InputError
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.inference.memory import in_flight_of
 from testbed.plan.compute import stage_params
 from testbed.plan.model import Plan
 from testbed.policy import training_policy
-from testbed.sim.planning import plan_with_simulator
 from testbed.topology import parse_topology
 
 ROOT = Path(__file__).resolve().parent.parent

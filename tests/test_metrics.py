@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from testbed.errors import PluginError
+from testbed.experiments.planning import plan_with_simulator
 from testbed.job.load import parse_job
 from testbed.metrics.summary import (
     busy_time,
@@ -23,7 +24,6 @@ from testbed.plan.model import Op
 from testbed.policy import Transfer, training_policy
 from testbed.policy.arbiter import Arbiter
 from testbed.report.chrome import trace_events
-from testbed.sim.planning import plan_with_simulator
 from testbed.topology import parse_topology
 
 TOPO = parse_topology(

@@ -14,12 +14,12 @@ from testbed.emulator.runtime.coordinator.preflight import check_emulable
 from testbed.emulator.runtime.worker.model import Corpus, build_model, build_stages, sample_index
 from testbed.errors import InputError
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.job.model import MODEL_PRESETS, ModelShape
 from testbed.plan.compute import stage_params
 from testbed.plan.model import split_layers
 from testbed.policy import training_policy
 from testbed.run.spec import RunSpec
-from testbed.sim.planning import plan_with_simulator
 
 
 def test_stages_compose_to_the_whole_model() -> None:

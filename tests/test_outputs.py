@@ -14,12 +14,12 @@ from testbed import api
 from testbed.common.span_table import SpanTable
 from testbed.errors import InputError
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.metrics.summary import summarize
 from testbed.policy import training_policy
 from testbed.report.chrome import SUMMARY_GPUS
+from testbed.report.profile import read_spans
 from testbed.report.saved import per_gpu, read_span_rows
-from testbed.sim.planning import plan_with_simulator
-from testbed.sim.profile import read_spans
 from testbed.sim.simulator import Simulator
 
 from .test_sim import _cli

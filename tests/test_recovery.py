@@ -13,12 +13,12 @@ import pytest
 
 from testbed.errors import InputError, PlanError
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.experiments.run import run
 from testbed.policy import training_policy
 from testbed.run.recovery import renamed_spans, resume_at, resume_from, survivors
 from testbed.run.spec import RunSpec
 from testbed.scenario.scenario import Recovery, WorkerLoss
-from testbed.sim.planning import plan_with_simulator
 from testbed.topology import load_topology
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -149,8 +149,8 @@ def test_without_checkpoints_a_recovery_starts_over(tmp_path: Path) -> None:
 
 
 def test_a_failure_of_a_gpu_the_plan_does_not_use_changes_nothing(tmp_path: Path) -> None:
+    from testbed.experiments.planning import plan_with_simulator
     from testbed.policy import training_policy
-    from testbed.sim.planning import plan_with_simulator
 
     inputs = load_inputs(TWO)
     plan = plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job)
@@ -419,7 +419,7 @@ def test_every_segment_meets_the_failures_from_its_first_moment() -> None:
         at_once = [loss for loss in segment.losses if loss.at_s == 0]
         return SegmentResult([], at_once[0] if at_once else None)
 
-    joined = run_segments(spec, plan, policy, run, lambda _line: None)
+    joined = run_segments(spec, plan, policy, run, lambda _line: None, plan_with_simulator)
     assert met[0] == (first, WorkerLoss(0.7, "west-1", 2.0))
     assert met[1] == (WorkerLoss(0.0, "west-1", 1.3),)  # resumed at 0.7: 0.5 back + 0.2
     assert [(f.worker, f.at_s) for f in joined.failures] == [("east-1", 0.0), ("west-1", 0.7)]

@@ -17,10 +17,12 @@ from hypothesis import strategies as st
 from testbed.common.spans import Span, SpanKind
 from testbed.errors import InputError
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.job.model import Job, ModelShape
 from testbed.metrics.summary import run_iteration_s, summarize
 from testbed.plan.model import Op
 from testbed.policy import training_policy
+from testbed.report.profile import profile_from_spans
 from testbed.sim.agenda import Agenda
 from testbed.sim.network import (
     INITIAL_WINDOW,
@@ -29,8 +31,6 @@ from testbed.sim.network import (
     Pair,
     max_min,
 )
-from testbed.sim.planning import plan_with_simulator
-from testbed.sim.profile import profile_from_spans
 from testbed.sim.simulate import StepRows, simulated_iteration_s
 from testbed.sim.simulator import Simulator
 from testbed.topology import parse_topology
@@ -451,7 +451,7 @@ def test_plain_rounds_run_without_events_to_the_same_spans(
     """Slow-start rounds that change nothing but the window run without events of their
     own (FluidNetwork.coast): every span to the bit as with an event per round, under
     outages, latency and bandwidth changes and noise, in fewer events."""
-    from testbed.sim.jitter import parse_jitter
+    from testbed.plan.jitter import parse_jitter
 
     inputs = load_inputs(ROOT / "topologies" / f"{topology}.yaml", sets=sets, events=events)
     chosen = training_policy(policy)

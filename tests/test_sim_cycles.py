@@ -14,6 +14,7 @@ import pytest
 
 from testbed.common.spans import Span
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.inference.bubbles import make_broker
 from testbed.inference.memory import in_flight_of
 from testbed.inference.workload import predicted_bubbles
@@ -25,12 +26,12 @@ from testbed.plan.collective import Collective, Reduces, Scope, payload_bytes
 from testbed.plan.compute import collective_bytes, ring_allreduce_s
 from testbed.plan.cycles import cycled
 from testbed.plan.model import Action, Op, Plan
+from testbed.plan.throughput import tokens_per_iteration
 from testbed.policy import training_policy
 from testbed.report.results import RunRecord
 from testbed.report.table import run_summary
 from testbed.sim.bubble_seed import modeled_waits
-from testbed.sim.planning import plan_with_simulator
-from testbed.sim.simulate import simulate_plan, simulated_iteration_s, tokens_per_iteration
+from testbed.sim.simulate import simulate_plan, simulated_iteration_s
 from testbed.sim.simulator import Simulator
 from testbed.topology import Topology
 

@@ -13,6 +13,7 @@ import pytest
 
 from testbed.common.spans import Span
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.inference.bubbles import make_broker
 from testbed.job.model import Job, ModelShape
 from testbed.metrics.overruns import prefill_overruns
@@ -21,8 +22,7 @@ from testbed.plan import Action, Op, Plan
 from testbed.plan.activations import peak_layers_held
 from testbed.plan.ideal import ideal_bubble_fraction
 from testbed.policy import training_policy
-from testbed.sim.planning import plan_with_simulator
-from testbed.sim.profile import profile_from_spans
+from testbed.report.profile import profile_from_spans
 from testbed.sim.simulate import simulate_plan
 from testbed.sim.simulator import Simulator
 from testbed.topology import parse_topology

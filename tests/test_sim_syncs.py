@@ -14,12 +14,12 @@ import pytest
 
 from testbed.common.spans import Span
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.plan.buckets import bucket_ready
 from testbed.plan.collective import Collective
 from testbed.plan.model import Plan
 from testbed.policy import training_policy
 from testbed.policy.base import Transfer, first_layers_first
-from testbed.sim.planning import plan_with_simulator
 from testbed.sim.simulate import simulate_plan
 
 ROOT = Path(__file__).resolve().parent.parent

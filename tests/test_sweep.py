@@ -18,8 +18,8 @@ from testbed import api
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.sweep import vary
 from testbed.experiments.sweep_store import POINTS_FILE
+from testbed.plan.jitter import parse_jitter
 from testbed.run.spec import RunSpec
-from testbed.sim.jitter import parse_jitter
 
 from .conftest import TOPOLOGIES
 from .test_cli import call
@@ -296,7 +296,7 @@ def test_local_workers_plan_on_their_share_of_the_cores() -> None:
         "import os",
         "from testbed.experiments.inputs import load_inputs",
         "from testbed.policy import training_policy",
-        "from testbed.sim.planning import planning_context",
+        "from testbed.experiments.planning import planning_context",
         "from testbed.experiments.sweep_workers import _worker_start",
         f"inputs = load_inputs({str(PAPER)!r})",
         "_worker_start(2, os.getppid())",

@@ -18,10 +18,10 @@ from testbed.emulator.runtime.coordinator.run_config import RunConfig
 from testbed.emulator.runtime.coordinator.signals import run_with_signals
 from testbed.emulator.runtime.worker.reference import merge_stages, train_one_process
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.plan.host_tcp import hosts_as_planned
 from testbed.plan.interpret import Compute, Overlapped, Send, interpret
 from testbed.policy import training_policy
-from testbed.sim.planning import plan_with_simulator
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("clean_host")]
 TWO_DC = Path(__file__).resolve().parent.parent / "topologies" / "two-dc.yaml"

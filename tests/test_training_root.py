@@ -29,12 +29,12 @@ from testbed.emulator.runtime.coordinator.signals import run_with_signals
 from testbed.emulator.runtime.worker.model import Corpus, build_model, loss_of, sample_index
 from testbed.emulator.runtime.worker.reference import merge_stages, train_one_process
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.job.model import Job
 from testbed.plan.host_tcp import hosts_as_planned
+from testbed.plan.throughput import tokens_per_iteration
 from testbed.policy import training_policy
 from testbed.report.results_schema import check_results
-from testbed.sim.planning import plan_with_simulator
-from testbed.sim.simulate import tokens_per_iteration
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("clean_host")]
 ROOT = Path(__file__).resolve().parent.parent

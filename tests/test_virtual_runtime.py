@@ -31,13 +31,13 @@ from testbed.emulator.runtime.worker.split_backward import (
 )
 from testbed.emulator.runtime.worker.stage_runner import StageRunner
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.job.model import Job
 from testbed.plan.interpret import Compute, Overlapped, Part, Receive, Send, interpret
 from testbed.plan.model import Plan
 from testbed.policy import training_policy
 from testbed.report.chrome import trace_events
 from testbed.report.gantt import GanttPanel, gantt_plot
-from testbed.sim.planning import plan_with_simulator
 from tests.test_stage_runner import _run_configs
 
 TWO_DC = Path(__file__).resolve().parent.parent / "topologies" / "two-dc.yaml"

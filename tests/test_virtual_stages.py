@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed.backends.simulate import SimulatorBackend
 from testbed.emulator.backend import EmulatorBackend
 from testbed.errors import InputError, PlanError
+from testbed.experiments.planning import plan_with_simulator
 from testbed.job.load import parse_job
 from testbed.plan import Action, Op, Plan, plan_grid, plan_to_csv, validate_plan
 from testbed.plan.activations import in_flight, peak_layers_held
@@ -31,6 +31,7 @@ from testbed.plan.interpret import Compute, Overlapped, Part, Phase, Receive, Se
 from testbed.plan.interpret import interpret as interpret_steps
 from testbed.plan.model import Feature
 from testbed.run.spec import RunSpec
+from testbed.sim.backend import SimulatorBackend, SimulatorPrediction
 from testbed.topology import parse_topology
 from tests.test_cli import call
 
@@ -206,8 +207,9 @@ def test_a_cycle_syncs_every_stage_of_a_gpu() -> None:
 def test_both_backends_run_what_torch_schedules_need() -> None:
     spec = RunSpec.build("simulate", TOPOLOGY, JOB, policy="interleaved-zb")
     for schedule in (Schedule.INTERLEAVED_ZB, Schedule.DUALPIPE_V):
-        SimulatorBackend().check(spec, _plan(schedule), None)
-        EmulatorBackend().check(replace(spec, backend="emulate"), _plan(schedule), None)
+        SimulatorBackend(plan_with_simulator).check(spec, _plan(schedule), None)
+        EmulatorBackend(SimulatorPrediction(plan_with_simulator), plan_with_simulator).check(
+            replace(spec, backend="emulate"), _plan(schedule), None)
 
 
 def test_acceptance_interleaved_1f1b_on_paper_3dc(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from testbed.emulator.runtime.launch.ranks import MASTER_PORT
 from testbed.emulator.runtime.launch.spec import DEFAULT_GRACE_S, LaunchSpec, refuse_dilation
 from testbed.emulator.runtime.wire.secret import read_secret
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import plan_with_simulator
 from testbed.policy import parse_options
 from testbed.report.launch_results import launch_summary
 from testbed.report.results import new_run_dir
@@ -115,7 +116,7 @@ def launch(topology: Path, command: tuple[str, ...], placement: str,
     cluster, machine = this_machine(cluster_file, machine, inputs.topology)
     secret = read_secret(cluster) if cluster is not None else b""
     hosts = rank_order(inputs.topology, inputs.job, placement,
-                       dict(parse_options(policy_opts)))
+                       dict(parse_options(policy_opts)), plan_with_simulator)
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, "launch"))
     spec = LaunchSpec(inputs.topology, command, tuple(hosts), placement, directory,
                       per, torchrun, max_restarts, master_port,  # type: ignore[arg-type]

@@ -26,15 +26,16 @@ from testbed.cli.options import (
     topology_argument,
 )
 from testbed.cli.results import results
-from testbed.cli.run import up
 from testbed.cli.show import show
 from testbed.cli.simulate import profile, simulate
 from testbed.cli.sweep import sweep
+from testbed.cli.up import up
 from testbed.common import sigint
 from testbed.common.fsutil import write_named
 from testbed.common.units import human_duration, human_rate, plural
 from testbed.errors import EXIT_INPUT, Terminated, TestbedError, TestbedWarning, one_line
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import keeping_answers, shared_cache
 from testbed.plan import plan_grid, plan_to_csv, validate_plan
 from testbed.plan.describe import describe_plan
 from testbed.plan.host_limits import this_machine
@@ -43,7 +44,6 @@ from testbed.policy import discover, parse_options
 from testbed.policy.option_parsers import option_text
 from testbed.policy.registry import BUBBLE_GROUP, TRAINING_GROUP
 from testbed.report.run_dirs import released
-from testbed.sim.planning import keeping_answers, shared_cache
 
 EPILOG = """\b
 Examples:

@@ -21,9 +21,9 @@ from testbed.cli.options import (
 from testbed.cli.progress import Reporter
 from testbed.cli.spec_options import given_settings, spec_options
 from testbed.experiments.inputs import load_inputs
+from testbed.report.profile import write_profile
 from testbed.report.results import new_run_dir
 from testbed.report.table import run_summary
-from testbed.sim.profile import write_profile
 
 
 @click.command()

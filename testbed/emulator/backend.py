@@ -9,14 +9,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from testbed.backends.simulate import (
-    SimulatorBackend,
-    check_recoverable,
-    joined_spans,
-    recovery_results,
-    simulate_with_failures,
-    typed_inference,
-)
 from testbed.common.choices import EmulatedCompute
 from testbed.common.spans import Span
 from testbed.common.units import human_bytes
@@ -27,7 +19,6 @@ from testbed.emulator.runtime.coordinator.health import Health, busy_now
 from testbed.emulator.runtime.coordinator.memory import (
     MemoryPlan,
     MemoryUse,
-    available_memory,
     coordinator_now,
     predict_memory,
 )
@@ -38,11 +29,14 @@ from testbed.errors import InputError, TestbedError
 from testbed.inference.bubbles import inference_results, make_broker
 from testbed.metrics.overruns import prefill_overruns
 from testbed.metrics.summary import summarize
+from testbed.plan.host_limits import available_memory
 from testbed.plan.model import Plan
+from testbed.plan.throughput import tokens_per_iteration, wan_capacity_bps
 from testbed.policy.base import TrainingPolicy
+from testbed.policy.registry import Planner
 from testbed.report.results import RunRecord
 from testbed.report.run_results import EmulatorBlock
-from testbed.run.backend import BackendRun, Say
+from testbed.run.backend import BackendRun, Say, typed_inference
 from testbed.run.checkpoint import Progress
 from testbed.run.dilation import (
     MachineLoad,
@@ -54,10 +48,9 @@ from testbed.run.dilation import (
     spans_per_second,
     usable_share,
 )
-from testbed.run.segments import run_segments
+from testbed.run.prediction import Prediction
+from testbed.run.segments import check_recoverable, joined_spans, recovery_results, run_segments
 from testbed.run.spec import RunSpec
-from testbed.sim.bubble_seed import modeled_waits
-from testbed.sim.simulate import simulate_plan, tokens_per_iteration, wan_capacity_bps
 from testbed.topology.seats import describe_run
 
 PREDICTED_ITERATIONS = 20
@@ -68,6 +61,12 @@ not wait for its prediction."""
 
 class EmulatorBackend:
     name: Literal["emulate"] = "emulate"
+
+    def __init__(self, prediction: Prediction, replan: Planner) -> None:
+        self.prediction = prediction
+        """The simulator's, from the caller: the emulator never imports the simulator."""
+        self.replan = replan
+        """What makes the policy's plan again after a failure (testbed.run.segments)."""
 
     def check(self, spec: RunSpec, plan: Plan, resume: Progress | None) -> None:
         """What the emulator does not run is refused before anything starts (torch's
@@ -85,7 +84,8 @@ class EmulatorBackend:
 
     def execute(self, spec: RunSpec, plan: Plan, policy: TrainingPolicy, directory: Path,
                 say: Say, resume: Progress | None) -> BackendRun:
-        return _emulate(spec, plan, policy, directory, say, resume)
+        return _emulate(spec, plan, policy, directory, say, resume, self.prediction,
+                        self.replan)
 
 
 def check_across_machines(spec: RunSpec, resume: Progress | None) -> None:
@@ -97,7 +97,7 @@ def check_across_machines(spec: RunSpec, resume: Progress | None) -> None:
 
 
 def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path, say: Say,
-             resume: Progress | None) -> BackendRun:
+             resume: Progress | None, prediction: Prediction, replan: Planner) -> BackendRun:
     """The run: its prediction and dilation, then the coordinator's network and workers
     (or segments between a scenario's failures), its measurements in represented time."""
     common = spec.common
@@ -106,13 +106,11 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
                          common.bubble_options)
     simulable = False
     try:
-        SimulatorBackend().check(spec, plan, resume)  # what it does not run, it cannot predict
+        prediction.check(spec, plan, resume)  # what it does not run, it cannot predict
         simulable = True
         preview = replace(spec.job, iterations=min(
             spec.job.iterations, max(PREDICTED_ITERATIONS, plan.period)))
-        simulated, predicted_spans = simulate_plan(
-            spec.topology, preview, plan, chosen, spec.simulate.profile, broker,
-            spec.link_events, stragglers=spec.scenario.stragglers)
+        simulated, predicted_spans = prediction.iterations(spec, preview, plan, chosen, broker)
         predicted = simulated.typical_s
     except TestbedError as exc:  # the emulator can still run the plan
         say(f"warning: no prediction for this run: {exc}")
@@ -131,7 +129,8 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
     if common.checkpoint_every and resume is None:
         save_settings(directory, spec, mode, k)
     if spec.scenario.failures:
-        return _in_segments(spec, plan, chosen, directory, say, mode, k, predicted, memory)
+        return _in_segments(spec, plan, chosen, directory, say, mode, k, predicted, memory,
+                            prediction, replan)
     checkpoints = None
     if common.checkpoint_every or resume:
         checkpoints = checkpoints_for(directory, common.checkpoint_every,
@@ -139,8 +138,7 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
     config = RunConfig.for_spec(
         spec, spec.topology, plan, chosen, mode, directory / "logs", k, spec.link_events,
         spec.scenario, checkpoints=checkpoints,
-        bubble_seed=modeled_waits(spec.topology, spec.job, plan, chosen,
-                                  spec.simulate.profile, k)
+        bubble_seed=prediction.waits(spec, plan, chosen, k)
         if common.bubble_policy and simulable else {})
     coordinator = Coordinator(config, say=say)
     outcome, error = run_to_the_end(coordinator)
@@ -176,18 +174,18 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
 
 def _in_segments(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
                  say: Say, mode: EmulatedCompute, k: int, predicted: float | None,
-                 memory: MemoryPlan) -> BackendRun:
+                 memory: MemoryPlan, prediction: Prediction, replan: Planner) -> BackendRun:
     """A run with a scenario's failures, in segments (testbed.run.segments); the prediction
     beside it is the simulator's of the same run, failures and recoveries included, and
     the memory predicted is the first plan's."""
     try:
-        simulated = simulate_with_failures(spec, plan, chosen, lambda _m: None).record.summary
+        simulated = prediction.with_failures(spec, plan, chosen)
         predicted = simulated.typical_s
     except TestbedError as exc:
         say(f"warning: no prediction for this run with its failures: {exc}")
     seen = Segments()
     joined = run_segments(spec, plan, chosen, segment_runner(spec, chosen, directory, mode, k,
-                                                             say, seen), say)
+                                                             say, seen), say, replan)
     spans = joined_spans(spec, joined)
     summary = summarize(spans, joined.gpus, 0.0, tokens_per_iteration(spec.job, plan),
                         wan_capacity_bps(spec.topology, plan), plan.period, joined.epochs)

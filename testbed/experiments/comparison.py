@@ -13,6 +13,7 @@ from testbed.common.fsutil import own_directory, write_atomic
 from testbed.common.sizes import MAX_REPEATS
 from testbed.common.yamlio import to_yaml
 from testbed.errors import InputError, TestbedError
+from testbed.experiments.planning import shared_cache
 from testbed.experiments.run import RunResult
 from testbed.experiments.run import run as run_one
 from testbed.plan.model import Plan
@@ -23,7 +24,6 @@ from testbed.report.results import strict_json
 from testbed.report.run_dirs import one_name
 from testbed.run.backend import Say
 from testbed.run.spec import RunSpec
-from testbed.sim.planning import shared_cache
 from testbed.topology import dump_topology
 
 COMPARE_SCHEMA = 1

@@ -20,6 +20,7 @@ from testbed.common.heap import old_objects_frozen
 from testbed.common.span_table import last_end
 from testbed.common.yamlio import to_yaml
 from testbed.errors import InputError, TestbedError, TestbedWarning
+from testbed.experiments.planning import plan_with_simulator
 from testbed.inference.memory import check_inference_memory
 from testbed.job.load import dump_job
 from testbed.plan.host_tcp import hosts_as_planned
@@ -40,7 +41,6 @@ from testbed.scenario.reach import (
     late_warning,
     reach,
 )
-from testbed.sim.planning import plan_with_simulator
 
 
 @dataclass
@@ -114,10 +114,10 @@ def prepare(spec: RunSpec, say: Say) -> tuple[RunSpec, Plan, TrainingPolicy]:
 def simulated(spec: RunSpec) -> RunRecord:
     """A simulated run kept in memory, no directory written: a sweep's thousands of points
     keep a row each, not a directory of spans."""
-    from testbed.backends.simulate import SimulatorBackend
+    from testbed.sim.backend import SimulatorBackend
 
     spec, plan, chosen = prepare(replace(spec, backend="simulate"), lambda _m: None)
-    record = SimulatorBackend().record(spec, plan, chosen)
+    record = SimulatorBackend(plan_with_simulator).record(spec, plan, chosen)
     reached(spec, record)
     predicting(spec, plan, chosen, record)
     record.target_loss = spec.common.target_loss
@@ -168,11 +168,13 @@ def whole_cycles(spec: RunSpec, period: int) -> RunSpec:
 
 def backend_for(name: BackendName) -> Backend:
     """The backend by name, imported only when asked for: a simulation never loads the
-    emulator's runtime."""
-    if name == "simulate":
-        from testbed.backends.simulate import SimulatorBackend
+    emulator's runtime. Each is handed what plans again after a failure (the simulator
+    at the policy's disposal); the emulator also the simulator's prediction of its run,
+    which it writes beside what it measures."""
+    from testbed.sim.backend import SimulatorBackend, SimulatorPrediction
 
-        return SimulatorBackend()
+    if name == "simulate":
+        return SimulatorBackend(plan_with_simulator)
     from testbed.emulator.backend import EmulatorBackend
 
-    return EmulatorBackend()
+    return EmulatorBackend(SimulatorPrediction(plan_with_simulator), plan_with_simulator)

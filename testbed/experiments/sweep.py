@@ -28,12 +28,12 @@ from testbed.experiments.comparison import ComparisonRun, check_repeat, comparis
 from testbed.experiments.inputs import Inputs
 from testbed.job.load import apply_overrides, dump_job, parse_job
 from testbed.job.model import Job
+from testbed.plan.jitter import Jitter, parse_jitter
+from testbed.plan.profile import Profile
 from testbed.policy.loss_models import DEFAULT_LOSS_MODEL
 from testbed.policy.registry import TRAINING_GROUP, discover
 from testbed.report.run_results import Results
 from testbed.run.spec import RunSpec
-from testbed.sim.jitter import Jitter, parse_jitter
-from testbed.sim.profile import Profile
 from testbed.topology.load import dump_topology
 from testbed.topology.model import Topology
 from testbed.topology.net_events import NetEvent, parse_event_flag

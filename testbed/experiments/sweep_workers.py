@@ -33,12 +33,12 @@ from typing import Any
 from testbed import DISTRIBUTION
 from testbed.common.units import human_bytes, plural
 from testbed.emulator.net.sweep_leftovers import marking, ray_folder
-from testbed.emulator.runtime.coordinator.memory import available_memory
 from testbed.errors import InputError, TestbedError, TestbedWarning, one_line
+from testbed.experiments.planning import keeping_answers, keeps_answers, shared_cache
 from testbed.experiments.run import simulated
 from testbed.experiments.sweep import Point, row_metrics
+from testbed.plan.host_limits import available_memory
 from testbed.policy.parallel import cores, die_with, share_cores
-from testbed.sim.planning import keeping_answers, keeps_answers, shared_cache
 
 Row = dict[str, Any]
 Done = Callable[[int, list[Row]], None]
@@ -71,8 +71,8 @@ def local_workers(wanted: int) -> tuple[int, str | None]:
 def run_point(point: Point, keep: bool = False) -> list[Row]:
     """The point's rows, one per run; a run that fails is a row with its error. `keep`:
     plans may keep answers in the user's store, as the sweep's own process does
-    (testbed.sim.planning.keeping_answers): its workers share their searches. What a run
-    warns of goes with its row (`WARNINGS`), for the sweep's own process to say."""
+    (testbed.experiments.planning.keeping_answers): its workers share their searches. What
+    a run warns of goes with its row (`WARNINGS`), for the sweep's own process to say."""
     rows = []
     kept = keeping_answers() if keep else contextlib.nullcontext()
     with shared_cache(fresh=True), kept:  # ablations reuse their parent's search, in a point

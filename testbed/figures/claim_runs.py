@@ -9,10 +9,10 @@ import dataclasses
 from typing import Any, TypedDict
 
 from testbed.errors import TestbedError
+from testbed.experiments.planning import plan_with_simulator
 from testbed.figures.claims import MULTI_TCP, ClaimSpec, RunFigures, multi_tcp_link
 from testbed.figures.measure import Runner, transfer, wan_connections
 from testbed.policy import training_policy
-from testbed.sim.planning import plan_with_simulator
 
 
 class BackendFigures(TypedDict, total=False):

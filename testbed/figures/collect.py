@@ -13,12 +13,12 @@ from testbed.common.fsutil import own_directory
 from testbed.common.progress import Counting, unseen
 from testbed.common.units import format_rate, plural
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import shared_cache
 from testbed.figures.claim_runs import BackendFigures, measure_claim
 from testbed.figures.claims import Backend, ClaimSpec, Conditions, claims
 from testbed.figures.frontier import UpTo
 from testbed.figures.measure import Runner, Say
 from testbed.figures.why import why
-from testbed.sim.planning import shared_cache
 from testbed.topology.model import Topology
 
 

@@ -26,13 +26,13 @@ from testbed.common.progress import Counting, unseen
 from testbed.common.units import plural
 from testbed.errors import TestbedError
 from testbed.experiments.inputs import Inputs
+from testbed.experiments.planning import shared_cache
 from testbed.figures.claim_runs import BackendFigures, measure_claim
 from testbed.figures.claims import Conditions, claims
 from testbed.figures.measure import Runner
 from testbed.figures.space import MODELS, Point, apply
 from testbed.figures.why import why
 from testbed.job.load import load_job
-from testbed.sim.planning import shared_cache
 from testbed.topology import dump_topology, load_topology
 from testbed.topology.model import Topology
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.experiments.inputs import load_inputs
+from testbed.experiments.planning import shared_cache
 from testbed.figures.claims import Conditions, RunAsk
 from testbed.figures.measure import Runner, Say
 from testbed.metrics.summary import speedup
-from testbed.sim.planning import shared_cache
 
 RATES = (10, 50, 100, 200, 400, 800)
 """Requests per second: from a load a dedicated GPU serves (10) to twice the claims'."""

@@ -17,11 +17,11 @@ from typing import Any
 from testbed.common.progress import Counting, unseen
 from testbed.common.units import plural
 from testbed.errors import TestbedError, TestbedWarning, one_line
+from testbed.experiments.planning import shared_cache
 from testbed.experiments.run import simulated
 from testbed.figures.space import Point, apply
 from testbed.job.load import load_job
 from testbed.run.spec import RunSpec
-from testbed.sim.planning import shared_cache
 from testbed.topology.model import Topology
 
 CONTENDERS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (

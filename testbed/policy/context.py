@@ -1,8 +1,8 @@
 """What a policy may use while it plans besides the topology and the job.
 
-The caller builds it (testbed.sim.planning wires the simulator in), so a policy can weigh
-candidate plans by simulating them without importing the simulator, and keep results in
-a cache the caller decides the life of: one command planning several policies shares
+The caller builds it (testbed.experiments.planning wires the simulator in), so a policy
+can weigh candidate plans by simulating them without importing the simulator, and keep
+results in a cache the caller decides the life of: one command planning several policies shares
 one, so variants that re-run a policy's search reuse its simulations. A search's answer
 may also be kept across commands (`memo`, on disk where the caller allows it).
 """

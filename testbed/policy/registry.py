@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from typing import Any, Protocol
 
 from testbed.errors import InputError, PluginError, did_you_mean
 from testbed.job.model import Job
@@ -169,10 +169,20 @@ def _construct(cls: type[Any], name: str, options: dict[str, str]) -> Any:
 def make_plan(policy: TrainingPolicy, topology: Topology, job: Job,
               context: PlanningContext) -> Plan:
     """Ask a policy for its plan and dry-run it; a policy's crash is reported by its name.
-    Callers normally go through testbed.sim.planning, which supplies the simulator."""
+    Callers normally go through testbed.experiments.planning, which supplies the
+    simulator."""
     with plugin_code(f"policy {policy.name!r} failed while planning", type(policy).__module__):
         plan = policy.plan(topology, job, context)
     if not isinstance(plan, Plan):
         raise PluginError(f"policy {policy.name!r} returned {type(plan).__name__}, not a Plan")
     validate_plan(plan, topology, context.host_limits)
     return plan
+
+
+class Planner(Protocol):
+    """What makes a policy's plan for a part below the simulator that plans again (a replan
+    after a failure, testbed.run.segments; a launch's rank order): handed to it by its
+    caller (testbed.experiments.planning.plan_with_simulator, which supplies the
+    simulator), so that it never imports the simulator."""
+
+    def __call__(self, policy: TrainingPolicy, topology: Topology, job: Job) -> Plan: ...

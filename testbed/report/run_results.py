@@ -137,7 +137,7 @@ class SimulatorBlock:
     profile: bool
     """Compute times came from a measured profile (`--profile`), not the FLOP model."""
     jitter: dict[str, Any] | None
-    """The seeded noise on compute, prefill and transfer delays (testbed.sim.jitter)."""
+    """The seeded noise on compute, prefill and transfer delays (testbed.plan.jitter)."""
     pacing: Literal["assumed"] = "assumed"
     """The simulator assumes paced connections."""
 

@@ -1,2 +1,4 @@
-"""What a run is, whichever backend runs it: its spec, the Backend protocol, checkpoints and
-saved progress, recovery and segments between failures, resuming, time dilation."""
+"""What a run is, whichever backend carries it out: its spec, the Backend protocol, the
+simulator's prediction as the emulator is handed it, checkpoints and saved progress,
+recovery and segments between failures, resuming, time dilation. Below both backends, it
+imports neither."""

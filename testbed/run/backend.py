@@ -1,5 +1,5 @@
 """The two ways to run a plan behind one interface, so that `testbed.experiments.run` only
-dispatches: the simulator (testbed.backends.simulate) and the emulator (testbed.emulator.backend).
+dispatches: the simulator (testbed.sim.backend) and the emulator (testbed.emulator.backend).
 """
 
 from __future__ import annotations
@@ -7,13 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from testbed.common.choices import BackendName
+from testbed.common.codec import from_json
 from testbed.errors import TestbedError
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.report.results import RunRecord
+from testbed.report.run_results import Inference
 from testbed.run.checkpoint import Progress
 from testbed.run.spec import RunSpec
 
@@ -37,3 +39,9 @@ class Backend(Protocol):
     def execute(self, spec: RunSpec, plan: Plan, policy: TrainingPolicy, directory: Path,
                 say: Say, resume: Progress | None) -> BackendRun:
         """Run the plan; `resume`: go on from that checkpoint of `directory`'s run."""
+
+
+def typed_inference(block: dict[str, Any]) -> Inference:
+    """results.json's `inference` block as its type (testbed.report.run_results)."""
+    typed: Inference = from_json(block, Inference, "inference")
+    return typed

@@ -12,11 +12,15 @@ from dataclasses import dataclass, field
 
 from testbed.common.spans import Span
 from testbed.common.units import plural
-from testbed.errors import TestbedError
+from testbed.errors import InputError, TestbedError
 from testbed.job.model import Job
 from testbed.metrics.summary import Epoch, iteration_ends
 from testbed.plan.model import Plan
+from testbed.plan.throughput import tokens_per_iteration
 from testbed.policy.base import TrainingPolicy
+from testbed.policy.given import PLAN_FILE
+from testbed.policy.registry import Planner
+from testbed.report.run_results import RecoveryBlock
 from testbed.run.backend import Say
 from testbed.run.checkpoint import shifted
 from testbed.run.recovery import (
@@ -36,10 +40,8 @@ from testbed.run.recovery import (
 from testbed.run.spec import RunSpec
 from testbed.scenario.scenario import WorkerLoss
 from testbed.scenario.slowdowns import Straggler
-from testbed.sim.planning import plan_with_simulator
-from testbed.sim.simulate import tokens_per_iteration
 from testbed.topology.model import Topology
-from testbed.topology.net_events import NetEvent
+from testbed.topology.net_events import NetEvent, event_spans
 
 
 @dataclass(frozen=True)
@@ -94,9 +96,10 @@ class Joined:
 
 
 def run_segments(spec: RunSpec, plan: Plan, policy: TrainingPolicy, run: RunSegment,
-                 say: Say) -> Joined:
+                 say: Say, replan: Planner) -> Joined:
     """Segments until one ends without a failure of the scenario's, or `stop` (or a
-    failure that cannot be recovered from) ends the run."""
+    failure that cannot be recovered from) ends the run; `replan`: what makes the
+    policy's plan again for `--on-failure replan` (the caller's, with the simulator)."""
     scenario, action = spec.scenario, spec.common.on_failure
     t0, first, history, losses = 0.0, 0, [], {}
     place = Survivors(spec.topology, {})
@@ -136,7 +139,7 @@ def run_segments(spec: RunSpec, plan: Plan, policy: TrainingPolicy, run: RunSegm
                 gpus = plural(place.topology.total_gpus, "GPU")
                 say(f"replanning on the {gpus} left (without {', '.join(sorted(gone))})"
                     if gone else f"replanning on all {gpus} (every one lost is back)")
-                plan = plan_with_simulator(policy, place.topology, _replanned(spec.job))
+                plan = replan(policy, place.topology, _replanned(spec.job))
         except TestbedError as exc:
             failures.append(stopped)
             history.append(failure_span(stopped, loss.at_s))
@@ -152,6 +155,38 @@ def run_segments(spec: RunSpec, plan: Plan, policy: TrainingPolicy, run: RunSegm
             tokens_per_iteration(spec.job, plan))]
         t0, first = resumed, checkpoint
     raise AssertionError("more segments than failures")
+
+
+def check_recoverable(spec: RunSpec) -> None:
+    """What a run with a scenario's failures cannot do, refused before it starts."""
+    scenario = spec.scenario
+    if scenario.failures and spec.common.bubble_policy:
+        raise InputError("a scenario with failures cannot be run with bubble filling "
+                         "(its inference requests are not carried across a recovery)",
+                         scenario.source)
+    if scenario.failures and spec.common.on_failure == "replan" and spec.policy == PLAN_FILE:
+        raise InputError(f"replan asks the run's policy for a new plan, and {PLAN_FILE} (the "
+                         "given plan's) makes none: name one with -p, or use --on-failure "
+                         "restart", "--on-failure")
+    never = [f.worker for f in scenario.failures if f.back_s is None]
+    if spec.common.on_failure == "restart" and never:
+        raise InputError(f"--on-failure restart waits for a lost GPU to be back, and "
+                         f"{never[0]} never is: give its failure a `back` time, or use "
+                         "--on-failure replan", scenario.source, "failures")
+
+
+def joined_spans(spec: RunSpec, joined: Joined) -> list[Span]:
+    """The run's spans with the events' over its whole length (segments leave theirs
+    out: their events are shifted to their own clocks)."""
+    end = max((s["end"] for s in joined.spans), default=0.0)
+    return joined.spans + event_spans(spec.link_events, 0.0, end)
+
+
+def recovery_results(spec: RunSpec, joined: Joined) -> RecoveryBlock:
+    """results.json's record of the failures: each one, and the time they cost."""
+    lost = [f.time_lost_s for f in joined.failures if f.time_lost_s is not None]
+    return RecoveryBlock(spec.common.on_failure, [f.as_results() for f in joined.failures],
+                         sum(lost))
 
 
 def _replanned(job: Job) -> Job:

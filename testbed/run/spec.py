@@ -27,14 +27,14 @@ from testbed.common.choices import (
 from testbed.errors import InputError
 from testbed.job.model import Job
 from testbed.metrics.loss import check_target_loss
+from testbed.plan.jitter import Jitter, parse_jitter
 from testbed.plan.model import Plan
+from testbed.plan.profile import Profile, load_profile
 from testbed.policy.loss_models import DEFAULT_LOSS_MODEL
 from testbed.policy.registry import DEFAULT_POLICY
 from testbed.run.dilation import MAX_DILATION
 from testbed.run.settings import Command, Named, setting, settings_of
 from testbed.scenario.scenario import Scenario
-from testbed.sim.jitter import Jitter, parse_jitter
-from testbed.sim.profile import Profile, load_profile
 from testbed.topology import Topology
 from testbed.topology.net_events import NetEvent
 from testbed.topology.seats import ClusterRun

@@ -1,2 +1,3 @@
 """The discrete-event simulator: the plan interpreted against a flow-level model of the WAN,
-and the planning context policies simulate candidates in."""
+and its backend (backend.py), the emulator's sibling. Planning with it is
+testbed.experiments.planning's, above both."""

@@ -10,8 +10,8 @@ from testbed.errors import TestbedError
 from testbed.inference.workload import WaitKey, predicted_bubbles
 from testbed.job.model import Job
 from testbed.plan.model import Plan
+from testbed.plan.profile import Profile
 from testbed.policy.base import TrainingPolicy
-from testbed.sim.profile import Profile
 from testbed.sim.simulate import simulate_plan
 from testbed.topology.model import Topology
 

@@ -11,9 +11,9 @@ from testbed.common.span_table import SpanTable
 from testbed.inference.bubbles import BubbleBroker
 from testbed.inference.workload import kv_bytes, modeled_batch_s
 from testbed.job.model import InferenceWorkload
+from testbed.plan.jitter import Noise
 from testbed.policy.base import Chunk, Request
 from testbed.sim.flows import pair_between
-from testbed.sim.jitter import Noise
 from testbed.sim.links import Links
 from testbed.sim.network import FluidNetwork, Pair, Schedule
 from testbed.sim.workers import Resume, SimWorker

@@ -11,11 +11,12 @@ from testbed.errors import TestbedError
 from testbed.inference.bubbles import BubbleBroker
 from testbed.job.model import Job
 from testbed.metrics.summary import STEP_KINDS, Summary, run_iteration_s, summarize
+from testbed.plan.jitter import Jitter
 from testbed.plan.model import Plan
+from testbed.plan.profile import Profile
+from testbed.plan.throughput import tokens_per_iteration, wan_capacity_bps
 from testbed.policy.base import TrainingPolicy
 from testbed.scenario.slowdowns import Straggler
-from testbed.sim.jitter import Jitter
-from testbed.sim.profile import Profile
 from testbed.sim.simulator import SimResult, Simulator
 from testbed.topology.model import Topology
 from testbed.topology.net_events import NetEvent
@@ -66,10 +67,3 @@ def _run(simulator: Simulator) -> SimResult:
     except RuntimeError as exc:
         raise TestbedError(f"simulation failed: {exc}") from None
 
-
-def tokens_per_iteration(job: Job, plan: Plan) -> int:
-    return plan.dp * plan.microbatches * plan.microbatch_size * job.model.seq_len
-
-
-def wan_capacity_bps(topology: Topology, plan: Plan) -> float:
-    return sum(topology.bottleneck_bps(a, b) for a, b in plan.sharing)

@@ -38,13 +38,13 @@ from testbed.plan.interpret import (
     SendWait,
     Step,
 )
+from testbed.plan.jitter import Jitter, Noise
 from testbed.plan.model import Plan
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import TrainingPolicy
 from testbed.scenario.scenario import WorkerLoss
 from testbed.scenario.slowdowns import Straggler, factor_at, slowdowns_for
 from testbed.sim.agenda import Agenda
-from testbed.sim.jitter import Jitter, Noise
 from testbed.sim.links import Links, capacities
 from testbed.sim.lost import first_loss, spans_before
 from testbed.sim.network import FluidNetwork

@@ -12,12 +12,12 @@ from collections.abc import Callable
 
 from testbed.common.span_table import SpanTable
 from testbed.plan.collective import Collective
+from testbed.plan.jitter import Noise
 from testbed.plan.model import Op, Plan, Sharing
 from testbed.plan.pacing import GRADIENTS
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import Transfer
 from testbed.sim.flows import MIN_RTT_S, pair_between
-from testbed.sim.jitter import Noise
 from testbed.sim.links import Links
 from testbed.sim.network import FluidNetwork, Pair
 from testbed.sim.workers import SimWorker

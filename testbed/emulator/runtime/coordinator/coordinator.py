@@ -63,7 +63,7 @@ from testbed.inference.bubbles import BubbleBroker, make_broker
 from testbed.job.model import Job
 from testbed.metrics.summary import Summary, summarize
 from testbed.plan.model import Plan
-from testbed.sim.simulate import tokens_per_iteration, wan_capacity_bps
+from testbed.plan.throughput import tokens_per_iteration, wan_capacity_bps
 from testbed.topology.model import Topology
 from testbed.topology.net_events import event_spans
 

@@ -17,7 +17,8 @@ The prediction is the sum of
   pair: a plan given with a hundred million of them grew a worker to 1.66 GB);
 - the coordinator: this process as it is now, plus every span the run reports, kept until
   the results are written.
-Pure, apart from `coordinator_now` and `available_memory`, which read /proc.
+Pure, apart from `coordinator_now`, which reads /proc (what the machine has available is
+testbed.plan.host_limits.available_memory).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import os
 import resource
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from testbed.common.choices import EmulatedCompute
@@ -204,14 +204,3 @@ def coordinator_peak() -> int:
 def coordinator_now() -> int:
     """This process's resident memory now."""
     return resident_bytes(os.getpid()) or 0
-
-
-def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    """What the kernel says can be allocated without swapping (MemAvailable)."""
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None

@@ -6,12 +6,12 @@ from __future__ import annotations
 from testbed.common.choices import ComputeChoice, EmulatedCompute
 from testbed.emulator.net.layout import check_limits
 from testbed.emulator.runtime.coordinator.memory import (
-    available_memory,
     check_memory,
     coordinator_now,
     predict_memory,
 )
 from testbed.errors import InputError
+from testbed.plan.host_limits import available_memory
 from testbed.plan.model import Plan
 from testbed.run.spec import RunSpec
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from testbed.common.yamlio import read_yaml
 from testbed.errors import InputError
 from testbed.job.model import Job
+from testbed.policy.registry import Planner
 from testbed.topology.model import Topology
 
 FILE_ORDER = "file"
@@ -19,13 +20,13 @@ def file_order(topology: Topology) -> list[str]:
     return [gpu.name for gpu in topology.gpus()]
 
 
-def policy_order(topology: Topology, job: Job, policy: str,
-                 options: dict[str, str]) -> list[str]:
-    """The GPUs the policy's plan for this job uses, replica-major, stage by stage."""
+def policy_order(topology: Topology, job: Job, policy: str, options: dict[str, str],
+                 planner: Planner) -> list[str]:
+    """The GPUs the policy's plan for this job uses, replica-major, stage by stage;
+    `planner`: what makes the plan (the caller's, with the simulator)."""
     from testbed.policy import training_policy
-    from testbed.sim.planning import plan_with_simulator
 
-    plan = plan_with_simulator(training_policy(policy, options), topology, job)
+    plan = planner(training_policy(policy, options), topology, job)
     if plan.tp != 1:
         raise InputError(f"the plan of {policy} has tp {plan.tp}; a launch starts one rank "
                          "per GPU host and places whole stages", "-p")
@@ -55,12 +56,12 @@ def order_from_file(path: Path, topology: Topology) -> list[str]:
     return list(hosts)
 
 
-def rank_order(topology: Topology, job: Job, placement: str, options: dict[str, str]
-               ) -> list[str]:
+def rank_order(topology: Topology, job: Job, placement: str, options: dict[str, str],
+               planner: Planner) -> list[str]:
     """`placement`: `file`, a policy's name, or a path to a file of hosts (it has a `/` or
     ends in .yaml/.yml/.txt)."""
     if placement == FILE_ORDER:
         return file_order(topology)
     if "/" in placement or placement.endswith((".yaml", ".yml", ".txt")):
         return order_from_file(Path(placement), topology)
-    return policy_order(topology, job, placement, options)
+    return policy_order(topology, job, placement, options, planner)

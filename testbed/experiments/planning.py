@@ -1,5 +1,8 @@
 """Planning with the simulator at the policy's disposal: every command that asks a policy
-for its plan comes through here, so policies never import the simulator themselves.
+for its plan comes through here, so policies never import the simulator themselves. It
+uses the simulator, so it lives above it; what plans again below the simulator (a
+replan after a failure, testbed.run.segments; a launch's rank order) is handed
+`plan_with_simulator` as its testbed.policy.registry.Planner.
 
 The cache a policy sees lives as long as `shared_cache` is open (the whole command, for
 the CLI), or one plan without it: a command that plans several policies (compare,

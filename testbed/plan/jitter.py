@@ -1,7 +1,11 @@
 """Run-to-run noise for the simulator, seeded and recorded: without it every iteration of a
 simulated plan repeats exactly, which no real run does. Each compute, each prefill and
 each transfer's propagation takes its modeled time times a lognormal factor of mean 1 and
-the given coefficient of variation (CV), drawn per operation. Pure."""
+the given coefficient of variation (CV), drawn per operation. Pure.
+
+A run's setting (`--jitter`, testbed.run.spec) that the simulator applies: it lives in
+plan/, beside the cost model whose times it scales, below both the run's settings and the
+simulator, and imports nothing but units."""
 
 from __future__ import annotations
 

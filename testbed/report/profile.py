@@ -1,4 +1,6 @@
-"""Compute profiles: per-stage forward/backward times measured by a run, for the simulator."""
+"""Compute profiles measured: per-stage forward/backward times of a run, read from its
+spans, for the simulator to run on (the profile itself, and reading one back, is
+testbed.plan.profile's)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ from testbed.common.fsutil import write_atomic, write_named
 from testbed.common.jsonio import read_json
 from testbed.common.sizes import MAX_RUN_S
 from testbed.errors import InputError
+from testbed.plan.profile import Profile
 from testbed.report.saved import INTEGER, OPTIONAL_TEXT, check, per_gpu, read_span_rows
 
-Profile = dict[int, dict[str, float]]
 Spread = dict[str, float | None]
 """A coefficient of variation per kind of work (None where not measured)."""
 
@@ -118,21 +120,3 @@ def read_spans(path: Path) -> list[Mapping[str, Any]]:
                 raise InputError(f"ends ({span['end']}) before it starts ({span['start']})",
                                  str(path), f"spans[{i}].end")
     return list(per_gpu(spans))
-
-
-def load_profile(path: Path) -> Profile:
-    source = str(path)
-    data = read_json(path)
-    try:
-        stages = data["stages"]
-        profile = {int(stage): {key: float(value) for key, value in times.items()
-                                if key in ("forward_s", "backward_s")}
-                   for stage, times in stages.items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise InputError(f"not a profile (expected {{\"stages\": {{\"0\": {{\"forward_s\": "
-                         f"...}}}}}}): {exc}", source) from None
-    for stage, times in profile.items():
-        for key, value in times.items():
-            if not value >= 0:
-                raise InputError(f"{key} must be zero or more", source, f"stages.{stage}.{key}")
-    return profile

@@ -1,1 +1,0 @@
-"""The two backends behind one protocol (testbed.run.backend): the simulator and the emulator."""
