@@ -1,8 +1,10 @@
 """A run in segments, by either backend: each segment runs the plan until the scenario's
 next failure takes one of its GPUs, and `--on-failure` decides what follows
 (testbed.run.recovery). A backend gives one function, which runs one segment; this module
-shifts the scenario to each segment's start, plans again where asked, and joins the
-segments into one run on one clock (seconds from the start of training)."""
+shifts the scenario to each segment's start, plans again where asked (with the planner
+the backend is handed: this module imports no simulator), and joins the segments into one
+run on one clock (seconds from the start of training); and what both backends refuse of
+such a run (check_recoverable) and record of it (joined_spans, recovery_results)."""
 
 from __future__ import annotations
 
