@@ -269,6 +269,7 @@ def test_a_policys_connections_past_the_bound_are_refused() -> None:
 
 
 def test_the_memory_check_counts_the_plans_connections() -> None:
+    from testbed.emulator.backend import memory_record
     from testbed.emulator.runtime.coordinator.memory import (
         CONNECTION_BYTES,
         MemoryPlan,
@@ -284,7 +285,8 @@ def test_the_memory_check_counts_the_plans_connections() -> None:
     many = predict_memory(inputs.topology, inputs.job, more, "emulated", 0)
     assert many.connections == few.connections + 4999
     assert many.total - few.total == 4999 * CONNECTION_BYTES
-    assert many.as_dict()["connections_bytes"] == many.connections * CONNECTION_BYTES
+    assert (memory_record(None, many)["predicted"]["connections_bytes"]
+            == many.connections * CONNECTION_BYTES)
     memory = MemoryPlan("emulated", 4, 2**20, 0, 0, 0, 0, 0, 5, connections=100_000)
     with pytest.raises(InputError, match=r"100,000 connections 1.64 GB\); this machine has "
                        r"105 MB available \(MemAvailable\); try 93,856 fewer TCP connections$"):
@@ -508,6 +510,7 @@ def test_a_sweep_refuses_saved_points_that_are_not_a_file(tmp_path: Path) -> Non
 
 def test_the_suggested_dilation_is_at_most_the_most_allowed() -> None:
     """`try --dilation 5096` was suggested, and --dilation refuses past 64."""
+    from testbed.emulator.backend import emulation_record
     from testbed.emulator.runtime.coordinator.health import assess
     from testbed.run.dilation import MAX_DILATION
     from testbed.run.spec import parse_dilation
@@ -518,7 +521,7 @@ def test_the_suggested_dilation_is_at_most_the_most_allowed() -> None:
     assert (behind.warning() or "").endswith(
         "try --dilation 64, the most allowed, though it needs about 5,000: even that may not "
         "be enough (fewer GPUs, or `testbed simulate`)")
-    assert behind.as_dict()["needed_dilation"] == 5000
+    assert emulation_record(behind)["needed_dilation"] == 5000
     at_most = assess(1.0, [0.001], None, dilation=64)
     assert at_most.suggested_dilation == 64 and at_most.needed_dilation == 107
     assert (at_most.warning() or "").endswith(

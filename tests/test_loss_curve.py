@@ -89,7 +89,7 @@ def test_a_diloco_run_ranks_its_synchronized_model_s_loss_not_its_replicas() -> 
     ranked = results["time_to_loss"]
     assert (ranked["iteration"], ranked["loss_of"]) == (4, "synchronized")
     assert ranked["time_s"] == results["synced_loss_curve"][2]["time_s"]
-    lines = run_summary(results)
+    lines = run_summary(record.typed())
     assert any(line.endswith("to loss <= 3 (the synchronized model's)") for line in lines)
     assert ("  synced loss   6.0000 -> 2.6000 (the synchronized model, at the start and after "
             "each cycle)") in lines
@@ -120,7 +120,7 @@ def test_a_dilated_run_reports_its_curve_in_represented_time() -> None:
     assert results["loss_note"] is None
     assert results["tokens"] == {"measured": 3000, "total": 4000,
                                  "measured_s": pytest.approx(4.0)}
-    lines = run_summary(results)
+    lines = run_summary(record.typed())
     assert "  time to loss  2.000 s, 3,000 tokens (iteration 3) to loss <= 4.5" in lines
     assert "  loss          6.0000 -> 3.0000 over 4 iterations" in lines
     assert any(line.startswith("  throughput    750 tokens/s (3,000 tokens in 4.000 s, "
@@ -132,7 +132,7 @@ def test_a_diverged_step_is_null_in_the_curve_and_never_reaches_the_target() -> 
     results = json.loads(strict_json(record.results()))
     assert results["loss_curve"][1]["loss"] is None
     assert results["time_to_loss"]["reached"] is False
-    assert "  loss          6.0000 -> nan over 2 iterations" in run_summary(results)
+    assert "  loss          6.0000 -> nan over 2 iterations" in run_summary(record.typed())
 
 
 @pytest.mark.parametrize(("compute", "label"), [("modeled", "the simulator trains no model"),
@@ -145,7 +145,7 @@ def test_a_run_without_real_compute_says_it_has_no_loss(compute: str, label: str
     assert results["time_to_loss"]["reached"] is None
     assert results["time_to_loss"]["time_s"] is None
     assert results["time_to_loss"]["reason"] == results["loss_note"]
-    [line] = [line for line in run_summary(results) if "time to loss" in line]
+    [line] = [line for line in run_summary(record.typed()) if "time to loss" in line]
     assert line == f"  time to loss  n/a: {results['loss_note']}"
     no_target = _record(compute, None, uneven_spans([1.0, 1.0]), 0.0, None).results()
     assert no_target["time_to_loss"] is None

@@ -269,7 +269,7 @@ def test_a_run_s_summary_says_what_its_cycle_takes() -> None:
     summary, spans = simulate_plan(PAPER.topology, job, plan, DP)
     record = RunRecord("simulate", "diloco", None, PAPER.topology, job, plan, None, "modeled",
                        summary, spans, 0.0)
-    lines = run_summary(record.results())
+    lines = run_summary(record.typed())
     assert f"  cycle         2 iterations, mean {summary.cycle_s:.3f} s over 2 whole cycles" \
         in lines
     assert record.results()["plan"]["period"] == 2

@@ -49,7 +49,10 @@ def show(run_dir: Path, out: Path | None, fmt: FigureFormat) -> None:
     if directory.exists() and not directory.is_dir():
         raise InputError("exists and is not a directory", str(directory), "--out")
     directory.mkdir(parents=True, exist_ok=True)
-    for line in run_summary(run.results):
+    if run.typed is None:
+        click.echo(f"{run.source}: written before testbed's results had a schema: "
+                   "no summary")
+    for line in run_summary(run.typed) if run.typed else []:
         click.echo(line)
     target = (run.results.get("time_to_loss") or {}).get("target")
     written = draw_runs([run], topology, directory, fmt, target)

@@ -53,7 +53,7 @@ def simulate(topology: Path, out: Path | None, force: bool, reporter: Reporter,
     check(spec)
     directory = results_dir(out, force, lambda: new_run_dir(inputs.topology.name, spec.policy))
     outcome = run(spec, directory, reporter.say)
-    for line in run_summary(outcome.results):
+    for line in run_summary(outcome.typed):
         click.echo(line)
     click.echo(f"simulated in {outcome.typed.wall_s or 0:.2f} s; results in {directory}")
     if outcome.error is not None:  # a scenario's failure that stopped the run

@@ -104,7 +104,7 @@ def up(topology: Path | None, out: Path | None, force: bool, resume: Path | None
         directory = results_dir(out, force,
                                 lambda: new_run_dir(inputs.topology.name, spec.policy))
     outcome = run(spec, directory, reporter.say, progress)
-    for line in run_summary(outcome.results):
+    for line in run_summary(outcome.typed):
         click.echo(line)
     click.echo(f"results in {directory}")
     if outcome.error is not None:

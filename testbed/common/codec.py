@@ -12,6 +12,12 @@ from dataclasses import MISSING, dataclass, fields, is_dataclass
 from enum import Enum
 from typing import Annotated, Any, Literal, Union
 
+JsonObject = dict[str, Any]
+"""A JSON or YAML mapping as raw data: read from a file or the wire before it is checked
+into a typed value, made for a document of an external format (a JSON Schema, a Chrome
+trace's events, a YAML file written back), or the codec's own generic to/from JSON. Not
+for values passed between parts of testbed: those have dataclasses or TypedDicts."""
+
 OMITTED = {"omitted": True}
 """Field metadata: a key written only when it has a value (absent, never null, otherwise)."""
 
@@ -29,6 +35,16 @@ class Range:
         return {k: v for k, v in (("minimum", self.minimum), ("maximum", self.maximum))
                 if v is not None}
 
+
+@dataclass(frozen=True)
+class Open:
+    """A TypedDict's mark in a field's type (`Annotated[PlanSummary, OPEN]`): readers in
+    testbed read the block through its keys' types, while the JSON Schema made from the
+    types leaves it an open object, as the block was before it had a type, so files
+    written by earlier versions, and keys a later one adds, still validate."""
+
+
+OPEN = Open()
 
 Count = Annotated[int, Range(0)]
 """How many of something: never below zero."""
@@ -52,7 +68,7 @@ def to_json(value: Any) -> Any:
         return value.value
     if is_dataclass(value) and not isinstance(value, type):
         op = getattr(value, "op", None)
-        out: dict[str, Any] = {"op": op} if op else {}
+        out: JsonObject = {"op": op} if op else {}
         names: dict[str, str] = getattr(value, "wire_names", {})
         for f in fields(value):
             field_value = getattr(value, f.name)
@@ -167,7 +183,7 @@ def _enum(value: Any, hint: type[Enum], where: str) -> Any:
         raise DecodeError(f"{where} is {str(value)[:40]!r}, not a {hint.__name__}") from None
 
 
-def _mapping(value: Any, hint: Any, where: str) -> dict[str, Any]:
+def _mapping(value: Any, hint: Any, where: str) -> JsonObject:
     """A dict's values decoded by its value type; a TypedDict's left to its receiver."""
     if not isinstance(value, dict):
         raise DecodeError(f"{where} is not an object")
@@ -177,7 +193,7 @@ def _mapping(value: Any, hint: Any, where: str) -> dict[str, Any]:
     return {str(k): from_json(v, item, f"{where}.{k}") for k, v in value.items()}
 
 
-def build(cls: type[Any], data: dict[str, Any], where: str) -> Any:
+def build(cls: type[Any], data: JsonObject, where: str) -> Any:
     """An instance of dataclass `cls` from `data`; DecodeError naming what is wrong, a key
     `cls` does not have among it."""
     names: dict[str, str] = getattr(cls, "wire_names", {})

@@ -35,7 +35,12 @@ from testbed.plan.throughput import tokens_per_iteration, wan_capacity_bps
 from testbed.policy.base import TrainingPolicy
 from testbed.policy.registry import Planner
 from testbed.report.results import RunRecord
-from testbed.report.run_results import EmulatorBlock
+from testbed.report.run_results import (
+    EmulationHealth,
+    EmulatorBlock,
+    MeasuredMemory,
+    PredictedMemory,
+)
 from testbed.run.backend import BackendRun, Say, typed_inference
 from testbed.run.checkpoint import Progress
 from testbed.run.dilation import (
@@ -163,7 +168,7 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
         status=outcome.status, error=outcome.error, losses=outcome.losses,
         synced_losses=outcome.synced_losses or None, policy_options=common.policy_options,
         backend_block=_block(spec, k, predicted, summary.typical_s, health,
-                             _memory_block(outcome.memory, memory),
+                             memory_record(outcome.memory, memory),
                              resume.resumed_at if resume else []),
         inference=typed_inference(_with_overruns(represented_inference(inference, k), spans,
                                                  coordinator.broker is not None)),
@@ -201,13 +206,13 @@ def _in_segments(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: P
         losses=joined.losses, synced_losses=joined.synced_losses or None,
         policy_options=spec.common.policy_options,
         backend_block=_block(spec, k, predicted, summary.typical_s, health,
-                             _memory_block(seen.memory, memory), []),
+                             memory_record(seen.memory, memory), []),
         recovery=recovery_results(spec, joined))
     return BackendRun(record, error)
 
 
 def _block(spec: RunSpec, k: int, predicted: float | None, measured: float | None,
-           health: Health | None, memory: dict[str, Any], resumed_at: list[int]
+           health: Health | None, memory: MeasuredMemory, resumed_at: list[int]
            ) -> EmulatorBlock:
     """What the emulator alone writes into results.json: its settings, the dilation it
     went at, the simulator's prediction beside the measured iteration, the machine's
@@ -220,7 +225,20 @@ def _block(spec: RunSpec, k: int, predicted: float | None, measured: float | Non
         cluster=None if emulate.cluster is None else describe_run(emulate.cluster),
         resumed_at=resumed_at, predicted_iteration_s=predicted,
         prediction_error=prediction_error(predicted, measured),
-        emulation=None if health is None else health.as_dict(), memory=memory)
+        emulation=None if health is None else emulation_record(health), memory=memory)
+
+
+def emulation_record(health: Health) -> EmulationHealth:
+    """Whether the machine kept the pace, as results.json records it."""
+    return {"cpu_bound": health.cpu_bound, "cpu_busy": round(health.cpu_busy, 3),
+            "workers_cpu": None if health.workers_cpu is None else round(health.workers_cpu, 3),
+            "lag_p99_s": health.lag_p99_s,
+            "delay_line_late_mean_s": health.delay_line_late_mean_s,
+            "delay_line_late_max_s": health.delay_line_late_max_s,
+            "reasons": list(health.reasons), "dilation": health.dilation,
+            "suggested_dilation": health.suggested_dilation,
+            "needed_dilation": health.needed_dilation or health.suggested_dilation,
+            "span_cpu_s": health.span_cpu_s}
 
 
 def _with_overruns(inference: dict[str, Any], spans: list[Span], filled: bool
@@ -229,10 +247,20 @@ def _with_overruns(inference: dict[str, Any], spans: list[Span], filled: bool
     return {**inference, "overruns": prefill_overruns(spans).as_dict()} if filled else inference
 
 
-def _memory_block(measured: MemoryUse | None, predicted: MemoryPlan) -> dict[str, Any]:
+def memory_record(measured: MemoryUse | None, predicted: MemoryPlan) -> MeasuredMemory:
     """The run's peak memory as measured, beside what was predicted before it started."""
-    return {**(measured.as_dict() if measured else {}), "predicted": predicted.as_dict(),
-            "available_bytes": available_memory()}
+    expected: PredictedMemory = {
+        "total_bytes": predicted.total, "workers_bytes": predicted.workers * predicted.per_worker,
+        "payloads_bytes": predicted.payloads, "network_bytes": predicted.network,
+        "coordinator_bytes": predicted.coordinator,
+        "connections_bytes": predicted.connection_bytes}
+    if measured is None:
+        return {"predicted": expected, "available_bytes": available_memory()}
+    return {"workers_peak_bytes": measured.workers_peak,
+            "largest_worker": measured.largest_worker,
+            "largest_worker_bytes": measured.largest_worker_peak,
+            "coordinator_peak_bytes": measured.coordinator_peak,
+            "predicted": expected, "available_bytes": available_memory()}
 
 
 def _wall_time(seconds: float) -> str:

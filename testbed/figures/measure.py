@@ -50,10 +50,11 @@ def requests_of(inference: Inference) -> Requests | None:
     """The inference block's counts, or None for a run that had no requests."""
     if not inference.requests:
         return None
-    overruns = inference.overruns or {}
+    overruns = inference.overruns
     return Requests(inference.requests, inference.served, inference.expired,
                     inference.rejected, inference.ttft_s.p50, inference.ttft_s.p99,
-                    overruns.get("prefills"), overruns.get("overran"))
+                    overruns.get("prefills") if overruns else None,
+                    overruns.get("overran") if overruns else None)
 
 
 def wan_connections(connections: dict[str, int]) -> set[tuple[str, str, int]]:

@@ -7,10 +7,23 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import TypedDict
 
 from testbed.common.spans import Span, is_wait
 from testbed.common.stats import percentile
+
+
+class OverrunCounts(TypedDict):
+    """The `overruns` of results.json's `inference` block (Overruns, and its fraction)."""
+
+    prefills: int
+    overran: int
+    mean_s: float | None
+    p99_s: float | None
+    max_s: float | None
+    fraction: float | None
+    """Of the prefills, those that overran."""
 
 
 @dataclass(frozen=True)
@@ -24,9 +37,10 @@ class Overruns:
     p99_s: float | None
     max_s: float | None
 
-    def as_dict(self) -> dict[str, float | int | None]:
-        return {**asdict(self), "fraction": self.overran / self.prefills if self.prefills
-                else None}
+    def as_dict(self) -> OverrunCounts:
+        return {"prefills": self.prefills, "overran": self.overran, "mean_s": self.mean_s,
+                "p99_s": self.p99_s, "max_s": self.max_s,
+                "fraction": self.overran / self.prefills if self.prefills else None}
 
 
 def prefill_overruns(spans: Iterable[Span]) -> Overruns:

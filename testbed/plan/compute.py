@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TypedDict
 
 from testbed.job.fragments import fragment_params
 from testbed.job.model import Job, ModelShape
@@ -221,12 +221,22 @@ def activation_bytes_held(job: Job, layers: Sequence[int], stages: Sequence[int]
     return held * job.activation_bytes // tp
 
 
-def memory_summary(job: Job, plan: Plan) -> dict[str, dict[str, Any]]:
+class GpuMemory(TypedDict):
+    """One GPU's entry in the simulator's `memory` block of results.json."""
+
+    stages: list[int]
+    activations_bytes: int
+    total_bytes: int
+    microbatches_held: dict[str, int]
+    """The most microbatches each of its stages holds, by stage."""
+
+
+def memory_summary(job: Job, plan: Plan) -> dict[str, GpuMemory]:
     """Per GPU of replica 0 (the other replicas' hold the same), in the program of the
     plan's cycle that needs most: the activations it holds at its worst moment, that plus
     parameters and optimizer state, and the most microbatches each of its stages holds
     (the `memory` block of results.json)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, GpuMemory] = {}
     for (replica, _), gpus in plan.workers():
         gpu = gpus[0]
         if replica or gpu in out:

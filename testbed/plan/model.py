@@ -14,12 +14,63 @@ import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
+from testbed.common.codec import JsonObject
 from testbed.errors import InputError
 from testbed.plan.action import Action as Action
 from testbed.plan.action import Op as Op
 from testbed.plan.collective import Reduces, payload_format
+
+
+class HostTcpRecord(TypedDict, total=False):
+    """A plan's host TCP settings as results.json records them: those given."""
+
+    slow_start_after_idle: bool
+    buffer_bytes: int
+
+
+class OuterRecord(TypedDict):
+    """The outer optimizer as results.json records it."""
+
+    lr: float
+    momentum: float
+    nesterov: bool
+    mixing: float
+    eager: NotRequired[bool]
+
+
+class PlanRecord(TypedDict):
+    """The plan as a failure's record keeps it, before and after a replan."""
+
+    policy: str
+    dp: int
+    pp: int
+    microbatches: int
+    layers_per_stage: list[int]
+    placement: dict[str, list[str]]
+    """GPUs of each "replica,stage"."""
+
+
+class PlanSummary(PlanRecord):
+    """The `plan` block of results.json."""
+
+    tp: int
+    microbatch_size: int
+    connections: dict[str, int]
+    """TCP connections per "a:b" GPU pair."""
+    sharing: dict[str, str]
+    """Each "source>destination" DC pair's Sharing."""
+    sync_order: NotRequired[str]
+    dp_cells: list[list[int]]
+    host_tcp: HostTcpRecord
+    notes: JsonObject
+    """The policy's own notes (Plan.notes): free-form, each policy's format."""
+    period: int
+    opening: NotRequired[list[int]]
+    stages_per_gpu: NotRequired[int]
+    outer: NotRequired[OuterRecord]
+    payloads: NotRequired[dict[str, str]]
 
 
 @dataclass(frozen=True)
@@ -36,10 +87,14 @@ class HostTcp:
     def __bool__(self) -> bool:
         return self.slow_start_after_idle is not None or self.buffer_bytes is not None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> HostTcpRecord:
         """The settings given (not None), by name, as results.json records them."""
-        return {k: v for k, v in (("slow_start_after_idle", self.slow_start_after_idle),
-                                  ("buffer_bytes", self.buffer_bytes)) if v is not None}
+        out: HostTcpRecord = {}
+        if self.slow_start_after_idle is not None:
+            out["slow_start_after_idle"] = self.slow_start_after_idle
+        if self.buffer_bytes is not None:
+            out["buffer_bytes"] = self.buffer_bytes
+        return out
 
 
 class Sharing(StrEnum):
@@ -90,10 +145,13 @@ class OuterOptimizer:
     then follows its fragment's START of the fresh sync, and the sync before is waited
     for first."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> OuterRecord:
         """Its fields by name, as results.json records them."""
-        return {"lr": self.lr, "momentum": self.momentum, "nesterov": self.nesterov,
-                "mixing": self.mixing, **({"eager": True} if self.eager else {})}
+        out: OuterRecord = {"lr": self.lr, "momentum": self.momentum,
+                            "nesterov": self.nesterov, "mixing": self.mixing}
+        if self.eager:
+            out["eager"] = True
+        return out
 
 
 Worker = tuple[int, int]
@@ -266,9 +324,9 @@ class Plan:
             out[stage].update(dc_of(gpu) for gpu in gpus)
         return out
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> PlanSummary:
         """The `plan` block of results.json."""
-        return {
+        out: PlanSummary = {
             "policy": self.policy,
             "dp": self.dp,
             "pp": self.pp,
@@ -279,17 +337,22 @@ class Plan:
             "placement": {f"{r},{s}": list(g) for (r, s), g in sorted(self.placement.items())},
             "connections": {f"{a}:{b}": n for (a, b), n in sorted(self.connections.items())},
             "sharing": {f"{a}>{b}": s.value for (a, b), s in sorted(self.sharing.items())},
-            **({"sync_order": self.sync_order.value}
-               if self.sync_order is not SyncOrder.FAIR else {}),
             "dp_cells": [list(cell) for cell in self.dp_cells],
             "host_tcp": self.host_tcp.to_dict(),
             "notes": dict(self.notes),
             "period": self.period,
-            **({"opening": list(self.opening)} if self.opening else {}),
-            **({"stages_per_gpu": self.stages_per_gpu} if self.stages_per_gpu > 1 else {}),
-            **({"outer": self.outer.to_dict()} if self.has_outer_steps else {}),
-            **({"payloads": self.payloads} if self.payloads else {}),
         }
+        if self.sync_order is not SyncOrder.FAIR:
+            out["sync_order"] = self.sync_order.value
+        if self.opening:
+            out["opening"] = list(self.opening)
+        if self.stages_per_gpu > 1:
+            out["stages_per_gpu"] = self.stages_per_gpu
+        if self.has_outer_steps:
+            out["outer"] = self.outer.to_dict()
+        if self.payloads:
+            out["payloads"] = self.payloads
+        return out
 
     @property
     def payloads(self) -> dict[str, str]:

@@ -255,7 +255,7 @@ MAX_PERIOD = 100_000
 """Iterations in one cycle, at most (DiLoCo's H runs to hundreds or a few thousand)."""
 
 
-def _format_outer(value: float | bool) -> str:
+def _format_outer(value: object) -> str:
     return ("on" if value else "off") if isinstance(value, bool) else repr(value)
 
 

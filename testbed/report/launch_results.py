@@ -7,11 +7,13 @@ generated from these types (`python -m testbed.report.results_schema`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict
+from typing import Annotated, Literal, NotRequired, TypedDict
 
-from testbed.common.codec import OMITTED
+from testbed.common.codec import OMITTED, OPEN
 from testbed.metrics.loss import LossPoint, TimeToLoss
 from testbed.report.run_results import Versions
+from testbed.scenario.scenario import ScenarioRecord
+from testbed.topology.net_events import EventEntry
 
 LAUNCH_SCHEMA_VERSION = 1
 LaunchStatus = Literal["ok", "failed", "interrupted", "timed_out"]
@@ -91,6 +93,15 @@ class RankOutcome:
     """Under --torchrun or per DC: the RANKs torch gave the processes it started."""
 
 
+class LaunchCluster(TypedDict):
+    """A launch across machines: the cluster, this machine, and on the coordinator how
+    each other machine's launch ended."""
+
+    name: str
+    machine: str | None
+    machines: NotRequired[dict[str, str]]
+
+
 class MetricPoint(TypedDict):
     """One line of the program's own metrics (`TESTBED_METRIC {json}` on its output, or a
     JSON line in $TESTBED_METRICS)."""
@@ -141,10 +152,10 @@ class LaunchResults:
     """Each step's loss (mean over the ranks that reported one) at the time the last of
     them reported it, from the program's metric lines."""
     time_to_loss: TimeToLoss | None
-    events: list[dict[str, Any]]
-    scenario: dict[str, Any] | None
+    events: list[Annotated[EventEntry, OPEN]]
+    scenario: Annotated[ScenarioRecord, OPEN] | None
     versions: Versions
-    cluster: dict[str, Any] | None = field(default=None, metadata=OMITTED)
+    cluster: Annotated[LaunchCluster, OPEN] | None = field(default=None, metadata=OMITTED)
 
 
 def launch_summary(results: LaunchResults) -> list[str]:

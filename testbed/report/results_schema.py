@@ -26,7 +26,7 @@ from typing import (
     is_typeddict,
 )
 
-from testbed.common.codec import OMITTED, Range, from_json
+from testbed.common.codec import OMITTED, JsonObject, Open, Range, from_json
 from testbed.errors import InputError
 from testbed.report.launch_results import LAUNCH_SCHEMA_VERSION, LaunchResults
 from testbed.report.run_results import SCHEMA_VERSION, Results
@@ -40,7 +40,7 @@ _SIMPLE: dict[Any, str] = {int: "integer", float: "number", str: "string", bool:
                            type(None): "null"}
 
 
-def json_schema(kind: Any) -> dict[str, Any]:
+def json_schema(kind: Any) -> JsonObject:
     """The schema of values of a type: a dataclass or TypedDict as a closed object (its
     fields with a default of None, OMITTED ones, may be absent), list and dict[str, X],
     Literal, unions; Any (an open block) as anything."""
@@ -53,8 +53,10 @@ def json_schema(kind: Any) -> dict[str, Any]:
         return {"enum": list(get_args(kind))}
     if origin in (NotRequired, Required):  # a TypedDict's key: is_typeddict says which
         return json_schema(get_args(kind)[0])
-    if origin is Annotated:  # a number's bounds (testbed.common.codec.Range)
+    if origin is Annotated:  # a number's bounds (testbed.common.codec.Range), or OPEN
         base, *extras = get_args(kind)
+        if any(isinstance(extra, Open) for extra in extras):
+            return {"type": "object"}
         out = json_schema(base)
         for extra in extras:
             if isinstance(extra, Range):
@@ -84,8 +86,8 @@ def json_schema(kind: Any) -> dict[str, Any]:
     raise TypeError(f"no JSON Schema for {kind!r}")
 
 
-def _object(kind: type, hints: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "object"}
+def _object(kind: type, hints: dict[str, object], required: list[str]) -> JsonObject:
+    out: JsonObject = {"type": "object"}
     if kind.__doc__ and not kind.__doc__.startswith(f"{kind.__name__}("):
         out["description"] = " ".join(kind.__doc__.split())
     out["properties"] = {name: json_schema(hint) for name, hint in hints.items()}
@@ -94,7 +96,7 @@ def _object(kind: type, hints: dict[str, Any], required: list[str]) -> dict[str,
     return out
 
 
-def results_schema() -> dict[str, Any]:
+def results_schema() -> JsonObject:
     """The whole document for results.json, as shipped."""
     body = json_schema(Results)
     body["properties"]["schema_version"] = {"const": SCHEMA_VERSION}
@@ -104,7 +106,7 @@ def results_schema() -> dict[str, Any]:
             "title": "testbed results.json", "schema_version": SCHEMA_VERSION, **body}
 
 
-def launch_schema() -> dict[str, Any]:
+def launch_schema() -> JsonObject:
     """The document for a launch's results.json (`"kind": "launch"`), as shipped."""
     body = json_schema(LaunchResults)
     body["properties"]["schema_version"] = {"const": LAUNCH_SCHEMA_VERSION}
@@ -118,15 +120,15 @@ def schema_text(kind: str = "run") -> str:
                       indent=2) + "\n"
 
 
-def shipped_schema(kind: str = "run") -> dict[str, Any]:
+def shipped_schema(kind: str = "run") -> JsonObject:
     """results.schema.json (a run's) or launch.schema.json as installed with the package."""
     name = LAUNCH_SCHEMA_FILE if kind == LAUNCH_KIND else SCHEMA_FILE
-    loaded: dict[str, Any] = json.loads(
+    loaded: JsonObject = json.loads(
         files("testbed.report").joinpath(name).read_text(encoding="utf-8"))
     return loaded
 
 
-def results_from(data: dict[str, Any], where: str) -> Results:
+def results_from(data: JsonObject, where: str) -> Results:
     """Parsed results.json content, checked against the shipped schema."""
     check_results(data, where)
     results: Results = from_json(data, Results, where)
@@ -206,7 +208,7 @@ def _located(error: Any) -> list[tuple[str, str]]:
     return [(key, f"expected {_describe(schema)}, got {_kind(instance)}")]
 
 
-def _describe(schema: dict[str, Any]) -> str:
+def _describe(schema: JsonObject) -> str:
     if "anyOf" in schema:
         return " or ".join(_describe(s) for s in schema["anyOf"])
     if "enum" in schema:

@@ -3,16 +3,18 @@ dataclasses here are the contract; results.schema.json beside this module is gen
 from them (`python -m testbed.report.results_schema`, checked by a test) and is what users
 validate saved results against (`testbed results validate`).
 
-Blocks whose inner shape belongs to another part of testbed (the plan, memory, the TCP
-settings, a scenario, the emulator's health) are typed as mappings and left open; the rest
-is closed: a key the types do not know is refused. `SCHEMA_VERSION` changes whenever a
+Blocks whose inner shape belongs to another part of testbed (the plan, memory, a failure's
+record, a scenario, the emulator's health) have TypedDicts that testbed's readers read
+them through, marked OPEN (testbed.common.codec): the schema leaves them open objects, as
+they were before they had types, so results written by earlier versions still validate;
+the rest is closed: a key the types do not know is refused. `SCHEMA_VERSION` changes whenever a
 file written by this version would not validate against the previous schema, or the
 reverse."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Literal, NotRequired, TypedDict, cast
 
 from testbed.common.choices import (
     ActivationsChoice,
@@ -23,13 +25,82 @@ from testbed.common.choices import (
     Status,
     TraceChoice,
 )
-from testbed.common.codec import OMITTED, Count, NonNegative, Positive, Seconds
+from testbed.common.codec import OMITTED, OPEN, Count, NonNegative, Positive, Seconds
 from testbed.metrics.loss import LossPoint, TimeToLoss
 from testbed.metrics.loss_prediction import LossPrediction
+from testbed.metrics.overruns import OverrunCounts
+from testbed.plan.compute import GpuMemory
+from testbed.plan.model import PlanRecord, PlanSummary
+from testbed.scenario.scenario import ScenarioRecord
+from testbed.topology.net_events import EventEntry
+from testbed.topology.seats import ClusterRecord
 
 SCHEMA_VERSION = 3
 """1: results.json before it had a schema (a `schema` key); 2: the first with one; 3:
 `loss_model` (the loss model's prediction) and `time_to_loss.basis`."""
+
+
+class EmulationHealth(TypedDict):
+    """Whether the machine kept the emulator's pace
+    (testbed.emulator.runtime.coordinator.health.Health)."""
+
+    cpu_bound: bool
+    cpu_busy: float
+    workers_cpu: float | None
+    lag_p99_s: float | None
+    delay_line_late_mean_s: float | None
+    delay_line_late_max_s: float | None
+    reasons: list[str]
+    dilation: int
+    suggested_dilation: int
+    needed_dilation: int
+    span_cpu_s: float | None
+
+
+class PredictedMemory(TypedDict):
+    """What the emulator predicted its run would hold, before it started."""
+
+    total_bytes: int
+    workers_bytes: int
+    payloads_bytes: int
+    network_bytes: int
+    coordinator_bytes: int
+    connections_bytes: int
+
+
+class MeasuredMemory(TypedDict):
+    """The emulator's `memory` block: the peaks measured (absent where none were), beside
+    the prediction."""
+
+    workers_peak_bytes: NotRequired[int]
+    largest_worker: NotRequired[str | None]
+    largest_worker_bytes: NotRequired[int]
+    coordinator_peak_bytes: NotRequired[int]
+    predicted: PredictedMemory
+    available_bytes: int | None
+
+
+SimulatedMemory = dict[str, GpuMemory]
+"""The simulator's `memory` block: per GPU of replica 0 (testbed.plan.compute)."""
+
+
+class FailureResult(TypedDict):
+    """One failure of a scenario's, and what it cost (testbed.run.recovery)."""
+
+    worker: str
+    at_s: float
+    back_s: float | None
+    action: OnFailure
+    completed: int
+    resumed_from: int
+    checkpoint_s: float
+    detected_s: float
+    resumed_s: float | None
+    """None: the run stopped."""
+    lost_work_s: float
+    time_lost_s: float | None
+    plan_before: PlanRecord
+    plan_after: PlanRecord | None
 
 
 @dataclass(frozen=True)
@@ -110,7 +181,7 @@ class Inference:
     policy: str | None = field(default=None, metadata=OMITTED)
     """The bubble policy."""
     dedicated: Dedicated | None = field(default=None, metadata=OMITTED)
-    overruns: dict[str, Any] | None = field(default=None, metadata=OMITTED)
+    overruns: Annotated[OverrunCounts, OPEN] | None = field(default=None, metadata=OMITTED)
     """Emulator: how often prefills held training past their bubbles."""
 
 
@@ -136,7 +207,7 @@ class SimulatorBlock:
 
     profile: bool
     """Compute times came from a measured profile (`--profile`), not the FLOP model."""
-    jitter: dict[str, Any] | None
+    jitter: dict[str, float] | None
     """The seeded noise on compute, prefill and transfer delays (testbed.plan.jitter)."""
     pacing: Literal["assumed"] = "assumed"
     """The simulator assumes paced connections."""
@@ -154,7 +225,7 @@ class EmulatorBlock:
     """The dilation the run went at (testbed.run.dilation)."""
     dilation_requested: Positive | Literal["auto"]
     checkpoint_every: Positive | None
-    cluster: dict[str, Any] | None
+    cluster: Annotated[ClusterRecord, OPEN] | None
     """The machines of a run across several (testbed.topology.seats.describe_run)."""
     resumed_at: list[Count]
     """The iterations the run was resumed after (`up --resume`)."""
@@ -162,9 +233,9 @@ class EmulatorBlock:
     """The simulator's iteration time for the same plan."""
     prediction_error: float | None
     """The emulator's against it (positive: the emulator was slower)."""
-    emulation: dict[str, Any] | None
+    emulation: Annotated[EmulationHealth, OPEN] | None
     """Whether the machine kept the pace (testbed.emulator.runtime.coordinator.health)."""
-    memory: dict[str, Any]
+    memory: Annotated[MeasuredMemory, OPEN]
     """The run's peak memory as measured, beside what was predicted (in place of the
     plan's memory summary)."""
 
@@ -174,7 +245,7 @@ class RecoveryBlock:
     """A run with a scenario's failures: each one, and the time they cost."""
 
     on_failure: OnFailure
-    failures: list[dict[str, Any]]
+    failures: list[Annotated[FailureResult, OPEN]]
     time_lost_s: Seconds
 
 
@@ -205,9 +276,10 @@ class Results:
     wan: WanUse
     training_slowdown: float | None
     inference: Inference
-    plan: dict[str, Any]
+    plan: Annotated[PlanSummary, OPEN]
     plan_file: str | None
-    memory: dict[str, Any]
+    memory: Annotated[SimulatedMemory | MeasuredMemory, OPEN]
+    """The simulator's per GPU, or the emulator's measured (`measured_memory`)."""
     seed: Count
     status: Status
     error: str | None
@@ -227,17 +299,17 @@ class Results:
     versions: Versions
     wall_s: Seconds | None
     trace: TraceInfo
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[Annotated[EventEntry, OPEN]] = field(default_factory=list)
     """Each network event as a topology's `events` entry, with `applied`: whether it
     began before training ended (testbed.scenario.reach)."""
-    scenario: dict[str, Any] | None = None
+    scenario: Annotated[ScenarioRecord, OPEN] | None = None
     """The scenario file's traces, stragglers and failures, each with `applied` (a trace
     also with `steps_applied`), and its recovery."""
     pacing: bool | Literal["assumed"] = True
     """The emulator's --pacing; the simulator assumes paced connections."""
     # the simulator's
     profile: bool | None = field(default=None, metadata=OMITTED)
-    jitter: dict[str, Any] | None = field(default=None, metadata=OMITTED)
+    jitter: dict[str, float] | None = field(default=None, metadata=OMITTED)
     # the emulator's
     allreduce: AllReduceChoice | None = field(default=None, metadata=OMITTED)
     activations: ActivationsChoice | None = field(default=None, metadata=OMITTED)
@@ -245,14 +317,16 @@ class Results:
     dilation_requested: Positive | Literal["auto"] | None = field(default=None,
                                                                   metadata=OMITTED)
     checkpoint_every: Positive | None = field(default=None, metadata=OMITTED)
-    cluster: dict[str, Any] | None = field(default=None, metadata=OMITTED)
+    cluster: Annotated[ClusterRecord, OPEN] | None = field(default=None, metadata=OMITTED)
     resumed_at: list[Count] | None = field(default=None, metadata=OMITTED)
     predicted_iteration_s: Seconds | None = field(default=None, metadata=OMITTED)
     prediction_error: float | None = field(default=None, metadata=OMITTED)
-    emulation: dict[str, Any] | None = field(default=None, metadata=OMITTED)
+    emulation: Annotated[EmulationHealth, OPEN] | None = field(default=None,
+                                                              metadata=OMITTED)
     # a run with a scenario's failures
     on_failure: OnFailure | None = field(default=None, metadata=OMITTED)
-    failures: list[dict[str, Any]] | None = field(default=None, metadata=OMITTED)
+    failures: list[Annotated[FailureResult, OPEN]] | None = field(default=None,
+                                                                   metadata=OMITTED)
     time_lost_s: Seconds | None = field(default=None, metadata=OMITTED)
     # a DiLoCo-family run with real compute
     synced_loss_curve: list[LossPoint] | None = field(default=None, metadata=OMITTED)
@@ -267,3 +341,10 @@ class Results:
         sync)."""
         times = self.iteration_time_s
         return times.mean if self.cycle_time_s.period > 1 else times.median
+
+    @property
+    def measured_memory(self) -> MeasuredMemory | None:
+        """The emulator's measured `memory` block; None for the simulator's."""
+        if self.backend != "emulate" or "predicted" not in self.memory:
+            return None
+        return cast(MeasuredMemory, self.memory)  # the emulator's block replaces the plan's

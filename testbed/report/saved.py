@@ -10,11 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from testbed.common.codec import from_json
 from testbed.common.jsonio import MAX_RECORD_BYTES, read_json
 from testbed.common.spans import Span
 from testbed.errors import InputError
 from testbed.report.compare import RunEntry
 from testbed.report.results_schema import check_results
+from testbed.report.run_results import Results
 
 NUMBER = "number"
 OPTIONAL_NUMBER = "number or null"
@@ -169,6 +171,9 @@ class SavedRun:
     spans: list[Span]
     source: str = "results.json"
     """The results file, for errors about what it holds."""
+    typed: Results | None = None
+    """`results` as types (testbed.report.run_results); None for a run written before
+    testbed's results had a schema, which only the keys `check` names are known of."""
 
     @property
     def length_s(self) -> float:
@@ -187,10 +192,13 @@ def load_run(directory: Path) -> SavedRun:
         raise InputError("not a run's directory: it has no results.json", str(directory))
     results = read_json(path)
     _check_run(results, str(path))
+    typed: Results | None = None
+    if "schema_version" in results:  # checked against the schema: it decodes
+        typed = from_json(results, Results, str(path))
     start, spans = read_spans(directory / "spans.json")
     bubble = results.get("bubble_policy")
     title = f"{results.get('policy', directory.name)}" + (f"+{bubble}" if bubble else "")
-    return SavedRun(title, results, start, spans, str(path))
+    return SavedRun(title, results, start, spans, str(path), typed)
 
 
 def read_spans(path: Path) -> tuple[float, list[Span]]:

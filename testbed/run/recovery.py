@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from testbed.common.choices import OnFailure
 from testbed.common.spans import Span
 from testbed.errors import PlanError
-from testbed.plan.model import Plan
+from testbed.plan.model import Plan, PlanRecord
+from testbed.report.run_results import FailureResult
 from testbed.run.checkpoint import checkpoint_due
 from testbed.scenario.scenario import Recovery, WorkerLoss
 from testbed.scenario.slowdowns import Straggler
@@ -43,8 +43,8 @@ class FailureRecord:
     detected_s: float
     resumed_s: float | None
     """When training went on; None when the run stopped."""
-    plan_before: dict[str, Any]
-    plan_after: dict[str, Any] | None
+    plan_before: PlanRecord
+    plan_after: PlanRecord | None
     back_s: float | None = None
 
     @property
@@ -53,7 +53,7 @@ class FailureRecord:
         the failure and starting again."""
         return None if self.resumed_s is None else self.resumed_s - self.checkpoint_s
 
-    def as_results(self) -> dict[str, Any]:
+    def as_results(self) -> FailureResult:
         return {
             "worker": self.worker, "at_s": self.at_s, "back_s": self.back_s,
             "action": self.action, "completed": self.completed,
@@ -193,15 +193,15 @@ def renamed_spans(spans: Iterable[Span], names: dict[str, str]) -> list[Span]:
     return out
 
 
-def plan_record(plan: Plan, names: dict[str, str] | None = None) -> dict[str, Any]:
+def plan_record(plan: Plan, names: dict[str, str] | None = None) -> PlanRecord:
     """The plan as results record it, its GPUs under their own names."""
     summary = plan.summary()
-    keep = {k: summary[k] for k in ("policy", "dp", "pp", "microbatches", "layers_per_stage",
-                                    "placement")}
+    placement = summary["placement"]
     if names:
-        keep["placement"] = {w: [names.get(g, g) for g in gpus]
-                             for w, gpus in keep["placement"].items()}
-    return keep
+        placement = {w: [names.get(g, g) for g in gpus] for w, gpus in placement.items()}
+    return {"policy": summary["policy"], "dp": summary["dp"], "pp": summary["pp"],
+            "microbatches": summary["microbatches"],
+            "layers_per_stage": summary["layers_per_stage"], "placement": placement}
 
 
 def failure_span(record: FailureRecord, end: float) -> Span:

@@ -18,8 +18,9 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
+from testbed.common.codec import JsonObject
 from testbed.common.fields import Fields, bounded, integer, positive
 from testbed.common.input_files import MIB, read_input
 from testbed.common.units import format_rate, parse_duration, parse_fraction
@@ -58,6 +59,21 @@ class TracePoint:
     loss: float | None
 
 
+class TraceRates(TypedDict):
+    min: float
+    max: float
+
+
+TraceRecord = TypedDict("TraceRecord", {
+    "link": str, "csv": NotRequired[str], "diurnal": NotRequired[JsonObject],
+    "random-walk": NotRequired[JsonObject], "steps": int, "interpolation": str,
+    "bandwidth": TraceRates | None, "applied": NotRequired[bool],
+    "steps_applied": NotRequired[int]})
+"""A link trace as results.json records it: the scenario's entry (its CSV file or its
+generator's settings, as given), its steps, the range of its rates; testbed.scenario.reach
+adds whether training reached it and how many of its steps."""
+
+
 @dataclass(frozen=True)
 class LinkTrace:
     a: str
@@ -67,8 +83,8 @@ class LinkTrace:
     name: str
     """The CSV file as given, or the generator's name."""
     points: tuple[TracePoint, ...]
-    raw: dict[str, Any]
-    """The scenario entry, as given."""
+    raw: JsonObject
+    """The scenario entry, as given (a generator's settings are its own, raw)."""
 
     @property
     def link(self) -> str:
@@ -87,12 +103,19 @@ class LinkTrace:
                                     one_way=self.one_way, trace=self.name))
         return out
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> TraceRecord:
         """What results record of it: the entry, and what it came to."""
         rates = [p.bandwidth_bps for p in self.points if p.bandwidth_bps is not None]
-        return {**self.raw, "link": self.link, "steps": len(self.points),
-                "interpolation": INTERPOLATION,
-                "bandwidth": {"min": min(rates), "max": max(rates)} if rates else None}
+        out: TraceRecord = {
+            "link": self.link, "steps": len(self.points), "interpolation": INTERPOLATION,
+            "bandwidth": {"min": min(rates), "max": max(rates)} if rates else None}
+        if "csv" in self.raw:
+            out["csv"] = self.raw["csv"]
+        if "diurnal" in self.raw:
+            out["diurnal"] = self.raw["diurnal"]
+        if "random-walk" in self.raw:
+            out["random-walk"] = self.raw["random-walk"]
+        return out
 
 
 def _bandwidth(point: TracePoint) -> float | None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from testbed.common.units import plural
-from testbed.scenario.scenario import Scenario
-from testbed.topology.net_events import NetEvent
+from testbed.scenario.scenario import Scenario, ScenarioRecord
+from testbed.topology.net_events import EventEntry, NetEvent
 
 Section = Literal["events", "traces", "stragglers", "failures"]
 NAMED = 4
@@ -87,25 +87,30 @@ class Applied:
     """results.json's `events` and `scenario`, each entry with `applied` (a trace also
     with `steps_applied`: its steps that began before training ended)."""
 
-    events: list[dict[str, Any]]
+    events: list[EventEntry]
     """Each network event as a topology's `events` entry."""
-    scenario: dict[str, Any] | None
+    scenario: ScenarioRecord | None
     """The scenario file's traces, stragglers and failures, and its recovery."""
 
 
 def applied_results(events: Sequence[NetEvent], scenario: Scenario, reached: Reach
                     ) -> Applied:
     """Which of `events` and `scenario`'s entries `reached` says training reached."""
-    applied = [{**e.as_raw(), "applied": applied} for e, applied
-               in zip(events, reached.of("events"), strict=True)]
+    entries = [e.as_raw() for e in events]
+    for entry, applied in zip(entries, reached.of("events"), strict=True):
+        entry["applied"] = applied
     block = scenario.as_results()
     if block is not None:
-        for section in ("traces", "stragglers", "failures"):
-            block[section] = [{**raw, "applied": applied} for raw, applied
-                              in zip(block[section], reached.of(section), strict=True)]
-        for raw, trace in zip(block["traces"], scenario.traces, strict=True):
+        for failure, applied in zip(block["failures"], reached.of("failures"), strict=True):
+            failure["applied"] = applied
+        for straggler, applied in zip(block["stragglers"], reached.of("stragglers"),
+                                      strict=True):
+            straggler["applied"] = applied
+        for raw, applied, trace in zip(block["traces"], reached.of("traces"),
+                                       scenario.traces, strict=True):
+            raw["applied"] = applied
             raw["steps_applied"] = sum(p.at_s < reached.end_s for p in trace.points)
-    return Applied(applied, block)
+    return Applied(entries, block)
 
 
 def iterations_to_reach(at_s: float, done: int, last_end_s: float, iteration_s: float,

@@ -19,15 +19,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from testbed.common.fields import Fields, bounded, number
 from testbed.common.sizes import MAX_RUN_S
 from testbed.common.units import format_duration, parse_duration
 from testbed.common.yamlio import read_yaml
 from testbed.errors import InputError
-from testbed.scenario.link_traces import LinkTrace, parse_trace
-from testbed.scenario.slowdowns import Straggler, first_over
+from testbed.scenario.link_traces import LinkTrace, TraceRecord, parse_trace
+from testbed.scenario.slowdowns import Straggler, StragglerEntry, first_over
 from testbed.topology.model import Topology
 from testbed.topology.net_events import NetEvent, parse_events
 
@@ -42,6 +42,31 @@ MAX_RECOVERY_S = 86_400.0
 """The longest noticing a failure, or starting the job again, may take: a day (a restart
 that reloads a large model's checkpoint takes minutes to hours; 1e300 s was taken, and
 printed a summary of 301 digits)."""
+
+
+class FailureEntry(TypedDict):
+    """A `failures` entry as a scenario file has it; results.json's add `applied`."""
+
+    at: str
+    worker: str
+    back: NotRequired[str]
+    applied: NotRequired[bool]
+
+
+class RecoveryEntry(TypedDict):
+    detect: str
+    restart: str
+
+
+class ScenarioRecord(TypedDict):
+    """What results.json records of a scenario (testbed.scenario.reach marks each entry
+    with whether training reached it)."""
+
+    file: str | None
+    traces: list[TraceRecord]
+    stragglers: list[StragglerEntry]
+    failures: list[FailureEntry]
+    recovery: RecoveryEntry
 
 
 @dataclass(frozen=True)
@@ -61,8 +86,8 @@ class WorkerLoss:
         return WorkerLoss(self.at_s * k, self.worker,
                           None if self.back_s is None else self.back_s * k)
 
-    def as_raw(self) -> dict[str, Any]:
-        raw: dict[str, Any] = {"at": f"{self.at_s:g}s", "worker": self.worker}
+    def as_raw(self) -> FailureEntry:
+        raw: FailureEntry = {"at": f"{self.at_s:g}s", "worker": self.worker}
         if self.back_s is not None:
             raw["back"] = f"{self.back_s:g}s"
         return raw
@@ -81,7 +106,7 @@ class Recovery:
     detect_s: float = DEFAULT_DETECT_S
     restart_s: float = DEFAULT_RESTART_S
 
-    def as_raw(self) -> dict[str, Any]:
+    def as_raw(self) -> RecoveryEntry:
         return {"detect": f"{self.detect_s:g}s", "restart": f"{self.restart_s:g}s"}
 
 
@@ -103,7 +128,7 @@ class Scenario:
         """The traces as network events (beneath the run's own events)."""
         return tuple(e for trace in self.traces for e in trace.events())
 
-    def as_results(self) -> dict[str, Any] | None:
+    def as_results(self) -> ScenarioRecord | None:
         """What results.json records of it (None: no scenario)."""
         if not self and self.source is None:
             return None

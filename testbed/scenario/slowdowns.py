@@ -9,7 +9,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import NotRequired, TypedDict
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,13 @@ class Slowdown:
 
     def covers(self, t: float) -> bool:
         return self.start_s <= t and (self.end_s is None or t < self.end_s)
+
+
+StragglerEntry = TypedDict("StragglerEntry", {
+    "at": str, "slower": float, "gpu": NotRequired[str], "dc": NotRequired[str],
+    "for": NotRequired[str], "applied": NotRequired[bool]})
+"""A straggler as a scenario file's entry; results.json's add `applied`
+(testbed.scenario.reach)."""
 
 
 @dataclass(frozen=True)
@@ -57,11 +64,13 @@ class Straggler:
         return dataclasses.replace(self, at_s=self.at_s * k,
                                    for_s=None if self.for_s is None else self.for_s * k)
 
-    def as_raw(self) -> dict[str, Any]:
+    def as_raw(self) -> StragglerEntry:
         """As a scenario file's entry."""
-        raw: dict[str, Any] = {"at": f"{self.at_s:g}s"}
-        raw.update({"gpu": self.gpu} if self.gpu is not None else {"dc": self.dc})
-        raw["slower"] = self.slower
+        raw: StragglerEntry = {"at": f"{self.at_s:g}s", "slower": self.slower}
+        if self.gpu is not None:
+            raw["gpu"] = self.gpu
+        elif self.dc is not None:
+            raw["dc"] = self.dc
         if self.for_s is not None:
             raw["for"] = f"{self.for_s:g}s"
         return raw

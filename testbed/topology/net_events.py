@@ -8,8 +8,9 @@ import dataclasses
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
+from testbed.common.codec import JsonObject
 from testbed.common.fields import Fields
 from testbed.common.spans import Span
 from testbed.common.units import parse_duration, parse_fraction
@@ -18,6 +19,14 @@ from testbed.topology.limits import DC_LATENCY, RATE
 from testbed.topology.model import Topology
 
 KINDS = ("down", "latency", "bandwidth", "loss")
+
+
+EventEntry = TypedDict("EventEntry", {
+    "at": str, "link": list[str], "down": NotRequired[str], "latency": NotRequired[str],
+    "bandwidth": NotRequired[str], "loss": NotRequired[str], "for": NotRequired[str],
+    "applied": NotRequired[bool]})
+"""A network event as a topology's `events` entry (`for` is a keyword in Python, hence
+the functional form); results.json's entries add `applied` (testbed.scenario.reach)."""
 
 
 @dataclass(frozen=True)
@@ -38,14 +47,18 @@ class NetEvent:
     beneath events on the same link and property, and is shown as one span, not per
     step."""
 
-    def as_raw(self) -> dict[str, Any]:
+    def as_raw(self) -> EventEntry:
         """The event as a topology's `events` entry (in seconds and bit/s)."""
-        raw: dict[str, Any] = {"at": f"{self.at_s:g}s", "link": [self.a, self.b]}
+        raw: EventEntry = {"at": f"{self.at_s:g}s", "link": [self.a, self.b]}
         if self.kind == "down":
             raw["down"] = f"{self.for_s:g}s"
             return raw
-        raw[self.kind] = {"latency": f"{self.value:g}s", "bandwidth": f"{self.value:g}bit",
-                          "loss": f"{self.value * 100:g}%"}[self.kind]
+        if self.kind == "latency":
+            raw["latency"] = f"{self.value:g}s"
+        elif self.kind == "bandwidth":
+            raw["bandwidth"] = f"{self.value:g}bit"
+        else:
+            raw["loss"] = f"{self.value * 100:g}%"
         if self.for_s is not None:
             raw["for"] = f"{self.for_s:g}s"
         return raw
@@ -118,7 +131,7 @@ def parse_event(item: Any, topology: Topology, source: str | None, key: str) -> 
 
 def parse_event_flag(text: str, topology: Topology) -> NetEvent:
     """`at=30s,link=east-west,down=10s` (the same keys as a topology's `events`)."""
-    item: dict[str, Any] = {}
+    item: JsonObject = {}  # the flag as a raw entry, checked as a file's is
     for part in text.split(","):
         k, sep, v = part.partition("=")
         if not sep:

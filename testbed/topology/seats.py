@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypedDict
 
 from testbed.topology.cluster import Cluster, Machine
 
@@ -98,7 +98,21 @@ def command_line(cluster: Cluster, everyone: list[MachineSeats], one: MachineSea
                        *torchrun_args(cluster, everyone, one, run_id, secret)])
 
 
-def describe_run(run: ClusterRun) -> dict[str, object]:
+class MachineRecord(TypedDict):
+    name: str
+    address: str
+    dcs: list[str]
+
+
+class ClusterRecord(TypedDict):
+    """A run across several machines as results.json records it."""
+
+    name: str
+    coordinator: str
+    machines: list[MachineRecord]
+
+
+def describe_run(run: ClusterRun) -> ClusterRecord:
     """The cluster as results.json records it."""
     cluster = run.cluster
     return {"name": cluster.name, "coordinator": run.machine,

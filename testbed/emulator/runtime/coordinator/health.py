@@ -99,17 +99,6 @@ class Health:
     needed_dilation: int = 0
     """What the run needed to keep pace, past MAX_DILATION too (0: the suggestion)."""
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"cpu_bound": self.cpu_bound, "cpu_busy": round(self.cpu_busy, 3),
-                "workers_cpu": None if self.workers_cpu is None else round(self.workers_cpu, 3),
-                "lag_p99_s": self.lag_p99_s,
-                "delay_line_late_mean_s": self.delay_line_late_mean_s,
-                "delay_line_late_max_s": self.delay_line_late_max_s,
-                "reasons": list(self.reasons), "dilation": self.dilation,
-                "suggested_dilation": self.suggested_dilation,
-                "needed_dilation": self.needed_dilation or self.suggested_dilation,
-                "span_cpu_s": self.span_cpu_s}
-
     def behind(self, measured_s: float | None, predicted_s: float | None) -> Health:
         """The same, its suggestion covering how much longer the run's iterations took
         than the simulator's (`suggest_dilation`'s stretch), where the machine set the

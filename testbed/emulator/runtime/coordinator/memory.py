@@ -29,7 +29,6 @@ import os
 import resource
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from testbed.common.choices import EmulatedCompute
 from testbed.common.units import human_bytes, plural
@@ -88,12 +87,6 @@ class MemoryPlan:
     @property
     def connection_bytes(self) -> int:
         return self.connections * CONNECTION_BYTES
-
-    def as_dict(self) -> dict[str, int]:
-        return {"total_bytes": self.total, "workers_bytes": self.workers * self.per_worker,
-                "payloads_bytes": self.payloads, "network_bytes": self.network,
-                "coordinator_bytes": self.coordinator,
-                "connections_bytes": self.connection_bytes}
 
     def parts(self) -> str:
         return (f"workers {human_bytes(self.workers * self.per_worker)}, payloads in flight "
@@ -182,12 +175,6 @@ class MemoryUse:
     largest_worker: str | None
     largest_worker_peak: int
     coordinator_peak: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"workers_peak_bytes": self.workers_peak,
-                "largest_worker": self.largest_worker,
-                "largest_worker_bytes": self.largest_worker_peak,
-                "coordinator_peak_bytes": self.coordinator_peak}
 
 
 def measured_memory(peaks: Mapping[str, int], coordinator_peak: int) -> MemoryUse:

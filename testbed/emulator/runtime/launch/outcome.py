@@ -30,6 +30,7 @@ from testbed.report.figure_files import write_csv
 from testbed.report.launch_results import (
     LAUNCH_SCHEMA_VERSION,
     LaunchClock,
+    LaunchCluster,
     LaunchResults,
     LaunchWan,
     LinkUse,
@@ -98,9 +99,15 @@ def launch_results(run: LaunchRun, uses: list[DirectionUse]) -> LaunchResults:
             None if curve else "the program reported no loss (a `loss` in its metric "
             "lines)"),
         applied.events, applied.scenario, Versions(**versions()),
-        None if spec.cluster is None else {
-            "name": spec.cluster.name, "machine": spec.machine,
-            **({"machines": run.machines} if run.machines else {})})
+        None if spec.cluster is None else _cluster(spec.cluster.name, spec.machine,
+                                                   run.machines))
+
+
+def _cluster(name: str, machine: str | None, machines: dict[str, str]) -> LaunchCluster:
+    out: LaunchCluster = {"name": name, "machine": machine}
+    if machines:
+        out["machines"] = machines
+    return out
 
 
 def trace_events(run: LaunchRun, uses: list[DirectionUse]) -> list[dict[str, Any]]:
