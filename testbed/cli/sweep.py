@@ -28,10 +28,13 @@ from testbed.errors import InputError, Terminated, one_line
 from testbed.experiments.comparison import check_repeat
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.sweep import (
+    Cell,
     Point,
+    Row,
     SweepSettings,
     by_time_to_loss,
     columns,
+    number,
     parse_vary,
     points,
     with_speedups,
@@ -149,7 +152,7 @@ def _run(sweep: Sweep, grid: list[Point], run: Runner, where: str,
         with _terminate_raises(), reporter.counting(label, len(grid), "point",
                                                     len(done)) as steps:
 
-            def store(index: int, found: list[dict[str, Any]]) -> None:
+            def store(index: int, found: list[Row]) -> None:
                 sweep.record(grid[index], found)
                 finished[0] += 1
                 steps.finish(_named(grid[index]))
@@ -181,40 +184,40 @@ def _terminate_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _medians(table: list[dict[str, Any]], keys: list[str]) -> list[dict[str, Any]]:
+def _medians(table: list[Row], keys: list[str]) -> list[Row]:
     """One row per point and combination, the median iteration over its repeats."""
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    groups: dict[tuple[Cell, ...], list[Row]] = {}
     for row in table:
         groups.setdefault((row["policy"], *(row.get(k) for k in keys)), []).append(row)
-    out = []
+    out: list[Row] = []
     for group in groups.values():
-        times = [r["iteration_s"] for r in group if r.get("iteration_s") is not None]
+        times = [t for r in group if (t := number(r.get("iteration_s"))) is not None]
         out.append({**group[0], "iteration_s": statistics.median(times) if times else None})
     return out
 
 
-def _show(table: list[dict[str, Any]], keys: list[str], given: bool = False) -> None:
+def _show(table: list[Row], keys: list[str], given: bool = False) -> None:
     """The first rows as a table: what varied, the policy, the repeat, the iteration and,
     with more than one policy, the speed-up; a failed point's reason in the last column."""
     repeats = any("repeat" in row for row in table)
     speedups = len({row["policy"] for row in table}) > 1  # as sweep.csv has them
     failed = any(row.get("iteration_s") is None for row in table[:SHOWN_ROWS])
-    target = next((row["target_loss"] for row in table if row.get("target_loss")), None)
+    target = next((t for row in table if (t := number(row.get("target_loss")))), None)
     header = ["policy", *keys, *(["repeat"] if repeats else []), "iteration (s)",
               *(["speed-up"] if speedups else []),
               *(["effective tokens/s", f"time to loss {target:.4g}"] if target else []),
               *(["error"] if failed else [])]
     lines = []
     for row in table[:SHOWN_ROWS]:
-        iteration = row.get("iteration_s")
-        speedup = row.get("speedup")
+        iteration = number(row.get("iteration_s"))
+        speedup = number(row.get("speedup"))
         lines.append([
-            row["policy"], *(str(row.get(k, "")) for k in keys),
+            str(row["policy"]), *(str(row.get(k, "")) for k in keys),
             *([str(row.get("repeat", ""))] if repeats else []),
             "-" if iteration is None else f"{iteration:.3f}",
             *([("-" if speedup is None else f"{speedup:.2f}x")] if speedups else []),
             *(_to_loss_cells(row) if target else []),
-            *([one_line(row.get("error") or "no iteration") if iteration is None else ""]
+            *([one_line(str(row.get("error") or "no iteration")) if iteration is None else ""]
               if failed else []),
         ])
     for line in aligned(header, lines):  # cells from points.jsonl: aligned escapes them
@@ -229,7 +232,7 @@ def _show(table: list[dict[str, Any]], keys: list[str], given: bool = False) -> 
         click.echo(f"... {plural(len(table) - SHOWN_ROWS, 'more row')} in sweep.csv")
 
 
-def _to_loss_cells(row: dict[str, Any]) -> list[str]:
-    effective, time = row.get("effective_tokens_per_s"), row.get("time_to_loss_s")
+def _to_loss_cells(row: Row) -> list[str]:
+    effective, time = number(row.get("effective_tokens_per_s")), number(row.get("time_to_loss_s"))
     return ["-" if effective is None else f"{effective:.0f}",
             "never" if time is None else duration_text(time)]

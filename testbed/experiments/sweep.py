@@ -19,8 +19,8 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from testbed.common.codec import JsonObject
 from testbed.common.sizes import MAX_SWEEP_RUNS
 from testbed.common.units import plural
 from testbed.errors import InputError, TestbedError
@@ -71,8 +71,10 @@ class SweepSettings:
     without it, to the default target: the synchronous loss at the token budget)."""
     loss_model: str = DEFAULT_LOSS_MODEL
 
-    def describe(self) -> dict[str, Any]:
-        """Plain data that tells two sweeps apart: what `--out` keeps, to go on with."""
+    def describe(self) -> JsonObject:
+        """Plain data that tells two sweeps apart: what `--out` keeps, to go on with (the
+        `settings` of sweep.json, a document of its own: the topology and job as their
+        files have them)."""
         return {"topology": dump_topology(self.inputs.topology),
                 "job": dump_job(self.inputs.job),
                 "events": [e.as_raw() for e in self.inputs.events],
@@ -85,9 +87,23 @@ class SweepSettings:
                 "target_loss": self.target_loss, "loss_model": self.loss_model}
 
 
+Cell = str | int | float | None
+"""One cell of sweep.csv: a knob's value, a label, a figure or an error."""
+Row = dict[str, Cell]
+"""A row of sweep.csv (and of points.jsonl): the knobs' values under the keys the user
+varied (so a mapping, not a closed type), what ran (policy, bubble, repeat), what it
+measured (`row_metrics`: METRICS, BUBBLE_METRICS), its speedup and error."""
+
+
+def number(cell: Cell) -> float | None:
+    """A row's figure, or None where it has none."""
+    return float(cell) if isinstance(cell, int | float) and not isinstance(cell, bool) \
+        else None
+
+
 @dataclass(frozen=True)
 class PointRun:
-    labels: dict[str, Any]
+    labels: Row
     """The row's policy, bubble policy and repeat."""
     spec: RunSpec
 
@@ -190,7 +206,7 @@ def _runs(settings: SweepSettings, values: tuple[tuple[str, str], ...]) -> list[
         raise exc
     out = []
     for run in runs:
-        labels: dict[str, Any] = {"policy": run.label}  # a labelled variant's label
+        labels: Row = {"policy": run.label}  # a labelled variant's label
         if settings.bubbles:
             labels["bubble"] = run.spec.common.bubble_policy
         if settings.repeat > 1:
@@ -236,7 +252,7 @@ BUBBLE_METRICS = ("gpu_utilization_total", "requests", "served", "rejected", "tt
 """Its measures of the runs that fill bubbles."""
 
 
-def row_metrics(results: Results) -> dict[str, Any]:
+def row_metrics(results: Results) -> Row:
     """A run's measures as sweep.csv has them, from its results; the iteration is the
     typical one, as compare's table has it (a DiLoCo cycle's mean, not its median step
     without the sync)."""
@@ -258,25 +274,27 @@ def row_metrics(results: Results) -> dict[str, Any]:
     }
 
 
-def with_speedups(rows: list[dict[str, Any]], policies: Sequence[str],
-                  knobs: Sequence[str]) -> list[dict[str, Any]]:
+def with_speedups(rows: list[Row], policies: Sequence[str], knobs: Sequence[str]
+                  ) -> list[Row]:
     """Each row's tokens/s over the first policy's at the same point, bubble policy and
     repeat (how runs are compared: testbed.metrics.summary.speedup)."""
     from testbed.metrics.summary import speedup
 
-    def where(row: dict[str, Any]) -> tuple[Any, ...]:
+    def where(row: Row) -> tuple[Cell, ...]:
         return (*(row.get(k) for k in knobs), row.get("bubble"), row.get("repeat"))
 
-    base = {where(r): r.get("tokens_per_s") for r in rows if r["policy"] == policies[0]}
-    return [{**row, "speedup": speedup(row.get("tokens_per_s"), base.get(where(row)))}
+    base = {where(r): number(r.get("tokens_per_s")) for r in rows
+            if r["policy"] == policies[0]}
+    return [{**row, "speedup": speedup(number(row.get("tokens_per_s")),
+                                       base.get(where(row)))}
             for row in rows]
 
 
-def by_time_to_loss(rows: list[dict[str, Any]], knobs: Sequence[str]) -> list[dict[str, Any]]:
+def by_time_to_loss(rows: list[Row], knobs: Sequence[str]) -> list[Row]:
     """Each point's rows sorted by their predicted time to the target loss (those without
     one last, in their order); the points stay in grid order."""
-    out: list[dict[str, Any]] = []
+    out: list[Row] = []
     for _, group in itertools.groupby(rows, key=lambda r: tuple(r.get(k) for k in knobs)):
-        out += sorted(group, key=lambda r: (r.get("time_to_loss_s") is None,
-                                            r.get("time_to_loss_s") or 0.0))
+        out += sorted(group, key=lambda r: (number(r.get("time_to_loss_s")) is None,
+                                            number(r.get("time_to_loss_s")) or 0.0))
     return out

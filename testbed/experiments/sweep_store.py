@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testbed.common.codec import JsonObject
 from testbed.common.fsutil import write_atomic
 from testbed.common.input_files import MIB, read_bounded
 from testbed.common.jsonio import MAX_JSON_BYTES, loads
 from testbed.common.units import plural
 from testbed.errors import InputError
-from testbed.experiments.sweep import BUBBLE_METRICS, METRICS, Point, PointRun
+from testbed.experiments.sweep import BUBBLE_METRICS, METRICS, Point, PointRun, Row
 
 SWEEP_FILE = "sweep.json"
 POINTS_FILE = "points.jsonl"
@@ -37,7 +38,6 @@ SCHEMA = 1
 MAX_POINTS_BYTES = 256 * MIB
 """points.jsonl: a row is a few hundred bytes, and a sweep has at most 100,000 runs."""
 SHOWN_NOTES = 5
-Row = dict[str, Any]
 FIGURES = frozenset((*METRICS, *BUBBLE_METRICS))
 
 
@@ -72,7 +72,7 @@ class Sweep:
         return [row for index in sorted(done) for row in done[index]]
 
 
-def start(directory: Path, settings: dict[str, Any], points: Sequence[Point],
+def start(directory: Path, settings: JsonObject, points: Sequence[Point],
           force: bool) -> Sweep:
     """Mark `directory` as this sweep's, with the rows of the points it already holds of
     this same sweep (none when new or `force`)."""
@@ -85,7 +85,7 @@ def start(directory: Path, settings: dict[str, Any], points: Sequence[Point],
         saved = _saved(directory)
         if saved.get("fingerprint") != fingerprint:
             kept = saved.get("settings")
-            old: dict[str, Any] = kept if isinstance(kept, dict) else {}
+            old: JsonObject = kept if isinstance(kept, dict) else {}  # as read: unchecked
             differ = [k for k in settings if old.get(k) != settings[k]] or ["settings"]
             raise InputError(f"{directory} holds another sweep (its {', '.join(differ)} "
                              "differ); give a new --out, or --force to start over", "--out")
@@ -113,7 +113,7 @@ def _line(point: Point, rows: list[Row], fingerprint: str) -> str:
     return json.dumps({**body, "digest": _digest(fingerprint, body)}) + "\n"
 
 
-def _digest(fingerprint: str, body: dict[str, Any]) -> str:
+def _digest(fingerprint: str, body: JsonObject) -> str:
     """A line's own digest, keyed by the sweep's: written by this sweep, and as written."""
     text = json.dumps(body, sort_keys=True, allow_nan=True)
     return hashlib.sha256(f"{fingerprint}\n{text}".encode()).hexdigest()
@@ -129,7 +129,7 @@ def write_csv(directory: Path, columns: Sequence[str], table: Sequence[Row]) -> 
     return directory / CSV_FILE
 
 
-def _saved(directory: Path) -> dict[str, Any]:
+def _saved(directory: Path) -> JsonObject:
     try:
         saved = loads(read_bounded(directory / SWEEP_FILE, MAX_JSON_BYTES, follow=False))
     except ValueError:  # not JSON, or nested past what any file of ours is

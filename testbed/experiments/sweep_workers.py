@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +37,12 @@ from testbed.emulator.net.sweep_leftovers import marking, ray_folder
 from testbed.errors import InputError, TestbedError, TestbedWarning, one_line
 from testbed.experiments.planning import keeping_answers, keeps_answers, shared_cache
 from testbed.experiments.run import simulated
-from testbed.experiments.sweep import Point, row_metrics
+from testbed.experiments.sweep import Point, Row, row_metrics
 from testbed.plan.host_limits import available_memory
 from testbed.policy.parallel import cores, die_with, share_cores
 
-Row = dict[str, Any]
 Done = Callable[[int, list[Row]], None]
 """Called in this process as each point finishes: its index and rows."""
-WARNINGS = "warnings"
-"""A row's key for what its run warned of (never written to sweep.csv)."""
 LOCAL_RAY = "local"
 PROBE_S = 10.0
 """How long a cluster's address has to answer."""
@@ -68,12 +66,25 @@ def local_workers(wanted: int) -> tuple[int, str | None]:
     return count, f"{wanted:,} asked for, {count} run at once: {why}"
 
 
-def run_point(point: Point, keep: bool = False) -> list[Row]:
+@dataclass(frozen=True)
+class PointRows:
+    """A point's rows, one per run, and what its runs warned of, in order (for the
+    sweep's own process to say; never written to sweep.csv)."""
+
+    rows: list[Row]
+    warnings: list[str]
+
+
+Finished = Callable[[int, PointRows], None]
+"""Called in this process as a worker hands a point back."""
+
+
+def run_point(point: Point, keep: bool = False) -> PointRows:
     """The point's rows, one per run; a run that fails is a row with its error. `keep`:
     plans may keep answers in the user's store, as the sweep's own process does
-    (testbed.experiments.planning.keeping_answers): its workers share their searches. What
-    a run warns of goes with its row (`WARNINGS`), for the sweep's own process to say."""
-    rows = []
+    (testbed.experiments.planning.keeping_answers): its workers share their searches."""
+    rows: list[Row] = []
+    warned: list[str] = []
     kept = keeping_answers() if keep else contextlib.nullcontext()
     with shared_cache(fresh=True), kept:  # ablations reuse their parent's search, in a point
         for run in point.runs:
@@ -88,22 +99,21 @@ def run_point(point: Point, keep: bool = False) -> list[Row]:
                     row["error"] = one_line(str(exc))
             for warning in caught:
                 if issubclass(warning.category, TestbedWarning):
-                    row.setdefault(WARNINGS, []).append(str(warning.message))
+                    warned.append(str(warning.message))
                 else:
                     warnings.warn_explicit(warning.message, warning.category,
                                            warning.filename, warning.lineno)
             rows.append(row)
-    return rows
+    return PointRows(rows, warned)
 
 
-def said(done: Done) -> Done:
-    """`done`, after saying in this process what each row's run warned of (once for the
-    same words: Python's warning filter), wherever the point ran."""
-    def relay(index: int, rows: list[Row]) -> None:
-        for row in rows:
-            for message in row.pop(WARNINGS, ()):
-                warnings.warn(message, TestbedWarning, stacklevel=1)
-        done(index, rows)
+def said(done: Done) -> Finished:
+    """`done`, after saying in this process what each run warned of (once for the same
+    words: Python's warning filter), wherever the point ran."""
+    def relay(index: int, point: PointRows) -> None:
+        for message in point.warnings:
+            warnings.warn(message, TestbedWarning, stacklevel=1)
+        done(index, point.rows)
 
     return relay
 
@@ -133,7 +143,7 @@ def runner(workers: int = 1, ray: str | None = None) -> Iterator[Runner]:
             shutil.rmtree(temp, ignore_errors=True)
 
 
-def _locally(points: Sequence[Point], done: Done, workers: int) -> None:
+def _locally(points: Sequence[Point], done: Finished, workers: int) -> None:
     if workers <= 1 or len(points) <= 1:
         for point in points:
             done(point.index, run_point(point))
@@ -147,13 +157,13 @@ def _worker_start(workers: int, sweep: int) -> None:
     share_cores(workers)  # the other workers plan and simulate on the other cores
 
 
-def _on_processes(points: Sequence[Point], done: Done, workers: int) -> None:
+def _on_processes(points: Sequence[Point], done: Finished, workers: int) -> None:
     count = min(workers, len(points))
     executor = ProcessPoolExecutor(count, multiprocessing.get_context("spawn"), _worker_start,
                                    (count, os.getpid()))
     try:
         with _held(signal.SIGINT):  # the workers start (on the first submits) with it held
-            pending: dict[Future[list[Row]], int] = {
+            pending: dict[Future[PointRows], int] = {
                 executor.submit(run_point, point, keeps_answers()): point.index
                 for point in points}
         while pending:
@@ -267,7 +277,7 @@ def _reachable(address: str) -> None:
                          "speak gRPC)", "--ray")
 
 
-def _ray_tasks(ray: Any, points: Sequence[Point], done: Done) -> None:
+def _ray_tasks(ray: Any, points: Sequence[Point], done: Finished) -> None:
     task = ray.remote(num_cpus=1, max_retries=0)(run_point)
     pending = {task.remote(point, keeps_answers()): point.index for point in points}
     try:
@@ -275,12 +285,12 @@ def _ray_tasks(ray: Any, points: Sequence[Point], done: Done) -> None:
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:
                 try:
-                    rows = ray.get(ref)
+                    handed: PointRows = ray.get(ref)
                 except ray.exceptions.RayError as exc:
                     raise TestbedError(f"a sweep task failed on Ray: {one_line(str(exc))}; "
                                        "the points done are kept: run the same sweep again "
                                        "to go on") from None
-                done(pending.pop(ref), rows)
+                done(pending.pop(ref), handed)
     finally:
         for ref in pending:
             ray.cancel(ref, force=True)

@@ -46,7 +46,8 @@ def axis_values(key: str, values: Sequence[str]) -> tuple[list[float], str] | No
         return None
 
 
-def sweep_plot(rows: Sequence[dict[str, Any]], keys: Sequence[str], path: Path) -> None:
+def sweep_plot(rows: Sequence[Mapping[str, str | int | float | None]], keys: Sequence[str],
+               path: Path) -> None:
     """Iteration time against the first varied key, on a numeric axis where its values
     are numbers (log where they span more than a decade); one line per policy and other
     values, each its own marker and dashes."""
@@ -56,11 +57,11 @@ def sweep_plot(rows: Sequence[dict[str, Any]], keys: Sequence[str], path: Path) 
     position = dict(zip(order, numeric[0] if numeric else range(len(order)), strict=True))
     series: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
-        if row.get("iteration_s") is None:
+        iteration = row.get("iteration_s")
+        if not isinstance(iteration, int | float):  # None: the run failed
             continue
-        label = row["policy"] + "".join(f", {k}={row[k]}" for k in keys[1:])
-        series.setdefault(label, []).append((position[str(row[x_key])],
-                                             float(row["iteration_s"])))
+        label = str(row["policy"]) + "".join(f", {k}={row[k]}" for k in keys[1:])
+        series.setdefault(label, []).append((position[str(row[x_key])], float(iteration)))
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, (label, points) in enumerate(series.items()):
         points.sort()
