@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from testbed.common.codec import JsonObject
 from testbed.common.fields import Fields
 from testbed.common.units import parse_duration
 from testbed.job.model import ComputeTime
@@ -33,7 +34,7 @@ def parse_compute_time(fields: Fields | None) -> ComputeTime | None:
     return ComputeTime(per, seconds)  # type: ignore[arg-type]
 
 
-def dump_compute_time(compute: ComputeTime) -> dict[str, Any]:
+def dump_compute_time(compute: ComputeTime) -> JsonObject:
     return {compute.per: compute.seconds}
 
 

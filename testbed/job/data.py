@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from testbed.common.codec import JsonObject
 from testbed.common.fields import Fields, text
 from testbed.job.model import DATA_FORMATS, DataFile, DataFormat, ModelShape
 
@@ -80,6 +81,6 @@ def _format(value: Any) -> DataFormat:
     raise ValueError(f"unknown format {value!r} (text or uint16)")
 
 
-def dump_data(data: DataFile) -> dict[str, Any]:
+def dump_data(data: DataFile) -> JsonObject:
     """What `parse_data` reads back to an equal DataFile."""
     return {"path": data.path, "format": data.format}

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from testbed.common.codec import JsonObject
 from testbed.common.fields import (
     Fields,
     at_most,
@@ -104,7 +105,7 @@ def _topology_key(key: str) -> str | None:
             f"(--set and sweep --vary take job keys and {EXAMPLES})")
 
 
-def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> list[str]:
+def apply_overrides(raw: JsonObject, overrides: Sequence[str]) -> list[str]:
     """Apply `key.path=value` strings (values read as YAML scalars) in place."""
     keys = []
     for item in overrides:
@@ -249,8 +250,8 @@ def _mlp_kind(value: Any) -> MlpKind:
     raise ValueError(f"unknown MLP {value!r} (one of {', '.join(MLP_MATRICES)})")
 
 
-def _dump_model(shape: ModelShape) -> dict[str, Any]:
-    out: dict[str, Any] = {
+def _dump_model(shape: ModelShape) -> JsonObject:
+    out: JsonObject = {
         "layers": shape.layers,
         "hidden": shape.hidden,
         "heads": shape.heads,
@@ -362,10 +363,10 @@ def _is_number(value: str) -> bool:
     return True
 
 
-def dump_job(job: Job) -> dict[str, Any]:
+def dump_job(job: Job) -> JsonObject:
     """Plain data that `parse_job(data, prefix="")` reads back to an equal Job (a trace
     workload is written inline as `trace_rows`)."""
-    out: dict[str, Any] = {"model": _dump_model(job.model),
+    out: JsonObject = {"model": _dump_model(job.model),
                            "microbatch_size": job.microbatch_size,
                            "iterations": job.iterations, "seed": job.seed, "dtype": job.dtype,
                            "tp": job.tp}
@@ -380,7 +381,7 @@ def dump_job(job: Job) -> dict[str, Any]:
         out["compute_time"] = dump_compute_time(job.compute_time)
     if job.inference is not None:
         inf = job.inference
-        workload: dict[str, Any] = {"model": _dump_model(inf.model), "deadline": inf.deadline_s,
+        workload: JsonObject = {"model": _dump_model(inf.model), "deadline": inf.deadline_s,
                                     "max_batch_tokens": inf.max_batch_tokens}
         if inf.trace is not None:
             workload["trace_rows"] = [list(row) for row in inf.trace]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from testbed.common.codec import JsonObject
 from testbed.common.fields import Fields, number, positive
 from testbed.job.model import InnerOptimizer
 
@@ -24,7 +25,7 @@ def parse_optimizer(fields: Fields | None) -> InnerOptimizer:
     return InnerOptimizer(lr, weight_decay)
 
 
-def dump_optimizer(optimizer: InnerOptimizer) -> dict[str, Any]:
+def dump_optimizer(optimizer: InnerOptimizer) -> JsonObject:
     return {"lr": optimizer.lr, "weight_decay": optimizer.weight_decay}
 
 

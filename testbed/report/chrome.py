@@ -13,9 +13,9 @@ from __future__ import annotations
 import gzip
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from testbed.common.choices import TraceChoice
+from testbed.common.codec import JsonObject
 from testbed.common.fsutil import atomic_output
 from testbed.common.span_table import rows
 from testbed.common.spans import Span, SpanDetail, SpanKind
@@ -82,11 +82,11 @@ class _Tracks:
         self.tids: dict[str, int] = {}
         self.network_named = False
 
-    def processes(self) -> Iterator[dict[str, Any]]:
+    def processes(self) -> Iterator[JsonObject]:
         for dc, pid in self.pids.items():
             yield {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": dc}}
 
-    def on(self, gpu: str) -> Iterator[dict[str, Any]]:
+    def on(self, gpu: str) -> Iterator[JsonObject]:
         """The name of `gpu`'s track, if not yet given (and the network's process', the
         first time a track lies outside every datacenter)."""
         if gpu in self.tids:
@@ -104,7 +104,7 @@ class _Tracks:
 
 
 def trace_events(spans: Sequence[Span], start: float, topology: Topology,
-                 kept: frozenset[str] | None = None) -> Iterator[dict[str, Any]]:
+                 kept: frozenset[str] | None = None) -> Iterator[JsonObject]:
     """The trace's events in span order, each track's name first; with `kept`, only those
     GPUs' tracks (a span of a group drawn once, on its first GPU kept)."""
     tracks = _Tracks(topology)
@@ -138,7 +138,7 @@ def trace_events(spans: Sequence[Span], start: float, topology: Topology,
 
 
 def _arrow(tracks: _Tracks, flow: int, src: str, dst: str, begin_us: float, end_us: float
-           ) -> Iterator[dict[str, Any]]:
+           ) -> Iterator[JsonObject]:
     """A transfer as an arrow from its sender's track to its receiver's."""
     yield from tracks.on(src)
     yield from tracks.on(dst)
@@ -148,7 +148,7 @@ def _arrow(tracks: _Tracks, flow: int, src: str, dst: str, begin_us: float, end_
            **tracks.where(dst), "ts": end_us}
 
 
-def write_trace(path: Path, events: Iterable[dict[str, Any]]) -> None:
+def write_trace(path: Path, events: Iterable[JsonObject]) -> None:
     """The events as one gzip-compressed JSON trace, written as they come."""
     with atomic_output(path) as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1,
                                                    mtime=0) as out:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from testbed.common.codec import JsonObject
 from testbed.common.fields import Fields, at_most, boolean, integer, number, positive, text
 from testbed.common.sizes import MAX_GPUS
 from testbed.common.units import (
@@ -242,9 +243,9 @@ def _check_connected(topology: Topology, top: Fields) -> None:
             raise top.error("wan", f"no WAN path between {names[0]} and {other}") from None
 
 
-def dump_topology(topology: Topology) -> dict[str, Any]:
+def dump_topology(topology: Topology) -> JsonObject:
     """Plain data that `parse_topology` reads back to an equal Topology."""
-    data: dict[str, Any] = {"name": topology.name, "tcp": _dump_tcp(topology.tcp)}
+    data: JsonObject = {"name": topology.name, "tcp": _dump_tcp(topology.tcp)}
     custom = {}
     for dc in topology.datacenters:
         if BUILTIN_GPU_TYPES.get(dc.gpu.name) != dc.gpu:
@@ -260,7 +261,7 @@ def dump_topology(topology: Topology) -> dict[str, Any]:
     return data
 
 
-def _dump_tcp(tcp: TcpSettings) -> dict[str, Any]:
+def _dump_tcp(tcp: TcpSettings) -> JsonObject:
     return {
         "congestion": tcp.congestion,
         "rmem": [format_size(v) for v in tcp.rmem],
@@ -269,7 +270,7 @@ def _dump_tcp(tcp: TcpSettings) -> dict[str, Any]:
     }
 
 
-def _dump_gpu(gpu: GpuType) -> dict[str, Any]:
+def _dump_gpu(gpu: GpuType) -> JsonObject:
     return {
         "peak": format_flops(gpu.peak_flops),
         "memory": format_size(gpu.memory_bytes),
@@ -277,8 +278,8 @@ def _dump_gpu(gpu: GpuType) -> dict[str, Any]:
     }
 
 
-def _dump_dc(dc: Datacenter) -> dict[str, Any]:
-    out: dict[str, Any] = {
+def _dump_dc(dc: Datacenter) -> JsonObject:
+    out: JsonObject = {
         "name": dc.name,
         "gpus": dc.gpus,
         "gpu": dc.gpu.name,
@@ -290,8 +291,8 @@ def _dump_dc(dc: Datacenter) -> dict[str, Any]:
     return out
 
 
-def _dump_link(link: WanLink) -> dict[str, Any]:
-    out: dict[str, Any] = {
+def _dump_link(link: WanLink) -> JsonObject:
+    out: JsonObject = {
         "between": [link.a, link.b],
         "latency": format_duration(link.latency_s),
         "bandwidth": format_rate(link.bandwidth_bps),

@@ -9,8 +9,7 @@ would read it, and checked by the same parser: a bad one is named by its knob.
 
 from __future__ import annotations
 
-from typing import Any
-
+from testbed.common.codec import JsonObject
 from testbed.common.units import plural
 from testbed.common.yamlio import parse_yaml
 from testbed.errors import InputError, did_you_mean
@@ -63,14 +62,14 @@ def _count(value: str, have: int, flag: str, key: str) -> int:
     return count
 
 
-def _first_dcs(data: dict[str, Any], count: int) -> dict[str, Any]:
+def _first_dcs(data: JsonObject, count: int) -> JsonObject:
     keep = {d["name"] for d in data["datacenters"][:count]}
     data["datacenters"] = [d for d in data["datacenters"] if d["name"] in keep]
     data["wan"] = [w for w in data["wan"] if set(w["between"]) <= keep]
     return data
 
 
-def _targets(data: dict[str, Any], key: str, flag: str) -> list[tuple[dict[str, Any], str]]:
+def _targets(data: JsonObject, key: str, flag: str) -> list[tuple[JsonObject, str]]:
     """The mappings (and the field in each) that `key` sets."""
     section, _, rest = key.partition(".")
     parts = rest.split(".") if rest else []
@@ -106,7 +105,7 @@ def _known(parts: list[str], fields: tuple[str, ...], flag: str, key: str) -> No
                          f"{did_you_mean(given, fields)}", flag, key)
 
 
-def _link_name(link: dict[str, Any]) -> str:
+def _link_name(link: JsonObject) -> str:
     a, b = link["between"]
     return f"{a}-{b}"
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from testbed.common.choices import EmulatedCompute
-from testbed.common.codec import DecodeError, build, to_json
+from testbed.common.codec import DecodeError, JsonObject, build, to_json
 from testbed.common.spans import Span
 from testbed.emulator.runtime.wire.protocol import (
     MAX_CONTROL_BYTES,
@@ -334,7 +334,7 @@ class Config(Message):
 # --- encoding (testbed.common.codec) ---------------------------------------------------
 
 
-def decode(data: dict[str, Any], *expected: type[Message]) -> Message:
+def decode(data: JsonObject, *expected: type[Message]) -> Message:
     """The message `data` carries; ProtocolError if it is none of `expected` (any message
     when none are given) or a field is missing or of the wrong type."""
     cls = Message.by_op.get(str(data.get("op")))
@@ -351,7 +351,7 @@ def decode(data: dict[str, Any], *expected: type[Message]) -> Message:
 M = TypeVar("M", bound=Message)
 
 
-def decode_as(data: dict[str, Any], cls: type[M]) -> M:
+def decode_as(data: JsonObject, cls: type[M]) -> M:
     """`data` as a `cls` message, or ProtocolError."""
     message = decode(data, cls)
     assert isinstance(message, cls)

@@ -8,7 +8,8 @@ import json
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Any
+
+from testbed.common.codec import JsonObject
 
 MAX_CONTROL_BYTES = 64 * 1024 * 1024
 MAX_UNPROVEN_BYTES = 4096
@@ -41,18 +42,18 @@ class ProtocolError(Exception):
     """A peer sent something that is not our protocol."""
 
 
-async def send_message(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+async def send_message(writer: asyncio.StreamWriter, message: JsonObject) -> None:
     writer.write(frame(message))
     await writer.drain()
 
 
-def frame(message: dict[str, Any]) -> bytes:
+def frame(message: JsonObject) -> bytes:
     body = json.dumps(message, separators=(",", ":")).encode()
     return _LENGTH.pack(len(body)) + body
 
 
 async def read_message(reader: asyncio.StreamReader, limit: int = MAX_CONTROL_BYTES
-                       ) -> dict[str, Any]:
+                       ) -> JsonObject:
     """The next control message; ProtocolError for one longer than `limit` (before its
     body is read) or one that is not a JSON object."""
     (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
@@ -60,7 +61,7 @@ async def read_message(reader: asyncio.StreamReader, limit: int = MAX_CONTROL_BY
 
 
 def read_message_blocking(sock: socket.socket, limit: int = MAX_CONTROL_BYTES
-                          ) -> dict[str, Any]:
+                          ) -> JsonObject:
     """The next control message from a blocking socket (before any event loop runs)."""
     (length,) = _LENGTH.unpack(_exactly(sock, _LENGTH.size))
     return _body(_exactly(sock, _checked(length, limit)))
@@ -72,7 +73,7 @@ def _checked(length: int, limit: int) -> int:
     return length
 
 
-def _body(raw: bytes) -> dict[str, Any]:
+def _body(raw: bytes) -> JsonObject:
     try:  # UTF-8 only; bad UTF-8 and bad JSON are ValueErrors, deep nesting recursion
         data = json.loads(raw.decode())
     except (ValueError, RecursionError) as exc:
