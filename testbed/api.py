@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from testbed.common.choices import BackendName
-from testbed.common.codec import from_json
+from testbed.common.codec import JsonObject, to_json
 from testbed.errors import InputError, TestbedError
 from testbed.experiments.comparison import (
     GivenRun,
@@ -61,15 +61,15 @@ class Result:
 
     directory: Path
     record: RunRecord
-    results: dict[str, Any]
-    """results.json as written (`typed`: the same as types)."""
+    typed: Results
+    """results.json as types (testbed.report.run_results)."""
     error: TestbedError | None = None
 
     @property
-    def typed(self) -> Results:
-        """results.json as types (testbed.report.run_results)."""
-        typed: Results = from_json(self.results, Results, "results")
-        return typed
+    def results(self) -> JsonObject:
+        """results.json as written: the document, for code that reads JSON."""
+        written: JsonObject = to_json(self.typed)
+        return written
 
     @property
     def iteration_s(self) -> float:
@@ -118,7 +118,7 @@ def load(topology: str | Path, job: str | Path | None = None, *,
                        Path(scenario) if scenario is not None else None)
 
 
-def _mapping(value: object, name: str, example: str) -> dict[str, Any]:
+def _mapping(value: object, name: str, example: str) -> dict[str, object]:
     """A mapping argument, or a one-line InputError naming it (`KEY=VALUE` texts are how
     the commands take these, not the functions)."""
     if value is None:
@@ -128,7 +128,8 @@ def _mapping(value: object, name: str, example: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _options(value: object, name: str = "options") -> dict[str, Any]:
+def _options(value: object, name: str = "options") -> JsonObject:
+    """Policy options as given: raw, for the policy's own parser to check."""
     return _mapping(value, name, "{'connections': '8'}")
 
 
@@ -176,7 +177,7 @@ def run(spec: RunSpec, out: str | Path | None = None, say: Say = lambda _m: None
             remove_if_empty(directory)  # refused before it wrote anything
         raise
     assert outcome.record is not None
-    return Result(outcome.directory, outcome.record, outcome.results, outcome.error)
+    return Result(outcome.directory, outcome.record, outcome.typed, outcome.error)
 
 
 GivenPlan = str | Path | Plan
@@ -243,7 +244,7 @@ def _settings(command: Command, function: str, given: Mapping[str, object]
     """The settings a function was given, by their API names: each checked against its
     field's type (a text read as its option reads it), by its field's name."""
     by_name = {named.api_name: named for named in _taken(command)}
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {}  # keyword arguments: each value its own field's type
     for key, value in given.items():
         named = by_name.get(key)
         if named is None:
@@ -389,7 +390,7 @@ def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPla
         if outcome is None or outcome.record is None:
             continue  # refused before it ran: its entry says why
         repeats.setdefault(entry.combo, []).append(Result(
-            outcome.directory, outcome.record, outcome.results, outcome.error))
+            outcome.directory, outcome.record, outcome.typed, outcome.error))
     return Comparison(directory, entries, repeats)
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
+from testbed.common.codec import JsonObject
 from testbed.common.fields import Fields, boolean, integer, number, string
 
 SpanKind = Literal[
@@ -91,6 +92,18 @@ class Span(SpanDetail):
     """-1 for a network event."""
 
 
+class SpanRow(SpanDetail):
+    """A row of spans.json: a span of one GPU (`gpu`), or once for a group of GPUs that
+    did the same at once (`gpus`: the simulator's tensor-parallel groups)."""
+
+    gpu: NotRequired[str]
+    gpus: NotRequired[list[str]]
+    kind: SpanKind
+    start: float
+    end: float
+    iteration: int
+
+
 def is_wait(span: Mapping[str, Any]) -> bool:
     """A GPU idle at one of its actions until something arrives: a receive, or an
     all-reduce or the wait for one that carries its action (one started to run while the
@@ -104,7 +117,7 @@ def read_span(fields: Fields) -> Span:
     """A span read back from a file, checked against Span's own types (one located
     InputError for a missing, mistyped or unknown key, or an end before its start)."""
     hints = typing.get_type_hints(Span)
-    span: dict[str, Any] = {}
+    span: JsonObject = {}  # checked field by field, then a Span
     for name, hint in hints.items():
         if name in Span.__required_keys__ or fields.raw(name, None) is not None:
             span[name] = fields.get(name, _parser(hint))

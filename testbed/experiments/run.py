@@ -11,10 +11,9 @@ import warnings
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 from testbed.common.choices import BackendName
-from testbed.common.codec import to_json
+from testbed.common.codec import JsonObject, to_json
 from testbed.common.fsutil import write_atomic
 from testbed.common.heap import old_objects_frozen
 from testbed.common.span_table import last_end
@@ -54,9 +53,9 @@ class RunResult:
     """What made the results: plan, summary, spans."""
 
     @cached_property
-    def results(self) -> dict[str, Any]:
-        """results.json as written."""
-        written: dict[str, Any] = to_json(self.typed)
+    def results(self) -> JsonObject:
+        """results.json as written: the document, for code that reads JSON."""
+        written: JsonObject = to_json(self.typed)
         return written
 
 

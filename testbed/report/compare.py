@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from testbed.common.codec import JsonObject
 from testbed.errors import one_line
 from testbed.metrics.interval import Interval, mean_interval
 from testbed.metrics.summary import speedup
@@ -33,7 +34,9 @@ class RunEntry:
     """Relative to the comparison's directory."""
     status: str
     error: str | None
-    results: dict[str, Any] | None
+    results: JsonObject | None
+    """results.json as read: raw, for one written before the schema is read too; the
+    table reads it through `figures`."""
 
     @property
     def combo(self) -> str:
@@ -44,13 +47,15 @@ class RunEntry:
         """What the table reads of its results, typed; None where it has none."""
         return None if self.results is None else RunFigures.of(self.results)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
+        """The entry as compare.json holds it."""
         return dict(self.__dict__)
 
 
-def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested results as one level of `a.b.c` keys; lists become JSON text."""
-    out: dict[str, Any] = {}
+def flatten(data: Mapping[str, Any], prefix: str = "") -> JsonObject:
+    """Nested results as one level of `a.b.c` keys; lists become JSON text (any JSON
+    document: compare.csv has a column per key a run's results.json holds)."""
+    out: JsonObject = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):

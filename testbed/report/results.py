@@ -13,14 +13,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from testbed import DISTRIBUTION
 from testbed.common.choices import TraceChoice
-from testbed.common.codec import from_json, to_json
+from testbed.common.codec import JsonObject, from_json, to_json
 from testbed.common.fsutil import atomic_output, write_atomic
 from testbed.common.span_table import rows
-from testbed.common.spans import Span
+from testbed.common.spans import Span, SpanRow
 from testbed.common.yamlio import to_yaml
 from testbed.inference.bubbles import RequestRow
 from testbed.job.model import Job
@@ -28,6 +28,8 @@ from testbed.loss.effects import LossEffect
 from testbed.loss.model import LossModel
 from testbed.metrics.loss import (
     LossOf,
+    LossPoint,
+    TimeToLoss,
     loss_curve,
     no_loss_reason,
     predicted_time_to_loss,
@@ -76,6 +78,16 @@ def versions() -> dict[str, str]:
     }
 
 
+class LossResults(TypedDict):
+    """The loss keys of results.json (RunRecord.loss_results)."""
+
+    loss_curve: list[LossPoint] | None
+    loss_note: str | None
+    time_to_loss: TimeToLoss | None
+    loss_model: LossPrediction | None
+    synced_loss_curve: NotRequired[list[LossPoint]]
+
+
 @dataclass
 class RunRecord:
     """What one run did, whichever backend ran it."""
@@ -120,9 +132,10 @@ class RunRecord:
     loss_effect: LossEffect | None = None
     """What the run's method does to loss per token, as its policy declares it."""
 
-    def results(self) -> dict[str, Any]:
-        """results.json's content (testbed.report.run_results' types as JSON)."""
-        json_value: dict[str, Any] = to_json(self.typed())
+    def results(self) -> JsonObject:
+        """results.json's content as written (testbed.report.run_results' types as JSON):
+        for code that reads the document; `typed` is the same as types."""
+        json_value: JsonObject = to_json(self.typed())
         return json_value
 
     def typed(self) -> Results:
@@ -131,8 +144,9 @@ class RunRecord:
         typed: Results = from_json(self._fields(), Results, "results")
         return typed
 
-    def _fields(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def _fields(self) -> JsonObject:
+        """The document before `typed` checks it into Results."""
+        out: JsonObject = {
             "schema_version": SCHEMA_VERSION,
             "backend": self.backend,
             "policy": self.policy,
@@ -179,7 +193,7 @@ class RunRecord:
         """What the trace leaves out, in one line, or None."""
         return None if self.trace == "none" else trace_scope(self.plan, self.trace)[1]
 
-    def loss_results(self) -> dict[str, Any]:
+    def loss_results(self) -> LossResults:
         """Loss against represented time, and the time to the target loss when one is set:
         measured where the run computed a loss, else the loss model's prediction; a run
         that measured no loss says why instead of showing a curve."""
@@ -204,8 +218,11 @@ class RunRecord:
                 target, ahead["tokens"] if ahead else None, self.summary.tokens_per_s,
                 ahead["reason"] if ahead else f"the loss model has no form for this plan: "
                 f"{predicted['error']}", loss_of)
-        return {"loss_curve": curve, "loss_note": no_loss, "time_to_loss": reached,
-                "loss_model": predicted, **({"synced_loss_curve": synced} if synced else {})}
+        out: LossResults = {"loss_curve": curve, "loss_note": no_loss,
+                            "time_to_loss": reached, "loss_model": predicted}
+        if synced:
+            out["synced_loss_curve"] = synced
+        return out
 
     def prediction(self) -> LossPrediction | None:
         """The loss model's prediction for this run, where it has a model and an effect."""
@@ -237,12 +254,12 @@ def write_run(directory: Path, record: RunRecord) -> Results:
     return results
 
 
-def span_rows(spans: Sequence[Span]) -> Iterator[dict[str, Any]]:
+def span_rows(spans: Sequence[Span]) -> Iterator[SpanRow]:
     """spans.json's rows: a span of one GPU as it is, a group's once with its `gpus`."""
     for gpus, kind, start, end, iteration, detail in rows(spans):
-        where: dict[str, Any] = {"gpu": gpus[0]} if len(gpus) == 1 else {"gpus": gpus}
-        yield {**where, "kind": kind, "start": start, "end": end, "iteration": iteration,
-               **detail}
+        where: dict[str, object] = {"gpu": gpus[0]} if len(gpus) == 1 else {"gpus": gpus}
+        yield cast(SpanRow, {**where, "kind": kind, "start": start, "end": end,  # its keys
+                             "iteration": iteration, **detail})
 
 
 def requests_csv(rows: Sequence[RequestRow]) -> str:

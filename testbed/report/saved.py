@@ -8,11 +8,11 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, cast
 
-from testbed.common.codec import from_json
+from testbed.common.codec import JsonObject, from_json
 from testbed.common.jsonio import MAX_RECORD_BYTES, read_json
-from testbed.common.spans import Span
+from testbed.common.spans import Span, SpanRow
 from testbed.errors import InputError
 from testbed.report.compare import RunEntry
 from testbed.report.results_schema import check_results
@@ -93,7 +93,7 @@ def _kind(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def read_span_rows(path: Path) -> tuple[float, list[dict[str, Any]]]:
+def read_span_rows(path: Path) -> tuple[float, list[SpanRow]]:
     """A run's spans.json: its start and its rows, each checked to have a kind and times
     and to name its GPU (`gpu`) or a group of GPUs that did the same (`gpus`)."""
     data = read_json(path, MAX_RECORD_BYTES)
@@ -108,21 +108,22 @@ def read_span_rows(path: Path) -> tuple[float, list[dict[str, Any]]]:
     return float(data["start"]), data["spans"]
 
 
-def per_gpu(rows: list[dict[str, Any]]) -> list[Span]:
+def per_gpu(rows: list[SpanRow]) -> list[Span]:
     """Rows as spans of one GPU each: a group's row once on each of its GPUs."""
     out: list[Span] = []
     for row in rows:
         gpus = row.get("gpus")
         if gpus is None:
-            out.append(row)  # type: ignore[arg-type]
+            out.append(cast(Span, row))  # read_span_rows checked it names its GPU
             continue
         rest = {k: v for k, v in row.items() if k != "gpus"}
-        out.extend({"gpu": gpu, **rest} for gpu in gpus)  # type: ignore[typeddict-item]
+        out.extend(cast(Span, {"gpu": gpu, **rest}) for gpu in gpus)
     return out
 
 
-def load_compare(directory: Path) -> tuple[dict[str, Any], list[RunEntry]]:
-    """compare.json and each run's results.json, checked."""
+def load_compare(directory: Path) -> tuple[JsonObject, list[RunEntry]]:
+    """compare.json (as read: checked for what report reads of it) and each run's
+    results.json, checked."""
     path = directory / "compare.json"
     if not path.exists():
         raise InputError("no compare.json: not a `testbed compare` directory", str(directory))
@@ -166,7 +167,8 @@ class SavedRun:
 
     title: str
     """What plots call it: the policy (+ the bubble policy)."""
-    results: dict[str, Any]
+    results: JsonObject
+    """results.json as read (raw: one written before the schema is read too; `typed`)."""
     start: float
     spans: list[Span]
     source: str = "results.json"
