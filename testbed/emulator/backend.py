@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from testbed.common.choices import EmulatedCompute
 from testbed.common.spans import Span
@@ -170,8 +170,9 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
         backend_block=_block(spec, k, predicted, summary.typical_s, health,
                              memory_record(outcome.memory, memory),
                              resume.resumed_at if resume else []),
-        inference=typed_inference(_with_overruns(represented_inference(inference, k), spans,
-                                                 coordinator.broker is not None)),
+        inference=typed_inference(
+            represented_inference(inference, k),
+            None if coordinator.broker is None else prefill_overruns(spans).as_dict()),
         requests=None if coordinator.broker is None else represented_requests(
             coordinator.broker.request_rows(until), k))
     return BackendRun(record, error)
@@ -239,12 +240,6 @@ def emulation_record(health: Health) -> EmulationHealth:
             "suggested_dilation": health.suggested_dilation,
             "needed_dilation": health.needed_dilation or health.suggested_dilation,
             "span_cpu_s": health.span_cpu_s}
-
-
-def _with_overruns(inference: dict[str, Any], spans: list[Span], filled: bool
-                   ) -> dict[str, Any]:
-    """How often prefills held training past their bubbles, in represented time."""
-    return {**inference, "overruns": prefill_overruns(spans).as_dict()} if filled else inference
 
 
 def memory_record(measured: MemoryUse | None, predicted: MemoryPlan) -> MeasuredMemory:

@@ -13,7 +13,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 from testbed.common.stats import percentile
 from testbed.errors import InputError, PluginError
@@ -196,7 +196,7 @@ class BubbleBroker:
         self.ttft[request_id] = at - self._arrival[request_id]
         self.kv_bytes += nbytes
 
-    def summary(self, until: float) -> dict[str, Any]:
+    def summary(self, until: float) -> InferenceSummary:
         """Every arrival counted once: served (its first token went out; `expired`: of
         those, the ones whose first token came after the deadline), rejected (not started
         within the deadline), or pending when the run ended (queued, or part-way)."""
@@ -261,7 +261,40 @@ def request_status(ttft_s: float | None, rejected: bool, deadline_s: float
     return "rejected" if rejected else "pending"
 
 
-def ttft_summary(values: Sequence[float]) -> dict[str, float | None]:
+class TtftSummary(TypedDict):
+    """Time to first token (seconds) over served requests."""
+
+    p50: float | None
+    p99: float | None
+    mean: NotRequired[float | None]
+
+
+class DedicatedSummary(TypedDict):
+    """The reference: the same requests on GPUs of their own."""
+
+    gpus: int
+    ttft_s: TtftSummary
+
+
+class InferenceSummary(TypedDict):
+    """The `inference` block of results.json as the bubble bookkeeping makes it (the
+    backends add the overruns; testbed.report.run_results.Inference is its type there)."""
+
+    requests: int
+    served: int
+    expired: int
+    rejected: int
+    ttft_s: TtftSummary
+    served_share: NotRequired[float | None]
+    pending: NotRequired[int]
+    chunked: NotRequired[int]
+    batched_passes: NotRequired[int]
+    kv_bytes: NotRequired[int]
+    policy: NotRequired[str]
+    dedicated: NotRequired[DedicatedSummary]
+
+
+def ttft_summary(values: Sequence[float]) -> TtftSummary:
     return {"p50": percentile(values, 0.5), "p99": percentile(values, 0.99)}
 
 
@@ -284,7 +317,7 @@ def make_broker(topology: Topology, job: Job, plan: Plan, bubble_policy: str | N
 
 
 def inference_results(topology: Topology, job: Job, plan: Plan, broker: BubbleBroker | None,
-                      until: float, dedicated_gpus: int = 1) -> dict[str, Any]:
+                      until: float, dedicated_gpus: int = 1) -> InferenceSummary:
     """The `inference` block of results.json, with the dedicated-cluster TTFT reference."""
     if broker is None or job.inference is None:
         return {"requests": 0, "served": 0, "expired": 0, "rejected": 0,

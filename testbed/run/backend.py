@@ -7,11 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from testbed.common.choices import BackendName
-from testbed.common.codec import from_json
+from testbed.common.codec import JsonObject, from_json
 from testbed.errors import TestbedError
+from testbed.inference.bubbles import InferenceSummary
+from testbed.metrics.overruns import OverrunCounts
 from testbed.plan.model import Plan
 from testbed.policy.base import TrainingPolicy
 from testbed.report.results import RunRecord
@@ -41,7 +43,10 @@ class Backend(Protocol):
         """Run the plan; `resume`: go on from that checkpoint of `directory`'s run."""
 
 
-def typed_inference(block: dict[str, Any]) -> Inference:
-    """results.json's `inference` block as its type (testbed.report.run_results)."""
-    typed: Inference = from_json(block, Inference, "inference")
+def typed_inference(block: InferenceSummary, overruns: OverrunCounts | None = None
+                    ) -> Inference:
+    """results.json's `inference` block as its type (testbed.report.run_results), with
+    how often prefills held training past their bubbles where bubbles were filled."""
+    data: JsonObject = {**block, **({"overruns": overruns} if overruns else {})}
+    typed: Inference = from_json(data, Inference, "inference")
     return typed

@@ -14,7 +14,7 @@ import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from testbed.common.spans import Span
 from testbed.job.model import Job
@@ -22,7 +22,7 @@ from testbed.topology.model import Datacenter, TcpSettings, Topology, WanLink
 from testbed.topology.net_events import NetEvent
 
 if TYPE_CHECKING:
-    from testbed.inference.bubbles import RequestRow
+    from testbed.inference.bubbles import InferenceSummary, RequestRow, TtftSummary
 
 LINUX_RTO_MIN_S = 0.2
 """TCP_RTO_MIN: the floor of the retransmission timeout, set per namespace when dilated."""
@@ -99,16 +99,23 @@ def represented_spans(spans: Iterable[Span], start: float, k: float) -> list[Spa
     return out
 
 
-def represented_inference(block: dict[str, Any], k: float) -> dict[str, Any]:
+def represented_inference(block: InferenceSummary, k: float) -> InferenceSummary:
     """An inference results block with its latencies (every `ttft_s`) divided by K."""
-    out: dict[str, Any] = {}
-    for key, value in block.items():
-        if key == "ttft_s" and isinstance(value, dict):
-            out[key] = {q: None if v is None else v / k for q, v in value.items()}
-        elif isinstance(value, dict):
-            out[key] = represented_inference(value, k)
-        else:
-            out[key] = value
+    out: InferenceSummary = {**block, "ttft_s": _represented_ttft(block["ttft_s"], k)}
+    if "dedicated" in block:
+        dedicated = block["dedicated"]
+        out["dedicated"] = {"gpus": dedicated["gpus"],
+                            "ttft_s": _represented_ttft(dedicated["ttft_s"], k)}
+    return out
+
+
+def _represented_ttft(ttft: TtftSummary, k: float) -> TtftSummary:
+    def divided(value: float | None) -> float | None:
+        return None if value is None else value / k
+
+    out: TtftSummary = {"p50": divided(ttft["p50"]), "p99": divided(ttft["p99"])}
+    if "mean" in ttft:
+        out["mean"] = divided(ttft["mean"])
     return out
 
 

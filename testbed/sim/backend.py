@@ -12,7 +12,12 @@ from testbed.common.choices import Status
 from testbed.common.span_table import last_end
 from testbed.common.spans import Span
 from testbed.errors import TestbedError
-from testbed.inference.bubbles import BubbleBroker, RequestRow, inference_results, make_broker
+from testbed.inference.bubbles import (
+    BubbleBroker,
+    RequestRow,
+    inference_results,
+    make_broker,
+)
 from testbed.inference.workload import WaitKey
 from testbed.job.model import Job
 from testbed.metrics.overruns import prefill_overruns
@@ -74,9 +79,8 @@ class SimulatorBackend:
                                        spec.scenario.stragglers)
         end = last_end(spans)
         inference = inference_results(spec.topology, spec.job, plan, broker, end)
-        if broker is not None:
-            inference["overruns"] = prefill_overruns(spans).as_dict()
-        return _record(spec, plan, summary, spans, typed_inference(inference), None,
+        overruns = None if broker is None else prefill_overruns(spans).as_dict()
+        return _record(spec, plan, summary, spans, typed_inference(inference, overruns), None,
                        requests=None if broker is None else broker.request_rows(end))
 
 
