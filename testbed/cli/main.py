@@ -31,6 +31,7 @@ from testbed.cli.simulate import profile, simulate
 from testbed.cli.sweep import sweep
 from testbed.cli.up import up
 from testbed.common import sigint
+from testbed.common.codec import JsonObject
 from testbed.common.fsutil import write_named
 from testbed.common.units import human_duration, human_rate, plural
 from testbed.errors import EXIT_INPUT, Terminated, TestbedError, TestbedWarning, one_line
@@ -201,7 +202,7 @@ def plugins(as_json: bool) -> None:
 
     from testbed.policy.loss_models import DEFAULT_LOSS_MODEL, LOSS_GROUP
 
-    rows: list[dict[str, Any]] = []
+    rows: list[JsonObject] = []
     for group, kind in ((TRAINING_GROUP, "training"), (BUBBLE_GROUP, "bubble")):
         for name, info in discover(group).items():
             rows.append(

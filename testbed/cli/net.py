@@ -7,11 +7,11 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
 from testbed.common.choices import ShaperChoice, values_of
+from testbed.common.codec import JsonObject
 from testbed.common.units import human_rate
 from testbed.emulator.net.interrupts import critical, stop_point, stop_signals
 from testbed.emulator.net.layout import check_limits
@@ -118,7 +118,7 @@ def _pick_state(run_id: str | None) -> RunState:
     return states[0]
 
 
-def _print_listing(info: dict[str, Any]) -> None:
+def _print_listing(info: JsonObject) -> None:
     click.echo(f"network {info['run_id']}: topology {info['topology']}, shaper {info['shaper']}")
     click.echo(f"{'node':<14} {'dc':<12} {'address':<14} netns")
     for node in info["nodes"]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from testbed.common.choices import ActivationsChoice, AllReduceChoice, EmulatedCompute, ShaperChoice
+from testbed.common.codec import JsonObject
 from testbed.common.fields import (
     Fields,
     boolean,
@@ -76,7 +77,7 @@ def save_settings(directory: Path, spec: RunSpec, compute: str, dilation: int) -
     """Everything that decides the run, with `auto` choices resolved, so that a resumed
     run is the same run."""
     folder = own_directory(directory, CHECKPOINT_DIR)
-    settings: dict[str, Any] = {name: spec.setting(name) for name in _SETTINGS}
+    settings: JsonObject = {name: spec.setting(name) for name in _SETTINGS}
     settings.update(format=FORMAT, compute=compute, dilation=dilation,
                     timed=bool(spec.common.events or spec.scenario),
                     plan_file=spec.common.plan_file)

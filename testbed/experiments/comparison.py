@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
+from testbed.common.codec import JsonObject
 from testbed.common.fsutil import own_directory, write_atomic
 from testbed.common.sizes import MAX_REPEATS
 from testbed.common.yamlio import to_yaml
@@ -127,7 +127,7 @@ def _run(run: ComparisonRun, directory: Path, say: Say) -> tuple[RunEntry, RunRe
                     results.get("error"), results), outcome
 
 
-def write_compare(directory: Path, config: dict[str, Any], entries: list[RunEntry]) -> None:
+def write_compare(directory: Path, config: JsonObject, entries: list[RunEntry]) -> None:
     """compare.json: the settings, each combination's row as the table shows it (speed-up,
     time to loss), and every run with its results; compare.csv: one line per run."""
     rows = [asdict(row) for row in table_rows(entries)]

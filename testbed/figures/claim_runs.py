@@ -6,8 +6,9 @@ connections on. Both `figures` at the stated conditions and the search for where
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypedDict
+from typing import TypedDict
 
+from testbed.common.codec import JsonObject
 from testbed.errors import TestbedError
 from testbed.experiments.planning import plan_with_simulator
 from testbed.figures.claims import MULTI_TCP, ClaimSpec, RunFigures, multi_tcp_link
@@ -17,7 +18,7 @@ from testbed.policy import training_policy
 
 class BackendFigures(TypedDict, total=False):
     value: float | None
-    runs: dict[str, dict[str, Any]]
+    runs: dict[str, JsonObject]
     """Each run's figures (or its error) by its key in the claim."""
     why_none: str
 
@@ -27,7 +28,7 @@ def measure_claim(runner: Runner, spec: ClaimSpec) -> BackendFigures:
     if spec.id == MULTI_TCP:
         return _multi_tcp(runner)
     measured: dict[str, RunFigures] = {}
-    runs: dict[str, dict[str, Any]] = {}
+    runs: dict[str, JsonObject] = {}
     for ask in spec.runs:
         got = runner.figures(ask)
         if isinstance(got, str):
@@ -55,7 +56,7 @@ def _multi_tcp(runner: Runner) -> BackendFigures:
     (a, b), connections = chosen
     got = transfer(topology, (a, b), job.activation_bytes, connections, runner.backend,
                    runner.say)
-    out: dict[str, Any] = {
+    out: JsonObject = {
         "link": got.link, "connections": got.connections, "one_connection_s": got.one_s,
         "many_connections_s": got.many_s, "bytes": job.activation_bytes,
         "one_way_s": topology.one_way_latency(a, b),

@@ -30,7 +30,7 @@ from testbed.experiments.planning import shared_cache
 from testbed.figures.claim_runs import BackendFigures, measure_claim
 from testbed.figures.claims import Conditions, claims
 from testbed.figures.measure import Runner
-from testbed.figures.space import MODELS, Point, apply
+from testbed.figures.space import MODELS, Point, PointRecord, apply
 from testbed.figures.why import why
 from testbed.job.load import load_job
 from testbed.topology import dump_topology, load_topology
@@ -79,7 +79,7 @@ class UpTo(TypedDict):
     value: float | None
     conditions: str
     """The point as a reader takes it in (what differs from the claim's conditions)."""
-    point: dict[str, Any]
+    point: PointRecord
     reached: bool | None
     """Whether the paper's figure (the target) is reached there; None without one."""
     why: str | None
@@ -164,7 +164,7 @@ def _combined(frontier: Frontier, knobs: Iterable[Knob]) -> Point | None:
     if cell is None:
         return None
     start, floor = cell
-    better: dict[str, Any] = {}
+    better: dict[str, Any] = {}  # keyword arguments for replace: each knob's own type
     for knob in knobs:
         tried = [(getattr(p, knob), v) for p, f in frontier.results.items()
                  if (v := f.get("value")) is not None and v > floor

@@ -12,14 +12,13 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
-from typing import Any
 
 from testbed.common.progress import Counting, unseen
 from testbed.common.units import plural
 from testbed.errors import TestbedError, TestbedWarning, one_line
 from testbed.experiments.planning import shared_cache
 from testbed.experiments.run import simulated
-from testbed.figures.space import Point, apply
+from testbed.figures.space import Point, PointRecord, apply
 from testbed.job.load import load_job
 from testbed.run.spec import RunSpec
 from testbed.topology.model import Topology
@@ -31,6 +30,19 @@ CONTENDERS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
 )
 """Atlas, and the DiLoCo family at its policies' defaults (H = 500; H = 100 with the
 paper's fragments of 3 layers, overlap 1, bf16 deltas), each run for whole cycles."""
+
+
+class LossMapRow(PointRecord):
+    """A row of the loss map's CSV: a point, and one policy's figures there."""
+
+    policy: str
+    target_loss: float | None
+    tokens_per_s: float | None
+    effective_tokens_per_s: float | None
+    time_to_loss_s: float | None
+    extrapolated: bool
+    winner: bool
+    why_none: str | None
 
 
 @dataclass(frozen=True)
@@ -68,7 +80,7 @@ class Cell:
             return None
         return (ranked[1].time_s or 0.0) / ranked[0].time_s
 
-    def as_rows(self) -> list[dict[str, Any]]:
+    def as_rows(self) -> list[LossMapRow]:
         return [{**self.point.as_dict(), "policy": e.policy, "target_loss": self.target,
                  "tokens_per_s": e.tokens_per_s, "effective_tokens_per_s":
                  e.effective_tokens_per_s, "time_to_loss_s": e.time_s,

@@ -33,7 +33,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from testbed.common.units import format_rate
 from testbed.experiments.sweep import first_dcs, vary
@@ -59,6 +59,19 @@ OWN = ""
 """The conditions' own model (or DC count, or request rate): the knob left alone."""
 
 
+class PointRecord(TypedDict, total=False):
+    """A point as claims.json and the loss map's CSV record it (None: the conditions'
+    own); empty in claims.json where no point was measured (Point.as_dict gives every
+    key)."""
+
+    wan_latency_ms: float
+    wan_bandwidth_gbit: float
+    tcp_buffers_of_bdp: float | None
+    model: str | None
+    dcs: int | None
+    requests_per_s: int | None
+
+
 @dataclass(frozen=True)
 class Point:
     """One set of conditions in the design space."""
@@ -79,7 +92,7 @@ class Point:
     def key(self) -> tuple[Any, ...]:
         return dataclasses.astuple(self)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> PointRecord:
         return {"wan_latency_ms": self.latency_ms, "wan_bandwidth_gbit": self.bandwidth_gbit,
                 "tcp_buffers_of_bdp": self.buffers or None, "model": self.model or None,
                 "dcs": self.dcs or None, "requests_per_s": self.rate or None}

@@ -11,8 +11,8 @@ import itertools
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from testbed.common.codec import JsonObject
 from testbed.common.span_table import rows
 from testbed.common.spans import Span, SpanKind
 
@@ -226,7 +226,7 @@ class Summary:
         """Tokens of the iterations `tokens_per_s` counts."""
         return self.tokens_of(counted_iterations(len(self.iteration_times), self.period))
 
-    def as_results(self) -> dict[str, Any]:
+    def as_results(self) -> JsonObject:
         return {
             "iteration_time_s": {
                 "median": self.median_s,

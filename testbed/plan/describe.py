@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from testbed.common.codec import JsonObject
 from testbed.common.units import human_bytes, human_duration, plural
 from testbed.job.model import Job
 from testbed.plan.activations import in_flight
@@ -136,9 +135,9 @@ def describe_plan(plan: Plan, topology: Topology, job: Job) -> list[str]:
     return lines
 
 
-def _selection_lines(selection: dict[str, Any], shown: int = 6) -> list[str]:
+def _selection_lines(selection: JsonObject, shown: int = 6) -> list[str]:
     """A policy's candidate placements, best first, one line each."""
-    def line(c: dict[str, Any]) -> str:
+    def line(c: JsonObject) -> str:
         stages = "/".join(str(n) for n in c.get("stages", []))
         cell = c.get("dp_cell")
         temporal = "temporal" if cell is None or cell == c.get("dp") else \

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from testbed.common.codec import JsonObject
 from testbed.common.input_files import MAX_CSV_BYTES, read_input
 from testbed.common.jsonio import loads
 from testbed.common.units import plural
@@ -88,7 +89,7 @@ def load_plan_csv(path: str | Path) -> Plan:
 
 
 def parse_plan_csv(text: str, source: str | None = None) -> Plan:
-    meta: dict[str, Any] = {}
+    meta: JsonObject = {}
     placement: dict[Worker, tuple[str, ...]] = {}
     actions: dict[str, tuple[Action, ...]] = {}
     programs: dict[int, dict[str, tuple[Action, ...]]] = {}
@@ -97,7 +98,7 @@ def parse_plan_csv(text: str, source: str | None = None) -> Plan:
     cells: list[tuple[int, ...]] = []
     host_tcp = HostTcp()
     outer = OuterOptimizer()
-    notes: dict[str, Any] = {}
+    notes: JsonObject = {}
     try:
         rows = list(csv.reader(io.StringIO(text)))
     except csv.Error as exc:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from testbed.common.choices import FigureFormat
+from testbed.common.codec import JsonObject
 from testbed.metrics.link_use import link_use, routes
 from testbed.report.gantt import GanttPanel, gantt_plot
 from testbed.report.plots import WanPanel, loss_plot, wan_plot
@@ -26,7 +26,7 @@ def link_rates(topology: Topology) -> dict[str, float]:
     return rates
 
 
-def raised_rates(topology: Topology, results: dict[str, Any], source: str = "results.json"
+def raised_rates(topology: Topology, results: JsonObject, source: str = "results.json"
                  ) -> dict[str, float]:
     """Link directions a network event or a scenario's trace gave a rate above the
     topology's during the run: the highest it had (the one real cause for a link to show

@@ -31,7 +31,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 TUNSETIFF = 0x400454CA
 TUNSETOFFLOAD = 0x400454D0
@@ -83,7 +82,7 @@ class Port:
         self.last_release = release
         return release
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, float]:
         return {
             "packets_in": self.packets_in,
             "bytes_in": self.bytes_in,

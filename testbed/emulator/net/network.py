@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from testbed.common.codec import JsonObject
 from testbed.common.jsonio import read_json
 from testbed.common.units import plural
 from testbed.emulator.net import netns as kernel
@@ -95,7 +95,7 @@ class Network:
     def address_of(self, node: str) -> str:
         return self.layout.node(node).address
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """The `net ls --json` form: nodes, links, and what shapes them."""
         links = []
         for link in self.topology.links:
@@ -133,9 +133,9 @@ class Network:
                 self.cluster, self.layout)}),
         }
 
-    def delay_line_stats(self) -> dict[str, Any]:
+    def delay_line_stats(self) -> JsonObject:
         """Counters and CPU time of each delay line (userspace shaper only)."""
-        out: dict[str, Any] = {}
+        out: JsonObject = {}
         if self.stats_dir is None:
             return out
         for proc in self.delay_lines.values():

@@ -13,8 +13,8 @@ often missing, and a layer-3 tunnel would need its own addressing.)
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
+from testbed.common.codec import JsonObject
 from testbed.emulator.net.layout import Layout, Tunnel
 from testbed.topology.cluster import Cluster
 from testbed.topology.model import Topology
@@ -70,7 +70,7 @@ def _link_index(topology: Topology, a: str, b: str) -> int:
     raise KeyError((a, b))
 
 
-def describe_cluster(cluster: Cluster, layout: Layout) -> dict[str, Any]:
+def describe_cluster(cluster: Cluster, layout: Layout) -> JsonObject:
     """The `net ls --json` form of the cluster a share belongs to."""
     return {"name": cluster.name, "machine": layout.machine,
             "coordinator": cluster.coordinator, "mtu": layout.mtu,

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testbed.common.codec import JsonObject
 from testbed.common.fsutil import write_atomic
 from testbed.common.jsonio import read_json
 from testbed.errors import InputError
@@ -52,7 +53,7 @@ class RunState:
     processes: list[ProcessRecord] = field(default_factory=list)
     detached: bool = False
     ready: bool = False
-    info: dict[str, Any] = field(default_factory=dict)
+    info: JsonObject = field(default_factory=dict)
     """What `testbed net ls` shows: nodes, links, shaper, notes."""
 
     @property
@@ -166,7 +167,7 @@ _KNOWN = {"run_id": _of(str), "slot": _count(0), "prefix": _of(str), "topology":
 one would go to a process group, or to every process)."""
 
 
-def _known_fields(data: dict[str, Any], source: str | None = None) -> dict[str, Any]:
+def _known_fields(data: JsonObject, source: str | None = None) -> JsonObject:
     """The known keys, checked; unknown ones left out. With a `source`, a known key
     that does not have its type is an InputError naming it; without, it is left out."""
     out = {}

@@ -19,8 +19,8 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from testbed.common.codec import JsonObject
 from testbed.common.fsutil import write_atomic
 from testbed.common.jsonio import loads
 from testbed.common.trust import Untrusted, owned_folder, read_owned
@@ -70,7 +70,7 @@ def _key() -> str:
     return f"{platform.release()} cpus={os.cpu_count()}"
 
 
-def _cached() -> dict[str, Any]:
+def _cached() -> JsonObject:
     """This machine's cached figures (none from another kernel or core count, nor from a
     file someone else could have written: testbed.common.trust)."""
     path = cache_file()

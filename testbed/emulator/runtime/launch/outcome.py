@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
 
 from testbed.common.choices import FigureFormat
-from testbed.common.codec import to_json
+from testbed.common.codec import JsonObject, to_json
 from testbed.common.fsutil import write_atomic
 from testbed.common.yamlio import to_yaml
 from testbed.emulator.runtime.launch.counters import link_header
@@ -110,10 +109,10 @@ def _cluster(name: str, machine: str | None, machines: dict[str, str]) -> Launch
     return out
 
 
-def trace_events(run: LaunchRun, uses: list[DirectionUse]) -> list[dict[str, Any]]:
+def trace_events(run: LaunchRun, uses: list[DirectionUse]) -> list[JsonObject]:
     """Link rates as counter tracks (Mbit/s), each rank's life as a span, each lost host
     and link change as an instant; microseconds from the launch's start."""
-    out: list[dict[str, Any]] = [
+    out: list[JsonObject] = [
         {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "WAN"}},
         {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "ranks"}}]
     for use in uses:
