@@ -242,7 +242,8 @@ def _taken(command: Command) -> list[Named]:
 def _settings(command: Command, function: str, given: Mapping[str, object]
               ) -> dict[str, Any]:
     """The settings a function was given, by their API names: each checked against its
-    field's type (a text read as its option reads it), by its field's name."""
+    field's type (a text read as its option reads it), by its field's name (the spec's
+    keyword arguments)."""
     by_name = {named.api_name: named for named in _taken(command)}
     out: dict[str, Any] = {}  # keyword arguments: each value its own field's type
     for key, value in given.items():

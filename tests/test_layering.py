@@ -1,5 +1,6 @@
 """The house rules, checked: no import circles, plugins see only the policy API, every
-dynamic import names its module, and no module grows past what one reader holds in mind.
+dynamic import names its module, no module grows past what one reader holds in mind, and
+untyped mappings do not creep back.
 Imports are read by tests/import_reader.py, which the architecture's table shares."""
 
 from __future__ import annotations
@@ -18,6 +19,26 @@ SOFT_MAX_LINES = 600
 pyproject.toml (ruff's C901, PLR0912, PLR0915); this only says when a module has grown
 into two jobs. A file is never squeezed to meet it (a docstring is not a trailing
 comment): past it, the module splits along its concerns."""
+
+
+MAX_ANY_DICTS = 25
+"""`dict[str, Any]` written out in testbed/, each with a comment saying why: keyword
+arguments (click's, a dataclass's, pyroute2's, matplotlib's), torch's state dicts, type
+hints by name, and the definition of common.codec.JsonObject. Values passed between parts
+have dataclasses or TypedDicts; lower this as uses go, never raise it."""
+MAX_JSON_OBJECTS = 96
+"""Lines in testbed/ that name JsonObject (imports aside): raw JSON or YAML before it is
+checked, a document of a format of its own (a JSON Schema, Chrome trace events, a YAML
+file written back, results.json as read, which may predate the schema) or the codec's
+generic to and from JSON. The alias names what is raw; it types nothing, so it is
+counted as well."""
+
+
+def lines_naming(text: str, root: Path) -> list[str]:
+    """`file:line` of each line under `root` that holds `text`, import lines aside."""
+    return [f"{path.relative_to(ROOT)}:{number}" for path in sorted(root.rglob("*.py"))
+            for number, line in enumerate(path.read_text().splitlines(), start=1)
+            if text in line and not line.lstrip().startswith(("from ", "import "))]
 
 
 def import_circles(root: Path) -> list[str]:
@@ -82,6 +103,17 @@ def test_no_module_is_over_the_soft_limit() -> None:
     long = {str(p.relative_to(ROOT)): n for p in modules(ROOT).values()
             if (n := len(p.read_text().splitlines())) > SOFT_MAX_LINES}
     assert not long, f"past {SOFT_MAX_LINES} lines, split along its concerns: {long}"
+
+
+def test_untyped_mappings_do_not_creep_back() -> None:
+    bare = lines_naming("dict[str, Any]", ROOT / "testbed")
+    assert len(bare) <= MAX_ANY_DICTS, (
+        f"{len(bare)} dict[str, Any] in testbed/, at most {MAX_ANY_DICTS}: type the value "
+        f"(a dataclass or a TypedDict), or name raw JSON JsonObject: {bare}")
+    raw = lines_naming("JsonObject", ROOT / "testbed")
+    assert len(raw) <= MAX_JSON_OBJECTS, (
+        f"{len(raw)} lines name JsonObject, at most {MAX_JSON_OBJECTS}: a value passed "
+        f"between parts gets a type of its own: {raw}")
 
 
 # The rules above must hold whatever form an import takes: each form planted in a copy of

@@ -125,7 +125,7 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
     show(directory, entries, inputs.topology, fmt=fmt)
 
 
-def _overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
+def _overrides(kwargs: dict[str, Any]) -> dict[str, Any]:  # click's parsed options
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in kwargs.items()
             if v not in (None, ())}
 

@@ -59,7 +59,8 @@ def job_options(func: F) -> F:
 
 
 def job_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Pop the job-related keyword arguments a command received from `job_options`."""
+    """Pop the job-related keyword arguments a command received from `job_options`
+    (click's, each its option's type)."""
     keys = ("job_file", "sets", "events", "scenario", *JOB_FLAGS)
     return {key: kwargs.pop(key) for key in keys if key in kwargs}
 

@@ -37,7 +37,8 @@ def spec_options(command: Command) -> Callable[[F], F]:
 
 def given_settings(command: Command, values: dict[str, Any]) -> dict[str, Any]:
     """The settings the command line gave, popped from the command's keyword arguments
-    (`values`), as the spec's fields take them; those it did not give are left out."""
+    (`values`, click's), as the spec's fields take them (keyword arguments, each its
+    field's type); those it did not give are left out."""
     context = click.get_current_context()
     out = {}
     for named in run_settings().values():
@@ -58,7 +59,7 @@ def setting_option(name: str, dest: str | None = None) -> Callable[[F], F]:
     setting = named.setting
     assert setting is not None, f"{name} has no option"
     shown = _shown(named)
-    kwargs: dict[str, Any] = {"help": named.doc, "metavar": setting.metavar,
+    kwargs: dict[str, Any] = {"help": named.doc, "metavar": setting.metavar,  # click.option's
                               "default": shown, "show_default": shown is not None}
     kind = _choices(named.hint)
     if setting.multiple:

@@ -84,6 +84,7 @@ def to_json(value: Any) -> Any:
 
 
 _HINTS: dict[type[Any], dict[str, Any]] = {}
+"""Each class's type hints by field name (the values are types, not data)."""
 
 
 def _hints(cls: type[Any]) -> dict[str, Any]:
@@ -201,7 +202,7 @@ def build(cls: type[Any], data: JsonObject, where: str) -> Any:
     unknown = data.keys() - _keys(cls)
     if unknown:
         raise DecodeError(f"{where}: {cls.__name__} has no {', '.join(sorted(unknown))}")
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {}  # cls's keyword arguments, each decoded as its field's type
     for f in fields(cls):
         key = names.get(f.name, f.name)
         if key not in data:

@@ -161,7 +161,8 @@ def _digests(top: Fields) -> dict[str, str] | None:
 
 
 def read_settings(path: Path) -> dict[str, Any]:
-    """run.json: every setting `save_settings` wrote, each of its type and range."""
+    """run.json: every setting `save_settings` wrote, each of its type and range (by the
+    setting's name: the spec's keyword arguments, each its own field's type)."""
     top = Fields(read_json(path), str(path))
     version = top.get("format", integer)
     if version != FORMAT:

@@ -206,7 +206,8 @@ class _Configurable:
     A policy also annotates `settings` with it, so its hooks read typed fields."""
     fixed: ClassVar[dict[str, Any]] = {}
     """Settings a variant pins (an ablation switching a mechanism off): in `settings`,
-    listed by `testbed plugins`, never taken as an option."""
+    listed by `testbed plugins`, never taken as an option. Keyword arguments of
+    `settings_type`, each value its own field's type (which the plugin declares)."""
     options: ClassVar[tuple[Option, ...]] = ()
     """What `-o` takes: made from `settings_type` and `fixed`, never declared."""
     settings: Any
@@ -219,7 +220,7 @@ class _Configurable:
 
     def __init__(self, **values: str) -> None:
         known = {option.name: option for option in self.options}
-        chosen: dict[str, Any] = dict(self.fixed)
+        chosen: dict[str, Any] = dict(self.fixed)  # settings_type's keyword arguments
         for key, raw in values.items():
             if key not in known:
                 names = ", ".join(known) or "none"

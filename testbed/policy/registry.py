@@ -83,7 +83,7 @@ def _load(entry: EntryPoint, group: str) -> PluginInfo:
     base = _BASES[group]
     summary: Any = ""
     options: tuple[Any, ...] = ()
-    fixed: dict[str, Any] = {}
+    fixed: dict[str, Any] = {}  # the class's own `fixed`: its settings' keyword arguments
     try:  # importing it, and whatever its class runs when read (a descriptor, a metaclass)
         with plugin_code("", entry.module):
             obj = entry.load()

@@ -67,7 +67,7 @@ def to_loss(ok: Sequence[RunFigures]) -> ToLoss | None:
     blocks = [t for r in ok if (t := r.time_to_loss)]
     predictions = [p for r in ok if (p := r.loss_model)]
     ahead = [g for p in predictions if (g := p["target"])]
-    common: dict[str, Any] = {
+    common: dict[str, Any] = {  # ToLoss's keyword arguments, each its field's type
         "compute": ok[0].compute if ok else "modeled",
         "fastest_s": _median([t["time_band_s"][0] for t in ahead]),
         "slowest_s": _median([t["time_band_s"][1] for t in ahead]),

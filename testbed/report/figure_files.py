@@ -62,7 +62,7 @@ DASHES: tuple[Any, ...] = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)),
 
 def line_style(i: int) -> dict[str, Any]:
     """The i-th series' marker and dash pattern: no two of the first 96 alike (markers
-    and dashes run through different cycles)."""
+    and dashes run through different cycles). Keyword arguments of matplotlib's plot."""
     return {"color": "black", "marker": MARKERS[i % len(MARKERS)],
             "linestyle": DASHES[(i + i // len(MARKERS)) % len(DASHES)]}
 

@@ -81,7 +81,7 @@ def write_profile(run_dir: Path, output: Path | None) -> tuple[Profile, Spread]:
         raise InputError("no forward/backward spans after the first iteration to profile",
                          str(spans_path))
     results = run_dir / "results.json"
-    source: dict[str, Any] = {}
+    source: dict[str, Any] = {}  # results.json as read: raw JSON, checked below
     if results.exists():
         source = read_json(results)
         check(source, {key: OPTIONAL_TEXT for key in SOURCE_KEYS}, str(results))

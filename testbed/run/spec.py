@@ -278,7 +278,7 @@ class RunSpec:
         unknown = sorted(set(settings) - set(named))
         if unknown:
             raise TypeError(f"RunSpec has no setting {unknown[0]!r}")
-        changed: dict[str, Any] = {}
+        changed: dict[str, Any] = {}  # replace's keyword arguments: each section's type
         for section in SECTIONS:
             mine = {k: v for k, v in settings.items() if named[k].section == section}
             if mine:

@@ -13,7 +13,7 @@ import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from pyroute2 import IPRoute, NetNS, config, netns
 from pyroute2.netlink.exceptions import NetlinkError
@@ -59,11 +59,20 @@ def remove_namespace(name: str) -> bool:
     return not (NETNS_DIR / name).exists()
 
 
+class QdiscStats(TypedDict):
+    """A qdisc's counters, as the kernel reports them."""
+
+    kind: str
+    bytes: int
+    packets: int
+    drops: int
+
+
 class Namespaces:
     """Open netlink sockets into several namespaces, closed together."""
 
     def __init__(self) -> None:
-        self._open: dict[str, Any] = {}
+        self._open: dict[str, Any] = {}  # pyroute2's NetNS handles by namespace (untyped)
 
     def __enter__(self) -> Namespaces:
         return self
@@ -100,7 +109,7 @@ class Namespaces:
     def up(
         self, ns_name: str, ifname: str, mtu: int | None = None, txqueuelen: int | None = None
     ) -> None:
-        settings: dict[str, Any] = {"state": "up"}
+        settings: dict[str, Any] = {"state": "up"}  # pyroute2's link keyword arguments
         if mtu is not None:
             settings["mtu"] = mtu
         if txqueuelen is not None:
@@ -121,7 +130,7 @@ class Namespaces:
         table: int | None = None,
         link_scope: bool = False,
     ) -> None:
-        spec: dict[str, Any] = {"dst": dst, "oif": self.index(ns_name, ifname)}
+        spec: dict[str, Any] = {"dst": dst, "oif": self.index(ns_name, ifname)}  # pyroute2's
         if gateway is not None:
             spec["gateway"] = gateway
         if table is not None:
@@ -156,9 +165,9 @@ class Namespaces:
                 ) from None
             raise NetworkError(f"cannot add {q.kind} on {q.netns}/{q.ifname}: {exc}") from None
 
-    def qdisc_stats(self, ns_name: str, ifname: str) -> list[dict[str, Any]]:
+    def qdisc_stats(self, ns_name: str, ifname: str) -> list[QdiscStats]:
         """Kind, bytes, packets and drops of each qdisc on an interface."""
-        out = []
+        out: list[QdiscStats] = []
         for msg in self.ns(ns_name).get_qdiscs(index=self.index(ns_name, ifname)):
             stats = msg.get_attr("TCA_STATS2")
             basic = stats.get_attr("TCA_STATS_BASIC") if stats is not None else None

@@ -45,6 +45,7 @@ class Qdisc:
     handle: int
     parent: int | None
     params: dict[str, Any] = field(default_factory=dict)
+    """pyroute2's tc keyword arguments for `kind` (rates, delays, handles)."""
 
 
 @dataclass(frozen=True)

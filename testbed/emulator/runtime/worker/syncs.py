@@ -189,7 +189,8 @@ class Syncs:
         return previous - before / self.replicas + fresh / self.replicas
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs to go on as this one would have."""
+        """Everything a resumed run needs to go on as this one would have: tensors and
+        torch optimizers' own state dicts, in torch's convention (torch.save keeps it)."""
         return {"outer": self.outer,
                 "optimizers": {f"{k}/{n}": o.state_dict() for (k, n), o in self.optimizers.items()},
                 "residuals": {str(c): r for c, r in self.residuals.items()},
