@@ -31,6 +31,7 @@ from testbed.sim.flows import INITIAL_WINDOW as INITIAL_WINDOW
 from testbed.sim.flows import RTO_MIN as RTO_MIN
 from testbed.sim.flows import Flow, cap, plain_round, state_of
 from testbed.sim.flows import Pair as Pair
+from testbed.sim.levels import Levels
 from testbed.sim.max_min import max_min as max_min
 
 
@@ -62,6 +63,13 @@ class FluidNetwork:
     coast: bool = True
     """Run plain rounds of slow start without events of their own (`_coast`); off, every
     round has its event (the same results to the bit, more events)."""
+    incremental_from: int = 256
+    """A component solved with at least this many flows, all steady, keeps its shares
+    from event to event where they have testbed.sim.levels' simple form (the same rule,
+    to float precision, at log n a flow instead of a solve of the component per event);
+    smaller components, and any that leaves the form, are solved whole."""
+    _kept: dict[str, Levels] = field(default_factory=dict)
+    """The kept shares by each resource they cover (none covers another's)."""
 
     def start(
         self,
@@ -97,23 +105,35 @@ class FluidNetwork:
         self.flows[flow.id] = flow
         for resource in resources:
             self.users.setdefault(resource, set()).add(flow.id)
-        self._new_round(now, flow)
+        self._open_round(now, flow)
+        if not self._kept or not self._join(now, flow):
+            self._share(now, flow)
 
     def remaining(self, now: float) -> dict[int, float]:
         """Bytes each flow still has to send at `now`, by flow id (in start order)."""
-        for flow in self.flows.values():
-            self._settle(now, flow)
-            flow.progress(now)
-        return {fid: flow.remaining for fid, flow in self.flows.items()}
+        left = {}
+        for fid, flow in self.flows.items():
+            levels = self._kept.get(flow.resources[0])
+            if levels is not None and fid in levels.members:
+                left[fid] = levels.remaining(fid, now)
+            else:
+                self._settle(now, flow)
+                flow.progress(now)
+                left[fid] = flow.remaining
+        return left
 
     def set_capacity(self, now: float, resource: str, bps: float) -> None:
         """A link changed during the run (a network event): flows on it share anew."""
+        if resource in self._kept:
+            self._release(now, self._kept[resource])
         self.capacity[resource] = bps
         self._reallocate(now, (resource,))
 
     def restart_windows(self, now: float, resource: str) -> None:
         """After an outage TCP has timed out: every flow on `resource` starts again from
         the initial window."""
+        if resource in self._kept:
+            self._release(now, self._kept[resource])
         for fid in list(self.users.get(resource, ())):
             flow = self.flows[fid]
             self._settle(now, flow, inclusive=False)  # its round ending now would come after
@@ -214,6 +234,9 @@ class FluidNetwork:
         """The pair's round trip from now on (a latency event seen by its next message)."""
         if pair.rtt != rtt and pair.coaster is not None:
             self._settle(now, pair.coaster)
+        if pair.rtt != rtt and pair.active:
+            for levels in self._kept.values():  # its flow's weight and cap change when
+                levels.stale = True  # its component is next solved, as if it were whole
         pair.rtt = rtt
 
     def _share(self, now: float, flow: Flow) -> None:
@@ -243,22 +266,34 @@ class FluidNetwork:
         # the event was for whichever ran out first; float residue must not leave a flow
         # paused with bytes to send and an unspent window
         if flow.remaining <= 1e-3 or flow.budget > 1e-3:
-            if not flow.steady:
-                flow.pair.acked(flow.round_budget - flow.budget, now)
-            del self.flows[flow_id]
-            for resource in flow.resources:
-                self.users[resource].discard(flow_id)
-            flow.pair.end(now)
-            shared = tuple(r for r in flow.resources if self.users[r])
-            if shared:  # the flows left on its links share anew
-                self._reallocate(now, shared)
-            tail = flow.pair.tail_wait() if flow.pair.loss else 0.0
-            self.schedule(now + flow.latency + tail, flow.on_arrival)
-            if flow.on_sent is not None:
-                flow.on_sent(now)
+            self._finish(now, flow)
         else:
             flow.paused = True
             self._share(now, flow)
+
+    def _finish(self, now: float, flow: Flow) -> None:
+        """The flow's last byte left."""
+        if not flow.steady:
+            flow.pair.acked(flow.round_budget - flow.budget, now)
+        del self.flows[flow.id]
+        for resource in flow.resources:
+            self.users[resource].discard(flow.id)
+        flow.pair.end(now)
+        levels = self._kept.get(flow.resources[0])
+        if levels is not None and flow.id in levels.members:
+            link = levels.members[flow.id].link
+            if levels.leave(flow.id, now) and not levels.stale:
+                self._next_end(levels, link)
+            else:
+                self._release(now, levels)
+        else:
+            shared = tuple(r for r in flow.resources if self.users[r])
+            if shared:  # the flows left on its links share anew
+                self._reallocate(now, shared)
+        tail = flow.pair.tail_wait() if flow.pair.loss else 0.0
+        self.schedule(now + flow.latency + tail, flow.on_arrival)
+        if flow.on_sent is not None:
+            flow.on_sent(now)
 
     def _component(self, resources: tuple[str, ...]) -> tuple[list[Flow], set[str]]:
         """Flows and resources coupled to these resources through shared flows."""
@@ -300,14 +335,85 @@ class FluidNetwork:
             self._settle(now, flow)
             flow.progress(now)
         sending = [f for f in flows if not f.paused]
-        rates = max_min(
-            {f.id: (f.pair.weight(), cap(f), f.resources)
-             for f in sending},
-            {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in seen},
-        )
+        shares = {f.id: (f.pair.weight(), cap(f), f.resources) for f in sending}
+        capacity = {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in seen}
+        rates = max_min(shares, capacity)
+        if len(flows) >= self.incremental_from \
+                and self._keep(now, flows, shares, capacity, rates):
+            return seen
         for flow in flows:
             self._set_rate(now, flow, rates.get(flow.id, 0.0))
         return seen
+
+    def _keep(self, now: float, flows: list[Flow],
+              shares: dict[int, tuple[float, float, tuple[str, ...]]],
+              capacity: dict[str, float], rates: dict[int, float]) -> bool:
+        """Keep the component's shares from now on where they have the simple form
+        (testbed.sim.levels): every flow steady and sending, the only flow of its pair
+        (whose weight another flow's start or end would change)."""
+        for flow in flows:
+            pair = flow.pair
+            if not flow.steady or flow.paused or pair.active != 1 or pair.settled:
+                return False
+        levels = Levels.build(
+            [(f.id, *shares[f.id][:2], f.resources, f.remaining) for f in flows],
+            capacity, rates, now)
+        if levels is None:
+            return False
+        self._kept.update(dict.fromkeys(levels.resources(), levels))
+        for flow in flows:  # their own events are void: their links' are theirs now
+            flow.version += 1
+            flow.scheduled = False
+        for link in levels.links:
+            self._next_end(levels, link)
+        return True
+
+    def _join(self, now: float, flow: Flow) -> bool:
+        """A flow starts: where it meets the kept shares, it joins them if they keep their
+        form with it; if they do not, they are solved whole. False where it was not kept."""
+        met = {id(k): k for r in flow.resources if (k := self._kept.get(r)) is not None}
+        if not met:
+            return False  # another component
+        pair = flow.pair
+        levels = next(iter(met.values()))
+        alone = all(r in self._kept or len(self.users[r]) == 1 for r in flow.resources)
+        if len(met) == 1 and not levels.stale and alone and flow.steady \
+                and pair.active == 1 and not pair.settled:
+            capacity = {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in flow.resources}
+            link = [r for r in flow.resources if r in levels.links]
+            if levels.join(flow.id, pair.weight(), cap(flow), flow.resources,
+                           flow.remaining, now, capacity):
+                self._kept.update(dict.fromkeys(flow.resources, levels))
+                self._next_end(levels, link[0])
+                return True
+        for kept in met.values():
+            self._release(now, kept)
+        return False
+
+    def _release(self, now: float, levels: Levels) -> None:
+        """The kept shares lose their form: their flows take their bytes and rates back
+        and their component is solved whole at the end of this instant."""
+        for resource in levels.resources():
+            del self._kept[resource]
+        for fid, (left, rate) in levels.release(now).items():
+            flow = self.flows[fid]
+            flow.remaining, flow.rate, flow.updated = left, rate, now
+            flow.scheduled = False
+        self._reallocate(now, tuple(levels.resources()))
+
+    def _next_end(self, levels: Levels, link: str) -> None:
+        end = levels.next_end(link)
+        if end is not None:
+            self.schedule(end[0], functools.partial(self._link_end, levels=levels, link=link,
+                                                    version=levels.version(link)))
+
+    def _link_end(self, now: float, levels: Levels, link: str, version: int) -> None:
+        """The first of a kept link's flows to end does, unless the link changed since."""
+        if self._kept.get(link) is not levels or levels.version(link) != version:
+            return
+        end = levels.next_end(link)
+        assert end is not None
+        self._finish(now, self.flows[end[1]])
 
     def _set_rate(self, now: float, flow: Flow, rate: float) -> None:
         if rate == flow.rate and rate > 0 and flow.scheduled:

@@ -1,0 +1,153 @@
+"""The flow model's kept shares (testbed.sim.levels) against solving every component whole
+at every event (testbed.sim.max_min, FluidNetwork.incremental_from past any count): the
+same bytes left at any instant and the same arrival times, to float precision, on random
+flows over shared links and NICs, with the events that must leave the kept form (a link's
+capacity changes, a round trip changes, windows restart, a flow in slow start or of a busy
+pair joins, a flow crosses two links, a NIC or a cap binds)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from testbed.sim.agenda import Agenda
+from testbed.sim.levels import Levels
+from testbed.sim.network import FluidNetwork, Pair
+
+LINKS = ("wan0", "wan1", "wan2")
+NICS = tuple(f"nic{i}" for i in range(6))
+
+
+@dataclass(frozen=True)
+class Start:
+    at: float
+    nbytes: float
+    resources: tuple[str, ...]
+    rtt: float
+    rtt_bias: float
+    window: float
+    open_window: bool
+    pair: int
+    """Flows of equal `pair` share one Pair (its weight changes as they start and end)."""
+
+
+@dataclass(frozen=True)
+class Case:
+    capacity: dict[str, float]
+    starts: tuple[Start, ...]
+    changes: tuple[tuple[float, str, str, float], ...]
+    """(time, kind: capacity | restart | retime, resource or pair index, value)."""
+    probes: tuple[float, ...]
+
+
+@st.composite
+def _cases(draw: st.DrawFn) -> Case:
+    # each case has the kept form, or some flows or NICs that break it
+    two_links, slow, small_nics, busy_pairs = (draw(st.booleans()) for _ in range(4))
+    capacity = {r: draw(st.sampled_from([1e9, 2e9]) | st.floats(1e8, 1e10)) for r in LINKS}
+    capacity |= {r: draw(st.sampled_from([1e10, 5e8]) | st.floats(1e8, 1e11)) if small_nics
+                 else 1e10 for r in NICS}
+    starts = []
+    for i in range(draw(st.integers(2, 40))):
+        links = draw(st.sampled_from([1] * 9 + [2])) if two_links else 1
+        route = (draw(st.sampled_from(NICS)),
+                 *draw(st.lists(st.sampled_from(LINKS), min_size=links, max_size=links,
+                                unique=True)),
+                 draw(st.sampled_from(NICS)))
+        starts.append(Start(
+            draw(st.sampled_from([0.0, 0.5]) | st.floats(0.0, 1.0)),
+            draw(st.floats(1e4, 5e7)), tuple(dict.fromkeys(route)),
+            draw(st.sampled_from([0.02, 0.04, 0.06]) | st.floats(1e-4, 0.2)),
+            draw(st.sampled_from([0.0, 0.4, 1.0])),
+            draw(st.sampled_from([4e6, 4e6, 4e6, 2e5])),
+            draw(st.sampled_from([True] * 9 + [False])) if slow else True,
+            draw(st.integers(0, 30)) if busy_pairs else i))
+    changes = tuple(
+        (draw(st.floats(0.0, 2.0)), kind,
+         draw(st.sampled_from(LINKS + NICS)) if kind != "retime" else str(draw(
+             st.integers(0, len(starts) - 1))),
+         draw(st.floats(1e8, 2e9)) if kind == "capacity" else draw(st.floats(1e-3, 0.1)))
+        for kind in draw(st.lists(st.sampled_from(["capacity", "restart", "retime"]),
+                                  max_size=3)))
+    probes = tuple(draw(st.lists(st.floats(0.0, 3.0), max_size=4)))
+    return Case(capacity, tuple(starts), changes, probes)
+
+
+def _run(case: Case, incremental_from: int
+         ) -> tuple[dict[int, float], list[dict[int, float]], int]:
+    """Each flow's arrival time, the bytes left at each probe, and how many flows ended
+    while their shares were kept."""
+    agenda = Agenda()
+    network = FluidNetwork(dict(case.capacity), agenda.at, incremental_from=incremental_from)
+    pairs: dict[int, Pair] = {}
+    arrived: dict[int, float] = {}
+    probes: list[dict[int, float]] = []
+    kept = [0]
+    link_end = network._link_end
+
+    def counted(now: float, levels: Levels, link: str, version: int) -> None:
+        kept[0] += network._kept.get(link) is levels and levels.version(link) == version
+        link_end(now, levels, link, version)
+
+    network._link_end = counted  # type: ignore[method-assign]
+    for i, start in enumerate(case.starts):
+        pair = pairs.setdefault(start.pair, Pair(1, start.window, start.rtt, False,
+                                                 rtt_bias=start.rtt_bias))
+        if start.open_window:
+            pair.cwnd = start.window
+
+        def go(t: float, start: Start = start, pair: Pair = pair, i: int = i) -> None:
+            network.start(t, start.nbytes, start.resources, pair, 0.0,
+                          lambda end: arrived.__setitem__(i, end))
+        agenda.at(start.at, go)
+    for at, kind, what, value in case.changes:
+        if kind == "capacity":
+            agenda.at(at, lambda t, r=what, v=value: network.set_capacity(t, r, v))
+        elif kind == "restart":
+            agenda.at(at, lambda t, r=what: network.restart_windows(t, r))
+        else:
+            pair = pairs[case.starts[int(what)].pair]
+            agenda.at(at, lambda t, p=pair, v=value: network.retime(t, p, v))
+    for at in case.probes:
+        agenda.at(at, lambda t: probes.append(network.remaining(t)))
+    agenda.run()
+    return arrived, probes, kept[0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=_cases())
+def test_kept_shares_give_the_whole_solves_bytes_and_times(case: Case) -> None:
+    arrived, probes, _ = _run(case, 1)
+    reference, reference_probes, kept = _run(case, 10**9)
+    assert kept == 0
+    assert arrived.keys() == reference.keys() == set(range(len(case.starts)))
+    for i, end in reference.items():
+        assert arrived[i] == pytest.approx(end, rel=1e-9, abs=1e-9), i
+    for probe, expected in zip(probes, reference_probes, strict=True):
+        assert probe.keys() == expected.keys()
+        for fid, left in expected.items():
+            assert probe[fid] == pytest.approx(left, rel=1e-9, abs=1e-3), fid
+
+
+def test_many_flows_end_through_kept_shares_at_the_whole_solves_times() -> None:
+    """The simulator's scale benchmark (scripts/peer_cases.scale_job) at 600 flows: past
+    the default count nearly every flow ends through kept shares, at the times solving
+    every component whole gives."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from peer_cases import scale_job
+
+    job = scale_job(600)
+    starts = tuple(Start(f.start, f.nbytes, f.route, f.rtt, 0.4, 4e6, True, i)
+                   for i, f in enumerate(job.flows))
+    case = Case(dict(job.capacity), starts, (), (5.0, 20.0))
+    arrived, probes, kept = _run(case, FluidNetwork.incremental_from)
+    reference, reference_probes, _ = _run(case, 10**9)
+    assert kept > 300
+    assert arrived == pytest.approx(reference, rel=1e-9)
+    for probe, expected in zip(probes, reference_probes, strict=True):
+        assert probe == pytest.approx(expected, rel=1e-9, abs=1e-3)
