@@ -265,11 +265,16 @@ def fluid_cpu_s(flows: int) -> tuple[float, float]:
     return time.process_time() - started, max(ends)
 
 
-def scale(sizes: list[int], peers: dict[str, Any], fluid_limit: int) -> list[dict[str, Any]]:
+def scale(sizes: list[int], peers: dict[str, Any], fluid_limit: int, simgrid_limit: int
+          ) -> list[dict[str, Any]]:
     rows = []
     for n in sizes:
         row: dict[str, Any] = {"flows": n, "mss": MSS}
-        if peers.get("simgrid"):  # always measured again: the CPU times compare in one run
+        if peers.get("simgrid") and n > simgrid_limit:
+            row["simgrid_cpu_s"] = None
+            row["simgrid_not_run"] = (f"past --simgrid-limit {simgrid_limit}: its CPU time "
+                                      "grows faster than linearly in the flows")
+        elif peers.get("simgrid"):  # always measured again: the CPU times compare in one run
             job = scale_job(n)
             links = {k: (job.capacity[k], job.latency[k]) for k in job.capacity}
             flows = [(f.src, f.dst, f.nbytes, f.start, list(f.route)) for f in job.flows]
@@ -298,8 +303,10 @@ def main() -> None:
     parser.add_argument("--congestion", default="cubic,bbr")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--scale", default="1000,2000,5000,10000")
-    parser.add_argument("--fluid-limit", type=int, default=10000,
+    parser.add_argument("--fluid-limit", type=int, default=100000,
                         help="most flows the simulator's own run is measured at")
+    parser.add_argument("--simgrid-limit", type=int, default=10000,
+                        help="most flows SimGrid's run is measured at")
     parser.add_argument("--ns3-window", type=float, default=6.0,
                         help="seconds of ns-3's share measurements (after 2 s)")
     parser.add_argument("--no-ns3", action="store_true")
@@ -317,6 +324,7 @@ def main() -> None:
         return
     import peer_ns3
 
+    earlier: dict[str, Any] = {}
     if args.peers_from:
         earlier = json.loads(args.peers_from.read_text())
         KEPT.update({row["case"]: row for part in ("shares", "long", "loss")
@@ -343,9 +351,13 @@ def main() -> None:
                      "delay_line_late_mean_ms": [r["delay_line_late_mean_ms"]
                                                  for r in c["runs"]]}
                     for c in recorded.get("ceiling", [])],
-        "scale": scale([int(x) for x in args.scale.split(",") if x], peers, args.fluid_limit),
+        "scale": scale([int(x) for x in args.scale.split(",") if x], peers, args.fluid_limit,
+                       args.simgrid_limit),
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+    out["machine"]["load_at_end"] = os.getloadavg()
+    if earlier:  # whose figures of the cases --peers-from kept
+        out["peers_kept_from"] = {"file": args.peers_from.name, "peers": earlier.get("peers")}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     sys.stdout.flush()

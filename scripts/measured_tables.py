@@ -272,9 +272,10 @@ def peers_scale(report: dict[str, Any]) -> str:
     for r in report["scale"]:
         sim = r.get("sim_cpu_s")
         ratio = r.get("ratio")
+        simgrid = "not run" if r.get("simgrid_not_run") else _peer(r.get("simgrid_cpu_s"), ".2f")
+        shown = "-" if ratio is None else f"{ratio:.1f}x" if ratio >= 1 else f"{ratio:.3f}x"
         rows.append(f"| {r['flows']:,} | {_peer(sim, '.2f') if sim is not None else 'not run'} "
-                    f"| {_peer(r.get('simgrid_cpu_s'), '.2f')} | "
-                    f"{'-' if ratio is None else f'{ratio:.1f}x'} |")
+                    f"| {simgrid} | {shown} |")
     return _rows("| concurrent flows | simulator, CPU s | SimGrid, CPU s | simulator / SimGrid |",
                  rows)
 
