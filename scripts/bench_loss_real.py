@@ -131,7 +131,7 @@ def _emulated(topology: str, label: str, policy: str, options: dict[str, str], s
     benchmark."""
     from testbed import api
     from testbed.emulator.runtime.coordinator.failure import Interrupted
-    from testbed.emulator.runtime.worker.model import entropy_floor
+    from testbed.emulator.runtime.worker.compute.model import entropy_floor
     from testbed.errors import TestbedError
     from testbed.policy import training_policy
     from testbed.policy.loss_models import declared_effect, loss_model

@@ -48,7 +48,7 @@ from typing import Literal
 
 import torch
 
-from testbed.emulator.runtime.worker.model import Corpus, build_model, loss_of, sample_index
+from testbed.emulator.runtime.worker.compute.model import Corpus, build_model, loss_of, sample_index
 from testbed.job.model import Job
 
 BLOCK = 256

@@ -87,7 +87,7 @@ reaches every one of them."""
 
 def part(module: str) -> str:
     """The longest row or group that holds `module`, else its folder:
-    testbed.emulator.runtime.worker.transport -> emulator.runtime.worker;
+    testbed.emulator.runtime.worker.transport.transport -> emulator.runtime.worker;
     testbed.emulator.net.shaping -> emulator.net; testbed.emulator.backend -> emulator;
     testbed.sim.network -> sim; testbed.sim.backend -> sim.backend; testbed.api -> api;
     testbed -> __init__."""
@@ -176,6 +176,63 @@ def test_the_backends_are_siblings() -> None:
     emulator = [row for source, row in MAY_IMPORT.items() if source.startswith("emulator")]
     assert not any(p.startswith("sim") for row in emulator for p in row)
     assert not any(p.startswith(("sim", "emulator")) for p in MAY_IMPORT["run"])
+
+
+WORKER = "testbed.emulator.runtime.worker"
+WORKER_FOLDERS: dict[str, set[str]] = {
+    "transport": set(),
+    "collectives": set(),
+    "compute": {"collectives"},
+    "": {"collectives", "compute", "transport"},
+}
+"""Inside the worker's part, its folders, lowest first, and which each imports: "" is the
+worker's own modules (its processes, the stage's data plane), which put the three
+together."""
+
+
+def worker_folder(module: str) -> str:
+    rest = module.removeprefix(WORKER).lstrip(".").split(".")[0]
+    return rest if rest in WORKER_FOLDERS else ""
+
+
+def worker_crossings_not_in_the_table(root: Path) -> list[str]:
+    found = {n: p for n, p in modules(root).items() if n.partition(".")[0] == "testbed"}
+    bad = []
+    for name, path in found.items():
+        if part(name) != "emulator.runtime.worker":
+            continue
+        source = worker_folder(name)
+        for imp in read(name, path, found):
+            target = owner(imp.module, found)
+            if target is None or part(target) != "emulator.runtime.worker":
+                continue
+            to = worker_folder(target)
+            if to != source and to not in WORKER_FOLDERS[source]:
+                bad.append(f"{path.relative_to(root)}:{imp.line}: worker/{source} imports "
+                           f"worker/{to}")
+    return bad
+
+
+def test_the_worker_folders_import_downward_only() -> None:
+    order = list(WORKER_FOLDERS)
+    upward = [f"{source} -> {to}" for source, row in WORKER_FOLDERS.items() for to in row
+              if to not in order[: order.index(source)]]
+    assert not upward, upward
+    bad = worker_crossings_not_in_the_table(ROOT)
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("line", [
+    "from testbed.emulator.runtime.worker.compute import zeros",
+    "from testbed.emulator.runtime.worker import stage_runner",
+])
+def test_a_planted_upward_worker_import_fails(tmp_path: Path, line: str) -> None:
+    shutil.copytree(ROOT / "testbed", tmp_path / "testbed",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    path = tmp_path / "testbed" / "emulator" / "runtime" / "worker" / "collectives" / "syncs.py"
+    path.write_text(path.read_text() + "\n" + line + "\n")
+    bad = worker_crossings_not_in_the_table(tmp_path)
+    assert len(bad) == 1 and "collectives/syncs.py:" in bad[0], bad
 
 
 # Every form an import takes is read: each planted in a copy of the simulator's flow model

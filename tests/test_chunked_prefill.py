@@ -233,7 +233,7 @@ def test_a_plan_that_cannot_hold_the_inference_model_is_refused() -> None:
 def test_real_chunked_prefill_gives_the_whole_prompts_kv_cache_and_first_token() -> None:
     import torch
 
-    from testbed.emulator.runtime.worker.prefill import Prefiller
+    from testbed.emulator.runtime.worker.compute.prefill import Prefiller
 
     shape = dataclasses.replace(MODEL_PRESETS["tiny"], kv_heads=2)
     prefiller = Prefiller(shape, seed=3, device=torch.device("cpu"))
@@ -251,7 +251,7 @@ def test_real_chunked_prefill_gives_the_whole_prompts_kv_cache_and_first_token()
 
 def test_the_emulated_engine_ships_only_finished_requests() -> None:
     from testbed.emulator.runtime.wire.messages import PrefillPart
-    from testbed.emulator.runtime.worker.engines import EmulatedEngine
+    from testbed.emulator.runtime.worker.compute.engines import EmulatedEngine
 
     parts = [PrefillPart(1, 100, 0, 40, 800), PrefillPart(2, 50, 0, 50, 400)]
     engine = EmulatedEngine.__new__(EmulatedEngine)

@@ -33,7 +33,7 @@ from testbed.emulator.runtime.coordinator.coordinator import Coordinator, RunFai
 from testbed.emulator.runtime.coordinator.run_config import RunConfig
 from testbed.emulator.runtime.coordinator.signals import run_with_signals
 from testbed.emulator.runtime.wire.secret import read_secret
-from testbed.emulator.runtime.worker.reference import merge_stages, train_one_process
+from testbed.emulator.runtime.worker.compute.reference import merge_stages, train_one_process
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.planning import plan_with_simulator
 from testbed.plan.host_tcp import hosts_as_planned

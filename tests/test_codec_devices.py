@@ -12,8 +12,14 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from testbed.emulator.runtime.worker.payloads import Dense, Gathered, compressed, decode, encode
-from testbed.emulator.runtime.worker.syncs import Syncs
+from testbed.emulator.runtime.worker.collectives.payloads import (
+    Dense,
+    Gathered,
+    compressed,
+    decode,
+    encode,
+)
+from testbed.emulator.runtime.worker.collectives.syncs import Syncs
 from testbed.plan.collective import Collective, Reduces
 from testbed.plan.model import OuterOptimizer
 from tests.emulated_device import DEVICE, HOST, EmulatedDevice

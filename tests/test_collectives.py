@@ -13,16 +13,16 @@ import pytest
 import torch
 
 from testbed.emulator.runtime.wire.messages import CollectiveSetup, Config, PeerInfo
-from testbed.emulator.runtime.worker.allreduce import (
+from testbed.emulator.runtime.worker.collectives.allreduce import (
     Wire,
     chunk_bounds,
     ring_allgather,
     ring_allreduce,
 )
-from testbed.emulator.runtime.worker.model import build_stages, parameter_fragments
-from testbed.emulator.runtime.worker.payloads import Dense, Gathered, decode, encode
-from testbed.emulator.runtime.worker.real_engine import RealEngine, real_engines
-from testbed.emulator.runtime.worker.syncs import Syncs
+from testbed.emulator.runtime.worker.collectives.payloads import Dense, Gathered, decode, encode
+from testbed.emulator.runtime.worker.collectives.syncs import Syncs
+from testbed.emulator.runtime.worker.compute.model import build_stages, parameter_fragments
+from testbed.emulator.runtime.worker.compute.real_engine import RealEngine, real_engines
 from testbed.job.fragments import fragment_params
 from testbed.job.model import ModelShape
 from testbed.plan.collective import Collective, Reduces, Scope, payload_bytes

@@ -17,7 +17,7 @@ from testbed.common.choices import EmulatedCompute
 from testbed.emulator.runtime.coordinator.failure import Failure, RunFailed
 from testbed.emulator.runtime.coordinator.pool import WorkerHandle
 from testbed.emulator.runtime.wire.messages import Config, Hello, Listening, receive_as
-from testbed.emulator.runtime.worker.model import FileCorpus, make_corpus, sample_index
+from testbed.emulator.runtime.worker.compute.model import FileCorpus, make_corpus, sample_index
 from testbed.errors import InputError
 from testbed.job.load import dump_job, load_job, parse_job
 from testbed.job.model import DataFile, ModelShape
@@ -174,7 +174,7 @@ def _config(data: DataFile | None, stage: int = 0) -> Config:
 
 
 def test_the_real_engine_trains_on_the_file(corpus_dir: Path) -> None:
-    from testbed.emulator.runtime.worker.real_engine import real_engines
+    from testbed.emulator.runtime.worker.compute.real_engine import real_engines
 
     path = corpus_dir / "book.txt"
     data = DataFile(str(path), "text", path.stat().st_size)

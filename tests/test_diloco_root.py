@@ -15,7 +15,7 @@ import torch
 from testbed.emulator.runtime.coordinator.coordinator import Coordinator, RunOutcome
 from testbed.emulator.runtime.coordinator.run_config import RunConfig
 from testbed.emulator.runtime.coordinator.signals import run_with_signals
-from testbed.emulator.runtime.worker.reference import merge_stages
+from testbed.emulator.runtime.worker.compute.reference import merge_stages
 from testbed.experiments.inputs import load_inputs
 from testbed.job.model import Job
 from testbed.plan import validate_plan

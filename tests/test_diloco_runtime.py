@@ -17,9 +17,14 @@ import torch
 from testbed.emulator.runtime.coordinator.pool import WorkerHandle
 from testbed.emulator.runtime.coordinator.run_config import RunConfig
 from testbed.emulator.runtime.coordinator.worker_setup import worker_config
-from testbed.emulator.runtime.worker.model import build_model, loss_of, make_corpus, sample_index
-from testbed.emulator.runtime.worker.real_engine import RealEngine
-from testbed.emulator.runtime.worker.reference import merge_stages
+from testbed.emulator.runtime.worker.compute.model import (
+    build_model,
+    loss_of,
+    make_corpus,
+    sample_index,
+)
+from testbed.emulator.runtime.worker.compute.real_engine import RealEngine
+from testbed.emulator.runtime.worker.compute.reference import merge_stages
 from testbed.emulator.runtime.worker.stage_runner import StageRunner
 from testbed.emulator.runtime.worker.synced_loss import synced_losses
 from testbed.experiments.inputs import load_inputs

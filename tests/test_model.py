@@ -11,7 +11,12 @@ from torch import nn
 
 from testbed.common.choices import ComputeChoice
 from testbed.emulator.runtime.coordinator.preflight import check_emulable
-from testbed.emulator.runtime.worker.model import Corpus, build_model, build_stages, sample_index
+from testbed.emulator.runtime.worker.compute.model import (
+    Corpus,
+    build_model,
+    build_stages,
+    sample_index,
+)
 from testbed.errors import InputError
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.planning import plan_with_simulator

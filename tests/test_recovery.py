@@ -241,9 +241,9 @@ def test_a_checkpoint_moves_to_another_split_of_the_layers(tmp_path: Path) -> No
     old plan's stages saved (replica 0's, for every new replica)."""
     import torch
 
-    from testbed.emulator.runtime.worker.model import build_stages
-    from testbed.emulator.runtime.worker.reference import merge_stages
-    from testbed.emulator.runtime.worker.reshard import reshard
+    from testbed.emulator.runtime.worker.compute.model import build_stages
+    from testbed.emulator.runtime.worker.compute.reference import merge_stages
+    from testbed.emulator.runtime.worker.compute.reshard import reshard
     from testbed.job.model import MODEL_PRESETS
 
     shape, old, new = MODEL_PRESETS["tiny"], (2, 2), (1, 3)
@@ -283,8 +283,8 @@ def test_a_checkpoint_moves_to_another_split_of_the_layers(tmp_path: Path) -> No
 def test_outer_optimizer_state_is_not_moved_silently(tmp_path: Path) -> None:
     import torch
 
-    from testbed.emulator.runtime.worker.model import build_stages
-    from testbed.emulator.runtime.worker.reshard import reshard
+    from testbed.emulator.runtime.worker.compute.model import build_stages
+    from testbed.emulator.runtime.worker.compute.reshard import reshard
     from testbed.errors import TestbedError
     from testbed.job.model import MODEL_PRESETS
 

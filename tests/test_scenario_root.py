@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from testbed.emulator.runtime.worker.reference import merge_stages, train_one_process
+from testbed.emulator.runtime.worker.compute.reference import merge_stages, train_one_process
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.run import run
 from testbed.report.results_schema import check_results

@@ -28,7 +28,7 @@ from testbed.emulator.runtime.wire.messages import (
     Idle,
     PeerInfo,
 )
-from testbed.emulator.runtime.worker.engines import EmulatedEngine, make_engines
+from testbed.emulator.runtime.worker.compute.engines import EmulatedEngine, make_engines
 from testbed.emulator.runtime.worker.process import make_transport
 from testbed.emulator.runtime.worker.stage_runner import StageRunner
 from testbed.job.model import ModelShape
@@ -318,7 +318,7 @@ def test_a_ring_across_dcs_moves_the_collectives_bytes_without_holding_them() ->
 def test_every_stage_of_an_emulated_worker_sends_zeros_that_take_no_memory() -> None:
     """A worker holding two stages (the first and the last) under split backwards: its
     forwards, whole backwards and input gradients are zeros of the activation's size from
-    the one read-only mapping (testbed.emulator.runtime.worker.zeros), never a buffer of
+    the one read-only mapping (testbed.emulator.runtime.worker.compute.zeros), never a buffer of
     their own."""
     config = _config(0, 0, 1, 3, 2, False, False, activation=2**20)
     config = dataclasses.replace(

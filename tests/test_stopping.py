@@ -13,7 +13,7 @@ import pytest
 CHILD = textwrap.dedent("""
     import asyncio, os, signal, sys
     from testbed.emulator.runtime.worker.stopping import until_signalled
-    from testbed.emulator.runtime.worker.transport import Transport, _Link
+    from testbed.emulator.runtime.worker.transport.transport import Transport, _Link
     from testbed.emulator.runtime.worker.process import run_loop
 
     read_buffer = _Link.get_buffer

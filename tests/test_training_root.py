@@ -26,8 +26,8 @@ from testbed.emulator.runtime.coordinator.coordinator import Coordinator, RunFai
 from testbed.emulator.runtime.coordinator.hosts import NamespaceHosts
 from testbed.emulator.runtime.coordinator.run_config import RunConfig
 from testbed.emulator.runtime.coordinator.signals import run_with_signals
-from testbed.emulator.runtime.worker.model import Corpus, build_model, loss_of, sample_index
-from testbed.emulator.runtime.worker.reference import merge_stages, train_one_process
+from testbed.emulator.runtime.worker.compute.model import Corpus, build_model, loss_of, sample_index
+from testbed.emulator.runtime.worker.compute.reference import merge_stages, train_one_process
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.planning import plan_with_simulator
 from testbed.job.model import Job

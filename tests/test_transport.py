@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testbed.emulator.runtime.wire.protocol import chunks
-from testbed.emulator.runtime.worker.allreduce import chunk_bounds
-from testbed.emulator.runtime.worker.transport import PeerLost, Transport
+from testbed.emulator.runtime.worker.collectives.allreduce import chunk_bounds
+from testbed.emulator.runtime.worker.transport.transport import PeerLost, Transport
 
 TOKEN = b"t" * 32
 DTYPES = [
@@ -233,7 +233,7 @@ def test_a_wait_for_acknowledgement_looks_a_few_dozen_times_not_a_thousand(
     on any machine): the wait used to look every 0.5 ms, up to a thousand times, a cost
     every worker waiting out a slow link paid. It looks a few dozen times, and not once
     after the queue is empty."""
-    import testbed.emulator.runtime.worker.transport as transport
+    import testbed.emulator.runtime.worker.transport.transport as transport
 
     looks: list[int] = []
     began = time.monotonic()
@@ -261,7 +261,7 @@ def test_a_wait_for_acknowledgement_looks_a_few_dozen_times_not_a_thousand(
 
 
 def test_how_long_a_wait_for_acknowledgement_sleeps() -> None:
-    from testbed.emulator.runtime.worker.send_queue import (
+    from testbed.emulator.runtime.worker.transport.send_queue import (
         ACK_POLL_S,
         ACK_STALLED_MAX_S,
         ack_poll_delay,

@@ -21,9 +21,9 @@ from testbed.emulator.runtime.coordinator.pool import WorkerHandle
 from testbed.emulator.runtime.coordinator.run_config import RunConfig
 from testbed.emulator.runtime.coordinator.worker_setup import worker_config
 from testbed.emulator.runtime.wire.messages import Config
-from testbed.emulator.runtime.worker.model import build_stages, loss_of
-from testbed.emulator.runtime.worker.reference import merge_stages, train_one_process
-from testbed.emulator.runtime.worker.split_backward import (
+from testbed.emulator.runtime.worker.compute.model import build_stages, loss_of
+from testbed.emulator.runtime.worker.compute.reference import merge_stages, train_one_process
+from testbed.emulator.runtime.worker.compute.split_backward import (
     _consumers,
     _consuming,
     input_gradient,

@@ -98,7 +98,7 @@ def _checkpoints(spec: RunSpec, directory: Path, segment: Segment,
     prior = Progress(segment.first_iteration, {}, [], pid, process_start_ticks(pid) or 0)
     checkpoints = checkpoints_for(directory, spec.common.checkpoint_every, workers, prior)
     if segment.restore is not None and compute == "real":
-        from testbed.emulator.runtime.worker.reshard import reshard
+        from testbed.emulator.runtime.worker.compute.reshard import reshard
 
         before: Plan = segment.restore[0]
         moved = checkpoints.directory / f"moved-{segment.index}"

@@ -6,7 +6,7 @@ finds strided better than sequential). The token (and position) embeddings go wi
 0's fragment, the final norm and output layer with the last block's. A stage holds the
 blocks it runs: a fragment may hold none of a stage's (the stage then sends nothing for
 it). Pure: counts from the model shape, for the simulator's bytes; the real-compute
-worker picks the same tensors by these rules (testbed.emulator.runtime.worker.model).
+worker picks the same tensors by these rules (testbed.emulator.runtime.worker.compute.model).
 """
 
 from __future__ import annotations

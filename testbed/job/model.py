@@ -220,7 +220,7 @@ class Job:
     source: str | None = field(default=None, compare=False)
     """The file the job was read from, for errors that name it; None when built in code."""
     data: DataFile | None = None
-    """None: the seeded synthetic corpus (testbed.emulator.runtime.worker.model.Corpus)."""
+    """None: the seeded synthetic corpus (testbed.emulator.runtime.worker.compute.model.Corpus)."""
     optimizer: InnerOptimizer = InnerOptimizer()
     """What real compute trains with (emulated compute and the simulator use none)."""
     token_budget: int | None = None

@@ -11,7 +11,7 @@ blocks from last to first, the embeddings; bucket k of N holds the k-th N-th of 
 A bucket is ready when the last unit (layer, output layer or embeddings) it touches has
 had its backward: the simulator and emulated compute take the units' backward times in
 proportion to their FLOPs (testbed.plan.compute); real compute watches the gradients
-themselves (testbed.emulator.runtime.worker.bucket_hooks). Pure.
+themselves (testbed.emulator.runtime.worker.compute.bucket_hooks). Pure.
 """
 
 from __future__ import annotations

@@ -147,7 +147,8 @@ class Checkpoints:
     committed: int = 0
     moved: Path | None = None
     """Where the state to resume from was moved to for another plan (a run replanned
-    after a failure: testbed.emulator.runtime.worker.reshard), in place of the checkpoint's own."""
+    after a failure: testbed.emulator.runtime.worker.compute.reshard), in place of the
+    checkpoint's own."""
 
     def part_written(self, done: int, gpu: str) -> bool:
         """A worker wrote its part of checkpoint `done`; True when that completes it."""

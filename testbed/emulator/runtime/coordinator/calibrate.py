@@ -28,7 +28,7 @@ from testbed.emulator.runtime.wire.messages import (
     receive_as,
     send,
 )
-from testbed.emulator.runtime.worker.engines import make_engines
+from testbed.emulator.runtime.worker.compute.engines import make_engines
 from testbed.emulator.runtime.worker.process import lag_monitor, make_transport, run_loop
 from testbed.emulator.runtime.worker.stage_runner import StageRunner
 from testbed.job.model import ModelShape

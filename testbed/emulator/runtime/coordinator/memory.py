@@ -9,7 +9,7 @@ The prediction is the sum of
   torch keeps every in-flight microbatch's activations for the backward, over all the
   stages a GPU holds at its worst moment (testbed.plan.activations; per layer
   s·b·h·(34 + 5·a·s/h) bytes at 16 bits, Korthikanti et al. 2022, doubled for fp32);
-  emulated compute keeps sizes, not payloads (testbed.emulator.runtime.worker.transport),
+  emulated compute keeps sizes, not payloads (testbed.emulator.runtime.worker.transport.transport),
   so nothing;
 - the WAN's packets in flight: per link direction its rate times its one-way delay and
   jitter, plus its drop-tail queue (held by the delay lines or by netem);

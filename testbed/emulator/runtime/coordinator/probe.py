@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from testbed.emulator.runtime.worker.process import run_loop
-from testbed.emulator.runtime.worker.transport import Transport
+from testbed.emulator.runtime.worker.transport.transport import Transport
 
 PROBE_TOKEN = b"testbed-transport-probe".ljust(32, b"\0")
 

@@ -15,9 +15,9 @@ import sys
 from testbed.emulator.runtime.wire.join_messages import LinkChange
 from testbed.emulator.runtime.wire.messages import Hello, KvDelivered, Listening, decode, send
 from testbed.emulator.runtime.wire.protocol import TOKEN_ENV, ProtocolError, read_message
-from testbed.emulator.runtime.worker import clock
 from testbed.emulator.runtime.worker.share_events import LinkChanger, apply_link_change
 from testbed.emulator.runtime.worker.stopping import until_signalled
+from testbed.emulator.runtime.worker.transport import clock
 
 HEADER = struct.Struct("!QQd")  # request id, KV bytes, sender's clock
 DECODE_PORT = 7100

@@ -61,10 +61,10 @@ from testbed.emulator.runtime.wire.secret import (
     read_secret_file,
     run_token,
 )
-from testbed.emulator.runtime.worker import clock
 from testbed.emulator.runtime.worker.process import run_loop
 from testbed.emulator.runtime.worker.share_events import LinkChanger
 from testbed.emulator.runtime.worker.stopping import until_signalled
+from testbed.emulator.runtime.worker.transport import clock
 from testbed.errors import TestbedError, one_line
 from testbed.topology import parse_topology
 from testbed.topology.cluster import parse_cluster

@@ -1,7 +1,7 @@
 """One worker process per GPU, started inside its host namespace by the coordinator.
 
 It connects to the coordinator over a Unix socket (proving the run's secret), learns its
-part of the plan, opens its data connections, has its stage runner (testbed.emulator.runtime.
+part of the plan, opens its data connections, has its stage runner (testbed.emulator.runtime.worker.
 stage_runner) run its action list every iteration, and reports what it did and when (on
 the machine-wide monotonic clock). Checkpoints, stop orders and the event loop's lag are
 this module's; moving tensors is the stage runner's.
@@ -41,13 +41,13 @@ from testbed.emulator.runtime.wire.messages import (
     send,
 )
 from testbed.emulator.runtime.wire.protocol import TOKEN_ENV, ProtocolError
-from testbed.emulator.runtime.worker import clock
-from testbed.emulator.runtime.worker.engines import make_engines
+from testbed.emulator.runtime.worker.compute.engines import make_engines
 from testbed.emulator.runtime.worker.share_events import LinkChanger, apply_link_change
 from testbed.emulator.runtime.worker.stage_runner import StageRunner
 from testbed.emulator.runtime.worker.stopping import until_signalled
 from testbed.emulator.runtime.worker.synced_loss import synced_losses
-from testbed.emulator.runtime.worker.transport import Transport
+from testbed.emulator.runtime.worker.transport import clock
+from testbed.emulator.runtime.worker.transport.transport import Transport
 from testbed.errors import TestbedError, one_line
 from testbed.run.checkpoint import checkpoint_due, iteration_dir, save_stage, stage_file
 

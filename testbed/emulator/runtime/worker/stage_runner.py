@@ -23,12 +23,12 @@ from testbed.emulator.runtime.wire.arbitration import Sent, TransferRequest
 from testbed.emulator.runtime.wire.messages import BubbleAsk, Config, Idle, PeerInfo
 from testbed.emulator.runtime.wire.messages import Prefill as PrefillOrder
 from testbed.emulator.runtime.wire.messages import send as send_message
-from testbed.emulator.runtime.worker import clock
-from testbed.emulator.runtime.worker.allreduce import Received, Wire
-from testbed.emulator.runtime.worker.collectives import Collectives
-from testbed.emulator.runtime.worker.engines import Engine
-from testbed.emulator.runtime.worker.in_backward import InBackward
-from testbed.emulator.runtime.worker.transport import Transport
+from testbed.emulator.runtime.worker.collectives.allreduce import Received, Wire
+from testbed.emulator.runtime.worker.collectives.in_backward import InBackward
+from testbed.emulator.runtime.worker.compute.engines import Engine
+from testbed.emulator.runtime.worker.stage_collectives import Collectives
+from testbed.emulator.runtime.worker.transport import clock
+from testbed.emulator.runtime.worker.transport.transport import Transport
 from testbed.plan.interpret import (
     AllReduce,
     Compute,

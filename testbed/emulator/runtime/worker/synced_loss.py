@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from testbed.emulator.runtime.wire.messages import Config, PeerInfo
-from testbed.emulator.runtime.worker.allreduce import Received, Wire
-from testbed.emulator.runtime.worker.engines import Engine
-from testbed.emulator.runtime.worker.transport import Transport
+from testbed.emulator.runtime.worker.collectives.allreduce import Received, Wire
+from testbed.emulator.runtime.worker.compute.engines import Engine
+from testbed.emulator.runtime.worker.transport.transport import Transport
 
 
 class Runner(Protocol):

@@ -11,10 +11,11 @@ from typing import Any
 import torch
 
 from testbed.emulator.runtime.wire.messages import Config, PrefillPart
-from testbed.emulator.runtime.worker.allreduce import Contribution, Received
-from testbed.emulator.runtime.worker.bucket_hooks import BackwardBuckets
-from testbed.emulator.runtime.worker.in_backward import InBackward
-from testbed.emulator.runtime.worker.model import (
+from testbed.emulator.runtime.worker.collectives.allreduce import Contribution, Received
+from testbed.emulator.runtime.worker.collectives.in_backward import InBackward
+from testbed.emulator.runtime.worker.collectives.syncs import Syncs
+from testbed.emulator.runtime.worker.compute.bucket_hooks import BackwardBuckets
+from testbed.emulator.runtime.worker.compute.model import (
     Samples,
     Stage,
     backward_order,
@@ -25,8 +26,7 @@ from testbed.emulator.runtime.worker.model import (
     parameter_fragments,
     sample_index,
 )
-from testbed.emulator.runtime.worker.split_backward import input_gradient, weight_gradients
-from testbed.emulator.runtime.worker.syncs import Syncs
+from testbed.emulator.runtime.worker.compute.split_backward import input_gradient, weight_gradients
 from testbed.errors import TestbedError
 from testbed.job.model import ModelShape
 from testbed.plan.collective import Collective
@@ -221,7 +221,7 @@ class RealEngine:
     def prefill(self, parts: Sequence[PrefillPart], modeled_s: float) -> dict[int, bytes]:
         """The pass's parts one after another (prompts of different lengths, no padding)."""
         if self._prefiller is None:
-            from testbed.emulator.runtime.worker.prefill import Prefiller
+            from testbed.emulator.runtime.worker.compute.prefill import Prefiller
 
             assert self.inference_model is not None, "no inference model configured"
             self._prefiller = Prefiller(self.inference_model, self.seed, self.device)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from testbed.emulator.runtime.worker.model import (
+from testbed.emulator.runtime.worker.compute.model import (
     build_model,
     inner_optimizer,
     loss_of,

@@ -6,7 +6,8 @@ The ring: reduce-scatter then all-gather, n-1 steps each; every member sends and
 2(n-1)/n of its payload, the bandwidth-optimal pattern NCCL and gloo use. What a chunk is
 on the wire and how a received one adds in is the member's Contribution's business: raw
 bytes whose content does not matter (emulated compute), fp32 values, or quantized ones
-that each hop dequantizes, adds in fp32 and requantizes (testbed.emulator.runtime.worker.payloads).
+that each hop dequantizes, adds in fp32 and requantizes
+(testbed.emulator.runtime.worker.collectives.payloads).
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ it sent them: previous - sent / M + fresh / M, in that order, in fp32 (nothing t
 time); the local parameters then take the outer ones.
 
 A collective in buckets (testbed.plan.buckets) covers its values in the order the
-backward produces them (testbed.emulator.runtime.worker.model.backward_order); a whole one, in
-the stage's own order.
+backward produces them (testbed.emulator.runtime.worker.compute.model.backward_order); a
+whole one, in the stage's own order.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from testbed.emulator.runtime.worker.allreduce import Contribution
-from testbed.emulator.runtime.worker.payloads import (
+from testbed.emulator.runtime.worker.collectives.allreduce import Contribution
+from testbed.emulator.runtime.worker.collectives.payloads import (
     HOST,
     Dense,
     Gathered,

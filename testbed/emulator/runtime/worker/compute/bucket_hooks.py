@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from testbed.emulator.runtime.worker.in_backward import InBackward
-from testbed.emulator.runtime.worker.syncs import Syncs
+from testbed.emulator.runtime.worker.collectives.in_backward import InBackward
+from testbed.emulator.runtime.worker.collectives.syncs import Syncs
 from testbed.plan.collective import Reduces
 
 

@@ -20,18 +20,18 @@ from typing import Protocol, Unpack
 
 from testbed.common.spans import SpanDetail, SpanKind
 from testbed.emulator.runtime.wire.messages import CollectiveSetup, Config, PeerInfo
-from testbed.emulator.runtime.worker import clock
-from testbed.emulator.runtime.worker.allreduce import (
+from testbed.emulator.runtime.worker.collectives.allreduce import (
     Bytes,
     Contribution,
     Wire,
     ring_allgather,
     ring_allreduce,
 )
-from testbed.emulator.runtime.worker.engines import Engine
-from testbed.emulator.runtime.worker.in_backward import InBackward
-from testbed.emulator.runtime.worker.transport import Transport
-from testbed.emulator.runtime.worker.zeros import zeros
+from testbed.emulator.runtime.worker.collectives.in_backward import InBackward
+from testbed.emulator.runtime.worker.compute.engines import Engine
+from testbed.emulator.runtime.worker.compute.zeros import zeros
+from testbed.emulator.runtime.worker.transport import clock
+from testbed.emulator.runtime.worker.transport.transport import Transport
 from testbed.plan.buckets import bucket_ready
 from testbed.plan.collective import Collective, Scope
 from testbed.plan.interpret import ReduceStart, Send, Step
@@ -86,7 +86,7 @@ class Collectives:
         self.started: dict[tuple[int, Collective], Joined] = {}
         self.early: dict[tuple[int, Collective], asyncio.Future[None]] = {}
         """STARTs in a backward, until the runner gets to them: started once the
-        backward has their values (testbed.emulator.runtime.worker.bucket_hooks)."""
+        backward has their values (testbed.emulator.runtime.worker.compute.bucket_hooks)."""
 
     def in_backward(self, steps: Sequence[Step], index: int, iteration: int
                     ) -> list[tuple[int, InBackward]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from testbed.emulator.runtime.worker.model import build_stages
+from testbed.emulator.runtime.worker.compute.model import build_stages
 from testbed.errors import TestbedError
 from testbed.job.model import ModelShape
 from testbed.run.checkpoint import save_stage, stage_file

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from testbed.emulator.runtime.worker.allreduce import Wire, chunk_bounds
+from testbed.emulator.runtime.worker.collectives.allreduce import Wire, chunk_bounds
 from testbed.plan.collective import (
     FLOAT4,
     FP4_EXPONENTS,

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from testbed.emulator.runtime.worker.allreduce import Contribution
+from testbed.emulator.runtime.worker.collectives.allreduce import Contribution
 
 if TYPE_CHECKING:
     from testbed.plan.collective import Collective

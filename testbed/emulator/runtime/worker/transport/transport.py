@@ -33,8 +33,12 @@ from testbed.emulator.runtime.wire.protocol import (
     pack_hello,
     unpack_hello,
 )
-from testbed.emulator.runtime.worker import clock
-from testbed.emulator.runtime.worker.send_queue import ack_poll_delay, pace, unacknowledged_bytes
+from testbed.emulator.runtime.worker.transport import clock
+from testbed.emulator.runtime.worker.transport.send_queue import (
+    ack_poll_delay,
+    pace,
+    unacknowledged_bytes,
+)
 
 CONNECT_TIMEOUT_S = 30.0
 SCRATCH = 256 * 1024

@@ -8,7 +8,7 @@ import struct
 
 import torch
 
-from testbed.emulator.runtime.worker.model import Block, KeysValues, build_model
+from testbed.emulator.runtime.worker.compute.model import Block, KeysValues, build_model
 from testbed.job.model import ModelShape
 
 

@@ -12,9 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from testbed.emulator.runtime.worker.allreduce import Bytes, Contribution, Received, Wire
-from testbed.emulator.runtime.worker.in_backward import InBackward
-from testbed.emulator.runtime.worker.zeros import zeros
+from testbed.emulator.runtime.worker.collectives.allreduce import (
+    Bytes,
+    Contribution,
+    Received,
+    Wire,
+)
+from testbed.emulator.runtime.worker.collectives.in_backward import InBackward
+from testbed.emulator.runtime.worker.compute.zeros import zeros
 
 if TYPE_CHECKING:
     from testbed.emulator.runtime.wire.messages import Config, EmulatedTiming, PrefillPart
@@ -99,7 +104,7 @@ QUICK_S = 2e-4
 @dataclass
 class EmulatedEngine:
     """Holds the GPU busy for modeled times; sends zeros of the real size that take no
-    memory (testbed.emulator.runtime.worker.zeros), and reads nothing it receives."""
+    memory (testbed.emulator.runtime.worker.compute.zeros), and reads nothing it receives."""
 
     timing: EmulatedTiming
     activation_bytes: int
@@ -186,7 +191,7 @@ def _busy(seconds: float, starts: Sequence[InBackward]) -> None:
 def make_engines(config: Config) -> dict[int, Engine]:
     """An engine for each stage the worker holds."""
     if config.compute == "real":
-        from testbed.emulator.runtime.worker.real_engine import (
+        from testbed.emulator.runtime.worker.compute.real_engine import (
             real_engines,  # emulated workers never load torch
         )
 
