@@ -8,7 +8,7 @@ import itertools
 import json
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,14 @@ def plan_to_csv(plan: Plan) -> str:
     for index, program in enumerate(plan.programs, start=1):
         for gpu in plan.used_gpus():
             actions_row(["program", index, gpu], program[gpu])
+    _write_network_and_extras(out, plan)
+    return out.getvalue()
+
+
+def _write_network_and_extras(out: io.StringIO, plan: Plan) -> None:
+    """The rows after the schedule's: connections, sharing, DP cells, host TCP, the outer
+    optimizer, notes."""
+    writer = csv.writer(out, lineterminator="\n")
     writer.writerows(["conn", a, b, n] for (a, b), n in sorted(plan.connections.items()))
     for (src, dst), sharing in sorted(plan.sharing.items()):
         writer.writerow(["share", src, dst, sharing.value])
@@ -74,7 +82,6 @@ def plan_to_csv(plan: Plan) -> str:
             writer.writerow(["outer", key, _format_outer(value)])
     for key, value in plan.notes.items():
         writer.writerow(["note", key, json.dumps(value, sort_keys=True)])
-    return out.getvalue()
 
 
 def _csv_line(cells: Iterable[Any]) -> str:
@@ -89,148 +96,192 @@ def load_plan_csv(path: str | Path) -> Plan:
 
 
 def parse_plan_csv(text: str, source: str | None = None) -> Plan:
-    meta: JsonObject = {}
-    placement: dict[Worker, tuple[str, ...]] = {}
-    actions: dict[str, tuple[Action, ...]] = {}
-    programs: dict[int, dict[str, tuple[Action, ...]]] = {}
-    connections: dict[tuple[str, str], int] = {}
-    sharing: dict[tuple[str, str], Sharing] = {}
-    cells: list[tuple[int, ...]] = []
-    host_tcp = HostTcp()
-    outer = OuterOptimizer()
-    notes: JsonObject = {}
     try:
         rows = list(csv.reader(io.StringIO(text)))
     except csv.Error as exc:
         raise InputError(f"not CSV: {exc}", source) from None
-    for number, row in enumerate(rows, start=1):
-        where = f"line {number}"
-        if not row or not "".join(row).strip():
+    read = _PlanRows(source)
+    for number, cells in enumerate(rows, start=1):
+        if not cells or not "".join(cells).strip():
             continue
-
-        def cell(
-            index: int,
-            parse: Callable[[str], Any],
-            what: str,
-            row: list[str] = row,
-            where: str = where,
-        ) -> Any:
-            if index >= len(row):
-                raise InputError(f"missing {what}", source, where)
-            try:
-                return parse(row[index].strip())
-            except ValueError as exc:
-                raise InputError(f"bad {what}: {exc}", source, where) from None
-
-        kind = row[0].strip()
-        if kind == "meta":
-            key = cell(1, str, "key")
-            if key == "policy":
-                meta[key] = cell(2, str, "policy name")
-            elif key in _INT_META:
-                meta[key] = cell(2, _natural, key)
-            elif key == "layers":
-                meta[key] = cell(2, lambda v: tuple(_natural(x) for x in v.split()), "layers")
-            elif key in ("cycle", "opening"):
-                meta[key] = cell(2, parse_cycle, key)
-            elif key == "sync_order":
-                meta[key] = cell(2, SyncOrder, "sync_order (fair, first-layers or policy)")
-            else:
-                raise InputError(f"unknown meta key {key!r}", source, where)
-        elif kind == "place":
-            worker = (cell(1, _whole, "replica"), cell(2, _whole, "stage"))
-            if worker in placement:
-                raise InputError(
-                    f"replica {worker[0]} stage {worker[1]} placed twice", source, where
-                )
-            gpus = tuple(g.strip() for g in row[3:] if g.strip())
-            if not gpus:
-                raise InputError("missing GPU", source, where)
-            placement[worker] = gpus
-        elif kind == "actions":
-            gpu = cell(1, _nonempty, "GPU")
-            if gpu in actions:
-                raise InputError(f"actions for {gpu} given twice", source, where)
-            actions[gpu] = tuple(
-                cell(i, Action.parse, "action") for i in range(2, len(row)) if row[i].strip()
-            )
-        elif kind == "program":
-            index = cell(1, _natural, "program number")
-            gpu = cell(2, _nonempty, "GPU")
-            program = programs.setdefault(index, {})
-            if gpu in program:
-                raise InputError(f"program {index} of {gpu} given twice", source, where)
-            program[gpu] = tuple(
-                cell(i, Action.parse, "action") for i in range(3, len(row)) if row[i].strip()
-            )
-        elif kind == "conn":
-            a, b = cell(1, _nonempty, "GPU"), cell(2, _nonempty, "GPU")
-            connections[(a, b) if a <= b else (b, a)] = cell(3, _natural, "connection count")
-        elif kind == "share":
-            sharing[(cell(1, _nonempty, "DC"), cell(2, _nonempty, "DC"))] = cell(
-                3, Sharing, "sharing (fair or arbitrated)"
-            )
-        elif kind == "cell":
-            cells.append(tuple(cell(i, _whole, "replica") for i in range(1, len(row))))
-        elif kind == "tcp":
-            key = cell(1, str, "key")
-            if key == "slow_start_after_idle":
-                host_tcp = replace(host_tcp, slow_start_after_idle=cell(2, _on_off, key))
-            elif key == "buffer_bytes":
-                host_tcp = replace(host_tcp, buffer_bytes=cell(2, _natural, key))
-            else:
-                raise InputError(f"unknown tcp key {key!r} (slow_start_after_idle, "
-                                 "buffer_bytes)", source, where)
-        elif kind == "outer":
-            key = cell(1, str, "key")
-            if key not in OuterOptimizer.__dataclass_fields__:
-                raise InputError(f"unknown outer key {key!r} "
-                                 f"({', '.join(OuterOptimizer.__dataclass_fields__)})",
-                                 source, where)
-            parse_value = _on_off if key in ("nesterov", "eager") else _finite
-            outer = replace(outer, **{key: cell(2, parse_value, key)})
-        elif kind == "note":
-            notes[cell(1, str, "key")] = cell(2, loads, "JSON value")
-        else:
-            raise InputError(
+        row = _Row(cells, source, f"line {number}")
+        kind = cells[0].strip()
+        reader = _ROW_READERS.get(kind)
+        if reader is None:
+            raise row.error(
                 f"unknown row kind {kind!r} (meta, place, actions, program, conn, share, cell, "
-                "tcp, outer, note)",
-                source,
-                where,
+                "tcp, outer, note)"
             )
-    for key in ("policy", *_INT_META, "layers"):
-        if key not in meta:
-            raise InputError(f"missing meta row for {key!r}", source)
-    if sorted(programs) != list(range(1, len(programs) + 1)):
-        raise InputError(f"programs are numbered {sorted(programs)}: expected 1 to "
-                         f"{len(programs)}", source)
-    cycle: tuple[int, ...] = meta.get("cycle", ())
-    opening: tuple[int, ...] = meta.get("opening", ())
-    for name, listed in (("cycle", cycle), ("opening", opening)):
-        if any(index > len(programs) for index in listed):
-            raise InputError(f"the {name} names program {max(listed)}, the file has "
-                             f"{len(programs)} besides the actions rows", source)
-    return Plan(
-        policy=meta["policy"],
-        dp=meta["dp"],
-        pp=meta["pp"],
-        microbatches=meta["microbatches"],
-        microbatch_size=meta["microbatch_size"],
-        layers=meta["layers"],
-        placement=placement,
-        actions=actions,
-        connections=connections,
-        sharing=sharing,
-        tp=meta["tp"],
-        dp_cells=tuple(cells),
-        host_tcp=host_tcp,
-        notes=notes,
-        programs=tuple(programs[index] for index in sorted(programs)),
-        cycle=cycle,
-        opening=opening,
-        outer=outer,
-        sync_order=meta.get("sync_order", SyncOrder.FAIR),
-    )
+        reader(read, row)
+    return read.plan()
+
+
+class _Row:
+    """One row of a plan's CSV and where it is: each cell parsed, or a one-line error
+    naming the file, the line and the cell."""
+
+    def __init__(self, cells: list[str], source: str | None, where: str) -> None:
+        self.cells, self.source, self.where = cells, source, where
+
+    def error(self, message: str) -> InputError:
+        return InputError(message, self.source, self.where)
+
+    def cell(self, index: int, parse: Callable[[str], Any], what: str) -> Any:
+        if index >= len(self.cells):
+            raise self.error(f"missing {what}")
+        try:
+            return parse(self.cells[index].strip())
+        except ValueError as exc:
+            raise self.error(f"bad {what}: {exc}") from None
+
+    def actions(self, first: int) -> tuple[Action, ...]:
+        """The row's actions from cell `first` on, empty cells skipped."""
+        return tuple(self.cell(i, Action.parse, "action")
+                     for i in range(first, len(self.cells)) if self.cells[i].strip())
+
+
+@dataclass
+class _PlanRows:
+    """What a plan's CSV has said so far, one method per row kind (the first cell)."""
+
+    source: str | None
+    meta: JsonObject = field(default_factory=dict)
+    placement: dict[Worker, tuple[str, ...]] = field(default_factory=dict)
+    actions: dict[str, tuple[Action, ...]] = field(default_factory=dict)
+    programs: dict[int, dict[str, tuple[Action, ...]]] = field(default_factory=dict)
+    connections: dict[tuple[str, str], int] = field(default_factory=dict)
+    sharing: dict[tuple[str, str], Sharing] = field(default_factory=dict)
+    cells: list[tuple[int, ...]] = field(default_factory=list)
+    host_tcp: HostTcp = field(default_factory=HostTcp)
+    outer: OuterOptimizer = field(default_factory=OuterOptimizer)
+    notes: JsonObject = field(default_factory=dict)
+
+    def meta_row(self, row: _Row) -> None:
+        key = row.cell(1, str, "key")
+        if key == "policy":
+            self.meta[key] = row.cell(2, str, "policy name")
+        elif key in _INT_META:
+            self.meta[key] = row.cell(2, _natural, key)
+        elif key == "layers":
+            self.meta[key] = row.cell(2, lambda v: tuple(_natural(x) for x in v.split()),
+                                      "layers")
+        elif key in ("cycle", "opening"):
+            self.meta[key] = row.cell(2, parse_cycle, key)
+        elif key == "sync_order":
+            self.meta[key] = row.cell(2, SyncOrder, "sync_order (fair, first-layers or policy)")
+        else:
+            raise row.error(f"unknown meta key {key!r}")
+
+    def place_row(self, row: _Row) -> None:
+        worker = (row.cell(1, _whole, "replica"), row.cell(2, _whole, "stage"))
+        if worker in self.placement:
+            raise row.error(f"replica {worker[0]} stage {worker[1]} placed twice")
+        gpus = tuple(g.strip() for g in row.cells[3:] if g.strip())
+        if not gpus:
+            raise row.error("missing GPU")
+        self.placement[worker] = gpus
+
+    def actions_row(self, row: _Row) -> None:
+        gpu = row.cell(1, _nonempty, "GPU")
+        if gpu in self.actions:
+            raise row.error(f"actions for {gpu} given twice")
+        self.actions[gpu] = row.actions(2)
+
+    def program_row(self, row: _Row) -> None:
+        index = row.cell(1, _natural, "program number")
+        gpu = row.cell(2, _nonempty, "GPU")
+        program = self.programs.setdefault(index, {})
+        if gpu in program:
+            raise row.error(f"program {index} of {gpu} given twice")
+        program[gpu] = row.actions(3)
+
+    def conn_row(self, row: _Row) -> None:
+        a, b = row.cell(1, _nonempty, "GPU"), row.cell(2, _nonempty, "GPU")
+        self.connections[(a, b) if a <= b else (b, a)] = row.cell(3, _natural,
+                                                                  "connection count")
+
+    def share_row(self, row: _Row) -> None:
+        # the value is read first, as an assignment evaluates its right side first
+        self.sharing[(row.cell(1, _nonempty, "DC"), row.cell(2, _nonempty, "DC"))] = row.cell(
+            3, Sharing, "sharing (fair or arbitrated)"
+        )
+
+    def cell_row(self, row: _Row) -> None:
+        self.cells.append(tuple(row.cell(i, _whole, "replica")
+                                for i in range(1, len(row.cells))))
+
+    def tcp_row(self, row: _Row) -> None:
+        key = row.cell(1, str, "key")
+        if key == "slow_start_after_idle":
+            self.host_tcp = replace(self.host_tcp, slow_start_after_idle=row.cell(2, _on_off, key))
+        elif key == "buffer_bytes":
+            self.host_tcp = replace(self.host_tcp, buffer_bytes=row.cell(2, _natural, key))
+        else:
+            raise row.error(f"unknown tcp key {key!r} (slow_start_after_idle, buffer_bytes)")
+
+    def outer_row(self, row: _Row) -> None:
+        key = row.cell(1, str, "key")
+        if key not in OuterOptimizer.__dataclass_fields__:
+            raise row.error(f"unknown outer key {key!r} "
+                            f"({', '.join(OuterOptimizer.__dataclass_fields__)})")
+        parse_value = _on_off if key in ("nesterov", "eager") else _finite
+        self.outer = replace(self.outer, **{key: row.cell(2, parse_value, key)})
+
+    def note_row(self, row: _Row) -> None:
+        self.notes[row.cell(1, str, "key")] = row.cell(2, loads, "JSON value")
+
+    def plan(self) -> Plan:
+        """The plan the rows make, once every row is read: what the file as a whole must
+        hold checked first."""
+        meta, programs, source = self.meta, self.programs, self.source
+        for key in ("policy", *_INT_META, "layers"):
+            if key not in meta:
+                raise InputError(f"missing meta row for {key!r}", source)
+        if sorted(programs) != list(range(1, len(programs) + 1)):
+            raise InputError(f"programs are numbered {sorted(programs)}: expected 1 to "
+                             f"{len(programs)}", source)
+        cycle: tuple[int, ...] = meta.get("cycle", ())
+        opening: tuple[int, ...] = meta.get("opening", ())
+        for name, listed in (("cycle", cycle), ("opening", opening)):
+            if any(index > len(programs) for index in listed):
+                raise InputError(f"the {name} names program {max(listed)}, the file has "
+                                 f"{len(programs)} besides the actions rows", source)
+        return Plan(
+            policy=meta["policy"],
+            dp=meta["dp"],
+            pp=meta["pp"],
+            microbatches=meta["microbatches"],
+            microbatch_size=meta["microbatch_size"],
+            layers=meta["layers"],
+            placement=self.placement,
+            actions=self.actions,
+            connections=self.connections,
+            sharing=self.sharing,
+            tp=meta["tp"],
+            dp_cells=tuple(self.cells),
+            host_tcp=self.host_tcp,
+            notes=self.notes,
+            programs=tuple(programs[index] for index in sorted(programs)),
+            cycle=cycle,
+            opening=opening,
+            outer=self.outer,
+            sync_order=meta.get("sync_order", SyncOrder.FAIR),
+        )
+
+
+_ROW_READERS: dict[str, Callable[[_PlanRows, _Row], None]] = {
+    "meta": _PlanRows.meta_row,
+    "place": _PlanRows.place_row,
+    "actions": _PlanRows.actions_row,
+    "program": _PlanRows.program_row,
+    "conn": _PlanRows.conn_row,
+    "share": _PlanRows.share_row,
+    "cell": _PlanRows.cell_row,
+    "tcp": _PlanRows.tcp_row,
+    "outer": _PlanRows.outer_row,
+    "note": _PlanRows.note_row,
+}
+"""A row's reader by its first cell."""
 
 
 def format_cycle(cycle: tuple[int, ...]) -> str:
