@@ -6,6 +6,7 @@ it sends was computed; a wait after its send. Pure.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from testbed.errors import PlanError
@@ -38,62 +39,107 @@ class StageState:
     stepped: bool = False
 
 
+@dataclass(frozen=True)
+class _Where:
+    """What a rule needs beyond the stage's state: whose stage, the pipeline's last, the
+    GPU it names in errors and the mail between stages."""
+
+    replica: int
+    last: int
+    gpu: str
+    mail: Mail
+
+
 def apply(state: StageState, action: Action, replica: int, last: int, gpu: str,
           mail: Mail) -> bool:
     """Apply one compute or message action of stage `action.stage` (the pipeline's last
     stage is `last`); False when a receive must wait for its message, PlanError when the
     action is out of order."""
-    stage, op, mb = action.stage, action.op, action.microbatch
-    assert mb is not None
-    if op is Op.F:
-        if mb in state.forward:
-            raise fail(f"{gpu}: {action} runs a second time")
-        if stage > 0 and mb not in state.got_input:
-            raise fail(f"{gpu}: {action} runs before {Action(stage, Op.RECV_F, mb)}")
-        state.forward.add(mb)
-    elif op in (Op.B, Op.I):
-        if mb not in state.forward:
-            raise fail(
-                f"{gpu}: backward before forward: {action} before {Action(stage, Op.F, mb)}")
-        if mb in state.backward or mb in state.inputs:
-            raise fail(f"{gpu}: {action} runs a second time (a backward is B, or I then W)")
-        if stage < last and mb not in state.got_grad:
-            raise fail(f"{gpu}: {action} runs before {Action(stage, Op.RECV_B, mb)}")
-        (state.backward if op is Op.B else state.inputs).add(mb)
-    elif op is Op.W:
-        if mb in state.backward:
-            raise fail(f"{gpu}: {action} runs a second time (a backward is B, or I then W)")
-        if mb not in state.inputs:
-            raise fail(f"{gpu}: {action} before {Action(stage, Op.I, mb)} (the weight "
-                       "gradient needs what the input gradient's backward keeps)")
-        state.backward.add(mb)
-    elif op is Op.SEND_F:
-        if mb not in state.forward:
-            raise fail(f"{gpu}: {action} sends before {Action(stage, Op.F, mb)} computed it")
-        mail.add((Op.F, replica, stage + 1, mb))
-        state.sent.add((op, mb))
-    elif op is Op.SEND_B:
-        if mb not in state.inputs and mb not in state.backward:
-            raise fail(f"{gpu}: {action} sends before {Action(stage, Op.B, mb)} (or "
-                       f"{Action(stage, Op.I, mb)}) computed it")
-        mail.add((Op.B, replica, stage - 1, mb))
-        state.sent.add((op, mb))
-    elif op in (Op.WAIT_F, Op.WAIT_B):
-        send = Op.SEND_F if op is Op.WAIT_F else Op.SEND_B
-        if (send, mb) not in state.sent:
-            raise fail(f"{gpu}: {action} waits for {Action(stage, send, mb)}, which is not "
-                       "sent before it or was already waited for")
-        state.sent.discard((send, mb))
-    elif op in (Op.RECV_F, Op.RECV_B):
-        kind = Op.F if op is Op.RECV_F else Op.B
-        key = (kind, replica, stage, mb)
-        if key not in mail:
-            return False
-        mail.discard(key)
-        (state.got_input if kind is Op.F else state.got_grad).add(mb)
-    else:
+    assert action.microbatch is not None
+    rule = _RULES.get(action.op)
+    if rule is None:
         raise ValueError(f"{action} is not a compute or message action")
+    return rule(state, action, action.microbatch, _Where(replica, last, gpu, mail))
+
+
+def _forward(state: StageState, action: Action, mb: int, at: _Where) -> bool:
+    if mb in state.forward:
+        raise fail(f"{at.gpu}: {action} runs a second time")
+    if action.stage > 0 and mb not in state.got_input:
+        raise fail(f"{at.gpu}: {action} runs before {Action(action.stage, Op.RECV_F, mb)}")
+    state.forward.add(mb)
     return True
+
+
+def _backward(state: StageState, action: Action, mb: int, at: _Where) -> bool:
+    """B, or I: the input gradient's half of a split backward."""
+    stage, gpu = action.stage, at.gpu
+    if mb not in state.forward:
+        raise fail(
+            f"{gpu}: backward before forward: {action} before {Action(stage, Op.F, mb)}")
+    if mb in state.backward or mb in state.inputs:
+        raise fail(f"{gpu}: {action} runs a second time (a backward is B, or I then W)")
+    if stage < at.last and mb not in state.got_grad:
+        raise fail(f"{gpu}: {action} runs before {Action(stage, Op.RECV_B, mb)}")
+    (state.backward if action.op is Op.B else state.inputs).add(mb)
+    return True
+
+
+def _weights(state: StageState, action: Action, mb: int, at: _Where) -> bool:
+    """W: the weight gradients' half of a split backward."""
+    if mb in state.backward:
+        raise fail(f"{at.gpu}: {action} runs a second time (a backward is B, or I then W)")
+    if mb not in state.inputs:
+        raise fail(f"{at.gpu}: {action} before {Action(action.stage, Op.I, mb)} (the weight "
+                   "gradient needs what the input gradient's backward keeps)")
+    state.backward.add(mb)
+    return True
+
+
+def _send_forward(state: StageState, action: Action, mb: int, at: _Where) -> bool:
+    stage = action.stage
+    if mb not in state.forward:
+        raise fail(f"{at.gpu}: {action} sends before {Action(stage, Op.F, mb)} computed it")
+    at.mail.add((Op.F, at.replica, stage + 1, mb))
+    state.sent.add((action.op, mb))
+    return True
+
+
+def _send_backward(state: StageState, action: Action, mb: int, at: _Where) -> bool:
+    stage = action.stage
+    if mb not in state.inputs and mb not in state.backward:
+        raise fail(f"{at.gpu}: {action} sends before {Action(stage, Op.B, mb)} (or "
+                   f"{Action(stage, Op.I, mb)}) computed it")
+    at.mail.add((Op.B, at.replica, stage - 1, mb))
+    state.sent.add((action.op, mb))
+    return True
+
+
+def _wait(state: StageState, action: Action, mb: int, at: _Where) -> bool:
+    send = Op.SEND_F if action.op is Op.WAIT_F else Op.SEND_B
+    if (send, mb) not in state.sent:
+        raise fail(f"{at.gpu}: {action} waits for {Action(action.stage, send, mb)}, which is "
+                   "not sent before it or was already waited for")
+    state.sent.discard((send, mb))
+    return True
+
+
+def _receive(state: StageState, action: Action, mb: int, at: _Where) -> bool:
+    kind = Op.F if action.op is Op.RECV_F else Op.B
+    key = (kind, at.replica, action.stage, mb)
+    if key not in at.mail:
+        return False
+    at.mail.discard(key)
+    (state.got_input if kind is Op.F else state.got_grad).add(mb)
+    return True
+
+
+_RULES: dict[Op, Callable[[StageState, Action, int, _Where], bool]] = {
+    Op.F: _forward, Op.B: _backward, Op.I: _backward, Op.W: _weights,
+    Op.SEND_F: _send_forward, Op.SEND_B: _send_backward,
+    Op.WAIT_F: _wait, Op.WAIT_B: _wait, Op.RECV_F: _receive, Op.RECV_B: _receive,
+}
+"""Each compute or message action's rule, by its op."""
 
 
 def check_complete(state: StageState, microbatches: int, gpu: str, stage: int,

@@ -34,10 +34,22 @@ def _program_name(plan: Plan, index: int) -> str:
 
 
 def _check_structure(plan: Plan, topology: Topology | None) -> None:
+    _check_shape(plan)
+    _check_cycle(plan)
+    _check_placement(plan, topology)
+    _check_virtual(plan)
+
+
+def _check_shape(plan: Plan) -> None:
+    """The degrees and each stage's layers."""
     if plan.dp < 1 or plan.pp < 1 or plan.tp < 1 or plan.microbatches < 1:
         raise fail("degrees dp, pp, tp and microbatches must all be at least 1")
     if len(plan.layers) != plan.pp or any(n < 1 for n in plan.layers):
         raise fail(f"needs a positive layer count for each of {plan.pp} stages, got {plan.layers}")
+
+
+def _check_cycle(plan: Plan) -> None:
+    """Which program runs when: every one named exists, and runs."""
     if plan.programs and not plan.cycle:
         raise fail(f"{len(plan.programs) + 1} programs but no cycle saying which runs when")
     for name, listed in (("cycle", plan.cycle), ("opening", plan.opening)):
@@ -51,6 +63,11 @@ def _check_structure(plan: Plan, topology: Topology | None) -> None:
     unused = set(range(len(plan.programs) + 1)) - set(plan.cycle or (0,)) - set(plan.opening)
     if unused:
         raise fail(f"program {min(unused)} is in no iteration of the cycle")
+
+
+def _check_placement(plan: Plan, topology: Topology | None) -> None:
+    """Every (replica, stage) on tp GPUs of the topology; a GPU holds stages of one replica
+    only, each in the same tensor-parallel group."""
     expected = {(r, s) for r in range(plan.dp) for s in range(plan.pp)}
     missing = sorted(expected - set(plan.placement))
     if missing:
@@ -72,19 +89,24 @@ def _check_structure(plan: Plan, topology: Topology | None) -> None:
             if known is not None and gpu not in known:
                 raise fail(f"GPU {gpu} is not in the topology")
             if gpu in owner:
-                other, group = owner[gpu]
-                if other[0] != worker[0]:
-                    raise fail(
-                        f"GPU {gpu} is used by replica {other[0]} stage {other[1]} and by "
-                        f"replica {worker[0]} stage {worker[1]}"
-                    )
-                if group != gpus:
-                    raise fail(f"GPU {gpu} holds stages {other[1]} and {worker[1]} of replica "
-                                f"{worker[0]} in different tensor-parallel groups "
-                                f"({', '.join(group)} and {', '.join(gpus)})")
+                _check_shared_gpu(gpu, owner[gpu], (worker, gpus))
             else:
                 owner[gpu] = (worker, gpus)
-    _check_virtual(plan)
+
+
+def _check_shared_gpu(gpu: str, first: tuple[Worker, tuple[str, ...]],
+                      then: tuple[Worker, tuple[str, ...]]) -> None:
+    """A second stage on `gpu`: of the same replica, in the same tensor-parallel group."""
+    (other, group), (worker, gpus) = first, then
+    if other[0] != worker[0]:
+        raise fail(
+            f"GPU {gpu} is used by replica {other[0]} stage {other[1]} and by "
+            f"replica {worker[0]} stage {worker[1]}"
+        )
+    if group != gpus:
+        raise fail(f"GPU {gpu} holds stages {other[1]} and {worker[1]} of replica "
+                    f"{worker[0]} in different tensor-parallel groups "
+                    f"({', '.join(group)} and {', '.join(gpus)})")
 
 
 def _check_connections(plan: Plan, topology: Topology, limits: HostLimits) -> None:
