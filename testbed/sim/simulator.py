@@ -230,103 +230,131 @@ class Simulator:
                     worker.done = True
                     return
                 steps = worker.steps
-            match steps[worker.pc]:
-                case Compute() as compute:
-                    self._compute(worker, (compute,), now)
-                    return
-                case Overlapped(parts=parts):
-                    self._compute(worker, parts, now)
-                    return
-                case OptimizerStep(stage=stage):
-                    worker.record(self.spans, "step", now, now + self.step_s, stage=stage)
-                    self._stepped(worker.iteration, now + self.step_s)
-                    worker.pc += 1
-                    if self.step_s:
-                        self.agenda.at(now + self.step_s, functools.partial(self._advance, worker))
-                        return
-                case Send() as send:
-                    tag = send.tag(worker.iteration, worker.replica)
-                    worker.pc += 1
-                    if send.local:  # handed over in the GPU's memory: nothing moves
-                        self._deliver(tag, now)
-                        continue
-                    peer = self.workers[(worker.replica, send.to_stage)]
-                    arrival = functools.partial(self._deliver, tag)
-                    if worker.waits_for_sends:
-                        arrival = functools.partial(
-                            self._deliver_and_ack, tag, worker,
-                            (worker.iteration, send.phase, send.to_stage, send.microbatch),
-                            self.transfers.path(worker, peer)[1])
-                    self.transfers.send(now, worker, peer, self.job.activation_bytes,
-                                        arrival, send.op, send.microbatch, worker.iteration,
-                                        send.stage, send.to_stage)
-                case SendWait() as wait:
-                    key = (worker.iteration, wait.phase, wait.to_stage, wait.microbatch)
-                    if wait.local or key in worker.completed_sends:
-                        worker.completed_sends.discard(key)
-                        worker.record(self.spans, "wait_send", now, now, wait.microbatch,
-                                      peer=self._lead(worker.replica, wait.to_stage),
-                                      stage=_sender(wait.phase, wait.to_stage))
-                        worker.pc += 1
-                        continue
-                    worker.awaiting_send = key
-                    worker.waiting_since = now
-                    return
-                case Receive() as receive:
-                    tag = receive.tag(worker.iteration, worker.replica)
-                    if tag in self.mailbox:
-                        self.mailbox.discard(tag)
-                        worker.record(self.spans, "recv", now, now, receive.microbatch,
-                                      action=worker.pc, stage=receive.stage)
-                        worker.pc += 1
-                        continue
-                    self.waiting[tag] = worker
-                    worker.waiting_since = now
-                    if self.prefills is not None:
-                        self.prefills.fill(worker, now, self._advance)
-                    return
-                case AllReduce(collective=collective, stage=stage):
-                    worker.waiting_since = now
-                    joined = self.allreduces.join(worker, stage, collective, now, worker.pc,
-                                                  self._after_allreduce)
-                    if joined.done:  # a group of one
-                        worker.pc += 1
-                        continue
-                    if self.prefills is not None:
-                        self.prefills.fill(worker, now, self._advance)
-                    return
-                case ReduceStart(collective=collective, stage=stage):
-                    if not worker.early.pop((worker.iteration, worker.pc), False):
-                        worker.under_way[(stage, collective)] = self.allreduces.join(
-                            worker, stage, collective, now, None, None)
-                    worker.pc += 1
-                case ReduceWait(collective=collective, stage=stage):
-                    if (stage, collective) not in worker.under_way:
-                        raise RuntimeError(f"{worker.lead} waits for all-reduce [{collective}] "
-                                           f"of stage {stage}, which it has not started")
-                    joined = worker.under_way.pop((stage, collective))
-                    if joined.done:
-                        worker.record(self.spans, "wait_reduce", now, now, action=worker.pc,
-                                      collective=str(collective), stage=stage)
-                        worker.pc += 1
-                        continue
-                    worker.waiting_since = now
-                    joined.resume = functools.partial(self._after_reduce_wait, collective,
-                                                      stage)
-                    if self.prefills is not None:
-                        self.prefills.fill(worker, now, self._advance)
-                    return
-                case OuterStep(collective=collective, stage=stage):
-                    worker.record(self.spans, "outer_step", now, now + self.step_s,
-                                  collective=str(collective), stage=stage)
-                    worker.pc += 1
-                    if self.step_s:
-                        self.agenda.at(now + self.step_s, functools.partial(self._advance, worker))
-                        return
-                case Prefill():
-                    worker.pc += 1  # nothing runs there (see testbed.plan.interpret)
-                case step:
-                    raise RuntimeError(f"{worker.lead}: the simulator cannot run {step!r}")
+            if not self._run(worker, steps[worker.pc], now):
+                return
+
+    def _run(self, worker: SimWorker, step: Step, now: float) -> bool:
+        """Run one step: True when the worker goes straight on to the next, False when
+        this one takes time or waits (the agenda or an arrival resumes it)."""
+        match step:
+            case Compute():
+                self._compute(worker, (step,), now)
+                return False
+            case Overlapped(parts=parts):
+                self._compute(worker, parts, now)
+                return False
+            case OptimizerStep(stage=stage):
+                worker.record(self.spans, "step", now, now + self.step_s, stage=stage)
+                self._stepped(worker.iteration, now + self.step_s)
+                return self._held_for_a_step(worker, now)
+            case Send():
+                self._send(worker, step, now)
+                return True
+            case SendWait():
+                return self._send_wait(worker, step, now)
+            case Receive():
+                return self._receive(worker, step, now)
+            case AllReduce(collective=collective, stage=stage):
+                return self._allreduce(worker, collective, stage, now)
+            case ReduceStart(collective=collective, stage=stage):
+                if not worker.early.pop((worker.iteration, worker.pc), False):
+                    worker.under_way[(stage, collective)] = self.allreduces.join(
+                        worker, stage, collective, now, None, None)
+                worker.pc += 1
+                return True
+            case ReduceWait(collective=collective, stage=stage):
+                return self._reduce_wait(worker, collective, stage, now)
+            case OuterStep(collective=collective, stage=stage):
+                worker.record(self.spans, "outer_step", now, now + self.step_s,
+                              collective=str(collective), stage=stage)
+                return self._held_for_a_step(worker, now)
+            case Prefill():
+                worker.pc += 1  # nothing runs there (see testbed.plan.interpret)
+                return True
+            case _:
+                raise RuntimeError(f"{worker.lead}: the simulator cannot run {step!r}")
+
+    def _held_for_a_step(self, worker: SimWorker, now: float) -> bool:
+        """An (outer) optimizer step holds the worker `step_s`: on at once if that is 0."""
+        worker.pc += 1
+        if self.step_s:
+            self.agenda.at(now + self.step_s, functools.partial(self._advance, worker))
+            return False
+        return True
+
+    def _send(self, worker: SimWorker, send: Send, now: float) -> None:
+        """Start a pipeline message on its way; the worker goes on."""
+        tag = send.tag(worker.iteration, worker.replica)
+        worker.pc += 1
+        if send.local:  # handed over in the GPU's memory: nothing moves
+            self._deliver(tag, now)
+            return
+        peer = self.workers[(worker.replica, send.to_stage)]
+        arrival = functools.partial(self._deliver, tag)
+        if worker.waits_for_sends:
+            arrival = functools.partial(
+                self._deliver_and_ack, tag, worker,
+                (worker.iteration, send.phase, send.to_stage, send.microbatch),
+                self.transfers.path(worker, peer)[1])
+        self.transfers.send(now, worker, peer, self.job.activation_bytes,
+                            arrival, send.op, send.microbatch, worker.iteration,
+                            send.stage, send.to_stage)
+
+    def _send_wait(self, worker: SimWorker, wait: SendWait, now: float) -> bool:
+        key = (worker.iteration, wait.phase, wait.to_stage, wait.microbatch)
+        if wait.local or key in worker.completed_sends:
+            worker.completed_sends.discard(key)
+            worker.record(self.spans, "wait_send", now, now, wait.microbatch,
+                          peer=self._lead(worker.replica, wait.to_stage),
+                          stage=_sender(wait.phase, wait.to_stage))
+            worker.pc += 1
+            return True
+        worker.awaiting_send = key
+        worker.waiting_since = now
+        return False
+
+    def _receive(self, worker: SimWorker, receive: Receive, now: float) -> bool:
+        tag = receive.tag(worker.iteration, worker.replica)
+        if tag in self.mailbox:
+            self.mailbox.discard(tag)
+            worker.record(self.spans, "recv", now, now, receive.microbatch,
+                          action=worker.pc, stage=receive.stage)
+            worker.pc += 1
+            return True
+        self.waiting[tag] = worker
+        worker.waiting_since = now
+        if self.prefills is not None:
+            self.prefills.fill(worker, now, self._advance)
+        return False
+
+    def _allreduce(self, worker: SimWorker, collective: Collective, stage: int,
+                   now: float) -> bool:
+        worker.waiting_since = now
+        joined = self.allreduces.join(worker, stage, collective, now, worker.pc,
+                                      self._after_allreduce)
+        if joined.done:  # a group of one
+            worker.pc += 1
+            return True
+        if self.prefills is not None:
+            self.prefills.fill(worker, now, self._advance)
+        return False
+
+    def _reduce_wait(self, worker: SimWorker, collective: Collective, stage: int,
+                     now: float) -> bool:
+        if (stage, collective) not in worker.under_way:
+            raise RuntimeError(f"{worker.lead} waits for all-reduce [{collective}] "
+                               f"of stage {stage}, which it has not started")
+        joined = worker.under_way.pop((stage, collective))
+        if joined.done:
+            worker.record(self.spans, "wait_reduce", now, now, action=worker.pc,
+                          collective=str(collective), stage=stage)
+            worker.pc += 1
+            return True
+        worker.waiting_since = now
+        joined.resume = functools.partial(self._after_reduce_wait, collective, stage)
+        if self.prefills is not None:
+            self.prefills.fill(worker, now, self._advance)
+        return False
 
     def _deliver_and_ack(self, tag: MessageTag, sender: SimWorker, key: SendKey,
                          latency: float, now: float) -> None:

@@ -112,53 +112,65 @@ class StageRunner:
         on the last stage with real compute."""
         received: Tensors = {}
         computed: Tensors = {}
-        replica = self.config.replica
         steps = self.programs[self.config.program_of(iteration)]
-        for index, step in enumerate(steps):
+        for index in range(len(steps)):
             self.action = index
-            match step:
-                case Receive(phase=phase, stage=stage, microbatch=mb):
-                    received[(phase, stage, mb)] = await self.receive_step(step, iteration)
-                case Compute():
-                    await self.run_compute(step, iteration, received, computed,
-                                           self.collectives.in_backward(steps, index, iteration))
-                case Overlapped(parts=parts):  # one after the other, as torch's runtime
-                    starts = self.collectives.in_backward(steps, index, iteration)
-                    for part in parts:
-                        await self.run_compute(part, iteration, received, computed, starts)
-                case Send(phase=phase, to_stage=to_stage, microbatch=mb):
-                    payload = computed.pop((phase, step.stage, mb))
-                    assert payload is not None
-                    tag = str(step.tag(iteration, replica))
-                    if step.local:
-                        self.handed[tag] = payload
-                    else:
-                        self.sending[(phase, to_stage, mb)] = self.send_later(
-                            self.neighbour(to_stage), tag, payload, iteration, mb, step.op,
-                            step.stage)
-                case SendWait():
-                    await self.wait_send(step, iteration)
-                case AllReduce(collective=collective, stage=stage):
-                    await self.collectives.allreduce(collective, stage, iteration)
-                case ReduceStart(collective=collective, stage=stage):
-                    await self.collectives.start(collective, stage, iteration)
-                case ReduceWait(collective=collective, stage=stage):
-                    await self.collectives.wait(collective, stage, iteration)
-                case OptimizerStep(stage=stage):
-                    await self.compute("step", iteration, self.engines[stage].step,
-                                       stage=stage)
-                case OuterStep(collective=collective, stage=stage):
-                    await self.compute("outer_step", iteration, functools.partial(
-                        self.engines[stage].outer_step, collective),
-                        collective=str(collective), stage=stage)
-                case Prefill():
-                    pass  # nothing runs there (see testbed.plan.interpret)
+            await self.run_step(steps, index, iteration, received, computed)
         await self.flush_sends()
         for engine in self.engines.values():
             engine.iteration_done(iteration)
         losses = [loss for engine in self.engines.values()
                   if (loss := engine.take_loss()) is not None]
         return losses[0] if losses else None
+
+    async def run_step(self, steps: tuple[Step, ...], index: int, iteration: int,
+                       received: Tensors, computed: Tensors) -> None:
+        """Step `index` of the iteration's program, to its end but for a send, which goes
+        on in the background."""
+        step = steps[index]
+        match step:
+            case Receive(phase=phase, stage=stage, microbatch=mb):
+                received[(phase, stage, mb)] = await self.receive_step(step, iteration)
+            case Compute():
+                await self.run_compute(step, iteration, received, computed,
+                                       self.collectives.in_backward(steps, index, iteration))
+            case Overlapped(parts=parts):  # one after the other, as torch's runtime
+                starts = self.collectives.in_backward(steps, index, iteration)
+                for part in parts:
+                    await self.run_compute(part, iteration, received, computed, starts)
+            case Send():
+                self.send_step(step, iteration, computed)
+            case SendWait():
+                await self.wait_send(step, iteration)
+            case AllReduce(collective=collective, stage=stage):
+                await self.collectives.allreduce(collective, stage, iteration)
+            case ReduceStart(collective=collective, stage=stage):
+                await self.collectives.start(collective, stage, iteration)
+            case ReduceWait(collective=collective, stage=stage):
+                await self.collectives.wait(collective, stage, iteration)
+            case OptimizerStep(stage=stage):
+                await self.compute("step", iteration, self.engines[stage].step,
+                                   stage=stage)
+            case OuterStep(collective=collective, stage=stage):
+                await self.compute("outer_step", iteration, functools.partial(
+                    self.engines[stage].outer_step, collective),
+                    collective=str(collective), stage=stage)
+            case Prefill():
+                pass  # nothing runs there (see testbed.plan.interpret)
+
+    def send_step(self, step: Send, iteration: int, computed: Tensors) -> None:
+        """The tensor a send names, handed over in memory to another stage of this GPU,
+        or sent in the background for a later step to wait for."""
+        mb = step.microbatch
+        payload = computed.pop((step.phase, step.stage, mb))
+        assert payload is not None
+        tag = str(step.tag(iteration, self.config.replica))
+        if step.local:
+            self.handed[tag] = payload
+        else:
+            self.sending[(step.phase, step.to_stage, mb)] = self.send_later(
+                self.neighbour(step.to_stage), tag, payload, iteration, mb, step.op,
+                step.stage)
 
     async def run_compute(self, step: Compute, iteration: int, received: Tensors,
                           computed: Tensors, starts: list[tuple[int, InBackward]]) -> None:
