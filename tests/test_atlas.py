@@ -407,6 +407,34 @@ def test_atlas_tries_two_stages_per_gpu_only_where_they_fit() -> None:
         inputs.topology, inputs.job, many) == []
 
 
+@pytest.mark.parametrize("sequences", [48, 480])
+def test_candidates_are_those_whose_own_order_fits(sequences: int,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Atlas checks GPipe's order on a placement and, where it fits, no other order of
+    one stage per GPU: the same candidates as checking each schedule's own order (on
+    both batches GPipe fits on some placements and not on others)."""
+    from testbed_plugins.atlas import policy as atlas
+
+    from testbed.plan.build import Schedule, fits_memory
+
+    inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml",
+                         sets=(f"global_batch={sequences}",))
+    policy = training_policy("atlas")
+    shortcut = policy._candidates(inputs.topology, inputs.job)  # type: ignore[attr-defined]
+
+    def each_on_its_own(*args: Any) -> bool:
+        """GPipe's check for the whole placement (no warm-up argument) says no: every
+        schedule's own order is checked."""
+        return len(args) == 5 and fits_memory(*args)
+
+    monkeypatch.setattr(atlas, "fits_memory", each_on_its_own)
+    expected = policy._candidates(inputs.topology, inputs.job)  # type: ignore[attr-defined]
+    assert shortcut == expected and shortcut
+    placements = {(c.chain, c.dp) for c in shortcut}
+    gpipe = {(c.chain, c.dp) for c in shortcut if c.schedule_kind is Schedule.GPIPE}
+    assert gpipe and gpipe < placements
+
+
 def test_a_planning_pool_runs_its_calls_in_other_processes() -> None:
     import os
 

@@ -174,7 +174,10 @@ class AtlasPolicy(TrainingPolicy):
 
     def _candidates(self, topology: Topology, job: Job) -> list[Candidate]:
         """Every DC subset in its best chain order, every DP/PP split that fits, ranked by
-        closed-form throughput; with selection off, only all DCs largest first."""
+        closed-form throughput; with selection off, only all DCs largest first. Where GPipe
+        fits, every schedule of `one_per_gpu` does (it holds all m microbatches at once,
+        the most an order of one stage per GPU can), so their orders are not checked one
+        by one: most of the time this took went to checking them."""
         names = [dc.name for dc in topology.datacenters]
         subsets = [names] if not self.settings.selection else [
             list(c) for k in range(1, len(names) + 1) for c in itertools.combinations(names, k)]
@@ -200,9 +203,11 @@ class AtlasPolicy(TrainingPolicy):
                                            temporal=self.settings.temporal,
                                            multi=self.multi_connection)
                                  for kind, extra, per_crossing in one_per_gpu(m, len(chain.dcs))]
+                    every_fits = fits_memory(topology, job, placement, Schedule.GPIPE)
                     for candidate in schedules:
                         kind, warmup = candidate.schedule_kind, candidate.warmup
-                        if not fits_memory(topology, job, placement, kind, warmup):
+                        if not every_fits and \
+                                not fits_memory(topology, job, placement, kind, warmup):
                             continue
                         # GPipe keeps all m microbatches in flight, as 1F1B+m does
                         depth = m if kind is Schedule.GPIPE else warmup
