@@ -169,7 +169,7 @@ class _Started:
     waiter: Waiter | None
     """None: what is known of it will do."""
     sure: bool
-    """Started with the floor it is due (else early, on the floor known then)."""
+    """Checked against the floor it is due (else started early, on the floor known then)."""
 
 
 @dataclass
@@ -184,14 +184,15 @@ class Search:
     measured: dict[tuple[Any, ...], Candidate | None] = field(default_factory=dict)
     bounded: bool = False
     ahead: int = 1
-    """Measurements under way at once (the processes measuring). Candidate i is measured
-    with the floor those before i - ahead + 1 give once they are in: so the results, and
-    what was stopped early, are the same in every run on as many processes; with more
-    than one, some floors are lower than one after another would give (fewer candidates
-    stop early), which changes no choice (see `run`). With more than one, candidate i is
-    also started a step early, on the floor known then, so that a process that is done
-    need not wait for an earlier candidate: once those before i - ahead + 1 are in, a
-    floor that differs starts it again (the early run is left unused)."""
+    """Measurements under way at once (the processes measuring). Candidate i is due the
+    floor those before i - ahead + 1 give once they are in; with more than one, it is
+    started a step early, on the floor known then (one result fewer in), so that a
+    process that is done need not wait for an earlier candidate, and that run is kept:
+    the floor it was started on is never above the one it is due, so it measures the
+    candidate at least as far. What is known when each starts follows from the order
+    alone, so the results, and what was stopped early, are the same in every run on as
+    many processes; with more than one, some floors are lower than one after another
+    would give (fewer candidates stop early), which changes no choice (see `run`)."""
 
     def run(self, candidates: Iterable[Candidate],
             floor: Callable[[], float | None] | None = None) -> list[Candidate]:
@@ -252,9 +253,12 @@ class Search:
             self._confirm(started[self.ahead - 1], floor)
 
     def _confirm(self, entry: _Started, floor: Callable[[], float | None] | None) -> None:
-        """A candidate started early: measured again where its due floor differs."""
+        """A candidate started early, checked once those before i - ahead + 1 are in: its
+        run is kept where it is due one (started on a floor no higher than its due one,
+        it goes at least as far); one is started where what was known then would have
+        done and no longer does; none where what is known now will do."""
         measuring, lowest = self._due(entry.candidate, floor)
-        if measuring != entry.measuring or (measuring and lowest != entry.lowest):
+        if measuring != entry.measuring:
             entry.measuring, entry.lowest = measuring, lowest
             entry.waiter = self.measure(entry.candidate, lowest) if measuring else None
         entry.sure = True
