@@ -129,7 +129,8 @@ class AtlasPolicy(TrainingPolicy):
                 topology, probe, c, context, floor, simulations.submit, twins),
                 self._mechanisms, every_dc, self.settings.search,
                 lambda c: self._two_per_gpu(topology, job, c),
-                simulations.size)
+                simulations.size, lambda c, floor: self._kept(topology, probe, c, context,
+                                                              floor))
         ranked = state.ranked()
         if not ranked:
             return pool[0], pool[:8], "closed-form estimate (the simulation failed)"
@@ -266,18 +267,10 @@ class AtlasPolicy(TrainingPolicy):
         cache: ablations re-run Atlas's own selection. `twins`: by `twin`, the stop and
         the answer of each plan simulated in this search: a candidate whose plan is one of
         them takes its answer where the same run would give it (twins.py)."""
-        key = ("atlas", repr(topology), repr(probe), repr(candidate.key),
-               repr(replace(self.settings, search="staged")))  # any search: one result
+        kept = self._kept(topology, probe, candidate, context, floor)
+        if kept is not None:
+            return kept
         stop_above = None if floor is None else candidate.tokens / floor
-
-        def result(seconds: float | None, at_least: bool) -> Candidate | None:
-            return None if seconds is None else replace(candidate, simulated_s=seconds,
-                                                        at_least=at_least)
-
-        known: tuple[float | None, bool] | None = context.cache.get(key)
-        if known is not None and not (known[1] and (stop_above is None or known[0] is None
-                                                     or known[0] <= stop_above)):
-            return Known(lambda: result(*known))
         same = twin(probe, candidate)
         earlier = twins.get(same) if same is not None else None
         waiting = once(submit(candidate, stop_above) if earlier is None else
@@ -288,9 +281,25 @@ class AtlasPolicy(TrainingPolicy):
         def measured() -> Candidate | None:
             seconds = waiting()
             at_least = seconds is not None and stop_above is not None and seconds > stop_above
-            context.cache[key] = (seconds, at_least)
-            return result(seconds, at_least)
+            context.cache[self._key(topology, probe, candidate)] = (seconds, at_least)
+            return _result(candidate, seconds, at_least)
         return measured if earlier is None else Known(measured)
+
+    def _kept(self, topology: Topology, probe: Job, candidate: Candidate,
+              context: PlanningContext, floor: float | None) -> Known | None:
+        """The candidate's answer in the context's cache, where a run on `floor` gives it:
+        an exact time, or a bound above that run's stop."""
+        stop_above = None if floor is None else candidate.tokens / floor
+        known: tuple[float | None, bool] | None = context.cache.get(
+            self._key(topology, probe, candidate))
+        if known is None or (known[1] and (stop_above is None or known[0] is None
+                                           or known[0] <= stop_above)):
+            return None
+        return Known(lambda: _result(candidate, *known))
+
+    def _key(self, topology: Topology, probe: Job, candidate: Candidate) -> tuple[str, ...]:
+        return ("atlas", repr(topology), repr(probe), repr(candidate.key),
+                repr(replace(self.settings, search="staged")))  # any search: one result
 
     # --- temporal sharing ---------------------------------------------------------------
 
@@ -345,6 +354,11 @@ class AtlasPolicy(TrainingPolicy):
                      dict[int, Any], Queues] = (plan, {}, {}, {}, Queues(plan))
         self._receive_index[id(plan)] = entry
         return entry[1], entry[2], entry[3], entry[4]
+
+
+def _result(candidate: Candidate, seconds: float | None, at_least: bool) -> Candidate | None:
+    return None if seconds is None else replace(candidate, simulated_s=seconds,
+                                                at_least=at_least)
 
 
 class _Ablation(AtlasPolicy):

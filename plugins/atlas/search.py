@@ -181,6 +181,8 @@ class Search:
     move it), and while refining a placement, that placement's best so far."""
 
     measure: Measure
+    known: Callable[[Candidate, float | None], Waiter | None] = lambda _c, _f: None
+    """Where a measurement on this floor is answered by what is kept (no run): that."""
     measured: dict[tuple[Any, ...], Candidate | None] = field(default_factory=dict)
     bounded: bool = False
     ahead: int = 1
@@ -255,10 +257,16 @@ class Search:
     def _confirm(self, entry: _Started, floor: Callable[[], float | None] | None) -> None:
         """A candidate started early, checked once those before i - ahead + 1 are in: its
         run is kept where it is due one (started on a floor no higher than its due one,
-        it goes at least as far); one is started where what was known then would have
-        done and no longer does; none where what is known now will do."""
+        it goes at least as far) and what is kept does not answer the due floor (as in a
+        search again, whose answers kept start many early); one is started where what
+        was known then would have done and no longer does; none where what is known
+        now will do."""
         measuring, lowest = self._due(entry.candidate, floor)
-        if measuring != entry.measuring:
+        kept = self.known(entry.candidate, lowest) if measuring and lowest != entry.lowest \
+            else None
+        if kept is not None:
+            entry.lowest, entry.waiter = lowest, kept
+        elif measuring != entry.measuring:
             entry.measuring, entry.lowest = measuring, lowest
             entry.waiter = self.measure(entry.candidate, lowest) if measuring else None
         entry.sure = True
@@ -285,12 +293,13 @@ def _busy(started: Iterable[_Started]) -> int:
 def search(pool: Sequence[Candidate], measure: Measure,
            mechanisms: Callable[[Candidate], list[Candidate]], every_dc: int,
            mode: Mode = "staged",
-           more: Callable[[Candidate], list[Candidate]] = lambda _c: [], ahead: int = 1
+           more: Callable[[Candidate], list[Candidate]] = lambda _c: [], ahead: int = 1,
+           known: Callable[[Candidate, float | None], Waiter | None] = lambda _c, _f: None
            ) -> Search:
     """Measure the candidates worth measuring (see the module's docstring), `ahead` at
     once (Search.ahead). `more`: a placement's schedules left out of the pool (given the
-    pool's best candidate there)."""
-    state = Search(measure, bounded=mode == "staged", ahead=ahead)
+    pool's best candidate there); `known`: Search.known."""
+    state = Search(measure, known, bounded=mode == "staged", ahead=ahead)
     by_placement = _best_per_placement(pool)
     if mode in ("grid", "exhaustive"):
         every = [*pool, *(c for p in by_placement.values() for c in more(p))]
