@@ -141,6 +141,32 @@ def test_every_folder_has_a_row() -> None:
     assert folders <= set(MAY_IMPORT), folders - set(MAY_IMPORT)
 
 
+def folders_without_a_place(root: Path) -> list[str]:
+    """Folders of testbed/ holding code that are neither a row, a group nor one of the
+    worker's folders: a new folder inside a part would otherwise be read as that part
+    and take its row's imports unseen."""
+    placed = set(MAY_IMPORT) | set(GROUPS) | {
+        f"emulator.runtime.worker.{f}" for f in WORKER_FOLDERS if f}
+    package = root / "testbed"
+    return sorted(
+        name for path in package.rglob("*.py") if "__pycache__" not in path.parts
+        and (name := ".".join(path.parent.relative_to(package).parts))
+        and name not in placed)
+
+
+def test_every_folder_is_a_part_or_a_named_folder_of_one() -> None:
+    assert not folders_without_a_place(ROOT)
+
+
+def test_a_planted_folder_inside_a_part_fails(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "testbed", tmp_path / "testbed",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    planted = tmp_path / "testbed" / "emulator" / "extra"
+    planted.mkdir()
+    (planted / "__init__.py").write_text('"""A folder nobody placed."""\n')
+    assert folders_without_a_place(tmp_path) == ["emulator.extra"]
+
+
 def test_no_part_imports_one_the_table_does_not_name() -> None:
     bad = crossings_not_in_the_table(ROOT)
     assert not bad, "\n".join(bad)
