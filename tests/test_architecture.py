@@ -46,7 +46,7 @@ MAY_IMPORT: dict[str, set[str]] = {
                     "sim"},
     # the emulator: its WAN, its processes (runtime's four), then its backend and resumption
     "emulator.net": {"common", "plan", "topology"},
-    "emulator.runtime.wire": {"common", "job", "plan", "scenario", "topology"},
+    "emulator.runtime.wire": {"common", "job", "plan", "scenario"},
     "emulator.runtime.worker": {"common", "emulator.net", "emulator.runtime.wire", "job", "plan",
                                 "run", "scenario", "topology"},
     "emulator.runtime.coordinator": {"common", "emulator.net", "emulator.runtime.wire",
@@ -71,12 +71,10 @@ MAY_IMPORT: dict[str, set[str]] = {
                 "metrics", "plan", "policy", "report", "run", "sim", "topology"},
     "api": {"common", "experiments", "metrics", "plan", "policy", "report", "run"},
     # the commands: the emulated WAN alone (`net`, `down`), `launch` (and `show` of its
-    # results), `up --resume` (emulator.resume);
-    # emulator.runtime.wire: a run across machines reads its secret file when the command
-    # starts, so that a bad one is a one-line error before anything is set up
+    # results), `up --resume` (emulator.resume)
     "cli": {"api", "common", "emulator", "emulator.net", "emulator.runtime.launch",
-            "emulator.runtime.wire", "experiments", "figures", "metrics", "plan", "policy",
-            "report", "run", "topology"},
+            "experiments", "figures", "metrics", "plan", "policy", "report", "run",
+            "topology"},
 }
 EVERYWHERE = {"errors", "__init__"}
 GROUPS = {"emulator.runtime": {"emulator.runtime.wire", "emulator.runtime.worker",

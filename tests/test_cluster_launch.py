@@ -11,13 +11,13 @@ from testbed.emulator.runtime.wire.secret import (
     coordinator_proof,
     join_proof,
     proves,
-    read_secret,
     run_token,
 )
 from testbed.emulator.runtime.worker.join import JoinFailed, connect, join
 from testbed.errors import InputError
 from testbed.topology.cluster import dump_cluster, parse_cluster
 from testbed.topology.seats import Seat, command_line, machine_seats
+from testbed.topology.secret_file import read_secret
 
 from .loopback_coordinator import PAPER, ROOT, SECRET, loopback_coordinator
 from .loopback_coordinator import cluster_data as _cluster

@@ -32,7 +32,6 @@ from testbed.emulator.net.slots import free_slot
 from testbed.emulator.runtime.coordinator.coordinator import Coordinator, RunFailed
 from testbed.emulator.runtime.coordinator.run_config import RunConfig
 from testbed.emulator.runtime.coordinator.signals import run_with_signals
-from testbed.emulator.runtime.wire.secret import read_secret
 from testbed.emulator.runtime.worker.compute.reference import merge_stages, train_one_process
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.planning import plan_with_simulator
@@ -41,6 +40,7 @@ from testbed.policy import training_policy
 from testbed.topology.cluster import load_cluster
 from testbed.topology.load import load_topology
 from testbed.topology.seats import ClusterRun
+from testbed.topology.secret_file import read_secret
 from tests.conftest import machine_prefix
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("clean_host")]

@@ -25,12 +25,12 @@ from testbed.common.choices import ShaperChoice
 from testbed.emulator.runtime.launch.placement import FILE_ORDER, rank_order
 from testbed.emulator.runtime.launch.ranks import MASTER_PORT
 from testbed.emulator.runtime.launch.spec import DEFAULT_GRACE_S, LaunchSpec, refuse_dilation
-from testbed.emulator.runtime.wire.secret import read_secret
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.planning import plan_with_simulator
 from testbed.policy import parse_options
 from testbed.report.launch_results import launch_summary
 from testbed.report.results import new_run_dir
+from testbed.topology.secret_file import read_secret
 
 EXIT = {"ok": 0, "failed": 1, "timed_out": 1}
 

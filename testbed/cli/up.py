@@ -23,7 +23,6 @@ from testbed.cli.options import (
 from testbed.cli.progress import Reporter
 from testbed.cli.spec_options import given_settings, spec_options
 from testbed.emulator.resume import load_resumption
-from testbed.emulator.runtime.wire.secret import read_secret
 from testbed.errors import InputError
 from testbed.experiments.inputs import load_inputs
 from testbed.report.results import new_run_dir
@@ -32,6 +31,7 @@ from testbed.report.table import run_summary
 from testbed.run.checkpoint import Progress
 from testbed.topology import Topology
 from testbed.topology.seats import ClusterRun
+from testbed.topology.secret_file import read_secret
 
 
 def echo_err(message: str) -> None:

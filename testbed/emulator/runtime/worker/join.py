@@ -58,7 +58,6 @@ from testbed.emulator.runtime.wire.secret import (
     coordinator_proof,
     join_proof,
     proves,
-    read_secret_file,
     run_token,
 )
 from testbed.emulator.runtime.worker.process import run_loop
@@ -68,6 +67,7 @@ from testbed.emulator.runtime.worker.transport import clock
 from testbed.errors import TestbedError, one_line
 from testbed.topology import parse_topology
 from testbed.topology.cluster import parse_cluster
+from testbed.topology.secret_file import read_secret_file
 
 CONNECT_TIMEOUT_S = 30.0
 CLOCK_SAMPLES = 8
