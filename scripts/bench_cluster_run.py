@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from testbed.emulator.net.namespace_cluster import namespace_machines
-from testbed.emulator.runtime.wire.secret import read_secret
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.run import run
 from testbed.run.spec import RunSpec
 from testbed.topology.cluster import load_cluster
 from testbed.topology.seats import ClusterRun
+from testbed.topology.secret_file import read_secret
 
 ROOT = Path(__file__).resolve().parent.parent
 
