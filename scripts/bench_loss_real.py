@@ -41,24 +41,43 @@ from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 from statistics import mean, stdev
-from typing import Any
+from typing import Any, NamedTuple
 
 from testbed.metrics.loss import LossPoint
-from testbed.metrics.loss_penalty import measured_penalty, ordering, penalty_steps, seed_mean
+from testbed.metrics.loss_penalty import (
+    measured_penalty,
+    ordering,
+    penalty_steps,
+    seed_mean,
+    tune,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
-METHODS: list[tuple[str, str, dict[str, str]]] = [
-    ("dp-across-dc", "dp-across-dc", {}),
-    ("diloco H=4", "diloco", {"inner_steps": "4"}),
-    ("diloco H=16", "diloco", {"inner_steps": "16"}),
-    ("streaming-diloco", "streaming-diloco", {"inner_steps": "8", "fragments": "2",
-                                              "overlap": "1"}),
-    ("atlas", "atlas", {}),
+class Method(NamedTuple):
+    label: str
+    policy: str
+    options: dict[str, str]
+    outer_lrs: tuple[float, ...] = ()
+    """The outer learning rates tried (none: an exact method, which has no outer step)."""
+
+
+METHODS: list[Method] = [
+    Method("dp-across-dc", "dp-across-dc", {}),
+    Method("diloco H=4", "diloco", {"inner_steps": "4"}, (0.05, 0.1, 0.2, 0.4, 0.7)),
+    Method("diloco H=16", "diloco", {"inner_steps": "16"}, (0.1, 0.2, 0.4, 0.7)),
+    Method("streaming-diloco", "streaming-diloco",
+           {"inner_steps": "8", "fragments": "2", "overlap": "1"}, (0.1, 0.2, 0.4, 0.7)),
+    Method("atlas", "atlas", {}),
 ]
-"""The label, policy and options of each method; the first is the baseline. Streaming
-DiLoCo as scripts/bench_diloco.py runs it on two-dc: two fragments of 2 layers (the tiny
-model has 4), each synced every 8 steps, overlapped by one step, mixed in at 0.5."""
+"""Each method's label, policy, options and outer learning rates; the first is the
+baseline. Streaming DiLoCo as scripts/bench_diloco.py runs it on two-dc: two fragments of
+2 layers (the tiny model has 4), each synced every 8 steps, overlapped by one step, mixed
+in at 0.5. The DiLoCo family's outer learning rate is tuned as the loss model's sources
+tuned theirs, the best on a grid at every setting (Charles et al., arXiv 2503.09799v1,
+Section 5.1: 0.05-1.0 for each H, the best rising with H and M, their Figure 8): a part of
+their grid down to 0.05 for H = 4 and 0.1 for the longer periods, and the policies'
+default (0.7, DiLoCo's own at H = 500), which each row's untuned figure is measured at."""
 BASELINE = METHODS[0][0]
 
 SAME = 1e-6
@@ -67,13 +86,17 @@ by another placement, agree to about 1e-7."""
 
 TOPOLOGIES: dict[str, dict[str, Any]] = {
     "two-dc": {"sets": {}, "global_batch": 16, "iterations": 128},
-    "paper-3dc": {"sets": {"model": "tiny"}, "global_batch": 48, "iterations": 64},
+    "paper-3dc": {"sets": {"model": "tiny"}, "global_batch": 48, "iterations": 64,
+                  "outer_lrs": {"diloco H=4": (0.1, 0.2, 0.7), "diloco H=16": (0.2, 0.4, 0.7),
+                                "streaming-diloco": (0.2, 0.4, 0.7)}},
 }
 """Each topology's `--set` overrides, the global batch every method trains (two-dc's as
 scripts/bench_diloco.py trains it, so that Atlas's single pipeline sees the same batch;
-paper-3dc's its job's own) and the steps (paper-3dc's 12 workers take about 80 s a run
+paper-3dc's its job's own), the steps (paper-3dc's 12 workers take about 80 s a run
 of 64 steps on two shared cores; its three times larger batch has data parallelism's
-loss level by then, as two-dc's is by 128)."""
+loss level by then, as two-dc's is by 128) and where a method's outer learning rates are
+fewer than METHODS has (`outer_lrs`): paper-3dc's runs take four times two-dc's, so it
+tries the two best of each method's grid on two-dc, and the default."""
 
 
 def _points(rows: Sequence[Sequence[Any]]) -> list[LossPoint]:
@@ -87,41 +110,110 @@ def _window_loss(run: Mapping[str, Any], steps: tuple[int, int]) -> float | None
     return None if not losses or None in losses else mean(losses)
 
 
+def outer_lr(policy: str, options: Mapping[str, str]) -> float | None:
+    """The outer learning rate a policy's options train with (the policy's default where
+    they leave it), read from the policy itself; None: a policy with no outer step."""
+    from testbed.policy import training_policy
+
+    value = getattr(getattr(training_policy(policy, dict(options)), "settings", None),
+                    "outer_lr", None)
+    return None if value is None else float(value)
+
+
+def grid(method: Method, topology: str) -> list[tuple[str, dict[str, str]]]:
+    """The runs a method makes at a seed on `topology`: each one's part of the run's key
+    and its options. The policy's default outer learning rate runs with the method's own
+    options (its key as before tuning), every other with `outer_lr` set."""
+    default = outer_lr(method.policy, method.options)
+    lrs = TOPOLOGIES[topology].get("outer_lrs", {}).get(method.label, method.outer_lrs)
+    return [("", method.options) if lr is None or lr == default else
+            (f"outer_lr={lr:g}/", {**method.options, "outer_lr": f"{lr:g}"})
+            for lr in lrs or (None,)]
+
+
+def _stats(mine: Mapping[int, Mapping[str, Any]], base: Mapping[int, Mapping[str, Any]],
+           seeds: Sequence[int], steps: tuple[int, int]) -> dict[str, Any]:
+    """A method's penalty at each seed against the baseline's run there, their mean,
+    spread, least and most, and its loss in the window."""
+    values = [measured_penalty(_points(mine[s]["curve"]), _points(base[s]["curve"]), steps)
+              for s in seeds]
+    done = [v for v in values if v is not None]
+    first = mine[seeds[0]]
+    losses = [_window_loss(mine[s], steps) for s in seeds]
+    return {"seeds": values, "mean": seed_mean(values),
+            "stdev": stdev(done) if len(done) == len(values) > 1 else None,
+            "low": min(done) if done else None, "high": max(done) if done else None,
+            "loss": seed_mean(losses), "loss_of": first["loss_of"],
+            "points": sum(steps[0] <= p[0] < steps[1] for p in first["curve"]),
+            "model": first["model"], "plan": first["plan"]}
+
+
+def _method_row(method: Method, runs: Sequence[Mapping[str, Any]],
+                base: Mapping[int, Mapping[str, Any]], seeds: Sequence[int],
+                steps: tuple[int, int]) -> dict[str, Any]:
+    """A method's row: an exact method's figures; a DiLoCo-family method's at the outer
+    learning rate tuned on its grid (`outer_lr`: the grid's figures, the choice and the
+    untuned default's), or why it did not run."""
+    by_lr: dict[float | None, dict[int, Mapping[str, Any]]] = {}
+    for run in runs:
+        by_lr.setdefault(outer_lr(run["policy"], run["options"]), {})[run["seed"]] = run
+    stats: dict[float | None, dict[str, Any]] = {}
+    failed: dict[float | None, dict[int, str]] = {}
+    for lr, mine in by_lr.items():
+        why = {s: mine[s]["error"] if s in mine else "not run" for s in seeds
+               if s not in mine or "error" in mine[s]}
+        why.update({s: f"{BASELINE} did not run" for s in seeds
+                    if s not in base and s not in why})
+        if why:
+            failed[lr] = why
+        else:
+            stats[lr] = _stats(mine, base, seeds, steps)
+    default = outer_lr(method.policy, method.options)
+    if default is None or not stats:
+        return stats[None] if None in stats else \
+            {"failed": failed.get(default) or next(iter(failed.values()))}
+    tuned = tune({lr: row["seeds"] for lr, row in stats.items() if lr is not None})
+    figures = ("mean", "stdev", "low", "high", "seeds")
+    return {**stats[tuned["chosen"]], "outer_lr": {
+        **tuned, "untuned": default,
+        "sweep": [{"value": lr, **{k: stats[lr][k] for k in figures}}
+                  for lr in sorted(v for v in stats if v is not None)],
+        "failed": [{"value": lr, "seeds": why} for lr, why in failed.items()
+                   if lr is not None]}}
+
+
+def _untuned(row: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A row's figures at the policy's default outer learning rate: the row itself for an
+    exact method, None where the default did not run."""
+    if "outer_lr" not in row:
+        return row
+    tuning = row["outer_lr"]
+    return next((p for p in tuning["sweep"] if p["value"] == tuning["untuned"]), None)
+
+
 def summarize(topology: Mapping[str, Any]) -> dict[str, Any]:
     """Per method: the penalty at each seed, their mean, spread, least and most, beside
-    the model's, or why it did not run; and the ordering check over the methods that ran
-    at every seed."""
+    the model's, or why it did not run (a DiLoCo-family method's at its tuned outer
+    learning rate, with its grid); and the ordering check over the methods that ran at
+    every seed, tuned and at the policies' default outer learning rate."""
     runs = topology["runs"]
     steps = penalty_steps(topology["iterations"])
     seeds = sorted({run["seed"] for run in runs.values()})
     base = {r["seed"]: r for r in runs.values() if r["method"] == BASELINE and "error" not in r}
     out: dict[str, Any] = {}
-    for label, _, _ in METHODS:
-        mine = {r["seed"]: r for r in runs.values() if r["method"] == label}
-        if not mine:
-            continue
-        failed = {s: mine[s]["error"] if s in mine else "not run" for s in seeds
-                  if s not in mine or "error" in mine[s]}
-        failed.update({s: f"{BASELINE} did not run" for s in seeds
-                       if s not in base and s not in failed})
-        if failed:
-            out[label] = {"failed": failed}
-            continue
-        values = [measured_penalty(_points(mine[s]["curve"]), _points(base[s]["curve"]),
-                                   steps) for s in seeds]
-        done = [v for v in values if v is not None]
-        first = mine[seeds[0]]
-        losses = [_window_loss(mine[s], steps) for s in seeds]
-        out[label] = {"seeds": values, "mean": seed_mean(values),
-                      "stdev": stdev(done) if len(done) == len(values) > 1 else None,
-                      "low": min(done) if done else None, "high": max(done) if done else None,
-                      "loss": seed_mean(losses), "loss_of": first["loss_of"],
-                      "points": sum(steps[0] <= p[0] < steps[1] for p in first["curve"]),
-                      "model": first["model"], "plan": first["plan"]}
+    for method in METHODS:
+        mine = [r for r in runs.values() if r["method"] == method.label]
+        if mine:
+            out[method.label] = _method_row(method, mine, base, seeds, steps)
     ran = {k: v for k, v in out.items() if "failed" not in v}
     check = ordering({k: v["model"]["penalty"] for k, v in ran.items()},
                      {k: v["seeds"] for k, v in ran.items()})
-    return {"methods": out, "ordering": check, "steps": list(steps), "seeds": seeds}
+    untuned = {k: _untuned(v) for k, v in ran.items()}
+    plain = None if None in untuned.values() else ordering(
+        {k: v["model"]["penalty"] for k, v in ran.items()},
+        {k: u["seeds"] for k, u in untuned.items() if u is not None})
+    return {"methods": out, "ordering": check, "untuned_ordering": plain,
+            "steps": list(steps), "seeds": seeds}
 
 
 def _emulated(topology: str, label: str, policy: str, options: dict[str, str], seed: int,
@@ -214,17 +306,19 @@ def measure(report: dict[str, Any], topologies: Sequence[str], seeds: Sequence[i
         entry["global_batch"] = TOPOLOGIES[topology]["global_batch"]
         entry["sets"] = TOPOLOGIES[topology]["sets"]
         for seed in seeds:
-            todo = [m for m in METHODS
-                    if "error" in entry["runs"].get(f"{topology}/{m[0]}/{seed}", {"error": ""})]
+            todo = [(f"{topology}/{m.label}/{part}{seed}", m, options) for m in METHODS
+                    for part, options in grid(m, topology)]
+            todo = [t for t in todo if "error" in entry["runs"].get(t[0], {"error": ""})]
             if not todo:
                 continue
             waited = time.monotonic()
             with _locked(lock):
                 print(f"{topology}, seed {seed}: {time.monotonic() - waited:.0f} s for the "
                       "lock", flush=True)
-                for label, policy, options in todo:
-                    run = _emulated(topology, label, policy, options, seed, iterations, work)
-                    _record(report, entry, f"{topology}/{label}/{seed}", run, save)
+                for key, method, options in todo:
+                    run = _emulated(topology, method.label, method.policy, options, seed,
+                                    iterations, work)
+                    _record(report, entry, key, run, save)
 
 
 def _record(report: dict[str, Any], entry: dict[str, Any], key: str, run: dict[str, Any],
@@ -263,36 +357,57 @@ def _pct(value: float | None) -> str:
     return f"{0.0 if abs(change) < 5e-5 else change:+.2%}"  # no -0.00%
 
 
+def _spread(row: Mapping[str, Any]) -> str:
+    """A penalty's mean ± sd over the seeds."""
+    return _pct(row["mean"]) + ("" if row["stdev"] is None else f" ± {row['stdev']:.2%}")
+
+
+def _lr_cells(row: Mapping[str, Any]) -> tuple[str, str]:
+    """A row's outer learning rate, chosen of its grid, and its figure untuned."""
+    tuning = row.get("outer_lr")
+    if tuning is None:
+        return "none (exact)", _spread(row)
+    tried = ", ".join(f"{p['value']:g}" for p in tuning["sweep"])
+    untuned = _untuned(row)
+    return (f"{tuning['chosen']:g} of {tried}",
+            "did not run" if untuned is None else _spread(untuned))
+
+
 def tables(report: Mapping[str, Any]) -> str:
     """The documentation's tables, from the JSON alone: per topology, each method's
-    measured penalty (mean, spread and range over seeds) beside the model's, and whether
-    the model's order of the methods holds."""
+    measured penalty (mean, spread and range over seeds; the DiLoCo family's at its tuned
+    outer learning rate, untuned beside it) beside the model's, whether the model's order
+    of the methods holds, and the outer learning rates' grid."""
     out: list[str] = []
     for name, topology in report.get("topologies", {}).items():
         summary = summarize(topology)
         first, end = summary["steps"]
         seeds = len(summary["seeds"])
-        out += [f"| {name}, real compute | plan | the model's effect | measured penalty: "
-                f"mean ± sd (range, {seeds} seeds) | model penalty (band) | loss, steps "
-                f"{first}-{end - 1} (points) |", "| --- | --- | --- | --- | --- | --- |"]
+        untuned = next((r["outer_lr"]["untuned"] for r in summary["methods"].values()
+                        if "outer_lr" in r), None)
+        out += [f"| {name}, real compute | plan | the model's effect | outer lr: chosen of "
+                f"the grid | measured penalty at it: mean ± sd (range, {seeds} seeds) | "
+                f"untuned (outer lr {untuned:g}) | model penalty (band) | loss, steps "
+                f"{first}-{end - 1} (points) |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for label, row in summary["methods"].items():
             if "failed" in row:
                 why = "; ".join(f"seed {s}: {e}" for s, e in sorted(row["failed"].items()))
-                out.append(f"| {label} | did not run with real compute: {why} | | | | |")
+                out.append(f"| {label} | did not run with real compute: {why} | | | | | | |")
                 continue
             model = row["model"]
             mark = "*" if model["extrapolated"] else ""
-            spread = "" if row["stdev"] is None else f" ± {row['stdev']:.2%}"
             loss = "diverged" if row["loss"] is None else f"{row['loss']:.4f}"
             kind, _, detail = model["effect"].partition(" (")
+            chosen, plain = _lr_cells(row)
             out.append(
                 f"| {label} | dp {row['plan']['dp']} x pp {row['plan']['pp']} | "
                 + (kind if kind == "exact" else f"{kind} {detail.removesuffix(')')}")
-                + f" | {_pct(row['mean'])}{spread} ({_pct(row['low'])} to {_pct(row['high'])})"
-                f" | {_pct(model['penalty'])}{mark} ({_pct(model['band'][0])} to "
+                + f" | {chosen} | {_spread(row)} ({_pct(row['low'])} to {_pct(row['high'])})"
+                f" | {plain} | {_pct(model['penalty'])}{mark} ({_pct(model['band'][0])} to "
                 f"{_pct(model['band'][1])}) | {loss} ({row['points']}, "
                 f"{row['loss_of']}) |")
-        out += ["", _verdict(name, topology, summary), ""]
+        out += ["", _verdict(name, topology, summary), "", *_sweep_table(name, summary), ""]
     runs = [r for t in report.get("topologies", {}).values() for r in t["runs"].values()
             if "error" not in r]
     if runs:
@@ -304,9 +419,30 @@ def tables(report: Mapping[str, Any]) -> str:
     return "\n".join(out).rstrip()
 
 
+def _sweep_table(name: str, summary: Mapping[str, Any]) -> list[str]:
+    """Each DiLoCo-family method's penalty at every outer learning rate it tried, the
+    chosen one in bold."""
+    tuned = {label: row["outer_lr"] for label, row in summary["methods"].items()
+             if "outer_lr" in row}
+    values = sorted({p["value"] for t in tuned.values() for p in t["sweep"]}
+                    | {p["value"] for t in tuned.values() for p in t["failed"]})
+    if not tuned:
+        return []
+    out = [f"| {name}: measured penalty by outer lr (mean ± sd, "
+           f"{len(summary['seeds'])} seeds) | " + " | ".join(f"{v:g}" for v in values) + " |",
+           "| --- |" + " --- |" * len(values)]
+    for label, tuning in tuned.items():
+        cells = {p["value"]: _spread(p) for p in tuning["sweep"]}
+        cells.update({p["value"]: "not run" if set(p["seeds"].values()) == {"not run"}
+                      else "failed" for p in tuning["failed"]})
+        cells[tuning["chosen"]] = f"**{cells[tuning['chosen']]}**"
+        out.append(f"| {label} | " + " | ".join(cells.get(v, "") for v in values) + " |")
+    return out
+
+
 def _verdict(name: str, topology: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
-    """The paragraph under a topology's table: the budget, both orders, and whether the
-    model's holds."""
+    """The paragraph under a topology's table: the budget, both orders, whether the
+    model's holds at the tuned outer learning rates and at the default one."""
     first, end = summary["steps"]
     check = summary["ordering"]
     wrong = [p for p in check["pairs"] if not p["holds"]]
@@ -317,6 +453,13 @@ def _verdict(name: str, topology: Mapping[str, Any], summary: Mapping[str, Any])
             f"corpus's entropy, the loss no model goes below: {topology['floor']:.3f}). ")
     if len(check["predicted"]) < 2:
         return text + "Too few methods ran at every seed to order them."
+    tuned = {label: row["outer_lr"] for label, row in summary["methods"].items()
+             if "outer_lr" in row}
+    if tuned:
+        text += "Each DiLoCo-family method at its best outer lr: " + "; ".join(
+            f"{label} {t['chosen']:g}" + (" (the grid's edge: the best may lie beyond it)"
+                                          if t["at_edge"] else "")
+            for label, t in tuned.items()) + ". "
     text += (f"By loss per token the model orders {_order(check['predicted'], summary)}; "
              f"measured: {_order(check['measured'], summary, measured=True)}. ")
     pairs = len(check["pairs"])
@@ -325,6 +468,11 @@ def _verdict(name: str, topology: Mapping[str, Any], summary: Mapping[str, Any])
              "orders do): " + "; ".join(f"{p['lower']} measured above {p['higher']}"
                                        for p in wrong))
     text += f"; every seed orders {len(steady)} of the {pairs} pairs as the means do."
+    plain = summary.get("untuned_ordering")
+    if tuned and plain is not None:
+        held = sum(p["holds"] for p in plain["pairs"])
+        text += (f" Untuned (every outer lr the policies' default), {held} of the "
+                 f"{len(plain['pairs'])} pairs hold.")
     outside = [(label, row) for label, row in summary["methods"].items()
                if "failed" not in row and row["mean"] is not None
                and not row["model"]["band"][0] - SAME <= row["mean"]

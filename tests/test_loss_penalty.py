@@ -13,6 +13,7 @@ from testbed.metrics.loss_penalty import (
     ordering,
     penalty_steps,
     seed_mean,
+    tune,
 )
 
 ENDS = [float(i + 1) for i in range(8)]
@@ -97,3 +98,27 @@ def test_a_diverged_seed_leaves_the_method_unordered() -> None:
     assert check["pairs"][0]["every_seed"] is False
     tied = ordering({"dp": 1.0, "atlas": 1.0}, {"dp": [1.0], "atlas": [None]})
     assert tied["holds"] is True and tied["ties"][0]["largest_gap"] is None
+
+
+def test_tuning_chooses_the_value_with_the_lowest_mean_penalty() -> None:
+    check = tune({0.7: [1.2, 1.25], 0.1: [1.04, 1.03], 0.2: [1.05, 1.01], 0.4: [1.1, 1.1]})
+    assert check["chosen"] == 0.2  # mean 1.03 against 0.1's 1.035
+    assert check["at_edge"] is False
+    assert [p["value"] for p in check["grid"]] == [0.1, 0.2, 0.4, 0.7]
+    assert check["grid"][0]["mean"] == pytest.approx(1.035)
+
+
+def test_tuning_says_when_the_best_lies_at_the_grids_edge() -> None:
+    assert tune({0.05: [1.01], 0.1: [1.02], 0.7: [1.2]}) == {
+        "grid": [{"value": 0.05, "mean": 1.01}, {"value": 0.1, "mean": 1.02},
+                 {"value": 0.7, "mean": 1.2}], "chosen": 0.05, "at_edge": True}
+    assert tune({0.7: [1.1]})["at_edge"] is False  # one value: no grid to leave
+    assert tune({0.1: [1.1, 1.1], 0.2: [1.1, 1.1]})["chosen"] == 0.1  # a tie: the lesser
+
+
+def test_tuning_never_chooses_a_value_that_diverged() -> None:
+    check = tune({0.1: [1.01, None], 0.7: [1.3, 1.2]})
+    assert check["chosen"] == 0.7
+    assert check["grid"][0]["mean"] is None
+    with pytest.raises(ValueError, match="without diverging"):
+        tune({0.1: [None], 0.7: [1.0, None]})

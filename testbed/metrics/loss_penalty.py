@@ -129,3 +129,37 @@ def ordering(predicted: Mapping[str, float],
     return Ordering(predicted=sorted(labels, key=lambda label: predicted[label]),
                     measured=sorted(done, key=lambda label: done[label]), pairs=pairs,
                     ties=ties, holds=all(p["holds"] for p in pairs))
+
+
+class GridPoint(TypedDict):
+    """One value of a tuned setting: its penalty's mean over the seeds."""
+
+    value: float
+    mean: float | None
+    """None where a seed diverged."""
+
+
+class Tuned(TypedDict):
+    """A setting chosen on a grid as the loss model's sources chose their learning rates:
+    the value whose mean penalty over the seeds is lowest."""
+
+    grid: list[GridPoint]
+    """Every value tried, least first."""
+    chosen: float
+    at_edge: bool
+    """Whether the chosen value is the grid's least or greatest (of two or more): the best
+    may lie beyond the grid."""
+
+
+def tune(by_value: Mapping[float, Sequence[float | None]]) -> Tuned:
+    """The value of a setting (an outer learning rate) whose penalties at the seeds
+    (`by_value`: each value's, the seeds in one order) have the lowest mean; a value that
+    diverged at a seed is never chosen, equal means take the lesser value. ValueError
+    where no value has a mean."""
+    grid = [GridPoint(value=v, mean=seed_mean(by_value[v])) for v in sorted(by_value)]
+    ranked = sorted((p["mean"], p["value"]) for p in grid if p["mean"] is not None)
+    if not ranked:
+        raise ValueError("no value of the grid trained without diverging at every seed")
+    chosen = ranked[0][1]
+    return Tuned(grid=grid, chosen=chosen,
+                 at_edge=len(grid) > 1 and chosen in (grid[0]["value"], grid[-1]["value"]))
