@@ -2,11 +2,14 @@
 """The loss model against what real compute trains: every-step data parallelism, DiLoCo
 (H = 4 and 16), Streaming DiLoCo and Atlas with `--compute real` over the emulated WAN of
 two-dc and paper-3dc, each method's loss per token over data parallelism's beside the
-penalty the loss model predicts for its plan.
+penalty the loss model predicts for its plan; the DiLoCo family's at the outer learning
+rate that does best on a grid (the sources' penalties are those of a tuned outer step),
+its default's beside it.
 
 `.venv/bin/python scripts/bench_loss_real.py [--topologies two-dc,paper-3dc] [--seeds
 0,1,2] [--iterations N] [--json benchmarks/loss-real.json] [--from-json F] [--lock F]`
-(root: it runs the emulator; about 25 minutes of runs on two shared cores). A run
+(root: it runs the emulator; about 90 minutes of runs on two shared cores, most of
+them the outer learning rates' grid). A run
 already in the JSON given by `--from-json` is kept, not run again (one that failed is
 tried again); the JSON is written after every run, so the benchmark can be run a topology
 or a seed at a time. `--lock F` holds an exclusive lock on F during each seed's runs,
@@ -96,7 +99,9 @@ paper-3dc's its job's own), the steps (paper-3dc's 12 workers take about 80 s a 
 of 64 steps on two shared cores; its three times larger batch has data parallelism's
 loss level by then, as two-dc's is by 128) and where a method's outer learning rates are
 fewer than METHODS has (`outer_lrs`): paper-3dc's runs take four times two-dc's, so it
-tries the two best of each method's grid on two-dc, and the default."""
+tries each method's best on two-dc, the grid's next value above it (the best rises with M,
+Charles et al.'s Figure 8, and paper-3dc has three workers to two-dc's two) and the
+default."""
 
 
 def _points(rows: Sequence[Sequence[Any]]) -> list[LossPoint]:
