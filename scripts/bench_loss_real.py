@@ -67,10 +67,10 @@ class Method(NamedTuple):
 
 METHODS: list[Method] = [
     Method("dp-across-dc", "dp-across-dc", {}),
-    Method("diloco H=4", "diloco", {"inner_steps": "4"}, (0.05, 0.1, 0.2, 0.4, 0.7)),
-    Method("diloco H=16", "diloco", {"inner_steps": "16"}, (0.1, 0.2, 0.4, 0.7)),
+    Method("diloco H=4", "diloco", {"inner_steps": "4"}, (0.05, 0.1, 0.15, 0.2, 0.4, 0.7)),
+    Method("diloco H=16", "diloco", {"inner_steps": "16"}, (0.1, 0.2, 0.3, 0.4, 0.7)),
     Method("streaming-diloco", "streaming-diloco",
-           {"inner_steps": "8", "fragments": "2", "overlap": "1"}, (0.1, 0.2, 0.4, 0.7)),
+           {"inner_steps": "8", "fragments": "2", "overlap": "1"}, (0.1, 0.2, 0.3, 0.4, 0.7)),
     Method("atlas", "atlas", {}),
 ]
 """Each method's label, policy, options and outer learning rates; the first is the
@@ -79,8 +79,9 @@ baseline. Streaming DiLoCo as scripts/bench_diloco.py runs it on two-dc: two fra
 in at 0.5. The DiLoCo family's outer learning rate is tuned as the loss model's sources
 tuned theirs, the best on a grid at every setting (Charles et al., arXiv 2503.09799v1,
 Section 5.1: 0.05-1.0 for each H, the best rising with H and M, their Figure 8): a part of
-their grid down to 0.05 for H = 4 and 0.1 for the longer periods, and the policies'
-default (0.7, DiLoCo's own at H = 500), which each row's untuned figure is measured at."""
+their grid (0.05 or 0.1 to 0.4), the value between the best two of that part on two-dc
+(a finer step where the penalty changes fastest), and the policies' default (0.7,
+DiLoCo's own at H = 500), which each row's untuned figure is measured at."""
 BASELINE = METHODS[0][0]
 
 SAME = 1e-6
@@ -99,9 +100,9 @@ paper-3dc's its job's own), the steps (paper-3dc's 12 workers take about 80 s a 
 of 64 steps on two shared cores; its three times larger batch has data parallelism's
 loss level by then, as two-dc's is by 128) and where a method's outer learning rates are
 fewer than METHODS has (`outer_lrs`): paper-3dc's runs take four times two-dc's, so it
-tries each method's best on two-dc, the grid's next value above it (the best rises with M,
-Charles et al.'s Figure 8, and paper-3dc has three workers to two-dc's two) and the
-default."""
+tries each method's best on two-dc of Charles et al.'s values, their next value above it
+(the best rises with M, their Figure 8, and paper-3dc has three workers to two-dc's two)
+and the default."""
 
 
 def _points(rows: Sequence[Sequence[Any]]) -> list[LossPoint]:
