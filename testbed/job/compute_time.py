@@ -6,9 +6,8 @@ forward and backward of one transformer layer for one microbatch. Read and writt
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
-from testbed.common.codec import JsonObject
 from testbed.common.fields import Fields
 from testbed.common.units import parse_duration
 from testbed.job.model import ComputeTime
@@ -34,8 +33,17 @@ def parse_compute_time(fields: Fields | None) -> ComputeTime | None:
     return ComputeTime(per, seconds)  # type: ignore[arg-type]
 
 
-def dump_compute_time(compute: ComputeTime) -> JsonObject:
-    return {compute.per: compute.seconds}
+class ComputeTimeSection(TypedDict, total=False):
+    """The section as the job file writes it (dump_compute_time): one of the two keys."""
+
+    step: float
+    layer: float
+
+
+def dump_compute_time(compute: ComputeTime) -> ComputeTimeSection:
+    if compute.per == "step":
+        return {"step": compute.seconds}
+    return {"layer": compute.seconds}
 
 
 def _duration(value: Any) -> float:

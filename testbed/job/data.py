@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
-from testbed.common.codec import JsonObject
 from testbed.common.fields import Fields, text
 from testbed.job.model import DATA_FORMATS, DataFile, DataFormat, ModelShape
 
@@ -81,6 +80,13 @@ def _format(value: Any) -> DataFormat:
     raise ValueError(f"unknown format {value!r} (text or uint16)")
 
 
-def dump_data(data: DataFile) -> JsonObject:
+class DataSection(TypedDict):
+    """The section as the job file writes it (dump_data)."""
+
+    path: str
+    format: DataFormat
+
+
+def dump_data(data: DataFile) -> DataSection:
     """What `parse_data` reads back to an equal DataFile."""
     return {"path": data.path, "format": data.format}

@@ -3,13 +3,19 @@ InnerOptimizer), read and written."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
-from testbed.common.codec import JsonObject
 from testbed.common.fields import Fields, number, positive
 from testbed.job.model import InnerOptimizer
 
 OPTIMIZER_KEYS = ("lr", "weight_decay")
+
+
+class OptimizerSection(TypedDict):
+    """The section as the job file writes it (dump_optimizer)."""
+
+    lr: float
+    weight_decay: float
 
 
 def parse_optimizer(fields: Fields | None) -> InnerOptimizer:
@@ -25,7 +31,7 @@ def parse_optimizer(fields: Fields | None) -> InnerOptimizer:
     return InnerOptimizer(lr, weight_decay)
 
 
-def dump_optimizer(optimizer: InnerOptimizer) -> JsonObject:
+def dump_optimizer(optimizer: InnerOptimizer) -> OptimizerSection:
     return {"lr": optimizer.lr, "weight_decay": optimizer.weight_decay}
 
 

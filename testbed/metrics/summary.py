@@ -11,8 +11,8 @@ import itertools
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
-from testbed.common.codec import JsonObject
 from testbed.common.span_table import rows
 from testbed.common.spans import Span, SpanKind
 
@@ -160,6 +160,48 @@ def wan_bytes(spans: Iterable[Span], lo: float = float("-inf"), hi: float = floa
     return total, inside
 
 
+class IterationTimesBlock(TypedDict):
+    median: float | None
+    min: float | None
+    max: float | None
+    mean: float | None
+    all: list[float]
+
+
+class CycleTimesBlock(TypedDict):
+    mean: float | None
+    period: int
+    cycles: int
+
+
+class TokensBlock(TypedDict):
+    measured: int
+    total: int
+    measured_s: float | None
+
+
+class UtilizationBlock(TypedDict):
+    training: float | None
+    total: float | None
+
+
+class WanBlock(TypedDict):
+    bytes: int
+    utilization: float | None
+
+
+class SummaryResults(TypedDict):
+    """A summary's keys of results.json (testbed.report.run_results' Results reads them)."""
+
+    iteration_time_s: IterationTimesBlock
+    cycle_time_s: CycleTimesBlock
+    tokens_per_s: float | None
+    goodput_tokens_per_s: float | None
+    tokens: TokensBlock
+    gpu_utilization: UtilizationBlock
+    wan: WanBlock
+
+
 @dataclass(frozen=True)
 class Summary:
     iteration_times: list[float]
@@ -226,7 +268,7 @@ class Summary:
         """Tokens of the iterations `tokens_per_s` counts."""
         return self.tokens_of(counted_iterations(len(self.iteration_times), self.period))
 
-    def as_results(self) -> JsonObject:
+    def as_results(self) -> SummaryResults:
         return {
             "iteration_time_s": {
                 "median": self.median_s,
