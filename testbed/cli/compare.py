@@ -25,6 +25,7 @@ from testbed.common.choices import BackendName, FigureFormat, values_of
 from testbed.common.fsutil import write_atomic
 from testbed.common.units import plural
 from testbed.experiments.comparison import (
+    CompareConfig,
     GivenRun,
     check_repeat,
     comparison_runs,
@@ -110,7 +111,7 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
         done = run_comparison(runs, directory, steps.start, steps.finish, reporter.detail)
     entries = [entry for entry, _ in done]
     common = base.common
-    config = {"topology": str(topology), "backend": backend,
+    config: CompareConfig = {"topology": str(topology), "backend": backend,
               "policies": list(policies), "plans": [str(p) for p in plan_paths],
               "bubbles": list(bubbles), "repeat": repeat,
               "options": list(policy_opts), "job_overrides": _overrides(flags),

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypedDict
 
-from testbed.common.codec import JsonObject
+from testbed.common.choices import BackendName, OnFailure
 from testbed.common.fsutil import own_directory, write_atomic
 from testbed.common.sizes import MAX_REPEATS
 from testbed.common.yamlio import to_yaml
@@ -127,7 +128,26 @@ def _run(run: ComparisonRun, directory: Path, say: Say) -> tuple[RunEntry, RunRe
                     results.get("error"), results), outcome
 
 
-def write_compare(directory: Path, config: JsonObject, entries: list[RunEntry]) -> None:
+class CompareConfig(TypedDict):
+    """A comparison's settings, as compare.json opens with them."""
+
+    topology: str | None
+    backend: BackendName
+    policies: list[str]
+    plans: list[str]
+    bubbles: list[str]
+    repeat: int
+    options: list[str]
+    job_overrides: dict[str, object]
+    """The job's flags as given (`testbed compare`'s): a value each, whatever its type."""
+    jitter: dict[str, float] | None
+    target_loss: float | None
+    loss_model: str
+    scenario: str | None
+    on_failure: OnFailure
+
+
+def write_compare(directory: Path, config: CompareConfig, entries: list[RunEntry]) -> None:
     """compare.json: the settings, each combination's row as the table shows it (speed-up,
     time to loss), and every run with its results; compare.csv: one line per run."""
     rows = [asdict(row) for row in table_rows(entries)]

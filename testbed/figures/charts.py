@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-from testbed.common.codec import JsonObject
+from testbed.figures.claim_runs import ClaimRun
 from testbed.figures.claims import BACKENDS, SPEEDUPS
 from testbed.figures.collect import ClaimRecord
 from testbed.figures.frontier import ClaimSearch
@@ -101,7 +101,7 @@ def claim_plot(record: ClaimRecord, path: Path) -> None:
     write_csv(beside(path), ["backend", "bar", "value", "quantity"], rows)
 
 
-def _bars(record: ClaimRecord, runs: dict[str, JsonObject]) -> Bars:
+def _bars(record: ClaimRecord, runs: dict[str, ClaimRun]) -> Bars:
     """The bars of a claim whose runs all ran; iteration times of those that did else."""
     if any("error" in r for r in runs.values()):
         ran = {k: r for k, r in runs.items() if "error" not in r}

@@ -6,9 +6,8 @@ connections on. Both `figures` at the stated conditions and the search for where
 from __future__ import annotations
 
 import dataclasses
-from typing import TypedDict
+from typing import TypedDict, cast
 
-from testbed.common.codec import JsonObject
 from testbed.errors import TestbedError
 from testbed.experiments.planning import plan_with_simulator
 from testbed.figures.claims import MULTI_TCP, ClaimSpec, RunFigures, multi_tcp_link
@@ -16,9 +15,47 @@ from testbed.figures.measure import Runner, transfer, wan_connections
 from testbed.policy import training_policy
 
 
+class RequestsRow(TypedDict):
+    """A run's Requests (testbed.figures.claims) as claims.json has them."""
+
+    arrived: int
+    served: int
+    expired: int | None
+    rejected: int
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    prefills: int | None
+    overran: int | None
+
+
+class ClaimRun(TypedDict, total=False):
+    """One run behind a claim as claims.json has it: a run's RunFigures under its label,
+    its error, or the transfer multiple connections are measured by."""
+
+    run: str
+    error: str
+    iteration_s: float | None
+    tokens_per_s: float | None
+    utilization_training: float | None
+    utilization_total: float | None
+    plan: str
+    gpus: int | None
+    wan_utilization: float | None
+    requests: RequestsRow | None
+    link: str
+    connections: int
+    one_connection_s: float
+    many_connections_s: float
+    many_connections_paced_s: float
+    bytes: int
+    one_way_s: float
+    bandwidth_bps: float
+    window_bytes: int
+
+
 class BackendFigures(TypedDict, total=False):
     value: float | None
-    runs: dict[str, JsonObject]
+    runs: dict[str, ClaimRun]
     """Each run's figures (or its error) by its key in the claim."""
     why_none: str
 
@@ -28,14 +65,15 @@ def measure_claim(runner: Runner, spec: ClaimSpec) -> BackendFigures:
     if spec.id == MULTI_TCP:
         return _multi_tcp(runner)
     measured: dict[str, RunFigures] = {}
-    runs: dict[str, JsonObject] = {}
+    runs: dict[str, ClaimRun] = {}
     for ask in spec.runs:
         got = runner.figures(ask)
         if isinstance(got, str):
             runs[ask.key] = {"run": ask.label(), "error": got}
             return {"value": None, "runs": runs, "why_none": f"{ask.label()} failed: {got}"}
         measured[ask.key] = got
-        runs[ask.key] = {"run": ask.label(), **dataclasses.asdict(got)}
+        # RunFigures' fields, in their order, are ClaimRun's keys
+        runs[ask.key] = cast(ClaimRun, {"run": ask.label(), **dataclasses.asdict(got)})
     value = spec.value(measured)
     figures: BackendFigures = {"value": value, "runs": runs}
     if value is None:
@@ -56,7 +94,7 @@ def _multi_tcp(runner: Runner) -> BackendFigures:
     (a, b), connections = chosen
     got = transfer(topology, (a, b), job.activation_bytes, connections, runner.backend,
                    runner.say)
-    out: JsonObject = {
+    out: ClaimRun = {
         "link": got.link, "connections": got.connections, "one_connection_s": got.one_s,
         "many_connections_s": got.many_s, "bytes": job.activation_bytes,
         "one_way_s": topology.one_way_latency(a, b),

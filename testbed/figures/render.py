@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from testbed.common.codec import JsonObject
 from testbed.common.fsutil import write_atomic, write_named
 from testbed.common.jsonio import read_json
+from testbed.figures.claim_runs import ClaimRun
 from testbed.figures.claims import BACKENDS
 from testbed.figures.collect import ClaimRecord
 
@@ -131,7 +131,7 @@ def details_markdown(records: Sequence[ClaimRecord]) -> str:
     return "\n".join(out)
 
 
-def _columns(rows: dict[str, JsonObject]) -> list[str]:
+def _columns(rows: dict[str, ClaimRun]) -> list[str]:
     seen: dict[str, None] = {}
     for row in rows.values():
         for key, value in row.items():

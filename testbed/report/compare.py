@@ -52,10 +52,14 @@ class RunEntry:
         return dict(self.__dict__)
 
 
-def flatten(data: Mapping[str, Any], prefix: str = "") -> JsonObject:
+Cell = str | int | float | bool | None
+"""A JSON scalar: one cell of compare.csv."""
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Cell]:
     """Nested results as one level of `a.b.c` keys; lists become JSON text (any JSON
     document: compare.csv has a column per key a run's results.json holds)."""
-    out: JsonObject = {}
+    out: dict[str, Cell] = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
