@@ -11,11 +11,10 @@ from pathlib import Path
 import click
 
 from testbed.common.choices import ShaperChoice, values_of
-from testbed.common.codec import JsonObject
 from testbed.common.units import human_rate
 from testbed.emulator.net.interrupts import critical, stop_point, stop_signals
 from testbed.emulator.net.layout import check_limits
-from testbed.emulator.net.state import RunState, all_states
+from testbed.emulator.net.state import NetInfo, RunState, all_states
 from testbed.errors import NetworkError, Terminated, TestbedError
 from testbed.topology import Topology, load_topology
 from testbed.topology.cluster import Cluster, load_cluster, machine_at
@@ -118,7 +117,7 @@ def _pick_state(run_id: str | None) -> RunState:
     return states[0]
 
 
-def _print_listing(info: JsonObject) -> None:
+def _print_listing(info: NetInfo) -> None:
     click.echo(f"network {info['run_id']}: topology {info['topology']}, shaper {info['shaper']}")
     click.echo(f"{'node':<14} {'dc':<12} {'address':<14} netns")
     for node in info["nodes"]:

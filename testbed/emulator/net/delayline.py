@@ -31,6 +31,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 TUNSETIFF = 0x400454CA
 TUNSETOFFLOAD = 0x400454D0
@@ -196,9 +197,17 @@ def _loop(ports: list[Port], parent_pid: int) -> None:
                 port.queue.append((port.release_time(clock()), packet))
 
 
+class DelayLineStats(TypedDict):
+    """A delay line's stats file: its process, CPU time and each port's counters."""
+
+    pid: int
+    cpu_s: float
+    ports: dict[str, dict[str, float]]
+
+
 def write_stats(path: Path, ports: list[Port]) -> None:
     times = os.times()
-    data = {
+    data: DelayLineStats = {
         "pid": os.getpid(),
         "cpu_s": times.user + times.system,
         "ports": {port.name: port.stats() for port in ports},

@@ -18,16 +18,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed.common.codec import JsonObject
 from testbed.common.jsonio import read_json
 from testbed.common.units import plural
 from testbed.emulator.net import netns as kernel
+from testbed.emulator.net.delayline import DelayLineStats
 from testbed.emulator.net.interrupts import critical, stop_point
 from testbed.emulator.net.layout import HOST_IF, Layout, build_layout
 from testbed.emulator.net.shaping import Shaper, ShapingPlan, plan_shaping
 from testbed.emulator.net.share import describe_cluster, machine_share, vxlan_command
 from testbed.emulator.net.slots import free_slot, refuse_taken_names
 from testbed.emulator.net.state import (
+    LinkListing,
+    NetInfo,
     ProcessRecord,
     RunState,
     new_run_id,
@@ -95,9 +97,9 @@ class Network:
     def address_of(self, node: str) -> str:
         return self.layout.node(node).address
 
-    def describe(self) -> JsonObject:
+    def describe(self) -> NetInfo:
         """The `net ls --json` form: nodes, links, and what shapes them."""
-        links = []
+        links: list[LinkListing] = []
         for link in self.topology.links:
             links.append(
                 {
@@ -110,7 +112,7 @@ class Network:
                     "shaper": self.shaper.value,
                 }
             )
-        return {
+        listing: NetInfo = {
             "run_id": self.state.run_id,
             "topology": self.topology.name,
             "shaper": self.shaper.value,
@@ -129,13 +131,15 @@ class Network:
                 for dc in self.topology.datacenters
             },
             "notes": list(self.shaping.notes),
-            **({} if self.cluster is None else {"cluster": describe_cluster(
-                self.cluster, self.layout)}),
         }
+        if self.cluster is not None:
+            listing["cluster"] = describe_cluster(self.cluster, self.layout)
+        return listing
 
-    def delay_line_stats(self) -> JsonObject:
-        """Counters and CPU time of each delay line (userspace shaper only)."""
-        out: JsonObject = {}
+    def delay_line_stats(self) -> dict[str, DelayLineStats]:
+        """Counters and CPU time of each delay line (userspace shaper only), as its
+        process wrote them."""
+        out: dict[str, DelayLineStats] = {}
         if self.stats_dir is None:
             return out
         for proc in self.delay_lines.values():

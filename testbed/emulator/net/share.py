@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from testbed.common.codec import JsonObject
 from testbed.emulator.net.layout import Layout, Tunnel
+from testbed.emulator.net.state import ClusterListing
 from testbed.topology.cluster import Cluster
 from testbed.topology.model import Topology
 
@@ -70,7 +70,7 @@ def _link_index(topology: Topology, a: str, b: str) -> int:
     raise KeyError((a, b))
 
 
-def describe_cluster(cluster: Cluster, layout: Layout) -> JsonObject:
+def describe_cluster(cluster: Cluster, layout: Layout) -> ClusterListing:
     """The `net ls --json` form of the cluster a share belongs to."""
     return {"name": cluster.name, "machine": layout.machine,
             "coordinator": cluster.coordinator, "mtu": layout.mtu,

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from testbed.common.codec import JsonObject
 from testbed.common.fsutil import write_atomic
@@ -38,6 +38,74 @@ class ProcessRecord:
     role: str
 
 
+class NodeListing(TypedDict):
+    name: str
+    dc: str
+    address: str
+    netns: str
+
+
+class RouterListing(TypedDict):
+    dc: str
+    address: str
+    netns: str
+    subnet: str
+
+
+class LinkListing(TypedDict):
+    between: list[str]
+    latency_ms: float
+    bandwidth_bps: float
+    jitter_ms: float
+    loss: float
+    queue_bytes: int
+    shaper: str
+
+
+class MachineListing(TypedDict):
+    name: str
+    address: str
+    dcs: list[str]
+
+
+class TunnelListing(TypedDict):
+    dc: str
+    peer: str
+    vni: int
+    remote: str
+
+
+class ClusterListing(TypedDict):
+    """The cluster a machine's share of a network belongs to (share.describe_cluster)."""
+
+    name: str
+    machine: str | None
+    coordinator: str
+    mtu: int
+    machines: list[MachineListing]
+    tunnels: list[TunnelListing]
+
+
+class NetInfo(TypedDict, total=False):
+    """A state file's `info`: what teardown needs (the host's congestion controls before
+    ours, a launch's cgroup) and, once the network is up, its `net ls --json` listing
+    (network.Network.describe)."""
+
+    allowed_cc_before: str
+    launch: bool
+    cgroup: str
+    run_id: str
+    topology: str
+    shaper: str
+    slot: int
+    nodes: list[NodeListing]
+    routers: list[RouterListing]
+    links: list[LinkListing]
+    tcp: dict[str, dict[str, str]]
+    notes: list[str]
+    cluster: ClusterListing
+
+
 @dataclass
 class RunState:
     run_id: str
@@ -53,7 +121,7 @@ class RunState:
     processes: list[ProcessRecord] = field(default_factory=list)
     detached: bool = False
     ready: bool = False
-    info: JsonObject = field(default_factory=dict)
+    info: NetInfo = field(default_factory=NetInfo)
     """What `testbed net ls` shows: nodes, links, shaper, notes."""
 
     @property
