@@ -19,6 +19,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 from testbed.common.codec import JsonObject
 from testbed.common.sizes import MAX_SWEEP_RUNS
@@ -36,7 +37,7 @@ from testbed.report.run_results import Results
 from testbed.run.spec import RunSpec
 from testbed.topology.load import dump_topology
 from testbed.topology.model import Topology
-from testbed.topology.net_events import NetEvent, parse_event_flag
+from testbed.topology.net_events import EventEntry, NetEvent, parse_event_flag
 from testbed.topology.overrides import first_dcs, is_topology_key, override
 
 __all__ = ["Knob", "Point", "SweepSettings", "first_dcs", "grid", "parse_vary", "points",
@@ -51,6 +52,24 @@ FLAG = "--vary"
 class Knob:
     key: str
     values: tuple[str, ...]
+
+
+class SweepDescription(TypedDict):
+    """A sweep's settings as sweep.json keeps them (SweepSettings.describe)."""
+
+    topology: JsonObject  # the topology file's document (dump_topology), YAML-shaped
+    job: JsonObject  # the job file's document (dump_job), YAML-shaped
+    events: list[EventEntry]
+    policies: list[str]
+    bubbles: list[str]
+    knobs: list[list[str | list[str]]]
+    """[key, [value, ...]] for each knob: a list, as read back from JSON, to compare."""
+    options: list[str]
+    repeat: int
+    jitter: dict[str, float] | None
+    profile: dict[str, dict[str, float]] | None
+    target_loss: float | None
+    loss_model: str
 
 
 @dataclass(frozen=True)
@@ -71,7 +90,7 @@ class SweepSettings:
     without it, to the default target: the synchronous loss at the token budget)."""
     loss_model: str = DEFAULT_LOSS_MODEL
 
-    def describe(self) -> JsonObject:
+    def describe(self) -> SweepDescription:
         """Plain data that tells two sweeps apart: what `--out` keeps, to go on with (the
         `settings` of sweep.json, a document of its own: the topology and job as their
         files have them)."""

@@ -18,10 +18,10 @@ import io
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from testbed.common.codec import JsonObject
 from testbed.common.fsutil import write_atomic
@@ -29,7 +29,14 @@ from testbed.common.input_files import MIB, read_bounded
 from testbed.common.jsonio import MAX_JSON_BYTES, loads
 from testbed.common.units import plural
 from testbed.errors import InputError
-from testbed.experiments.sweep import BUBBLE_METRICS, METRICS, Point, PointRun, Row
+from testbed.experiments.sweep import (
+    BUBBLE_METRICS,
+    METRICS,
+    Point,
+    PointRun,
+    Row,
+    SweepDescription,
+)
 
 SWEEP_FILE = "sweep.json"
 POINTS_FILE = "points.jsonl"
@@ -72,7 +79,7 @@ class Sweep:
         return [row for index in sorted(done) for row in done[index]]
 
 
-def start(directory: Path, settings: JsonObject, points: Sequence[Point],
+def start(directory: Path, settings: SweepDescription, points: Sequence[Point],
           force: bool) -> Sweep:
     """Mark `directory` as this sweep's, with the rows of the points it already holds of
     this same sweep (none when new or `force`)."""
@@ -86,7 +93,8 @@ def start(directory: Path, settings: JsonObject, points: Sequence[Point],
         if saved.get("fingerprint") != fingerprint:
             kept = saved.get("settings")
             old: JsonObject = kept if isinstance(kept, dict) else {}  # as read: unchecked
-            differ = [k for k in settings if old.get(k) != settings[k]] or ["settings"]
+            given: Mapping[str, object] = settings
+            differ = [k for k in given if old.get(k) != given[k]] or ["settings"]
             raise InputError(f"{directory} holds another sweep (its {', '.join(differ)} "
                              "differ); give a new --out, or --force to start over", "--out")
         done, notes = _points(saved_points, points, fingerprint)
@@ -108,13 +116,23 @@ def start(directory: Path, settings: JsonObject, points: Sequence[Point],
     return Sweep(directory, fingerprint, done, tuple(notes))
 
 
+class PointBody(TypedDict):
+    """A line of points.jsonl but its digest: a point's index, knob values and rows."""
+
+    index: int
+    values: list[list[str]]
+    rows: list[Row]
+
+
 def _line(point: Point, rows: list[Row], fingerprint: str) -> str:
-    body = {"index": point.index, "values": [list(v) for v in point.values], "rows": rows}
+    body: PointBody = {"index": point.index, "values": [list(v) for v in point.values],
+                       "rows": rows}
     return json.dumps({**body, "digest": _digest(fingerprint, body)}) + "\n"
 
 
-def _digest(fingerprint: str, body: JsonObject) -> str:
-    """A line's own digest, keyed by the sweep's: written by this sweep, and as written."""
+def _digest(fingerprint: str, body: Mapping[str, object]) -> str:
+    """A line's own digest, keyed by the sweep's: written by this sweep (a PointBody), and
+    as written (a line as read, its keys not yet checked)."""
     text = json.dumps(body, sort_keys=True, allow_nan=True)
     return hashlib.sha256(f"{fingerprint}\n{text}".encode()).hexdigest()
 
