@@ -8,7 +8,7 @@ import sys
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import click
 
@@ -31,7 +31,6 @@ from testbed.cli.simulate import profile, simulate
 from testbed.cli.sweep import sweep
 from testbed.cli.up import up
 from testbed.common import sigint
-from testbed.common.codec import JsonObject
 from testbed.common.fsutil import write_named
 from testbed.common.units import human_duration, human_rate, plural
 from testbed.errors import EXIT_INPUT, Terminated, TestbedError, TestbedWarning, one_line
@@ -187,6 +186,26 @@ def plan(
         click.echo(f"plan written to {csv_out}")
 
 
+class OptionRow(TypedDict):
+    default: object
+    help: str
+
+
+class PluginRow(TypedDict):
+    """A plugin as `testbed plugins` lists it (`--json`: one object each)."""
+
+    kind: Literal["training", "bubble", "loss"]
+    name: str
+    distribution: str
+    target: str
+    status: str
+    """`ok`, or `broken: WHY`."""
+    summary: str
+    options: dict[str, OptionRow]
+    fixed: dict[str, object]
+    """The settings the policy fixes (its own keyword arguments' values)."""
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plugins(as_json: bool) -> None:
@@ -202,8 +221,10 @@ def plugins(as_json: bool) -> None:
 
     from testbed.policy.loss_models import DEFAULT_LOSS_MODEL, LOSS_GROUP
 
-    rows: list[JsonObject] = []
-    for group, kind in ((TRAINING_GROUP, "training"), (BUBBLE_GROUP, "bubble")):
+    rows: list[PluginRow] = []
+    groups: tuple[tuple[str, Literal["training", "bubble"]], ...] = (
+        (TRAINING_GROUP, "training"), (BUBBLE_GROUP, "bubble"))
+    for group, kind in groups:
         for name, info in discover(group).items():
             rows.append(
                 {

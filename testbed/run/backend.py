@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Protocol
 
 from testbed.common.choices import BackendName
-from testbed.common.codec import JsonObject, from_json
+from testbed.common.codec import from_json
 from testbed.errors import TestbedError
 from testbed.inference.bubbles import InferenceSummary
 from testbed.metrics.overruns import OverrunCounts
@@ -47,6 +47,6 @@ def typed_inference(block: InferenceSummary, overruns: OverrunCounts | None = No
                     ) -> Inference:
     """results.json's `inference` block as its type (testbed.report.run_results), with
     how often prefills held training past their bubbles where bubbles were filled."""
-    data: JsonObject = {**block, **({"overruns": overruns} if overruns else {})}
-    typed: Inference = from_json(data, Inference, "inference")
+    typed: Inference = from_json({**block, **({"overruns": overruns} if overruns else {})},
+                                 Inference, "inference")
     return typed
