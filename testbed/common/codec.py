@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields, is_dataclass
 from enum import Enum
 from typing import Annotated, Any, Literal, Union
@@ -17,6 +18,14 @@ JsonObject = dict[str, Any]
 into a typed value, made for a document of an external format (a JSON Schema, a Chrome
 trace's events, a YAML file written back), or the codec's own generic to/from JSON. Not
 for values passed between parts of testbed: those have dataclasses or TypedDicts."""
+
+
+
+def raw(document: Mapping[str, Any]) -> JsonObject:
+    """A document made as a TypedDict (a file's, as testbed writes it) as raw data: to
+    edit as one would the file, before it is checked again."""
+    return dict(document)
+
 
 OMITTED = {"omitted": True}
 """Field metadata: a key written only when it has a value (absent, never null, otherwise)."""

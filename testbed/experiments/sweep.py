@@ -21,13 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypedDict
 
-from testbed.common.codec import JsonObject
+from testbed.common.codec import raw
 from testbed.common.sizes import MAX_SWEEP_RUNS
 from testbed.common.units import plural
 from testbed.errors import InputError, TestbedError
 from testbed.experiments.comparison import ComparisonRun, check_repeat, comparison_runs
 from testbed.experiments.inputs import Inputs
-from testbed.job.load import apply_overrides, dump_job, parse_job
+from testbed.job.load import JobDocument, apply_overrides, dump_job, parse_job
 from testbed.job.model import Job
 from testbed.plan.jitter import Jitter, parse_jitter
 from testbed.plan.profile import Profile
@@ -35,7 +35,7 @@ from testbed.policy.loss_models import DEFAULT_LOSS_MODEL
 from testbed.policy.registry import TRAINING_GROUP, discover
 from testbed.report.run_results import Results
 from testbed.run.spec import RunSpec
-from testbed.topology.load import dump_topology
+from testbed.topology.load import TopologyDocument, dump_topology
 from testbed.topology.model import Topology
 from testbed.topology.net_events import EventEntry, NetEvent, parse_event_flag
 from testbed.topology.overrides import first_dcs, is_topology_key, override
@@ -57,8 +57,8 @@ class Knob:
 class SweepDescription(TypedDict):
     """A sweep's settings as sweep.json keeps them (SweepSettings.describe)."""
 
-    topology: JsonObject  # the topology file's document (dump_topology), YAML-shaped
-    job: JsonObject  # the job file's document (dump_job), YAML-shaped
+    topology: TopologyDocument
+    job: JobDocument
     events: list[EventEntry]
     policies: list[str]
     bubbles: list[str]
@@ -158,7 +158,7 @@ def vary(topology: Topology, job: Job, key: str, value: str, flag: str = FLAG
     or any job key)."""
     if is_topology_key(key):
         return override(topology, key, value, flag), job
-    data = dump_job(job)
+    data = raw(dump_job(job))
     apply_overrides(data, [f"{key.removeprefix('job.')}={value}"])
     try:
         return topology, parse_job(data, flag, "")

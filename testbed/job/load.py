@@ -9,7 +9,7 @@ import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, Required, TypedDict
 
 from testbed.common.codec import JsonObject
 from testbed.common.fields import (
@@ -33,8 +33,13 @@ from testbed.common.sizes import (
 from testbed.common.units import parse_duration, parse_per_second, plural
 from testbed.common.yamlio import parse_yaml, read_yaml
 from testbed.errors import InputError
-from testbed.job.compute_time import COMPUTE_TIME_KEYS, dump_compute_time, parse_compute_time
-from testbed.job.data import dump_data, parse_data
+from testbed.job.compute_time import (
+    COMPUTE_TIME_KEYS,
+    ComputeTimeSection,
+    dump_compute_time,
+    parse_compute_time,
+)
+from testbed.job.data import DataSection, dump_data, parse_data
 from testbed.job.model import (
     DTYPE_BYTES,
     MLP_MATRICES,
@@ -46,7 +51,12 @@ from testbed.job.model import (
     ModelShape,
     PromptLengths,
 )
-from testbed.job.optimizer import OPTIMIZER_KEYS, dump_optimizer, parse_optimizer
+from testbed.job.optimizer import (
+    OPTIMIZER_KEYS,
+    OptimizerSection,
+    dump_optimizer,
+    parse_optimizer,
+)
 
 
 def load_job(
@@ -250,8 +260,20 @@ def _mlp_kind(value: Any) -> MlpKind:
     raise ValueError(f"unknown MLP {value!r} (one of {', '.join(MLP_MATRICES)})")
 
 
-def _dump_model(shape: ModelShape) -> JsonObject:
-    out: JsonObject = {
+class ModelSection(TypedDict):
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    vocab: int
+    mlp: str
+    tied_embeddings: bool
+    kv_heads: NotRequired[int]
+    ffn: NotRequired[int]
+
+
+def _dump_model(shape: ModelShape) -> ModelSection:
+    out: ModelSection = {
         "layers": shape.layers,
         "hidden": shape.hidden,
         "heads": shape.heads,
@@ -363,16 +385,62 @@ def _is_number(value: str) -> bool:
     return True
 
 
-def dump_job(job: Job) -> JsonObject:
+class PromptLengthSection(TypedDict, total=False):
+    distribution: Required[str]
+    value: int
+    min: int
+    max: int
+    median: float
+    sigma: float
+
+
+class InferenceSection(TypedDict):
+    model: ModelSection
+    deadline: float
+    max_batch_tokens: int
+    trace_rows: NotRequired[list[list[float]]]
+    arrival_rate: NotRequired[float]
+    prompt_length: PromptLengthSection
+    decode_dc: NotRequired[str]
+
+
+class JobDocument(TypedDict):
+    """A job file as dump_job writes it."""
+
+    model: ModelSection
+    microbatch_size: int
+    iterations: int
+    seed: int
+    dtype: str
+    tp: int
+    microbatches: NotRequired[int]
+    global_batch: NotRequired[int]
+    dp: NotRequired[int]
+    pp: NotRequired[int]
+    token_budget: NotRequired[int]
+    data: NotRequired[DataSection]
+    optimizer: NotRequired[OptimizerSection]
+    compute_time: NotRequired[ComputeTimeSection]
+    inference: NotRequired[InferenceSection]
+
+
+def dump_job(job: Job) -> JobDocument:
     """Plain data that `parse_job(data, prefix="")` reads back to an equal Job (a trace
     workload is written inline as `trace_rows`)."""
-    out: JsonObject = {"model": _dump_model(job.model),
-                           "microbatch_size": job.microbatch_size,
-                           "iterations": job.iterations, "seed": job.seed, "dtype": job.dtype,
-                           "tp": job.tp}
-    for key in ("microbatches", "global_batch", "dp", "pp", "token_budget"):
-        if getattr(job, key) is not None:
-            out[key] = getattr(job, key)
+    out: JobDocument = {"model": _dump_model(job.model),
+                        "microbatch_size": job.microbatch_size,
+                        "iterations": job.iterations, "seed": job.seed, "dtype": job.dtype,
+                        "tp": job.tp}
+    if job.microbatches is not None:
+        out["microbatches"] = job.microbatches
+    if job.global_batch is not None:
+        out["global_batch"] = job.global_batch
+    if job.dp is not None:
+        out["dp"] = job.dp
+    if job.pp is not None:
+        out["pp"] = job.pp
+    if job.token_budget is not None:
+        out["token_budget"] = job.token_budget
     if job.data is not None:
         out["data"] = dump_data(job.data)
     if job.optimizer != InnerOptimizer():
@@ -380,23 +448,30 @@ def dump_job(job: Job) -> JsonObject:
     if job.compute_time is not None:
         out["compute_time"] = dump_compute_time(job.compute_time)
     if job.inference is not None:
-        inf = job.inference
-        workload: JsonObject = {"model": _dump_model(inf.model), "deadline": inf.deadline_s,
-                                    "max_batch_tokens": inf.max_batch_tokens}
-        if inf.trace is not None:
-            workload["trace_rows"] = [list(row) for row in inf.trace]
-        else:
-            workload["arrival_rate"] = inf.arrival_rate
-        prompt = inf.prompt
-        if prompt.distribution == "fixed":
-            workload["prompt_length"] = {"distribution": "fixed", "value": prompt.low}
-        elif prompt.distribution == "uniform":
-            workload["prompt_length"] = {"distribution": "uniform", "min": prompt.low,
-                                         "max": prompt.high}
-        else:
-            workload["prompt_length"] = {"distribution": "lognormal", "median": prompt.median,
-                                         "sigma": prompt.sigma, "max": prompt.high}
-        if inf.decode_dc is not None:
-            workload["decode_dc"] = inf.decode_dc
-        out["inference"] = workload
+        out["inference"] = _dump_inference(job.inference)
     return out
+
+
+def _dump_inference(inf: InferenceWorkload) -> InferenceSection:
+    prompt = inf.prompt
+    length: PromptLengthSection
+    if prompt.distribution == "fixed":
+        length = {"distribution": "fixed", "value": prompt.low}
+    elif prompt.distribution == "uniform":
+        length = {"distribution": "uniform", "min": prompt.low, "max": prompt.high}
+    else:
+        length = {"distribution": "lognormal", "median": prompt.median,
+                  "sigma": prompt.sigma, "max": prompt.high}
+    workload: InferenceSection = {
+        "model": _dump_model(inf.model), "deadline": inf.deadline_s,
+        "max_batch_tokens": inf.max_batch_tokens,
+        "trace_rows": [list(row) for row in inf.trace or ()],
+        "arrival_rate": inf.arrival_rate, "prompt_length": length,
+        "decode_dc": inf.decode_dc or ""}
+    if inf.trace is not None:  # a trace written inline, or a rate: one of the two
+        del workload["arrival_rate"]
+    else:
+        del workload["trace_rows"]
+    if inf.decode_dc is None:
+        del workload["decode_dc"]
+    return workload

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
-from testbed.common.codec import JsonObject
 from testbed.common.fields import Fields, at_most, boolean, integer, number, positive, text
 from testbed.common.sizes import MAX_GPUS
 from testbed.common.units import (
@@ -243,17 +242,62 @@ def _check_connected(topology: Topology, top: Fields) -> None:
             raise top.error("wan", f"no WAN path between {names[0]} and {other}") from None
 
 
-def dump_topology(topology: Topology) -> JsonObject:
+class TcpSection(TypedDict):
+    congestion: str
+    rmem: list[str]
+    wmem: list[str]
+    slow_start_after_idle: bool
+
+
+class GpuSection(TypedDict):
+    peak: str
+    memory: str
+    efficiency: float
+
+
+class DatacenterEntry(TypedDict):
+    name: str
+    gpus: int
+    gpu: str
+    bandwidth: str
+    latency: str
+    tcp: NotRequired[TcpSection]
+
+
+class LinkEntry(TypedDict):
+    between: list[str]
+    latency: str
+    bandwidth: str
+    jitter: NotRequired[str]
+    loss: NotRequired[str]
+    queue: NotRequired[str]
+
+
+class TopologyDocument(TypedDict):
+    """A topology file as dump_topology writes it (quantities as text, as a file has
+    them); the `job` and `events` it carries are as the file gave them."""
+
+    name: str
+    tcp: TcpSection
+    gpu_types: NotRequired[dict[str, GpuSection]]
+    datacenters: list[DatacenterEntry]
+    wan: list[LinkEntry]
+    job: NotRequired[dict[str, object]]
+    events: NotRequired[list[object]]
+
+
+def dump_topology(topology: Topology) -> TopologyDocument:
     """Plain data that `parse_topology` reads back to an equal Topology."""
-    data: JsonObject = {"name": topology.name, "tcp": _dump_tcp(topology.tcp)}
-    custom = {}
+    custom: dict[str, GpuSection] = {}
     for dc in topology.datacenters:
         if BUILTIN_GPU_TYPES.get(dc.gpu.name) != dc.gpu:
             custom[dc.gpu.name] = _dump_gpu(dc.gpu)
-    if custom:
-        data["gpu_types"] = custom
-    data["datacenters"] = [_dump_dc(dc) for dc in topology.datacenters]
-    data["wan"] = [_dump_link(link) for link in topology.links]
+    data: TopologyDocument = {"name": topology.name, "tcp": _dump_tcp(topology.tcp),
+                              "gpu_types": custom,
+                              "datacenters": [_dump_dc(dc) for dc in topology.datacenters],
+                              "wan": [_dump_link(link) for link in topology.links]}
+    if not custom:
+        del data["gpu_types"]
     if topology.job is not None:
         data["job"] = dict(topology.job)
     if topology.events is not None:
@@ -261,7 +305,7 @@ def dump_topology(topology: Topology) -> JsonObject:
     return data
 
 
-def _dump_tcp(tcp: TcpSettings) -> JsonObject:
+def _dump_tcp(tcp: TcpSettings) -> TcpSection:
     return {
         "congestion": tcp.congestion,
         "rmem": [format_size(v) for v in tcp.rmem],
@@ -270,7 +314,7 @@ def _dump_tcp(tcp: TcpSettings) -> JsonObject:
     }
 
 
-def _dump_gpu(gpu: GpuType) -> JsonObject:
+def _dump_gpu(gpu: GpuType) -> GpuSection:
     return {
         "peak": format_flops(gpu.peak_flops),
         "memory": format_size(gpu.memory_bytes),
@@ -278,8 +322,8 @@ def _dump_gpu(gpu: GpuType) -> JsonObject:
     }
 
 
-def _dump_dc(dc: Datacenter) -> JsonObject:
-    out: JsonObject = {
+def _dump_dc(dc: Datacenter) -> DatacenterEntry:
+    out: DatacenterEntry = {
         "name": dc.name,
         "gpus": dc.gpus,
         "gpu": dc.gpu.name,
@@ -291,8 +335,8 @@ def _dump_dc(dc: Datacenter) -> JsonObject:
     return out
 
 
-def _dump_link(link: WanLink) -> JsonObject:
-    out: JsonObject = {
+def _dump_link(link: WanLink) -> LinkEntry:
+    out: LinkEntry = {
         "between": [link.a, link.b],
         "latency": format_duration(link.latency_s),
         "bandwidth": format_rate(link.bandwidth_bps),

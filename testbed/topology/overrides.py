@@ -9,7 +9,7 @@ would read it, and checked by the same parser: a bad one is named by its knob.
 
 from __future__ import annotations
 
-from testbed.common.codec import JsonObject
+from testbed.common.codec import JsonObject, raw
 from testbed.common.units import plural
 from testbed.common.yamlio import parse_yaml
 from testbed.errors import InputError, did_you_mean
@@ -29,7 +29,7 @@ def is_topology_key(key: str) -> bool:
 def override(topology: Topology, key: str, value: str, flag: str = "--set") -> Topology:
     """The topology with `key` set to `value` (text, as a flag gives it); an InputError
     located at `flag` and `key` when either is bad."""
-    data = dump_topology(topology)
+    data = raw(dump_topology(topology))
     if key == "dcs":
         data = _first_dcs(data, _count(value, len(topology.datacenters), flag, key))
     else:
