@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from testbed.common.choices import BackendName
-from testbed.common.codec import JsonObject, to_json
+from testbed.common.codec import JsonObject
 from testbed.errors import InputError, TestbedError
 from testbed.experiments.comparison import (
     GivenRun,
@@ -68,8 +68,7 @@ class Result:
     @property
     def results(self) -> JsonObject:
         """results.json as written: the document, for code that reads JSON."""
-        written: JsonObject = to_json(self.typed)
-        return written
+        return self.typed.document()
 
     @property
     def iteration_s(self) -> float:

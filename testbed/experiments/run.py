@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 
 from testbed.common.choices import BackendName
-from testbed.common.codec import JsonObject, to_json
+from testbed.common.codec import JsonObject
 from testbed.common.fsutil import write_atomic
 from testbed.common.heap import old_objects_frozen
 from testbed.common.span_table import last_end
@@ -55,8 +55,7 @@ class RunResult:
     @cached_property
     def results(self) -> JsonObject:
         """results.json as written: the document, for code that reads JSON."""
-        written: JsonObject = to_json(self.typed)
-        return written
+        return self.typed.document()
 
 
 def run(spec: RunSpec, directory: Path, say: Say = lambda _m: None,

@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from testbed.common.codec import JsonObject
 from testbed.common.input_files import MAX_CSV_BYTES, read_input
@@ -27,7 +27,24 @@ from testbed.plan.model import (
     Worker,
 )
 
-_INT_META = ("dp", "pp", "tp", "microbatches", "microbatch_size")
+IntMeta = Literal["dp", "pp", "tp", "microbatches", "microbatch_size"]
+_INT_META: tuple[IntMeta, ...] = ("dp", "pp", "tp", "microbatches", "microbatch_size")
+
+
+class PlanMeta(TypedDict, total=False):
+    """A plan CSV's meta rows, each checked as it is read; `plan` refuses a file
+    without those a plan needs."""
+
+    policy: str
+    dp: int
+    pp: int
+    tp: int
+    microbatches: int
+    microbatch_size: int
+    layers: tuple[int, ...]
+    cycle: tuple[int, ...]
+    opening: tuple[int, ...]
+    sync_order: SyncOrder
 
 
 def plan_to_csv(plan: Plan) -> str:
@@ -145,7 +162,7 @@ class _PlanRows:
     """What a plan's CSV has said so far, one method per row kind (the first cell)."""
 
     source: str | None
-    meta: JsonObject = field(default_factory=dict)
+    meta: PlanMeta = field(default_factory=PlanMeta)
     placement: dict[Worker, tuple[str, ...]] = field(default_factory=dict)
     actions: dict[str, tuple[Action, ...]] = field(default_factory=dict)
     programs: dict[int, dict[str, tuple[Action, ...]]] = field(default_factory=dict)
@@ -158,17 +175,21 @@ class _PlanRows:
 
     def meta_row(self, row: _Row) -> None:
         key = row.cell(1, str, "key")
+        number = next((name for name in _INT_META if name == key), None)
         if key == "policy":
-            self.meta[key] = row.cell(2, str, "policy name")
-        elif key in _INT_META:
-            self.meta[key] = row.cell(2, _natural, key)
+            self.meta["policy"] = row.cell(2, str, "policy name")
+        elif number is not None:
+            self.meta[number] = row.cell(2, _natural, key)
         elif key == "layers":
-            self.meta[key] = row.cell(2, lambda v: tuple(_natural(x) for x in v.split()),
-                                      "layers")
-        elif key in ("cycle", "opening"):
-            self.meta[key] = row.cell(2, parse_cycle, key)
+            self.meta["layers"] = row.cell(2, lambda v: tuple(_natural(x) for x in v.split()),
+                                           "layers")
+        elif key == "cycle":
+            self.meta["cycle"] = row.cell(2, parse_cycle, key)
+        elif key == "opening":
+            self.meta["opening"] = row.cell(2, parse_cycle, key)
         elif key == "sync_order":
-            self.meta[key] = row.cell(2, SyncOrder, "sync_order (fair, first-layers or policy)")
+            self.meta["sync_order"] = row.cell(2, SyncOrder,
+                                               "sync_order (fair, first-layers or policy)")
         else:
             raise row.error(f"unknown meta key {key!r}")
 

@@ -135,8 +135,7 @@ class RunRecord:
     def results(self) -> JsonObject:
         """results.json's content as written (testbed.report.run_results' types as JSON):
         for code that reads the document; `typed` is the same as types."""
-        json_value: JsonObject = to_json(self.typed())
-        return json_value
+        return self.typed().document()
 
     def typed(self) -> Results:
         """What results.json holds, as types; a key the types do not have is a bug here,

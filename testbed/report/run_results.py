@@ -25,7 +25,16 @@ from testbed.common.choices import (
     Status,
     TraceChoice,
 )
-from testbed.common.codec import OMITTED, OPEN, Count, NonNegative, Positive, Seconds
+from testbed.common.codec import (
+    OMITTED,
+    OPEN,
+    Count,
+    JsonObject,
+    NonNegative,
+    Positive,
+    Seconds,
+    to_json,
+)
 from testbed.metrics.loss import LossPoint, TimeToLoss
 from testbed.metrics.loss_prediction import LossPrediction
 from testbed.metrics.overruns import OverrunCounts
@@ -333,6 +342,12 @@ class Results:
     """The synchronized model's loss at the start of the run and of each cycle, on that
     iteration's global batch, and of the model it ends with, at its end
     (testbed.emulator.runtime.worker.synced_loss): what its `time_to_loss` ranks."""
+
+    def document(self) -> JsonObject:
+        """results.json as written: the JSON document, for code that reads JSON (and
+        results.json as read, which may predate these types, is that too)."""
+        out: JsonObject = to_json(self)
+        return out
 
     @property
     def typical_s(self) -> Seconds | None:
