@@ -13,9 +13,9 @@ from __future__ import annotations
 import gzip
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Literal, Required, TypedDict
 
 from testbed.common.choices import TraceChoice
-from testbed.common.codec import JsonObject
 from testbed.common.fsutil import atomic_output
 from testbed.common.span_table import rows
 from testbed.common.spans import Span, SpanDetail, SpanKind
@@ -27,6 +27,30 @@ from testbed.topology import Topology
 SUMMARY_GPUS = 256
 """Tracks a summary trace keeps at most (whole replicas, at least one)."""
 TRACE_FILE = "trace.json.gz"
+
+class Track(TypedDict):
+    pid: int
+    tid: int
+
+
+class TraceEvent(TypedDict, total=False):
+    """One event of Chrome's Trace Event Format, as far as testbed writes it: metadata
+    (M), a span (X), a flow's start and end (s, f), a counter (C), an instant (i)."""
+
+    ph: Required[Literal["M", "X", "s", "f", "C", "i"]]
+    name: str
+    cat: str
+    pid: int
+    tid: int
+    ts: float
+    dur: float
+    id: int
+    bp: str
+    """A flow's end binds to the enclosing slice (`e`)."""
+    s: str
+    """An instant's scope: global (g), process (p)."""
+    args: dict[str, object]
+
 
 _SHOWN: frozenset[SpanKind] = frozenset((
     "forward",
@@ -82,11 +106,11 @@ class _Tracks:
         self.tids: dict[str, int] = {}
         self.network_named = False
 
-    def processes(self) -> Iterator[JsonObject]:
+    def processes(self) -> Iterator[TraceEvent]:
         for dc, pid in self.pids.items():
             yield {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": dc}}
 
-    def on(self, gpu: str) -> Iterator[JsonObject]:
+    def on(self, gpu: str) -> Iterator[TraceEvent]:
         """The name of `gpu`'s track, if not yet given (and the network's process', the
         first time a track lies outside every datacenter)."""
         if gpu in self.tids:
@@ -99,12 +123,12 @@ class _Tracks:
         yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": self.tids[gpu],
                "args": {"name": gpu}}
 
-    def where(self, gpu: str) -> dict[str, int]:
+    def where(self, gpu: str) -> Track:
         return {"pid": self.pids.get(gpu.rsplit("-", 1)[0], 0), "tid": self.tids[gpu]}
 
 
 def trace_events(spans: Sequence[Span], start: float, topology: Topology,
-                 kept: frozenset[str] | None = None) -> Iterator[JsonObject]:
+                 kept: frozenset[str] | None = None) -> Iterator[TraceEvent]:
     """The trace's events in span order, each track's name first; with `kept`, only those
     GPUs' tracks (a span of a group drawn once, on its first GPU kept)."""
     tracks = _Tracks(topology)
@@ -133,22 +157,24 @@ def trace_events(spans: Sequence[Span], start: float, topology: Topology,
         ts, stop = us(begin), us(end)
         for gpu in drawn:
             yield from tracks.on(gpu)
-            yield {"ph": "X", "name": _label(kind, detail), "cat": kind, **tracks.where(gpu),
-                   "ts": ts, "dur": max(0.0, stop - ts), "args": args}
+            at = tracks.where(gpu)
+            yield {"ph": "X", "name": _label(kind, detail), "cat": kind, "pid": at["pid"],
+                   "tid": at["tid"], "ts": ts, "dur": max(0.0, stop - ts), "args": args}
 
 
 def _arrow(tracks: _Tracks, flow: int, src: str, dst: str, begin_us: float, end_us: float
-           ) -> Iterator[JsonObject]:
+           ) -> Iterator[TraceEvent]:
     """A transfer as an arrow from its sender's track to its receiver's."""
     yield from tracks.on(src)
     yield from tracks.on(dst)
-    yield {"ph": "s", "id": flow, "name": "tensor", "cat": "transfer", **tracks.where(src),
-           "ts": begin_us}
+    at, to = tracks.where(src), tracks.where(dst)
+    yield {"ph": "s", "id": flow, "name": "tensor", "cat": "transfer", "pid": at["pid"],
+           "tid": at["tid"], "ts": begin_us}
     yield {"ph": "f", "bp": "e", "id": flow, "name": "tensor", "cat": "transfer",
-           **tracks.where(dst), "ts": end_us}
+           "pid": to["pid"], "tid": to["tid"], "ts": end_us}
 
 
-def write_trace(path: Path, events: Iterable[JsonObject]) -> None:
+def write_trace(path: Path, events: Iterable[TraceEvent]) -> None:
     """The events as one gzip-compressed JSON trace, written as they come."""
     with atomic_output(path) as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1,
                                                    mtime=0) as out:

@@ -8,7 +8,7 @@ import contextlib
 from pathlib import Path
 
 from testbed.common.choices import FigureFormat
-from testbed.common.codec import JsonObject, to_json
+from testbed.common.codec import to_json
 from testbed.common.fsutil import write_atomic
 from testbed.common.yamlio import to_yaml
 from testbed.emulator.runtime.launch.counters import link_header
@@ -24,7 +24,7 @@ from testbed.metrics.link_counters import (
 )
 from testbed.metrics.link_use import LinkUse as UseOverTime
 from testbed.metrics.loss import time_to_loss
-from testbed.report.chrome import write_trace
+from testbed.report.chrome import TraceEvent, write_trace
 from testbed.report.figure_files import write_csv
 from testbed.report.launch_results import (
     LAUNCH_SCHEMA_VERSION,
@@ -109,10 +109,10 @@ def _cluster(name: str, machine: str | None, machines: dict[str, str]) -> Launch
     return out
 
 
-def trace_events(run: LaunchRun, uses: list[DirectionUse]) -> list[JsonObject]:
+def trace_events(run: LaunchRun, uses: list[DirectionUse]) -> list[TraceEvent]:
     """Link rates as counter tracks (Mbit/s), each rank's life as a span, each lost host
     and link change as an instant; microseconds from the launch's start."""
-    out: list[JsonObject] = [
+    out: list[TraceEvent] = [
         {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "WAN"}},
         {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "ranks"}}]
     for use in uses:
