@@ -26,12 +26,14 @@ MAX_ANY_DICTS = 25
 arguments (click's, a dataclass's, pyroute2's, matplotlib's), torch's state dicts, type
 hints by name, and the definition of common.codec.JsonObject. Values passed between parts
 have dataclasses or TypedDicts; lower this as uses go, never raise it."""
-MAX_JSON_OBJECTS = 96
+MAX_JSON_OBJECTS = 53
 """Lines in testbed/ that name JsonObject (imports aside): raw JSON or YAML before it is
-checked, a document of a format of its own (a JSON Schema, Chrome trace events, a YAML
-file written back, results.json as read, which may predate the schema) or the codec's
-generic to and from JSON. The alias names what is raw; it types nothing, so it is
-counted as well."""
+checked (a file or a control message as read, a flag's value, a file's document edited
+as raw data before it is parsed again), a document of a format of its own (a JSON
+Schema, results.json as written for code that reads JSON, and as read, which may predate
+the schema), what users or policies choose the keys of (a policy's notes and options, a
+trace generator's settings, a run's settings by name) or the codec's generic to and from
+JSON. The alias names what is raw; it types nothing, so it is counted as well."""
 
 
 def lines_naming(text: str, root: Path) -> list[str]:

@@ -15,9 +15,11 @@ from typing import Annotated, Any, Literal, Union
 
 JsonObject = dict[str, Any]
 """A JSON or YAML mapping as raw data: read from a file or the wire before it is checked
-into a typed value, made for a document of an external format (a JSON Schema, a Chrome
-trace's events, a YAML file written back), or the codec's own generic to/from JSON. Not
-for values passed between parts of testbed: those have dataclasses or TypedDicts."""
+into a typed value, a file's document to edit as raw data (`raw`), made for a document of
+an external format (a JSON Schema), keys users or policies choose, or the codec's own
+generic to/from JSON. Not for values passed between parts of testbed: those have
+dataclasses or TypedDicts (a file testbed writes too: a topology's, a job's, a trace's
+events)."""
 
 
 

@@ -77,6 +77,7 @@ def save_settings(directory: Path, spec: RunSpec, compute: str, dilation: int) -
     """Everything that decides the run, with `auto` choices resolved, so that a resumed
     run is the same run."""
     folder = own_directory(directory, CHECKPOINT_DIR)
+    # by name, as read_settings reads them back: RunSpec.build's keyword arguments
     settings: JsonObject = {name: spec.setting(name) for name in _SETTINGS}
     settings.update(format=FORMAT, compute=compute, dilation=dilation,
                     timed=bool(spec.common.events or spec.scenario),

@@ -148,6 +148,7 @@ def write_csv(directory: Path, columns: Sequence[str], table: Sequence[Row]) -> 
 
 
 def _saved(directory: Path) -> JsonObject:
+    """sweep.json as read: raw, only its schema checked (its settings are compared)."""
     try:
         saved = loads(read_bounded(directory / SWEEP_FILE, MAX_JSON_BYTES, follow=False))
     except ValueError:  # not JSON, or nested past what any file of ours is

@@ -116,7 +116,8 @@ def _topology_key(key: str) -> str | None:
 
 
 def apply_overrides(raw: JsonObject, overrides: Sequence[str]) -> list[str]:
-    """Apply `key.path=value` strings (values read as YAML scalars) in place."""
+    """Apply `key.path=value` strings (values read as YAML scalars) in place, to a job
+    file's raw data (as read, or dump_job's through codec.raw) before it is parsed."""
     keys = []
     for item in overrides:
         key, sep, value_text = item.partition("=")

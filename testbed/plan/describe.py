@@ -136,7 +136,8 @@ def describe_plan(plan: Plan, topology: Topology, job: Job) -> list[str]:
 
 
 def _selection_lines(selection: JsonObject, shown: int = 6) -> list[str]:
-    """A policy's candidate placements, best first, one line each."""
+    """A policy's candidate placements, best first, one line each: its `dc_selection`
+    note, free-form as every note is (Plan.notes), so read key by key, any missing."""
     def line(c: JsonObject) -> str:
         stages = "/".join(str(n) for n in c.get("stages", []))
         cell = c.get("dp_cell")

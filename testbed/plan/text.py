@@ -171,7 +171,7 @@ class _PlanRows:
     cells: list[tuple[int, ...]] = field(default_factory=list)
     host_tcp: HostTcp = field(default_factory=HostTcp)
     outer: OuterOptimizer = field(default_factory=OuterOptimizer)
-    notes: JsonObject = field(default_factory=dict)
+    notes: JsonObject = field(default_factory=dict)  # Plan.notes: the policy's, free-form
 
     def meta_row(self, row: _Row) -> None:
         key = row.cell(1, str, "key")

@@ -48,7 +48,7 @@ class RunEntry:
         return None if self.results is None else RunFigures.of(self.results)
 
     def as_dict(self) -> JsonObject:
-        """The entry as compare.json holds it."""
+        """The entry as compare.json holds it: its results as read, raw."""
         return dict(self.__dict__)
 
 

@@ -30,7 +30,8 @@ def raised_rates(topology: Topology, results: JsonObject, source: str = "results
                  ) -> dict[str, float]:
     """Link directions a network event or a scenario's trace gave a rate above the
     topology's during the run: the highest it had (the one real cause for a link to show
-    more than 100% of its rate)."""
+    more than 100% of its rate). `results`: results.json as read (SavedRun.results: raw,
+    as one written before the schema is read too)."""
     rates = link_rates(topology)
     peaks: dict[str, float] = {}
 

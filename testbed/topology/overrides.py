@@ -63,6 +63,8 @@ def _count(value: str, have: int, flag: str, key: str) -> int:
 
 
 def _first_dcs(data: JsonObject, count: int) -> JsonObject:
+    """`data`, a topology as raw data (dump_topology's, through codec.raw), edited as its
+    file would be: the first `count` datacenters and the links among them."""
     keep = {d["name"] for d in data["datacenters"][:count]}
     data["datacenters"] = [d for d in data["datacenters"] if d["name"] in keep]
     data["wan"] = [w for w in data["wan"] if set(w["between"]) <= keep]
@@ -70,7 +72,7 @@ def _first_dcs(data: JsonObject, count: int) -> JsonObject:
 
 
 def _targets(data: JsonObject, key: str, flag: str) -> list[tuple[JsonObject, str]]:
-    """The mappings (and the field in each) that `key` sets."""
+    """The mappings of the raw data (and the field in each) that `key` sets."""
     section, _, rest = key.partition(".")
     parts = rest.split(".") if rest else []
     if section == "dcs":
@@ -106,6 +108,7 @@ def _known(parts: list[str], fields: tuple[str, ...], flag: str, key: str) -> No
 
 
 def _link_name(link: JsonObject) -> str:
+    """A `wan` entry of the raw data, by name as `--set wan.A-B.KEY` gives it."""
     a, b = link["between"]
     return f"{a}-{b}"
 

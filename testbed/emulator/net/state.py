@@ -236,8 +236,9 @@ one would go to a process group, or to every process)."""
 
 
 def _known_fields(data: JsonObject, source: str | None = None) -> JsonObject:
-    """The known keys, checked; unknown ones left out. With a `source`, a known key
-    that does not have its type is an InputError naming it; without, it is left out."""
+    """The known keys of a state file's raw data, checked; unknown ones left out. With a
+    `source`, a known key that does not have its type is an InputError naming it;
+    without, it is left out."""
     out = {}
     for key, check in _KNOWN.items():
         if key in data:

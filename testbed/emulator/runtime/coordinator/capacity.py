@@ -71,8 +71,9 @@ def _key() -> str:
 
 
 def _cached() -> JsonObject:
-    """This machine's cached figures (none from another kernel or core count, nor from a
-    file someone else could have written: testbed.common.trust)."""
+    """This machine's cached figures, raw as read (`_figure` checks each one; none from
+    another kernel or core count, nor from a file someone else could have written:
+    testbed.common.trust)."""
     path = cache_file()
     try:
         owned_folder(path.parent)
