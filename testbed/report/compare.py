@@ -8,7 +8,7 @@ import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from testbed.common.codec import JsonObject
 from testbed.errors import one_line
@@ -21,6 +21,19 @@ from testbed.report.table import aligned
 EFFECTIVE = "effective tokens/s"
 NOTE_CHARS = 300
 """A failed run's error as the table's note shows it, at most (compare.json has it all)."""
+
+
+class CompareEntry(TypedDict):
+    """A run as compare.json's `runs` hold it (RunEntry.as_dict)."""
+
+    policy: str
+    bubble_policy: str | None
+    repeat: int
+    directory: str
+    status: str
+    error: str | None
+    results: JsonObject | None
+    """Its results.json as read: raw (RunEntry.results)."""
 
 
 @dataclass
@@ -47,9 +60,11 @@ class RunEntry:
         """What the table reads of its results, typed; None where it has none."""
         return None if self.results is None else RunFigures.of(self.results)
 
-    def as_dict(self) -> JsonObject:
-        """The entry as compare.json holds it: its results as read, raw."""
-        return dict(self.__dict__)
+    def as_dict(self) -> CompareEntry:
+        """The entry as compare.json holds it."""
+        return {"policy": self.policy, "bubble_policy": self.bubble_policy,
+                "repeat": self.repeat, "directory": self.directory, "status": self.status,
+                "error": self.error, "results": self.results}
 
 
 Cell = str | int | float | bool | None
