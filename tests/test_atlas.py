@@ -281,6 +281,28 @@ def test_the_staged_search_is_within_3_percent_of_simulating_everything(case: st
     assert seconds["staged"] <= seconds["exhaustive"] * 1.03, seconds
 
 
+def test_the_lower_bound_holds_for_a_plan_with_two_stages_per_gpu() -> None:
+    """paper-3dc with H100, A100 and V100 DCs: Atlas picks zb-v (two stages per GPU, split
+    backwards), whose GPUs start on a part of the work upstream of them."""
+    import yaml
+
+    from testbed.experiments.planning import shared_cache
+    from testbed.job.load import parse_job
+
+    data = yaml.safe_load((ROOT / "topologies" / "paper-3dc.yaml").read_text())
+    for dc, gpu in zip(data["datacenters"], ("h100", "a100", "v100"), strict=True):
+        dc["gpu"] = gpu
+    job = data.pop("job")
+    topology = parse_topology(data, "mixed.yaml")
+    policy = training_policy("atlas", {})
+    with shared_cache():
+        plan = plan_with_simulator(policy, topology, parse_job(job, "mixed.yaml"))
+    assert plan.stages_per_gpu > 1, plan.notes.get("dc_selection")
+    summary, _ = simulate_plan(topology, parse_job(job, "mixed.yaml"), plan, policy)
+    assert summary.median_s is not None
+    assert summary.median_s >= plan.notes["lower_bound_s"] * (1 - 1e-3)
+
+
 def test_the_plan_says_why_temporal_sharing_is_on_or_off() -> None:
     inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml", sets=("dp=4", "pp=3"))
     plan = plan_with_simulator(training_policy("atlas"), inputs.topology, inputs.job, CACHE)

@@ -108,20 +108,25 @@ def estimate(topology: Topology, job: Job, stage_dcs: list[str], dp: int, tp: in
     return Estimate((m - 1) * period + fill + allreduce, period, fill, allreduce)
 
 
-def lower_bound(topology: Topology, job: Job, stage_dcs: list[str], dp: int, tp: int) -> float:
-    """No schedule beats this. Each stage computes its m forwards and backwards, after the
-    first microbatch's forwards reach it and before the last one's gradient returns
-    through the stages (and WAN crossings) upstream; and the busiest WAN direction moves
-    its dp x m activations at the link rate; then the intra-DC all-reduce."""
+def lower_bound(topology: Topology, job: Job, stage_dcs: list[str], dp: int, tp: int,
+                waits_upstream: bool = True) -> float:
+    """No schedule of its kind beats this. Each stage computes its m forwards and
+    backwards; with `waits_upstream` (one stage per GPU, whole backwards: GPipe, 1F1B)
+    after the first microbatch's forwards reach it and before the last one's gradient
+    returns through the stages (and WAN crossings) upstream. Without it (several stages
+    per GPU, or backwards split so weight gradients run after the gradient has passed:
+    a GPU's first stage waits on a fraction of the GPUs upstream, and its own last work
+    may run beside theirs) only the stage's own work counts. And the busiest WAN direction
+    moves its dp x m activations at the link rate; then the intra-DC all-reduce."""
     m = job.microbatches_for(dp)
     stage_costs = costs(topology, job, stage_dcs, tp, m)
     compute = 0.0
     upstream = 0.0  # compute and propagation before a stage, both ways
     for s, cost in enumerate(stage_costs):
-        if s and stage_dcs[s - 1] != stage_dcs[s]:
+        if s and stage_dcs[s - 1] != stage_dcs[s] and waits_upstream:
             upstream += 2 * topology.one_way_latency(stage_dcs[s - 1], stage_dcs[s])
         compute = max(compute, upstream + m * cost.total_s)
-        upstream += cost.total_s
+        upstream += cost.total_s if waits_upstream else 0.0
     link = 0.0
     for s in range(len(stage_dcs) - 1):
         a, b = stage_dcs[s], stage_dcs[s + 1]

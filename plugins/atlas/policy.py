@@ -73,7 +73,10 @@ class AtlasPolicy(TrainingPolicy):
         notes = dict(plan.notes)
         notes["dc_selection"] = {"chosen": chosen.describe(), "why": why,
                                  "candidates": [c.describe() for c in considered]}
-        bound = lower_bound(topology, job, chosen.chain.stage_dcs(), chosen.dp, job.tp)
+        whole = chosen.virtual == 1 and chosen.schedule_kind in (Schedule.GPIPE,
+                                                                 Schedule.ONE_F_ONE_B)
+        bound = lower_bound(topology, job, chosen.chain.stage_dcs(), chosen.dp, job.tp,
+                            waits_upstream=whole)
         notes["lower_bound_s"] = float(f"{bound:.4g}")  # four significant digits at any scale
         notes["planning_s"] = round(time.monotonic() - began, 2)
         notes["planning_kept"] = kept
