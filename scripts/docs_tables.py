@@ -168,6 +168,8 @@ TABLES: dict[str, Table] = {
                             "scripts/bench_atlas.py --parts transfer --emulate"),
     "atlas-scaling": Table(("benchmarks/atlas-scaling.json",), _measured("atlas_scaling"),
                            "scripts/bench_atlas.py --parts scaling"),
+    "atlas-search": Table(("benchmarks/atlas-search.json",), _measured("atlas_search"),
+                          "scripts/bench_atlas_search.py"),
     "bubbles": Table(("benchmarks/bubbles.json",), _bubbles, "scripts/bench_bubbles.py"),
     "bubbles-paper-scale": Table(("benchmarks/bubbles-paper-scale.json",),
                                  _measured("bubbles_paper_scale"),

@@ -214,6 +214,70 @@ def atlas_scaling(report: dict[str, Any]) -> str:
         + f" | {r['atlas_tokens_per_s']:,.0f} | {r['atlas_plan']} |" for r in report["scaling"]])
 
 
+def _warm_up(schedule: str) -> str:
+    """A per-stage warm-up list with its runs counted: `1f1b+6 (x4)/4 (x4)/0 (x8)`."""
+    match = re.fullmatch(r"(?P<head>.*\+)(?P<list>\d+(?:/\d+)+)(?P<tail>.*)", schedule)
+    if not match:
+        return schedule
+    runs: list[list[Any]] = []
+    for value in match.group("list").split("/"):
+        if runs and runs[-1][0] == value:
+            runs[-1][1] += 1
+        else:
+            runs.append([value, 1])
+    listed = "/".join(f"{value} (x{count})" if count > 2 else "/".join([value] * count)
+                      for value, count in runs)
+    return f"{match.group('head')}{listed}{match.group('tail')}"
+
+
+def _atlas_plan(plan: dict[str, Any]) -> str:
+    """A chosen plan of the search in words, from its notes' fields only."""
+    dcs = plan["dcs"]
+    where = f"{dcs[0]} alone" if len(dcs) == 1 else \
+        f"{'+'.join(dcs)} ({'/'.join(map(str, plan['stages']))} stages)"
+    words = [where, f"dp {plan['dp']} x pp {plan['pp']}", _warm_up(plan["schedule"])]
+    if plan["temporal"]:
+        cell = plan["dp_cell"]
+        words.append("temporal" if plan["dp"] == 1 else "temporal, one DP-cell"
+                     if cell == plan["dp"] else f"temporal, DP-cells of {cell}")
+    if not plan["multi_connection"]:
+        words.append("one connection")
+    return ", ".join(words)
+
+
+def _planning(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else \
+        f"{seconds:.2f} s" if seconds < 1 else f"{seconds:.1f} s"
+
+
+def _iteration(seconds: float) -> str:
+    """Four significant digits; a job that fits one GPU's microseconds in µs."""
+    return f"{seconds * 1e6:#.4g} µs" if seconds < 1e-3 else f"{seconds:#.4g} s"
+
+
+
+def atlas_search(report: dict[str, Any]) -> str:
+    """Atlas's staged plan search against the grid that simulates every candidate: each
+    chosen plan simulated in full, planning times, the lower bound; a summary line."""
+    cases = report["cases"]
+    table = _rows("| case | Atlas | grid | Atlas / grid | Atlas / lower bound | planning | "
+                  "grid planning | Atlas's plan |", [
+        f"| {c['case']} | {_iteration(c['staged']['iteration_s'])} | "
+        f"{_iteration(c['grid']['iteration_s'])} | {c['ratio_to_grid']:.3f} | "
+        f"{c['ratio_to_bound']:.2f} | "
+        f"{_planning(c['staged']['planning_s'])} | {_planning(c['grid']['planning_s'])} | "
+        f"{_atlas_plan(c['staged']['plan'])} |" for c in cases])
+    to_grid = max(cases, key=lambda c: c["ratio_to_grid"])
+    bound = sorted(cases, key=lambda c: c["ratio_to_bound"])
+    beaten = [c["case"] for c in cases if c["ratio_to_bound"] < 1]
+    below = f" (below 1, Atlas's plan faster than the bound allows: {', '.join(beaten)})" \
+        if beaten else ""
+    return (f"{table}\n\nAtlas / grid is at most {to_grid['ratio_to_grid']:.3f} "
+            f"({to_grid['case']}); Atlas / lower bound runs from "
+            f"{bound[0]['ratio_to_bound']:.2f} ({bound[0]['case']}) to "
+            f"{bound[-1]['ratio_to_bound']:.2f} ({bound[-1]['case']}){below}.")
+
+
 def _peer(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
