@@ -270,12 +270,15 @@ def atlas_search(report: dict[str, Any]) -> str:
     to_grid = max(cases, key=lambda c: c["ratio_to_grid"])
     bound = sorted(cases, key=lambda c: c["ratio_to_bound"])
     beaten = [c["case"] for c in cases if c["ratio_to_bound"] < 1]
-    below = f" (below 1, Atlas's plan faster than the bound allows: {', '.join(beaten)})" \
-        if beaten else ""
+    below = f"; it is below 1, Atlas's plan faster than the bound allows, on " \
+        f"{', '.join(beaten)}" if beaten else ""
+    faster = [f"{c['case']}, {_atlas_plan(c['grid']['plan'])}" for c in cases
+              if c["ratio_to_grid"] > 1]
+    grid = f" The grid's plan where it was faster: {'; '.join(faster)}." if faster else ""
     return (f"{table}\n\nAtlas / grid is at most {to_grid['ratio_to_grid']:.3f} "
             f"({to_grid['case']}); Atlas / lower bound runs from "
             f"{bound[0]['ratio_to_bound']:.2f} ({bound[0]['case']}) to "
-            f"{bound[-1]['ratio_to_bound']:.2f} ({bound[-1]['case']}){below}.")
+            f"{bound[-1]['ratio_to_bound']:.2f} ({bound[-1]['case']}){below}.{grid}")
 
 
 def _peer(value: float | None, fmt: str) -> str:
