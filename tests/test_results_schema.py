@@ -147,6 +147,8 @@ def _damaged(tmp: Path, change: Any) -> Path:
     (lambda d: d.update(tokens_per_s=True), "tokens_per_s", "got bool True"),
     (lambda d: d.update(schema_version=1), "schema_version", "another version"),
     (lambda d: d.pop("schema_version"), "schema_version", "before testbed's results had"),
+    (lambda d: d["loss_model"]["target"].update(time_band_s=[1.0]),
+     "loss_model.target.time_band_s", "too short"),
 ])
 def test_a_damaged_results_json_is_refused_naming_the_key(
         tmp_path: Path, change: Any, key: str, problem: str) -> None:

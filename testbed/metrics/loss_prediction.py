@@ -23,7 +23,7 @@ class TargetPrediction(TypedDict):
     tokens: float | None
     """Tokens the method needs; None: never (`reason`)."""
     time_s: float | None
-    time_band_s: list[float | None]
+    time_band_s: tuple[float | None, float | None]
     """[fastest, slowest] at the band's two ends (None: never reached)."""
     effective_tokens_per_s: float | None
     """Tokens/s x the synchronous curve's tokens to the target over the method's."""
@@ -83,7 +83,7 @@ def loss_prediction(model: LossModel, effect: LossEffect, job: Job, tokens: int,
         None if tokens_per_s else "the run measured no tokens/s"
     ahead = TargetPrediction(
         loss=goal, given=target is not None, tokens=reach.tokens, time_s=seconds(reach.tokens),
-        time_band_s=[seconds(reach.fastest), seconds(reach.slowest)],
+        time_band_s=(seconds(reach.fastest), seconds(reach.slowest)),
         effective_tokens_per_s=None if not tokens_per_s
         else effective_rate(model, effect, params, goal, tokens_per_s), reason=why,
         extrapolated=reach.extrapolated, why_extrapolated=list(reach.reasons))

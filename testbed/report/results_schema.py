@@ -42,8 +42,8 @@ _SIMPLE: dict[Any, str] = {int: "integer", float: "number", str: "string", bool:
 
 def json_schema(kind: Any) -> JsonObject:
     """The schema of values of a type: a dataclass or TypedDict as a closed object (its
-    fields with a default of None, OMITTED ones, may be absent), list and dict[str, X],
-    Literal, unions; Any (an open block) as anything."""
+    fields with a default of None, OMITTED ones, may be absent), list, tuple and
+    dict[str, X], Literal, unions; Any (an open block) as anything."""
     origin = get_origin(kind)
     if kind is Any:
         return {}
@@ -70,11 +70,8 @@ def json_schema(kind: Any) -> JsonObject:
             return {"type": [m["type"] for m in members],
                     **{k: v for m in members for k, v in m.items() if k != "type"}}
         return {"anyOf": members}
-    if origin is list:
-        return {"type": "array", "items": json_schema(get_args(kind)[0])}
-    if origin is dict:
-        value = json_schema(get_args(kind)[1])
-        return {"type": "object", **({"additionalProperties": value} if value else {})}
+    if origin in (list, tuple, dict):
+        return _container(origin, get_args(kind))
     if dataclasses.is_dataclass(kind) and isinstance(kind, type):
         hints = get_type_hints(kind, include_extras=True)
         fields = dataclasses.fields(kind)
@@ -84,6 +81,17 @@ def json_schema(kind: Any) -> JsonObject:
         hints = get_type_hints(kind, include_extras=True)
         return _object(kind, hints, [k for k in hints if k in kind.__required_keys__])
     raise TypeError(f"no JSON Schema for {kind!r}")
+
+
+def _container(origin: type, args: tuple[Any, ...]) -> JsonObject:
+    """list[X]; tuple[X, ...] as a list, tuple[X, Y] as exactly those items; dict[str, X]."""
+    if origin is dict:
+        value = json_schema(args[1])
+        return {"type": "object", **({"additionalProperties": value} if value else {})}
+    if origin is list or (len(args) == 2 and args[1] is Ellipsis):
+        return {"type": "array", "items": json_schema(args[0])}
+    return {"type": "array", "prefixItems": [json_schema(a) for a in args],
+            "minItems": len(args), "maxItems": len(args)}
 
 
 def _object(kind: type, hints: dict[str, object], required: list[str]) -> JsonObject:
@@ -202,6 +210,10 @@ def _located(error: Any) -> list[tuple[str, str]]:
     if error.validator in BOUNDS:
         which = "at least" if error.validator == "minimum" else "at most"
         return [(key, f"must be {which} {schema[error.validator]:g}, got {_kind(instance)}")]
+    if error.validator in ("minItems", "maxItems"):
+        which = "too short" if error.validator == "minItems" else "too long"
+        return [(key, f"{which}: {len(instance)} items, expected "
+                      f"{schema[error.validator]}")]
     if error.validator == "additionalProperties":
         return [(_join(key, name), f"unknown key (not in schema_version {SCHEMA_VERSION})")
                 for name in instance if name not in schema.get("properties", {})]
