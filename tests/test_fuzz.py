@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +22,7 @@ from testbed.cli.main import main
 from testbed.common.yamlio import read_yaml
 
 from .fuzzing import cli_rejects_cleanly_or_accepts, mutated_data, mutated_text, write
+from .test_cli import call
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGIES = ROOT / "topologies"
@@ -141,3 +143,21 @@ def test_fuzzed_results_files_that_pass_the_checks_still_plot(data: st.DataObjec
         shutil.copytree(base, copy)
         write(copy / name, mutated, as_json=True)
         cli_rejects_cleanly_or_accepts(["report", str(copy)], Path(name).name, copy)
+
+
+@pytest.mark.parametrize("loss_model", ["garbage", {"target": {"time_band_s": [1.0]}}, {}])
+def test_a_results_file_without_a_schema_is_read_without_its_loss_model(
+        tmp_path: Path, loss_model: object) -> None:
+    """A file written before results had a schema never held a loss model (it came
+    later): what stands under that key there is unchecked, so the report leaves it out."""
+    import json
+
+    copy = tmp_path / "c"
+    shutil.copytree(_compare_dir(), copy)
+    results = next(copy.rglob("results.json"))
+    data = json.loads(results.read_text())
+    del data["schema_version"]
+    data["loss_model"] = loss_model
+    results.write_text(json.dumps(data))
+    code, _, err = call(["report", str(copy), "--no-plots"])
+    assert code == 0, err

@@ -56,5 +56,8 @@ class RunFigures:
             predicted_s=results.get("predicted_iteration_s"),
             dilation=int(results.get("dilation") or 1),
             cpu_bound=bool((results.get("emulation") or {}).get("cpu_bound")),
-            time_to_loss=results.get("time_to_loss"), loss_model=results.get("loss_model"),
+            time_to_loss=results.get("time_to_loss"),
+            # the loss model came after the schema: a file without one never had it, and
+            # what stands there unchecked is not one
+            loss_model=results.get("loss_model") if "schema_version" in results else None,
             measured_loss=bool(results.get("loss_curve")))
