@@ -94,8 +94,12 @@ def forked_pool(work: Callable[..., R], processes: int,
     workers = _Workers(processes, preload)
     try:
         yield Pool(workers.submit, processes)
+    except BaseException:
+        workers.close(at_once=True)
+        raise
+    else:
+        workers.close(at_once=False)
     finally:
-        workers.close()
         _work = None
 
 
@@ -135,10 +139,18 @@ class _Workers:
         self.pool.terminate()
         self.pool.join()
 
-    def close(self) -> None:
+    def close(self, at_once: bool) -> None:
         """Stops the workers; waits for a preload still running (no thread is left
-        behind: a later pool forks only where this process runs no other thread)."""
-        self._stop()
+        behind: a later pool forks only where this process runs no other thread).
+        `at_once` (the planner failed or was interrupted) kills them; otherwise the calls
+        still queued (started ahead, never awaited) finish and the workers exit on their
+        own: a worker killed while it writes a result holds the results queue's lock for
+        good, and the pool's own shutdown then waits on it forever."""
+        if at_once:
+            self._stop()
+        else:
+            self.pool.close()
+            self.pool.join()
         if self.loading is not None:
             self.loading.join()
 
