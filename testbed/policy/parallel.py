@@ -38,6 +38,9 @@ _work: Callable[..., Any] | None = None
 """The open pool's function, as its forked workers inherit it."""
 
 
+_closing: Any = None
+"""The open pool's closing flag (a multiprocessing Event), as its forked workers inherit
+it: set, a queued call returns at once."""
 _sharing: int | None = None
 """Set in one of several worker processes that share the cores (share_cores): how many."""
 
@@ -111,7 +114,9 @@ class _Workers:
     A call that needs it before then loads it itself: the same results either way."""
 
     def __init__(self, processes: int, preload: Callable[[], object] | None) -> None:
+        global _closing
         self.processes = processes
+        self.closing = _closing = multiprocessing.get_context("fork").Event()
         self.pool = self._fork()
         self.under_way: list[multiprocessing.pool.AsyncResult[Any]] = []
         self.loading: threading.Thread | None = None
@@ -149,6 +154,7 @@ class _Workers:
         if at_once:
             self._stop()
         else:
+            self.closing.set()  # what is queued returns at once; what runs finishes
             self.pool.close()
             self.pool.join()
         if self.loading is not None:
@@ -185,6 +191,8 @@ def die_with(parent: int) -> None:
 
 def _call(*args: Any) -> Any:
     assert _work is not None  # set before the workers were forked
+    if _closing is not None and _closing.is_set():
+        return None  # the pool is closing: nobody waits for this call
     with old_objects_frozen():  # what the worker inherited, and its earlier calls' results
         return _work(*args)
 
