@@ -3,7 +3,7 @@
 on each topology, simulated and emulated (at dilation 1 and at the dilation `auto` picks),
 with the error of each emulated median against the simulated one.
 
-Run as root: `.venv/bin/python scripts/bench_fidelity.py [--topologies two-dc,paper-3dc]
+Run as root: `.venv/bin/python scripts/bench_fidelity.py [--topologies two-dc,paper-3dc,FILE.yaml]
 [--policies gpipe,atlas] [--repeat 1] [--max-wall 900] [--json benchmarks/fidelity.json]`.
 Emulated compute, the topology's own job and iterations (the first excluded). A run whose
 predicted wall time exceeds `--max-wall` seconds is not run and says so. Prints a markdown
@@ -192,7 +192,8 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.topologies.split(","):
-            inputs = load_inputs(ROOT / "topologies" / f"{name}.yaml")
+            inputs = load_inputs(topology_file(name))
+            name = inputs.topology.name
             for policy in policies:
                 chosen = training_policy(policy)
                 plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
@@ -221,6 +222,12 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"capacity_bps": capacity, "rows": rows}, indent=1))
     print(table(rows))
+
+
+def topology_file(name: str) -> Path:
+    """A shipped topology by name, or any topology file by its path."""
+    return Path(name) if name.endswith((".yaml", ".yml")) else \
+        ROOT / "topologies" / f"{name}.yaml"
 
 
 def _error(emulated: float | None, simulated: float | None) -> str:
