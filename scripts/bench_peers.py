@@ -8,10 +8,13 @@ different RTTs (2 flows of 20 and 100 ms, 8 of 10-200 ms; unpaced and paced as t
 paces; CUBIC, BBR and Reno); transfers on a 1 Gbit/s, 50 ms link with 0.01%, 0.1% and 1%
 loss over 1, 4 and 16 fresh connections; one long flow (200 MB, one connection, Linux's
 default buffers, 50 and 100 ms); and the CPU time of N concurrent flows over shared links
-(windows open), against SimGrid's in the same run.
+(windows open), against SimGrid's in the same run. The emulator's forwarding ceiling (200 MB
+over 16 connections, negligible loss: its delay lines forward a lossy link's every packet)
+caps a second simulated link for each lossy case, which says how much of that case's error
+is the machine's.
 
 Emulator measurements need root and a quiet machine (run under the project's lock):
-`.venv/bin/python scripts/bench_peers.py --emulator shares,long,loss --emulator-json F`
+`.venv/bin/python scripts/bench_peers.py --emulator shares,long,loss,ceiling --emulator-json F`
 records them (each run with the machine's signals); then
 `.venv/bin/python scripts/bench_peers.py --from-emulator F [--scale 1000,10000,100000]
 --json benchmarks/peers.json` compares every backend with them (no root needed).
@@ -20,6 +23,7 @@ records them (each run with the machine's signals); then
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -210,27 +214,45 @@ def compare_shares(recorded: list[dict[str, Any]], peers: dict[str, Any], ns3_wi
     return rows
 
 
-def compare_transfers(recorded: list[dict[str, Any]], peers: dict[str, Any]
-                      ) -> list[dict[str, Any]]:
+def ceiling_mbps(recorded: list[dict[str, Any]]) -> float | None:
+    """The median goodput of the recorded ceiling runs (Mbit/s): the fastest this machine's
+    delay lines forward a lossy link's packets; None where none was recorded."""
+    goodputs = [c["megabytes"] * 8 / r["seconds"] for c in recorded for r in c["runs"]]
+    return statistics.median(goodputs) if goodputs else None
+
+
+def _sim_transfer_s(case: TransferCase) -> float:
+    return one_transfer_s(transfer_topology(case), "east", "west", int(case.megabytes * 1e6),
+                          case.connections, False)
+
+
+def compare_transfers(recorded: list[dict[str, Any]], peers: dict[str, Any],
+                      ceiling: float | None = None) -> list[dict[str, Any]]:
+    """Each case's emulated seconds against the simulator's; where the link loses packets
+    and a `ceiling` (Mbit/s) was measured, also against the simulator on the same link
+    capped at it: the emulator forwards a lossy link's every packet through its delay
+    lines (no offloads), and a case near that limit measures the machine, not TCP."""
     rows = []
     for entry in recorded:
         case = TransferCase(entry["case"], entry["rtt_ms"], "1Gbit", entry["congestion"],
                             entry["loss"], entry["connections"], entry["megabytes"])
-        topology = transfer_topology(case)
-        sim = one_transfer_s(topology, "east", "west", int(case.megabytes * 1e6),
-                             case.connections, False)
+        sim = _sim_transfer_s(case)
         seconds = [run["seconds"] for run in entry["runs"]]
         emulated = _spread(seconds)
-        # the fastest the emulator forwards without offloads (loss turns them off)
         row: dict[str, Any] = {
             "case": case.name, "congestion": case.congestion, "loss": case.loss,
             "connections": case.connections, "megabytes": case.megabytes,
             "rtt_ms": case.rtt_ms, "emulator_s": emulated, "sim_s": sim,
             "error": sim / emulated["median"] - 1,
+            "inside_spread": emulated["min"] <= sim <= emulated["max"],
             "machine_bound_runs": sum(r["machine_bound"] for r in entry["runs"]),
             "delay_line_late_mean_ms": max(r["delay_line_late_mean_ms"] or 0.0
                                            for r in entry["runs"]),
             "runs": len(seconds)}
+        if ceiling is not None and case.loss > 0:
+            capped = _sim_transfer_s(dataclasses.replace(case, rate=f"{ceiling * 1e6:.0f}bit"))
+            row |= {"ceiling_mbps": ceiling, "sim_at_ceiling_s": capped,
+                    "error_at_ceiling": capped / emulated["median"] - 1}
         kept = KEPT.get(case.name)
         if kept is not None:
             row |= {k: v for k, v in kept.items() if k in ("ns3_s", "simgrid_s")}
@@ -337,13 +359,14 @@ def main() -> None:
     for path in args.from_emulator:
         for part, entries in json.loads(path.read_text()).items():
             recorded.setdefault(part, []).extend(entries)
+    ceiling = ceiling_mbps(recorded.get("ceiling", []))
     out: dict[str, Any] = {
         "peers": peers, "eight_rtts_ms": list(EIGHT_RTTS_MS),
         "machine": {"cpus": os.cpu_count(), "load": os.getloadavg(),
                     "python": platform.python_version()},
         "shares": compare_shares(recorded.get("shares", []), peers, args.ns3_window),
-        "long": compare_transfers(recorded.get("long", []), peers),
-        "loss": compare_transfers(recorded.get("loss", []), peers),
+        "long": compare_transfers(recorded.get("long", []), peers, ceiling),
+        "loss": compare_transfers(recorded.get("loss", []), peers, ceiling),
         "inflight": recorded.get("inflight", []),
         "ceiling": [{"case": c["case"], "connections": c["connections"],
                      "megabytes": c["megabytes"], "loss": c["loss"],
