@@ -379,8 +379,9 @@ def main() -> None:
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
     out["machine"]["load_at_end"] = os.getloadavg()
-    if earlier:  # whose figures of the cases --peers-from kept
-        out["peers_kept_from"] = {"file": args.peers_from.name, "peers": earlier.get("peers")}
+    if earlier:  # whose figures of the cases --peers-from kept, and whose that file kept
+        out["peers_kept_from"] = {"file": args.peers_from.name, "peers": earlier.get("peers"),
+                                  "kept_from": earlier.get("peers_kept_from")}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     sys.stdout.flush()
