@@ -364,11 +364,14 @@ def _ceiling_summary(report: dict[str, Any], bound: float) -> str:
         if late else ""
     full = sum(abs(r["error"]) <= bound for r in bound_rows)
     capped = sum(abs(r["error_at_ceiling"]) <= bound for r in bound_rows)
-    outside = [r for r in report["loss"]
-               if abs(r["error_at_ceiling"] if _shows_ceiling(r) else r["error"]) > bound]
-    losses = " and ".join(f"{loss:.2%}" for loss in sorted({r["loss"] for r in outside}))
+    counted = [(r["loss"], r["error_at_ceiling"] if _shows_ceiling(r) else r["error"])
+               for r in report["loss"]]
+    outside = [(loss, error) for loss, error in counted if abs(error) > bound]
+    losses = " and ".join(f"{loss:.2%}" for loss in sorted({loss for loss, _ in outside}))
+    faster = sum(error < 0 for _, error in outside)
     rest = (f" Counting those against the simulator at the ceiling, the {len(outside)} cases "
-            f"still outside {bound:.0%} are at {losses} loss.") if outside else ""
+            f"still outside {bound:.0%} are at {losses} loss, the simulator faster in "
+            f"{faster}.") if outside else ""
     return (f" Of the {len(bound_rows)} cases with machine-bound runs, within {bound:.0%}: "
             f"{full} against the simulator on the full link, {capped} against the simulator "
             f"on the link capped at this machine's forwarding ceiling "

@@ -348,7 +348,8 @@ def test_the_loss_table_shows_the_ceiling_and_sums_up_agreement() -> None:
         "link, 1 against the simulator on the link capped at this machine's forwarding "
         "ceiling (727 Mbit/s, the median goodput of 3 `ceiling` runs, its delay lines "
         "9.5-11.6 ms late on average). Counting those against the simulator at the ceiling, "
-        "the 2 cases still outside 15% are at 0.10% and 1.00% loss.")
+        "the 2 cases still outside 15% are at 0.10% and 1.00% loss, the simulator faster "
+        "in 1.")
     unbound = {"loss": [_row(1e-4, -0.10, 0)], "ceiling": []}
     assert tables.peers_loss(unbound).splitlines()[-1] == (
         "Within 15% of the emulator's median: 1 of 1 cases (errors from -10.0% to -10.0%); "
