@@ -92,6 +92,27 @@ def test_large_message_over_many_connections() -> None:
     assert asyncio.run(scenario()) == payload
 
 
+def test_a_message_is_striped_evenly_over_its_connections() -> None:
+    """Each of N connections carries about 1/N of a message (the plan's and the
+    simulator's striping), not a send buffer each on the first few to write."""
+    payload = bytes(16 * 2**20)
+    connections = 8
+
+    async def scenario() -> list[int]:
+        a, b = await _pair(connections)
+        try:
+            await asyncio.gather(a.send(1, "big", payload), b.recv("big"))
+            return [link.payload_bytes_written for link in a._links[1] if link is not None]
+        finally:
+            await a.close()
+            await b.close()
+
+    shares = asyncio.run(scenario())
+    assert sum(shares) == len(payload) and len(shares) == connections
+    fair = len(payload) / connections
+    assert all(0.5 * fair <= share <= 1.5 * fair for share in shares), shares
+
+
 def test_wrong_token_is_refused() -> None:
     async def scenario() -> None:
         b = Transport(1, TOKEN)

@@ -89,6 +89,8 @@ class _Link(asyncio.BufferedProtocol):
         self._can_write = asyncio.Event()
         self._can_write.set()
         self.closed = asyncio.get_running_loop().create_future()
+        self.payload_bytes_written = 0
+        """Message bytes handed to this connection (what its share of the striping was)."""
 
     # receiving ---------------------------------------------------------------------
 
@@ -202,6 +204,7 @@ class _Link(asyncio.BufferedProtocol):
         self.transport.write(header)
         if len(data):
             self.transport.write(data)
+        self.payload_bytes_written += len(data)
         await self._can_write.wait()
 
 
@@ -308,8 +311,12 @@ class Transport:
     async def send(self, peer: int, tag: str, payload: bytes | bytearray | memoryview) -> float:
         """Stripe `payload` over the connections to `peer`; returns when all is written.
 
-        The message is cut into chunks that each connection takes as soon as it has room:
+        The message is cut into chunks dealt in turn to the connections that have room:
         a connection slowed by a loss takes fewer, so no single flow holds the message up.
+        In turn, not first come: a connection's kernel buffer takes megabytes at once, so
+        the first to write would otherwise take a whole send buffer before the next took
+        a chunk, and a message would ride a few connections' windows instead of all N
+        (the plan's and the simulator's striping: each carries 1/N).
         """
         links = [link for link in self._links.get(peer, []) if link is not None]
         if not links:
@@ -324,6 +331,7 @@ class Transport:
                 offset, length = pieces.popleft()
                 header = ChunkHeader(tag, total, offset, length, sent_at).pack()
                 await link.write(header, view[offset : offset + length])
+                await asyncio.sleep(0)  # the next connection's turn
 
         # one message at a time per peer, in the order they were sent: the first
         # microbatch arrives first instead of all queued ones arriving late together
