@@ -3,8 +3,9 @@
 on each topology, simulated and emulated (at dilation 1 and at the dilation `auto` picks),
 with the error of each emulated median against the simulated one.
 
-Run as root: `.venv/bin/python scripts/bench_fidelity.py [--topologies two-dc,paper-3dc,FILE.yaml]
-[--policies gpipe,atlas] [--repeat 1] [--max-wall 900] [--json benchmarks/fidelity.json]`.
+Run as root: `.venv/bin/python scripts/bench_fidelity.py [--topologies
+two-dc,paper-3dc,high-bdp-2dc,asymmetric-4dc,FILE.yaml] [--policies gpipe,atlas]
+[--repeat 1] [--max-wall 900] [--json benchmarks/fidelity.json]`.
 Emulated compute, the topology's own job and iterations (the first excluded). A run whose
 predicted wall time exceeds `--max-wall` seconds is not run and says so. Prints a markdown
 table; the JSON has every run's figures and its emulation health.
@@ -224,10 +225,17 @@ def main() -> None:
     print(table(rows))
 
 
+GENERATED = ROOT / "scripts" / "fidelity_topologies"
+"""Topologies made for this check beside the shipped ones (high-bdp-2dc,
+asymmetric-4dc): shapes the shipped set lacks."""
+
+
 def topology_file(name: str) -> Path:
-    """A shipped topology by name, or any topology file by its path."""
-    return Path(name) if name.endswith((".yaml", ".yml")) else \
-        ROOT / "topologies" / f"{name}.yaml"
+    """A shipped topology by name, one of GENERATED's, or any topology file by its path."""
+    if name.endswith((".yaml", ".yml")):
+        return Path(name)
+    shipped = ROOT / "topologies" / f"{name}.yaml"
+    return shipped if shipped.exists() else GENERATED / f"{name}.yaml"
 
 
 def _error(emulated: float | None, simulated: float | None) -> str:

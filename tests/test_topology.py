@@ -15,10 +15,13 @@ from testbed.topology import dump_topology, load_topology, parse_topology
 
 from .strategies import mutations, topologies
 
-SHIPPED = sorted((Path(__file__).resolve().parent.parent / "topologies").glob("*.yaml"))
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = sorted((ROOT / "topologies").glob("*.yaml"))
+CHECKED = sorted((ROOT / "scripts" / "fidelity_topologies").glob("*.yaml"))
+"""The topologies scripts/bench_fidelity.py checks beside the shipped ones."""
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", SHIPPED + CHECKED, ids=lambda p: p.name)
 def test_shipped_topologies_load(path: Path) -> None:
     topology = load_topology(path)
     assert topology.total_gpus >= 4
