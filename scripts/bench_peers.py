@@ -11,7 +11,8 @@ default buffers, 50 and 100 ms); and the CPU time of N concurrent flows over sha
 (windows open), against SimGrid's in the same run. The emulator's forwarding ceiling (200 MB
 over 16 connections, negligible loss: its delay lines forward a lossy link's every packet)
 caps a second simulated link for each lossy case, which says how much of that case's error
-is the machine's.
+is the machine's. The RTT bias's exponents are fitted to the share runs
+(scripts/rtt_bias_fit.py) and recorded beside those the simulator uses.
 
 Emulator measurements need root and a quiet machine (run under the project's lock):
 `.venv/bin/python scripts/bench_peers.py --emulator shares,long,loss,ceiling --emulator-json F`
@@ -48,9 +49,10 @@ from peer_cases import (
     share_topology,
     transfer_topology,
 )
+from rtt_bias_fit import fit_rtt_bias, measured
 
 from testbed.plan.pacing import PACING_SHARE, paced
-from testbed.plan.tcp_model import MSS, WINDOW_EFFICIENCY
+from testbed.plan.tcp_model import MSS, RTT_BIAS, WINDOW_EFFICIENCY
 from testbed.sim.agenda import Agenda
 from testbed.sim.network import FluidNetwork, Pair
 from testbed.sim.one_transfer import one_transfer_s, shared_rates
@@ -214,6 +216,19 @@ def compare_shares(recorded: list[dict[str, Any]], peers: dict[str, Any], ns3_wi
     return rows
 
 
+def rtt_bias_fits(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per congestion control and pacing, the RTT bias the simulator uses and the fit of
+    the recorded share runs (scripts/rtt_bias_fit.py): of all of them, as the constants
+    are fitted, and of the two-flow and the eight-flow cases alone."""
+    cases = measured(recorded)
+    fits = {n: fit_rtt_bias([c for c in cases if n is None or len(c.case.rtts_ms) == n])
+            for n in (None, 2, len(EIGHT_RTTS_MS))}
+    return [{"congestion": congestion, "paced": paced, "used": RTT_BIAS.get((congestion, paced)),
+             "fitted": fitted, "fitted_two_flows": fits[2].get((congestion, paced)),
+             "fitted_eight_flows": fits[len(EIGHT_RTTS_MS)].get((congestion, paced))}
+            for (congestion, paced), fitted in fits[None].items()]
+
+
 def ceiling_mbps(recorded: list[dict[str, Any]]) -> float | None:
     """The median goodput of the recorded ceiling runs (Mbit/s): the fastest this machine's
     delay lines forward a lossy link's packets; None where none was recorded."""
@@ -365,6 +380,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "load": os.getloadavg(),
                     "python": platform.python_version()},
         "shares": compare_shares(recorded.get("shares", []), peers, args.ns3_window),
+        "rtt_bias": rtt_bias_fits(recorded.get("shares", [])),
         "long": compare_transfers(recorded.get("long", []), peers, ceiling),
         "loss": compare_transfers(recorded.get("loss", []), peers, ceiling),
         "inflight": recorded.get("inflight", []),

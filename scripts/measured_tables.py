@@ -287,7 +287,64 @@ def _peer(value: float | None, fmt: str) -> str:
 
 def peers_shares(report: dict[str, Any]) -> str:
     """Each flow's share of a 200 Mbit/s bottleneck: the emulator's median (and range over
-    its runs), the simulator's, ns-3's and SimGrid's, in Mbit/s."""
+    its runs), the simulator's, ns-3's and SimGrid's, in Mbit/s; a summary of the
+    agreement, and the RTT bias's exponents as used and as fitted."""
+    return f"{_share_rows(report)}\n\n{_share_agreement(report)}\n\n{_rtt_bias(report)}"
+
+
+TWO_FLOWS_BOUND = 0.10
+"""Two flows' agreement the summary under the shares table counts."""
+
+
+def _flow_name(case: dict[str, Any], flow: dict[str, Any]) -> str:
+    return (f"{case['congestion']} {'paced' if case['paced'] else 'unpaced'} "
+            f"{flow['rtt_ms']:g} ms")
+
+
+def _share_agreement(report: dict[str, Any]) -> str:
+    """Two flows' shares within TWO_FLOWS_BOUND of the emulator's median, more flows'
+    inside its range over its runs: how many, which are not, and whether the exponents were
+    fitted on these runs (in sample) or not."""
+    two = [(c, f) for c in report["shares"] if len(c["flows"]) == 2 for f in c["flows"]]
+    more = [(c, f) for c in report["shares"] if len(c["flows"]) > 2 for f in c["flows"]]
+    apart = [f"{_flow_name(c, f)} ({f['error']:+.0%})" for c, f in two
+             if abs(f["error"]) > TWO_FLOWS_BOUND]
+    outside = [f"{_flow_name(c, f)} ({f['sim_mbps']:.1f} Mbit/s against "
+               f"{f['emulator_mbps']['min']:.1f}-{f['emulator_mbps']['max']:.1f})"
+               for c, f in more if not f["inside_spread"]]
+    counts = {len(c["flows"]) for c, _ in more}
+    more_name = f"{counts.pop()} flows" if len(counts) == 1 else "more flows"
+    fits = report["rtt_bias"]
+    in_sample = all(r["used"] is not None and abs(r["used"] - r["fitted"]) < 1e-9
+                    for r in fits)
+    sample = ("In sample: the exponents were fitted on these very runs "
+              "(`scripts/rtt_bias_fit.py`), two and more flows together, so these counts "
+              "measure how well one power law in RTT can follow them, not how well it "
+              "predicts runs it has not seen." if in_sample else
+              "Out of sample: the exponents used are not the fit of these runs (below).")
+    return (f"Two flows: {len(two) - len(apart)} of {len(two)} within "
+            f"{TWO_FLOWS_BOUND:.0%} of the emulator's median"
+            f"{' (not: ' + ', '.join(apart) + ')' if apart else ''}; {more_name}: "
+            f"{len(more) - len(outside)} of {len(more)} inside the emulator's range over its "
+            f"runs{' (not: ' + '; '.join(outside) + ')' if outside else ''}. {sample}")
+
+
+def _rtt_bias(report: dict[str, Any]) -> str:
+    """The exponent a of each congestion control and pacing: used, fitted on all share
+    runs, and on the two-flow and the eight-flow cases alone."""
+    def shown(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    return _rows("| congestion | pacing | a used | fitted on all runs | on two flows alone | "
+                 "on eight flows alone |", [
+                     f"| {r['congestion']} | {'paced' if r['paced'] else 'unpaced'} | "
+                     f"{shown(r['used'])} | {r['fitted']:.2f} | "
+                     f"{shown(r['fitted_two_flows'])} | {shown(r['fitted_eight_flows'])} |"
+                     for r in report["rtt_bias"]])
+
+
+def _share_rows(report: dict[str, Any]) -> str:
+    """The table: a row for each flow of each case."""
     rows = []
     for case in report["shares"]:
         for flow in case["flows"]:

@@ -494,3 +494,42 @@ def test_the_long_flow_table_sums_up_agreement_within_five_percent() -> None:
     assert text.splitlines()[-1] == (
         "Within 5% of the emulator's median: 2 of 3 cases (errors from -3.3% to +6.0%); "
         "inside the emulator's own range (its fastest to its slowest run): 1 of 3.")
+
+
+def _share_flow(rtt_ms: float, sim: float, median: float, low: float, high: float
+                ) -> dict[str, Any]:
+    """A compared flow as bench_peers.py writes it (Mbit/s)."""
+    return {"rtt_ms": rtt_ms, "emulator_mbps": {"median": median, "min": low, "max": high},
+            "sim_mbps": sim, "error": sim / median - 1, "inside_spread": low <= sim <= high}
+
+
+def test_the_shares_table_sums_up_agreement_and_says_whether_in_sample() -> None:
+    """Under the shares table: two flows counted within 10% of the median, more flows
+    inside the runs' range, each flow that is not named; in sample where the exponents
+    used are the fit of these runs, out of sample where not; then the exponents."""
+    _, tables = _scripts()
+    two = {"case": "two", "congestion": "cubic", "paced": True, "flows": [
+        _share_flow(20.0, 105.0, 100.0, 90.0, 110.0), _share_flow(100.0, 80.0, 100.0, 70.0, 90.0)]}
+    three = {"case": "three", "congestion": "reno", "paced": False, "flows": [
+        _share_flow(10.0, 50.0, 40.0, 30.0, 45.0), _share_flow(20.0, 30.0, 33.0, 30.0, 35.0),
+        _share_flow(40.0, 20.0, 20.0, 20.0, 20.0)]}
+    fits = [{"congestion": "cubic", "paced": True, "used": 0.87, "fitted": 0.87,
+             "fitted_two_flows": 1.32, "fitted_eight_flows": None},
+            {"congestion": "reno", "paced": False, "used": 1.02, "fitted": 1.02,
+             "fitted_two_flows": None, "fitted_eight_flows": 1.03}]
+    text = tables.peers_shares({"shares": [two, three], "rtt_bias": fits})
+    blocks = text.split("\n\n")
+    assert len(blocks) == 3 and blocks[0].count("\n") == 6
+    assert blocks[1] == (
+        "Two flows: 1 of 2 within 10% of the emulator's median (not: cubic paced 100 ms "
+        "(-20%)); 3 flows: 2 of 3 inside the emulator's range over its runs (not: reno "
+        "unpaced 10 ms (50.0 Mbit/s against 30.0-45.0)). In sample: the exponents were "
+        "fitted on these very runs (`scripts/rtt_bias_fit.py`), two and more flows "
+        "together, so these counts measure how well one power law in RTT can follow them, "
+        "not how well it predicts runs it has not seen.")
+    assert blocks[2].splitlines()[2:] == ["| cubic | paced | 0.87 | 0.87 | 1.32 | - |",
+                                          "| reno | unpaced | 1.02 | 1.02 | - | 1.03 |"]
+    fits[1]["used"] = 1.31
+    out_of_sample = tables.peers_shares({"shares": [two, three], "rtt_bias": fits})
+    assert out_of_sample.split("\n\n")[1].endswith(
+        "Out of sample: the exponents used are not the fit of these runs (below).")
