@@ -71,7 +71,7 @@ def pairs_of(case: ShareCase) -> tuple[list[Pair], float]:
 def steady_shares(pairs: list[Pair], capacity_bps: float, bias: float) -> list[float]:
     """bit/s each pair's flow gets of the bottleneck with every window open, its weight
     at RTT bias `bias`."""
-    flows = {}
+    flows: dict[int, tuple[float, float, tuple[str, ...]]] = {}
     for i, pair in enumerate(pairs):
         biased = dataclasses.replace(pair, rtt_bias=bias)
         flows[i] = (biased.weight(), biased.steady_cap(), (BOTTLENECK,))
@@ -115,6 +115,21 @@ def fit_file(path: Path) -> dict[tuple[str, bool], float]:
     return fit_rtt_bias(measured(json.loads(path.read_text())["shares"]))
 
 
-if __name__ == "__main__":
-    for (congestion, paced), bias in sorted(fit_file(Path(sys.argv[1])).items()):
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: rtt_bias_fit.py RECORDED.json (scripts/bench_peers.py --emulator shares)",
+              file=sys.stderr)
+        return 2
+    try:
+        fitted = fit_file(Path(argv[0]))
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
+        print(f"{argv[0]}: no share runs to fit ({type(error).__name__}: {error})",
+              file=sys.stderr)
+        return 2
+    for (congestion, paced), bias in fitted.items():
         print(f"({congestion!r}, {paced}): {bias},")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
