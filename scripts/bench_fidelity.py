@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -173,6 +175,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="default: benchmarks/fidelity[-PART].json")
     parser.add_argument("--parts", default="table", help="table, long-link, dilation, trace")
     parser.add_argument("--dilations", default="1,2", help="trace: the emulator's K values")
+    parser.add_argument("--keep", action="store_true",
+                        help="table: keep the JSON's rows of other topologies and policies "
+                             "(to measure a table a part at a time)")
     args = parser.parse_args()
     if args.parts != "table":
         capacity = machine_capacity_bps(print)
@@ -191,6 +196,7 @@ def main() -> None:
                 else [name for name, info in discover("testbed.policies").items() if info.ok])
     capacity = machine_capacity_bps(print)
     rows: list[dict[str, Any]] = []
+    kept = json.loads(args.json.read_text())["rows"] if args.keep and args.json.exists() else []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.topologies.split(","):
             inputs = load_inputs(topology_file(name))
@@ -202,7 +208,8 @@ def main() -> None:
                 k_auto = choose_dilation(peak_rate_bps(spans), capacity)
                 row: dict[str, Any] = {"topology": name, "policy": policy,
                                        "plan": f"dp {plan.dp} x pp {plan.pp}",
-                                       "simulated_s": summary.median_s}
+                                       "simulated_s": summary.median_s,
+                                       "commit": _commit(), "load": os.getloadavg()[0]}
                 wall = (summary.median_s or 0.0) * (inputs.job.iterations + 1)
                 if wall > args.max_wall:
                     row["skipped"] = f"predicted {wall:.0f} s of wall time per run"
@@ -220,6 +227,8 @@ def main() -> None:
                     row["auto"] = None
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+    ran = {(row["topology"], row["policy"]) for row in rows}
+    rows = [row for row in kept if (row["topology"], row["policy"]) not in ran] + rows
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"capacity_bps": capacity, "rows": rows}, indent=1))
     print(table(rows))
@@ -228,6 +237,13 @@ def main() -> None:
 GENERATED = ROOT / "scripts" / "fidelity_topologies"
 """Topologies made for this check beside the shipped ones (high-bdp-2dc,
 asymmetric-4dc): shapes the shipped set lacks."""
+
+
+def _commit() -> str:
+    """The code a row was measured with (rows of several runs share one table)."""
+    done = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+    return done.stdout.strip() or "unknown"
 
 
 def topology_file(name: str) -> Path:
