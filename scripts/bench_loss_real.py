@@ -3,12 +3,15 @@
 (H = 4 and 16), Streaming DiLoCo and Atlas with `--compute real` over the emulated WAN of
 two-dc and paper-3dc, each method's loss per token over data parallelism's beside the
 penalty the loss model predicts for its plan; the DiLoCo family's at the outer learning
-rate that does best on a grid (the sources' penalties are those of a tuned outer step),
-its default's beside it.
+rate that does best on a grid at the sources' Nesterov momentum 0.9 (their penalties are
+those of a tuned outer step), its default's beside it, and its figure at plain averaging
+(outer momentum 0, lr 1: every sync the workers' average, as Local SGD and FedAvg step;
+Douillard et al., arXiv 2311.08105, compared it as an outer optimizer), which is run
+beside the grid, never tuned on, with the model's order checked there too.
 
 `.venv/bin/python scripts/bench_loss_real.py [--topologies two-dc,paper-3dc] [--seeds
 0,1,2] [--iterations N] [--json benchmarks/loss-real.json] [--from-json F] [--lock F]`
-(root: it runs the emulator; about 90 minutes of runs on two shared cores, most of
+(root: it runs the emulator; about 100 minutes of runs on two shared cores, most of
 them the outer learning rates' grid). A run
 already in the JSON given by `--from-json` is kept, not run again (one that failed is
 tried again); the JSON is written after every run, so the benchmark can be run a topology
@@ -48,6 +51,7 @@ from typing import Any, NamedTuple
 
 from testbed.metrics.loss import LossPoint
 from testbed.metrics.loss_penalty import (
+    Ordering,
     measured_penalty,
     ordering,
     penalty_steps,
@@ -56,6 +60,21 @@ from testbed.metrics.loss_penalty import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+
+class OuterStep(NamedTuple):
+    """A DiLoCo-family run's outer optimizer: SGD's learning rate and Nesterov momentum."""
+
+    lr: float
+    momentum: float
+
+
+PLAIN = OuterStep(lr=1.0, momentum=0.0)
+"""Plain averaging: each sync replaces the outer model by the workers' average (Local SGD,
+FedAvg), the outer optimizer DiLoCo generalises; Douillard et al. (arXiv 2311.08105)
+compared it with Nesterov's and others. Run beside the grid, never tuned on it."""
+PLAIN_PART = "outer_momentum=0/"
+"""The part of a plain-averaging run's key in the JSON."""
+
 
 class Method(NamedTuple):
     label: str
@@ -117,25 +136,36 @@ def _window_loss(run: Mapping[str, Any], steps: tuple[int, int]) -> float | None
     return None if not losses or None in losses else mean(losses)
 
 
-def outer_lr(policy: str, options: Mapping[str, str]) -> float | None:
-    """The outer learning rate a policy's options train with (the policy's default where
-    they leave it), read from the policy itself; None: a policy with no outer step."""
+def outer_step(policy: str, options: Mapping[str, str]) -> OuterStep | None:
+    """The outer step a policy's options train with (the policy's defaults where they
+    leave it), read from the policy itself; None: a policy with no outer step."""
     from testbed.policy import training_policy
 
-    value = getattr(getattr(training_policy(policy, dict(options)), "settings", None),
-                    "outer_lr", None)
-    return None if value is None else float(value)
+    settings: Any = getattr(training_policy(policy, dict(options)), "settings", None)
+    if getattr(settings, "outer_lr", None) is None:
+        return None
+    return OuterStep(float(settings.outer_lr), float(settings.outer_momentum))
 
 
 def grid(method: Method, topology: str) -> list[tuple[str, dict[str, str]]]:
-    """The runs a method makes at a seed on `topology`: each one's part of the run's key
-    and its options. The policy's default outer learning rate runs with the method's own
-    options (its key as before tuning), every other with `outer_lr` set."""
-    default = outer_lr(method.policy, method.options)
+    """The runs a method's outer learning rate is tuned on at a seed on `topology` (at the
+    policy's Nesterov momentum, as the sources tuned theirs): each one's part of the run's
+    key and its options. The policy's default outer learning rate runs with the method's
+    own options (its key as before tuning), every other with `outer_lr` set."""
+    default = outer_step(method.policy, method.options)
     lrs = TOPOLOGIES[topology].get("outer_lrs", {}).get(method.label, method.outer_lrs)
-    return [("", method.options) if lr is None or lr == default else
+    return [("", method.options) if default is None or lr == default.lr else
             (f"outer_lr={lr:g}/", {**method.options, "outer_lr": f"{lr:g}"})
             for lr in lrs or (None,)]
+
+
+def plain_averaging(method: Method) -> list[tuple[str, dict[str, str]]]:
+    """A DiLoCo-family method's run at plain averaging (PLAIN), its part of the key and
+    its options; none for an exact method."""
+    if not method.outer_lrs:
+        return []
+    return [(PLAIN_PART, {**method.options, "outer_momentum": f"{PLAIN.momentum:g}",
+                          "outer_lr": f"{PLAIN.lr:g}"})]
 
 
 def _stats(mine: Mapping[int, Mapping[str, Any]], base: Mapping[int, Mapping[str, Any]],
@@ -155,38 +185,50 @@ def _stats(mine: Mapping[int, Mapping[str, Any]], base: Mapping[int, Mapping[str
             "model": first["model"], "plan": first["plan"]}
 
 
+FIGURES = ("mean", "stdev", "low", "high", "seeds")
+"""The figures of a penalty over the seeds that the grid and plain averaging report."""
+
+
 def _method_row(method: Method, runs: Sequence[Mapping[str, Any]],
                 base: Mapping[int, Mapping[str, Any]], seeds: Sequence[int],
                 steps: tuple[int, int]) -> dict[str, Any]:
     """A method's row: an exact method's figures; a DiLoCo-family method's at the outer
     learning rate tuned on its grid (`outer_lr`: the grid's figures, the choice and the
-    untuned default's), or why it did not run."""
-    by_lr: dict[float | None, dict[int, Mapping[str, Any]]] = {}
+    untuned default's), with its figures at plain averaging beside them (never tuned on),
+    or why it did not run."""
+    by_step: dict[OuterStep | None, dict[int, Mapping[str, Any]]] = {}
     for run in runs:
-        by_lr.setdefault(outer_lr(run["policy"], run["options"]), {})[run["seed"]] = run
-    stats: dict[float | None, dict[str, Any]] = {}
-    failed: dict[float | None, dict[int, str]] = {}
-    for lr, mine in by_lr.items():
+        by_step.setdefault(outer_step(run["policy"], run["options"]), {})[run["seed"]] = run
+    stats: dict[OuterStep | None, dict[str, Any]] = {}
+    failed: dict[OuterStep | None, dict[int, str]] = {}
+    for step, mine in by_step.items():
         why = {s: mine[s]["error"] if s in mine else "not run" for s in seeds
                if s not in mine or "error" in mine[s]}
         why.update({s: f"{BASELINE} did not run" for s in seeds
                     if s not in base and s not in why})
         if why:
-            failed[lr] = why
+            failed[step] = why
         else:
-            stats[lr] = _stats(mine, base, seeds, steps)
-    default = outer_lr(method.policy, method.options)
-    if default is None or not stats:
-        return stats[None] if None in stats else \
-            {"failed": failed.get(default) or next(iter(failed.values()))}
-    tuned = tune({lr: row["seeds"] for lr, row in stats.items() if lr is not None})
-    figures = ("mean", "stdev", "low", "high", "seeds")
-    return {**stats[tuned["chosen"]], "outer_lr": {
-        **tuned, "untuned": default,
-        "sweep": [{"value": lr, **{k: stats[lr][k] for k in figures}}
-                  for lr in sorted(v for v in stats if v is not None)],
-        "failed": [{"value": lr, "seeds": why} for lr, why in failed.items()
-                   if lr is not None]}}
+            stats[step] = _stats(mine, base, seeds, steps)
+    default = outer_step(method.policy, method.options)
+    if default is None:
+        return stats[None] if None in stats else {"failed": failed[None]}
+    tried = {step.lr: row for step, row in stats.items()
+             if step is not None and step.momentum == default.momentum}
+    if not tried:
+        return {"failed": failed.get(default, dict.fromkeys(seeds, "not run"))}
+    tuned = tune({lr: row["seeds"] for lr, row in tried.items()})
+    plain: dict[str, Any] = {"outer_lr": PLAIN.lr, "outer_momentum": PLAIN.momentum}
+    if PLAIN in stats:
+        plain.update({k: stats[PLAIN][k] for k in FIGURES})
+    else:
+        plain["failed"] = failed.get(PLAIN, dict.fromkeys(seeds, "not run"))
+    return {**tried[tuned["chosen"]], "outer_lr": {
+        **tuned, "untuned": default.lr,
+        "sweep": [{"value": lr, **{k: tried[lr][k] for k in FIGURES}} for lr in sorted(tried)],
+        "failed": [{"value": step.lr, "seeds": why} for step, why in failed.items()
+                   if step is not None and step.momentum == default.momentum]},
+        "plain_averaging": plain}
 
 
 def _untuned(row: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -198,11 +240,21 @@ def _untuned(row: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return next((p for p in tuning["sweep"] if p["value"] == tuning["untuned"]), None)
 
 
+def _plain(row: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A row's figures at plain averaging: the row itself for an exact method, None where
+    plain averaging did not run at every seed."""
+    if "outer_lr" not in row:
+        return row
+    plain: Mapping[str, Any] = row["plain_averaging"]
+    return None if "failed" in plain else plain
+
+
 def summarize(topology: Mapping[str, Any]) -> dict[str, Any]:
     """Per method: the penalty at each seed, their mean, spread, least and most, beside
     the model's, or why it did not run (a DiLoCo-family method's at its tuned outer
-    learning rate, with its grid); and the ordering check over the methods that ran at
-    every seed, tuned and at the policies' default outer learning rate."""
+    learning rate, with its grid, and at plain averaging); and the ordering check over the
+    methods that ran at every seed: tuned, at the policies' default outer learning rate
+    and at plain averaging."""
     runs = topology["runs"]
     steps = penalty_steps(topology["iterations"])
     seeds = sorted({run["seed"] for run in runs.values()})
@@ -215,12 +267,21 @@ def summarize(topology: Mapping[str, Any]) -> dict[str, Any]:
     ran = {k: v for k, v in out.items() if "failed" not in v}
     check = ordering({k: v["model"]["penalty"] for k, v in ran.items()},
                      {k: v["seeds"] for k, v in ran.items()})
+    predicted = {k: v["model"]["penalty"] for k, v in ran.items()}
     untuned = {k: _untuned(v) for k, v in ran.items()}
-    plain = None if None in untuned.values() else ordering(
-        {k: v["model"]["penalty"] for k, v in ran.items()},
-        {k: u["seeds"] for k, u in untuned.items() if u is not None})
-    return {"methods": out, "ordering": check, "untuned_ordering": plain,
+    plain = {k: _plain(v) for k, v in ran.items()}
+    return {"methods": out, "ordering": check,
+            "untuned_ordering": _ordering_of(predicted, untuned),
+            "plain_averaging_ordering": _ordering_of(predicted, plain),
             "steps": list(steps), "seeds": seeds}
+
+
+def _ordering_of(predicted: Mapping[str, float],
+                 rows: Mapping[str, Mapping[str, Any] | None]) -> Ordering | None:
+    """The ordering check of the methods' figures at one outer step; None where a method's
+    did not run there at every seed."""
+    done = {k: row["seeds"] for k, row in rows.items() if row is not None}
+    return None if len(done) < len(rows) else ordering(predicted, done)
 
 
 def _emulated(topology: str, label: str, policy: str, options: dict[str, str], seed: int,
@@ -314,7 +375,7 @@ def measure(report: dict[str, Any], topologies: Sequence[str], seeds: Sequence[i
         entry["sets"] = TOPOLOGIES[topology]["sets"]
         for seed in seeds:
             todo = [(f"{topology}/{m.label}/{part}{seed}", m, options) for m in METHODS
-                    for part, options in grid(m, topology)]
+                    for part, options in [*grid(m, topology), *plain_averaging(m)]]
             todo = [t for t in todo if "error" in entry["runs"].get(t[0], {"error": ""})]
             if not todo:
                 continue
@@ -369,22 +430,25 @@ def _spread(row: Mapping[str, Any]) -> str:
     return _pct(row["mean"]) + ("" if row["stdev"] is None else f" ± {row['stdev']:.2%}")
 
 
-def _lr_cells(row: Mapping[str, Any]) -> tuple[str, str]:
-    """A row's outer learning rate, chosen of its grid, and its figure untuned."""
+def _lr_cells(row: Mapping[str, Any]) -> tuple[str, str, str]:
+    """A row's outer learning rate, chosen of its grid, its figure untuned and its figure
+    at plain averaging."""
     tuning = row.get("outer_lr")
     if tuning is None:
-        return "none (exact)", _spread(row)
+        return "none (exact)", _spread(row), _spread(row)
     tried = ", ".join(f"{p['value']:g}" for p in tuning["sweep"])
-    untuned = _untuned(row)
+    untuned, plain = _untuned(row), row["plain_averaging"]
     return (f"{tuning['chosen']:g} of {tried}",
-            "did not run" if untuned is None else _spread(untuned))
+            "did not run" if untuned is None else _spread(untuned),
+            _spread(plain) if "failed" not in plain else
+            "not run" if set(plain["failed"].values()) == {"not run"} else "failed")
 
 
 def tables(report: Mapping[str, Any]) -> str:
     """The documentation's tables, from the JSON alone: per topology, each method's
     measured penalty (mean, spread and range over seeds; the DiLoCo family's at its tuned
-    outer learning rate, untuned beside it) beside the model's, whether the model's order
-    of the methods holds, and the outer learning rates' grid."""
+    outer learning rate, untuned and at plain averaging beside it) beside the model's,
+    whether the model's order of the methods holds, and the outer learning rates' grid."""
     out: list[str] = []
     for name, topology in report.get("topologies", {}).items():
         summary = summarize(topology)
@@ -394,25 +458,27 @@ def tables(report: Mapping[str, Any]) -> str:
                         if "outer_lr" in r), None)
         out += [f"| {name}, real compute | plan | the model's effect | outer lr: chosen of "
                 f"the grid | measured penalty at it: mean ± sd (range, {seeds} seeds) | "
-                f"untuned (outer lr {untuned:g}) | model penalty (band) | loss, steps "
+                f"untuned (outer lr {untuned:g}) | plain averaging (momentum "
+                f"{PLAIN.momentum:g}, lr {PLAIN.lr:g}) | model penalty (band) | loss, steps "
                 f"{first}-{end - 1} (points) |",
-                "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for label, row in summary["methods"].items():
             if "failed" in row:
                 why = "; ".join(f"seed {s}: {e}" for s, e in sorted(row["failed"].items()))
-                out.append(f"| {label} | did not run with real compute: {why} | | | | | | |")
+                out.append(f"| {label} | did not run with real compute: {why} | | | | | | | |")
                 continue
             model = row["model"]
             mark = "*" if model["extrapolated"] else ""
             loss = "diverged" if row["loss"] is None else f"{row['loss']:.4f}"
             kind, _, detail = model["effect"].partition(" (")
-            chosen, plain = _lr_cells(row)
+            chosen, untuned_cell, plain = _lr_cells(row)
             out.append(
                 f"| {label} | dp {row['plan']['dp']} x pp {row['plan']['pp']} | "
                 + (kind if kind == "exact" else f"{kind} {detail.removesuffix(')')}")
                 + f" | {chosen} | {_spread(row)} ({_pct(row['low'])} to {_pct(row['high'])})"
-                f" | {plain} | {_pct(model['penalty'])}{mark} ({_pct(model['band'][0])} to "
-                f"{_pct(model['band'][1])}) | {loss} ({row['points']}, "
+                f" | {untuned_cell} | {plain} | {_pct(model['penalty'])}{mark} ("
+                f"{_pct(model['band'][0])} to {_pct(model['band'][1])}) | {loss} ("
+                f"{row['points']}, "
                 f"{row['loss_of']}) |")
         out += ["", _verdict(name, topology, summary), "", *_sweep_table(name, summary), ""]
     runs = [r for t in report.get("topologies", {}).values() for r in t["runs"].values()
@@ -449,7 +515,8 @@ def _sweep_table(name: str, summary: Mapping[str, Any]) -> list[str]:
 
 def _verdict(name: str, topology: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
     """The paragraph under a topology's table: the budget, both orders, whether the
-    model's holds at the tuned outer learning rates and at the default one."""
+    model's holds at the tuned outer learning rates, at the default one and at plain
+    averaging."""
     first, end = summary["steps"]
     check = summary["ordering"]
     wrong = [p for p in check["pairs"] if not p["holds"]]
@@ -467,8 +534,11 @@ def _verdict(name: str, topology: Mapping[str, Any], summary: Mapping[str, Any])
             f"{label} {t['chosen']:g}" + (" (the grid's edge: the best may lie beyond it)"
                                           if t["at_edge"] else "")
             for label, t in tuned.items()) + ". "
-    text += (f"By loss per token the model orders {_order(check['predicted'], summary)}; "
-             f"measured: {_order(check['measured'], summary, measured=True)}. ")
+    rows = summary["methods"]
+    predicted = {label: rows[label]["model"]["penalty"] for label in check["predicted"]}
+    means = {label: rows[label]["mean"] for label in check["measured"]}
+    text += (f"By loss per token the model orders {_order(check['predicted'], predicted, 0)}; "
+             f"measured: {_order(check['measured'], means)}. ")
     pairs = len(check["pairs"])
     text += (f"The model's order holds (all {pairs} pairs it orders)" if check["holds"] else
              f"The model's order does not hold ({pairs - len(wrong)} of the {pairs} pairs it "
@@ -492,17 +562,27 @@ def _verdict(name: str, topology: Mapping[str, Any], summary: Mapping[str, Any])
         gap = tie["largest_gap"]
         text += (f" {' and '.join(tie['methods'])}, exact both, differ by at most "
                  + ("(diverged)" if gap is None else f"{gap:.1e}") + " at a seed.")
+    plain = summary.get("plain_averaging_ordering")
+    if tuned and plain is not None:
+        means = {k: (rows[k]["plain_averaging"] if k in tuned else rows[k])["mean"]
+                 for k in plain["measured"]}
+        held = sum(p["holds"] for p in plain["pairs"])
+        steady = [p for p in plain["pairs"] if p["every_seed"]]
+        text += (f" At plain averaging (outer momentum {PLAIN.momentum:g}, lr {PLAIN.lr:g}) "
+                 f"measured: {_order(plain['measured'], means)}; the model's order "
+                 + ("holds" if plain["holds"] else "does not hold")
+                 + f" ({held} of the {len(plain['pairs'])} pairs it orders do, every seed "
+                 f"orders {len(steady)} of them as the means do).")
     return text
 
 
-def _order(labels: Sequence[str], summary: Mapping[str, Any], measured: bool = False) -> str:
-    """Methods in order, a tie (equal predicted penalties, or measured ones within SAME)
-    joined by =."""
-    rows = summary["methods"]
+def _order(labels: Sequence[str], penalties: Mapping[str, float],
+           within: float = SAME) -> str:
+    """Methods in order, a tie (penalties `within` of each other: measured ones within
+    SAME, predicted ones equal) joined by =."""
     text = labels[0] if labels else ""
     for before, label in pairwise(labels):
-        tied = abs(rows[before]["mean"] - rows[label]["mean"]) <= SAME if measured else \
-            rows[before]["model"]["penalty"] == rows[label]["model"]["penalty"]
+        tied = abs(penalties[before] - penalties[label]) <= within
         text += (" = " if tied else " < ") + label
     return text
 
