@@ -263,9 +263,57 @@ def _error(emulated: float | None, simulated: float | None) -> str:
 def _cell(block: dict[str, Any] | None, simulated: float | None) -> str:
     if block is None or block["median_s"] is None:
         return "not run | - |"
-    bound = any((r.get("emulation") or {}).get("cpu_bound") for r in block["runs"])
-    return (f"{block['median_s']:.3f} s{' (machine-bound)' if bound else ''} | "
+    return (f"{block['median_s']:.3f} s{' (machine-bound)' if _bound(block) else ''} | "
             f"{_error(block['median_s'], simulated)} |")
+
+
+TARGET = 0.05
+"""The agreement the emulator and the simulator are held to where the machine is not the
+limit: the emulated median within 5% of the simulated one."""
+
+
+def _bound(block: dict[str, Any] | None) -> bool:
+    return block is not None and any((r.get("emulation") or {}).get("cpu_bound")
+                                     for r in block["runs"])
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    """How many rows agree within TARGET and which do not, each judged at the least
+    dilation whose run the machine did not limit (K=1 where it did not: a dilation only
+    stands in for what the machine cannot do at K=1); a row limited at both is not
+    judged."""
+    judged, outside, bound, alone = 0, [], [], []
+    for row in rows:
+        if "skipped" in row or not row["simulated_s"]:
+            continue
+        runs = [b for b in (row.get("k1"), row.get("auto"))
+                if b is not None and b["median_s"] is not None]
+        if not runs:
+            continue
+        name = f"{row['topology']} {row['policy']}"
+        if row["plan"] == "dp 1 x pp 1":
+            alone.append(name)
+            continue
+        free = [b for b in runs if not _bound(b)]
+        if not free:
+            bound.append(name)
+            continue
+        judged += 1
+        block = free[0]
+        error = block["median_s"] / row["simulated_s"] - 1
+        if abs(error) > TARGET:
+            outside.append(f"{name} ({error:+.1%} at K={block['runs'][0]['dilation']})")
+    commits = sorted({row.get("commit", "unknown") for row in rows})
+    return (f"Each at the least dilation the machine did not limit, {judged - len(outside)} "
+            f"of {judged} agree within {TARGET:.0%}"
+            + (f"; outside: {', '.join(outside)}" if outside else "")
+            + (f". Machine-bound at every dilation run, so not judged: {', '.join(bound)}"
+               if bound else "")
+            + (f". One GPU, no network, so not judged (microseconds of modeled compute "
+               f"against the emulator's Python per iteration): {', '.join(alone)}"
+               if alone else "")
+            + f". One run per cell; measured at commit{'s' if len(commits) > 1 else ''} "
+            + ", ".join(commits) + ".")
 
 
 def table(rows: list[dict[str, Any]]) -> str:

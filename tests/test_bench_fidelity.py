@@ -1,0 +1,59 @@
+"""scripts/bench_fidelity.py's verdict: each row judged where the machine did not set the
+pace, one-GPU plans and machine-bound rows named, not judged."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_fidelity",
+                                                  ROOT / "scripts" / "bench_fidelity.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_fidelity"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _block(median_s: float, dilation: int, bound: bool) -> dict[str, Any]:
+    run = {"dilation": dilation, "emulation": {"cpu_bound": bound}}
+    return {"median_s": median_s, "dilation": dilation, "runs": [run]}
+
+
+def _row(policy: str, simulated: float, k1: dict[str, Any], auto: dict[str, Any] | None,
+         plan: str = "dp 2 x pp 2") -> dict[str, Any]:
+    return {"topology": "t", "policy": policy, "plan": plan, "simulated_s": simulated,
+            "k1": k1, "auto": auto, "commit": "abc"}
+
+
+def test_each_row_is_judged_at_the_least_dilation_the_machine_did_not_limit(
+        bench: ModuleType) -> None:
+    rows = [
+        _row("free", 10.0, _block(10.3, 1, False), _block(9.0, 3, False)),  # K=1: +3%
+        _row("bound", 10.0, _block(12.0, 1, True), _block(10.2, 3, False)),  # K=3: +2%
+        _row("far", 10.0, _block(11.0, 1, False), None),  # +10%
+        _row("busy", 10.0, _block(12.0, 1, True), _block(12.0, 3, True)),
+        _row("alone", 1e-6, _block(1e-3, 1, False), None, plan="dp 1 x pp 1"),
+        {"topology": "t", "policy": "long", "plan": "dp 3 x pp 4", "simulated_s": 300.0,
+         "skipped": "predicted 1500 s"},
+    ]
+    said = bench.summary(rows)
+    assert said.startswith("Each at the least dilation the machine did not limit, 2 of 3 ")
+    assert "outside: t far (+10.0% at K=1)" in said
+    assert "not judged: t busy" in said and "t alone" in said
+    assert "t free" not in said and "t bound" not in said and "t long" not in said
+
+
+def test_the_table_marks_machine_bound_runs(bench: ModuleType) -> None:
+    table = bench.table([_row("bound", 10.0, _block(12.0, 1, True), _block(10.2, 3, False))])
+    assert "12.000 s (machine-bound) | +20.0% | 3 | 10.200 s | +2.0% |" in table
