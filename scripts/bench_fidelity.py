@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.emulator.runtime.coordinator.capacity import machine_capacity_bps
+from testbed.errors import InputError
 from testbed.experiments.inputs import Inputs, load_inputs
 from testbed.experiments.planning import plan_with_simulator
 from testbed.experiments.run import run
@@ -203,7 +204,14 @@ def main() -> None:
             name = inputs.topology.name
             for policy in policies:
                 chosen = training_policy(policy)
-                plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
+                try:
+                    plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
+                except InputError as error:  # e.g. its placement does not fit memory
+                    rows.append({"topology": name, "policy": policy, "plan": "-",
+                                 "simulated_s": None, "skipped": f"no plan: {error}",
+                                 "commit": _commit(), "load": os.getloadavg()[0]})
+                    print(json.dumps(rows[-1]), flush=True)
+                    continue
                 summary, spans = simulate_plan(inputs.topology, inputs.job, plan, chosen)
                 k_auto = choose_dilation(peak_rate_bps(spans), capacity)
                 row: dict[str, Any] = {"topology": name, "policy": policy,
@@ -321,7 +329,8 @@ def table(rows: list[dict[str, Any]]) -> str:
              "emulated, K auto | error |", "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         sim = row["simulated_s"]
-        head = f"| {row['topology']} | {row['policy']} | {row['plan']} | {sim:.3f} s |"
+        head = (f"| {row['topology']} | {row['policy']} | {row['plan']} | "
+                f"{'-' if sim is None else f'{sim:.3f} s'} |")
         if "skipped" in row:
             lines.append(f"{head} not run ({row['skipped']}) | | | | |")
             continue

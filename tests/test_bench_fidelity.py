@@ -57,3 +57,12 @@ def test_each_row_is_judged_at_the_least_dilation_the_machine_did_not_limit(
 def test_the_table_marks_machine_bound_runs(bench: ModuleType) -> None:
     table = bench.table([_row("bound", 10.0, _block(12.0, 1, True), _block(10.2, 3, False))])
     assert "12.000 s (machine-bound) | +20.0% | 3 | 10.200 s | +2.0% |" in table
+
+
+def test_a_policy_that_cannot_plan_is_a_row_that_says_why(bench: ModuleType) -> None:
+    row = {"topology": "t", "policy": "gpipe", "plan": "-", "simulated_s": None,
+           "skipped": "no plan: stage 0 needs 99.1 GiB per GPU"}
+    assert "| t | gpipe | - | - | not run (no plan: stage 0 needs 99.1 GiB per GPU)" \
+        in bench.table([row])
+    assert bench.summary([row]).startswith("Each at the least dilation the machine did not "
+                                           "limit, 0 of 0 agree")
