@@ -207,8 +207,9 @@ def main() -> None:
                 try:
                     plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
                 except InputError as error:  # e.g. its placement does not fit memory
+                    why = str(error).replace(f"{ROOT}/", "")
                     rows.append({"topology": name, "policy": policy, "plan": "-",
-                                 "simulated_s": None, "skipped": f"no plan: {error}",
+                                 "simulated_s": None, "skipped": f"no plan: {why}",
                                  "commit": _commit(), "load": os.getloadavg()[0]})
                     print(json.dumps(rows[-1]), flush=True)
                     continue
