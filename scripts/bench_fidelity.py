@@ -269,11 +269,12 @@ def _error(emulated: float | None, simulated: float | None) -> str:
     return f"{emulated / simulated - 1:+.1%}"
 
 
-def _cell(block: dict[str, Any] | None, simulated: float | None) -> str:
+def _cell(block: dict[str, Any] | None, simulated: float | None, alone: bool) -> str:
+    """`alone`: a one-GPU plan, whose error says nothing of the network."""
     if block is None or block["median_s"] is None:
         return "not run | - |"
-    return (f"{block['median_s']:.3f} s{' (machine-bound)' if _bound(block) else ''} | "
-            f"{_error(block['median_s'], simulated)} |")
+    error = "(one GPU)" if alone else _error(block["median_s"], simulated)
+    return f"{block['median_s']:.3f} s{' (machine-bound)' if _bound(block) else ''} | {error} |"
 
 
 TARGET = 0.05
@@ -335,9 +336,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         if "skipped" in row:
             lines.append(f"{head} not run ({row['skipped']}) | | | | |")
             continue
-        auto = row.get("auto")
-        lines.append(f"{head} {_cell(row['k1'], sim)} "
-                     f"{auto['dilation'] if auto else '-'} | {_cell(auto, sim)}")
+        auto, alone = row.get("auto"), row["plan"] == "dp 1 x pp 1"
+        lines.append(f"{head} {_cell(row['k1'], sim, alone)} "
+                     f"{auto['dilation'] if auto else '-'} | {_cell(auto, sim, alone)}")
     return "\n".join(lines)
 
 
