@@ -69,6 +69,11 @@ def _schedules(report: dict[str, Any]) -> str:
     return str(_script("bench_schedules").tables(report))
 
 
+def _fidelity(report: dict[str, Any]) -> str:
+    script = _script("bench_fidelity")
+    return f"{script.table(report['rows'])}\n\n{script.summary(report['rows'])}"
+
+
 def _fidelity_trace(report: dict[str, Any]) -> str:
     return str(_script("bench_fidelity").trace_table(report))
 
@@ -129,6 +134,9 @@ INDEX = "measurements"
 
 TABLES: dict[str, Table] = {
     INDEX: Table((), str, "scripts/docs_tables.py"),
+    "fidelity": Table(("benchmarks/fidelity.json",), _fidelity,
+                      "scripts/bench_fidelity.py --topologies two-dc,paper-3dc; "
+                      "--topologies high-bdp-2dc,asymmetric-4dc --policies atlas,gpipe --keep"),
     "fidelity-trace": Table(("benchmarks/fidelity-trace.json",), _fidelity_trace,
                             "scripts/bench_fidelity.py --parts trace"),
     "scenarios": Table(("benchmarks/scenarios.json",), _scenarios,
