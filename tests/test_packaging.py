@@ -60,7 +60,8 @@ def test_the_distribution_has_a_name_of_its_own_everywhere_it_is_named() -> None
         == [DISTRIBUTION]
     named = []
     for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"),
-                 *(ROOT / "testbed").rglob("*.py"), *(ROOT / "scripts").iterdir()]:
+                 *(ROOT / "testbed").rglob("*.py"),
+                 *(p for p in (ROOT / "scripts").rglob("*") if p.is_file())]:
         text = path.read_text(encoding="utf-8")
         named += [(path.name, name) for name in re.findall(r"pip install '([^'\[]+)\[", text)]
     assert named and {name for _, name in named} <= {DISTRIBUTION, "{DISTRIBUTION}", "."}, named
