@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from measured_at import commit
 
 from testbed.loss.effects import Exact, LossEffect, diloco, streaming_diloco
 from testbed.loss.published import (
@@ -207,14 +208,6 @@ def table(report: dict[str, Any]) -> str:
     return out
 
 
-def _commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT,
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--parts", default="points,map")
@@ -232,7 +225,7 @@ def main() -> None:
         report["points"] = points()
     if "map" in parts:
         report["map"] = map_part(args.figure.resolve(), args.workers)
-    report["commit"] = _commit()
+    report["commit"] = commit()
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     print(table(report))
     fitted = [p for p in report["points"] if p["fit"]]

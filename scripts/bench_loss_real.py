@@ -38,7 +38,6 @@ import argparse
 import fcntl
 import json
 import os
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -48,6 +47,8 @@ from itertools import pairwise
 from pathlib import Path
 from statistics import mean, stdev
 from typing import Any, NamedTuple
+
+from measured_at import commit
 
 from testbed.metrics.loss import LossPoint
 from testbed.metrics.loss_penalty import (
@@ -405,17 +406,9 @@ def _record(report: dict[str, Any], entry: dict[str, Any], key: str, run: dict[s
               + f" over steps {steps[0]}-{steps[1] - 1}, model penalty "
               f"{run['model']['penalty']:.4f}, {run['wall_s']:.0f} s (load "
               f"{run['load_before']:.1f})", flush=True)
-    report["commit"] = _commit()
+    report["commit"] = commit()
     if save is not None:
         save.write_text(json.dumps(report, indent=1) + "\n")
-
-
-def _commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT,
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def _pct(value: float | None) -> str:

@@ -3,26 +3,17 @@ pace, one-GPU plans and machine-bound rows named, not judged."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from .scripts import script
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_fidelity",
-                                                  ROOT / "scripts" / "bench_fidelity.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_fidelity"] = module
-    spec.loader.exec_module(module)
-    return module
+    return script("bench_fidelity")
 
 
 def _block(median_s: float, dilation: int, bound: bool) -> dict[str, Any]:

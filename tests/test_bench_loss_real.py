@@ -5,8 +5,6 @@ benchmark)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,18 +13,12 @@ import pytest
 
 from testbed.policy.registry import training_policy
 
-ROOT = Path(__file__).resolve().parent.parent
+from .scripts import script
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_loss_real",
-                                                  ROOT / "scripts" / "bench_loss_real.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_loss_real"] = module
-    spec.loader.exec_module(module)
-    return module
+    return script("bench_loss_real")
 
 
 def _run(method: str, policy: str, options: dict[str, str], seed: int, level: float,
