@@ -23,11 +23,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from measured_at import commit
 
 from testbed.emulator.runtime.coordinator.capacity import machine_capacity_bps
 from testbed.errors import InputError
@@ -198,6 +199,7 @@ def main() -> None:
     capacity = machine_capacity_bps(print)
     rows: list[dict[str, Any]] = []
     kept = json.loads(args.json.read_text())["rows"] if args.keep and args.json.exists() else []
+    measured = {"commit": commit()}  # rows of several runs share one table
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.topologies.split(","):
             inputs = load_inputs(topology_file(name))
@@ -210,7 +212,7 @@ def main() -> None:
                     why = str(error).replace(f"{ROOT}/", "")
                     rows.append({"topology": name, "policy": policy, "plan": "-",
                                  "simulated_s": None, "skipped": f"no plan: {why}",
-                                 "commit": _commit(), "load": os.getloadavg()[0]})
+                                 **measured, "load": os.getloadavg()[0]})
                     print(json.dumps(rows[-1]), flush=True)
                     continue
                 summary, spans = simulate_plan(inputs.topology, inputs.job, plan, chosen)
@@ -218,7 +220,7 @@ def main() -> None:
                 row: dict[str, Any] = {"topology": name, "policy": policy,
                                        "plan": f"dp {plan.dp} x pp {plan.pp}",
                                        "simulated_s": summary.median_s,
-                                       "commit": _commit(), "load": os.getloadavg()[0]}
+                                       **measured, "load": os.getloadavg()[0]}
                 wall = (summary.median_s or 0.0) * (inputs.job.iterations + 1)
                 if wall > args.max_wall:
                     row["skipped"] = f"predicted {wall:.0f} s of wall time per run"
@@ -248,13 +250,6 @@ GENERATED = ROOT / "scripts" / "fidelity_topologies"
 asymmetric-4dc): shapes the shipped set lacks."""
 
 
-def _commit() -> str:
-    """The code a row was measured with (rows of several runs share one table)."""
-    done = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT,
-                          capture_output=True, text=True, check=False)
-    return done.stdout.strip() or "unknown"
-
-
 def topology_file(name: str) -> Path:
     """A shipped topology by name, one of GENERATED's, or any topology file by its path."""
     if name.endswith((".yaml", ".yml")):
@@ -282,6 +277,11 @@ TARGET = 0.05
 limit: the emulated median within 5% of the simulated one."""
 
 
+def _one_gpu(row: dict[str, Any]) -> bool:
+    """A one-GPU plan: its emulated time is the emulator's Python, no network's."""
+    return bool(row["plan"] == "dp 1 x pp 1")
+
+
 def _bound(block: dict[str, Any] | None) -> bool:
     return block is not None and any((r.get("emulation") or {}).get("cpu_bound")
                                      for r in block["runs"])
@@ -301,7 +301,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
         if not runs:
             continue
         name = f"{row['topology']} {row['policy']}"
-        if row["plan"] == "dp 1 x pp 1":
+        if _one_gpu(row):
             alone.append(name)
             continue
         free = [b for b in runs if not _bound(b)]
@@ -313,7 +313,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
         error = block["median_s"] / row["simulated_s"] - 1
         if abs(error) > TARGET:
             outside.append(f"{name} ({error:+.1%} at K={block['runs'][0]['dilation']})")
-    commits = sorted({row.get("commit", "unknown") for row in rows})
+    commits = sorted({row.get("commit") or "unknown" for row in rows})
     return (f"Each at the least dilation the machine did not limit, {judged - len(outside)} "
             f"of {judged} agree within {TARGET:.0%}"
             + (f"; outside: {', '.join(outside)}" if outside else "")
@@ -336,7 +336,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         if "skipped" in row:
             lines.append(f"{head} not run ({row['skipped']}) | | | | |")
             continue
-        auto, alone = row.get("auto"), row["plan"] == "dp 1 x pp 1"
+        auto, alone = row.get("auto"), _one_gpu(row)
         lines.append(f"{head} {_cell(row['k1'], sim, alone)} "
                      f"{auto['dilation'] if auto else '-'} | {_cell(auto, sim, alone)}")
     return "\n".join(lines)
