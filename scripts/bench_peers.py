@@ -229,10 +229,15 @@ def rtt_bias_fits(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for (congestion, paced), fitted in fits[None].items()]
 
 
+def _goodputs_mbps(case: dict[str, Any]) -> list[float]:
+    """Each recorded run's goodput of a transfer case, Mbit/s."""
+    return [case["megabytes"] * 8 / run["seconds"] for run in case["runs"]]
+
+
 def ceiling_mbps(recorded: list[dict[str, Any]]) -> float | None:
     """The median goodput of the recorded ceiling runs (Mbit/s): the fastest this machine's
     delay lines forward a lossy link's packets; None where none was recorded."""
-    goodputs = [c["megabytes"] * 8 / r["seconds"] for c in recorded for r in c["runs"]]
+    goodputs = [g for case in recorded for g in _goodputs_mbps(case)]
     return statistics.median(goodputs) if goodputs else None
 
 
@@ -386,7 +391,7 @@ def main() -> None:
         "inflight": recorded.get("inflight", []),
         "ceiling": [{"case": c["case"], "connections": c["connections"],
                      "megabytes": c["megabytes"], "loss": c["loss"],
-                     "goodput_mbps": [c["megabytes"] * 8 / r["seconds"] for r in c["runs"]],
+                     "goodput_mbps": _goodputs_mbps(c),
                      "delay_line_late_mean_ms": [r["delay_line_late_mean_ms"]
                                                  for r in c["runs"]]}
                     for c in recorded.get("ceiling", [])],
