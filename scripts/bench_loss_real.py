@@ -266,9 +266,8 @@ def summarize(topology: Mapping[str, Any]) -> dict[str, Any]:
         if mine:
             out[method.label] = _method_row(method, mine, base, seeds, steps)
     ran = {k: v for k, v in out.items() if "failed" not in v}
-    check = ordering({k: v["model"]["penalty"] for k, v in ran.items()},
-                     {k: v["seeds"] for k, v in ran.items()})
     predicted = {k: v["model"]["penalty"] for k, v in ran.items()}
+    check = ordering(predicted, {k: v["seeds"] for k, v in ran.items()})
     untuned = {k: _untuned(v) for k, v in ran.items()}
     plain = {k: _plain(v) for k, v in ran.items()}
     return {"methods": out, "ordering": check,
