@@ -7,9 +7,7 @@ pair joins, a flow crosses two links, a NIC or a cap binds)."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -18,6 +16,8 @@ from hypothesis import strategies as st
 from testbed.sim.agenda import Agenda
 from testbed.sim.levels import Levels
 from testbed.sim.network import FluidNetwork, Pair
+
+from .scripts import script
 
 LINKS = ("wan0", "wan1", "wan2")
 NICS = tuple(f"nic{i}" for i in range(6))
@@ -143,10 +143,7 @@ def test_many_flows_end_through_kept_shares_at_the_whole_solves_times(
     the default count most flows end through kept shares, at the times solving every
     component whole gives; also where a link's capacity, a round trip and windows change
     (the shares are solved whole, then kept again) and a NIC binds."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    from peer_cases import scale_job
-
-    job = scale_job(600)
+    job = script("peer_cases").scale_job(600)
     starts = tuple(Start(f.start, f.nbytes, f.route, f.rtt, 0.4, 4e6, True, i)
                    for i, f in enumerate(job.flows))
     case = Case(dict(job.capacity), starts, changes, (5.0, 8.0, 9.5, 20.0))

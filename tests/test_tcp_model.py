@@ -34,6 +34,8 @@ from testbed.sim.one_transfer import one_transfer_s, shared_rates
 from testbed.topology import parse_topology
 from testbed.topology.model import TcpSettings
 
+from .scripts import script
+
 LOSS_BASED = ("cubic", "reno")
 
 
@@ -203,34 +205,18 @@ def _recorded(part: str) -> list[dict[str, Any]]:
     return entries
 
 
-def _fit() -> Any:
-    """scripts/rtt_bias_fit.py."""
-    _scripts()
-    import rtt_bias_fit
-
-    return rtt_bias_fit
-
-
-def _peer_cases() -> Any:
-    """scripts/peer_cases.py."""
-    _scripts()
-    import peer_cases
-
-    return peer_cases
-
-
 def test_rtt_bias_is_the_fit_of_the_recorded_share_runs() -> None:
     """RTT_BIAS is what scripts/rtt_bias_fit.py fits to every share run recorded in
     benchmarks/peers-emulator.json, to its rounding: runs recorded anew, or a change to how
     the simulator shares, fails here until the constants are fitted again."""
-    assert _fit().fit_file(RECORDED) == RTT_BIAS
+    assert script("rtt_bias_fit").fit_file(RECORDED) == RTT_BIAS
 
 
 def test_the_fit_predicts_what_the_simulator_settles_at() -> None:
     """The fit's shares (the simulator's weights and max-min with every window open) are
     shared_rates' over the seconds bench_peers compares, for every recorded case at the
     exponents used: no window caps a flow, and the windows are open by then."""
-    fit = _fit()
+    fit = script("rtt_bias_fit")
     for shares in fit.measured(_recorded("shares")):
         case = shares.case
         pairs, capacity = fit.pairs_of(case)
@@ -249,7 +235,7 @@ def test_the_fit_recovers_the_exponent_that_made_the_shares(bias: float, congest
                                                             paced: bool) -> None:
     """Medians that the simulator's sharing at exponent a makes, for two flows and eight,
     fit back to a, to the fit's rounding."""
-    fit, cases = _fit(), _peer_cases()
+    fit, cases = script("rtt_bias_fit"), script("peer_cases")
     made = []
     for rtts in ((20.0, 100.0), cases.EIGHT_RTTS_MS):
         case = cases.ShareCase("made", rtts, "200Mbit", congestion, paced)
@@ -269,8 +255,8 @@ def test_at_any_exponent_the_fit_may_give_shares_fill_the_link_by_round_trip(
         rtts: list[float], bias: float, paced: bool) -> None:
     """Whatever non-negative exponent a fit gives, the shares it predicts fill the
     bottleneck while no window caps a flow, and a shorter round trip never gets less."""
-    fit = _fit()
-    case = _peer_cases().ShareCase("any", tuple(rtts), "200Mbit", "cubic", paced)
+    fit = script("rtt_bias_fit")
+    case = script("peer_cases").ShareCase("any", tuple(rtts), "200Mbit", "cubic", paced)
     pairs, capacity = fit.pairs_of(case)
     rates = fit.steady_shares(pairs, capacity, bias)
     if all(rate < pair.steady_cap() * (1 - 1e-9) for rate, pair in zip(rates, pairs,
@@ -285,7 +271,7 @@ def test_at_any_exponent_the_fit_may_give_shares_fill_the_link_by_round_trip(
 @functools.cache
 def _compared_shares() -> dict[tuple[str, float], dict[str, Any]]:
     """Each recorded flow's comparison as bench_peers writes it (benchmarks/peers.json)."""
-    bench_peers, _ = _scripts()
+    bench_peers = script("bench_peers")
     with contextlib.redirect_stdout(io.StringIO()):
         rows = bench_peers.compare_shares(_recorded("shares"), {}, 0.0)
     return {(row["case"], flow["rtt_ms"]): flow for row in rows for flow in row["flows"]}
@@ -357,22 +343,10 @@ def test_bench_peers_compares_the_recorded_runs(tmp_path: Path) -> None:
                     str(RECORDED), "--no-ns3", "--scale", "100", "--json", str(out)],
                    check=True, capture_output=True, text=True, timeout=1800)
     report = json.loads(out.read_text())
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import measured_tables
-
+    measured_tables = script("measured_tables")
     for table in ("peers_shares", "peers_loss", "peers_long", "peers_scale", "peers_inflight"):
         assert getattr(measured_tables, table)(report).count("\n") >= 2
 
-
-
-def _scripts() -> tuple[Any, Any]:
-    """scripts/bench_peers.py and scripts/measured_tables.py (scripts/ is no package)."""
-    if str(ROOT / "scripts") not in sys.path:
-        sys.path.insert(0, str(ROOT / "scripts"))
-    import bench_peers
-    import measured_tables
-
-    return bench_peers, measured_tables
 
 
 def _transfer(case: str, loss: float, connections: int, seconds: list[float],
@@ -390,7 +364,7 @@ CEILING_RUNS = [{"case": "ceiling", "connections": 16, "megabytes": 200.0, "loss
 
 
 def test_the_ceiling_is_the_median_goodput_of_its_runs() -> None:
-    bench_peers, _ = _scripts()
+    bench_peers = script("bench_peers")
     assert bench_peers.ceiling_mbps(CEILING_RUNS) == pytest.approx(500.0)
     assert bench_peers.ceiling_mbps([]) is None
 
@@ -401,7 +375,7 @@ def test_lossy_cases_are_simulated_again_at_the_ceiling(capsys: pytest.CaptureFi
     below its time on the full link, its error against the emulator's median and the
     ceiling used; a lossless link (offloads on: no delay line forwards its every packet)
     and a run with no ceiling recorded get none."""
-    bench_peers, _ = _scripts()
+    bench_peers = script("bench_peers")
     recorded = [_transfer("loss-16", 1e-4, 16, [0.4, 0.5, 0.6], [True] * 3),
                 _transfer("loss-1", 1e-3, 1, [5.0, 6.0, 7.0], [False] * 3),
                 _transfer("clean", 0.0, 1, [0.5, 0.5, 0.5], [False] * 3)]
@@ -427,7 +401,7 @@ def test_every_recorded_lossy_case_is_no_faster_at_the_ceiling(
     simulator on the link capped at the measured ceiling is no faster than on the full
     link, so the column under the loss table only ever takes time away from the machine;
     the long flows' links lose nothing (offloads on) and get no ceiling."""
-    bench_peers, _ = _scripts()
+    bench_peers = script("bench_peers")
     recorded = json.loads(RECORDED.read_text())
     ceiling = bench_peers.ceiling_mbps(recorded["ceiling"])
     assert ceiling is not None
@@ -457,7 +431,7 @@ def _row(loss: float, error: float, bound: int, at_ceiling: float | None = None,
 def test_the_loss_table_shows_the_ceiling_and_sums_up_agreement() -> None:
     """The column shows the simulator at the ceiling where runs were machine-bound, "-"
     elsewhere; the sentence under the table counts from the rows."""
-    _, tables = _scripts()
+    tables = script("measured_tables")
     report = {"loss": [_row(1e-4, -0.10, 0, -0.05, inside=True),  # within; not bound
                        _row(1e-4, -0.20, 3, -0.02),  # bound: outside, within at ceiling
                        _row(1e-3, -0.12, 1, -0.30),  # bound: within, outside at ceiling
@@ -486,7 +460,7 @@ def test_the_loss_table_shows_the_ceiling_and_sums_up_agreement() -> None:
 
 
 def test_the_long_flow_table_sums_up_agreement_within_five_percent() -> None:
-    _, tables = _scripts()
+    tables = script("measured_tables")
     report = {"long": [_row(0.0, 0.01, 0, inside=True), _row(0.0, -0.033, 0),
                        _row(0.0, 0.06, 2)]}
     text = tables.peers_long(report)
@@ -507,7 +481,7 @@ def test_the_shares_table_sums_up_agreement_and_says_whether_in_sample() -> None
     """Under the shares table: two flows counted within 10% of the median, more flows
     inside the runs' range, each flow that is not named; in sample where the exponents
     used are the fit of these runs, out of sample where not; then the exponents."""
-    _, tables = _scripts()
+    tables = script("measured_tables")
     two = {"case": "two", "congestion": "cubic", "paced": True, "flows": [
         _share_flow(20.0, 105.0, 100.0, 90.0, 110.0), _share_flow(100.0, 80.0, 100.0, 70.0, 90.0)]}
     three = {"case": "three", "congestion": "reno", "paced": False, "flows": [
