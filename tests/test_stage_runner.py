@@ -246,6 +246,23 @@ def test_a_modeled_ring_takes_its_time_without_making_the_stages_gradients() -> 
         assert not any(s["kind"] == "transfer" for s in runner.spans)  # a token is no bytes
 
 
+def test_a_modeled_ring_ends_its_time_after_the_last_member_joined_for_every_member(
+        ) -> None:
+    """A collective starts when all its members are in: one that joined early waits for
+    the late one and then the modeled time, as the simulator times it (not the modeled
+    time from its own join, which let early replicas run ahead of a late one)."""
+    modeled_s = 0.05
+    configs = [dataclasses.replace(
+        _config(r, 0, 2, 1, 2, False, False, modeled_s=modeled_s),
+        emulated={"0": EmulatedTiming(0.1 * r, 0.0, 0.0, 0.0)}) for r in range(2)]
+    runners, _ = asyncio.run(_run_configs(configs, iterations=1))
+    rings = [s for r in runners for s in r.spans if s["kind"] == "allreduce"]
+    last_join = max(ring["start"] for ring in rings)
+    assert last_join - min(ring["start"] for ring in rings) >= 0.15  # the late one is late
+    for ring in rings:
+        assert ring["end"] >= last_join + modeled_s
+
+
 @contextlib.contextmanager
 def _no_contributions() -> Iterator[None]:
     """Fail any engine asked for its part of a collective's bytes."""

@@ -31,7 +31,7 @@ from testbed.emulator.runtime.worker.collectives.in_backward import InBackward
 from testbed.emulator.runtime.worker.compute.engines import Engine
 from testbed.emulator.runtime.worker.compute.zeros import zeros
 from testbed.emulator.runtime.worker.transport import clock
-from testbed.emulator.runtime.worker.transport.transport import Transport
+from testbed.emulator.runtime.worker.transport.transport import Received, Transport
 from testbed.plan.buckets import bucket_ready
 from testbed.plan.collective import Collective, Scope
 from testbed.plan.interpret import ReduceStart, Send, Step
@@ -227,16 +227,25 @@ class Collectives:
             await runner.send(successor, name, data, iteration, None, Op.ALLREDUCE,
                               setup.stage, str(collective))
 
+        all_in = start  # a modeled ring's: when every member had joined, as far as known
+
         async def receive(name: str) -> Wire:
-            return await self.receive(predecessor, name, iteration, modeled, setup.stage)
+            nonlocal all_in
+            got = await self.receive(predecessor, name, iteration, modeled, setup.stage)
+            all_in = max(all_in, got.sent_at)
+            return zeros(got.nbytes) if got.data is None else got.data
 
         if modeled:
             # inside one DC, in emulated compute: a real ring over a token-sized buffer
-            # keeps the members in step as the collective does; its time is modeled (the
-            # token's own trip is part of it, not added to it)
+            # keeps the members in step as the collective does. Its time is modeled from
+            # when the last member joined, for every member, as the simulator times it
+            # (from a member's own join, early members ran ahead of a late one). A ring
+            # message goes out once its sender has joined and received the step before,
+            # so the token of step n-1 on was sent after every member joined; the token's
+            # own trip is part of the modeled time, not added to it.
             await ring_allreduce(contribution, position, len(group), tag, send, receive)
             assert setup.modeled_s is not None
-            left = setup.modeled_s - (clock.now() - start)
+            left = setup.modeled_s - (clock.now() - all_in)
             if left > 0:
                 await asyncio.sleep(left)
         elif collective.gathers:
@@ -246,10 +255,11 @@ class Collectives:
         return clock.now()
 
     async def receive(self, peer: PeerInfo, tag: str, iteration: int,
-                      modeled: bool, stage: int) -> Wire:
+                      modeled: bool, stage: int) -> Received:
         """A ring message from the predecessor; a transfer span when its bytes are the
         collective's own (not a modeled ring's token). Where the transport keeps only
-        sizes, zeros of its size stand in for it: a ring passes on what it received."""
+        sizes, zeros of its size stand in for it (the caller's): a ring passes on what it
+        received."""
         runner = self.runner
         got = await runner.transport.recv(tag)
         if not modeled:
@@ -258,4 +268,4 @@ class Collectives:
                         peer=peer.gpu, bytes=got.nbytes,
                         link=None if link is None else f"{peer.dc}>{runner.config.dc}",
                         tag=tag, src=peer.gpu, dst=runner.config.gpu, stage=stage)
-        return zeros(got.nbytes) if got.data is None else got.data
+        return got
