@@ -42,12 +42,18 @@ def _pacing(peer: int, connections: int, pace_bps: float) -> dict[int, float]:
 
 
 async def send(address: str, port: int, connections: int, messages: int, size: int,
-               pace_bps: float = 0.0, gap_s: float = 0.0) -> None:
+               pace_bps: float = 0.0, gap_s: float = 0.0, at: float = 0.0,
+               every_s: float = 0.0) -> None:
+    """`gap_s`: idle between one message's arrival and the next; or, with `every_s`,
+    message i starts at monotonic time `at` + i x `every_s` (senders in several
+    namespaces keep one schedule: one machine, one clock)."""
     transport = Transport(0, PROBE_TOKEN, _pacing(1, connections, pace_bps))
     await transport.connect({1: (address, port, connections)}, {})
     payload = bytes(size)
     for i in range(messages):
-        if i and gap_s:
+        if every_s:
+            await asyncio.sleep(max(0.0, at + i * every_s - time.monotonic()))
+        elif i and gap_s:
             await asyncio.sleep(gap_s)
         started = time.monotonic()
         await transport.send(1, f"m{i}", payload)
@@ -94,12 +100,16 @@ def main() -> None:
     parser.add_argument("--pace", type=float, default=0.0,
                         help="the pair's rate in bit/s, shared by its connections (0: unpaced)")
     parser.add_argument("--gap", type=float, default=0.0, help="seconds idle between messages")
+    parser.add_argument("--at", type=float, default=0.0,
+                        help="with --every: the monotonic time the first message starts")
+    parser.add_argument("--every", type=float, default=0.0,
+                        help="seconds from one message's start to the next's (not --gap)")
     args = parser.parse_args()
     if args.role == "serve":
         run_loop(serve(args.address, args.port, args.connections, args.messages, args.pace))
     else:
         run_loop(send(args.address, args.port, args.connections, args.messages, args.bytes,
-                      args.pace, args.gap))
+                      args.pace, args.gap, args.at, args.every))
 
 
 if __name__ == "__main__":
