@@ -8,7 +8,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from testbed.plan.pacing import PACING_RATIO, paced
-from testbed.plan.tcp_model import MSS, LossResponse, in_flight_bytes, loss_response, rtt_bias
+from testbed.plan.tcp_model import (
+    MSS,
+    LossResponse,
+    in_flight_bytes,
+    loss_response,
+    restarts_after_idle,
+    rtt_bias,
+)
 from testbed.topology.model import Topology
 
 INITIAL_WINDOW = 10 * MSS
@@ -165,14 +172,16 @@ class Pair:
 def pair_between(topology: Topology, src_dc: str, dst_dc: str, connections: int, rtt: float,
                  largest: float, loss: float = 0.0, pacing: bool | None = None) -> Pair:
     """The connections from a host of `src_dc` to one of `dst_dc` as the topology's TCP
-    settings make them: the window its buffers allow, restart after idle, its congestion
+    settings make them: the window its buffers allow, restart after idle (where its
+    congestion control takes it: testbed.plan.tcp_model.restarts_after_idle), its congestion
     control's RTT bias and answer to loss; paced where the emulator paces them
     (testbed.plan.pacing; `largest`: the biggest message they carry) unless `pacing` says."""
     src, dst = topology.tcp_for(src_dc), topology.tcp_for(dst_dc)
     if pacing is None:
         pacing = paced(topology, src_dc, dst_dc, largest)
     return Pair(connections, in_flight_bytes(src, dst), max(rtt, MIN_RTT_S),
-                src.slow_start_after_idle, src.rto_min_s or RTO_MIN, pacing,
+                restarts_after_idle(src.congestion, src.slow_start_after_idle),
+                src.rto_min_s or RTO_MIN, pacing,
                 rtt_bias(src.congestion, pacing), loss_response(src.congestion), loss)
 
 

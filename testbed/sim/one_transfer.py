@@ -1,10 +1,12 @@
 """Messages without a training job around them, as the simulator moves them: the same flow
 model and connection state a run's transfers get (testbed.sim.transfers). One message
 alone across a WAN link, for figures that compare connection counts; long flows from
-several DCs sharing their routes, for the shares they get."""
+several DCs sharing their routes, for the shares they get; rounds of equal messages
+from several hosts of one DC to another at once, as a pipeline's replicas send theirs."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 from testbed.sim.agenda import Agenda
@@ -29,6 +31,32 @@ def one_transfer_s(topology: Topology, src_dc: str, dst_dc: str, nbytes: int,
     network.start(0.0, nbytes, ("wan",), pair, latency, done.append)
     agenda.run()
     return done[0]
+
+
+def burst_rounds_s(topology: Topology, src_dc: str, dst_dc: str, flows: int, nbytes: int,
+                   every_s: float, rounds: int) -> list[list[float]]:
+    """`rounds` rounds, one every `every_s` from 0 on, of one message of `nbytes` from each
+    of `flows` hosts of `src_dc` to a host of `dst_dc` apiece, over connections kept from
+    round to round (each round after an idle, its window restarting as the topology's
+    TCP says); per round, each message's seconds from its start to its arrival."""
+    agenda = Agenda()
+    network = FluidNetwork({"wan": topology.bottleneck_bps(src_dc, dst_dc)}, agenda.at)
+    latency = topology.one_way_latency(src_dc, dst_dc)
+    pairs = [pair_between(topology, src_dc, dst_dc, 1, 2 * latency, nbytes,
+                          topology.path_loss(src_dc, dst_dc)) for _ in range(flows)]
+    seconds = [[0.0] * flows for _ in range(rounds)]
+
+    def arrived(k: int, i: int, t: float) -> None:
+        seconds[k][i] = t - k * every_s
+
+    def start(k: int, t: float) -> None:
+        for i, pair in enumerate(pairs):
+            network.start(t, nbytes, ("wan",), pair, latency, functools.partial(arrived, k, i))
+
+    for k in range(rounds):
+        agenda.at(k * every_s, functools.partial(start, k))
+    agenda.run()
+    return seconds
 
 
 def shared_rates(topology: Topology, sources: list[str], dst_dc: str, from_s: float,
