@@ -5,7 +5,9 @@ from PyPI) and SimGrid (flow level, Debian's python3-simgrid, run by /usr/bin/py
 
 Cases (scripts/peer_cases.py): shares of one 200 Mbit/s bottleneck among flows of
 different RTTs (2 flows of 20 and 100 ms, 8 of 10-200 ms; unpaced and paced as the plan
-paces; CUBIC, BBR and Reno); transfers on a 1 Gbit/s, 50 ms link with 0.01%, 0.1% and 1%
+paces; CUBIC, BBR and Reno); bursts, rounds of 2, 4 and 8 messages of 21 MB started
+together from as many hosts over one 1 Gbit/s, 40 ms link (a pipeline's replicas sending
+their activations at once); transfers on a 1 Gbit/s, 50 ms link with 0.01%, 0.1% and 1%
 loss over 1, 4 and 16 fresh connections; one long flow (200 MB, one connection, Linux's
 default buffers, 50 and 100 ms); and the CPU time of N concurrent flows over shared links
 (windows open), against SimGrid's in the same run. The emulator's forwarding ceiling (200 MB
@@ -40,8 +42,11 @@ from typing import Any
 from peer_cases import (
     CEILING,
     EIGHT_RTTS_MS,
+    BurstCase,
     ShareCase,
     TransferCase,
+    burst_cases,
+    burst_topology,
     long_cases,
     loss_cases,
     scale_job,
@@ -55,7 +60,7 @@ from testbed.plan.pacing import PACING_SHARE, paced
 from testbed.plan.tcp_model import MSS, RTT_BIAS, WINDOW_EFFICIENCY
 from testbed.sim.agenda import Agenda
 from testbed.sim.network import FluidNetwork, Pair
-from testbed.sim.one_transfer import one_transfer_s, shared_rates
+from testbed.sim.one_transfer import burst_rounds_s, one_transfer_s, shared_rates
 from testbed.topology import Topology
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,6 +75,8 @@ def emulator(parts: list[str], congestions: tuple[str, ...], repeat: int) -> dic
     out: dict[str, Any] = {}
     if "shares" in parts:
         out["shares"] = [peer_emulator.shares(c, repeat) for c in share_cases(congestions)]
+    if "bursts" in parts:
+        out["bursts"] = [peer_emulator.bursts(c, 2 * repeat) for c in burst_cases(congestions)]
     if "long" in parts:
         out["long"] = [peer_emulator.transfer(c, repeat) for c in long_cases(congestions)]
     if "loss" in parts:
@@ -286,6 +293,38 @@ def compare_transfers(recorded: list[dict[str, Any]], peers: dict[str, Any],
     return rows
 
 
+def compare_bursts(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each burst case's rounds: the emulator's first round and its later ones (each
+    round's mean over its messages; the later ones' median round) against the
+    simulator's on the same schedule, and how far apart a round's messages finished in
+    the emulator (the simulator's finish together: equal flows get equal shares)."""
+    rows = []
+    for entry in recorded:
+        case = BurstCase(entry["case"], entry["flows"], entry["rtt_ms"], entry["rate"],
+                         entry["congestion"], entry["megabytes"])
+        rounds = entry["rounds"]
+        sim = burst_rounds_s(burst_topology(case), "east", "west", case.flows,
+                             int(case.megabytes * 1e6), entry["every_s"], len(rounds))
+        emulated = [statistics.fmean(r) for r in rounds]
+        simulated = [statistics.fmean(r) for r in sim]
+        later_emulated = statistics.median(emulated[1:])
+        later_sim = statistics.median(simulated[1:])
+        row = {"case": case.name, "congestion": case.congestion, "flows": case.flows,
+               "paced": entry["paced"], "megabytes": case.megabytes, "rtt_ms": case.rtt_ms,
+               "rounds": len(rounds), "emulator_first_s": emulated[0],
+               "sim_first_s": simulated[0], "error_first": simulated[0] / emulated[0] - 1,
+               "emulator_later_s": later_emulated, "sim_later_s": later_sim,
+               "error_later": later_sim / later_emulated - 1,
+               "emulator_apart": statistics.fmean((max(r) - min(r)) / statistics.fmean(r)
+                                                  for r in rounds),
+               "sim_apart": statistics.fmean((max(r) - min(r)) / statistics.fmean(r)
+                                             for r in sim),
+               "machine_bound": entry["machine_bound"]}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
 def fluid_cpu_s(flows: int) -> tuple[float, float]:
     """CPU seconds of the simulator's flow model moving `flows` concurrent flows, and
     when the last one ends."""
@@ -338,7 +377,7 @@ def scale(sizes: list[int], peers: dict[str, Any], fluid_limit: int, simgrid_lim
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--emulator", default="",
-                        help="parts to record: shares,long,loss,ceiling,inflight")
+                        help="parts to record: shares,bursts,long,loss,ceiling,inflight")
     parser.add_argument("--emulator-json", type=Path, help="where to record them")
     parser.add_argument("--from-emulator", type=Path, action="append", default=[],
                         help="recorded emulator runs to compare with (repeatable)")
@@ -386,6 +425,7 @@ def main() -> None:
                     "python": platform.python_version()},
         "shares": compare_shares(recorded.get("shares", []), peers, args.ns3_window),
         "rtt_bias": rtt_bias_fits(recorded.get("shares", [])),
+        "bursts": compare_bursts(recorded.get("bursts", [])),
         "long": compare_transfers(recorded.get("long", []), peers, ceiling),
         "loss": compare_transfers(recorded.get("loss", []), peers, ceiling),
         "inflight": recorded.get("inflight", []),

@@ -456,6 +456,34 @@ def peers_long(report: dict[str, Any]) -> str:
             f"{_agreement(rows, LONG_BOUND)}")
 
 
+BURSTS_BOUND = 0.10
+"""The bursts' agreement the summary under their table counts."""
+
+
+def peers_bursts(report: dict[str, Any]) -> str:
+    """Rounds of equal messages started together over one link: each round's mean seconds,
+    the first round (fresh connections) and the later ones' median (after an idle), the
+    emulator's against the simulator's; how far apart a round's messages finished."""
+    rows = [f"| {r['congestion']} | {r['flows']} | {r['megabytes']:.0f} MB "
+            f"| {'yes' if r['paced'] else 'no'} | {r['emulator_first_s']:.3f} s "
+            f"| {r['sim_first_s']:.3f} s | {r['error_first']:+.1%} "
+            f"| {r['emulator_later_s']:.3f} s | {r['sim_later_s']:.3f} s "
+            f"| {r['error_later']:+.1%} | {r['emulator_apart']:.1%} | {r['rounds']} "
+            f"| {'yes' if r['machine_bound'] else 'no'} |" for r in report["bursts"]]
+    table = _rows("| congestion | messages | each | paced | emulator, first round | simulator "
+                  "| error | emulator, later rounds | simulator | error | emulator's apart "
+                  "| rounds | machine-bound |", rows)
+    errors = [e for r in report["bursts"] for e in (r["error_first"], r["error_later"])]
+    if not errors:
+        return table
+    within = sum(abs(e) <= BURSTS_BOUND for e in errors)
+    apart = [r["emulator_apart"] for r in report["bursts"]]
+    return (f"{table}\n\nWithin {BURSTS_BOUND:.0%} of the emulator: {within} of {len(errors)} "
+            f"(errors from {min(errors):+.1%} to {max(errors):+.1%}). In the emulator a "
+            f"round's first and last message finished {min(apart):.1%} to {max(apart):.1%} "
+            "of its mean apart (mean over rounds); in the simulator they finish together.")
+
+
 def peers_scale(report: dict[str, Any]) -> str:
     """CPU seconds to move N concurrent flows: the simulator's flow model and SimGrid's."""
     rows = []

@@ -1,7 +1,7 @@
 """The transfers scripts/bench_peers.py measures, as topologies every backend reads: flows
-of given round trips sharing one bottleneck (a hub DC and a link to the receiver), one WAN
-link with loss, one long flow on Linux-default buffers, and many flows over shared links
-for the solvers' cost."""
+of given round trips sharing one bottleneck (a hub DC and a link to the receiver), bursts
+of equal messages started together over one bottleneck, one WAN link with loss, one long
+flow on Linux-default buffers, and many flows over shared links for the solvers' cost."""
 
 from __future__ import annotations
 
@@ -38,6 +38,40 @@ class TransferCase:
     connections: int
     megabytes: float
     wmem: tuple[int, int, int] | None = None
+
+
+@dataclass(frozen=True)
+class BurstCase:
+    """Rounds of `flows` messages of `megabytes` each, from `flows` hosts of one DC to as
+    many of another, one connection apiece kept from round to round, each round's started
+    together over the WAN link between them, one every `every_s`: a pipeline's replicas
+    sending their activations at once, as on paper-3dc, paced as the plan paces."""
+
+    name: str
+    flows: int
+    rtt_ms: float
+    rate: str
+    congestion: str
+    megabytes: float
+
+    @property
+    def every_s(self) -> float:
+        """Three times what a round's bytes take at the link's rate, two seconds at least:
+        a round has ended before the next starts, after an idle of several RTOs."""
+        from testbed.common.units import parse_rate
+
+        return max(2.0, 3 * self.flows * self.megabytes * 1e6 * 8 / parse_rate(self.rate))
+
+
+def burst_topology(case: BurstCase) -> Topology:
+    """east-i sends to west-i over one WAN link; its drop-tail queue as the shaper sizes
+    it by default (one bandwidth-delay product of the link's round trip)."""
+    return parse_topology({
+        "name": case.name, "tcp": {"congestion": case.congestion},
+        "datacenters": [{"name": "east", "gpus": case.flows},
+                        {"name": "west", "gpus": case.flows}],
+        "wan": [{"between": ["east", "west"], "latency": f"{case.rtt_ms / 2:g}ms",
+                 "bandwidth": case.rate}]}, "bench_peers")
 
 
 def share_topology(case: ShareCase) -> Topology:
@@ -80,6 +114,17 @@ def share_cases(congestions: tuple[str, ...]) -> list[ShareCase]:
             out.append(ShareCase(f"eight-{cc}-{'paced' if paced else 'unpaced'}", EIGHT_RTTS_MS,
                                  "200Mbit", cc, paced))
     return out
+
+
+BURST_MEGABYTES = 20.97152
+"""A pipeline boundary's activations on paper-3dc: 21 MB per microbatch (20 MiB)."""
+
+
+def burst_cases(congestions: tuple[str, ...]) -> list[BurstCase]:
+    """Two, four and eight flows of paper-3dc's activations over its 1 Gbit/s links at a
+    40 ms round trip (east to central)."""
+    return [BurstCase(f"burst-{cc}-{n}", n, 40.0, "1Gbit", cc, BURST_MEGABYTES)
+            for cc in congestions for n in (2, 4, 8)]
 
 
 LOSS_MEGABYTES = {1e-4: 20.0, 1e-3: 20.0, 1e-2: 4.0}

@@ -1,8 +1,9 @@
 """The emulator's side of scripts/bench_peers.py (root): real Linux TCP in the emulated
 WAN. Shares from iperf3 (one flow per source DC, all started together, the first
-`OMIT_S` seconds left out), transfers with the worker transport on fresh connections,
-paced where the plan paces; every run with the machine's signals (cores busy, the delay
-lines' lateness) and whether they say it set the pace."""
+`OMIT_S` seconds left out), bursts with the worker transport (rounds of one message from
+each source, all started together on one clock), transfers with the worker transport on
+fresh connections, paced where the plan paces; every run with the machine's signals
+(cores busy, the delay lines' lateness) and whether they say it set the pace."""
 
 from __future__ import annotations
 
@@ -10,11 +11,19 @@ import contextlib
 import json
 import re
 import subprocess
+import sys
 import threading
 import time
 from typing import Any
 
-from peer_cases import ShareCase, TransferCase, share_topology, transfer_topology
+from peer_cases import (
+    BurstCase,
+    ShareCase,
+    TransferCase,
+    burst_topology,
+    share_topology,
+    transfer_topology,
+)
 
 from testbed.emulator.net.network import Network, bring_up, tear_down
 from testbed.emulator.runtime.coordinator.health import (
@@ -84,6 +93,55 @@ def shares(case: ShareCase, repeat: int) -> dict[str, Any]:
         tear_down(network)
     return {"case": case.name, "rtts_ms": list(case.rtts_ms), "congestion": case.congestion,
             "paced": case.paced, "rate": case.rate, "runs": runs}
+
+
+BURST_START_S = 5.0
+"""How long after launch the senders' first message starts: every sender process has
+imported and connected by then."""
+
+
+def bursts(case: BurstCase, rounds: int) -> dict[str, Any]:
+    """The case's rounds of one message from every sender, all on one schedule (the
+    senders share the machine's clock), with the worker transport over connections kept
+    open between rounds, paced as the plan paces: per round, each message's seconds from
+    its first byte sent to the receiver having it whole."""
+    topology = burst_topology(case)
+    size = int(case.megabytes * 1e6)
+    pace = (topology.bottleneck_bps("east", "west") * PACING_SHARE
+            if paced(topology, "east", "west", size) else 0.0)
+    network = bring_up(topology)
+    module = [sys.executable, "-m", "testbed.emulator.runtime.coordinator.probe"]
+    common = ["--connections", "1", "--messages", str(rounds), "--pace", str(pace)]
+    sources = [network.layout.node(f"east-{i}") for i in range(case.flows)]
+    sinks = [network.layout.node(f"west-{i}") for i in range(case.flows)]
+    try:
+        before = read_cpu()
+        servers = [subprocess.Popen(["ip", "netns", "exec", sink.netns, *module, "serve",
+                                     sink.address, *common], stdout=subprocess.DEVNULL)
+                   for sink in sinks]
+        time.sleep(0.5)
+        at = time.monotonic() + BURST_START_S
+        senders = [subprocess.Popen(["ip", "netns", "exec", source.netns, *module, "send",
+                                     sink.address, *common, "--bytes", str(size), "--at",
+                                     str(at), "--every", str(case.every_s)],
+                                    stdout=subprocess.PIPE, text=True)
+                   for source, sink in zip(sources, sinks, strict=True)]
+        seconds = []
+        for sender in senders:
+            out, _ = sender.communicate(timeout=BURST_START_S + rounds * case.every_s + 120)
+            if sender.returncode:
+                raise RuntimeError(f"probe send exited {sender.returncode}")
+            seconds.append([float(json.loads(line)["seconds"]) for line in out.splitlines()])
+        for server in servers:
+            server.wait(timeout=60)
+        machine = _machine(network, before)
+    finally:
+        tear_down(network)
+    by_round = [list(r) for r in zip(*seconds, strict=True)]
+    print(json.dumps({"case": case.name, "rounds": by_round, **machine}), flush=True)
+    return {"case": case.name, "flows": case.flows, "rtt_ms": case.rtt_ms, "rate": case.rate,
+            "congestion": case.congestion, "megabytes": case.megabytes,
+            "every_s": case.every_s, "paced": pace > 0, "rounds": by_round, **machine}
 
 
 def transfer(case: TransferCase, repeat: int) -> dict[str, Any]:

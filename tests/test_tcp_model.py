@@ -30,7 +30,7 @@ from testbed.plan.tcp_model import (
 from testbed.sim.agenda import Agenda
 from testbed.sim.flows import pair_between
 from testbed.sim.network import FluidNetwork
-from testbed.sim.one_transfer import one_transfer_s, shared_rates
+from testbed.sim.one_transfer import burst_rounds_s, one_transfer_s, shared_rates
 from testbed.topology import parse_topology
 from testbed.topology.model import TcpSettings
 
@@ -344,7 +344,8 @@ def test_bench_peers_compares_the_recorded_runs(tmp_path: Path) -> None:
                    check=True, capture_output=True, text=True, timeout=1800)
     report = json.loads(out.read_text())
     measured_tables = script("measured_tables")
-    for table in ("peers_shares", "peers_loss", "peers_long", "peers_scale", "peers_inflight"):
+    for table in ("peers_shares", "peers_bursts", "peers_loss", "peers_long", "peers_scale",
+                  "peers_inflight"):
         assert getattr(measured_tables, table)(report).count("\n") >= 2
 
 
@@ -507,3 +508,53 @@ def test_the_shares_table_sums_up_agreement_and_says_whether_in_sample() -> None
     out_of_sample = tables.peers_shares({"shares": [two, three], "rtt_bias": fits})
     assert out_of_sample.split("\n\n")[1].endswith(
         "Out of sample: the exponents used are not the fit of these runs (below).")
+
+
+@pytest.mark.parametrize("congestion", ["cubic", "bbr"])
+@pytest.mark.parametrize("flows", [2, 4, 8])
+def test_equal_messages_started_together_arrive_together_and_no_later_after_an_idle(
+        congestion: str, flows: int) -> None:
+    """Rounds of equal messages from several hosts at once over one link (a pipeline's
+    replicas' activations): each round's arrive together (equal shares), no sooner than
+    the link's rate allows, and a round after an idle no later than the first (the window
+    restarts after idle no lower than a fresh connection's)."""
+    topology = _link(congestion, 0.0, rtt_ms=40.0)
+    size = 21_000_000
+    rounds = burst_rounds_s(topology, "east", "west", flows, size, 3.0 * flows * 0.17, 3)
+    floor = flows * size * 8 / (1e9 * PAYLOAD_EFFICIENCY)
+    for seconds in rounds:
+        assert max(seconds) == pytest.approx(min(seconds), rel=1e-9)
+        assert min(seconds) >= floor * (1 - 1e-9)
+    assert all(r[0] <= rounds[0][0] * (1 + 1e-9) for r in rounds[1:])
+
+
+def test_the_bursts_compare_round_by_round_on_the_recorded_schedule() -> None:
+    """Each recorded burst case against the simulator on its own schedule: the first round
+    and the later rounds' median, as bench_peers writes them."""
+    rows = script("bench_peers").compare_bursts(_recorded("bursts"))
+    assert {r["case"] for r in rows} == {e["case"] for e in _recorded("bursts")}
+    for row in rows:
+        assert row["error_first"] == pytest.approx(row["sim_first_s"] / row["emulator_first_s"]
+                                                   - 1)
+        assert row["sim_apart"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_bbr_keeps_its_window_after_an_idle_where_cubic_and_reno_restart_theirs() -> None:
+    """Linux restarts an idle connection's window only for congestion controls without a
+    cong_control hook of their own (tcp_slow_start_after_idle_check); BBR has one. So a
+    round after an idle takes BBR about the link's time for its bytes, and a restarted
+    window longer."""
+    size, flows = 21_000_000, 2
+    later = {}
+    for congestion in ("bbr", "cubic", "reno"):
+        topology = _link(congestion, 0.0, rtt_ms=40.0)
+        pair = pair_between(topology, "east", "west", 1, 0.04, size)
+        assert pair.restart_after_idle == (congestion != "bbr")
+        later[congestion] = burst_rounds_s(topology, "east", "west", flows, size, 2.0, 2)[1][0]
+    floor = flows * size * 8 / (1e9 * PAYLOAD_EFFICIENCY)
+    assert later["bbr"] < 1.1 * floor < later["cubic"] == later["reno"]
+    off = parse_topology({"tcp": {"congestion": "bbr", "slow_start_after_idle": False},
+                          "datacenters": [{"name": "east", "gpus": 1}, {"name": "west", "gpus": 1}],
+                          "wan": [{"between": ["east", "west"], "latency": "20ms",
+                                   "bandwidth": "1Gbit"}]}, "off.yaml")
+    assert not pair_between(off, "east", "west", 1, 0.04, size).restart_after_idle
