@@ -4,7 +4,9 @@ scaling, against the baselines, in the simulator and (as root) over the emulated
 
 `.venv/bin/python scripts/bench_atlas.py [--parts transfer,scaling,bound,perturb,compare]
  [--emulate] [--repeat K] [--json F]`. Prints markdown tables; `compare` runs
-`testbed compare` on paper-3dc (all policies, and temporal sharing alone at dp 4 x pp 3).
+`testbed compare` on paper-3dc (all policies, and temporal sharing alone at dp 4 x pp 3,
+windows warm and cold) and keeps each row's figures (benchmarks/atlas-compare.json, the
+Atlas page's tables).
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from measured_at import commit
 from testbed_plugins.atlas.estimate import connections_to_fill
 
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.planning import plan_with_simulator
 from testbed.metrics.summary import summarize
 from testbed.plan.host_limits import this_machine
+from testbed.plan.interpret import Compute
 from testbed.policy import training_policy
 from testbed.sim.one_transfer import one_transfer_s
 from testbed.sim.simulate import simulate_plan
@@ -141,8 +145,8 @@ class DelayedCompute(Simulator):
         super().__init__(*args, **kwargs)
         self.rng, self.scale = random.Random(seed), scale
 
-    def compute_s(self, worker: Any, phase: Any, microbatch: int) -> float:
-        return super().compute_s(worker, phase, microbatch) * (1 + self.scale * self.rng.random())
+    def compute_s(self, compute: Compute) -> float:
+        return super().compute_s(compute) * (1 + self.scale * self.rng.random())
 
 
 def perturb_table(seeds: int = 4) -> list[dict[str, Any]]:
@@ -169,13 +173,22 @@ def perturb_table(seeds: int = 4) -> list[dict[str, Any]]:
     return rows
 
 
-def compare(backend: str, repeat: int, out: Path, extra: list[str]) -> str:
+COMPARED = ("combo", "runs", "failed", "iteration_s", "iteration_low", "iteration_high",
+            "speedup", "tokens_per_s", "util_training", "wan_util", "dilation", "machine_bound")
+"""What each row of `testbed compare`'s compare.json keeps here."""
+
+
+def compare(backend: str, repeat: int, out: Path, extra: list[str]) -> list[dict[str, Any]]:
+    """`testbed compare` on paper-3dc: its printed table, and its rows' figures."""
     args = [sys.executable, "-c", "from testbed.cli.main import main; main()", "compare",
             str(ROOT / "topologies" / "paper-3dc.yaml"), "--backend", backend, "--repeat",
-            str(repeat), "--out", str(out), *extra]
+            str(repeat), "--out", str(out), "--force", *extra]
     result = subprocess.run(args, capture_output=True, text=True, check=False)
     print(result.stdout, result.stderr[-2000:], flush=True)
-    return result.stdout
+    if result.returncode:
+        raise SystemExit(f"testbed compare failed: {result.stderr.strip()[-500:]}")
+    rows = json.loads((out / "compare.json").read_text())["rows"]
+    return [{key: row[key] for key in COMPARED} for row in rows]
 
 
 def main() -> None:
@@ -212,7 +225,8 @@ def main() -> None:
                     ["-p", "atlas-no-temporal", "-p", "atlas", "--dp", "4", "--pp", "3",
                      "-o", f"warm={warm}"])
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1, default=str))
+        results["commit"] = commit()
+        args.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
 
 
 if __name__ == "__main__":

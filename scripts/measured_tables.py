@@ -205,6 +205,49 @@ def atlas_transfer(report: dict[str, Any]) -> str:
     return _rows(header, lines)
 
 
+def _emulated(row: dict[str, Any] | None, base: dict[str, Any] | None) -> str:
+    """An emulated row's iteration (machine-bound said) and speed-up over `base`'s."""
+    if row is None:
+        return "not run | "
+    bound = " (machine-bound)" if row["machine_bound"] else ""
+    speedup = "" if base is None else f"{row['tokens_per_s'] / base['tokens_per_s']:.2f}x"
+    return f"{row['iteration_s']:.2f} s{bound} | {speedup}"
+
+
+def atlas_compare(report: dict[str, Any]) -> str:
+    """Every policy on paper-3dc, simulated and emulated at K=1: iteration, speed-up over
+    GPipe (ratios of tokens/s), the GPUs' and the WAN's utilization."""
+    emulated = {r["combo"]: r for r in report.get("compare_emulate", [])}
+    lines = [f"| {r['combo']} | {r['iteration_s']:.2f} s | {r['speedup']:.2f}x "
+             f"| {r['util_training']:.1%} | {r['wan_util']:.1%} "
+             f"| {_emulated(emulated.get(r['combo']), emulated.get('gpipe'))} |"
+             for r in report["compare_simulate"]]
+    return _rows("| policy | simulated iteration | speed-up | GPU util | WAN util "
+                 "| emulated, K=1 | speed-up |", lines)
+
+
+def atlas_temporal(report: dict[str, Any]) -> str:
+    """Temporal sharing alone at the baselines' placement: Atlas with and without it,
+    windows kept warm between turns and not, simulated and emulated."""
+    lines = []
+    for warm, title in (("on", "warm (slow start after idle off, Atlas's default)"),
+                        ("off", "cold (`-o warm=off`: the topology's setting)")):
+        cells = []
+        for backend in ("simulate", "emulate"):
+            rows = {r["combo"]: r for r in report.get(f"temporal_{backend}_warm_{warm}", [])}
+            fair, atlas = rows.get("atlas-no-temporal"), rows.get("atlas")
+            if fair is None or atlas is None:
+                cells.append("not run | | ")
+                continue
+            bound = " (machine-bound)" if fair["machine_bound"] or atlas["machine_bound"] \
+                else ""
+            cells.append(f"{fair['iteration_s']:.2f} s | {atlas['iteration_s']:.2f} s | "
+                         f"{atlas['tokens_per_s'] / fair['tokens_per_s']:.2f}x{bound}")
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    return _rows("| windows between turns | atlas-no-temporal | atlas | temporal sharing alone "
+                 "| emulated: atlas-no-temporal | atlas | speed-up |", lines)
+
+
 def atlas_scaling(report: dict[str, Any]) -> str:
     """Tokens/s as DCs join, the batch fixed: GPipe over every DC against Atlas."""
     return _rows("| DCs | GPUs | gpipe tokens/s | atlas tokens/s | Atlas's plan |", [
