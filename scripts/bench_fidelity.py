@@ -314,6 +314,9 @@ def summary(rows: list[dict[str, Any]]) -> str:
         if abs(error) > TARGET:
             outside.append(f"{name} ({error:+.1%} at K={block['runs'][0]['dilation']})")
     commits = sorted({row.get("commit") or "unknown" for row in rows})
+    repeated = [f"{row['topology']} {row['policy']} at K={block['dilation']}: "
+                f"{len(block['runs'])} runs" for row in rows
+                for block in _blocks(row) if len(block["runs"]) > 1]
     return (f"Each at the least dilation the machine did not limit, {judged - len(outside)} "
             f"of {judged} agree within {TARGET:.0%}"
             + (f"; outside: {', '.join(outside)}" if outside else "")
@@ -322,8 +325,16 @@ def summary(rows: list[dict[str, Any]]) -> str:
             + (f". One GPU, no network, so not judged (microseconds of modeled compute "
                f"against the emulator's Python per iteration): {', '.join(alone)}"
                if alone else "")
-            + f". One run per cell; measured at commit{'s' if len(commits) > 1 else ''} "
+            + ". One run per cell"
+            + (f", the median of several where said ({', '.join(repeated)})" if repeated else "")
+            + f"; measured at commit{'s' if len(commits) > 1 else ''} "
             + ", ".join(commits) + ".")
+
+
+def _blocks(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """A row's emulated runs: at K=1, and at K auto where that is another."""
+    k1, auto = row.get("k1"), row.get("auto")
+    return [b for b in (k1, None if auto is k1 or auto == k1 else auto) if b is not None]
 
 
 def table(rows: list[dict[str, Any]]) -> str:

@@ -57,3 +57,15 @@ def test_a_policy_that_cannot_plan_is_a_row_that_says_why(bench: ModuleType) -> 
         in bench.table([row])
     assert bench.summary([row]).startswith("Each at the least dilation the machine did not "
                                            "limit, 0 of 0 agree")
+
+
+def test_a_cell_of_several_runs_says_how_many(bench: ModuleType) -> None:
+    """A cell measured with --repeat is the median of its runs, and the verdict says so;
+    a K auto that is K=1 is not counted twice."""
+    three = _block(10.1, 1, False)
+    three["runs"] = three["runs"] * 3
+    said = bench.summary([_row("again", 10.0, three, three),
+                          _row("once", 10.0, _block(10.2, 1, False), None)])
+    assert "the median of several where said (t again at K=1: 3 runs)" in said
+    assert "t once" not in said
+    assert "several" not in bench.summary([_row("once", 10.0, _block(10.2, 1, False), None)])
