@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from testbed.common.units import parse_rate
 from testbed.topology import Topology, parse_topology
 
 BOTTLENECK_ONE_WAY_MS = 2.0
@@ -58,8 +59,6 @@ class BurstCase:
     def every_s(self) -> float:
         """Three times what a round's bytes take at the link's rate, two seconds at least:
         a round has ended before the next starts, after an idle of several RTOs."""
-        from testbed.common.units import parse_rate
-
         return max(2.0, 3 * self.flows * self.megabytes * 1e6 * 8 / parse_rate(self.rate))
 
 
