@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import socket
 import time
 
 import pytest
@@ -298,3 +299,27 @@ def test_how_long_a_wait_for_acknowledgement_sleeps() -> None:
         delays.append(ack_poll_delay(5000, 5000, delays[-1], delays[-1]))
     assert delays == [0.0005, 0.001, 0.002, 0.002, 0.002, 0.002]
     assert max(delays) == ACK_STALLED_MAX_S
+
+
+def test_the_probe_starts_each_message_on_its_schedule(capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """`probe send --at T --every S` starts message i at T + i x S whatever the ones before
+    took, so that senders in several namespaces start each round together."""
+    from testbed.emulator.runtime.coordinator import probe
+
+    with socket.socket() as free:  # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+
+    async def both() -> float:
+        server = asyncio.ensure_future(probe.serve("127.0.0.1", port, 1, 3))
+        await asyncio.sleep(0.1)
+        at = time.monotonic() + 0.2
+        await probe.send("127.0.0.1", port, 1, 3, 1000, at=at, every_s=0.3)
+        done = time.monotonic()
+        await server
+        return done - at
+
+    took = asyncio.run(both())
+    assert took >= 0.6  # the third message started no sooner than at + 2 x every
+    assert len(capsys.readouterr().out.splitlines()) == 3
