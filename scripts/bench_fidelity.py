@@ -334,7 +334,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
 def _blocks(row: dict[str, Any]) -> list[dict[str, Any]]:
     """A row's emulated runs: at K=1, and at K auto where that is another."""
     k1, auto = row.get("k1"), row.get("auto")
-    return [b for b in (k1, None if auto is k1 or auto == k1 else auto) if b is not None]
+    return [b for b in (k1, None if auto == k1 else auto) if b is not None]
 
 
 def table(rows: list[dict[str, Any]]) -> str:

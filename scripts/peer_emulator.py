@@ -7,11 +7,11 @@ fresh connections, paced where the plan paces; every run with the machine's sign
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import re
 import subprocess
-import sys
 import threading
 import time
 from typing import Any
@@ -96,8 +96,8 @@ def shares(case: ShareCase, repeat: int) -> dict[str, Any]:
 
 
 BURST_START_S = 5.0
-"""How long after launch the senders' first message starts: every sender process has
-imported and connected by then."""
+"""How long after launch the senders' first message starts: every pair's serve and send
+processes have started, imported and connected by then."""
 
 
 def bursts(case: BurstCase, rounds: int) -> dict[str, Any]:
@@ -110,30 +110,14 @@ def bursts(case: BurstCase, rounds: int) -> dict[str, Any]:
     pace = (topology.bottleneck_bps("east", "west") * PACING_SHARE
             if paced(topology, "east", "west", size) else 0.0)
     network = bring_up(topology)
-    module = [sys.executable, "-m", "testbed.emulator.runtime.coordinator.probe"]
-    common = ["--connections", "1", "--messages", str(rounds), "--pace", str(pace)]
-    sources = [network.layout.node(f"east-{i}") for i in range(case.flows)]
-    sinks = [network.layout.node(f"west-{i}") for i in range(case.flows)]
     try:
         before = read_cpu()
-        servers = [subprocess.Popen(["ip", "netns", "exec", sink.netns, *module, "serve",
-                                     sink.address, *common], stdout=subprocess.DEVNULL)
-                   for sink in sinks]
-        time.sleep(0.5)
         at = time.monotonic() + BURST_START_S
-        senders = [subprocess.Popen(["ip", "netns", "exec", source.netns, *module, "send",
-                                     sink.address, *common, "--bytes", str(size), "--at",
-                                     str(at), "--every", str(case.every_s)],
-                                    stdout=subprocess.PIPE, text=True)
-                   for source, sink in zip(sources, sinks, strict=True)]
-        seconds = []
-        for sender in senders:
-            out, _ = sender.communicate(timeout=BURST_START_S + rounds * case.every_s + 120)
-            if sender.returncode:
-                raise RuntimeError(f"probe send exited {sender.returncode}")
-            seconds.append([float(json.loads(line)["seconds"]) for line in out.splitlines()])
-        for server in servers:
-            server.wait(timeout=60)
+        with concurrent.futures.ThreadPoolExecutor(case.flows) as pool:
+            seconds = list(pool.map(lambda i: timed_messages(
+                network, f"east-{i}", f"west-{i}", 1, rounds, size, pace,
+                timeout_s=BURST_START_S + rounds * case.every_s + 120, at=at,
+                every_s=case.every_s), range(case.flows)))
         machine = _machine(network, before)
     finally:
         tear_down(network)

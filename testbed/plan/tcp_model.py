@@ -91,8 +91,9 @@ restarts an idle connection's window (tcp_cwnd_restart) only where the congestio
 control has no `cong_control` hook of its own (tcp_slow_start_after_idle_check in
 net/ipv4/tcp_output.c returns early for one); BBR has one, and after an idle it sends on
 at its model of the bottleneck's bandwidth. Measured: rounds of two messages of 21 MB
-after an idle of over a second on 1 Gbit/s, 40 ms, take BBR 0.36 s in the emulator, the link's
-rate, where a restarted window takes 0.56 s (benchmarks/peers.json, bursts)."""
+after an idle of over a second on 1 Gbit/s, 40 ms, take BBR 0.36 s in the emulator (the
+link's rate); the model, restarting the window, gave 0.56 s (benchmarks/peers.json,
+bursts)."""
 
 
 def restarts_after_idle(congestion: str, slow_start_after_idle: bool) -> bool:

@@ -69,9 +69,11 @@ async def send(address: str, port: int, connections: int, messages: int, size: i
 
 def timed_messages(network: Any, src: str, dst: str, connections: int, messages: int,
                    size: int, pace_bps: float = 0.0, gap_s: float = 0.0,
-                   timeout_s: float = 300.0) -> list[float]:
+                   timeout_s: float = 300.0, at: float = 0.0,
+                   every_s: float = 0.0) -> list[float]:
     """Seconds each of `messages` striped messages of `size` bytes takes from node `src`
-    to node `dst` of a running network (a serve and a send process in their namespaces)."""
+    to node `dst` of a running network (a serve and a send process in their namespaces);
+    `at` and `every_s`: the send's schedule (`send`)."""
     sender, receiver = network.layout.node(src), network.layout.node(dst)
     common = ["--connections", str(connections), "--messages", str(messages),
               "--pace", str(pace_bps)]
@@ -82,7 +84,8 @@ def timed_messages(network: Any, src: str, dst: str, connections: int, messages:
         time.sleep(0.3)
         sent = subprocess.run(["ip", "netns", "exec", sender.netns, *module, "send",
                                receiver.address, *common, "--bytes", str(size), "--gap",
-                               str(gap_s)], capture_output=True, text=True,
+                               str(gap_s), "--at", str(at), "--every", str(every_s)],
+                              capture_output=True, text=True,
                               timeout=timeout_s, check=True)
     finally:
         server.wait(timeout=60)

@@ -258,8 +258,8 @@ class Collectives:
                       modeled: bool, stage: int) -> Received:
         """A ring message from the predecessor; a transfer span when its bytes are the
         collective's own (not a modeled ring's token). Where the transport keeps only
-        sizes, zeros of its size stand in for it (the caller's): a ring passes on what it
-        received."""
+        sizes, the caller puts zeros of its size in its place: a ring passes on what
+        it received."""
         runner = self.runner
         got = await runner.transport.recv(tag)
         if not modeled:
