@@ -11,6 +11,7 @@ import io
 import itertools
 import json
 import math
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -167,6 +168,35 @@ def test_loss_on_a_topology_slows_a_run_s_transfers() -> None:
            for loss in (0.0, 1e-3)]
     assert cubic[1] > 3 * cubic[0]
     assert bbr[0] < bbr[1] < bbr[0] + 2 * 0.05 + 1e-9
+
+
+@pytest.mark.parametrize("packets", [0.05, 0.5, 2.0, 20.0])
+def test_the_tail_is_what_a_random_loss_in_the_last_round_trip_costs(packets: float) -> None:
+    """Losses at random over the packets of a message's last round trip, each repaired a
+    round trip after its send (RACK): the last byte arrives late by the round trip less
+    the time from the latest loss to the end of sending; drawn 20,000 times, its mean is
+    the closed form the model adds (the tail loss probe's round trip beside it)."""
+    pair = pair_between(_link("bbr", 1e-3), "east", "west", 4, 0.05, 20e6, 1e-3)
+    nbytes = packets / pair.loss * MSS
+    rng = random.Random(7)
+    draws = 20_000
+    late = 0.0
+    for _ in range(draws):  # Poisson: exponential gaps back from the end
+        since_last = rng.expovariate(packets) * pair.rtt
+        late += max(0.0, pair.rtt - since_last)
+    probe = (1 - (1 - pair.loss) ** (3 * pair.connections)) * pair.rtt
+    assert pair.tail_wait(nbytes) - probe == pytest.approx(late / draws, rel=0.03, abs=1e-5)
+
+
+def test_a_message_smaller_than_a_window_is_late_by_its_own_packets_losses() -> None:
+    """A message that fits its first round risks only its own packets: its arrival on a
+    lossy link is later than on a clean one by the tail of its bytes, not of a window's."""
+    size = 12_000
+    late = (one_transfer_s(_link("cubic", 1e-2), "east", "west", size, 1, False)
+            - one_transfer_s(_link("cubic", 0.0), "east", "west", size, 1, False))
+    pair = pair_between(_link("cubic", 1e-2), "east", "west", 1, 0.05, size, 1e-2)
+    assert late == pytest.approx(pair.tail_wait(size))
+    assert late < pair.tail_wait(10 * MSS)
 
 
 def test_a_loss_event_changes_a_pairs_next_messages() -> None:

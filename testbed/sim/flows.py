@@ -4,6 +4,7 @@ round of slow start that changes nothing but the window moves them. Pure."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -120,15 +121,23 @@ class Pair:
             self.ssthresh, self.since_loss = float("inf"), 0.0
         self.loss = loss
 
-    def tail_wait(self) -> float:
-        """How much later, on average, a message's last byte arrives on a lossy path: a
-        loss among a connection's last TAIL_PACKETS packets leaves too few behind it to
-        signal it (three duplicate acknowledgements, RFC 5681), and is repaired only
-        after Linux's tail loss probe (RFC 8985: two round trips after the last send);
-        the message waits for its slowest connection. Whatever the congestion control."""
+    def tail_wait(self, last_round_bytes: float) -> float:
+        """How much later, on average, a message's last byte arrives on a lossy path than
+        on a clean one, whatever the congestion control. A lost segment is sent again
+        once a segment sent after it is acknowledged, a round trip after its own send
+        (RACK, RFC 8985): a loss among the `last_round_bytes` the message sent in its last
+        round trip holds its last byte up by that round trip less the time from the loss
+        to the end of sending, the latest such loss counting. Losses come at random (a
+        Poisson process over the x packets of that round trip): RTT (1 - (1 - e^-x) / x)
+        on average. A loss among a connection's last TAIL_PACKETS packets has too few
+        behind it to be noticed, and waits for the tail loss probe (RFC 8985: two round
+        trips after the last send), one round trip more."""
         if self.loss <= 0.0:
             return 0.0
-        return (1.0 - (1.0 - self.loss) ** (TAIL_PACKETS * self.connections)) * 2 * self.rtt
+        packets = self.loss * last_round_bytes / MSS
+        rack = 1.0 - -math.expm1(-packets) / packets if packets > 1e-9 else packets / 2
+        probe = 1.0 - (1.0 - self.loss) ** (TAIL_PACKETS * self.connections)
+        return (rack + probe) * self.rtt
 
     def acked(self, nbytes: float, now: float = 0.0) -> None:
         """Slow start: every byte acknowledged grows the window by a byte (so a window
@@ -193,6 +202,8 @@ class Flow:
     latency: float
     on_arrival: Callable[[float], None]
     remaining: float
+    size: float = 0.0
+    """The message's bytes."""
     budget: float = 0.0
     round_budget: float = 0.0
     rate: float = 0.0

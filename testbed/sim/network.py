@@ -99,6 +99,7 @@ class FluidNetwork:
             latency,
             on_arrival,
             float(nbytes),
+            float(nbytes),
             updated=now,
             on_sent=on_sent,
         )
@@ -280,7 +281,10 @@ class FluidNetwork:
             self.users[resource].discard(flow.id)
         flow.pair.end(now)
         levels = self._kept.get(flow.resources[0])
-        if levels is not None and flow.id in levels.members:
+        kept = levels is not None and flow.id in levels.members
+        tail = flow.pair.tail_wait(self._last_round_bytes(flow, levels if kept else None)) \
+            if flow.pair.loss else 0.0
+        if levels is not None and kept:
             link = levels.members[flow.id].link
             if levels.leave(flow.id, now) and not levels.stale:
                 self._next_end(levels, link)
@@ -290,10 +294,20 @@ class FluidNetwork:
             shared = tuple(r for r in flow.resources if self.users[r])
             if shared:  # the flows left on its links share anew
                 self._reallocate(now, shared)
-        tail = flow.pair.tail_wait() if flow.pair.loss else 0.0
         self.schedule(now + flow.latency + tail, flow.on_arrival)
         if flow.on_sent is not None:
             flow.on_sent(now)
+
+    @staticmethod
+    def _last_round_bytes(flow: Flow, levels: Levels | None) -> float:
+        """What the flow sent in its last round trip: its round's window while its window
+        grows, its rate times the round trip once steady; no more than its message."""
+        if flow.steady or levels is not None:
+            rate = levels.rate(flow.id) if levels is not None else flow.rate
+            sent = rate / 8 * flow.pair.rtt
+        else:
+            sent = flow.round_budget
+        return min(sent, flow.size)
 
     def _component(self, resources: tuple[str, ...]) -> tuple[list[Flow], set[str]]:
         """Flows and resources coupled to these resources through shared flows."""
