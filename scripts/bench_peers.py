@@ -52,6 +52,7 @@ from peer_cases import (
     scale_job,
     share_cases,
     share_topology,
+    stripe_cases,
     transfer_topology,
 )
 from rtt_bias_fit import fit_rtt_bias, measured
@@ -82,6 +83,8 @@ def emulator(parts: list[str], congestions: tuple[str, ...], repeat: int) -> dic
     if "loss" in parts:
         out["loss"] = [peer_emulator.transfer(c, max(1, repeat - 1))
                        for c in loss_cases(congestions)]
+    if "stripes" in parts:
+        out["stripes"] = [peer_emulator.stripes(c, repeat) for c in stripe_cases(congestions)]
     if "ceiling" in parts:
         out["ceiling"] = [peer_emulator.transfer(CEILING, repeat)]
     if "inflight" in parts:
@@ -293,6 +296,35 @@ def compare_transfers(recorded: list[dict[str, Any]], peers: dict[str, Any],
     return rows
 
 
+def compare_stripes(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each striped run's connections: the least and the most of an even share of the
+    message a connection carried (the transport deals its chunks to the connections with
+    room), how many left slow start and the smallest threshold a first loss set, beside
+    the simulator's seconds and where its mean path puts each connection's first loss."""
+    rows = []
+    for entry in recorded:
+        case = TransferCase(entry["case"], entry["rtt_ms"], "1Gbit", entry["congestion"],
+                            entry["loss"], entry["connections"], entry["megabytes"])
+        sim = _sim_transfer_s(case)
+        for run in entry["runs"]:
+            carried = [c["bytes_acked"] for c in run["connections"]]
+            even = case.megabytes * 1e6 / case.connections
+            thresholds = [c["first_ssthresh"] for c in run["connections"]
+                          if c["first_ssthresh"] is not None]
+            row = {"case": case.name, "congestion": case.congestion, "loss": case.loss,
+                   "connections": case.connections, "megabytes": case.megabytes,
+                   "emulator_s": run["seconds"], "sim_s": sim,
+                   "sampled": len(carried), "least_share": min(carried) / even,
+                   "most_share": max(carried) / even, "left_slow_start": len(thresholds),
+                   "earliest_threshold": min(thresholds, default=None),
+                   "packets_per_connection": even / MSS,
+                   "model_first_loss_after": 1 / case.loss,
+                   "machine_bound": run["machine_bound"]}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
 def compare_bursts(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each burst case's rounds: the emulator's first round and its later ones (each
     round's mean over its messages; the later ones' median round) against the
@@ -377,7 +409,7 @@ def scale(sizes: list[int], peers: dict[str, Any], fluid_limit: int, simgrid_lim
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--emulator", default="",
-                        help="parts to record: shares,bursts,long,loss,ceiling,inflight")
+                        help="parts to record: shares,bursts,long,loss,stripes,ceiling,inflight")
     parser.add_argument("--emulator-json", type=Path, help="where to record them")
     parser.add_argument("--from-emulator", type=Path, action="append", default=[],
                         help="recorded emulator runs to compare with (repeatable)")
@@ -428,6 +460,7 @@ def main() -> None:
         "bursts": compare_bursts(recorded.get("bursts", [])),
         "long": compare_transfers(recorded.get("long", []), peers, ceiling),
         "loss": compare_transfers(recorded.get("loss", []), peers, ceiling),
+        "stripes": compare_stripes(recorded.get("stripes", [])),
         "inflight": recorded.get("inflight", []),
         "ceiling": [{"case": c["case"], "connections": c["connections"],
                      "megabytes": c["megabytes"], "loss": c["loss"],

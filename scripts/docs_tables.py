@@ -201,6 +201,8 @@ TABLES: dict[str, Table] = {
                           "scripts/bench_peers.py"),
     "peers-long": Table(("benchmarks/peers.json",), _measured("peers_long"),
                         "scripts/bench_peers.py"),
+    "peers-stripes": Table(("benchmarks/peers.json",), _measured("peers_stripes"),
+                           "scripts/bench_peers.py"),
     "peers-scale": Table(("benchmarks/peers.json",), _measured("peers_scale"),
                          "scripts/bench_peers.py"),
     "peers-inflight": Table(("benchmarks/peers.json",), _measured("peers_inflight"),

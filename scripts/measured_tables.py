@@ -527,6 +527,25 @@ def peers_bursts(report: dict[str, Any]) -> str:
             "of its mean apart (mean over rounds); in the simulator they finish together.")
 
 
+def peers_stripes(report: dict[str, Any]) -> str:
+    """Lossy transfers over several connections, each connection sampled with `ss -tin`:
+    what share of the message it carried and where its first loss ended its slow start."""
+    def threshold(r: dict[str, Any]) -> str:
+        return "-" if r["earliest_threshold"] is None else f"{r['earliest_threshold']:.0f}"
+
+    rows = [f"| {r['congestion']} | {r['loss']:.2%} | {r['connections']} "
+            f"| {r['megabytes']:.0f} MB | {r['emulator_s']:.3f} s | {r['sim_s']:.3f} s "
+            f"| {r['least_share']:.2f}-{r['most_share']:.2f} "
+            f"| {r['left_slow_start']} of {r['sampled']} "
+            f"| {threshold(r)} "
+            f"| {r['packets_per_connection']:,.0f} | {r['model_first_loss_after']:,.0f} "
+            f"| {'yes' if r['machine_bound'] else 'no'} |" for r in report.get("stripes", [])]
+    return _rows("| congestion | loss | connections | bytes | emulator | simulator "
+                 "| a connection's bytes, of an even share | left slow start "
+                 "| earliest loss's threshold (segments) | packets per connection, even "
+                 "| the model's first loss after (packets) | machine-bound |", rows)
+
+
 def peers_scale(report: dict[str, Any]) -> str:
     """CPU seconds to move N concurrent flows: the simulator's flow model and SimGrid's."""
     rows = []

@@ -135,6 +135,12 @@ def loss_cases(congestions: tuple[str, ...]) -> list[TransferCase]:
             for cc in congestions for loss, mb in LOSS_MEGABYTES.items() for n in (1, 4, 16)]
 
 
+def stripe_cases(congestions: tuple[str, ...]) -> list[TransferCase]:
+    """The lossy cases over several connections at the loss rates where a connection's
+    first loss most likely comes early in its slow start (0.1% and 1%)."""
+    return [c for c in loss_cases(congestions) if c.connections > 1 and c.loss >= 1e-3]
+
+
 def long_cases(congestions: tuple[str, ...]) -> list[TransferCase]:
     return [TransferCase(f"long-{cc}-{rtt:g}", rtt, "1Gbit", cc, 0.0, 1, 200.0)
             for cc in congestions for rtt in (50.0, 100.0)]

@@ -32,6 +32,7 @@ from testbed.emulator.runtime.coordinator.health import (
     delay_line_lateness,
     read_cpu,
 )
+from testbed.emulator.runtime.coordinator.probe import PORT as PROBE_PORT
 from testbed.emulator.runtime.coordinator.probe import timed_messages
 from testbed.plan.pacing import PACING_SHARE, paced
 
@@ -152,15 +153,85 @@ def transfer(case: TransferCase, repeat: int) -> dict[str, Any]:
 def _ss_fields(line: str) -> dict[str, float]:
     """The numbers of `ss -tin`'s line that say what limits a sender."""
     out: dict[str, float] = {}
-    for key in ("cwnd", "unacked", "notsent", "snd_wnd", "bytes_acked"):
+    for key in ("cwnd", "ssthresh", "unacked", "notsent", "snd_wnd", "bytes_acked"):
         match = re.search(rf"\b{key}:(\d+)", line)
         if match:
             out[key] = float(match.group(1))
+    match = re.search(r"\bretrans:\d+/(\d+)", line)
+    if match:
+        out["retrans"] = float(match.group(1))
     for key in ("rwnd_limited", "sndbuf_limited", "busy"):
         match = re.search(rf"\b{key}:(\d+)ms", line)
         if match:
             out[f"{key}_ms"] = float(match.group(1))
     return out
+
+
+def _per_connection(out: str) -> dict[str, dict[str, float]]:
+    """`ss -tin`'s numbers for each of the sender's connections, by its local port (each
+    connection is a line of addresses, then an indented line of its numbers)."""
+    connections: dict[str, dict[str, float]] = {}
+    port = None
+    for line in out.splitlines():
+        address = re.search(rf":(\d+)\s+\S+:{PROBE_PORT}\b", line)
+        if address:
+            port = address.group(1)
+        elif port is not None and "cwnd" in line:
+            connections[port] = _ss_fields(line)
+    return connections
+
+
+def _watch_connections(netns: str, stop: threading.Event, last: dict[str, dict[str, float]],
+                       first_threshold: dict[str, float]) -> None:
+    """Until `stop`, every 10 ms: each connection's last numbers, and the slow-start
+    threshold it had when one was first seen (its first loss set it)."""
+    while not stop.is_set():
+        out = subprocess.run(["ip", "netns", "exec", netns, "ss", "-tinH", "state",
+                              "established", "dport", str(PROBE_PORT)],
+                             capture_output=True, text=True, check=False).stdout
+        for port, fields in _per_connection(out).items():
+            last[port] = fields
+            if "ssthresh" in fields:
+                first_threshold.setdefault(port, fields["ssthresh"])
+        time.sleep(0.01)
+
+
+def stripes(case: TransferCase, repeat: int) -> dict[str, Any]:
+    """The case's transfer over fresh connections, each connection's TCP state sampled
+    every 10 ms (`ss -tin` in the sender's namespace): per connection, the bytes it
+    carried of the message, the slow-start threshold its first loss set (in segments;
+    None where it never left slow start) and its retransmissions."""
+    topology = transfer_topology(case)
+    size = int(case.megabytes * 1e6)
+    network = bring_up(topology)
+    runs = []
+    try:
+        for _ in range(repeat):
+            last: dict[str, dict[str, float]] = {}
+            first_threshold: dict[str, float] = {}
+            stop = threading.Event()
+            before = read_cpu()
+            watch = threading.Thread(target=_watch_connections, args=(
+                network.layout.node("east-0").netns, stop, last, first_threshold))
+            watch.start()
+            try:
+                (seconds,) = timed_messages(network, "east-0", "west-0", case.connections, 1,
+                                            size, 0.0, timeout_s=300)
+            finally:
+                stop.set()
+                watch.join()
+            connections = [{"bytes_acked": fields.get("bytes_acked", 0.0),
+                            "first_ssthresh": first_threshold.get(port),
+                            "retransmits": fields.get("retrans", 0.0)}
+                           for port, fields in sorted(last.items())]
+            runs.append({"seconds": seconds, "connections": connections,
+                         **_machine(network, before)})
+            print(json.dumps({"case": case.name, **runs[-1]}), flush=True)
+    finally:
+        tear_down(network)
+    return {"case": case.name, "rtt_ms": case.rtt_ms, "congestion": case.congestion,
+            "loss": case.loss, "connections": case.connections, "megabytes": case.megabytes,
+            "runs": runs}
 
 
 def in_flight(case: TransferCase) -> dict[str, Any]:
@@ -181,7 +252,7 @@ def in_flight(case: TransferCase) -> dict[str, Any]:
         started = time.monotonic()
         while not stop.is_set():
             out = subprocess.run(["ip", "netns", "exec", netns, "ss", "-tinH", "state",
-                                  "established", "dport", "29400"],
+                                  "established", "dport", str(PROBE_PORT)],
                                  capture_output=True, text=True, check=False).stdout
             fields = _ss_fields(out.replace("\n", " "))
             if "cwnd" in fields:

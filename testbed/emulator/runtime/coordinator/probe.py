@@ -22,6 +22,8 @@ from testbed.emulator.runtime.worker.process import run_loop
 from testbed.emulator.runtime.worker.transport.transport import Transport
 
 PROBE_TOKEN = b"testbed-transport-probe".ljust(32, b"\0")
+PORT = 29400
+"""Where `serve` listens unless `--port` says."""
 
 
 async def serve(address: str, port: int, connections: int, messages: int,
@@ -96,7 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("role", choices=["serve", "send"])
     parser.add_argument("address")
-    parser.add_argument("--port", type=int, default=29400)
+    parser.add_argument("--port", type=int, default=PORT)
     parser.add_argument("--connections", type=int, default=1)
     parser.add_argument("--messages", type=int, default=1)
     parser.add_argument("--bytes", type=int, default=16 * 1024 * 1024)
