@@ -540,10 +540,21 @@ def peers_stripes(report: dict[str, Any]) -> str:
             f"| {threshold(r)} "
             f"| {r['packets_per_connection']:,.0f} | {r['model_first_loss_after']:,.0f} "
             f"| {'yes' if r['machine_bound'] else 'no'} |" for r in report.get("stripes", [])]
-    return _rows("| congestion | loss | connections | bytes | emulator | simulator "
-                 "| a connection's bytes, of an even share | left slow start "
-                 "| earliest loss's threshold (segments) | packets per connection, even "
-                 "| the model's first loss after (packets) | machine-bound |", rows)
+    table = _rows("| congestion | loss | connections | bytes | emulator | simulator "
+                  "| a connection's bytes, of an even share | left slow start "
+                  "| earliest loss's threshold (segments) | packets per connection, even "
+                  "| the model's first loss after (packets) | machine-bound |", rows)
+    stripes = report.get("stripes", [])
+    earliest = [r["earliest_threshold"] for r in stripes if r["earliest_threshold"] is not None]
+    if not earliest:
+        return table
+    model = [r["model_first_loss_after"] for r in stripes]
+    return (f"{table}\n\nIn {len(earliest)} of {len(stripes)} runs a connection left slow "
+            f"start; the earliest first loss of a run set a threshold of {min(earliest):,.0f} "
+            f"to {max(earliest):,.0f} segments, where the model's mean path has each "
+            f"connection's first loss after {min(model):,.0f} to {max(model):,.0f} packets. "
+            f"A connection carried from {min(r['least_share'] for r in stripes):.2f} to "
+            f"{max(r['most_share'] for r in stripes):.2f} of an even share of its message.")
 
 
 def peers_scale(report: dict[str, Any]) -> str:

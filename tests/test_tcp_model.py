@@ -375,9 +375,50 @@ def test_bench_peers_compares_the_recorded_runs(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     measured_tables = script("measured_tables")
     for table in ("peers_shares", "peers_bursts", "peers_loss", "peers_long", "peers_scale",
-                  "peers_inflight"):
+                  "peers_inflight", "peers_stripes"):
         assert getattr(measured_tables, table)(report).count("\n") >= 2
 
+
+
+SS_LINES = """\
+ESTAB 0 0 10.0.0.1:41000 10.0.1.1:29400
+\t cubic wscale:7,7 rto:252 cwnd:12 ssthresh:7 bytes_acked:131193 retrans:0/5 unacked:4
+ESTAB 0 0 10.0.0.1:41002 10.0.1.1:29400
+\t cubic wscale:7,7 rto:252 cwnd:176 bytes_acked:262345 unacked:30
+"""
+
+
+def test_each_connections_numbers_are_read_from_its_own_ss_line() -> None:
+    fields = script("peer_emulator")._per_connection(SS_LINES)
+    assert fields == {"41000": {"cwnd": 12.0, "ssthresh": 7.0, "unacked": 4.0,
+                                "bytes_acked": 131193.0, "retrans": 5.0},
+                      "41002": {"cwnd": 176.0, "unacked": 30.0, "bytes_acked": 262345.0}}
+
+
+def test_a_striped_run_reports_its_connections_shares_and_earliest_loss() -> None:
+    """Per run: the least and the most of an even share a connection carried, how many
+    left slow start and the smallest threshold, beside the simulator's seconds."""
+    bench_peers = script("bench_peers")
+    carried = [8.75e6, 7.19e6, 1.25e6, 2.81e6]
+    recorded = {"case": "loss-cubic-0.001-4", "rtt_ms": 50.0, "congestion": "cubic",
+                "loss": 1e-3, "connections": 4, "megabytes": 20.0,
+                "runs": [{"seconds": 0.9, "machine_bound": False, "connections": [
+                    {"bytes_acked": b, "first_ssthresh": t, "retransmits": 1.0}
+                    for b, t in zip(carried, [1062.0, None, 69.0, 190.0], strict=True)]}]}
+    with contextlib.redirect_stdout(io.StringIO()):
+        (row,) = bench_peers.compare_stripes([recorded])
+    assert row["least_share"] == pytest.approx(0.25) and row["most_share"] == pytest.approx(1.75)
+    assert (row["left_slow_start"], row["sampled"], row["earliest_threshold"]) == (3, 4, 69.0)
+    assert row["model_first_loss_after"] == pytest.approx(1000.0)
+    assert row["sim_s"] == one_transfer_s(_link("cubic", 1e-3), "east", "west", 20_000_000, 4,
+                                          False)
+    table = script("measured_tables").peers_stripes({"stripes": [row]})
+    assert "| 0.25-1.75 | 3 of 4 | 69 | 3,453 | 1,000 | no |" in table
+    assert table.splitlines()[-1] == (
+        "In 1 of 1 runs a connection left slow start; the earliest first loss of a run set a "
+        "threshold of 69 to 69 segments, where the model's mean path has each connection's "
+        "first loss after 1,000 to 1,000 packets. A connection carried from 0.25 to 1.75 of "
+        "an even share of its message.")
 
 
 def _transfer(case: str, loss: float, connections: int, seconds: list[float],
