@@ -299,8 +299,9 @@ def compare_transfers(recorded: list[dict[str, Any]], peers: dict[str, Any],
 def compare_stripes(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each striped run's connections: the least and the most of an even share of the
     message a connection carried (the transport deals its chunks to the connections with
-    room), how many left slow start and the smallest threshold a first loss set, beside
-    the simulator's seconds and where its mean path puts each connection's first loss."""
+    room), how many left slow start, the smallest threshold a first loss set and what
+    that connection carried, beside the simulator's seconds and where its mean path puts
+    each connection's first loss."""
     rows = []
     for entry in recorded:
         case = TransferCase(entry["case"], entry["rtt_ms"], "1Gbit", entry["congestion"],
@@ -309,14 +310,17 @@ def compare_stripes(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for run in entry["runs"]:
             carried = [c["bytes_acked"] for c in run["connections"]]
             even = case.megabytes * 1e6 / case.connections
-            thresholds = [c["first_ssthresh"] for c in run["connections"]
-                          if c["first_ssthresh"] is not None]
+            left = [c for c in run["connections"] if c["first_ssthresh"] is not None]
+            thresholds = [c["first_ssthresh"] for c in left]
+            earliest = min(left, key=lambda c: c["first_ssthresh"], default=None)
             row = {"case": case.name, "congestion": case.congestion, "loss": case.loss,
                    "connections": case.connections, "megabytes": case.megabytes,
                    "emulator_s": run["seconds"], "sim_s": sim,
                    "sampled": len(carried), "least_share": min(carried) / even,
                    "most_share": max(carried) / even, "left_slow_start": len(thresholds),
                    "earliest_threshold": min(thresholds, default=None),
+                   "earliest_share": None if earliest is None
+                   else earliest["bytes_acked"] / even,
                    "packets_per_connection": even / MSS,
                    "model_first_loss_after": 1 / case.loss,
                    "machine_bound": run["machine_bound"]}

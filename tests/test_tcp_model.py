@@ -413,12 +413,14 @@ def test_a_striped_run_reports_its_connections_shares_and_earliest_loss() -> Non
     assert row["sim_s"] == one_transfer_s(_link("cubic", 1e-3), "east", "west", 20_000_000, 4,
                                           False)
     table = script("measured_tables").peers_stripes({"stripes": [row]})
-    assert "| 0.25-1.75 | 3 of 4 | 69 | 3,453 | 1,000 | no |" in table
+    assert row["earliest_share"] == pytest.approx(0.25)
+    assert "| 0.25-1.75 | 3 of 4 | 69 | 0.25 | 3,453 | 1,000 | no |" in table
     assert table.splitlines()[-1] == (
         "In 1 of 1 runs a connection left slow start; the earliest first loss of a run set a "
         "threshold of 69 to 69 segments, where the model's mean path has each connection's "
         "first loss after 1,000 to 1,000 packets. A connection carried from 0.25 to 1.75 of "
-        "an even share of its message.")
+        "an even share of its message; in 1 of 1 runs the connection whose first loss came "
+        "earliest carried the least.")
 
 
 def _transfer(case: str, loss: float, connections: int, seconds: list[float],
