@@ -60,6 +60,7 @@ from rtt_bias_fit import fit_rtt_bias, measured
 from testbed.plan.pacing import PACING_SHARE, paced
 from testbed.plan.tcp_model import MSS, RTT_BIAS, WINDOW_EFFICIENCY
 from testbed.sim.agenda import Agenda
+from testbed.sim.flows import pair_between
 from testbed.sim.network import FluidNetwork, Pair
 from testbed.sim.one_transfer import burst_rounds_s, one_transfer_s, shared_rates
 from testbed.topology import Topology
@@ -296,6 +297,24 @@ def compare_transfers(recorded: list[dict[str, Any]], peers: dict[str, Any],
     return rows
 
 
+def model_first_threshold(case: TransferCase) -> float | None:
+    """The slow-start threshold, in segments, the flow model's first loss sets on a
+    connection of the case (its mean path: rounds of slow start until a connection has
+    sent 1/loss packets); None where the message ends first."""
+    topology = transfer_topology(case)
+    size = case.megabytes * 1e6
+    pair = pair_between(topology, "east", "west", case.connections,
+                        2 * topology.one_way_latency("east", "west"), size,
+                        topology.path_loss("east", "west"))
+    sent, now = 0.0, 0.0
+    while sent < size and pair.ssthresh == float("inf"):
+        round_bytes = min(size - sent, pair.round_budget())
+        now += pair.rtt
+        pair.acked(round_bytes, now)
+        sent += round_bytes
+    return None if pair.ssthresh == float("inf") else pair.ssthresh / MSS
+
+
 def compare_stripes(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each striped run's connections: the least and the most of an even share of the
     message a connection carried (the transport deals its chunks to the connections with
@@ -307,6 +326,7 @@ def compare_stripes(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
         case = TransferCase(entry["case"], entry["rtt_ms"], "1Gbit", entry["congestion"],
                             entry["loss"], entry["connections"], entry["megabytes"])
         sim = _sim_transfer_s(case)
+        first_threshold = model_first_threshold(case)
         for run in entry["runs"]:
             carried = [c["bytes_acked"] for c in run["connections"]]
             even = case.megabytes * 1e6 / case.connections
@@ -323,6 +343,7 @@ def compare_stripes(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
                    else earliest["bytes_acked"] / even,
                    "packets_per_connection": even / MSS,
                    "model_first_loss_after": 1 / case.loss,
+                   "model_first_threshold": first_threshold,
                    "machine_bound": run["machine_bound"]}
             print(json.dumps(row), flush=True)
             rows.append(row)

@@ -530,6 +530,10 @@ def peers_bursts(report: dict[str, Any]) -> str:
 def peers_stripes(report: dict[str, Any]) -> str:
     """Lossy transfers over several connections, each connection sampled with `ss -tin`:
     what share of the message it carried and where its first loss ended its slow start."""
+    def model(r: dict[str, Any]) -> str:
+        first = r["model_first_threshold"]
+        return "none: the message ends first" if first is None else f"{first:,.0f}"
+
     def earliest(r: dict[str, Any]) -> str:
         if r["earliest_threshold"] is None:
             return "- | -"
@@ -540,25 +544,31 @@ def peers_stripes(report: dict[str, Any]) -> str:
             f"| {r['least_share']:.2f}-{r['most_share']:.2f} "
             f"| {r['left_slow_start']} of {r['sampled']} "
             f"| {earliest(r)} "
-            f"| {r['packets_per_connection']:,.0f} | {r['model_first_loss_after']:,.0f} "
+            f"| {r['packets_per_connection']:,.0f} | {model(r)} "
             f"| {'yes' if r['machine_bound'] else 'no'} |" for r in report.get("stripes", [])]
     table = _rows("| congestion | loss | connections | bytes | emulator | simulator "
                   "| a connection's bytes, of an even share | left slow start "
                   "| earliest loss's threshold (segments) | its connection's bytes, of an "
                   "even share | packets per connection, even "
-                  "| the model's first loss after (packets) | machine-bound |", rows)
+                  "| the model's threshold after its first loss (segments) | machine-bound |",
+                  rows)
     stripes = report.get("stripes", [])
     earliest = [r["earliest_threshold"] for r in stripes if r["earliest_threshold"] is not None]
     if not earliest:
         return table
-    model = [r["model_first_loss_after"] for r in stripes]
+    modelled = [r["model_first_threshold"] for r in stripes
+                if r["model_first_threshold"] is not None]
+    lossless = len(stripes) - len(modelled)
     least = sum(r["earliest_share"] is not None and r["earliest_share"] <= r["least_share"]
                 for r in stripes)
+    model = (f"{min(modelled):,.0f} to {max(modelled):,.0f}" if modelled else "none")
+    if modelled and lossless:
+        model += f" (none in {lossless} runs, whose connections' messages end before it)"
     return (f"{table}\n\nIn {len(earliest)} of {len(stripes)} runs a connection left slow "
             f"start; the earliest first loss of a run set a threshold of {min(earliest):,.0f} "
-            f"to {max(earliest):,.0f} segments, where the model's mean path has each "
-            f"connection's first loss after {min(model):,.0f} to {max(model):,.0f} packets. "
-            f"A connection carried from {min(r['least_share'] for r in stripes):.2f} to "
+            f"to {max(earliest):,.0f} segments, where the model's mean path, which has each "
+            f"connection's first loss after 1/loss packets, sets {model}. A connection "
+            f"carried from {min(r['least_share'] for r in stripes):.2f} to "
             f"{max(r['most_share'] for r in stripes):.2f} of an even share of its message; "
             f"in {least} of {len(stripes)} runs the connection whose first loss came "
             "earliest carried the least.")

@@ -414,13 +414,16 @@ def test_a_striped_run_reports_its_connections_shares_and_earliest_loss() -> Non
                                           False)
     table = script("measured_tables").peers_stripes({"stripes": [row]})
     assert row["earliest_share"] == pytest.approx(0.25)
-    assert "| 0.25-1.75 | 3 of 4 | 69 | 0.25 | 3,453 | 1,000 | no |" in table
+    assert "| 0.25-1.75 | 3 of 4 | 69 | 0.25 | 3,453 | 448 | no |" in table
+    assert row["model_first_threshold"] == pytest.approx(448.0)  # 640 segments x 0.7
+    sixteen = script("peer_cases").TransferCase("x", 50.0, "1Gbit", "cubic", 1e-3, 16, 20.0)
+    assert bench_peers.model_first_threshold(sixteen) is None  # 863 packets each: no loss
     assert table.splitlines()[-1] == (
         "In 1 of 1 runs a connection left slow start; the earliest first loss of a run set a "
-        "threshold of 69 to 69 segments, where the model's mean path has each connection's "
-        "first loss after 1,000 to 1,000 packets. A connection carried from 0.25 to 1.75 of "
-        "an even share of its message; in 1 of 1 runs the connection whose first loss came "
-        "earliest carried the least.")
+        "threshold of 69 to 69 segments, where the model's mean path, which has each "
+        "connection's first loss after 1/loss packets, sets 448 to 448. A connection carried "
+        "from 0.25 to 1.75 of an even share of its message; in 1 of 1 runs the connection "
+        "whose first loss came earliest carried the least.")
 
 
 def _transfer(case: str, loss: float, connections: int, seconds: list[float],
