@@ -35,9 +35,17 @@ from testbed.emulator.runtime.coordinator.health import (
 from testbed.emulator.runtime.coordinator.probe import PORT as PROBE_PORT
 from testbed.emulator.runtime.coordinator.probe import timed_messages
 from testbed.plan.pacing import PACING_SHARE, paced
+from testbed.topology import Topology
 
 SHARE_SECONDS = 15.0
 OMIT_S = 5.0
+
+
+def _pace(topology: Topology, size: int) -> float:
+    """The pair's rate in bit/s where the plan paces a message of `size` east to west,
+    as the workers pace it; 0: unpaced."""
+    return (topology.bottleneck_bps("east", "west") * PACING_SHARE
+            if paced(topology, "east", "west", size) else 0.0)
 
 
 def _machine(network: Network, before: Any) -> dict[str, Any]:
@@ -108,8 +116,7 @@ def bursts(case: BurstCase, rounds: int) -> dict[str, Any]:
     its first byte sent to the receiver having it whole."""
     topology = burst_topology(case)
     size = int(case.megabytes * 1e6)
-    pace = (topology.bottleneck_bps("east", "west") * PACING_SHARE
-            if paced(topology, "east", "west", size) else 0.0)
+    pace = _pace(topology, size)
     network = bring_up(topology)
     try:
         before = read_cpu()
@@ -132,8 +139,7 @@ def bursts(case: BurstCase, rounds: int) -> dict[str, Any]:
 def transfer(case: TransferCase, repeat: int) -> dict[str, Any]:
     topology = transfer_topology(case)
     size = int(case.megabytes * 1e6)
-    pace = (topology.bottleneck_bps("east", "west") * PACING_SHARE
-            if paced(topology, "east", "west", size) else 0.0)
+    pace = _pace(topology, size)
     network = bring_up(topology)
     runs = []
     try:
@@ -197,12 +203,13 @@ def _watch_connections(netns: str, stop: threading.Event, last: dict[str, dict[s
 
 
 def stripes(case: TransferCase, repeat: int) -> dict[str, Any]:
-    """The case's transfer over fresh connections, each connection's TCP state sampled
-    every 10 ms (`ss -tin` in the sender's namespace): per connection, the bytes it
-    carried of the message, the slow-start threshold its first loss set (in segments;
-    None where it never left slow start) and its retransmissions."""
+    """The case's transfer over fresh connections, paced where the plan paces, each
+    connection's TCP state sampled every 10 ms (`ss -tin` in the sender's namespace): per
+    connection, the bytes it carried of the message, the slow-start threshold its first
+    loss set (in segments; None where it never left slow start) and its retransmissions."""
     topology = transfer_topology(case)
     size = int(case.megabytes * 1e6)
+    pace = _pace(topology, size)
     network = bring_up(topology)
     runs = []
     try:
@@ -216,7 +223,7 @@ def stripes(case: TransferCase, repeat: int) -> dict[str, Any]:
             watch.start()
             try:
                 (seconds,) = timed_messages(network, "east-0", "west-0", case.connections, 1,
-                                            size, 0.0, timeout_s=300)
+                                            size, pace, timeout_s=300)
             finally:
                 stop.set()
                 watch.join()
@@ -231,7 +238,7 @@ def stripes(case: TransferCase, repeat: int) -> dict[str, Any]:
         tear_down(network)
     return {"case": case.name, "rtt_ms": case.rtt_ms, "congestion": case.congestion,
             "loss": case.loss, "connections": case.connections, "megabytes": case.megabytes,
-            "runs": runs}
+            "paced": pace > 0, "runs": runs}
 
 
 def in_flight(case: TransferCase) -> dict[str, Any]:
@@ -241,8 +248,7 @@ def in_flight(case: TransferCase) -> dict[str, Any]:
     window and by the send buffer)."""
     topology = transfer_topology(case)
     size = int(case.megabytes * 1e6)
-    pace = (topology.bottleneck_bps("east", "west") * PACING_SHARE
-            if paced(topology, "east", "west", size) else 0.0)
+    pace = _pace(topology, size)
     network = bring_up(topology)
     samples: list[tuple[float, dict[str, float]]] = []
     stop = threading.Event()
