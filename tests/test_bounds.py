@@ -22,6 +22,7 @@ from testbed.sim.simulator import Simulator
 from testbed.topology import load_topology
 from testbed.topology.net_events import parse_event_flag
 
+from .scripts import script
 from .test_cli import call
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -607,14 +608,7 @@ def test_every_bounds_probe_holds(tmp_path: Path) -> None:
     """scripts/soak_faults.py's probes of input past its bounds (`soak.py --only bounds`,
     no root needed), as a user would type each: one line and its exit status, or the run
     going on, each within its time."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("soak_faults",
-                                                  ROOT / "scripts" / "soak_faults.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["soak_faults"] = module  # a dataclass looks its module up there
-    spec.loader.exec_module(module)
+    module = script("soak_faults")
     report = module.run_probes(module.bounds_probes(), tmp_path)
     assert report["failures"] == 0, report["details"]
     assert report["cases"] >= 19

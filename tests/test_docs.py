@@ -4,7 +4,6 @@ to the pages."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -20,17 +19,13 @@ from typing import Any
 import click
 import pytest
 
+from .scripts import script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _docs_tables() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("docs_tables",
-                                                  ROOT / "scripts" / "docs_tables.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["docs_tables"] = module  # a dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return script("docs_tables")
 
 
 def test_every_measured_table_is_what_its_json_renders(
@@ -328,11 +323,7 @@ def test_the_diloco_pages_commands_run_what_its_table_measured() -> None:
     from testbed.policy.registry import training_policy
     from testbed.policy.routing import options_for
 
-    spec = importlib.util.spec_from_file_location("bench_diloco",
-                                                  ROOT / "scripts" / "bench_diloco.py")
-    assert spec and spec.loader
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = script("bench_diloco")
     rows = [(policy, training_policy(policy, options).settings)
             for _, policy, options in bench.METHODS]
     checked = 0
@@ -359,11 +350,7 @@ def test_the_api_pages_example_prints_what_its_page_shows() -> None:
     measured the page's code as it is now, and the code, run again as the benchmark runs
     it, prints the same lines (the simulator is deterministic; the times are the
     benchmark's, with the load they were measured at)."""
-    spec = importlib.util.spec_from_file_location("bench_api_example",
-                                                  ROOT / "scripts" / "bench_api_example.py")
-    assert spec and spec.loader
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = script("bench_api_example")
     measured = json.loads((ROOT / "benchmarks" / "api-example.json").read_text())
     assert measured["code"] == bench.example(), "run scripts/bench_api_example.py again"
     assert bench.run_once(measured["code"])["printed"] == measured["printed"]
