@@ -97,12 +97,8 @@ def forked_pool(work: Callable[..., R], processes: int,
     workers = _Workers(processes, preload)
     try:
         yield Pool(workers.submit, processes)
-    except BaseException:
-        workers.close(at_once=True)
-        raise
-    else:
-        workers.close(at_once=False)
     finally:
+        workers.close()
         _work = None
 
 
@@ -144,19 +140,17 @@ class _Workers:
         self.pool.terminate()
         self.pool.join()
 
-    def close(self, at_once: bool) -> None:
-        """Stops the workers; waits for a preload still running (no thread is left
-        behind: a later pool forks only where this process runs no other thread).
-        `at_once` (the planner failed or was interrupted) kills them; otherwise the calls
-        still queued (started ahead, never awaited) finish and the workers exit on their
-        own: a worker killed while it writes a result holds the results queue's lock for
-        good, and the pool's own shutdown then waits on it forever."""
-        if at_once:
-            self._stop()
-        else:
-            self.closing.set()  # what is queued returns at once; what runs finishes
-            self.pool.close()
-            self.pool.join()
+    def close(self) -> None:
+        """Stops the workers, whether the planner is done, failed or was interrupted: the
+        calls still queued (started ahead, never awaited) return at once, those running
+        finish (one per process), and the workers exit on their own. They are not killed:
+        a worker killed while it writes a result holds the results queue's lock for good,
+        and the pool's own shutdown (Pool.terminate's too) then waits on it forever. Then
+        waits for a preload still running (no thread is left behind: a later pool forks
+        only where this process runs no other thread)."""
+        self.closing.set()
+        self.pool.close()
+        self.pool.join()
         if self.loading is not None:
             self.loading.join()
 
