@@ -86,7 +86,8 @@ def emulator(parts: list[str], congestions: tuple[str, ...], repeat: int) -> dic
         out["loss"] = [peer_emulator.transfer(c, max(1, repeat - 1))
                        for c in loss_cases(congestions)]
     if "stripes" in parts:
-        out["stripes"] = [peer_emulator.stripes(c, repeat) for c in stripe_cases(congestions)]
+        out["stripes"] = [peer_emulator.transfer(c, repeat, per_connection=True)
+                          for c in stripe_cases(congestions)]
     if "ceiling" in parts:
         out["ceiling"] = [peer_emulator.transfer(CEILING, repeat)]
     if "inflight" in parts:

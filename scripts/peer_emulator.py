@@ -136,7 +136,14 @@ def bursts(case: BurstCase, rounds: int) -> dict[str, Any]:
             "every_s": case.every_s, "paced": pace > 0, "rounds": by_round, **machine}
 
 
-def transfer(case: TransferCase, repeat: int) -> dict[str, Any]:
+def transfer(case: TransferCase, repeat: int, per_connection: bool = False
+             ) -> dict[str, Any]:
+    """The case's message over fresh connections, paced where the plan paces: seconds
+    from its first byte sent to the receiver having it whole. `per_connection` (the
+    `stripes` part): each connection's TCP state is also sampled every 10 ms (`ss -tin`
+    in the sender's namespace), and each run lists per connection the bytes it carried of
+    the message, the slow-start threshold its first loss set (in segments; None where it
+    never left slow start) and its retransmissions."""
     topology = transfer_topology(case)
     size = int(case.megabytes * 1e6)
     pace = _pace(topology, size)
@@ -144,11 +151,29 @@ def transfer(case: TransferCase, repeat: int) -> dict[str, Any]:
     runs = []
     try:
         for _ in range(repeat):
+            last: dict[str, dict[str, float]] = {}
+            first_threshold: dict[str, float] = {}
+            stop = threading.Event()
+            watch = threading.Thread(target=_watch_connections, args=(
+                network.layout.node("east-0").netns, stop, last, first_threshold))
             before = read_cpu()
-            (seconds,) = timed_messages(network, "east-0", "west-0", case.connections, 1, size,
-                                        pace, timeout_s=900)
-            runs.append({"seconds": seconds, **_machine(network, before)})
-            print(json.dumps({"case": case.name, **runs[-1]}), flush=True)
+            if per_connection:
+                watch.start()
+            try:
+                (seconds,) = timed_messages(network, "east-0", "west-0", case.connections, 1,
+                                            size, pace, timeout_s=900)
+            finally:
+                stop.set()
+                if per_connection:
+                    watch.join()
+            run: dict[str, Any] = {"seconds": seconds, **_machine(network, before)}
+            if per_connection:
+                run["connections"] = [{"bytes_acked": fields.get("bytes_acked", 0.0),
+                                       "first_ssthresh": first_threshold.get(port),
+                                       "retransmits": fields.get("retrans", 0.0)}
+                                      for port, fields in sorted(last.items())]
+            runs.append(run)
+            print(json.dumps({"case": case.name, **run}), flush=True)
     finally:
         tear_down(network)
     return {"case": case.name, "rtt_ms": case.rtt_ms, "congestion": case.congestion,
@@ -200,45 +225,6 @@ def _watch_connections(netns: str, stop: threading.Event, last: dict[str, dict[s
             if "ssthresh" in fields:
                 first_threshold.setdefault(port, fields["ssthresh"])
         time.sleep(0.01)
-
-
-def stripes(case: TransferCase, repeat: int) -> dict[str, Any]:
-    """The case's transfer over fresh connections, paced where the plan paces, each
-    connection's TCP state sampled every 10 ms (`ss -tin` in the sender's namespace): per
-    connection, the bytes it carried of the message, the slow-start threshold its first
-    loss set (in segments; None where it never left slow start) and its retransmissions."""
-    topology = transfer_topology(case)
-    size = int(case.megabytes * 1e6)
-    pace = _pace(topology, size)
-    network = bring_up(topology)
-    runs = []
-    try:
-        for _ in range(repeat):
-            last: dict[str, dict[str, float]] = {}
-            first_threshold: dict[str, float] = {}
-            stop = threading.Event()
-            before = read_cpu()
-            watch = threading.Thread(target=_watch_connections, args=(
-                network.layout.node("east-0").netns, stop, last, first_threshold))
-            watch.start()
-            try:
-                (seconds,) = timed_messages(network, "east-0", "west-0", case.connections, 1,
-                                            size, pace, timeout_s=300)
-            finally:
-                stop.set()
-                watch.join()
-            connections = [{"bytes_acked": fields.get("bytes_acked", 0.0),
-                            "first_ssthresh": first_threshold.get(port),
-                            "retransmits": fields.get("retrans", 0.0)}
-                           for port, fields in sorted(last.items())]
-            runs.append({"seconds": seconds, "connections": connections,
-                         **_machine(network, before)})
-            print(json.dumps({"case": case.name, **runs[-1]}), flush=True)
-    finally:
-        tear_down(network)
-    return {"case": case.name, "rtt_ms": case.rtt_ms, "congestion": case.congestion,
-            "loss": case.loss, "connections": case.connections, "megabytes": case.megabytes,
-            "paced": pace > 0, "runs": runs}
 
 
 def in_flight(case: TransferCase) -> dict[str, Any]:
