@@ -119,11 +119,24 @@ def _orphaned(out: Path) -> tuple[str, list[int]]:
     _moment("workers", proc, out)
     os.kill(proc.pid, signal.SIGSTOP)
     left = _descendants(proc.pid)
+    # a worker forked but not yet started (exec'd) still shows the sweep's environment
+    # from before its mark: stopped there it would be nobody's, which no real sweep's
+    # worker stays (it goes on to start, marked)
+    _until(lambda: all(_marked(pid, mark) for pid in left), proc, 30)
     for pid in left:
         os.kill(pid, signal.SIGSTOP)
     _kill(proc)
     assert left and _wait_gone(left, 0) == left, "the workers went on their own"
     return mark, left
+
+
+def _marked(pid: int, mark: str) -> bool:
+    """Whether the process started with the sweep's mark in its environment (or is gone)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return True
+    return f"{MARK}={mark}".encode() in environ.split(b"\0")
 
 
 def _down(tmp_path: Path, marks: set[str]) -> cleanup.DownReport:
