@@ -135,7 +135,7 @@ class Pair:
         if self.loss <= 0.0:
             return 0.0
         packets = self.loss * last_round_bytes / MSS
-        rack = 1.0 - -math.expm1(-packets) / packets if packets > 1e-9 else packets / 2
+        rack = 1.0 + math.expm1(-packets) / packets if packets > 1e-9 else packets / 2
         probe = 1.0 - (1.0 - self.loss) ** (TAIL_PACKETS * self.connections)
         return (rack + probe) * self.rtt
 
