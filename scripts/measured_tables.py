@@ -561,11 +561,15 @@ def peers_stripes(report: dict[str, Any]) -> str:
     lossless = len(stripes) - len(modelled)
     least = sum(r["earliest_share"] is not None and r["earliest_share"] <= r["least_share"]
                 for r in stripes)
+    below = sum(r["earliest_threshold"] is not None and (
+        r["model_first_threshold"] is None
+        or r["earliest_threshold"] < r["model_first_threshold"]) for r in stripes)
     model = (f"{min(modelled):,.0f} to {max(modelled):,.0f}" if modelled else "none")
     if modelled and lossless:
         model += f" (none in {lossless} runs, whose connections' messages end before it)"
     return (f"{table}\n\nIn {len(earliest)} of {len(stripes)} runs a connection left slow "
-            f"start; the earliest first loss of a run set a threshold of {min(earliest):,.0f} "
+            f"start, in {below} below the threshold the model sets or where it sets none; "
+            f"the earliest first loss of a run set a threshold of {min(earliest):,.0f} "
             f"to {max(earliest):,.0f} segments, where the model's mean path, which has each "
             f"connection's first loss after 1/loss packets, sets {model}. A connection "
             f"carried from {min(r['least_share'] for r in stripes):.2f} to "

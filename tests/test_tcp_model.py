@@ -419,7 +419,8 @@ def test_a_striped_run_reports_its_connections_shares_and_earliest_loss() -> Non
     sixteen = script("peer_cases").TransferCase("x", 50.0, "1Gbit", "cubic", 1e-3, 16, 20.0)
     assert bench_peers.model_first_threshold(sixteen) is None  # 863 packets each: no loss
     assert table.splitlines()[-1] == (
-        "In 1 of 1 runs a connection left slow start; the earliest first loss of a run set a "
+        "In 1 of 1 runs a connection left slow start, in 1 below the threshold the model "
+        "sets or where it sets none; the earliest first loss of a run set a "
         "threshold of 69 to 69 segments, where the model's mean path, which has each "
         "connection's first loss after 1/loss packets, sets 448 to 448. A connection carried "
         "from 0.25 to 1.75 of an even share of its message; in 1 of 1 runs the connection "
