@@ -329,18 +329,18 @@ def compare_stripes(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
                             entry["loss"], entry["connections"], entry["megabytes"])
         sim = _sim_transfer_s(case)
         first_threshold = model_first_threshold(case)
+        even = case.megabytes * 1e6 / case.connections
         for run in entry["runs"]:
             carried = [c["bytes_acked"] for c in run["connections"]]
-            even = case.megabytes * 1e6 / case.connections
             left = [c for c in run["connections"] if c["first_ssthresh"] is not None]
-            thresholds = [c["first_ssthresh"] for c in left]
             earliest = min(left, key=lambda c: c["first_ssthresh"], default=None)
             row = {"case": case.name, "congestion": case.congestion, "loss": case.loss,
                    "connections": case.connections, "megabytes": case.megabytes,
                    "emulator_s": run["seconds"], "sim_s": sim,
                    "sampled": len(carried), "least_share": min(carried) / even,
-                   "most_share": max(carried) / even, "left_slow_start": len(thresholds),
-                   "earliest_threshold": min(thresholds, default=None),
+                   "most_share": max(carried) / even, "left_slow_start": len(left),
+                   "earliest_threshold": None if earliest is None
+                   else earliest["first_ssthresh"],
                    "earliest_share": None if earliest is None
                    else earliest["bytes_acked"] / even,
                    "packets_per_connection": even / MSS,

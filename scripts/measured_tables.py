@@ -530,11 +530,11 @@ def peers_bursts(report: dict[str, Any]) -> str:
 def peers_stripes(report: dict[str, Any]) -> str:
     """Lossy transfers over several connections, each connection sampled with `ss -tin`:
     what share of the message it carried and where its first loss ended its slow start."""
-    def model(r: dict[str, Any]) -> str:
+    def model_cell(r: dict[str, Any]) -> str:
         first = r["model_first_threshold"]
         return "none: the message ends first" if first is None else f"{first:,.0f}"
 
-    def earliest(r: dict[str, Any]) -> str:
+    def earliest_cells(r: dict[str, Any]) -> str:
         if r["earliest_threshold"] is None:
             return "- | -"
         return f"{r['earliest_threshold']:.0f} | {r['earliest_share']:.2f}"
@@ -543,8 +543,8 @@ def peers_stripes(report: dict[str, Any]) -> str:
             f"| {r['megabytes']:.0f} MB | {r['emulator_s']:.3f} s | {r['sim_s']:.3f} s "
             f"| {r['least_share']:.2f}-{r['most_share']:.2f} "
             f"| {r['left_slow_start']} of {r['sampled']} "
-            f"| {earliest(r)} "
-            f"| {r['packets_per_connection']:,.0f} | {model(r)} "
+            f"| {earliest_cells(r)} "
+            f"| {r['packets_per_connection']:,.0f} | {model_cell(r)} "
             f"| {'yes' if r['machine_bound'] else 'no'} |" for r in report.get("stripes", [])]
     table = _rows("| congestion | loss | connections | bytes | emulator | simulator "
                   "| a connection's bytes, of an even share | left slow start "

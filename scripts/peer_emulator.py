@@ -14,6 +14,7 @@ import re
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from peer_cases import (
@@ -151,27 +152,14 @@ def transfer(case: TransferCase, repeat: int, per_connection: bool = False
     runs = []
     try:
         for _ in range(repeat):
-            last: dict[str, dict[str, float]] = {}
-            first_threshold: dict[str, float] = {}
-            stop = threading.Event()
-            watch = threading.Thread(target=_watch_connections, args=(
-                network.layout.node("east-0").netns, stop, last, first_threshold))
             before = read_cpu()
-            if per_connection:
-                watch.start()
-            try:
+            with _watched(network.layout.node("east-0").netns) if per_connection \
+                    else contextlib.nullcontext() as connections:
                 (seconds,) = timed_messages(network, "east-0", "west-0", case.connections, 1,
                                             size, pace, timeout_s=900)
-            finally:
-                stop.set()
-                if per_connection:
-                    watch.join()
             run: dict[str, Any] = {"seconds": seconds, **_machine(network, before)}
-            if per_connection:
-                run["connections"] = [{"bytes_acked": fields.get("bytes_acked", 0.0),
-                                       "first_ssthresh": first_threshold.get(port),
-                                       "retransmits": fields.get("retrans", 0.0)}
-                                      for port, fields in sorted(last.items())]
+            if connections is not None:
+                run["connections"] = connections
             runs.append(run)
             print(json.dumps({"case": case.name, **run}), flush=True)
     finally:
@@ -212,19 +200,43 @@ def _per_connection(out: str) -> dict[str, dict[str, float]]:
     return connections
 
 
-def _watch_connections(netns: str, stop: threading.Event, last: dict[str, dict[str, float]],
-                       first_threshold: dict[str, float]) -> None:
-    """Until `stop`, every 10 ms: each connection's last numbers, and the slow-start
-    threshold it had when one was first seen (its first loss set it)."""
-    while not stop.is_set():
-        out = subprocess.run(["ip", "netns", "exec", netns, "ss", "-tinH", "state",
-                              "established", "dport", str(PROBE_PORT)],
-                             capture_output=True, text=True, check=False).stdout
-        for port, fields in _per_connection(out).items():
-            last[port] = fields
-            if "ssthresh" in fields:
-                first_threshold.setdefault(port, fields["ssthresh"])
-        time.sleep(0.01)
+def _ss(netns: str) -> str:
+    """`ss -tin` of the sender's connections to the probe, in its namespace."""
+    return subprocess.run(["ip", "netns", "exec", netns, "ss", "-tinH", "state", "established",
+                           "dport", str(PROBE_PORT)], capture_output=True, text=True,
+                          check=False).stdout
+
+
+@contextlib.contextmanager
+def _watched(netns: str) -> Iterator[list[dict[str, float | None]]]:
+    """Every 10 ms while inside, each connection's numbers; on the way out, the list it
+    yields is filled, per connection: the bytes it carried, the slow-start threshold it
+    had when one was first seen (its first loss set it; None if never) and its
+    retransmissions."""
+    last: dict[str, dict[str, float]] = {}
+    first_threshold: dict[str, float] = {}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            for port, fields in _per_connection(_ss(netns)).items():
+                last[port] = fields
+                if "ssthresh" in fields:
+                    first_threshold.setdefault(port, fields["ssthresh"])
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    connections: list[dict[str, float | None]] = []
+    try:
+        yield connections
+    finally:
+        stop.set()
+        thread.join()
+        connections.extend({"bytes_acked": fields.get("bytes_acked", 0.0),
+                            "first_ssthresh": first_threshold.get(port),
+                            "retransmits": fields.get("retrans", 0.0)}
+                           for port, fields in sorted(last.items()))
 
 
 def in_flight(case: TransferCase) -> dict[str, Any]:
@@ -243,10 +255,7 @@ def in_flight(case: TransferCase) -> dict[str, Any]:
         netns = network.layout.node("east-0").netns
         started = time.monotonic()
         while not stop.is_set():
-            out = subprocess.run(["ip", "netns", "exec", netns, "ss", "-tinH", "state",
-                                  "established", "dport", str(PROBE_PORT)],
-                                 capture_output=True, text=True, check=False).stdout
-            fields = _ss_fields(out.replace("\n", " "))
+            fields = _ss_fields(_ss(netns).replace("\n", " "))
             if "cwnd" in fields:
                 samples.append((time.monotonic() - started, fields))
             time.sleep(0.05)

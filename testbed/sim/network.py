@@ -99,7 +99,7 @@ class FluidNetwork:
             latency,
             on_arrival,
             float(nbytes),
-            float(nbytes),
+            size=float(nbytes),
             updated=now,
             on_sent=on_sent,
         )
@@ -281,10 +281,11 @@ class FluidNetwork:
             self.users[resource].discard(flow.id)
         flow.pair.end(now)
         levels = self._kept.get(flow.resources[0])
-        kept = levels is not None and flow.id in levels.members
-        tail = flow.pair.tail_wait(self._last_round_bytes(flow, levels if kept else None)) \
+        if levels is not None and flow.id not in levels.members:
+            levels = None
+        tail = flow.pair.tail_wait(self._last_round_bytes(flow, levels)) \
             if flow.pair.loss else 0.0
-        if levels is not None and kept:
+        if levels is not None:
             link = levels.members[flow.id].link
             if levels.leave(flow.id, now) and not levels.stale:
                 self._next_end(levels, link)
