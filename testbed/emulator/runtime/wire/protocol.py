@@ -10,6 +10,7 @@ import struct
 from dataclasses import dataclass
 
 from testbed.common.codec import JsonObject
+from testbed.plan.striping import chunk_bytes
 
 MAX_CONTROL_BYTES = 64 * 1024 * 1024
 MAX_UNPROVEN_BYTES = 4096
@@ -134,19 +135,10 @@ def unpack_hello(data: bytes) -> tuple[bytes, int, int]:
     return token, peer_index, connection
 
 
-MIN_CHUNK = 64 * 1024
-MAX_CHUNK = 1024 * 1024
-CHUNKS_PER_CONNECTION = 16
-"""The last piece decides when a message is complete: with 16 pieces per connection the
-connections finish within about 1/16 of the message time of each other."""
-
-
 def chunks(total: int, connections: int) -> list[tuple[int, int]]:
     """(offset, length) pieces of a `total`-byte message for `connections` connections to
-    share: 64 KiB to 1 MiB each, about 16 per connection when the message is large enough.
-    An empty message is one empty piece."""
+    share (testbed.plan.striping). An empty message is one empty piece."""
     if total == 0:
         return [(0, 0)]
-    per = max(1, connections) * CHUNKS_PER_CONNECTION
-    size = max(MIN_CHUNK, min(MAX_CHUNK, -(-total // per)))
+    size = chunk_bytes(total, connections)
     return [(offset, min(size, total - offset)) for offset in range(0, total, size)]
