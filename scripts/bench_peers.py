@@ -61,9 +61,9 @@ from rtt_bias_fit import fit_rtt_bias, measured
 from testbed.plan.pacing import PACING_SHARE, paced
 from testbed.plan.tcp_model import MSS, RTT_BIAS, WINDOW_EFFICIENCY
 from testbed.sim.agenda import Agenda
-from testbed.sim.flows import pair_between
+from testbed.sim.flows import first_losses
 from testbed.sim.network import FluidNetwork, Pair
-from testbed.sim.one_transfer import burst_rounds_s, one_transfer_s, shared_rates
+from testbed.sim.one_transfer import burst_rounds_s, one_transfer, one_transfer_s, shared_rates
 from testbed.topology import Topology
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -299,36 +299,34 @@ def compare_transfers(recorded: list[dict[str, Any]], peers: dict[str, Any],
     return rows
 
 
-def model_first_threshold(case: TransferCase) -> float | None:
-    """The slow-start threshold, in segments, the flow model's first loss sets on a
-    connection of the case (its mean path: rounds of slow start until a connection has
-    sent 1/loss packets); None where the message ends first."""
-    topology = transfer_topology(case)
-    size = case.megabytes * 1e6
-    pair = pair_between(topology, "east", "west", case.connections,
-                        2 * topology.one_way_latency("east", "west"), size,
-                        topology.path_loss("east", "west"))
-    sent, now = 0.0, 0.0
-    while sent < size and pair.ssthresh == float("inf"):
-        round_bytes = min(size - sent, pair.round_budget())
-        now += pair.rtt
-        pair.acked(round_bytes, now)
-        sent += round_bytes
-    return None if pair.ssthresh == float("inf") else pair.ssthresh / MSS
+def model_stripes(case: TransferCase) -> dict[str, Any]:
+    """The simulator's own run of the case, connection by connection (Pair.cycles): the
+    least and the most of an even share of the message one carried, and the threshold
+    the earliest first loss set (segments; None where none came) and what its connection
+    carried."""
+    seconds, pair = one_transfer(transfer_topology(case), "east", "west",
+                                 int(case.megabytes * 1e6), case.connections, False)
+    even = case.megabytes * 1e6 / case.connections
+    shares = [cycle.carried / even for cycle in pair.cycles]
+    lost = [cycle for cycle in pair.cycles if cycle.ssthresh != float("inf")]
+    earliest = min(lost, key=lambda cycle: cycle.ssthresh, default=None)
+    return {"sim_s": seconds, "model_least_share": min(shares, default=None),
+            "model_most_share": max(shares, default=None),
+            "model_first_threshold": None if earliest is None else earliest.ssthresh / MSS,
+            "model_earliest_share": None if earliest is None else earliest.carried / even,
+            "model_first_loss_after": first_losses(case.connections)[0] / case.loss}
 
 
 def compare_stripes(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each striped run's connections: the least and the most of an even share of the
     message a connection carried (the transport deals its chunks to the connections with
     room), how many left slow start, the smallest threshold a first loss set and what
-    that connection carried, beside the simulator's seconds and where its mean path puts
-    each connection's first loss."""
+    that connection carried, beside the same figures of the simulator's run."""
     rows = []
     for entry in recorded:
         case = TransferCase(entry["case"], entry["rtt_ms"], "1Gbit", entry["congestion"],
                             entry["loss"], entry["connections"], entry["megabytes"])
-        sim = _sim_transfer_s(case)
-        first_threshold = model_first_threshold(case)
+        model = model_stripes(case)
         even = case.megabytes * 1e6 / case.connections
         for run in entry["runs"]:
             carried = [c["bytes_acked"] for c in run["connections"]]
@@ -336,7 +334,7 @@ def compare_stripes(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
             earliest = min(left, key=lambda c: c["first_ssthresh"], default=None)
             row = {"case": case.name, "congestion": case.congestion, "loss": case.loss,
                    "connections": case.connections, "megabytes": case.megabytes,
-                   "emulator_s": run["seconds"], "sim_s": sim,
+                   "emulator_s": run["seconds"],
                    "sampled": len(carried), "least_share": min(carried) / even,
                    "most_share": max(carried) / even, "left_slow_start": len(left),
                    "earliest_threshold": None if earliest is None
@@ -344,9 +342,7 @@ def compare_stripes(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
                    "earliest_share": None if earliest is None
                    else earliest["bytes_acked"] / even,
                    "packets_per_connection": even / MSS,
-                   "model_first_loss_after": 1 / case.loss,
-                   "model_first_threshold": first_threshold,
-                   "machine_bound": run["machine_bound"]}
+                   **model, "machine_bound": run["machine_bound"]}
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows

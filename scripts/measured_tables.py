@@ -529,53 +529,50 @@ def peers_bursts(report: dict[str, Any]) -> str:
 
 def peers_stripes(report: dict[str, Any]) -> str:
     """Lossy transfers over several connections, each connection sampled with `ss -tin`:
-    what share of the message it carried and where its first loss ended its slow start."""
-    def model_cell(r: dict[str, Any]) -> str:
-        first = r["model_first_threshold"]
-        return "none: the message ends first" if first is None else f"{first:,.0f}"
+    what share of the message it carried and where its first loss ended its slow start,
+    beside the simulator's own run of the case, connection by connection."""
+    def threshold(value: float | None) -> str:
+        return "-" if value is None else f"{value:,.0f}"
 
-    def earliest_cells(r: dict[str, Any]) -> str:
-        if r["earliest_threshold"] is None:
-            return "- | -"
-        return f"{r['earliest_threshold']:.0f} | {r['earliest_share']:.2f}"
+    def share(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
 
+    stripes = report.get("stripes", [])
     rows = [f"| {r['congestion']} | {r['loss']:.2%} | {r['connections']} "
             f"| {r['megabytes']:.0f} MB | {r['emulator_s']:.3f} s | {r['sim_s']:.3f} s "
             f"| {r['least_share']:.2f}-{r['most_share']:.2f} "
+            f"| {r['model_least_share']:.2f}-{r['model_most_share']:.2f} "
             f"| {r['left_slow_start']} of {r['sampled']} "
-            f"| {earliest_cells(r)} "
-            f"| {r['packets_per_connection']:,.0f} | {model_cell(r)} "
-            f"| {'yes' if r['machine_bound'] else 'no'} |" for r in report.get("stripes", [])]
+            f"| {threshold(r['earliest_threshold'])} | {threshold(r['model_first_threshold'])} "
+            f"| {share(r['earliest_share'])} | {share(r['model_earliest_share'])} "
+            f"| {'yes' if r['machine_bound'] else 'no'} |" for r in stripes]
     table = _rows("| congestion | loss | connections | bytes | emulator | simulator "
-                  "| a connection's bytes, of an even share | left slow start "
-                  "| earliest loss's threshold (segments) | its connection's bytes, of an "
-                  "even share | packets per connection, even "
-                  "| the model's threshold after its first loss (segments) | machine-bound |",
-                  rows)
-    stripes = report.get("stripes", [])
-    earliest = [r["earliest_threshold"] for r in stripes if r["earliest_threshold"] is not None]
+                  "| a connection's bytes, of an even share | simulator's "
+                  "| left slow start | earliest loss's threshold (segments) | simulator's "
+                  "| its connection's bytes, of an even share | simulator's "
+                  "| machine-bound |", rows)
+    earliest = [r for r in stripes if r["earliest_threshold"] is not None]
     if not earliest:
         return table
-    modelled = [r["model_first_threshold"] for r in stripes
-                if r["model_first_threshold"] is not None]
-    lossless = len(stripes) - len(modelled)
-    least = sum(r["earliest_share"] is not None and r["earliest_share"] <= r["least_share"]
-                for r in stripes)
-    below = sum(r["earliest_threshold"] is not None and (
-        r["model_first_threshold"] is None
-        or r["earliest_threshold"] < r["model_first_threshold"]) for r in stripes)
-    model = (f"{min(modelled):,.0f} to {max(modelled):,.0f}" if modelled else "none")
-    if modelled and lossless:
-        model += f" (none in {lossless} runs, whose connections' messages end before it)"
+    modelled = [r for r in earliest if r["model_first_threshold"] is not None]
+    within = sum(0.5 <= r["earliest_threshold"] / r["model_first_threshold"] <= 2.0
+                 for r in modelled)
+    least = sum(r["earliest_share"] <= r["least_share"] for r in earliest)
+    cases = {r["case"]: r for r in stripes}  # the simulator's figures are one per case
+    model_least = sum(r["model_earliest_share"] is not None
+                      and r["model_earliest_share"] <= r["model_least_share"]
+                      for r in cases.values())
     return (f"{table}\n\nIn {len(earliest)} of {len(stripes)} runs a connection left slow "
-            f"start, in {below} below the threshold the model sets or where it sets none; "
-            f"the earliest first loss of a run set a threshold of {min(earliest):,.0f} "
-            f"to {max(earliest):,.0f} segments, where the model's mean path, which has each "
-            f"connection's first loss after 1/loss packets, sets {model}. A connection "
-            f"carried from {min(r['least_share'] for r in stripes):.2f} to "
-            f"{max(r['most_share'] for r in stripes):.2f} of an even share of its message; "
-            f"in {least} of {len(stripes)} runs the connection whose first loss came "
-            "earliest carried the least.")
+            f"start. The earliest first loss of a run set a threshold of "
+            f"{min(r['earliest_threshold'] for r in earliest):,.0f} to "
+            f"{max(r['earliest_threshold'] for r in earliest):,.0f} segments, within a "
+            f"factor of two of the simulator's earliest in {within} of {len(modelled)}. A "
+            f"connection carried from {min(r['least_share'] for r in stripes):.2f} to "
+            f"{max(r['most_share'] for r in stripes):.2f} of an even share of its message "
+            f"(the simulator: {min(r['model_least_share'] for r in stripes):.2f} to "
+            f"{max(r['model_most_share'] for r in stripes):.2f}); the connection whose "
+            f"first loss came earliest carried the least in {least} of {len(earliest)} runs, "
+            f"and in the simulator in {model_least} of {len(cases)} cases.")
 
 
 def peers_scale(report: dict[str, Any]) -> str:

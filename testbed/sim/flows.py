@@ -1,14 +1,16 @@
 """The TCP state of a flow in the flow model (testbed.sim.network): its pair of endpoints'
-connections and window, what is left of its bytes and of its round's window, and how a
+connections and window (on a lossy path, each connection's own, and the pieces of the
+message each holds), what is left of its bytes and of its round's window, and how a
 round of slow start that changes nothing but the window moves them. Pure."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from testbed.plan.pacing import PACING_RATIO, paced
+from testbed.plan.striping import CHUNKS_AT_START, chunk_bytes
 from testbed.plan.tcp_model import (
     MSS,
     LossResponse,
@@ -32,7 +34,8 @@ by K in a dilated topology."""
 
 @dataclass
 class Pair:
-    """The TCP connections between two endpoints, and their congestion window."""
+    """The TCP connections between two endpoints, and their congestion window: one for
+    all on a clean path, where they are alike; one each on a lossy one (`cycles`)."""
 
     connections: int
     window: float
@@ -49,23 +52,20 @@ class Pair:
     loss: float = 0.0
     """The packet loss of its path (a network event changes it for its next message)."""
     cwnd: float = INITIAL_WINDOW
+    """Per connection, bytes: on a lossy path, the mean of its connections' (`cycles`)."""
     last_active: float = float("-inf")
     active: int = 0
     coaster: Flow | None = None
     """Its flow while that flow's rounds run implicitly (FluidNetwork's coasting)."""
-    ssthresh: float = float("inf")
-    w_max: float = 0.0
-    """The window at the last loss, per connection (CUBIC's W_max)."""
-    epoch: float = 0.0
-    """When the last loss was."""
-    since_loss: float = 0.0
-    """Bytes each connection sent since its last loss."""
+    cycles: list[LossCycle] = field(default_factory=list)
+    """Each connection's window under random loss, from its first lossy round on."""
     buffers_window: float = 0.0
-    """`window` as the buffers set it, while a settled loss cycle sets `window`."""
+    """`window` as the buffers set it, while settled loss cycles set `window`."""
     settled: bool = False
-    """Its loss cycle repeats: its window is the cycle's mean, and no loss is tracked."""
-    conserved: bool = False
-    """BBR: its last round was one of recovery's packet conservation."""
+    """Every connection's loss cycle repeats: its window is their mean, and no loss is
+    tracked."""
+    stripes: Stripes | None = None
+    """While one message rides its lossy connections: how (`open_round`)."""
 
     def begin(self, now: float) -> None:
         """Linux's restart after idle: the window halves for every RTO the pair sat idle,
@@ -73,18 +73,63 @@ class Pair:
         if self.active == 0 and self.restart_after_idle:
             idle = now - self.last_active
             rto = self.rto_min + self.rtt
-            while idle > rto and self.cwnd > INITIAL_WINDOW:
-                self.cwnd = max(INITIAL_WINDOW, self.cwnd / 2)
-                idle -= rto
+            self.cwnd = _restarted(self.cwnd, idle, rto)
+            if self.cycles:
+                for cycle in self.cycles:
+                    cycle.cwnd = _restarted(cycle.cwnd, idle, rto)
+                self.cwnd = self._mean_window()
         self.active += 1
+
+    def restart_window(self) -> None:
+        """After an outage TCP has timed out: every connection from the initial window (and
+        the message is dealt again from what is left)."""
+        self.cwnd = INITIAL_WINDOW
+        self.stripes = None
+        for cycle in self.cycles:
+            cycle.cwnd = INITIAL_WINDOW
 
     def end(self, now: float) -> None:
         self.active -= 1
         self.last_active = now
+        if not self.active:
+            self.stripes = None
 
     def round_budget(self) -> float:
         """Bytes one flow of this pair may send in a round."""
         return self.connections * min(self.cwnd, self.window) / max(1, self.active)
+
+    def open_round(self, remaining: float, size: float) -> float:
+        """The bytes a round lets the pair's one flow send, with `remaining` of its message
+        of `size` bytes unsent. Where its connections' windows are one, that is their
+        sum. On a lossy path each has its own, and the message rides them as the
+        transport deals it (testbed.plan.striping): each connection takes
+        CHUNKS_AT_START pieces as it starts, and the next piece whenever what it holds
+        falls short of its window, in turn; each sends what it holds, up to its window.
+        So a connection slowed by an early loss keeps the pieces it took, and the message
+        waits for them."""
+        if self.connections == 1 or self.loss <= 0.0 or self.active != 1 or not self.lossy:
+            self.stripes = None
+            return self.round_budget()
+        cycles = self._loss_cycles()
+        stripes = self.stripes
+        if stripes is None:
+            chunk = float(chunk_bytes(math.ceil(size), self.connections))
+            stripes = self.stripes = Stripes(chunk, [0.0] * self.connections)
+            unassigned = remaining
+            for _ in range(CHUNKS_AT_START):
+                unassigned = stripes.deal(unassigned, lambda _i: True)
+        else:
+            unassigned = remaining - sum(stripes.taken)
+        taken = stripes.taken
+        while unassigned > 0.0:
+            left = stripes.deal(unassigned, lambda i: taken[i] < cycles[i].cwnd)
+            if left == unassigned:
+                break
+            unassigned = left
+        stripes.sends = [min(cycle.cwnd, held) for cycle, held in zip(cycles, taken,
+                                                                      strict=True)]
+        stripes.window = self.round_budget()
+        return sum(stripes.sends)
 
     def paced_cap(self) -> float:
         """bit/s one flow of the pair may send while its window grows: paced senders
@@ -115,10 +160,12 @@ class Pair:
         return self.response.beta < 1.0 or self.cwnd < self.window
 
     def set_loss(self, loss: float) -> None:
-        """The path's loss for its next message: a new rate starts its loss cycle anew."""
-        if loss != self.loss and self.settled:
-            self.settled, self.window = False, self.buffers_window
-            self.ssthresh, self.since_loss = float("inf"), 0.0
+        """The path's loss for its next message: a new rate starts settled loss cycles
+        anew, and no loss ends them."""
+        if loss != self.loss and (self.settled or loss <= 0.0):
+            if self.settled:
+                self.settled, self.window = False, self.buffers_window
+            self.cycles = []
         self.loss = loss
 
     def tail_wait(self, last_round_bytes: float) -> float:
@@ -141,41 +188,149 @@ class Pair:
 
     def acked(self, nbytes: float, now: float = 0.0) -> None:
         """Slow start: every byte acknowledged grows the window by a byte (so a window
-        used in full doubles per RTT), up to the socket buffers' limit. On a lossy path,
-        a round that brings a connection's bytes since its last loss to 1/loss packets
-        has a loss (the mean path of Mathis et al. 1997's periodic model): the window
-        drops by the congestion control's factor and grows back as it does
-        (LossResponse.window_after)."""
+        used in full doubles per RTT), up to the socket buffers' limit. On a lossy path
+        each connection keeps its own window (LossCycle), and carries the round's bytes
+        in proportion to it, as the transport deals a message's chunks to the
+        connections with room."""
         if not self.lossy:
             self.cwnd = min(self.window, self.cwnd + nbytes / self.connections)
             return
         assert self.response is not None
-        per_connection = nbytes / self.connections
-        self.since_loss += per_connection
-        if self.response.beta >= 1.0:  # BBR: a round of recovery conserves packets
-            if self.since_loss >= MSS / self.loss and not self.conserved:
-                self.since_loss, self.conserved = 0.0, True
+        cycles = self._loss_cycles()
+        if self.stripes is not None:
+            sent = self.stripes.sent(nbytes)
+        else:
+            total = sum(cycle.cwnd for cycle in cycles)
+            sent = [nbytes * (cycle.cwnd / total) for cycle in cycles]
+        for cycle, each in zip(cycles, sent, strict=True):
+            cycle.carried += each
+            if not cycle.settled:
+                cycle.acked(each, now, self.response, self.loss, self.window, self.rtt)
+        self.cwnd = self._mean_window()
+        if all(cycle.settled for cycle in cycles):
+            self.settled, self.buffers_window = True, self.window
+            self.window = self.cwnd
+
+    def _loss_cycles(self) -> list[LossCycle]:
+        """Its connections' windows on a lossy path, each from the pair's window as its
+        first lossy round starts."""
+        if not self.cycles:
+            self.cycles = [LossCycle(self.cwnd, first) for first in
+                           first_losses(self.connections)]
+        return self.cycles
+
+    def _mean_window(self) -> float:
+        return sum(cycle.cwnd for cycle in self.cycles) / len(self.cycles)
+
+
+@dataclass
+class Stripes:
+    """One message as it rides a lossy pair's connections (Pair.open_round)."""
+
+    chunk: float
+    """Its piece size (testbed.plan.striping)."""
+    taken: list[float]
+    """Per connection, the bytes of the pieces it has taken and not yet sent."""
+    sends: list[float] = field(default_factory=list)
+    """Per connection, what it sends in the round under way."""
+    window: float = 0.0
+    """The connections' windows' bytes as that round opened."""
+
+    def deal(self, unassigned: float, wants: Callable[[int], bool]) -> float:
+        """One piece, in turn, to each connection that `wants` one; what is left."""
+        for i in range(len(self.taken)):
+            if unassigned > 0.0 and wants(i):
+                piece = min(self.chunk, unassigned)
+                self.taken[i] += piece
+                unassigned -= piece
+        return unassigned
+
+    def sent(self, nbytes: float) -> list[float]:
+        """The round's `nbytes`, per connection (each in proportion to what it was to
+        send, where the round sent less), taken off what each holds."""
+        planned = sum(self.sends)
+        scale = nbytes / planned if planned > 0.0 else 0.0
+        sent = [each * scale for each in self.sends]
+        self.taken = [max(0.0, held - each) for held, each in zip(self.taken, sent,
+                                                                  strict=True)]
+        return sent
+
+
+def _restarted(cwnd: float, idle: float, rto: float) -> float:
+    """A window after `idle` seconds without sending: halved per RTO, down to the initial
+    window."""
+    while idle > rto and cwnd > INITIAL_WINDOW:
+        cwnd = max(INITIAL_WINDOW, cwnd / 2)
+        idle -= rto
+    return cwnd
+
+
+def first_losses(connections: int) -> list[float]:
+    """Where each of a pair's connections loses its first packet, in units of 1/loss
+    packets it sent: the k-th earliest of N where the k-th smallest of N exponential
+    draws of mean 1 falls on average, H_N - H_(N-k) (H: the harmonic numbers; Rényi's
+    representation of exponential order statistics). One connection alone loses first
+    after 1/loss packets, as every later loss comes (LossCycle); of sixteen, the first
+    after 0.06/loss and the last after 3.4/loss."""
+    harmonic = [0.0]
+    for n in range(1, connections + 1):
+        harmonic.append(harmonic[-1] + 1.0 / n)
+    return [harmonic[connections] - harmonic[connections - k] for k in range(1, connections + 1)]
+
+
+@dataclass
+class LossCycle:
+    """One connection's window on a lossy path: a loss every 1/loss packets it sends (the
+    mean path of Mathis et al. 1997's periodic model), the first after `first` of those;
+    at a loss the window drops by the congestion control's factor and grows back as it
+    does (LossResponse.window_after)."""
+
+    cwnd: float
+    first: float
+    """Before its first loss, its share of 1/loss packets it sends until then; 1 after."""
+    ssthresh: float = float("inf")
+    w_max: float = 0.0
+    """The window at the last loss (CUBIC's W_max)."""
+    epoch: float = 0.0
+    """When the last loss was."""
+    since_loss: float = 0.0
+    """Bytes sent since its last loss."""
+    carried: float = 0.0
+    """Bytes it sent in the rounds its own window set (those a loss may end: once every
+    connection's window settles or, for BBR, fills the buffers, the pair sends as one)."""
+    settled: bool = False
+    """Its loss cycle repeats: its window is the cycle's mean, and no loss is tracked."""
+    conserved: bool = False
+    """BBR: its last round was one of recovery's packet conservation."""
+
+    def acked(self, nbytes: float, now: float, response: LossResponse, loss: float,
+              window: float, rtt: float) -> None:
+        """A round that brought its `nbytes` acknowledged: its window grows, or drops
+        where those bring its bytes since its last loss to its next loss."""
+        self.since_loss += nbytes
+        if response.beta >= 1.0:  # BBR: a round of recovery conserves packets
+            if self.since_loss >= self.first * MSS / loss and not self.conserved:
+                self.since_loss, self.conserved, self.first = 0.0, True, 1.0
             else:
                 self.conserved = False
-                self.cwnd = min(self.window, self.cwnd + per_connection)
+                self.cwnd = min(window, self.cwnd + nbytes)
             return
-        if self.since_loss >= MSS / self.loss:
+        if self.since_loss >= self.first * MSS / loss:
             previous, cycle_s = self.w_max, now - self.epoch
-            self.since_loss = 0.0
-            self.w_max = min(self.cwnd, self.window)
-            self.cwnd = self.ssthresh = max(2 * MSS, self.w_max * self.response.beta)
+            self.since_loss, self.first = 0.0, 1.0
+            self.w_max = min(self.cwnd, window)
+            self.cwnd = self.ssthresh = max(2 * MSS, self.w_max * response.beta)
             self.epoch = now
             if abs(self.w_max - previous) <= SETTLED * previous and cycle_s > 0:
                 # the cycle repeats: its mean window from now on, without a round each
                 # round trip (which a short round trip would make millions of)
-                self.settled, self.buffers_window = True, self.window
-                self.window = self.cwnd = min(self.window,
-                                              MSS / self.loss / cycle_s * self.rtt)
+                self.settled = True
+                self.cwnd = min(window, MSS / loss / cycle_s * rtt)
         elif self.cwnd < self.ssthresh:
-            self.cwnd = min(self.window, self.cwnd + per_connection)
+            self.cwnd = min(window, self.cwnd + nbytes)
         else:
-            grown = self.response.window_after(now - self.epoch, self.rtt, self.w_max)
-            self.cwnd = min(self.window, max(self.cwnd, min(grown, self.cwnd + per_connection)))
+            grown = response.window_after(now - self.epoch, rtt, self.w_max)
+            self.cwnd = min(window, max(self.cwnd, min(grown, self.cwnd + nbytes)))
 
 
 def pair_between(topology: Topology, src_dc: str, dst_dc: str, connections: int, rtt: float,

@@ -139,7 +139,7 @@ class FluidNetwork:
             flow = self.flows[fid]
             self._settle(now, flow, inclusive=False)  # its round ending now would come after
             flow.progress(now)
-            flow.pair.cwnd = INITIAL_WINDOW
+            flow.pair.restart_window()
             flow.steady = False
             self._new_round(now, flow)
 
@@ -158,7 +158,7 @@ class FluidNetwork:
             flow.budget = flow.round_budget = flow.round_end = float("inf")
         else:
             flow.round_id += 1
-            flow.budget = flow.round_budget = pair.round_budget()
+            flow.budget = flow.round_budget = pair.open_round(flow.remaining, flow.size)
             flow.round_end = now + pair.rtt
             self.schedule(
                 flow.round_end,
@@ -279,12 +279,12 @@ class FluidNetwork:
         del self.flows[flow.id]
         for resource in flow.resources:
             self.users[resource].discard(flow.id)
-        flow.pair.end(now)
         levels = self._kept.get(flow.resources[0])
         if levels is not None and flow.id not in levels.members:
             levels = None
         tail = flow.pair.tail_wait(self._last_round_bytes(flow, levels)) \
             if flow.pair.loss else 0.0
+        flow.pair.end(now)
         if levels is not None:
             link = levels.members[flow.id].link
             if levels.leave(flow.id, now) and not levels.stale:
@@ -306,8 +306,9 @@ class FluidNetwork:
         if flow.steady or levels is not None:
             rate = levels.rate(flow.id) if levels is not None else flow.rate
             sent = rate / 8 * flow.pair.rtt
-        else:
-            sent = flow.round_budget
+        else:  # the windows', also where a striped message's last pieces fill fewer
+            stripes = flow.pair.stripes
+            sent = flow.round_budget if stripes is None else stripes.window
         return min(sent, flow.size)
 
     def _component(self, resources: tuple[str, ...]) -> tuple[list[Flow], set[str]]:

@@ -10,7 +10,7 @@ import functools
 import itertools
 
 from testbed.sim.agenda import Agenda
-from testbed.sim.flows import pair_between
+from testbed.sim.flows import Pair, pair_between
 from testbed.sim.network import FluidNetwork
 from testbed.topology.model import Topology
 
@@ -20,6 +20,13 @@ def one_transfer_s(topology: Topology, src_dc: str, dst_dc: str, nbytes: int,
     """Seconds from the first byte sent to the last received; `warm`: the connections'
     windows are already open (as between a training run's iterations with slow start
     after idle off), else they start from the initial window."""
+    return one_transfer(topology, src_dc, dst_dc, nbytes, connections, warm)[0]
+
+
+def one_transfer(topology: Topology, src_dc: str, dst_dc: str, nbytes: int,
+                 connections: int, warm: bool) -> tuple[float, Pair]:
+    """`one_transfer_s`, and the connections as the message left them (on a lossy path,
+    each one's window and what it carried: Pair.cycles)."""
     agenda = Agenda()
     network = FluidNetwork({"wan": topology.bottleneck_bps(src_dc, dst_dc)}, agenda.at)
     latency = topology.one_way_latency(src_dc, dst_dc)
@@ -30,7 +37,7 @@ def one_transfer_s(topology: Topology, src_dc: str, dst_dc: str, nbytes: int,
     done: list[float] = []
     network.start(0.0, nbytes, ("wan",), pair, latency, done.append)
     agenda.run()
-    return done[0]
+    return done[0], pair
 
 
 def burst_rounds_s(topology: Topology, src_dc: str, dst_dc: str, flows: int, nbytes: int,
