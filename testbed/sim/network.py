@@ -139,6 +139,8 @@ class FluidNetwork:
             flow = self.flows[fid]
             self._settle(now, flow, inclusive=False)  # its round ending now would come after
             flow.progress(now)
+            if not flow.steady:  # what the round the outage cut short sent, its windows saw
+                flow.pair.acked(flow.round_budget - flow.budget, now)
             flow.pair.restart_window()
             flow.steady = False
             self._new_round(now, flow)
