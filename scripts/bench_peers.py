@@ -72,7 +72,10 @@ FROM_S, TO_S = 5.0, 20.0
 """The seconds of each share measurement (iperf3 leaves out the first five)."""
 
 
-def emulator(parts: list[str], congestions: tuple[str, ...], repeat: int) -> dict[str, Any]:
+def emulator(parts: list[str], congestions: tuple[str, ...], repeat: int, seed: int = 0
+             ) -> dict[str, Any]:
+    """`seed`: the delay lines' for random loss (the lossy parts: loss, stripes,
+    ceiling)."""
     import peer_emulator
 
     out: dict[str, Any] = {}
@@ -83,13 +86,13 @@ def emulator(parts: list[str], congestions: tuple[str, ...], repeat: int) -> dic
     if "long" in parts:
         out["long"] = [peer_emulator.transfer(c, repeat) for c in long_cases(congestions)]
     if "loss" in parts:
-        out["loss"] = [peer_emulator.transfer(c, max(1, repeat - 1))
+        out["loss"] = [peer_emulator.transfer(c, max(1, repeat - 1), seed=seed)
                        for c in loss_cases(congestions)]
     if "stripes" in parts:
-        out["stripes"] = [peer_emulator.transfer(c, repeat, per_connection=True)
+        out["stripes"] = [peer_emulator.transfer(c, repeat, per_connection=True, seed=seed)
                           for c in stripe_cases(congestions)]
     if "ceiling" in parts:
-        out["ceiling"] = [peer_emulator.transfer(CEILING, repeat)]
+        out["ceiling"] = [peer_emulator.transfer(CEILING, repeat, seed=seed)]
     if "inflight" in parts:
         out["inflight"] = [peer_emulator.in_flight(c) for c in long_cases(("cubic",))
                            for _ in range(repeat)]
@@ -438,6 +441,10 @@ def main() -> None:
                         help="recorded emulator runs to compare with (repeatable)")
     parser.add_argument("--congestion", default="cubic,bbr")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the emulator's delay lines' seed for random loss: a recording "
+                             "to pool with an earlier one needs another, or it draws the "
+                             "same losses again")
     parser.add_argument("--scale", default="1000,2000,5000,10000")
     parser.add_argument("--fluid-limit", type=int, default=100000,
                         help="most flows the simulator's own run is measured at")
@@ -454,7 +461,7 @@ def main() -> None:
     args = parser.parse_args()
     congestions = tuple(args.congestion.split(","))
     if args.emulator:
-        data = emulator(args.emulator.split(","), congestions, args.repeat)
+        data = emulator(args.emulator.split(","), congestions, args.repeat, args.seed)
         if args.emulator_json:
             args.emulator_json.write_text(json.dumps(data, indent=1))
         return

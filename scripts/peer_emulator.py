@@ -137,10 +137,12 @@ def bursts(case: BurstCase, rounds: int) -> dict[str, Any]:
             "every_s": case.every_s, "paced": pace > 0, "rounds": by_round, **machine}
 
 
-def transfer(case: TransferCase, repeat: int, per_connection: bool = False
+def transfer(case: TransferCase, repeat: int, per_connection: bool = False, seed: int = 0
              ) -> dict[str, Any]:
     """The case's message over fresh connections, paced where the plan paces: seconds
-    from its first byte sent to the receiver having it whole. `per_connection` (the
+    from its first byte sent to the receiver having it whole. `seed`: the delay lines'
+    for their random loss (the runs of one call draw on in turn; a call with the same
+    seed draws the same losses again). `per_connection` (the
     `stripes` part): each connection's TCP state is also sampled every 10 ms (`ss -tin`
     in the sender's namespace), and each run lists per connection the bytes it carried of
     the message, the slow-start threshold its first loss set (in segments; None where it
@@ -148,7 +150,7 @@ def transfer(case: TransferCase, repeat: int, per_connection: bool = False
     topology = transfer_topology(case)
     size = int(case.megabytes * 1e6)
     pace = _pace(topology, size)
-    network = bring_up(topology)
+    network = bring_up(topology, seed=seed)
     runs = []
     try:
         for _ in range(repeat):
@@ -157,7 +159,8 @@ def transfer(case: TransferCase, repeat: int, per_connection: bool = False
                     else contextlib.nullcontext() as connections:
                 (seconds,) = timed_messages(network, "east-0", "west-0", case.connections, 1,
                                             size, pace, timeout_s=900)
-            run: dict[str, Any] = {"seconds": seconds, **_machine(network, before)}
+            run: dict[str, Any] = {"seconds": seconds, "seed": seed,
+                                   **_machine(network, before)}
             if connections is not None:
                 run["connections"] = connections
             runs.append(run)
