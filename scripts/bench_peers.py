@@ -432,6 +432,20 @@ def scale(sizes: list[int], peers: dict[str, Any], fluid_limit: int, simgrid_lim
     return rows
 
 
+def measured_with(earlier: dict[str, Any]) -> dict[str, Any] | None:
+    """The peers found by the run that measured the ns-3 and SimGrid figures an earlier
+    output holds: its own, or, where it kept them from another, that run's (an older
+    output names it at the end of a chain of `kept_from`)."""
+    kept: dict[str, Any] | None = earlier.get("peers_kept_from")
+    if kept is None:
+        found: dict[str, Any] | None = earlier.get("peers")
+        return found
+    while "measured_with" not in kept and kept.get("kept_from"):
+        kept = kept["kept_from"]
+    found = kept.get("measured_with", kept.get("peers"))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--emulator", default="",
@@ -503,9 +517,9 @@ def main() -> None:
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
     out["machine"]["load_at_end"] = os.getloadavg()
-    if earlier:  # whose figures of the cases --peers-from kept, and whose that file kept
+    if earlier:  # whose figures of the cases --peers-from kept, and who measured them
         out["peers_kept_from"] = {"file": args.peers_from.name, "peers": earlier.get("peers"),
-                                  "kept_from": earlier.get("peers_kept_from")}
+                                  "measured_with": measured_with(earlier)}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     sys.stdout.flush()

@@ -638,3 +638,20 @@ def test_bbr_keeps_its_window_after_an_idle_where_cubic_and_reno_restart_theirs(
                           "wan": [{"between": ["east", "west"], "latency": "20ms",
                                    "bandwidth": "1Gbit"}]}, "off.yaml")
     assert not pair_between(off, "east", "west", 1, 0.04, size).restart_after_idle
+
+
+def test_kept_peer_figures_name_the_run_that_measured_them() -> None:
+    """--peers-from keeps ns-3's and SimGrid's figures from an earlier output: the new
+    output names the peers of the run that measured them, however many outputs kept them
+    since (older outputs nest one `kept_from` per rerun)."""
+    measured_with = script("bench_peers").measured_with
+    first = {"ns3": "3.44.post0", "simgrid": "3.32.0"}
+    rerun = {"ns3": None, "simgrid": "3.32.0"}
+    assert measured_with({"peers": first}) == first
+    nested = {"peers": rerun, "peers_kept_from": {"file": "peers.json", "peers": rerun,
+                                                  "kept_from": {"file": "peers.json",
+                                                                "peers": first}}}
+    assert measured_with(nested) == first
+    flat = {"peers": rerun, "peers_kept_from": {"file": "peers.json", "peers": rerun,
+                                                "measured_with": first}}
+    assert measured_with(flat) == first
