@@ -610,7 +610,7 @@ def _ctrl_c_live() -> None:
 
 @pytest.mark.parametrize("group", [True, False])
 def test_a_stop_while_atlas_plans_on_several_cores_leaves_no_worker_and_no_traceback(
-        group: bool) -> None:
+        group: bool, tmp_path: Path) -> None:
     """Ctrl-C reaches the terminal's whole process group, the planning process's workers
     among them: they leave it to that process, which ends in one line. SIGTERM to that
     process alone kills it: its workers die with it (not each with a broken pipe's
@@ -619,7 +619,7 @@ def test_a_stop_while_atlas_plans_on_several_cores_leaves_no_worker_and_no_trace
         [str(Path(sys.executable).parent / "testbed"), "simulate",
          str(ROOT / "topologies" / "paper-3dc.yaml"), "-p", "atlas", "--iterations", "50"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        preexec_fn=_ctrl_c_live)
+        preexec_fn=_ctrl_c_live, cwd=tmp_path)  # its results directory: not the checkout's
     deadline = time.monotonic() + 120
     workers: list[int] = []
     while len(workers) < 2:  # the pool is open: planning is under way
