@@ -5,6 +5,7 @@ round of slow start that changes nothing but the window moves them. Pure."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -189,9 +190,9 @@ class Pair:
     def acked(self, nbytes: float, now: float = 0.0) -> None:
         """Slow start: every byte acknowledged grows the window by a byte (so a window
         used in full doubles per RTT), up to the socket buffers' limit. On a lossy path
-        each connection keeps its own window (LossCycle), and carries the round's bytes
-        in proportion to it, as the transport deals a message's chunks to the
-        connections with room."""
+        each connection keeps its own window (LossCycle) and is acknowledged what it sent
+        of the round: what `open_round` had it send of the pieces it holds, or, without
+        pieces (several flows on the pair), a share in proportion to its window."""
         if not self.lossy:
             self.cwnd = min(self.window, self.cwnd + nbytes / self.connections)
             return
@@ -272,9 +273,7 @@ def first_losses(connections: int) -> list[float]:
     representation of exponential order statistics). One connection alone loses first
     after 1/loss packets, as every later loss comes (LossCycle); of sixteen, the first
     after 0.06/loss and the last after 3.4/loss."""
-    harmonic = [0.0]
-    for n in range(1, connections + 1):
-        harmonic.append(harmonic[-1] + 1.0 / n)
+    harmonic = [0.0, *itertools.accumulate(1.0 / n for n in range(1, connections + 1))]
     return [harmonic[connections] - harmonic[connections - k] for k in range(1, connections + 1)]
 
 

@@ -285,7 +285,7 @@ class FluidNetwork:
         if levels is not None and flow.id not in levels.members:
             levels = None
         tail = flow.pair.tail_wait(self._last_round_bytes(flow, levels)) \
-            if flow.pair.loss else 0.0
+            if flow.pair.loss else 0.0  # before `end`, which lets the message's pieces go
         flow.pair.end(now)
         if levels is not None:
             link = levels.members[flow.id].link
