@@ -323,7 +323,8 @@ def model_stripes(case: TransferCase) -> dict[str, Any]:
 def compare_stripes(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each striped run's connections: the least and the most of an even share of the
     message a connection carried (the transport deals its chunks to the connections with
-    room), how many left slow start, the smallest threshold a first loss set and what
+    room), how many left slow start (and of those, how many without a retransmission: not
+    a loss, CUBIC's HyStart, ended it), the smallest threshold a first loss set and what
     that connection carried, beside the same figures of the simulator's run."""
     rows = []
     for entry in recorded:
@@ -335,6 +336,7 @@ def compare_stripes(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
             carried = [c["bytes_acked"] for c in run["connections"]]
             left = [c for c in run["connections"] if c["first_ssthresh"] is not None]
             earliest = min(left, key=lambda c: c["first_ssthresh"], default=None)
+            unlost = [c["first_ssthresh"] for c in left if not c["retransmits"]]
             row = {"case": case.name, "congestion": case.congestion, "loss": case.loss,
                    "connections": case.connections, "megabytes": case.megabytes,
                    "emulator_s": run["seconds"],
@@ -344,7 +346,8 @@ def compare_stripes(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
                    else earliest["first_ssthresh"],
                    "earliest_share": None if earliest is None
                    else earliest["bytes_acked"] / even,
-                   "packets_per_connection": even / MSS,
+                   "left_without_loss": len(unlost),
+                   "thresholds_without_loss": [min(unlost), max(unlost)] if unlost else None,
                    **model, "machine_bound": run["machine_bound"]}
             print(json.dumps(row), flush=True)
             rows.append(row)

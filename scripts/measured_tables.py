@@ -572,7 +572,25 @@ def peers_stripes(report: dict[str, Any]) -> str:
             f"(the simulator: {min(r['model_least_share'] for r in stripes):.2f} to "
             f"{max(r['model_most_share'] for r in stripes):.2f}); the connection whose "
             f"first loss came earliest carried the least in {least} of {len(earliest)} runs, "
-            f"and in the simulator in {model_least} of {len(cases)} cases.")
+            f"and in the simulator in {model_least} of {len(cases)} cases."
+            + _without_loss(stripes))
+
+
+def _without_loss(stripes: list[dict[str, Any]]) -> str:
+    """Per case, the connections whose slow start ended without a retransmission."""
+    parts = []
+    for case in dict.fromkeys(r["case"] for r in stripes):
+        runs = [r for r in stripes if r["case"] == case]
+        ranges = [r["thresholds_without_loss"] for r in runs if r["thresholds_without_loss"]]
+        if ranges:
+            first = runs[0]
+            parts.append(f"{sum(r['left_without_loss'] for r in runs)} of "
+                         f"{sum(r['sampled'] for r in runs)} at {first['loss']:.2%} over "
+                         f"{first['connections']} connections, at "
+                         f"{min(low for low, _ in ranges):,.0f}-"
+                         f"{max(high for _, high in ranges):,.0f} segments")
+    return (" Connections that left slow start without a single retransmission (not a loss "
+            f"ended it): {'; '.join(parts)}.") if parts else ""
 
 
 def peers_scale(report: dict[str, Any]) -> str:

@@ -655,3 +655,20 @@ def test_kept_peer_figures_name_the_run_that_measured_them() -> None:
     flat = {"peers": rerun, "peers_kept_from": {"file": "peers.json", "peers": rerun,
                                                 "measured_with": first}}
     assert measured_with(flat) == first
+
+
+def test_the_stripes_table_counts_slow_starts_that_no_loss_ended() -> None:
+    """A connection whose threshold was set without a retransmission (CUBIC's HyStart
+    ended its slow start, not a loss) is counted per case, with the thresholds' range."""
+    bench_peers = script("bench_peers")
+    recorded = {"case": "loss-cubic-0.001-4", "rtt_ms": 50.0, "congestion": "cubic",
+                "loss": 1e-3, "connections": 4, "megabytes": 20.0,
+                "runs": [{"seconds": 0.9, "machine_bound": False, "connections": [
+                    {"bytes_acked": 5e6, "first_ssthresh": t, "retransmits": r}
+                    for t, r in [(560.0, 0.0), (430.0, 0.0), (69.0, 2.0), (None, 0.0)]]}]}
+    with contextlib.redirect_stdout(io.StringIO()):
+        (row,) = bench_peers.compare_stripes([recorded])
+    assert (row["left_without_loss"], row["thresholds_without_loss"]) == (2, [430.0, 560.0])
+    assert script("measured_tables").peers_stripes({"stripes": [row]}).endswith(
+        " Connections that left slow start without a single retransmission (not a loss "
+        "ended it): 2 of 4 at 0.10% over 4 connections, at 430-560 segments.")
