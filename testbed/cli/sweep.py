@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import statistics
-from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import click
@@ -149,8 +145,7 @@ def _run(sweep: Sweep, grid: list[Point], run: Runner, where: str,
     finished = [len(done)]
     label = f"simulating {plural(len(grid), 'point')} on {where}"
     try:
-        with _terminate_raises(), reporter.counting(label, len(grid), "point",
-                                                    len(done)) as steps:
+        with reporter.counting(label, len(grid), "point", len(done)) as steps:
 
             def store(index: int, found: list[Row]) -> None:
                 sweep.record(grid[index], found)
@@ -167,21 +162,6 @@ def _run(sweep: Sweep, grid: list[Point], run: Runner, where: str,
 def _named(point: Point) -> str:
     """A point as a progress line names it: its knobs' values."""
     return ", ".join(f"{key}={value}" for key, value in point.values) or f"point {point.index}"
-
-
-@contextlib.contextmanager
-def _terminate_raises() -> Iterator[None]:
-    """SIGTERM raises Terminated, so the workers are stopped and the points kept (Ctrl-C
-    keeps Python's own KeyboardInterrupt, which a policy's code passes on: policy.guard)."""
-
-    def raise_terminated(_signum: int, _frame: FrameType | None) -> None:
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _medians(table: list[Row], keys: list[str]) -> list[Row]:
