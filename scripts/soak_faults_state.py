@@ -30,8 +30,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from testbed.common.owners import process_start_ticks  # noqa: E402
 from testbed.emulator.net import cleanup  # noqa: E402
-from testbed.emulator.net.state import process_start_ticks  # noqa: E402
 from testbed.emulator.net.sweep import descendants  # noqa: E402
 from testbed.emulator.net.sweep_leftovers import identity  # noqa: E402
 from tests.private_host import gone_pid, private_host, run_record  # noqa: E402

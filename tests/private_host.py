@@ -17,8 +17,9 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
+from testbed.common import owners
+from testbed.common.owners import process_start_ticks
 from testbed.emulator.net import cleanup, netns, state, sweep_leftovers
-from testbed.emulator.net.state import process_start_ticks
 
 WORKER = f"testbed-test-worker-{os.getpid()}"
 """The module `down` here takes for one of ours (cleanup.OUR_MODULES)."""
@@ -125,7 +126,8 @@ def private_host(root: Path, marks: Collection[str] = ()) -> Iterator[Host]:
         return real_find(only=marks)
 
     patches: list[tuple[Any, str, Any]] = [
-        (state, "STATE_DIR", host.states), (netns, "NETNS_DIR", host.netns),
+        (state, "STATE_DIR", host.states), (owners, "STATE_DIR", host.states),
+        (netns, "NETNS_DIR", host.netns),
         (netns, "ETC_NETNS", root / "etc-netns"),
         (netns, "list_namespaces", lambda: sorted(host.present())),
         (netns, "remove_namespace", remove_namespace),

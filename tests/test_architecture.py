@@ -55,9 +55,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "emulator.runtime.launch": {"common", "emulator.net", "emulator.runtime.coordinator",
                                 "emulator.runtime.wire", "emulator.runtime.worker", "job",
                                 "metrics", "policy", "report", "scenario", "topology"},
-    "emulator": {"common", "emulator.net", "emulator.runtime.coordinator",
-                 "emulator.runtime.worker", "inference", "job", "metrics", "plan", "policy",
-                 "report", "run", "topology"},
+    "emulator": {"common", "emulator.runtime.coordinator", "emulator.runtime.worker",
+                 "inference", "job", "metrics", "plan", "policy", "report", "run",
+                 "topology"},
     # above both backends: what picks one and hands the emulator the simulator's prediction
     # (run.py), the planning entry that wires the simulator into a policy's planning
     # (planning.py); emulator.net: a sweep marks its worker processes so that `testbed

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.emulator.net.state import process_start_ticks
+from testbed.common.owners import process_start_ticks
 from testbed.emulator.resume import load_resumption
 from testbed.errors import InputError
 from testbed.run.checkpoint import (

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from testbed.common.owners import process_start_ticks
 from testbed.emulator.net import cleanup, netns, state
-from testbed.emulator.net.state import process_start_ticks
 
 from .private_host import Host, private_host
 from .private_host import gone_pid as _gone_pid

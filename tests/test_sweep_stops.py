@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from testbed.common.owners import identity, process_start_ticks
 from testbed.emulator.net import cleanup, sweep_leftovers
-from testbed.emulator.net.state import process_start_ticks
 from testbed.emulator.net.sweep import descendants
-from testbed.emulator.net.sweep_leftovers import MARK, OWNER_FILE, RAY_PREFIX, identity
+from testbed.emulator.net.sweep_leftovers import MARK, OWNER_FILE, RAY_PREFIX
 from testbed.experiments.sweep_store import POINTS_FILE
 
 from .private_host import private_host

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from testbed.common.choices import EmulatedCompute
-from testbed.emulator.net.state import process_start_ticks
+from testbed.common.owners import process_start_ticks
 from testbed.emulator.resume import checkpoints_for
 from testbed.emulator.runtime.coordinator.coordinator import Coordinator, Interrupted
 from testbed.emulator.runtime.coordinator.health import Health

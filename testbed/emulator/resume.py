@@ -25,8 +25,8 @@ from testbed.common.fields import (
 from testbed.common.fsutil import own_directory, write_atomic
 from testbed.common.input_files import MAX_CSV_BYTES, MAX_YAML_BYTES, read_input
 from testbed.common.jsonio import read_json
+from testbed.common.owners import process_start_ticks
 from testbed.common.yamlio import to_yaml
-from testbed.emulator.net.state import process_start_ticks
 from testbed.errors import InputError
 from testbed.job.load import dump_job, load_job
 from testbed.plan.load import load_plan

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.common.jsonio import read_json
+from testbed.common.owners import process_start_ticks
 from testbed.common.units import plural
 from testbed.emulator.net import netns as kernel
 from testbed.emulator.net.delayline import DelayLineStats
@@ -33,7 +34,6 @@ from testbed.emulator.net.state import (
     ProcessRecord,
     RunState,
     new_run_id,
-    process_start_ticks,
     state_lock,
 )
 from testbed.emulator.net.teardown import ALLOWED_CC, clean_state

@@ -25,9 +25,9 @@ from typing import Any, TypedDict
 from testbed.common.codec import JsonObject
 from testbed.common.fsutil import write_atomic
 from testbed.common.jsonio import read_json
+from testbed.common.owners import STATE_DIR, process_start_ticks
 from testbed.errors import InputError
 
-STATE_DIR = Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed"))
 SCHEMA = 1
 
 
@@ -314,19 +314,6 @@ def damaged_states() -> list[DamagedState]:
 
 def damaged_state_files() -> list[Path]:
     return [d.path for d in damaged_states()]
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """A live process's start time in clock ticks, to tell it from a later one with the same
-    pid; None once it has exited."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] in ("Z", "X"):
-        return None  # exited; only waiting to be reaped
-    return int(fields[19])
 
 
 def process_state(pid: int) -> str | None:

@@ -21,7 +21,7 @@ from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed.emulator.net.state import process_start_ticks
+from testbed.common.owners import gone, identity, process_start_ticks
 
 MARK = "TESTBED_SWEEP"
 RAY_FOLDER = "TESTBED_SWEEP_RAY_TEMP"
@@ -31,22 +31,6 @@ OWNER_FILE = "testbed-sweep"
 """In a local Ray instance's temporary folder: the identity of the sweep that made it."""
 GRACE_S = 5.0
 """How long SIGKILLed processes get to be gone, before their folders are removed."""
-
-
-def identity(pid: int | None = None) -> str:
-    """A process as a mark names it: `PID-TICKS` (its start time tells it from a later
-    process with the same pid)."""
-    pid = os.getpid() if pid is None else pid
-    return f"{pid}-{process_start_ticks(pid) or 0}"
-
-
-def gone(mark: str) -> bool:
-    """Whether the sweep a mark names has provably exited (a mark that does not read as
-    one names nothing, and nothing of it is removed)."""
-    pid, _, ticks = mark.partition("-")
-    if not (pid.isdigit() and ticks.isdigit() and int(pid) > 0 and int(ticks) > 0):
-        return False
-    return process_start_ticks(int(pid)) != int(ticks)
 
 
 @contextlib.contextmanager

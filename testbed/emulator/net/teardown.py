@@ -11,8 +11,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from testbed.common.owners import process_start_ticks
 from testbed.emulator.net import netns as kernel
-from testbed.emulator.net.state import ProcessRecord, RunState, all_states, process_start_ticks
+from testbed.emulator.net.state import ProcessRecord, RunState, all_states
 from testbed.emulator.net.sweep import GROUP_PREFIX, remove_group, sweep_namespaces
 
 ALLOWED_CC = "net.ipv4.tcp_allowed_congestion_control"

@@ -13,11 +13,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol, TextIO
 
+from testbed.common.owners import process_start_ticks
 from testbed.emulator.net.layout import Layout, Node, build_layout
 from testbed.emulator.net.link_changes import change_link
 from testbed.emulator.net.network import Network, bring_up, tear_down
 from testbed.emulator.net.network import Progress as Say
-from testbed.emulator.net.state import ProcessRecord, process_start_ticks
+from testbed.emulator.net.state import ProcessRecord
 from testbed.emulator.runtime.coordinator.exits import exit_reason
 from testbed.emulator.runtime.coordinator.health import delay_line_lateness
 from testbed.topology.cluster import Cluster

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from testbed.emulator.net.state import ProcessRecord, process_start_ticks
+from testbed.common.owners import process_start_ticks
+from testbed.emulator.net.state import ProcessRecord
 from testbed.emulator.net.sweep import RankGroups
 from testbed.emulator.runtime.coordinator.exits import resident_bytes
 from testbed.emulator.runtime.launch.metric_lines import metric_in_output, parse_metric
