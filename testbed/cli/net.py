@@ -264,10 +264,10 @@ def down(run: str | None, stop_live: bool) -> None:
     """Remove what runs of testbed left behind: namespaces, delay lines, workers.
 
     Also what killed sweeps left: their workers, a local Ray instance's processes and
-    folder. Safe to run at any time; it touches only what testbed recorded, marked or
-    named as its own, and leaves runs and sweeps that are still alive alone. RUN (a run
-    id, see `testbed net ls`) removes that run only, stopping it if it is alive; --all
-    stops live runs too.
+    folder; and the results directories killed commands had made and left empty. Safe to
+    run at any time; it touches only what testbed recorded, marked or named as its own,
+    and leaves runs and sweeps that are still alive alone. RUN (a run id, see `testbed net
+    ls`) removes that run only, stopping it if it is alive; --all stops live runs too.
     """
     from testbed.emulator.net.cleanup import down as clean
 

@@ -4,7 +4,9 @@ A generated name is created exclusively (the next suffix when another process ma
 first), and a process writing into a directory holds an exclusive lock on the directory
 itself (flock on its descriptor: no file is added, and the kernel drops the lock when the
 process dies, however it dies). So two runs never write into one directory, and
-`up --resume` cannot take over a run that is still going.
+`up --resume` cannot take over a run that is still going. A directory a command created
+is recorded while the command runs (testbed.common.made_dirs), so that `testbed down`
+removes it where a killed command left it empty.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from testbed.common import made_dirs
 from testbed.errors import InputError
 
 _held: dict[tuple[int, int], int] = {}
@@ -51,6 +54,7 @@ def claim(path: Path, what: str | None, made: bool = False) -> None:
     _lock(path, what)
     if made:
         _made.append(path)
+        made_dirs.record(_made)
 
 
 @contextlib.contextmanager
@@ -61,6 +65,8 @@ def released() -> Iterator[None]:
     finally:
         for path in reversed(_made):
             remove_if_empty(path)
+        if _made:
+            made_dirs.forget()
         _made.clear()
         for fd in _held.values():
             os.close(fd)

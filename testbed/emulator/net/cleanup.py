@@ -11,6 +11,7 @@ from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from testbed.common import made_dirs
 from testbed.common.units import plural
 from testbed.emulator.net import netns as kernel
 from testbed.emulator.net import sweep_leftovers
@@ -39,11 +40,13 @@ class DownReport:
     """Live runs asked to stop that tore themselves down."""
     folders: list[str] = field(default_factory=list)
     """Killed sweeps' Ray folders."""
+    directories: list[str] = field(default_factory=list)
+    """Results directories killed commands had created and left empty."""
 
     @property
     def nothing(self) -> bool:
         return not (self.runs or self.namespaces or self.processes or self.stopped
-                    or self.folders)
+                    or self.folders or self.directories)
 
     def summary(self) -> list[str]:
         """What `testbed down` prints when it is done."""
@@ -54,12 +57,16 @@ class DownReport:
         if self.nothing:
             lines.append("nothing to remove" + (f" ({plural(len(self.live), 'live run')} left "
                                                 "alone)" if self.live else ""))
-        elif self.runs or self.namespaces or self.processes or self.folders:
+        elif self.runs or self.namespaces or self.processes or self.folders \
+                or self.directories:
             folders = f", {plural(len(self.folders), 'sweep folder')}" if self.folders else ""
+            named = plural(len(self.directories), "empty results directory",
+                           "empty results directories")
+            empty = f", {named}" if self.directories else ""
             lines.append(f"removed {plural(len(self.runs), 'run')}, "
                          f"{plural(len(self.namespaces), 'namespace')}, "
                          f"{plural(len(self.processes), 'stray process', 'stray processes')}"
-                         f"{folders}")
+                         f"{folders}{empty}")
         return lines
 
 
@@ -92,7 +99,8 @@ def down(say: Callable[[str], None] = lambda _m: None, grace_s: float = 5.0,
     """Remove what runs left behind. A live run is left alone unless it is named (`run`)
     or `stop_live` is set; then it is asked to stop first. With no `run` named, stray
     processes of ours that belong to no live run, scratch namespaces whose maker has
-    exited and what killed sweeps left go too. Nothing is ours by its name alone: a
+    exited, what killed sweeps left and the results directories killed commands left
+    empty go too. Nothing is ours by its name alone: a
     topology chooses its names.
 
     A state file that does not read as a run's (damaged, or another version's) is
@@ -161,6 +169,7 @@ def down(say: Callable[[str], None] = lambda _m: None, grace_s: float = 5.0,
     report.problems += sweep_leftovers.remove(sweeps)
     report.processes += list(sweeps.processes)
     report.folders += [str(f) for f in sweeps.folders]
+    report.directories += [str(d) for d in made_dirs.remove_left()]
     return report
 
 
