@@ -218,15 +218,13 @@ class Plan:
     @property
     def has_outer_steps(self) -> bool:
         """Whether any GPU runs an OUTER_STEP (a DiLoCo-like plan)."""
-        lists = {id(actions): actions for program in self.all_programs()
-                 for actions in program.values()}  # a stage's GPUs share one list
-        return any(a.op is Op.OUTER_STEP for actions in lists.values() for a in actions)
+        return any(a.op is Op.OUTER_STEP for actions in self.action_lists() for a in actions)
 
     @property
     def keeps_outer_model(self) -> bool:
         """Whether every stage syncs deltas into outer parameters (a DiLoCo-family plan):
         the model such a run keeps is the outer one, not its replicas' local ones."""
-        syncing = {a.stage for program in self.all_programs() for actions in program.values()
+        syncing = {a.stage for actions in self.action_lists()
                    for a in actions if a.op.is_collective and a.op is not Op.OUTER_STEP
                    and a.subject.reduces is Reduces.DELTAS}
         return bool(syncing) and syncing == set(range(self.pp))
@@ -240,6 +238,13 @@ class Plan:
         """`actions` and then `programs`: every iteration program, numbered as `cycle`
         numbers them."""
         return (self.actions, *self.programs)
+
+    def action_lists(self) -> list[tuple[Action, ...]]:
+        """Every GPU's action list of every program, each list once: the GPUs of a stage
+        and the replicas alike share one (build_plan), so a plan of thousands of GPUs has
+        a handful, where going by GPU would read each thousands of times."""
+        return list({id(actions): actions for program in self.all_programs()
+                     for actions in program.values()}.values())
 
     def program_of(self, iteration: int) -> int:
         """Which program iteration `iteration` runs."""
@@ -295,8 +300,8 @@ class Plan:
     def features(self) -> frozenset[Feature]:
         """What of torch's schedule language the plan uses beyond one stage per GPU and
         whole backwards (a backend refuses what it does not run: `refuse_features`)."""
-        ops = {leaf.op for program in self.all_programs() for actions in program.values()
-               for a in actions for leaf in (a, *a.parts)}
+        ops = {leaf.op for actions in self.action_lists() for a in actions
+               for leaf in (a, *a.parts)}
         return frozenset(
             {Feature.VIRTUAL} if self.stages_per_gpu > 1 else set()) | frozenset(
             feature for feature, uses in _FEATURE_OPS.items() if uses & ops)
@@ -357,8 +362,7 @@ class Plan:
     @property
     def payloads(self) -> dict[str, str]:
         """Each payload its collectives name (the job's dtype left out), in words."""
-        named = sorted({a.subject.payload for program in self.all_programs()
-                        for actions in program.values() for a in actions
+        named = sorted({a.subject.payload for actions in self.action_lists() for a in actions
                         if a.op.is_collective and a.subject.payload})
         return {payload: payload_format(payload) for payload in named}
 
