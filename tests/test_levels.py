@@ -134,6 +134,26 @@ def test_kept_shares_give_the_whole_solves_bytes_and_times(case: Case) -> None:
             assert probe[fid] == pytest.approx(left, rel=1e-9, abs=1e-3), fid
 
 
+def test_a_flow_of_the_same_pair_on_other_links_halves_the_others_share_of_its_window(
+        ) -> None:
+    """Two flows of one pair start together over different links: each may take half the
+    pair's window per round trip. Solving every component whole gave the first the whole
+    window (the second's start re-solved only the second's links); kept shares gave it
+    half (a case Hypothesis found)."""
+    capacity = {**dict.fromkeys(LINKS, 1e9), **dict.fromkeys(NICS, 1e10)}
+
+    def start(at: float, nbytes: float, resources: tuple[str, ...]) -> Start:
+        return Start(at, nbytes, resources, 0.02, 0.0, 4e6, True, 0)
+
+    case = Case(capacity, (start(0.0, 1e4, ("nic0", "wan0")), start(0.0, 10001.0, ("nic0", "wan0")),
+                           start(1.0, 1e4, ("nic0", "wan0")), start(1.0, 1e4, ("nic1", "wan1"))),
+                (), ())
+    half_window = 4e6 * 8 / 0.02 / 2  # bit/s
+    for incremental_from in (1, 10**9):
+        arrived, _, _ = _run(case, incremental_from)
+        assert arrived[2] == arrived[3] == pytest.approx(1.0 + 1e4 * 8 / half_window)
+
+
 @pytest.mark.parametrize("changes", [
     (), ((8.0, "capacity", "wan:0>1", 5e8), (9.0, "retime", "3", 0.05),
          (12.0, "restart", "wan:2>3", 0.0), (15.0, "capacity", "up:1-7", 2e7))])

@@ -57,6 +57,9 @@ class FluidNetwork:
     flows: dict[int, Flow] = field(default_factory=dict)
     users: dict[str, set[int]] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
+    _of_pair: dict[int, set[int]] = field(default_factory=dict)
+    """The flows under way of each pair (by the pair's id): a flow starting or ending
+    changes what each of the others may take of the pair's window and weight."""
     _dirty: set[str] = field(default_factory=set)
     """Resources whose flows changed at this instant and share anew at its end."""
     _flush_pending: bool = False
@@ -106,9 +109,13 @@ class FluidNetwork:
         self.flows[flow.id] = flow
         for resource in resources:
             self.users.setdefault(resource, set()).add(flow.id)
+        siblings = self._of_pair.setdefault(id(pair), set())
+        siblings.add(flow.id)
         self._open_round(now, flow)
         if not self._kept or not self._join(now, flow):
             self._share(now, flow)
+        if len(siblings) > 1:
+            self._pair_changed(now, flow)
 
     def remaining(self, now: float) -> dict[int, float]:
         """Bytes each flow still has to send at `now`, by flow id (in start order)."""
@@ -281,6 +288,10 @@ class FluidNetwork:
         del self.flows[flow.id]
         for resource in flow.resources:
             self.users[resource].discard(flow.id)
+        siblings = self._of_pair[id(flow.pair)]
+        siblings.discard(flow.id)
+        if not siblings:
+            del self._of_pair[id(flow.pair)]
         levels = self._kept.get(flow.resources[0])
         if levels is not None and flow.id not in levels.members:
             levels = None
@@ -297,9 +308,25 @@ class FluidNetwork:
             shared = tuple(r for r in flow.resources if self.users[r])
             if shared:  # the flows left on its links share anew
                 self._reallocate(now, shared)
+        if siblings:
+            self._pair_changed(now, flow)
         self.schedule(now + flow.latency + tail, flow.on_arrival)
         if flow.on_sent is not None:
             flow.on_sent(now)
+
+    def _pair_changed(self, now: float, flow: Flow) -> None:
+        """`flow` started or ended while others of its pair were under way: what each of
+        them may take of the pair's window and weight changed, so every one whose links
+        are not the flow's own (those share anew already) shares anew in its component."""
+        for fid in self._of_pair.get(id(flow.pair), ()):
+            other = self.flows[fid]
+            if other is flow or other.resources == flow.resources:
+                continue
+            levels = self._kept.get(other.resources[0])
+            if levels is not None and fid in levels.members:
+                self._release(now, levels)
+            else:
+                self._reallocate(now, other.resources)
 
     @staticmethod
     def _last_round_bytes(flow: Flow, levels: Levels | None) -> float:
