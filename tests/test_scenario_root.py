@@ -57,7 +57,9 @@ def test_a_bandwidth_trace_on_the_live_link_agrees_with_the_simulator(tmp_path: 
     # the trace more than halves the throughput; the emulator, following it on the live
     # link, stays within a bound this busy machine keeps (the benchmark has the figure)
     assert simulated["tokens_per_s"] < 0.5 * calm["tokens_per_s"]
-    assert emulated["tokens_per_s"] == pytest.approx(simulated["tokens_per_s"], rel=0.25)
+    assert emulated["tokens_per_s"] == pytest.approx(simulated["tokens_per_s"], rel=0.25), (
+        {k: emulated[k] for k in ("iteration_time_s", "emulation", "scenario", "wall_s")},
+        simulated["iteration_time_s"])  # what the run had: once 45% slow, cause not found
     assert emulated["scenario"]["traces"][0]["steps"] == 4
     marks = [s for s in json.loads((tmp_path / "emulated" / "spans.json").read_text())["spans"]
              if s["kind"] == "net_event"]
