@@ -371,7 +371,7 @@ class Flow:
     """The window is at its limit: ACK-clocked at window/RTT, no more rounds to track."""
     round_end: float = float("inf")
     coasting: bool = False
-    """Its rounds from `round_end` on are plain (`plain_round`) and run implicitly, each
+    """Its rounds from `round_end` on are plain (testbed.sim.coast) and run implicitly, each
     when something reads the flow, none by an event of its own."""
     coast_id: int = 0
     """Tells a coast's last event from an earlier coast's."""
@@ -392,47 +392,3 @@ def cap(flow: Flow) -> float:
     if flow.steady or (pair.lossy and pair.cwnd >= pair.window):
         return pair.steady_cap()
     return pair.paced_cap() if pair.paced else float("inf")
-
-
-State = tuple[float, float, float, float, float]
-"""(updated, remaining, budget, round_budget, cwnd): what a round of a flow changes."""
-
-
-def state_of(flow: Flow) -> State:
-    return flow.updated, flow.remaining, flow.budget, flow.round_budget, flow.pair.cwnd
-
-
-def plain_round(flow: Flow, now: float, state: State) -> State | None:
-    """The flow's state after its round that ends at `now`, if that round is plain: the
-    flow sends at a rate its cap does not set, before and after (so no share changes),
-    its window stays short of the socket buffers, and neither its bytes nor its next
-    round's window run out before that round ends (so no event of its own is due). None
-    otherwise. Step for step the arithmetic of a round end (FluidNetwork._round_over):
-    progress, Pair.acked, the round's opening and the flow's next event, so that rounds
-    run here come out to the bit as if each had its own event."""
-    pair = flow.pair
-    if pair.lossy:
-        return None
-    updated, remaining, budget, round_budget, cwnd = state
-    # max and min written out (the same values): a large run calls this a million times
-    sent = flow.rate / 8 * (now - updated)
-    remaining -= sent
-    if not remaining > 0.0:
-        remaining = 0.0
-    budget -= sent
-    if not budget > 0.0:
-        budget = 0.0
-    window, rtt = pair.window, pair.rtt
-    active = pair.active if pair.active > 1 else 1
-    old_cap = PACING_RATIO * (pair.connections * (cwnd if cwnd <= window else window)
-                              / active) * 8 / rtt if pair.paced else float("inf")
-    cwnd += (round_budget - budget) / pair.connections
-    if cwnd >= window:
-        return None
-    budget = pair.connections * cwnd / active
-    new_cap = PACING_RATIO * budget * 8 / rtt if pair.paced else float("inf")
-    if not (flow.rate < old_cap and flow.rate < new_cap):
-        return None
-    if now + (remaining if remaining <= budget else budget) * 8 / flow.rate <= now + rtt:
-        return None
-    return now, remaining, budget, budget, cwnd

@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from testbed.plan.tcp_model import MSS as MSS
 from testbed.plan.tcp_model import PAYLOAD_EFFICIENCY as PAYLOAD_EFFICIENCY
 from testbed.plan.tcp_model import WINDOW_EFFICIENCY as WINDOW_EFFICIENCY
+from testbed.sim.coast import LOOKAHEAD, catch_up, plain_round, run_round, state_of
 from testbed.sim.flows import INITIAL_WINDOW as INITIAL_WINDOW
 from testbed.sim.flows import RTO_MIN as RTO_MIN
-from testbed.sim.flows import Flow, cap, plain_round, state_of
+from testbed.sim.flows import Flow, cap
 from testbed.sim.flows import Pair as Pair
 from testbed.sim.levels import Levels
 from testbed.sim.max_min import max_min as max_min
@@ -197,7 +198,7 @@ class FluidNetwork:
             self._share(now, flow)
 
     def _coast(self, now: float, flow: Flow) -> bool:
-        """Where this round and the next ones are plain (testbed.sim.flows.plain_round),
+        """Where this round and the next ones are plain (testbed.sim.coast.plain_round),
         run this one and leave the next ones to run when the flow is next read
         (`_settle`), with one event at the end of the first that is not plain (or of the
         LOOKAHEAD-th): each plain round's event would only have scheduled the next round.
@@ -213,7 +214,7 @@ class FluidNetwork:
             ahead, end, probe = ahead + 1, end + flow.pair.rtt, after
         if not ahead:
             return False
-        _run(flow, now, state)
+        run_round(flow, now, state)
         flow.coasting, flow.pair.coaster = True, flow
         flow.coast_id += 1
         self.schedule(end, functools.partial(self._coast_over, flow=flow, coast_id=flow.coast_id))
@@ -224,7 +225,7 @@ class FluidNetwork:
         then it ends as any round does."""
         if flow.id not in self.flows or not flow.coasting or flow.coast_id != coast_id:
             return
-        _catch_up(flow, now, inclusive=False)
+        catch_up(flow, now, inclusive=False)
         flow.coasting, flow.pair.coaster = False, None
         self._round_over(now, flow, flow.round_id)
 
@@ -235,7 +236,7 @@ class FluidNetwork:
         gets the event it would have had."""
         if not flow.coasting:
             return
-        _catch_up(flow, now, inclusive)
+        catch_up(flow, now, inclusive)
         flow.coasting, flow.pair.coaster = False, None
         self.schedule(flow.round_end,
                       functools.partial(self._round_over, flow=flow, round_id=flow.round_id))
@@ -481,27 +482,3 @@ class FluidNetwork:
         if done > flow.round_end:
             return
         self.schedule(done, functools.partial(self._event, flow_id=flow.id, version=flow.version))
-
-
-LOOKAHEAD = 64
-"""Rounds a coast looks ahead at most: a flow read early in a long coast is looked ahead
-for again when it next coasts."""
-
-
-def _run(flow: Flow, now: float, state: tuple[float, float, float, float, float]) -> None:
-    """Apply a plain round ending at `now`, as its event would have: the new state, the
-    next round open, the flow's event known to fall after it."""
-    flow.updated, flow.remaining, flow.budget, flow.round_budget, flow.pair.cwnd = state
-    flow.paused, flow.scheduled = False, True
-    flow.round_id += 1
-    flow.version += 1
-    flow.round_end = now + flow.pair.rtt
-
-
-def _catch_up(flow: Flow, until: float, inclusive: bool) -> None:
-    """Run the coasting flow's plain rounds that end before `until` (or at it)."""
-    while flow.round_end < until or (inclusive and flow.round_end == until):
-        state = plain_round(flow, flow.round_end, state_of(flow))
-        if state is None:
-            return
-        _run(flow, flow.round_end, state)
