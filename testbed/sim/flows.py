@@ -108,7 +108,7 @@ class Pair:
         falls short of its window, in turn; each sends what it holds, up to its window.
         So a connection slowed by an early loss keeps the pieces it took, and the message
         waits for them."""
-        if self.connections == 1 or self.loss <= 0.0 or self.active != 1 or not self.lossy:
+        if self.connections == 1 or self.active != 1 or not self.lossy:
             self.stripes = None
             return self.round_budget()
         cycles = self._loss_cycles()
