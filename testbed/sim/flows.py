@@ -16,6 +16,7 @@ from testbed.plan.tcp_model import (
     MSS,
     LossResponse,
     in_flight_bytes,
+    in_flight_under_loss,
     loss_response,
     restarts_after_idle,
     rtt_bias,
@@ -40,7 +41,9 @@ class Pair:
 
     connections: int
     window: float
-    """Per connection, bytes."""
+    """Per connection, bytes: the most it keeps in flight. Made with what its buffers allow
+    (`buffers`), then that under its path's loss (in_flight_under_loss), or, once its loss
+    cycles settle, their mean."""
     rtt: float
     restart_after_idle: bool
     rto_min: float = RTO_MIN
@@ -60,13 +63,17 @@ class Pair:
     """Its flow while that flow's rounds run implicitly (FluidNetwork's coasting)."""
     cycles: list[LossCycle] = field(default_factory=list)
     """Each connection's window under random loss, from its first lossy round on."""
-    buffers_window: float = 0.0
-    """`window` as the buffers set it, while settled loss cycles set `window`."""
+    buffers: float = field(init=False)
+    """The `window` it was made with: what its buffers allow on a clean path."""
     settled: bool = False
     """Every connection's loss cycle repeats: its window is their mean, and no loss is
     tracked."""
     stripes: Stripes | None = None
     """While one message rides its lossy connections: how (`open_round`)."""
+
+    def __post_init__(self) -> None:
+        self.buffers = self.window
+        self.window = in_flight_under_loss(self.buffers, self.loss)
 
     def begin(self, now: float) -> None:
         """Linux's restart after idle: the window halves for every RTO the pair sat idle,
@@ -155,7 +162,7 @@ class Pair:
     @property
     def lossy(self) -> bool:
         """Whether random loss on its path sets its window, round by round (for BBR,
-        until its window reaches the buffers': it grows no further, whatever is lost)."""
+        until its window reaches `window`: it grows no further, whatever is lost)."""
         if self.response is None or self.loss <= 0.0 or self.settled:
             return False
         return self.response.beta < 1.0 or self.cwnd < self.window
@@ -163,11 +170,12 @@ class Pair:
     def set_loss(self, loss: float) -> None:
         """The path's loss for its next message: a new rate starts settled loss cycles
         anew, and no loss ends them."""
-        if loss != self.loss and (self.settled or loss <= 0.0):
-            if self.settled:
-                self.settled, self.window = False, self.buffers_window
-            self.cycles = []
+        if loss == self.loss:
+            return
+        if self.settled or loss <= 0.0:
+            self.settled, self.cycles = False, []
         self.loss = loss
+        self.window = in_flight_under_loss(self.buffers, loss)
 
     def tail_wait(self, last_round_bytes: float) -> float:
         """How much later, on average, a message's last byte arrives on a lossy path than
@@ -209,8 +217,7 @@ class Pair:
                 cycle.acked(each, now, self.response, self.loss, self.window, self.rtt)
         self.cwnd = self._mean_window()
         if all(cycle.settled for cycle in cycles):
-            self.settled, self.buffers_window = True, self.window
-            self.window = self.cwnd
+            self.settled, self.window = True, self.cwnd
 
     def _loss_cycles(self) -> list[LossCycle]:
         """Its connections' windows on a lossy path, each from the pair's window as its
