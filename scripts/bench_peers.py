@@ -46,6 +46,7 @@ from peer_cases import (
     BurstCase,
     ShareCase,
     TransferCase,
+    between_cases,
     burst_cases,
     burst_topology,
     long_cases,
@@ -74,7 +75,7 @@ FROM_S, TO_S = 5.0, 20.0
 
 def emulator(parts: list[str], congestions: tuple[str, ...], repeat: int, seed: int = 0
              ) -> dict[str, Any]:
-    """`seed`: the delay lines' for random loss (the lossy parts: loss, stripes,
+    """`seed`: the delay lines' for random loss (the lossy parts: loss, between, stripes,
     ceiling)."""
     import peer_emulator
 
@@ -88,6 +89,9 @@ def emulator(parts: list[str], congestions: tuple[str, ...], repeat: int, seed: 
     if "loss" in parts:
         out["loss"] = [peer_emulator.transfer(c, max(1, repeat - 1), seed=seed)
                        for c in loss_cases(congestions)]
+    if "between" in parts:
+        out["between"] = [peer_emulator.transfer(c, repeat, seed=seed)
+                          for c in between_cases(congestions)]
     if "stripes" in parts:
         out["stripes"] = [peer_emulator.transfer(c, repeat, per_connection=True, seed=seed)
                           for c in stripe_cases(congestions)]
@@ -452,7 +456,8 @@ def measured_with(earlier: dict[str, Any]) -> dict[str, Any] | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--emulator", default="",
-                        help="parts to record: shares,bursts,long,loss,stripes,ceiling,inflight")
+                        help="parts to record: shares,bursts,long,loss,between,stripes,"
+                             "ceiling,inflight")
     parser.add_argument("--emulator-json", type=Path, help="where to record them")
     parser.add_argument("--from-emulator", type=Path, action="append", default=[],
                         help="recorded emulator runs to compare with (repeatable)")
@@ -487,7 +492,7 @@ def main() -> None:
     earlier: dict[str, Any] = {}
     if args.peers_from:
         earlier = json.loads(args.peers_from.read_text())
-        KEPT.update({row["case"]: row for part in ("shares", "long", "loss")
+        KEPT.update({row["case"]: row for part in ("shares", "long", "loss", "between")
                      for row in earlier.get(part, [])})
     peers = {"ns3": None if args.no_ns3 else peer_ns3.available(),
              "simgrid": simgrid_version()}
@@ -507,6 +512,7 @@ def main() -> None:
         "bursts": compare_bursts(recorded.get("bursts", [])),
         "long": compare_transfers(recorded.get("long", []), peers, ceiling),
         "loss": compare_transfers(recorded.get("loss", []), peers, ceiling),
+        "between": compare_transfers(recorded.get("between", []), peers, ceiling),
         "stripes": compare_stripes(recorded.get("stripes", [])),
         "inflight": recorded.get("inflight", []),
         "ceiling": [{"case": c["case"], "connections": c["connections"],

@@ -197,6 +197,8 @@ TABLES: dict[str, Table] = {
                           "scripts/bench_peers.py"),
     "peers-loss": Table(("benchmarks/peers.json",), _measured("peers_loss"),
                         "scripts/bench_peers.py"),
+    "peers-between": Table(("benchmarks/peers.json",), _measured("peers_between"),
+                           "scripts/bench_peers.py"),
     "peers-bursts": Table(("benchmarks/peers.json",), _measured("peers_bursts"),
                           "scripts/bench_peers.py"),
     "peers-long": Table(("benchmarks/peers.json",), _measured("peers_long"),

@@ -451,10 +451,10 @@ def _agreement(rows: list[dict[str, Any]], bound: float) -> str:
             f"own range (its fastest to its slowest run): {inside} of {len(rows)}.")
 
 
-def _ceiling_summary(report: dict[str, Any], bound: float) -> str:
-    """The cases with machine-bound runs against the simulator at the forwarding ceiling,
-    and where the cases lie that are outside `bound` even so."""
-    bound_rows = [r for r in report["loss"] if _shows_ceiling(r)]
+def _ceiling_summary(report: dict[str, Any], part: str, bound: float) -> str:
+    """The cases of `part` with machine-bound runs against the simulator at the
+    forwarding ceiling, and where the cases lie that are outside `bound` even so."""
+    bound_rows = [r for r in report[part] if _shows_ceiling(r)]
     if not bound_rows:
         return ""
     goodputs = [g for c in report.get("ceiling", []) for g in c["goodput_mbps"]]
@@ -465,7 +465,7 @@ def _ceiling_summary(report: dict[str, Any], bound: float) -> str:
     full = sum(abs(r["error"]) <= bound for r in bound_rows)
     capped = sum(abs(r["error_at_ceiling"]) <= bound for r in bound_rows)
     counted = [(r["loss"], r["error_at_ceiling"] if _shows_ceiling(r) else r["error"])
-               for r in report["loss"]]
+               for r in report[part]]
     outside = [(loss, error) for loss, error in counted if abs(error) > bound]
     losses = " and ".join(f"{loss:.2%}" for loss in sorted({loss for loss, _ in outside}))
     faster = sum(error < 0 for _, error in outside)
@@ -489,7 +489,17 @@ def peers_loss(report: dict[str, Any]) -> str:
     the emulator's forwarding ceiling."""
     rows = report["loss"]
     return (f"{_rows(_transfer_head(True), _transfer_rows(rows, True))}\n\n"
-            f"{_agreement(rows, LOSS_BOUND)}{_ceiling_summary(report, LOSS_BOUND)}")
+            f"{_agreement(rows, LOSS_BOUND)}{_ceiling_summary(report, 'loss', LOSS_BOUND)}")
+
+
+def peers_between(report: dict[str, Any]) -> str:
+    """The loss table's columns and summary for the loss rates between its own (`between`):
+    cases the loss model was not built on."""
+    rows = report.get("between", [])
+    if not rows:
+        return "No runs at loss rates between the loss cases' are recorded."
+    return (f"{_rows(_transfer_head(True), _transfer_rows(rows, True))}\n\n"
+            f"{_agreement(rows, LOSS_BOUND)}{_ceiling_summary(report, 'between', LOSS_BOUND)}")
 
 
 def peers_long(report: dict[str, Any]) -> str:

@@ -135,6 +135,16 @@ def loss_cases(congestions: tuple[str, ...]) -> list[TransferCase]:
             for cc in congestions for loss, mb in LOSS_MEGABYTES.items() for n in (1, 4, 16)]
 
 
+BETWEEN_MEGABYTES = {3e-4: 20.0, 3e-3: 4.0}
+"""Loss rates between the loss cases', for a check out of sample: the loss model was built
+on the loss cases' runs; these it did not see."""
+
+
+def between_cases(congestions: tuple[str, ...]) -> list[TransferCase]:
+    return [TransferCase(f"between-{cc}-{loss:g}-{n}", 50.0, "1Gbit", cc, loss, n, mb)
+            for cc in congestions for loss, mb in BETWEEN_MEGABYTES.items() for n in (1, 4)]
+
+
 def stripe_cases(congestions: tuple[str, ...]) -> list[TransferCase]:
     """The lossy cases over several connections at the loss rates where a connection's
     first loss most likely comes early in its slow start (0.1% and 1%)."""

@@ -414,8 +414,8 @@ def test_bench_peers_compares_the_recorded_runs(tmp_path: Path) -> None:
                    check=True, capture_output=True, text=True, timeout=1800)
     report = json.loads(out.read_text())
     measured_tables = script("measured_tables")
-    for table in ("peers_shares", "peers_bursts", "peers_loss", "peers_long", "peers_scale",
-                  "peers_inflight", "peers_stripes"):
+    for table in ("peers_shares", "peers_bursts", "peers_loss", "peers_between", "peers_long",
+                  "peers_scale", "peers_inflight", "peers_stripes"):
         assert getattr(measured_tables, table)(report).count("\n") >= 2
 
 
@@ -578,6 +578,25 @@ def test_the_loss_table_shows_the_ceiling_and_sums_up_agreement() -> None:
     assert tables.peers_loss(unbound).splitlines()[-1] == (
         "Within 15% of the emulator's median: 1 of 1 cases (errors from -10.0% to -10.0%); "
         "inside the emulator's own range (its fastest to its slowest run): 0 of 1.")
+
+
+def test_the_table_between_the_loss_rates_counts_its_own_rows() -> None:
+    """The loss rates between the loss cases' get the loss table's columns, and the summary
+    under them counts their rows alone (machine-bound ones against the ceiling too)."""
+    tables = script("measured_tables")
+    report = {"loss": [_row(1e-4, -0.10, 0)],
+              "between": [_row(3e-4, -0.20, 2, -0.05), _row(3e-3, +0.05, 0, inside=True)],
+              "ceiling": [{"goodput_mbps": [727.3], "delay_line_late_mean_ms": [10.0]}]}
+    lines = tables.peers_between(report).splitlines()
+    assert len(lines) == 2 + 2 + 2
+    assert lines[2].split(" | ")[1:3] == ["0.03%", "4"]
+    assert lines[-1].startswith(
+        "Within 15% of the emulator's median: 1 of 2 cases (errors from -20.0% to +5.0%); "
+        "inside the emulator's own range (its fastest to its slowest run): 1 of 2. Of the 1 "
+        "cases with machine-bound runs, within 15%: 0 against the simulator on the full "
+        "link, 1 against")
+    assert tables.peers_between({"loss": []}) == (
+        "No runs at loss rates between the loss cases' are recorded.")
 
 
 def test_the_long_flow_table_sums_up_agreement_within_five_percent() -> None:
