@@ -31,7 +31,7 @@ from testbed.plan.tcp_model import (
     loss_response,
 )
 from testbed.sim.agenda import Agenda
-from testbed.sim.flows import pair_between
+from testbed.sim.flows import INITIAL_WINDOW, LossCycle, pair_between
 from testbed.sim.network import FluidNetwork
 from testbed.sim.one_transfer import burst_rounds_s, one_transfer, one_transfer_s, shared_rates
 from testbed.topology import parse_topology
@@ -208,6 +208,31 @@ def test_what_losses_hold_of_a_buffer_is_what_a_packet_level_sender_keeps_in_fli
     assert 0.88 * closed <= drawn <= 1.02 * closed
     assert closed < buffer_packets
     assert in_flight_under_loss(buffer_packets * MSS, 0.0) == buffer_packets * MSS
+
+
+@pytest.mark.parametrize("congestion", ["cubic", "reno", "bbr"])
+def test_a_connection_fills_its_buffers_until_its_first_loss_and_less_after(
+        congestion: str) -> None:
+    """No hole holds a connection's buffers before its first loss: its window grows to
+    their whole window; from that loss on, no further than what they keep in flight under
+    loss (in_flight_under_loss), where BBR's, which loss does not shrink, settles."""
+    window, loss, rtt = 2060 * MSS, 1e-4, 0.05
+    held = in_flight_under_loss(window, loss)
+    response = loss_response(congestion)
+    assert response is not None
+    cycle = LossCycle(INITIAL_WINDOW, 1.0)
+    before, after, now = 0.0, [], 0.0
+    while len(after) < 400 and not cycle.settled:
+        cycle.acked(cycle.cwnd, now, response, loss, window, held, rtt)
+        now += rtt
+        if cycle.lost:
+            after.append(cycle.cwnd)
+        else:
+            before = max(before, cycle.cwnd)
+    assert before == window
+    assert after and max(after) <= held
+    if congestion == "bbr":
+        assert cycle.settled and cycle.cwnd == held
 
 
 @pytest.mark.parametrize("packets", [0.05, 0.5, 2.0, 20.0])

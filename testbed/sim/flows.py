@@ -41,9 +41,8 @@ class Pair:
 
     connections: int
     window: float
-    """Per connection, bytes: the most it keeps in flight. Made with what its buffers allow
-    (`buffers`), then that under its path's loss (in_flight_under_loss), or, once its loss
-    cycles settle, their mean."""
+    """Per connection, bytes: the most it keeps in flight, as its buffers allow (`buffers`),
+    or, once its loss cycles settle, their mean."""
     rtt: float
     restart_after_idle: bool
     rto_min: float = RTO_MIN
@@ -65,6 +64,9 @@ class Pair:
     """Each connection's window under random loss, from its first lossy round on."""
     buffers: float = field(init=False)
     """The `window` it was made with: what its buffers allow on a clean path."""
+    held: float = field(init=False)
+    """What its buffers allow a connection that has lost a packet on its path
+    (in_flight_under_loss): `buffers` on a clean one."""
     settled: bool = False
     """Every connection's loss cycle repeats: its window is their mean, and no loss is
     tracked."""
@@ -73,7 +75,7 @@ class Pair:
 
     def __post_init__(self) -> None:
         self.buffers = self.window
-        self.window = in_flight_under_loss(self.buffers, self.loss)
+        self.held = in_flight_under_loss(self.buffers, self.loss)
 
     def begin(self, now: float) -> None:
         """Linux's restart after idle: the window halves for every RTO the pair sat idle,
@@ -161,11 +163,9 @@ class Pair:
 
     @property
     def lossy(self) -> bool:
-        """Whether random loss on its path sets its window, round by round (for BBR,
-        until its window reaches `window`: it grows no further, whatever is lost)."""
-        if self.response is None or self.loss <= 0.0 or self.settled:
-            return False
-        return self.response.beta < 1.0 or self.cwnd < self.window
+        """Whether random loss on its path sets its window, round by round, until every
+        connection's loss cycle settles."""
+        return self.response is not None and self.loss > 0.0 and not self.settled
 
     def set_loss(self, loss: float) -> None:
         """The path's loss for its next message: a new rate starts settled loss cycles
@@ -173,9 +173,9 @@ class Pair:
         if loss == self.loss:
             return
         if self.settled or loss <= 0.0:
-            self.settled, self.cycles = False, []
+            self.settled, self.window, self.cycles = False, self.buffers, []
         self.loss = loss
-        self.window = in_flight_under_loss(self.buffers, loss)
+        self.held = in_flight_under_loss(self.buffers, loss)
 
     def tail_wait(self, last_round_bytes: float) -> float:
         """How much later, on average, a message's last byte arrives on a lossy path than
@@ -214,7 +214,8 @@ class Pair:
         for cycle, each in zip(cycles, sent, strict=True):
             cycle.carried += each
             if not cycle.settled:
-                cycle.acked(each, now, self.response, self.loss, self.window, self.rtt)
+                cycle.acked(each, now, self.response, self.loss, self.window, self.held,
+                            self.rtt)
         self.cwnd = self._mean_window()
         if all(cycle.settled for cycle in cycles):
             self.settled, self.window = True, self.cwnd
@@ -289,7 +290,9 @@ class LossCycle:
     """One connection's window on a lossy path: a loss every 1/loss packets it sends (the
     mean path of Mathis et al. 1997's periodic model), the first after `first` of those;
     at a loss the window drops by the congestion control's factor and grows back as it
-    does (LossResponse.window_after)."""
+    does (LossResponse.window_after). Up to its first loss its buffers let it keep their
+    whole window in flight; from then on the holes losses leave hold part of them (the
+    pair's `held`)."""
 
     cwnd: float
     first: float
@@ -303,40 +306,47 @@ class LossCycle:
     """Bytes sent since its last loss."""
     carried: float = 0.0
     """Bytes it sent in the rounds its own window set (those a loss may end: once every
-    connection's window settles or, for BBR, fills the buffers, the pair sends as one)."""
+    connection's window settles, the pair sends as one)."""
     settled: bool = False
     """Its loss cycle repeats: its window is the cycle's mean, and no loss is tracked."""
     conserved: bool = False
     """BBR: its last round was one of recovery's packet conservation."""
+    lost: bool = False
+    """It has lost a packet: the buffers keep `held` of their window in flight."""
 
     def acked(self, nbytes: float, now: float, response: LossResponse, loss: float,
-              window: float, rtt: float) -> None:
+              window: float, held: float, rtt: float) -> None:
         """A round that brought its `nbytes` acknowledged: its window grows, or drops
-        where those bring its bytes since its last loss to its next loss."""
+        where those bring its bytes since its last loss to its next loss. `window`: what
+        the buffers let it keep in flight before its first loss; `held`: after it."""
+        limit = held if self.lost else window
         self.since_loss += nbytes
         if response.beta >= 1.0:  # BBR: a round of recovery conserves packets
             if self.since_loss >= self.first * MSS / loss and not self.conserved:
                 self.since_loss, self.conserved, self.first = 0.0, True, 1.0
+                self.lost, self.cwnd = True, min(self.cwnd, held)
             else:
                 self.conserved = False
-                self.cwnd = min(window, self.cwnd + nbytes)
+                self.cwnd = min(limit, self.cwnd + nbytes)
+                # a window at what the buffers hold, loss does not shrink: it stays
+                self.settled = self.lost and self.cwnd >= held
             return
         if self.since_loss >= self.first * MSS / loss:
             previous, cycle_s = self.w_max, now - self.epoch
-            self.since_loss, self.first = 0.0, 1.0
-            self.w_max = min(self.cwnd, window)
+            self.since_loss, self.first, self.lost = 0.0, 1.0, True
+            self.w_max = min(self.cwnd, limit)
             self.cwnd = self.ssthresh = max(2 * MSS, self.w_max * response.beta)
             self.epoch = now
             if abs(self.w_max - previous) <= SETTLED * previous and cycle_s > 0:
                 # the cycle repeats: its mean window from now on, without a round each
                 # round trip (which a short round trip would make millions of)
                 self.settled = True
-                self.cwnd = min(window, MSS / loss / cycle_s * rtt)
+                self.cwnd = min(held, MSS / loss / cycle_s * rtt)
         elif self.cwnd < self.ssthresh:
-            self.cwnd = min(window, self.cwnd + nbytes)
+            self.cwnd = min(limit, self.cwnd + nbytes)
         else:
             grown = response.window_after(now - self.epoch, rtt, self.w_max)
-            self.cwnd = min(window, max(self.cwnd, min(grown, self.cwnd + nbytes)))
+            self.cwnd = min(limit, max(self.cwnd, min(grown, self.cwnd + nbytes)))
 
 
 def pair_between(topology: Topology, src_dc: str, dst_dc: str, connections: int, rtt: float,
