@@ -104,6 +104,16 @@ def test_host_names_resolve_in_every_namespace() -> None:
             check=True,
         )
         assert tcp.stdout.strip() == "cubic"
+        # a name or address the hosts file lacks fails at once, as a cluster's name server
+        # answers: no lookup waits out the resolver's 5 s for a server no namespace reaches
+        started = time.monotonic()
+        unknown = subprocess.run(
+            ["ip", "netns", "exec", network.netns_of("east-0"), "sh", "-c",
+             "for i in 1 2 3; do getent hosts 10.99.0.$i && exit 1; done; exit 0"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+        assert unknown.returncode == 0, unknown.stdout
+        assert time.monotonic() - started < 4.0
     finally:
         tear_down(network)
 

@@ -216,14 +216,25 @@ def write_root_sysctl(key: str, value: str) -> None:
     Path("/proc/sys", *key.split(".")).write_text(value)
 
 
-def write_hosts_file(ns_name: str, text: str) -> Path:
-    """`ip netns exec` bind-mounts /etc/netns/<ns>/hosts over /etc/hosts."""
+NO_NAME_SERVER = ("# testbed: the emulated WAN has no name server; its names are in hosts\n"
+                  "nameserver 127.0.0.1\n")
+"""The namespaces' resolv.conf. A lookup the hosts file cannot answer (torch's c10d asks
+the name of each socket it connects) is refused at once by the local port, as a cluster's
+name server answers at once; the machine's own server, which no namespace reaches, held
+it for the resolver's 5 s timeout whenever the router's ICMP errors (rate-limited) did not
+say so first."""
+
+
+def write_etc_files(ns_name: str, hosts: str) -> Path:
+    """`ip netns exec` bind-mounts each file of /etc/netns/<ns> over the one of /etc: the
+    emulated WAN's hosts, and its lack of a name server."""
     directory = ETC_NETNS / ns_name
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "hosts"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    for name, text in (("hosts", hosts), ("resolv.conf", NO_NAME_SERVER)):
+        path = directory / name
+        tmp = directory / f"{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, path)
     return directory
 
 

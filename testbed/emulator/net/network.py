@@ -228,7 +228,7 @@ def _build(network: Network, say: Progress) -> None:
     for ns in layout.namespaces():
         stop_point()
         kernel.create_namespace(ns)
-        kernel.write_hosts_file(ns, layout.hosts_file())
+        kernel.write_etc_files(ns, layout.hosts_file())
     _allow_congestion_controls(network)
     with kernel.Namespaces() as k:
         for ns in layout.namespaces():
