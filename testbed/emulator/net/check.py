@@ -23,9 +23,16 @@ def _exec(netns: str, args: list[str]) -> list[str]:
 
 
 def ping_rtts(
-    netns: str, address: str, count: int = 50, interval_s: float = 0.01, timeout_s: float = 60.0
+    netns: str,
+    address: str,
+    count: int = 50,
+    interval_s: float = 0.01,
+    timeout_s: float = 60.0,
+    reply_wait_s: float = 5.0,
 ) -> list[float]:
-    """Round-trip times in seconds, from our microsecond-resolution pinger in `netns`."""
+    """Round-trip times in seconds, from our microsecond-resolution pinger in `netns`; it
+    waits `reply_wait_s` after the last request for the replies still out (on a lossy
+    link, some never come)."""
     result = subprocess.run(
         _exec(
             netns,
@@ -38,6 +45,8 @@ def ping_rtts(
                 str(count),
                 "--interval",
                 f"{interval_s:g}",
+                "--timeout",
+                f"{reply_wait_s:g}",
             ],
         ),
         capture_output=True,
