@@ -24,6 +24,7 @@ import torch
 
 from testbed.emulator.runtime.coordinator.coordinator import Coordinator, RunFailed
 from testbed.emulator.runtime.coordinator.hosts import NamespaceHosts
+from testbed.emulator.runtime.coordinator.pool import STOP_GRACE_S
 from testbed.emulator.runtime.coordinator.run_config import RunConfig
 from testbed.emulator.runtime.coordinator.signals import run_with_signals
 from testbed.emulator.runtime.worker.compute.model import Corpus, build_model, loss_of, sample_index
@@ -313,11 +314,15 @@ def test_a_stopped_worker_is_named_by_the_stall(tmp_path: Path) -> None:
     thread, errors = _run_in_thread(coordinator)
     victim = next(w for w in coordinator.workers if w.gpu == "west-1")
     assert victim.process is not None
+    stopped_at = time.monotonic()
     os.kill(victim.process.pid, signal.SIGSTOP)
     thread.join(timeout=60)
     assert not thread.is_alive()
     assert errors and isinstance(errors[0], RunFailed)
     assert "stuck: west-1 (replica 1, stage 1) is stopped" in str(errors[0]), errors[0]
+    # the stall is seen within a second of its timeout; the stopped worker, which can heed
+    # neither the order to stop nor SIGTERM, is killed then, not given the others' grace
+    assert time.monotonic() - stopped_at < 3 + 1 + STOP_GRACE_S
 
 
 def test_a_dead_delay_line_is_reported_as_such(tmp_path: Path) -> None:

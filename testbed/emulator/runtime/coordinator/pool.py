@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TextIO
 
 from testbed.common.fsutil import open_fresh, own_directory
+from testbed.emulator.net.state import process_state
 from testbed.emulator.runtime.coordinator.exits import (
     SAMPLE_S,
     exit_reason,
@@ -176,7 +177,9 @@ class WorkerPool:
                 if w.process is not None or (w.pid and w.machine == self.machine)]
 
     async def stop(self) -> None:
-        """Every process gone: told to stop (or abort, if still training), then signalled."""
+        """Every process gone: told to stop (or abort, if still training), then signalled;
+        a stopped one (SIGSTOP) heeds neither an order nor SIGTERM: it is killed at once,
+        and the grace is the others'."""
         for handle in [*self.decoders, *self.launchers]:
             handle.finished = True  # their exit now is expected
         for handle in self.everyone:
@@ -184,6 +187,11 @@ class WorkerPool:
                 order = Stop() if handle.finished else Abort()
                 with contextlib.suppress(Exception):
                     await handle.tell(order)
+            process = handle.process
+            if process is not None and process.returncode is None and \
+                    process_state(process.pid) in ("T", "t"):
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGKILL)
         deadline = asyncio.get_running_loop().time() + STOP_GRACE_S
         for signum in (None, signal.SIGTERM, signal.SIGKILL):
             running = [h.process for h in self.everyone
