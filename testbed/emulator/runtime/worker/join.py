@@ -62,7 +62,7 @@ from testbed.emulator.runtime.wire.secret import (
 )
 from testbed.emulator.runtime.worker.process import run_loop
 from testbed.emulator.runtime.worker.share_events import LinkChanger
-from testbed.emulator.runtime.worker.stopping import until_signalled
+from testbed.emulator.runtime.worker.stopping import leave, until_signalled
 from testbed.emulator.runtime.worker.transport import clock
 from testbed.errors import TestbedError, one_line
 from testbed.topology import parse_topology
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         if network is not None:
             for problem in tear_down(network):
                 say(f"teardown: {problem}")
-    sys.exit(code or 0)
+    leave(code or 0)
 
 
 if __name__ == "__main__":

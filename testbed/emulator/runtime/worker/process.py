@@ -44,7 +44,7 @@ from testbed.emulator.runtime.wire.protocol import TOKEN_ENV, ProtocolError
 from testbed.emulator.runtime.worker.compute.engines import make_engines
 from testbed.emulator.runtime.worker.share_events import LinkChanger, apply_link_change
 from testbed.emulator.runtime.worker.stage_runner import StageRunner
-from testbed.emulator.runtime.worker.stopping import until_signalled
+from testbed.emulator.runtime.worker.stopping import leave, until_signalled
 from testbed.emulator.runtime.worker.synced_loss import synced_losses
 from testbed.emulator.runtime.worker.transport import clock
 from testbed.emulator.runtime.worker.transport.transport import Transport
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         print(f"worker {args.gpu}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         code = 1
-    sys.exit(code)
+    leave(code)
 
 
 if __name__ == "__main__":
