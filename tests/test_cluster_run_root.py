@@ -30,6 +30,7 @@ from testbed.emulator.net.layout import build_layout, prefix_for
 from testbed.emulator.net.namespace_cluster import namespace_machines
 from testbed.emulator.net.slots import free_slot
 from testbed.emulator.runtime.coordinator.coordinator import Coordinator, RunFailed
+from testbed.emulator.runtime.coordinator.pool import STOP_GRACE_S
 from testbed.emulator.runtime.coordinator.run_config import RunConfig
 from testbed.emulator.runtime.coordinator.signals import run_with_signals
 from testbed.emulator.runtime.worker.compute.reference import merge_stages, train_one_process
@@ -260,6 +261,10 @@ def test_a_machine_that_never_joins_is_named_when_the_join_timeout_ends(
     coordinator = _coordinator(tmp_path, cluster, silent, "emulated", join_timeout_s=2,
                                iterations=2)
     # m1's torchrun waits at the rendezvous for m2's: neither machine's processes start
+    started = time.monotonic()
     with pytest.raises(RunFailed, match=r"did not all start within 2 s; not joined: "
                                         r"m1 \(2 of 2\), m2 \(2 of 2\) \(torchrun starts"):
         asyncio.run(run_with_signals(coordinator))
+    # no order reaches a torchrun at its rendezvous: it is ended, not given the grace
+    # that workers told to stop get
+    assert time.monotonic() - started < 2 + STOP_GRACE_S

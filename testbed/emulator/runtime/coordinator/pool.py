@@ -178,8 +178,7 @@ class WorkerPool:
 
     async def stop(self) -> None:
         """Every process gone: told to stop (or abort, if still training), then signalled;
-        a stopped one (SIGSTOP) heeds neither an order nor SIGTERM: it is killed at once,
-        and the grace is the others'."""
+        those the grace would only wait out are signalled at once (`_past_grace`)."""
         for handle in [*self.decoders, *self.launchers]:
             handle.finished = True  # their exit now is expected
         for handle in self.everyone:
@@ -187,11 +186,9 @@ class WorkerPool:
                 order = Stop() if handle.finished else Abort()
                 with contextlib.suppress(Exception):
                     await handle.tell(order)
-            process = handle.process
-            if process is not None and process.returncode is None and \
-                    process_state(process.pid) in ("T", "t"):
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGKILL)
+        for process, now in self._past_grace():
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(now)
         deadline = asyncio.get_running_loop().time() + STOP_GRACE_S
         for signum in (None, signal.SIGTERM, signal.SIGKILL):
             running = [h.process for h in self.everyone
@@ -213,3 +210,20 @@ class WorkerPool:
                 handle.writer.close()
             if handle.log is not None:
                 handle.log.close()
+
+    def _past_grace(self) -> list[tuple[asyncio.subprocess.Process, signal.Signals]]:
+        """What no grace would end: a stopped process (SIGSTOP), which heeds neither an
+        order nor SIGTERM, is killed; a torchrun none of whose workers joined (still at
+        its rendezvous: no order reaches it, and only its workers' end would end it) is
+        sent SIGTERM."""
+        told = {h.machine for h in self.everyone if h.writer is not None}
+        signals = []
+        for handle in self.everyone:
+            process = handle.process
+            if process is None or process.returncode is not None:
+                continue
+            if process_state(process.pid) in ("T", "t"):
+                signals.append((process, signal.SIGKILL))
+            elif handle.launcher and handle.machine not in told:
+                signals.append((process, signal.SIGTERM))
+        return signals
