@@ -215,8 +215,10 @@ def test_a_network_event_changes_both_directions_of_a_link_across_machines(
 
             threading.Thread(target=ping, daemon=True).start()
 
+    # at 100 ms each way an iteration takes 0.8 s: four outlast the pings (1.2 s from the
+    # event) with room to spare
     coordinator = _coordinator(tmp_path, cluster, other, "emulated",
-                               ("at=0s,link=east-west,latency=100ms",), iterations=10)
+                               ("at=0s,link=east-west,latency=100ms",), iterations=4)
     coordinator.say = ping_once_changed
     try:
         outcome = asyncio.run(run_with_signals(coordinator))
