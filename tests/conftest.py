@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,22 @@ def _our_processes() -> list[int]:
     from testbed.emulator.net.cleanup import stray_processes
 
     return stray_processes()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection() -> object:
+    """pytest keeps each test module's rewritten bytecode (tests/__pycache__) only where
+    the process that collects may write bytecode. Under PYTHONDONTWRITEBYTECODE every
+    collection rewrote the asserts of every module again: 4-5 s of each process that
+    collects (each xdist worker, then the root tests' run). Allowed while collecting
+    only: what the tests import later (scripts/, read as text by the packaging test) and
+    the commands and workers they start keep the environment's setting."""
+    kept = sys.dont_write_bytecode
+    sys.dont_write_bytecode = False
+    try:
+        return (yield)
+    finally:
+        sys.dont_write_bytecode = kept
 
 
 @pytest.hookimpl(tryfirst=True)
