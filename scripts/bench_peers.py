@@ -9,7 +9,8 @@ BBR and Reno); bursts, rounds of 2, 4 and 8 messages of 21 MB started together f
 hosts over one 1 Gbit/s, 40 ms link (a pipeline's replicas sending their activations at
 once); transfers on a 1 Gbit/s, 50 ms link with 0.01%, 0.1% and 1% loss over 1, 4 and 16
 fresh connections (and those over several connections at 0.1% and 1% again, each
-connection's share and first loss sampled: `stripes`); one long flow (200 MB, one
+connection's share and first loss sampled: `stripes`; at 0.03% and 0.3% over 1 and 4,
+rates the loss model was not built on: `between`); one long flow (200 MB, one
 connection, Linux's default buffers, 50 and 100 ms); and the CPU time of N concurrent flows
 over shared links (windows open), against SimGrid's in the same run. The emulator's
 forwarding ceiling (200 MB over 16 connections, negligible loss: its delay lines forward a
