@@ -24,7 +24,6 @@ from testbed.plan.tcp_model import (
 from testbed.topology.model import Topology
 
 INITIAL_WINDOW = 10 * MSS
-TAIL_PACKETS = 3
 SETTLED = 0.01
 """A loss cycle whose window at the loss is within this of the last one's repeats."""
 RTO_MIN = 0.2
@@ -185,15 +184,19 @@ class Pair:
         round trip holds its last byte up by that round trip less the time from the loss
         to the end of sending, the latest such loss counting. Losses come at random (a
         Poisson process over the x packets of that round trip): RTT (1 - (1 - e^-x) / x)
-        on average. A loss among a connection's last TAIL_PACKETS packets has too few
-        behind it to be noticed, and waits for the tail loss probe (RFC 8985: two round
-        trips after the last send), one round trip more."""
+        on average. A connection's last packet has none sent after it: once the packet
+        before it is acknowledged it is alone in flight, and the tail loss probe then
+        waits two round trips plus the worst delayed ACK (RFC 8985's PTO for one segment
+        in flight), so the retransmission timeout comes first (the minimum RTO and a
+        round trip, as the restart after idle counts it): where any of the pair's
+        connections loses its last packet, the message waits that much longer than the
+        round trip RACK would take."""
         if self.loss <= 0.0:
             return 0.0
         packets = self.loss * last_round_bytes / MSS
         rack = 1.0 + math.expm1(-packets) / packets if packets > 1e-9 else packets / 2
-        probe = 1.0 - (1.0 - self.loss) ** (TAIL_PACKETS * self.connections)
-        return (rack + probe) * self.rtt
+        last = 1.0 - (1.0 - self.loss) ** self.connections
+        return rack * self.rtt + last * (self.rto_min + self.rtt)
 
     def acked(self, nbytes: float, now: float = 0.0) -> None:
         """Slow start: every byte acknowledged grows the window by a byte (so a window
