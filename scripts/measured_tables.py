@@ -483,23 +483,25 @@ LOSS_BOUND, LONG_BOUND = 0.15, 0.05
 """The agreement the summaries under the loss and long-flow tables count."""
 
 
-def peers_loss(report: dict[str, Any]) -> str:
-    """Fresh connections on a lossy 1 Gbit/s link: seconds until the last byte arrived;
-    a summary of the agreement, the cases with machine-bound runs against the simulator at
-    the emulator's forwarding ceiling."""
-    rows = report["loss"]
+def _lossy_transfers(report: dict[str, Any], part: str) -> str:
+    """Fresh connections on a lossy 1 Gbit/s link (`part` of the report): seconds until the
+    last byte arrived; a summary of the agreement, the cases with machine-bound runs
+    against the simulator at the emulator's forwarding ceiling."""
+    rows = report[part]
     return (f"{_rows(_transfer_head(True), _transfer_rows(rows, True))}\n\n"
-            f"{_agreement(rows, LOSS_BOUND)}{_ceiling_summary(report, 'loss', LOSS_BOUND)}")
+            f"{_agreement(rows, LOSS_BOUND)}{_ceiling_summary(report, part, LOSS_BOUND)}")
+
+
+def peers_loss(report: dict[str, Any]) -> str:
+    return _lossy_transfers(report, "loss")
 
 
 def peers_between(report: dict[str, Any]) -> str:
-    """The loss table's columns and summary for the loss rates between its own (`between`):
-    cases the loss model was not built on."""
-    rows = report.get("between", [])
-    if not rows:
+    """The loss table for the loss rates between its own (`between`): cases the loss model
+    was not built on."""
+    if not report.get("between"):
         return "No runs at loss rates between the loss cases' are recorded."
-    return (f"{_rows(_transfer_head(True), _transfer_rows(rows, True))}\n\n"
-            f"{_agreement(rows, LOSS_BOUND)}{_ceiling_summary(report, 'between', LOSS_BOUND)}")
+    return _lossy_transfers(report, "between")
 
 
 def peers_long(report: dict[str, Any]) -> str:

@@ -130,9 +130,15 @@ LOSS_MEGABYTES = {1e-4: 20.0, 1e-3: 20.0, 1e-2: 4.0}
 """Per loss rate, bytes that a fresh connection moves in seconds, not minutes."""
 
 
+def _lossy_cases(part: str, megabytes: dict[float, float], connections: tuple[int, ...],
+                 congestions: tuple[str, ...]) -> list[TransferCase]:
+    """Fresh connections on a lossy 1 Gbit/s, 50 ms link: per loss rate its bytes."""
+    return [TransferCase(f"{part}-{cc}-{loss:g}-{n}", 50.0, "1Gbit", cc, loss, n, mb)
+            for cc in congestions for loss, mb in megabytes.items() for n in connections]
+
+
 def loss_cases(congestions: tuple[str, ...]) -> list[TransferCase]:
-    return [TransferCase(f"loss-{cc}-{loss:g}-{n}", 50.0, "1Gbit", cc, loss, n, mb)
-            for cc in congestions for loss, mb in LOSS_MEGABYTES.items() for n in (1, 4, 16)]
+    return _lossy_cases("loss", LOSS_MEGABYTES, (1, 4, 16), congestions)
 
 
 BETWEEN_MEGABYTES = {3e-4: 20.0, 3e-3: 4.0}
@@ -141,8 +147,7 @@ on the loss cases' runs; these it did not see."""
 
 
 def between_cases(congestions: tuple[str, ...]) -> list[TransferCase]:
-    return [TransferCase(f"between-{cc}-{loss:g}-{n}", 50.0, "1Gbit", cc, loss, n, mb)
-            for cc in congestions for loss, mb in BETWEEN_MEGABYTES.items() for n in (1, 4)]
+    return _lossy_cases("between", BETWEEN_MEGABYTES, (1, 4), congestions)
 
 
 def stripe_cases(congestions: tuple[str, ...]) -> list[TransferCase]:

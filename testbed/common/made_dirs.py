@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,10 +60,11 @@ def remove_left() -> list[Path]:
             paths = []
         for name in paths if isinstance(paths, list) else []:
             path = Path(str(name))
-            with contextlib.suppress(OSError):
-                if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
-                    os.rmdir(path)
-                    removed.append(path)
+            try:  # rmdir itself refuses a directory that holds anything, or a link
+                path.rmdir()
+            except OSError:
+                continue
+            removed.append(path)
         with contextlib.suppress(OSError):
             entry.unlink()
     return removed

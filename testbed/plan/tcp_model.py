@@ -34,9 +34,9 @@ def in_flight_bytes(sender: TcpSettings, receiver: TcpSettings) -> float:
 def in_flight_under_loss(window: float, loss: float) -> float:
     """What one connection keeps in flight at most on a path that loses `loss` of its
     packets, once it has lost one, where its buffers alone let it keep `window`
-    (in_flight_bytes). A hole holds
-    back every byte sent after it: the sender frees a byte's memory only once the
-    cumulative acknowledgement passes it (tcp_clean_rtx_queue), and the receiver's window
+    (in_flight_bytes). A hole holds back every byte sent after it: the sender frees a
+    byte's memory only once the cumulative acknowledgement passes it
+    (tcp_clean_rtx_queue), and the receiver's window
     runs from the first byte it lacks (RFC 9293), so the bytes sent within a round trip
     after a lost one stay in both buffers, acknowledged selectively or not, until its
     repair is acknowledged, two round trips after the loss's send (RACK, RFC 8985) rather

@@ -44,9 +44,14 @@ class DownReport:
     """Results directories killed commands had created and left empty."""
 
     @property
+    def removed(self) -> bool:
+        """Whether `down` removed anything itself (besides what stopped runs removed)."""
+        return bool(self.runs or self.namespaces or self.processes or self.folders
+                    or self.directories)
+
+    @property
     def nothing(self) -> bool:
-        return not (self.runs or self.namespaces or self.processes or self.stopped
-                    or self.folders or self.directories)
+        return not (self.removed or self.stopped)
 
     def summary(self) -> list[str]:
         """What `testbed down` prints when it is done."""
@@ -57,8 +62,7 @@ class DownReport:
         if self.nothing:
             lines.append("nothing to remove" + (f" ({plural(len(self.live), 'live run')} left "
                                                 "alone)" if self.live else ""))
-        elif self.runs or self.namespaces or self.processes or self.folders \
-                or self.directories:
+        elif self.removed:
             folders = f", {plural(len(self.folders), 'sweep folder')}" if self.folders else ""
             named = plural(len(self.directories), "empty results directory",
                            "empty results directories")
