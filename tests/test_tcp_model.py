@@ -257,8 +257,9 @@ def test_the_tail_is_what_a_random_loss_in_the_last_round_trip_costs(packets: fl
 def test_a_lost_last_packet_waits_out_the_retransmission_timeout() -> None:
     """Nothing is sent after a connection's last packet to show it lost, and alone in
     flight its tail loss probe would wait two round trips and the worst delayed ACK
-    (RFC 8985), longer than the RTO: where some connection's last packet is lost, as
-    1 - (1 - loss)^N of the time, the message waits the RTO beyond RACK's round trip. So
+    (RFC 8985), longer than the RTO, so it goes when the RTO is due: where some
+    connection's last packet is lost, as 1 - (1 - loss)^N of the time, the message waits
+    the RTO beyond RACK's round trip. So
     sixteen connections at 1% wait a quarter second in about 15% of messages: 3 of the
     20 recorded emulator runs of 4 MB over sixteen BBR connections at 1% took 0.56-0.62 s
     where the rest took 0.31-0.42 s (benchmarks/peers-emulator.json)."""

@@ -187,10 +187,11 @@ class Pair:
         on average. A connection's last packet has none sent after it: once the packet
         before it is acknowledged it is alone in flight, and the tail loss probe then
         waits two round trips plus the worst delayed ACK (RFC 8985's PTO for one segment
-        in flight), so the retransmission timeout comes first (the minimum RTO and a
-        round trip, as the restart after idle counts it): where any of the pair's
-        connections loses its last packet, the message waits that much longer than the
-        round trip RACK would take."""
+        in flight, Linux's minimum RTO for that ACK), longer than the retransmission
+        timeout, so the probe goes when that is due (tcp_schedule_loss_probe takes the
+        earlier; the minimum RTO and a round trip, as the restart after idle counts
+        it): where any of the pair's connections loses its last packet, the message
+        waits that much longer than the round trip RACK would take."""
         if self.loss <= 0.0:
             return 0.0
         packets = self.loss * last_round_bytes / MSS
