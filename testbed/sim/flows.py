@@ -363,7 +363,8 @@ def pair_between(topology: Topology, src_dc: str, dst_dc: str, connections: int,
     src, dst = topology.tcp_for(src_dc), topology.tcp_for(dst_dc)
     if pacing is None:
         pacing = paced(topology, src_dc, dst_dc, largest)
-    return Pair(connections, in_flight_bytes(src, dst), max(rtt, MIN_RTT_S),
+    window = in_flight_bytes(src, dst, topology.bottleneck_bps(src_dc, dst_dc))
+    return Pair(connections, window, max(rtt, MIN_RTT_S),
                 restarts_after_idle(src.congestion, src.slow_start_after_idle),
                 src.rto_min_s or RTO_MIN, pacing,
                 rtt_bias(src.congestion, pacing), loss_response(src.congestion), loss)
