@@ -16,7 +16,9 @@ over shared links (windows open), against SimGrid's in the same run. The emulato
 forwarding ceiling (200 MB over 16 connections, negligible loss: its delay lines forward a
 lossy link's every packet) caps a second simulated link for each lossy case, which says how
 much of that case's error is the machine's. The RTT bias's exponents are fitted to the share
-runs (scripts/rtt_bias_fit.py) and recorded beside those the simulator uses.
+runs (scripts/rtt_bias_fit.py) and recorded beside those the simulator uses; one
+connection's window at 1, 2, 4 and 10 Gbit/s (`windows`: 200 MB at 40 ms, what it
+delivers per round trip) is fitted the same way (scripts/window_fit.py).
 
 Emulator measurements need root and a quiet machine (run under the project's lock):
 `.venv/bin/python scripts/bench_peers.py --emulator shares,long,loss,ceiling --emulator-json F`
@@ -57,8 +59,10 @@ from peer_cases import (
     share_topology,
     stripe_cases,
     transfer_topology,
+    window_cases,
 )
 from rtt_bias_fit import fit_rtt_bias, measured
+from window_fit import rows as window_rows
 
 from testbed.plan.pacing import PACING_SHARE, paced
 from testbed.plan.tcp_model import MSS, RTT_BIAS, WINDOW_EFFICIENCY
@@ -101,6 +105,9 @@ def emulator(parts: list[str], congestions: tuple[str, ...], repeat: int, seed: 
     if "inflight" in parts:
         out["inflight"] = [peer_emulator.in_flight(c) for c in long_cases(("cubic",))
                            for _ in range(repeat)]
+    if "windows" in parts:
+        out["windows"] = [peer_emulator.in_flight(c) for c in window_cases()
+                          for _ in range(repeat)]
     return out
 
 
@@ -458,7 +465,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--emulator", default="",
                         help="parts to record: shares,bursts,long,loss,between,stripes,"
-                             "ceiling,inflight")
+                             "ceiling,inflight,windows")
     parser.add_argument("--emulator-json", type=Path, help="where to record them")
     parser.add_argument("--from-emulator", type=Path, action="append", default=[],
                         help="recorded emulator runs to compare with (repeatable)")
@@ -516,6 +523,7 @@ def main() -> None:
         "between": compare_transfers(recorded.get("between", []), peers, ceiling),
         "stripes": compare_stripes(recorded.get("stripes", [])),
         "inflight": recorded.get("inflight", []),
+        "windows": window_rows(recorded.get("windows", [])),
         "ceiling": [{"case": c["case"], "connections": c["connections"],
                      "megabytes": c["megabytes"], "loss": c["loss"],
                      "goodput_mbps": _goodputs_mbps(c),

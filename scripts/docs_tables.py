@@ -209,6 +209,8 @@ TABLES: dict[str, Table] = {
                          "scripts/bench_peers.py"),
     "peers-inflight": Table(("benchmarks/peers.json",), _measured("peers_inflight"),
                             "scripts/bench_peers.py"),
+    "peers-windows": Table(("benchmarks/peers.json",), _measured("peers_windows"),
+                           "scripts/bench_peers.py"),
     "streaming-table": Table(("benchmarks/streaming-table.json",), _streaming_table,
                              "scripts/bench_streaming_table.py --parts table,table1"),
     "bucket-overlap": Table(("benchmarks/streaming-table.json",), _bucket_overlap,

@@ -619,6 +619,17 @@ def peers_scale(report: dict[str, Any]) -> str:
                  rows)
 
 
+def peers_windows(report: dict[str, Any]) -> str:
+    """One connection's window by the bottleneck's rate: what it delivered per round trip
+    of its send buffer, and the model's figure (scripts/window_fit.py)."""
+    rows = [f"| {r['rate_bps'] / 1e9:g} Gbit/s | {r['rtt_ms']:g} ms | "
+            f"{r['median']:.2f} ({min(r['shares']):.2f}-{max(r['shares']):.2f}) | "
+            f"{r['fitted']:.2f} | {r['model']:.2f} | {r['machine_bound_runs']} of "
+            f"{len(r['shares'])} |" for r in report.get("windows", [])]
+    return _rows("| bottleneck | RTT | delivered per round trip, of 4 MiB (range) | "
+                 "scaled to 0.71 at 1 Gbit/s | model | machine-bound runs |", rows)
+
+
 def peers_inflight(report: dict[str, Any]) -> str:
     """What one connection of the transport keeps in flight on Linux's default buffers,
     sampled with `ss -tin` on the sender once its window stopped growing."""

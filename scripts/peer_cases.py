@@ -161,6 +161,18 @@ def long_cases(congestions: tuple[str, ...]) -> list[TransferCase]:
             for cc in congestions for rtt in (50.0, 100.0)]
 
 
+WINDOW_RATES = ("1Gbit", "2Gbit", "4Gbit", "10Gbit")
+"""Bottleneck rates at which one connection's window is measured: a window-limited
+connection keeps more of its send buffer in flight on a faster bottleneck."""
+
+
+def window_cases() -> list[TransferCase]:
+    """200 MB over one CUBIC connection with Linux's default buffers at a 40 ms round trip,
+    where its window, not the link, limits it, on each of WINDOW_RATES."""
+    return [TransferCase(f"window-{rate}", 40.0, rate, "cubic", 0.0, 1, 200.0)
+            for rate in WINDOW_RATES]
+
+
 @dataclass(frozen=True)
 class ScaleFlow:
     src: str

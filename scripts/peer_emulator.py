@@ -253,6 +253,7 @@ def in_flight(case: TransferCase) -> dict[str, Any]:
     network = bring_up(topology)
     samples: list[tuple[float, dict[str, float]]] = []
     stop = threading.Event()
+    before = read_cpu()
 
     def sample() -> None:
         netns = network.layout.node("east-0").netns
@@ -268,6 +269,7 @@ def in_flight(case: TransferCase) -> dict[str, Any]:
     try:
         (seconds,) = timed_messages(network, "east-0", "west-0", case.connections, 1, size,
                                     pace, timeout_s=900)
+        machine = _machine(network, before)
     finally:
         stop.set()
         thread.join()
@@ -278,7 +280,8 @@ def in_flight(case: TransferCase) -> dict[str, Any]:
     (t0, first), (t1, last) = steady[0], steady[-1]
     goodput = (last["bytes_acked"] - first["bytes_acked"]) * 8 / (t1 - t0)
     final = samples[-1][1]
-    return {"case": case.name, "seconds": seconds, "steady_goodput_mbps": goodput / 1e6,
+    return {"case": case.name, "rate": case.rate, "rtt_ms": case.rtt_ms, "seconds": seconds,
+            "steady_goodput_mbps": goodput / 1e6, **machine,
             "unacked_segments": [s.get("unacked", 0.0) for _, s in steady],
             "notsent_bytes": [s.get("notsent", 0.0) for _, s in steady],
             "snd_wnd_bytes": [s.get("snd_wnd", 0.0) for _, s in steady],

@@ -26,9 +26,12 @@ from testbed.plan.tcp_model import (
     MSS,
     PAYLOAD_EFFICIENCY,
     RTT_BIAS,
+    WINDOW_EFFICIENCY,
+    WINDOW_EFFICIENCY_BY_RATE,
     in_flight_bytes,
     in_flight_under_loss,
     loss_response,
+    window_efficiency,
 )
 from testbed.sim.agenda import Agenda
 from testbed.sim.flows import INITIAL_WINDOW, LossCycle, pair_between
@@ -321,6 +324,39 @@ RECORDED = ROOT / "benchmarks" / "peers-emulator.json"
 def _recorded(part: str) -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = json.loads(RECORDED.read_text())[part]
     return entries
+
+
+def test_the_window_by_rate_is_the_fit_of_the_recorded_runs() -> None:
+    """WINDOW_EFFICIENCY_BY_RATE is what scripts/window_fit.py fits to the runs recorded
+    with `bench_peers.py --emulator windows`, to its rounding, and 1 Gbit/s keeps the
+    figure measured on its own."""
+    assert script("window_fit").fit_file(RECORDED) == WINDOW_EFFICIENCY_BY_RATE
+    assert WINDOW_EFFICIENCY_BY_RATE[0] == (1e9, WINDOW_EFFICIENCY)
+
+
+def test_a_faster_bottleneck_never_keeps_less_in_flight() -> None:
+    """Between and beyond the measured rates the share never falls as the rate grows, meets
+    each measured figure at its rate, and without a rate is the 1 Gbit/s one (what
+    policies written before the rate was known get)."""
+    rates = [10 ** (7 + k / 20) for k in range(81)]
+    shares = [window_efficiency(r) for r in rates]
+    assert shares == sorted(shares)
+    assert all(window_efficiency(r) == pytest.approx(e) for r, e in WINDOW_EFFICIENCY_BY_RATE)
+    assert window_efficiency(None) == WINDOW_EFFICIENCY
+    assert in_flight_bytes(TcpSettings(), TcpSettings()) == WINDOW_EFFICIENCY * 4 * 2**20
+
+
+def test_a_window_limited_message_moves_faster_on_a_faster_bottleneck() -> None:
+    """21 MB over one open connection at a 40 ms round trip, where its window and not the
+    link sets the rate: on a 10 Gbit/s bottleneck the pair keeps the 10 Gbit/s share in
+    flight, and the message takes about that much less time than at 1 Gbit/s."""
+    slow, fast = (_link("cubic", 0.0, 40.0, rate) for rate in ("1Gbit", "10Gbit"))
+    for topology, rate in ((slow, 1e9), (fast, 1e10)):
+        pair = pair_between(topology, "east", "west", 1, 0.04, 21e6)
+        assert pair.window == pytest.approx(window_efficiency(rate) * 4 * 2**20)
+    seconds = [one_transfer_s(t, "east", "west", 21_000_000, 1, True) for t in (slow, fast)]
+    ratio = WINDOW_EFFICIENCY / window_efficiency(1e10)
+    assert (seconds[1] - 0.02) / (seconds[0] - 0.02) == pytest.approx(ratio, rel=0.08)
 
 
 def test_rtt_bias_is_the_fit_of_the_recorded_share_runs() -> None:
