@@ -26,7 +26,7 @@ from testbed.metrics.summary import summarize
 from testbed.plan import validate_plan
 from testbed.plan.describe import wan_crossings
 from testbed.plan.model import Sharing
-from testbed.plan.tcp_model import HostLimits
+from testbed.plan.tcp_model import HostLimits, window_efficiency
 from testbed.policy import training_policy
 from testbed.sim.simulate import simulate_plan
 from testbed.sim.simulator import Simulator
@@ -321,7 +321,8 @@ def test_the_connection_cap_comes_from_the_path_and_the_hosts() -> None:
         "wan": [{"between": ["east", "west"], "latency": "50ms", "bandwidth": "10Gbit"}],
     }, "far.yaml")
     need = connections_to_fill(topology, "east", "west")
-    assert need == math.ceil(1.5 * 10e9 * 0.1 / 8 / (0.71 * 4 * 2**20))
+    window = window_efficiency(10e9) * 4 * 2**20  # what one keeps in flight at 10 Gbit/s
+    assert need == math.ceil(1.5 * 10e9 * 0.1 / 8 / window)
     assert need > 16
     assert connections_to_fill(topology, "east", "west", HostLimits(open_files=64 + 2 * 10)) == 10
     buffers = HostLimits(tcp_memory_bytes=2 * 7 * 4 * 2**20)

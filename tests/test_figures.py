@@ -19,6 +19,7 @@ from testbed.figures.collect import BackendFigures, Measurement, records
 from testbed.figures.measure import figures_of
 from testbed.figures.render import claims_table, has_markers, update_markdown
 from testbed.job.load import parse_job
+from testbed.plan.tcp_model import window_efficiency
 from testbed.sim.one_transfer import one_transfer_s
 from testbed.topology import parse_topology
 
@@ -104,10 +105,12 @@ def test_the_multi_tcp_link_is_the_one_with_most_connections() -> None:
 
 
 def test_one_transfer_with_open_windows_is_window_limited() -> None:
-    """One flow keeps 0.71 x 4 MiB in flight per 60 ms round trip; many fill the link."""
+    """One flow keeps its share of 4 MiB at 10 Gbit/s in flight per 60 ms round trip; many
+    fill the link."""
     nbytes = 21 * 2**20
     one = one_transfer_s(THREE, "b", "c", nbytes, 1, warm=True)
-    assert one == pytest.approx(0.03 + nbytes / (0.71 * 4 * 2**20 / 0.06), rel=1e-6)
+    window = window_efficiency(10e9) * 4 * 2**20
+    assert one == pytest.approx(0.03 + nbytes / (window / 0.06), rel=1e-6)
     many = one_transfer_s(THREE, "b", "c", nbytes, 32, warm=True)
     assert many == pytest.approx(0.03 + nbytes * 8 / 10e9, rel=0.05)
     assert one_transfer_s(THREE, "b", "c", nbytes, 32, warm=False) > many
