@@ -136,7 +136,8 @@ TABLES: dict[str, Table] = {
     INDEX: Table((), str, "scripts/docs_tables.py"),
     "fidelity": Table(("benchmarks/fidelity.json",), _fidelity,
                       "scripts/bench_fidelity.py --topologies two-dc,paper-3dc; "
-                      "--topologies high-bdp-2dc,asymmetric-4dc --policies atlas,gpipe --keep"),
+                      "--topologies high-bdp-2dc,asymmetric-4dc --policies atlas,gpipe --keep; "
+                      "--topologies wan-3dc --policies gpipe,1f1b --max-wall 400 --keep"),
     "fidelity-trace": Table(("benchmarks/fidelity-trace.json",), _fidelity_trace,
                             "scripts/bench_fidelity.py --parts trace"),
     "scenarios": Table(("benchmarks/scenarios.json",), _scenarios,
