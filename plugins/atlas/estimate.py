@@ -33,10 +33,10 @@ def connections_to_fill(topology: Topology, src_dc: str, dst_dc: str,
     if src_dc == dst_dc:
         return 1
     rtt = 2 * topology.one_way_latency(src_dc, dst_dc)
-    bdp = topology.bottleneck_bps(src_dc, dst_dc) * rtt / 8
+    bottleneck = topology.bottleneck_bps(src_dc, dst_dc)
+    bdp = bottleneck * rtt / 8
     send_buffer = topology.tcp_for(src_dc).wmem[2]
-    window = in_flight_bytes(topology.tcp_for(src_dc), topology.tcp_for(dst_dc),
-                             topology.bottleneck_bps(src_dc, dst_dc))
+    window = in_flight_bytes(topology.tcp_for(src_dc), topology.tcp_for(dst_dc), bottleneck)
     need = math.ceil(FILL_MARGIN * bdp / window)
     cap = limits.connections_per_peer(send_buffer)
     return max(1, min(need, cap, limit or need))
@@ -49,10 +49,9 @@ def transfer_s(topology: Topology, src_dc: str, dst_dc: str, nbytes: int,
     if src_dc == dst_dc:
         return nbytes * 8 / (topology.dc(src_dc).bandwidth_bps * PAYLOAD_EFFICIENCY)
     rtt = 2 * latency
-    window = in_flight_bytes(topology.tcp_for(src_dc), topology.tcp_for(dst_dc),
-                             topology.bottleneck_bps(src_dc, dst_dc))
-    rate = min(topology.bottleneck_bps(src_dc, dst_dc) * PAYLOAD_EFFICIENCY,
-               connections * window * 8 / rtt)
+    bottleneck = topology.bottleneck_bps(src_dc, dst_dc)
+    window = in_flight_bytes(topology.tcp_for(src_dc), topology.tcp_for(dst_dc), bottleneck)
+    rate = min(bottleneck * PAYLOAD_EFFICIENCY, connections * window * 8 / rtt)
     return latency + nbytes * 8 / rate
 
 

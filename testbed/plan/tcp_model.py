@@ -35,9 +35,9 @@ WINDOW_EFFICIENCY's figure and in one recording at these rates (scripts/bench_pe
 its steady goodput times the round trip): 0.70 of the buffer per round trip at 1 Gbit/s,
 0.80 at 2, 0.86 at 4 and 0.89 at 10; each point above 1 Gbit/s is WINDOW_EFFICIENCY times
 its goodput's ratio to the 1 Gbit/s one of the same recording (tests/test_tcp_model.py
-holds them to it). Where the sender sat waiting, at 1 Gbit/s it held data queued, not
-sent, and less unacknowledged (`ss -tin`: 1,980 segments against 2,878 at 10 Gbit/s,
-where the receiver's window was the limit): the bottleneck spaces the acknowledgements
+holds them to it). In the same runs (`ss -tin`), at 1 Gbit/s the sender held data queued,
+not sent, and 1,980 segments unacknowledged; at 10 Gbit/s about 2,880, up to the
+receiver's window. Likely, not shown: the slower bottleneck spaces the acknowledgements
 over most of the round trip, and the transport's writer refills the buffer in steps."""
 
 
