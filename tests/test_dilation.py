@@ -26,6 +26,7 @@ from testbed.emulator.runtime.coordinator.health import (
 from testbed.errors import InputError
 from testbed.experiments.planning import plan_with_simulator
 from testbed.job.model import InferenceWorkload, Job, ModelShape
+from testbed.plan import tcp_model
 from testbed.policy import training_policy
 from testbed.run.dilation import (
     LINUX_RTO_MIN_S,
@@ -46,8 +47,9 @@ from testbed.run.dilation import (
 )
 from testbed.run.spec import parse_dilation
 from testbed.sim.flows import MIN_RTT_S
+from testbed.sim.one_transfer import one_transfer_s
 from testbed.sim.simulator import Simulator
-from testbed.topology import load_topology
+from testbed.topology import load_topology, parse_topology
 from testbed.topology.model import Topology
 from testbed.topology.net_events import NetEvent
 
@@ -96,18 +98,41 @@ def test_simulated_figures_are_invariant_in_k(data, topology, k: int) -> None:  
     """The simulator of a dilated network, converted back, says what the undilated one
     says: every duration scales by K and nothing else changes. Above the hosts' round-trip
     floor, that is (MIN_RTT_S, which dilation does not slow): latencies are lifted to it;
-    and without CUBIC's losses (_above_the_rtt_floor)."""
+    without CUBIC's losses (_above_the_rtt_floor); and with a connection's window one
+    share of its buffers at every rate: between 1 and 10 Gbit/s the real stack keeps less
+    of them in flight on a slower link, so on a dilated one too (window_efficiency;
+    test_a_dilated_fast_path_keeps_the_slower_rates_window)."""
     topology = _above_the_rtt_floor(topology)
     job = data.draw(job_fitting(topology))
     policy = training_policy(data.draw(st.sampled_from(["gpipe", "1f1b"])))
     plan = plan_with_simulator(policy, topology, job)
-    plain = Simulator(topology, job, plan, policy).run()
-    slow = Simulator(dilate_topology(topology, k), job, plan, policy).run()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tcp_model, "WINDOW_EFFICIENCY_BY_RATE",
+                      ((1e9, tcp_model.WINDOW_EFFICIENCY),))
+        plain = Simulator(topology, job, plan, policy).run()
+        slow = Simulator(dilate_topology(topology, k), job, plan, policy).run()
     ends = sorted(s["end"] for s in plain.spans)
     slow_ends = sorted(s["end"] for s in represented_spans(slow.spans, slow.start, k))
     assert len(ends) == len(slow_ends)
     for a, b in zip(ends, slow_ends, strict=True):
         assert b == pytest.approx(a, rel=1e-6, abs=1e-5)
+
+
+def test_a_dilated_fast_path_keeps_the_slower_rates_window() -> None:
+    """A window-limited connection keeps a rate-dependent share of its buffers in flight
+    (window_efficiency): on a 4 Gbit/s link dilated by 4 the emulator's links run at
+    1 Gbit/s, and the simulator of the dilated network gives the 1 Gbit/s share, so its
+    transfer takes longer than K times the undilated one's, by the ratio of the shares."""
+    topology = parse_topology({
+        "name": "fast", "datacenters": [{"name": "east", "gpus": 1}, {"name": "west", "gpus": 1}],
+        "wan": [{"between": ["east", "west"], "latency": "30ms", "bandwidth": "4Gbit"}]})
+    size = 200 * 10**6
+    plain = one_transfer_s(topology, "east", "west", size, 1, warm=True)
+    slow = one_transfer_s(dilate_topology(topology, 4), "east", "west", size, 1, warm=True)
+    shares = tcp_model.window_efficiency(4e9) / tcp_model.window_efficiency(1e9)
+    assert shares > 1.2
+    latency = 0.03
+    assert (slow / 4 - latency) / (plain - latency) == pytest.approx(shares, rel=0.01)
 
 
 def test_paper_topology_with_idle_restarts_is_invariant() -> None:
