@@ -24,6 +24,7 @@ from testbed.plan.model import Op
 from testbed.policy import training_policy
 from testbed.report.profile import profile_from_spans
 from testbed.sim.agenda import Agenda
+from testbed.sim.flows import CWND_OF_FLIGHT, RTO_MIN
 from testbed.sim.network import (
     INITIAL_WINDOW,
     PAYLOAD_EFFICIENCY,
@@ -113,6 +114,25 @@ def test_slow_start_sends_a_small_message_at_once_and_restarts_after_idle() -> N
     queue.run()
     pair.begin(queue.now)
     assert pair.cwnd < grown  # halved per RTO of idle
+
+
+def test_a_window_its_buffers_limit_restarts_from_twice_them_after_an_idle() -> None:
+    """In slow start Linux grows a connection's window to twice what it keeps in flight
+    where its buffers, not the window, limit it (tcp_is_cwnd_limited), and the restart
+    after idle halves that window: two RTOs idle leave half the buffers' window, not a
+    quarter (`ss -tin`: 5,812 segments, 2,889 in flight; 1,453 after the idle)."""
+    queue = Agenda()
+    network = FluidNetwork({"link": 10e9}, queue.at)
+    window, rtt = 4e6, 0.06
+    pair = Pair(1, window, rtt, True)
+    done: list[float] = []
+    network.start(0.0, 40e6, ("link",), pair, rtt / 2, done.append)
+    queue.run()
+    assert pair.cwnd == pytest.approx(CWND_OF_FLIGHT * window) and CWND_OF_FLIGHT == 2.0
+    rto = RTO_MIN + rtt
+    pair.begin(pair.last_active + 2.5 * rto)
+    assert pair.cwnd == pytest.approx(window / 2)
+    assert pair.round_budget() == pytest.approx(window / 2)
 
 
 @given(st.dictionaries(st.integers(0, 20), st.tuples(

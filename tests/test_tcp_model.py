@@ -762,6 +762,16 @@ def test_the_bursts_compare_round_by_round_on_the_recorded_schedule() -> None:
         assert row["sim_apart"] == pytest.approx(0.0, abs=1e-9)
 
 
+def test_later_bursts_within_five_percent_of_the_recorded_emulator() -> None:
+    """The rounds after an idle, where the window restarts (halved per RTO from twice the
+    buffers' window for CUBIC and Reno, kept by BBR): each recorded case's later rounds
+    within 5% of the emulator's median."""
+    rows = script("bench_peers").compare_bursts(_recorded("bursts"))
+    assert rows
+    for row in rows:
+        assert abs(row["error_later"]) <= 0.05, row
+
+
 def test_bbr_keeps_its_window_after_an_idle_where_cubic_and_reno_restart_theirs() -> None:
     """Linux restarts an idle connection's window only for congestion controls without a
     cong_control hook of their own (tcp_slow_start_after_idle_check); BBR has one. So a

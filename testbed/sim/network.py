@@ -165,6 +165,7 @@ class FluidNetwork:
         flow.scheduled = False  # the window changed: its next event must be recomputed
         if pair.cwnd >= pair.window and not pair.lossy:
             flow.steady = True
+            flow.steady_bytes = flow.remaining
             flow.budget = flow.round_budget = flow.round_end = float("inf")
         else:
             flow.round_id += 1
@@ -284,8 +285,8 @@ class FluidNetwork:
 
     def _finish(self, now: float, flow: Flow) -> None:
         """The flow's last byte left."""
-        if not flow.steady:
-            flow.pair.acked(flow.round_budget - flow.budget, now)
+        flow.pair.acked(flow.steady_bytes if flow.steady
+                        else flow.round_budget - flow.budget, now)
         del self.flows[flow.id]
         for resource in flow.resources:
             self.users[resource].discard(flow.id)
