@@ -137,7 +137,9 @@ TABLES: dict[str, Table] = {
     "fidelity": Table(("benchmarks/fidelity.json",), _fidelity,
                       "scripts/bench_fidelity.py --topologies two-dc,paper-3dc; "
                       "--topologies high-bdp-2dc,asymmetric-4dc --policies atlas,gpipe --keep; "
-                      "--topologies wan-3dc --policies gpipe,1f1b --max-wall 400 --keep"),
+                      "--topologies wan-3dc --policies gpipe,1f1b --max-wall 400 --keep; "
+                      "--topologies paper-3dc --policies gpipe,1f1b --repeat 3 --max-wall 400 "
+                      "--keep"),
     "fidelity-trace": Table(("benchmarks/fidelity-trace.json",), _fidelity_trace,
                             "scripts/bench_fidelity.py --parts trace"),
     "scenarios": Table(("benchmarks/scenarios.json",), _scenarios,
