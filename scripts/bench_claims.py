@@ -50,7 +50,8 @@ def main() -> None:
     if keep.exists():
         shutil.rmtree(keep)
     keep.mkdir(parents=True)
-    for path in [*(out / name for name in KEEP), *sorted(out.glob("*.png"))]:
+    for path in [*(out / name for name in KEEP), *sorted(out.glob("*.png")),
+                 *sorted(out.glob("*.csv"))]:
         shutil.copy2(path, keep / path.name)
     from docs_tables import DOCS, render_into
 
