@@ -69,3 +69,25 @@ def test_a_cell_of_several_runs_says_how_many(bench: ModuleType) -> None:
     assert "the median of several where said (t again at K=1: 3 runs)" in said
     assert "t once" not in said
     assert "several" not in bench.summary([_row("once", 10.0, _block(10.2, 1, False), None)])
+
+
+def test_a_dilated_run_is_judged_against_the_network_it_emulates(bench: ModuleType) -> None:
+    """Dilated, a 3 Gbit/s link runs at 0.75 and its windows keep less of their buffers in
+    flight: the run is judged against the simulator of that network, and dilation's own
+    effect on the figure is named where it passes the target."""
+    auto = _block(11.5, 4, False)
+    auto["simulated_dilated_s"] = 11.3
+    row = _row("slowed", 10.0, _block(12.0, 1, True), auto)
+    said = bench.summary([row])
+    assert said.startswith("Each at the least dilation the machine did not limit, 1 of 1 ")
+    assert "dilation itself changed what was measured" in said
+    assert "t slowed (+13.0% at K=4)" in said
+    assert "| 4 | 11.500 s | +15.0% (+1.8% against the dilated network) |" in bench.table([row])
+    far = _block(12.0, 4, False)
+    far["simulated_dilated_s"] = 10.2
+    assert "outside: t far (+17.6% at K=4)" in bench.summary(
+        [_row("far", 10.0, _block(12.0, 1, True), far)])
+    near = _block(10.1, 4, False)
+    near["simulated_dilated_s"] = 10.2
+    assert "dilation itself" not in bench.summary([_row("near", 10.0, _block(9.0, 1, True),
+                                                        near)])
