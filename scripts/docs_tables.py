@@ -139,7 +139,8 @@ TABLES: dict[str, Table] = {
                       "--topologies high-bdp-2dc,asymmetric-4dc --policies atlas,gpipe --keep; "
                       "--topologies wan-3dc --policies gpipe,1f1b --max-wall 400 --keep; "
                       "--topologies paper-3dc --policies gpipe,1f1b --repeat 3 --max-wall 400 "
-                      "--keep"),
+                      "--keep; --topologies mid-rate-3dc --policies gpipe,1f1b,atlas "
+                      "--max-wall 400 --keep"),
     "fidelity-trace": Table(("benchmarks/fidelity-trace.json",), _fidelity_trace,
                             "scripts/bench_fidelity.py --parts trace"),
     "scenarios": Table(("benchmarks/scenarios.json",), _scenarios,
