@@ -214,7 +214,7 @@ class Pair:
         of the round: what `open_round` had it send of the pieces it holds, or, without
         pieces (several flows on the pair), a share in proportion to its window."""
         if not self.lossy:
-            # past its buffers' window only in slow start: never after a loss
+            # past its buffers' window only on a path that never had loss cycles
             limit = self.window if self.cycles else CWND_OF_FLIGHT * self.window
             self.cwnd = min(limit, self.cwnd + nbytes / self.connections)
             return
