@@ -132,5 +132,5 @@ def test_settings_are_checked_by_their_fields_and_said_of_the_parameter(
         api.simulate(inputs, dilation=2, out=tmp_path / "s")
     result = api.simulate(inputs, "gpipe", jitter="5%", trace="none", out=tmp_path / "ok")
     assert result.typed.jitter == {"compute": 0.05, "prefill": 0.05, "network": 0.05,
-                                   "seed": inputs.job.seed}
+                                   "share": 0.05, "seed": inputs.job.seed}
     assert not (tmp_path / "ok" / "trace.json.gz").exists()

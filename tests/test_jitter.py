@@ -25,7 +25,8 @@ PAPER = ROOT / "topologies" / "paper-3dc.yaml"
 
 
 def test_jitter_is_parsed_per_kind_or_for_all() -> None:
-    assert parse_jitter("10%") == Jitter(0.1, 0.1, 0.1)
+    assert parse_jitter("10%") == Jitter(0.1, 0.1, 0.1, 0.1)
+    assert parse_jitter("share=10%") == Jitter(share=0.1)
     assert parse_jitter("compute=0.1, network=5%") == Jitter(compute=0.1, network=0.05)
     for bad, why in (("speed=0.1", "unknown kind"), ("compute=2", "at most 100%"),
                      ("compute=0.1,compute=0.2", "twice")):
@@ -82,12 +83,34 @@ def test_compute_jitter_spreads_each_forward_as_asked() -> None:
     assert statistics.stdev(ratios) == pytest.approx(0.1, rel=0.2)
 
 
+def test_share_noise_lets_equal_transfers_started_together_end_apart() -> None:
+    """paper-3dc's 1F1B replicas send their first activations of an iteration together
+    over one link: shared exactly evenly they end together; with share noise they do not,
+    and a zero share CV changes nothing."""
+    inputs = load_inputs(PAPER, sets=("iterations=2",))
+    policy = training_policy("1f1b")
+    plan = plan_with_simulator(policy, inputs.topology, inputs.job)
+
+    def first_ends(jitter: Jitter | None) -> list[float]:
+        spans = Simulator(inputs.topology, inputs.job, plan, policy, jitter=jitter).run().spans
+        return sorted(s["end"] for s in spans if s["kind"] == "transfer"
+                      and s["iteration"] == 1 and s["microbatch"] == 0
+                      and s["link"] == "east>central")
+
+    plain = first_ends(None)
+    assert len(plain) == 4 and plain[0] == plain[-1]
+    assert first_ends(Jitter(network=0.0, share=0.0, seed=3)) == plain
+    noisy = first_ends(Jitter(share=0.1, seed=3))
+    assert len(set(noisy)) == 4
+
+
 def test_simulate_records_its_jitter_and_refuses_a_bad_one(tmp_path: Path) -> None:
     code, _, err = call(["simulate", str(PAPER), "-p", "gpipe", "--iterations", "2",
                          "--jitter", "compute=5%", "--out", str(tmp_path / "run")])
     assert code == 0, err
     results = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert results["jitter"] == {"compute": 0.05, "prefill": 0.0, "network": 0.0, "seed": 0}
+    assert results["jitter"] == {"compute": 0.05, "prefill": 0.0, "network": 0.0,
+                                 "share": 0.0, "seed": 0}
     code, _, err = call(["simulate", str(PAPER), "--jitter", "compute=lots",
                          "--out", str(tmp_path / "bad")])
     assert code == 2 and "--jitter" in err and len(err.strip().splitlines()) == 1

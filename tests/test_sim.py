@@ -98,6 +98,23 @@ def test_equal_flows_share_a_link_equally_and_one_flow_is_window_limited() -> No
     assert rate == pytest.approx(window * 8 / rtt, rel=0.01)
 
 
+def test_a_message_drawn_a_larger_share_takes_it_and_the_link_stays_full() -> None:
+    """Share noise (testbed.plan.jitter): two equal messages weighing 1.2 and 0.8 share a
+    link 60/40 until the first ends, then the second has it all."""
+    queue = Agenda()
+    network = FluidNetwork({"link": 1e9}, queue.at)
+    arrivals: dict[float, float] = {}
+    for share in (1.2, 0.8):
+        pair = Pair(1, 1e9, 0.001, False, cwnd=1e9)
+        network.start(0.0, 125e6, ("link",), pair, 0.0,
+                      lambda t, s=share: arrivals.__setitem__(s, t), share=share)
+    queue.run()
+    rate = 1e9 * PAYLOAD_EFFICIENCY
+    first = 1e9 / (0.6 * rate)
+    assert arrivals[1.2] == pytest.approx(first)
+    assert arrivals[0.8] == pytest.approx(2e9 / rate)  # the link never idled
+
+
 def test_slow_start_sends_a_small_message_at_once_and_restarts_after_idle() -> None:
     queue = Agenda()
     network = FluidNetwork({"link": 1e9}, queue.at)

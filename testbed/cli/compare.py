@@ -121,8 +121,8 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
     write_compare(directory, config, entries)
     if jitter:
         click.echo(f"jitter (CV): compute {jitter.compute:.0%}, prefill {jitter.prefill:.0%}, "
-                   f"network {jitter.network:.0%}; seeds {inputs.job.seed}.."
-                   f"{inputs.job.seed + repeat - 1}")
+                   f"network {jitter.network:.0%}, share {jitter.share:.1%}; seeds "
+                   f"{inputs.job.seed}..{inputs.job.seed + repeat - 1}")
     show(directory, entries, inputs.topology, fmt=fmt)
 
 

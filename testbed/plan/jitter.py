@@ -1,7 +1,8 @@
 """Run-to-run noise for the simulator, seeded and recorded: without it every iteration of a
 simulated plan repeats exactly, which no real run does. Each compute, each prefill and
 each transfer's propagation takes its modeled time times a lognormal factor of mean 1 and
-the given coefficient of variation (CV), drawn per operation. Pure.
+the given coefficient of variation (CV), drawn per operation, and each transfer's weight
+where it shares a link is drawn the same way. Pure.
 
 A run's setting (`--jitter`, testbed.run.spec) that the simulator applies: it lives in
 plan/, beside the cost model whose times it scales, below both the run's settings and the
@@ -16,8 +17,8 @@ from typing import Literal
 
 from testbed.common.units import parse_fraction
 
-NoiseKind = Literal["compute", "prefill", "network"]
-KINDS: tuple[NoiseKind, ...] = ("compute", "prefill", "network")
+NoiseKind = Literal["compute", "prefill", "network", "share"]
+KINDS: tuple[NoiseKind, ...] = ("compute", "prefill", "network", "share")
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,10 @@ class Jitter:
     """CV of each prefill."""
     network: float = 0.0
     """CV of each transfer's one-way propagation delay."""
+    share: float = 0.0
+    """CV of each transfer's weight where it shares a link (max-min sharing): flows of a
+    loss-based congestion control that meet at a bottleneck sit at different points of
+    their window's sawtooth, so equal flows get unequal shares, message by message."""
     seed: int = 0
 
     def __bool__(self) -> bool:
@@ -41,11 +46,12 @@ class Jitter:
 
 
 def parse_jitter(text: str) -> Jitter:
-    """`0.1` (every kind) or `compute=10%,prefill=0.1,network=0.05`; ValueError says why."""
+    """`0.1` (every kind) or `compute=10%,prefill=0.1,network=0.05,share=10%`; ValueError
+    says why."""
     text = text.strip()
     if "=" not in text:
         cv = parse_fraction(text)
-        return Jitter(cv, cv, cv)
+        return Jitter(cv, cv, cv, cv)
     values: dict[str, float] = {}
     for part in text.split(","):
         key, _, raw = part.partition("=")
@@ -56,7 +62,7 @@ def parse_jitter(text: str) -> Jitter:
             raise ValueError(f"{key} given twice")
         values[key] = parse_fraction(raw.strip())
     return Jitter(values.get("compute", 0.0), values.get("prefill", 0.0),
-                  values.get("network", 0.0))
+                  values.get("network", 0.0), values.get("share", 0.0))
 
 
 class Noise:

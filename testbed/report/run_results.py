@@ -217,7 +217,8 @@ class SimulatorBlock:
     profile: bool
     """Compute times came from a measured profile (`--profile`), not the FLOP model."""
     jitter: dict[str, float] | None
-    """The seeded noise on compute, prefill and transfer delays (testbed.plan.jitter)."""
+    """The seeded noise on compute, prefill, transfer delays and shares
+    (testbed.plan.jitter)."""
     pacing: Literal["assumed"] = "assumed"
     """The simulator assumes paced connections."""
 

@@ -169,10 +169,10 @@ class SimulatorSettings:
     jitter: Jitter | None = field(default=None, metadata=setting(
         "--jitter", commands=("simulate", "compare", "sweep"), metavar="CV|KIND=CV,...",
         parse=parse_jitter_option))
-    """Simulator noise: each compute, prefill and transfer delay times a lognormal factor
-    of mean 1 and this coefficient of variation (one value for all, or
-    compute=10%,prefill=10%,network=5%), seeded by the job's seed (plus the repeat's
-    number in compare). Default: none."""
+    """Simulator noise: each compute, prefill and transfer delay, and each transfer's
+    weight where it shares a link, times a lognormal factor of mean 1 and this coefficient
+    of variation (one value for all, or compute=10%,prefill=10%,network=5%,share=10%),
+    seeded by the job's seed (plus the repeat's number in compare). Default: none."""
 
 
 @dataclass(frozen=True)

@@ -409,6 +409,12 @@ class Flow:
     when something reads the flow, none by an event of its own."""
     coast_id: int = 0
     """Tells a coast's last event from an earlier coast's."""
+    share: float = 1.0
+    """Times its pair's weight: this message's draw of the share noise
+    (testbed.plan.jitter), 1 without it."""
+
+    def weight(self) -> float:
+        return self.pair.weight() * self.share
 
     def progress(self, now: float) -> None:
         sent = self.rate / 8 * (now - self.updated)

@@ -84,9 +84,10 @@ class FluidNetwork:
         latency: float,
         on_arrival: Callable[[float], None],
         on_sent: Callable[[float], None] | None = None,
+        share: float = 1.0,
     ) -> None:
         """Send `nbytes`; `on_sent(t)` runs when the last byte has left, `on_arrival(t)` when
-        it reaches the receiver."""
+        it reaches the receiver; `share` times its pair's weight (Flow.share)."""
         if pair.coaster is not None:  # its share of the pair's window changes
             self._settle(now, pair.coaster)
         pair.begin(now)
@@ -106,6 +107,7 @@ class FluidNetwork:
             size=float(nbytes),
             updated=now,
             on_sent=on_sent,
+            share=share,
         )
         self.flows[flow.id] = flow
         for resource in resources:
@@ -382,7 +384,7 @@ class FluidNetwork:
             self._settle(now, flow)
             flow.progress(now)
         sending = [f for f in flows if not f.paused]
-        shares = {f.id: (f.pair.weight(), cap(f), f.resources) for f in sending}
+        shares = {f.id: (f.weight(), cap(f), f.resources) for f in sending}
         capacity = {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in seen}
         rates = max_min(shares, capacity)
         if len(flows) >= self.incremental_from \
@@ -428,7 +430,7 @@ class FluidNetwork:
                 and pair.active == 1 and not pair.settled:
             capacity = {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in flow.resources}
             link = [r for r in flow.resources if r in levels.links]
-            if levels.join(flow.id, pair.weight(), cap(flow), flow.resources,
+            if levels.join(flow.id, flow.weight(), cap(flow), flow.resources,
                            flow.remaining, now, capacity):
                 self._kept.update(dict.fromkeys(flow.resources, levels))
                 self._next_end(levels, link[0])

@@ -90,6 +90,7 @@ class Transfers:
         pair = self.pair(src, dst, latency, nbytes if op is not Op.ALLREDUCE else GRADIENTS,
                          now)
         latency *= self.noise.factor("network")  # this message's delay, not the path's RTT
+        share = self.noise.factor("share")
         link = None if src.dc == dst.dc else f"{src.dc}>{dst.dc}"
 
         def arrived(t: float, started: float) -> None:
@@ -118,6 +119,7 @@ class Transfers:
                     latency,
                     lambda t2: arrived(t2, t1),
                     lambda t2: on_sent(t1, t2),
+                    share,
                 ),
             )
 
