@@ -31,6 +31,7 @@ from testbed.plan.tcp_model import (
     in_flight_bytes,
     in_flight_under_loss,
     loss_response,
+    sawtooth_cv,
     window_efficiency,
 )
 from testbed.sim.agenda import Agenda
@@ -825,3 +826,21 @@ def test_the_stripes_table_counts_slow_starts_that_no_loss_ended() -> None:
     assert script("measured_tables").peers_stripes({"stripes": [row]}).endswith(
         " Connections that left slow start without a single retransmission (not a loss "
         "ended it): 2 of 4 at 0.10% over 4 connections, at 430-560 segments.")
+
+
+@pytest.mark.parametrize("congestion", ["cubic", "reno"])
+def test_the_sawtooth_spread_is_the_window_growth_curves_own(congestion: str) -> None:
+    """sawtooth_cv's closed form against the model's own growth after a loss
+    (LossResponse.window_after), sampled evenly in time over one cycle of a large window
+    (CUBIC's cubic region, where its Reno-friendly estimate is smaller)."""
+    response = loss_response(congestion)
+    assert response is not None
+    w_max, rtt = 2000 * MSS, 0.04
+    windows, t, step = [], 0.0, 1e-3
+    while (w := response.window_after(t, rtt, w_max)) < w_max:
+        windows.append(w)
+        t += step
+    mean = sum(windows) / len(windows)
+    cv = math.sqrt(sum((w - mean) ** 2 for w in windows) / len(windows)) / mean
+    assert cv == pytest.approx(sawtooth_cv(congestion), rel=0.03)
+    assert sawtooth_cv("bbr") == 0.0

@@ -205,3 +205,22 @@ Cardwell et al. 2016); beta 1 says so."""
 
 def loss_response(congestion: str) -> LossResponse | None:
     return LOSS_RESPONSES.get(congestion)
+
+
+def sawtooth_cv(congestion: str) -> float:
+    """How unequal the windows of equal loss-based connections are at any moment: the
+    coefficient of variation of one connection's window over its loss cycle, each cycle
+    at a phase of its own. Reno climbs linearly from beta W to W (uniform:
+    (1 - beta) / (sqrt(3) (1 + beta)), 19% at beta 0.5); CUBIC approaches W as
+    W - C (K - t)^3 (RFC 8312), so over t uniform in [0, K] its window is
+    W (1 - (1 - beta) x^3) for x uniform in [0, 1]: (1 - beta) sqrt(9/112) /
+    (1 - (1 - beta) / 4), 9.2% at beta 0.7. BBR has no sawtooth: 0. The share noise
+    (`--jitter share=CV`) this suggests: equal flows of a congestion control that meet at
+    a bottleneck do not get equal shares."""
+    response = loss_response(congestion)
+    if response is None or response.beta >= 1.0:
+        return 0.0
+    drop = 1.0 - response.beta
+    if response.kind == "cubic":
+        return drop * math.sqrt(9 / 112) / (1 - drop / 4)
+    return drop / (math.sqrt(3) * (1 + response.beta))
