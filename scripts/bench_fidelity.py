@@ -14,7 +14,10 @@ table; the JSON has every run's figures and its emulation health.
 machine forwards undilated), emulated at the dilation `auto` picks against the simulator;
 `--parts dilation`: two-dc at K=1 and K=4 (`--repeat` runs each), which must agree;
 `--parts trace`: two-dc's link following a measured-style bandwidth trace
-(scenarios/two-dc-wan-trace.yaml), compared by tokens/s over the run.
+(scenarios/two-dc-wan-trace.yaml), compared by tokens/s over the run;
+`--parts share-noise` (no root, no emulator): every judged row of the table's JSON
+simulated again with `--jitter share=CV` at its congestion control's sawtooth
+(testbed.plan.tcp_model.sawtooth_cv), `--seeds` seeds, against the same emulated runs.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from testbed.errors import InputError
 from testbed.experiments.inputs import Inputs, load_inputs
 from testbed.experiments.planning import plan_with_simulator
 from testbed.experiments.run import run
+from testbed.plan.jitter import Jitter
+from testbed.plan.tcp_model import sawtooth_cv
 from testbed.policy.registry import discover, training_policy
 from testbed.run.dilation import choose_dilation, dilate_topology, peak_rate_bps
 from testbed.run.spec import RunSpec
@@ -145,6 +150,94 @@ def trace_case(repeat: int, scratch: Path, dilations: list[int]) -> dict[str, An
     return out
 
 
+def share_noise(rows: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
+    """Each judged row (summary's choice of run) simulated again with share noise at its
+    congestion control's sawtooth, seed by seed: equal flows that meet at a bottleneck
+    never get exactly equal shares in real TCP, and where a plan's replicas send in step
+    the simulator's exactly equal shares keep them in step."""
+    out: dict[str, Any] = {"seeds": seeds, "commit": commit(), "rows": []}
+    for row in rows:
+        block = _judged(row)
+        if block is None:
+            continue
+        inputs = load_inputs(topology_file(row["topology"]))
+        congestion = inputs.topology.tcp.congestion
+        cv = sawtooth_cv(congestion)
+        k = block["runs"][0]["dilation"]
+        chosen = training_policy(row["policy"])
+        plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
+        network = dilate_topology(inputs.topology, k) if k > 1 else inputs.topology
+        noisy = []
+        for seed in range(seeds) if cv else ():
+            summary, _ = simulate_plan(network, inputs.job, plan, chosen,
+                                       jitter=Jitter(share=cv, seed=seed))
+            if summary.median_s is not None:
+                noisy.append(summary.median_s / k)
+        simulated = block.get("simulated_dilated_s") or row["simulated_s"]
+        entry = {"topology": row["topology"], "policy": row["policy"], "plan": row["plan"],
+                 "congestion": congestion, "share_cv": cv, "dilation": k,
+                 "emulated_s": block["median_s"], "emulated_runs": len(block["runs"]),
+                 "simulated_s": simulated, "noisy_s": noisy,
+                 "noisy_median_s": statistics.median(noisy) if noisy else None,
+                 "load": os.getloadavg()[0]}
+        out["rows"].append(entry)
+        print(json.dumps(entry), flush=True)
+    return out
+
+
+def share_noise_part(source: Path, seeds: int, path: Path | None) -> None:
+    result = share_noise(json.loads(source.read_text())["rows"], seeds)
+    path = path or ROOT / "benchmarks" / "fidelity-share-noise.json"
+    path.write_text(json.dumps(result, indent=1))
+    print(share_noise_table(result))
+    print(share_noise_summary(result))
+
+
+def _judged(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The emulated runs a row is judged by (summary): at the least dilation the machine
+    did not limit; None where it is not judged."""
+    if "skipped" in row or not row["simulated_s"] or _one_gpu(row):
+        return None
+    free = [b for b in (row.get("k1"), row.get("auto"))
+            if b is not None and b["median_s"] is not None and not _bound(b)]
+    return free[0] if free else None
+
+
+def share_noise_table(result: dict[str, Any]) -> str:
+    lines = ["| topology | policy | plan | congestion | K | emulated | simulated | error | "
+             "with share noise (CV) | error |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        noisy = row["noisy_median_s"]
+        cell = (f"{noisy:.3f} s ({row['share_cv']:.1%}; {min(row['noisy_s']):.3f}-"
+                f"{max(row['noisy_s']):.3f} over {len(row['noisy_s'])} seeds) | "
+                f"{_error(row['emulated_s'], noisy)}" if noisy is not None
+                else "no sawtooth (0%) | -")
+        runs = f", {row['emulated_runs']} runs" if row["emulated_runs"] > 1 else ""
+        lines.append(f"| {row['topology']} | {row['policy']} | {row['plan']} | "
+                     f"{row['congestion']} | {row['dilation']} | {row['emulated_s']:.3f} s"
+                     f"{runs} | {row['simulated_s']:.3f} s | "
+                     f"{_error(row['emulated_s'], row['simulated_s'])} | {cell} |")
+    return "\n".join(lines)
+
+
+def share_noise_summary(result: dict[str, Any]) -> str:
+    rows = result["rows"]
+
+    def within(key: str) -> list[dict[str, Any]]:
+        return [r for r in rows if r[key] is not None
+                and abs(r["emulated_s"] / r[key] - 1) <= TARGET]
+    noisy = [r for r in rows if r["noisy_median_s"] is not None]
+    moved = [f"{r['topology']} {r['policy']} ({r['emulated_s'] / r['simulated_s'] - 1:+.1%} "
+             f"-> {r['emulated_s'] / r['noisy_median_s'] - 1:+.1%})" for r in noisy
+             if abs(r["noisy_median_s"] / r["simulated_s"] - 1) > 0.01]
+    return (f"Within {TARGET:.0%} of the emulator: {len(within('simulated_s'))} of {len(rows)} "
+            f"as simulated, {len(within('noisy_median_s')) + len(rows) - len(noisy)} of "
+            f"{len(rows)} with share noise (the median of {result['seeds']} seeds; rows "
+            f"without a sawtooth as simulated). Rows the noise moved by more than 1%: "
+            + (", ".join(moved) if moved else "none") + ". The emulated runs are the table "
+            "above's (benchmarks/fidelity.json), each judged as there.")
+
+
 def _ratio(emulated: float | None, simulated: float | None) -> float | None:
     return emulated / simulated - 1 if emulated and simulated else None
 
@@ -167,7 +260,7 @@ def trace_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--topologies", default="two-dc,paper-3dc")
     parser.add_argument("--policies", help="comma-separated; default: every registered one")
@@ -175,12 +268,24 @@ def main() -> None:
     parser.add_argument("--max-wall", type=float, default=900.0,
                         help="skip an emulated run predicted to take longer (s)")
     parser.add_argument("--json", type=Path, help="default: benchmarks/fidelity[-PART].json")
-    parser.add_argument("--parts", default="table", help="table, long-link, dilation, trace")
+    parser.add_argument("--parts", default="table",
+                        help="table, long-link, dilation, trace, share-noise")
+    parser.add_argument("--seeds", type=int, default=5, help="share-noise: seeds per row")
+    parser.add_argument("--from", dest="source", type=Path,
+                        default=ROOT / "benchmarks" / "fidelity.json",
+                        help="share-noise: the table's JSON whose emulated runs it compares")
     parser.add_argument("--dilations", default="1,2", help="trace: the emulator's K values")
     parser.add_argument("--keep", action="store_true",
                         help="table: keep the JSON's rows of other topologies and policies "
                              "(to measure a table a part at a time)")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    if args.parts == "share-noise":
+        share_noise_part(args.source, args.seeds, args.json)
+        return
     if args.parts != "table":
         capacity = machine_capacity_bps(print)
         with tempfile.TemporaryDirectory() as tmp:

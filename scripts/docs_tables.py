@@ -74,6 +74,11 @@ def _fidelity(report: dict[str, Any]) -> str:
     return f"{script.table(report['rows'])}\n\n{script.summary(report['rows'])}"
 
 
+def _fidelity_share_noise(report: dict[str, Any]) -> str:
+    script = _script("bench_fidelity")
+    return f"{script.share_noise_table(report)}\n\n{script.share_noise_summary(report)}"
+
+
 def _fidelity_trace(report: dict[str, Any]) -> str:
     return str(_script("bench_fidelity").trace_table(report))
 
@@ -141,6 +146,9 @@ TABLES: dict[str, Table] = {
                       "--topologies paper-3dc --policies gpipe,1f1b --repeat 3 --max-wall 400 "
                       "--keep; --topologies mid-rate-3dc --policies gpipe,1f1b,atlas "
                       "--max-wall 400 --keep"),
+    "fidelity-share-noise": Table(("benchmarks/fidelity-share-noise.json",),
+                                  _fidelity_share_noise,
+                                  "scripts/bench_fidelity.py --parts share-noise"),
     "fidelity-trace": Table(("benchmarks/fidelity-trace.json",), _fidelity_trace,
                             "scripts/bench_fidelity.py --parts trace"),
     "scenarios": Table(("benchmarks/scenarios.json",), _scenarios,

@@ -91,3 +91,29 @@ def test_a_dilated_run_is_judged_against_the_network_it_emulates(bench: ModuleTy
     near["simulated_dilated_s"] = 10.2
     assert "dilation itself" not in bench.summary([_row("near", 10.0, _block(9.0, 1, True),
                                                         near)])
+
+
+def test_share_noise_reruns_exactly_the_judged_rows_and_counts_both_ways(
+        bench: ModuleType) -> None:
+    rows = [
+        _row("free", 10.0, _block(10.3, 1, False), _block(9.0, 3, False)),
+        _row("bound", 10.0, _block(12.0, 1, True), _block(10.2, 3, False)),
+        _row("busy", 10.0, _block(12.0, 1, True), _block(12.0, 3, True)),
+        _row("alone", 1e-6, _block(1e-3, 1, False), None, plan="dp 1 x pp 1"),
+    ]
+    judged = [bench._judged(row) for row in rows]
+    assert judged == [rows[0]["k1"], rows[1]["auto"], None, None]
+    result = {"seeds": 3, "rows": [
+        {"topology": "t", "policy": "lockstep", "plan": "dp 4 x pp 3", "congestion": "cubic",
+         "share_cv": 0.092, "dilation": 1, "emulated_s": 8.2, "emulated_runs": 3,
+         "simulated_s": 10.0, "noisy_s": [8.0, 8.4, 9.0], "noisy_median_s": 8.4},
+        {"topology": "t", "policy": "bbr", "plan": "dp 2 x pp 2", "congestion": "bbr",
+         "share_cv": 0.0, "dilation": 1, "emulated_s": 10.1, "emulated_runs": 1,
+         "simulated_s": 10.0, "noisy_s": [], "noisy_median_s": None}]}
+    summary = bench.share_noise_summary(result)
+    assert summary.startswith("Within 5% of the emulator: 1 of 2 as simulated, 2 of 2 with "
+                              "share noise")
+    assert "t lockstep (-18.0% -> -2.4%)" in summary
+    table = bench.share_noise_table(result)
+    assert "8.400 s (9.2%; 8.000-9.000 over 3 seeds) | -2.4%" in table
+    assert "| no sawtooth (0%) | - |" in table
