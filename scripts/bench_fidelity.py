@@ -166,14 +166,10 @@ def share_noise(rows: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
         k = block["runs"][0]["dilation"]
         chosen = training_policy(row["policy"])
         plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
-        network = dilate_topology(inputs.topology, k) if k > 1 else inputs.topology
-        noisy = []
-        for seed in range(seeds) if cv else ():
-            summary, _ = simulate_plan(network, inputs.job, plan, chosen,
-                                       jitter=Jitter(share=cv, seed=seed))
-            if summary.median_s is not None:
-                noisy.append(summary.median_s / k)
-        simulated = block.get("simulated_dilated_s") or row["simulated_s"]
+        noisy = [s for seed in (range(seeds) if cv else ())
+                 if (s := dilated_s(inputs.topology, inputs.job, plan, chosen, k,
+                                    Jitter(share=cv, seed=seed))) is not None]
+        simulated = _reference(row, block)
         entry = {"topology": row["topology"], "policy": row["policy"], "plan": row["plan"],
                  "congestion": congestion, "share_cv": cv, "dilation": k,
                  "emulated_s": block["median_s"], "emulated_runs": len(block["runs"]),
@@ -198,9 +194,20 @@ def _judged(row: dict[str, Any]) -> dict[str, Any] | None:
     did not limit; None where it is not judged."""
     if "skipped" in row or not row["simulated_s"] or _one_gpu(row):
         return None
-    free = [b for b in (row.get("k1"), row.get("auto"))
-            if b is not None and b["median_s"] is not None and not _bound(b)]
+    free = [b for b in _measured(row) if not _bound(b)]
     return free[0] if free else None
+
+
+def _measured(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """A row's emulated runs that gave a figure: at K=1, then at K auto."""
+    return [b for b in (row.get("k1"), row.get("auto"))
+            if b is not None and b["median_s"] is not None]
+
+
+def _reference(row: dict[str, Any], block: dict[str, Any]) -> float:
+    """What a run is judged against: the simulator of the network it emulates (a dilated
+    run's, dilated_s), else the row's simulated iteration."""
+    return float(block.get("simulated_dilated_s") or row["simulated_s"])
 
 
 def share_noise_table(result: dict[str, Any]) -> str:
@@ -352,13 +359,15 @@ def main() -> None:
     print(table(rows))
 
 
-def dilated_s(topology: Any, job: Any, plan: Any, policy: Any, k: int) -> float | None:
+def dilated_s(topology: Any, job: Any, plan: Any, policy: Any, k: int,
+              jitter: Jitter | None = None) -> float | None:
     """The simulator's iteration of the network a run dilated by K emulates (its links K
     times slower, its compute too), in represented seconds: what that run is measured
     against. Where it differs from the undilated network's, dilation itself changed what
     is measured (a window-limited connection keeps less of its buffers in flight on a
-    slower link: testbed.plan.tcp_model.window_efficiency)."""
-    summary, _spans = simulate_plan(dilate_topology(topology, k), job, plan, policy)
+    slower link: testbed.plan.tcp_model.window_efficiency). K=1: the network itself."""
+    summary, _spans = simulate_plan(dilate_topology(topology, k), job, plan, policy,
+                                    jitter=jitter)
     return None if summary.median_s is None else summary.median_s / k
 
 
@@ -417,23 +426,21 @@ def summary(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         if "skipped" in row or not row["simulated_s"]:
             continue
-        runs = [b for b in (row.get("k1"), row.get("auto"))
-                if b is not None and b["median_s"] is not None]
+        runs = _measured(row)
         if not runs:
             continue
         name = f"{row['topology']} {row['policy']}"
         if _one_gpu(row):
             alone.append(name)
             continue
-        free = [b for b in runs if not _bound(b)]
-        if not free:
+        block = _judged(row)
+        if block is None:  # every run machine-bound
             bound.append(name)
             continue
         judged += 1
-        block = free[0]
         # a dilated run against the network it emulates; dilation's own effect apart
         dilated = block.get("simulated_dilated_s")
-        error = block["median_s"] / (dilated or row["simulated_s"]) - 1
+        error = block["median_s"] / _reference(row, block) - 1
         k = block["runs"][0]["dilation"]
         if abs(error) > TARGET:
             outside.append(f"{name} ({error:+.1%} at K={k})")
