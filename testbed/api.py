@@ -193,7 +193,7 @@ def spec_for(backend: BackendName, inputs: Inputs, settings: Mapping[str, Any]) 
     plan = given.pop("plan", None)
     jitter = given.get("jitter")
     if "jitter" in given:
-        given["jitter"] = jitter.with_seed(inputs.job.seed) if jitter else None
+        given["jitter"] = jitter.with_seed(inputs.job.seed) if jitter is not None else None
     spec = RunSpec.build(backend, inputs.topology, inputs.job, inputs.scenario,
                          events=inputs.events, **given)
     return with_given_plan(spec, plan, given.get("policy"))
@@ -380,7 +380,7 @@ def compare(inputs: Inputs, policies: Sequence[str], *, plans: Sequence[GivenPla
                               "plans": [g.plan_file or g.label for g in given],
                               "bubbles": list(bubbles),
                               "repeat": repeat, "options": pairs, "job_overrides": {},
-                              "jitter": noise.as_dict() if noise else None,
+                              "jitter": noise.as_dict() if noise is not None else None,
                               "target_loss": base.common.target_loss,
                               "loss_model": base.common.loss_model,
                               "scenario": inputs.scenario.source,

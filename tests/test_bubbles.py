@@ -26,6 +26,7 @@ from testbed.inference.workload import (
 )
 from testbed.job.load import parse_job
 from testbed.metrics.overruns import prefill_overruns
+from testbed.plan.jitter import Jitter
 from testbed.policy import Bubble, BubblePolicy, Request, bubble_policy, training_policy
 from testbed.sim.simulate import simulate_plan
 
@@ -129,7 +130,10 @@ def _simulate(bubble: str | None, rate: str) -> tuple[Any, Any, Any]:
     policy = training_policy("1f1b", {"sends": "eager"})
     plan = plan_with_simulator(policy, inputs.topology, inputs.job)
     broker = make_broker(inputs.topology, inputs.job, plan, bubble)
-    summary, spans = simulate_plan(inputs.topology, inputs.job, plan, policy, broker=broker)
+    # equal shares: the broker's bubbles are then the run's to the last digit (with drawn
+    # shares its replicas' bubbles vary by a few percent, as real TCP's do)
+    summary, spans = simulate_plan(inputs.topology, inputs.job, plan, policy, broker=broker,
+                                   jitter=Jitter(share=0.0))
     return summary, broker, prefill_overruns(spans)
 
 

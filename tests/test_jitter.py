@@ -27,9 +27,13 @@ PAPER = ROOT / "topologies" / "paper-3dc.yaml"
 def test_jitter_is_parsed_per_kind_or_for_all() -> None:
     assert parse_jitter("10%") == Jitter(0.1, 0.1, 0.1, 0.1)
     assert parse_jitter("share=10%") == Jitter(share=0.1)
+    assert parse_jitter("share=sawtooth") == Jitter(share=None)
+    assert parse_jitter("compute=5%, share=sawtooth") == Jitter(compute=0.05, share=None)
+    assert Jitter(share=None) and not Jitter()
     assert parse_jitter("compute=0.1, network=5%") == Jitter(compute=0.1, network=0.05)
     for bad, why in (("speed=0.1", "unknown kind"), ("compute=2", "at most 100%"),
-                     ("compute=0.1,compute=0.2", "twice")):
+                     ("compute=0.1,compute=0.2", "twice"),
+                     ("compute=sawtooth", "expected a fraction")):
         with pytest.raises(ValueError, match=why):
             parse_jitter(bad)
 
@@ -85,8 +89,8 @@ def test_compute_jitter_spreads_each_forward_as_asked() -> None:
 
 def test_share_noise_lets_equal_transfers_started_together_end_apart() -> None:
     """paper-3dc's 1F1B replicas send their first activations of an iteration together
-    over one link: shared exactly evenly they end together; with share noise they do not,
-    and a zero share CV changes nothing."""
+    over one link: with equal shares (the default) they end together; with shares drawn
+    at CUBIC's sawtooth (`share=sawtooth`) or at a CV given, apart."""
     inputs = load_inputs(PAPER, sets=("iterations=2",))
     policy = training_policy("1f1b")
     plan = plan_with_simulator(policy, inputs.topology, inputs.job)
@@ -97,11 +101,32 @@ def test_share_noise_lets_equal_transfers_started_together_end_apart() -> None:
                       and s["iteration"] == 1 and s["microbatch"] == 0
                       and s["link"] == "east>central")
 
-    plain = first_ends(None)
-    assert len(plain) == 4 and plain[0] == plain[-1]
-    assert first_ends(Jitter(network=0.0, share=0.0, seed=3)) == plain
-    noisy = first_ends(Jitter(share=0.1, seed=3))
-    assert len(set(noisy)) == 4
+    equal = first_ends(None)
+    assert len(equal) == 4 and equal[0] == equal[-1]
+    assert first_ends(Jitter(network=0.0, share=0.0, seed=3)) == equal
+    assert len(set(first_ends(Jitter(share=None)))) == 4
+    assert len(set(first_ends(Jitter(share=0.1, seed=3)))) == 4
+
+
+def test_a_share_is_drawn_from_the_message_not_its_place_in_the_run() -> None:
+    """The same message draws the same share in any run of the seed, whatever was drawn
+    before it; the draws have mean 1 and the asked spread; with `share=sawtooth`, at the
+    pair's congestion control's."""
+    noise, other = Noise(Jitter(share=None, seed=4)), Noise(Jitter(share=None, seed=4))
+    for k in range(20):
+        other.share(0.2, f"warm-up:{k}")
+        other.factor("share")
+    assert noise.share(0.2, "a>b:SEND_F:7") == other.share(0.2, "a>b:SEND_F:7")
+    assert noise.share(0.2, "a>b:SEND_F:7") \
+        != Noise(Jitter(share=None, seed=5)).share(0.2, "a>b:SEND_F:7")
+    draws = [noise.share(0.2, f"a>b:SEND_F:{k}") for k in range(20_000)]
+    assert statistics.fmean(draws) == pytest.approx(1.0, abs=0.01)
+    assert statistics.stdev(draws) == pytest.approx(0.2, rel=0.05)
+    assert noise.share(0.0, "a>b:SEND_F:7") == 1.0
+    assert Noise(Jitter(share=0.0, seed=4)).share(0.2, "a>b:SEND_F:7") == 1.0
+    fixed = Noise(Jitter(share=0.05, seed=4))
+    assert statistics.stdev(fixed.share(0.5, f"x:{k}") for k in range(20_000)) \
+        == pytest.approx(0.05, rel=0.05)
 
 
 def test_simulate_records_its_jitter_and_refuses_a_bad_one(tmp_path: Path) -> None:
@@ -111,6 +136,12 @@ def test_simulate_records_its_jitter_and_refuses_a_bad_one(tmp_path: Path) -> No
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["jitter"] == {"compute": 0.05, "prefill": 0.0, "network": 0.0,
                                  "share": 0.0, "seed": 0}
+    code, _, err = call(["simulate", str(PAPER), "-p", "gpipe", "--iterations", "2",
+                         "--jitter", "share=sawtooth", "--out", str(tmp_path / "tcp")])
+    assert code == 0, err
+    results = json.loads((tmp_path / "tcp" / "results.json").read_text())
+    assert results["jitter"] == {"compute": 0.0, "prefill": 0.0, "network": 0.0,
+                                 "share": None, "seed": 0}
     code, _, err = call(["simulate", str(PAPER), "--jitter", "compute=lots",
                          "--out", str(tmp_path / "bad")])
     assert code == 2 and "--jitter" in err and len(err.strip().splitlines()) == 1

@@ -15,6 +15,7 @@ from testbed.errors import InputError, PlanError
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.planning import plan_with_simulator
 from testbed.experiments.run import run
+from testbed.plan.jitter import Jitter
 from testbed.policy import training_policy
 from testbed.run.recovery import renamed_spans, resume_at, resume_from, survivors
 from testbed.run.spec import RunSpec
@@ -37,9 +38,10 @@ def _simulate(tmp_path: Path, name: str, text: str | None, on_failure: str = "st
               every: int = 2, topology: Path = TWO, policy: str = "gpipe") -> dict[str, Any]:
     scenario = _scenario(tmp_path, text) if text is not None else None
     inputs = load_inputs(topology, scenario=scenario, sets=(f"iterations={ITERATIONS}",))
+    # equal shares: a restarted run's iterations repeat the first's exactly
     spec = RunSpec.build("simulate", inputs.topology, inputs.job, policy=policy,
                          events=inputs.events, scenario=inputs.scenario, on_failure=on_failure,
-                         checkpoint_every=every)
+                         checkpoint_every=every, jitter=Jitter(share=0.0))
     outcome = run(spec, tmp_path / name)
     return outcome.results
 

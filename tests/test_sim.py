@@ -20,6 +20,7 @@ from testbed.experiments.inputs import load_inputs
 from testbed.experiments.planning import plan_with_simulator
 from testbed.job.model import Job, ModelShape
 from testbed.metrics.summary import run_iteration_s, summarize
+from testbed.plan.jitter import Jitter
 from testbed.plan.model import Op
 from testbed.policy import training_policy
 from testbed.report.profile import profile_from_spans
@@ -52,10 +53,11 @@ def _chain(stages: int, bandwidth: str = "1000Tbit", latency: str = "1ns") -> An
     }, "chain.yaml")
 
 
-def _run(topology: Any, job: Job, policy: str, profile: Any = None) -> Any:
+def _run(topology: Any, job: Job, policy: str, profile: Any = None,
+         jitter: Jitter | None = None) -> Any:
     chosen = training_policy(policy)
     plan = plan_with_simulator(chosen, topology, job)
-    result = Simulator(topology, job, plan, chosen, profile).run()
+    result = Simulator(topology, job, plan, chosen, profile, jitter=jitter).run()
     tokens = plan.dp * plan.microbatches * plan.microbatch_size * job.model.seq_len
     capacity = sum(topology.bottleneck_bps(a, b) for a, b in plan.sharing)
     return plan, result, summarize(result.spans, plan.used_gpus(), 0.0, tokens, capacity)
@@ -211,7 +213,11 @@ def test_a_round_that_changes_no_rate_solves_nothing() -> None:
 
 
 def _end(topology: Any, job: Job, policy: str) -> float:
-    _, result, _ = _run(topology, job, policy)
+    """With equal shares (the default, asked for here): a drawn share (`--jitter share=`)
+    holds whatever the network, so a faster one can leave a later message sharing a link
+    with one it missed before, each at its own share, and end later: never slower is the
+    fair-share model's property."""
+    _, result, _ = _run(topology, job, policy, jitter=Jitter(share=0.0))
     return max(s["end"] for s in result.spans if s["kind"] == "step")
 
 

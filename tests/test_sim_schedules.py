@@ -21,6 +21,7 @@ from testbed.metrics.summary import Summary, summarize
 from testbed.plan import Action, Op, Plan
 from testbed.plan.activations import peak_layers_held
 from testbed.plan.ideal import ideal_bubble_fraction
+from testbed.plan.jitter import Jitter
 from testbed.policy import training_policy
 from testbed.report.profile import profile_from_spans
 from testbed.sim.simulate import simulate_plan
@@ -179,9 +180,11 @@ def test_bubbletea_fills_a_zero_bubble_plans_bubbles_without_slowing_it() -> Non
                          sets=("inference.arrival_rate=100", "iterations=3", "pp=6", "dp=2"))
     policy = training_policy("zb-v")
     plan = plan_with_simulator(policy, inputs.topology, inputs.job)
-    alone, _ = simulate_plan(inputs.topology, inputs.job, plan, policy)
+    equal = Jitter(share=0.0)  # the broker's bubbles are the run's (test_bubbles)
+    alone, _ = simulate_plan(inputs.topology, inputs.job, plan, policy, jitter=equal)
     broker = make_broker(inputs.topology, inputs.job, plan, "bubbletea")
-    filled, spans = simulate_plan(inputs.topology, inputs.job, plan, policy, broker=broker)
+    filled, spans = simulate_plan(inputs.topology, inputs.job, plan, policy, broker=broker,
+                                  jitter=equal)
     assert filled.iteration_times == pytest.approx(alone.iteration_times, rel=1e-9)
     assert filled.utilization_total is not None and alone.utilization_training is not None
     assert filled.utilization_total > alone.utilization_training + 0.05

@@ -17,21 +17,25 @@ from testbed.experiments.inputs import load_inputs
 from testbed.experiments.planning import plan_with_simulator
 from testbed.plan.buckets import bucket_ready
 from testbed.plan.collective import Collective
+from testbed.plan.jitter import Jitter
 from testbed.plan.model import Plan
 from testbed.policy import training_policy
 from testbed.policy.base import Transfer, first_layers_first
 from testbed.sim.simulate import simulate_plan
+
+EQUAL_SHARES = Jitter(share=0.0)
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = load_inputs(ROOT / "topologies" / "paper-3dc.yaml", sets=("model=gpt2",))
 """paper-3dc with GPT-2 (124M parameters): a sync of seconds, compute of tenths."""
 
 
-def _run(policy: str, iterations: int, **options: str) -> tuple[Plan, Any, Sequence[Span]]:
+def _run(policy: str, iterations: int, jitter: Jitter | None = None,
+         **options: str) -> tuple[Plan, Any, Sequence[Span]]:
     chosen = training_policy(policy, dict(options))
     job = replace(PAPER.job, iterations=iterations)
     plan = plan_with_simulator(chosen, PAPER.topology, job)
-    summary, spans = simulate_plan(PAPER.topology, job, plan, chosen)
+    summary, spans = simulate_plan(PAPER.topology, job, plan, chosen, jitter=jitter)
     return plan, summary, spans
 
 
@@ -102,9 +106,12 @@ def test_an_eager_sync_costs_nothing_while_it_ends_within_the_next_outer_step() 
                                             "global_batch=768"))
     try:
         h = 8
-        _, blocking, spans = _run("diloco", 4 * h, inner_steps=str(h), bucket_mb="0")
-        _, eager, eager_spans = _run("diloco", 4 * h, inner_steps=str(h), eager="on",
-                                     bucket_mb="0")
+        # equal shares: each ring's chunks then take the same time every sync, so the
+        # eager cycle is exactly H steps' compute (drawn shares vary the syncs)
+        _, blocking, spans = _run("diloco", 4 * h, EQUAL_SHARES, inner_steps=str(h),
+                                  bucket_mb="0")
+        _, eager, eager_spans = _run("diloco", 4 * h, EQUAL_SHARES, inner_steps=str(h),
+                                     eager="on", bucket_mb="0")
     finally:
         PAPER = plain
     step = min(blocking.iteration_times)

@@ -115,13 +115,14 @@ def compare(topology: Path, policies: tuple[str, ...], plan_paths: tuple[Path, .
               "policies": list(policies), "plans": [str(p) for p in plan_paths],
               "bubbles": list(bubbles), "repeat": repeat,
               "options": list(policy_opts), "job_overrides": _overrides(flags),
-              "jitter": jitter.as_dict() if jitter else None,
+              "jitter": jitter.as_dict() if jitter is not None else None,
               "target_loss": common.target_loss, "loss_model": common.loss_model,
               "scenario": inputs.scenario.source, "on_failure": common.on_failure}
     write_compare(directory, config, entries)
     if jitter:
+        share = "its congestion control's" if jitter.share is None else f"{jitter.share:.1%}"
         click.echo(f"jitter (CV): compute {jitter.compute:.0%}, prefill {jitter.prefill:.0%}, "
-                   f"network {jitter.network:.0%}, share {jitter.share:.1%}; seeds "
+                   f"network {jitter.network:.0%}, share {share}; seeds "
                    f"{inputs.job.seed}..{inputs.job.seed + repeat - 1}")
     show(directory, entries, inputs.topology, fmt=fmt)
 

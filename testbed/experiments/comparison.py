@@ -92,7 +92,8 @@ def comparison_runs(base: RunSpec, policies: Sequence[str], bubbles: Sequence[st
                     plan=plan, plan_file=plan_file,
                     bubble_policy=bubble,
                     bubble_options=options_for(bubble, options, False) if bubble else None,
-                    jitter=noise.with_seed(base.job.seed + k) if noise else None)))
+                    jitter=noise.with_seed(base.job.seed + k)
+                    if noise is not None else None)))
     return out
 
 

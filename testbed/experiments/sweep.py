@@ -66,7 +66,7 @@ class SweepDescription(TypedDict):
     """[key, [value, ...]] for each knob: a list, as read back from JSON, to compare."""
     options: list[str]
     repeat: int
-    jitter: dict[str, float] | None
+    jitter: dict[str, float | None] | None
     profile: dict[str, dict[str, float]] | None
     target_loss: float | None
     loss_model: str
@@ -100,7 +100,7 @@ class SweepSettings:
                 "policies": list(self.policies), "bubbles": list(self.bubbles),
                 "knobs": [[k.key, list(k.values)] for k in self.knobs],
                 "options": list(self.options), "repeat": self.repeat,
-                "jitter": self.jitter.as_dict() if self.jitter else None,
+                "jitter": self.jitter.as_dict() if self.jitter is not None else None,
                 "profile": {str(k): v for k, v in sorted(self.profile.items())}
                 if self.profile else None,
                 "target_loss": self.target_loss, "loss_model": self.loss_model}
@@ -235,13 +235,12 @@ def _runs(settings: SweepSettings, values: tuple[tuple[str, str], ...]) -> list[
 
 
 def _jitter(value: str) -> Jitter | None:
-    if value in ("0", "none"):
-        return None
+    if value == "none":
+        return Jitter(share=0.0)
     try:
-        parsed = parse_jitter(value)
+        return parse_jitter(value)
     except ValueError as exc:
         raise InputError(str(exc), FLAG, "jitter") from None
-    return parsed or None
 
 
 def _event(text: str, topology: Topology) -> NetEvent:

@@ -46,7 +46,9 @@ from testbed.topology.seats import ClusterRecord
 
 SCHEMA_VERSION = 3
 """1: results.json before it had a schema (a `schema` key); 2: the first with one; 3:
-`loss_model` (the loss model's prediction) and `time_to_loss.basis`."""
+`loss_model` (the loss model's prediction) and `time_to_loss.basis`; within 3, `jitter`'s
+`share` may be null (each pair's congestion control's own spread), a widening that every
+file written before still meets."""
 
 
 class EmulationHealth(TypedDict):
@@ -216,9 +218,9 @@ class SimulatorBlock:
 
     profile: bool
     """Compute times came from a measured profile (`--profile`), not the FLOP model."""
-    jitter: dict[str, float] | None
+    jitter: dict[str, float | None] | None
     """The seeded noise on compute, prefill, transfer delays and shares
-    (testbed.plan.jitter)."""
+    (testbed.plan.jitter; share None: each pair's congestion control's own spread)."""
     pacing: Literal["assumed"] = "assumed"
     """The simulator assumes paced connections."""
 
@@ -319,7 +321,7 @@ class Results:
     """The emulator's --pacing; the simulator assumes paced connections."""
     # the simulator's
     profile: bool | None = field(default=None, metadata=OMITTED)
-    jitter: dict[str, float] | None = field(default=None, metadata=OMITTED)
+    jitter: dict[str, float | None] | None = field(default=None, metadata=OMITTED)
     # the emulator's
     allreduce: AllReduceChoice | None = field(default=None, metadata=OMITTED)
     activations: ActivationsChoice | None = field(default=None, metadata=OMITTED)

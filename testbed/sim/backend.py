@@ -119,7 +119,7 @@ def _record(spec: RunSpec, plan: Plan, summary: Summary, spans: Sequence[Span],
         summary=summary, spans=spans, start=0.0, policy_options=spec.common.policy_options,
         status=status, error=error,
         backend_block=SimulatorBlock(profile=bool(spec.simulate.profile),
-                                     jitter=jitter.as_dict() if jitter else None),
+                                     jitter=jitter.as_dict() if jitter is not None else None),
         inference=inference, recovery=recovery, requests=requests)
 
 

@@ -20,6 +20,7 @@ from testbed.plan.tcp_model import (
     loss_response,
     restarts_after_idle,
     rtt_bias,
+    sawtooth_cv,
 )
 from testbed.topology.model import Topology
 
@@ -61,6 +62,9 @@ class Pair:
     """How its congestion control answers random loss; None: it does not."""
     loss: float = 0.0
     """The packet loss of its path (a network event changes it for its next message)."""
+    sawtooth: float = 0.0
+    """How unequal its congestion control leaves equal connections' windows at any moment
+    (testbed.plan.tcp_model.sawtooth_cv): the default CV of its messages' shares."""
     cwnd: float = INITIAL_WINDOW
     """Per connection, bytes: on a lossy path, the mean of its connections' (`cycles`)."""
     last_active: float = float("-inf")
@@ -377,7 +381,8 @@ def pair_between(topology: Topology, src_dc: str, dst_dc: str, connections: int,
     return Pair(connections, window, max(rtt, MIN_RTT_S),
                 restarts_after_idle(src.congestion, src.slow_start_after_idle),
                 src.rto_min_s or RTO_MIN, pacing,
-                rtt_bias(src.congestion, pacing), loss_response(src.congestion), loss)
+                rtt_bias(src.congestion, pacing), loss_response(src.congestion), loss,
+                sawtooth_cv(src.congestion))
 
 
 @dataclass

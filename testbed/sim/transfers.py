@@ -37,6 +37,9 @@ class Transfers:
         self._pair_queue: dict[int, list[Arrival]] = {}
         self._starters: dict[int, Arrival] = {}
         self._transfer_ids = 0
+        self._sent: dict[tuple[str, str, Op], int] = {}
+        """Messages each pair has sent of each kind: with the pair and kind, a message's
+        identity for its share's draw (testbed.plan.jitter.Noise.share)."""
         self._paths: dict[tuple[str, str], tuple[tuple[str, ...], float]] = {}
 
     def path(self, src: SimWorker, dst: SimWorker) -> tuple[tuple[str, ...], float]:
@@ -90,7 +93,9 @@ class Transfers:
         pair = self.pair(src, dst, latency, nbytes if op is not Op.ALLREDUCE else GRADIENTS,
                          now)
         latency *= self.noise.factor("network")  # this message's delay, not the path's RTT
-        share = self.noise.factor("share")
+        numbered = (src.lead, dst.lead, op)
+        number = self._sent[numbered] = self._sent.get(numbered, -1) + 1
+        share = self.noise.share(pair.sawtooth, f"{src.lead}>{dst.lead}:{op.name}:{number}")
         link = None if src.dc == dst.dc else f"{src.dc}>{dst.dc}"
 
         def arrived(t: float, started: float) -> None:
