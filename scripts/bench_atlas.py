@@ -6,7 +6,9 @@ scaling, against the baselines, in the simulator and (as root) over the emulated
  [--emulate] [--repeat K] [--json F]`. Prints markdown tables; `compare` runs
 `testbed compare` on paper-3dc (all policies, and temporal sharing alone at dp 4 x pp 3,
 windows warm and cold) and keeps each row's figures (benchmarks/atlas-compare.json, the
-Atlas page's tables).
+Atlas page's tables). Without `--emulate`, `compare` keeps the emulated runs F already
+holds (and the commit they were measured at, as `emulated_commit`) beside the new
+simulated ones.
 """
 
 from __future__ import annotations
@@ -226,6 +228,12 @@ def main() -> None:
                      "-o", f"warm={warm}"])
     if args.json:
         results["commit"] = commit()
+        if "compare" in parts and not args.emulate and args.json.exists():
+            kept = json.loads(args.json.read_text())
+            emulated = {k: v for k, v in kept.items() if "_emulate" in k}
+            if emulated:
+                results.update(emulated)
+                results["emulated_commit"] = kept.get("emulated_commit", kept.get("commit"))
         args.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
 
 
