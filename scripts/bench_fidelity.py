@@ -15,14 +15,19 @@ machine forwards undilated), emulated at the dilation `auto` picks against the s
 `--parts dilation`: two-dc at K=1 and K=4 (`--repeat` runs each), which must agree;
 `--parts trace`: two-dc's link following a measured-style bandwidth trace
 (scenarios/two-dc-wan-trace.yaml), compared by tokens/s over the run;
+`--parts resimulate` (no root, no emulator): the table's simulated figures made again by
+the current model, against the same emulated runs (their commits kept, the simulator's
+recorded beside them);
 `--parts share-noise` (no root, no emulator): every judged row of the table's JSON
-simulated again with `--jitter share=CV` at its congestion control's sawtooth
-(testbed.plan.tcp_model.sawtooth_cv), `--seeds` seeds, against the same emulated runs.
+simulated with equal shares (the default) and with shares drawn at its congestion
+control's sawtooth (`--jitter share=sawtooth`, testbed.plan.tcp_model.sawtooth_cv) at the
+job's seed and over `--seeds` seeds, against the same emulated runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -150,11 +155,41 @@ def trace_case(repeat: int, scratch: Path, dilations: list[int]) -> dict[str, An
     return out
 
 
+def resimulate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row's simulated iteration (and a dilated run's, dilated_s) by the current
+    model, its emulated runs as they were: the plan each policy makes now must be the one
+    that was emulated, or the row says it is not."""
+    done = {"simulated_commit": commit()}
+    out = []
+    for row in rows:
+        if row["simulated_s"] is None:  # no plan
+            out.append(row)
+            continue
+        inputs = load_inputs(topology_file(row["topology"]))
+        chosen = training_policy(row["policy"])
+        plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
+        if f"dp {plan.dp} x pp {plan.pp}" != row["plan"]:
+            raise SystemExit(f"{row['topology']} {row['policy']}: plans dp {plan.dp} x pp "
+                             f"{plan.pp} now, {row['plan']} when emulated: run the table "
+                             "again (--keep)")
+        row = {**row, **done, "simulated_s": dilated_s(inputs.topology, inputs.job, plan,
+                                                        chosen, 1)}
+        for name in ("k1", "auto"):
+            block = row.get(name)
+            if block is not None and block.get("simulated_dilated_s") is not None:
+                row[name] = {**block, "simulated_dilated_s": dilated_s(
+                    inputs.topology, inputs.job, plan, chosen, block["dilation"])}
+        out.append(row)
+        print(json.dumps({k: row[k] for k in ("topology", "policy", "simulated_s")}),
+              flush=True)
+    return out
+
+
 def share_noise(rows: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
-    """Each judged row (summary's choice of run) simulated again with share noise at its
-    congestion control's sawtooth, seed by seed: equal flows that meet at a bottleneck
-    never get exactly equal shares in real TCP, and where a plan's replicas send in step
-    the simulator's exactly equal shares keep them in step."""
+    """Each judged row (summary's choice of run) simulated with equal shares and with
+    shares drawn at its congestion control's sawtooth, seed by seed: equal flows that
+    meet at a bottleneck never get exactly equal shares in real TCP, and where a plan's
+    replicas send in step, exactly equal shares keep them in step."""
     out: dict[str, Any] = {"seeds": seeds, "commit": commit(), "rows": []}
     for row in rows:
         block = _judged(row)
@@ -162,19 +197,20 @@ def share_noise(rows: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
             continue
         inputs = load_inputs(topology_file(row["topology"]))
         congestion = inputs.topology.tcp.congestion
-        cv = sawtooth_cv(congestion)
         k = block["runs"][0]["dilation"]
         chosen = training_policy(row["policy"])
         plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
-        noisy = [s for seed in (range(seeds) if cv else ())
-                 if (s := dilated_s(inputs.topology, inputs.job, plan, chosen, k,
-                                    Jitter(share=cv, seed=seed))) is not None]
-        simulated = _reference(row, block)
+
+        simulated = functools.partial(dilated_s, inputs.topology, inputs.job, plan, chosen, k)
+        noisy = [s for seed in range(seeds)
+                 if (s := simulated(Jitter(share=None, seed=seed))) is not None]
         entry = {"topology": row["topology"], "policy": row["policy"], "plan": row["plan"],
-                 "congestion": congestion, "share_cv": cv, "dilation": k,
+                 "congestion": congestion, "share_cv": sawtooth_cv(congestion),
+                 "dilation": k, "seed": inputs.job.seed,
                  "emulated_s": block["median_s"], "emulated_runs": len(block["runs"]),
-                 "simulated_s": simulated, "noisy_s": noisy,
-                 "noisy_median_s": statistics.median(noisy) if noisy else None,
+                 "equal_s": simulated(None),
+                 "sawtooth_s": simulated(Jitter(share=None, seed=inputs.job.seed)),
+                 "noisy_s": noisy, "noisy_median_s": statistics.median(noisy) if noisy else None,
                  "load": os.getloadavg()[0]}
         out["rows"].append(entry)
         print(json.dumps(entry), flush=True)
@@ -211,38 +247,39 @@ def _reference(row: dict[str, Any], block: dict[str, Any]) -> float:
 
 
 def share_noise_table(result: dict[str, Any]) -> str:
-    lines = ["| topology | policy | plan | congestion | K | emulated | simulated | error | "
-             "with share noise (CV) | error |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| topology | policy | plan | congestion (share CV) | K | emulated | equal shares "
+             "(default) | error | share=sawtooth (the job's seed) | error | seeds' median "
+             "(range) | error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
-        noisy = row["noisy_median_s"]
-        cell = (f"{noisy:.3f} s ({row['share_cv']:.1%}; {min(row['noisy_s']):.3f}-"
-                f"{max(row['noisy_s']):.3f} over {len(row['noisy_s'])} seeds) | "
-                f"{_error(row['emulated_s'], noisy)}" if noisy is not None
-                else "no sawtooth (0%) | -")
+        noisy = row["noisy_s"]
         runs = f", {row['emulated_runs']} runs" if row["emulated_runs"] > 1 else ""
+        emulated = row["emulated_s"]
         lines.append(f"| {row['topology']} | {row['policy']} | {row['plan']} | "
-                     f"{row['congestion']} | {row['dilation']} | {row['emulated_s']:.3f} s"
-                     f"{runs} | {row['simulated_s']:.3f} s | "
-                     f"{_error(row['emulated_s'], row['simulated_s'])} | {cell} |")
+                     f"{row['congestion']} ({row['share_cv']:.1%}) | {row['dilation']} | "
+                     f"{emulated:.3f} s{runs} | {row['equal_s']:.3f} s | "
+                     f"{_error(emulated, row['equal_s'])} | {row['sawtooth_s']:.3f} s | "
+                     f"{_error(emulated, row['sawtooth_s'])} | "
+                     f"{row['noisy_median_s']:.3f} s ({min(noisy):.3f}-{max(noisy):.3f}) | "
+                     f"{_error(emulated, row['noisy_median_s'])} |")
     return "\n".join(lines)
 
 
 def share_noise_summary(result: dict[str, Any]) -> str:
     rows = result["rows"]
 
-    def within(key: str) -> list[dict[str, Any]]:
-        return [r for r in rows if r[key] is not None
-                and abs(r["emulated_s"] / r[key] - 1) <= TARGET]
-    noisy = [r for r in rows if r["noisy_median_s"] is not None]
-    moved = [f"{r['topology']} {r['policy']} ({r['emulated_s'] / r['simulated_s'] - 1:+.1%} "
-             f"-> {r['emulated_s'] / r['noisy_median_s'] - 1:+.1%})" for r in noisy
-             if abs(r["noisy_median_s"] / r["simulated_s"] - 1) > 0.01]
-    return (f"Within {TARGET:.0%} of the emulator: {len(within('simulated_s'))} of {len(rows)} "
-            f"as simulated, {len(within('noisy_median_s')) + len(rows) - len(noisy)} of "
-            f"{len(rows)} with share noise (the median of {result['seeds']} seeds; rows "
-            f"without a sawtooth as simulated). Rows the noise moved by more than 1%: "
-            + (", ".join(moved) if moved else "none") + ". The emulated runs are the table "
-            "above's (benchmarks/fidelity.json), each judged as there.")
+    def within(key: str) -> int:
+        return sum(1 for r in rows if r[key] is not None
+                   and abs(r["emulated_s"] / r[key] - 1) <= TARGET)
+    moved = [f"{r['topology']} {r['policy']} ({r['emulated_s'] / r['equal_s'] - 1:+.1%} "
+             f"-> {r['emulated_s'] / r['sawtooth_s'] - 1:+.1%})" for r in rows
+             if abs(r["sawtooth_s"] / r["equal_s"] - 1) > 0.01]
+    return (f"Within {TARGET:.0%} of the emulator: {within('equal_s')} of {len(rows)} with "
+            f"equal shares, {within('sawtooth_s')} with `share=sawtooth` at the job's seed, "
+            f"{within('noisy_median_s')} at the median of {result['seeds']} seeds. Rows the "
+            "share noise moved by more than 1%: " + (", ".join(moved) if moved else "none")
+            + ". The emulated runs are the table above's (benchmarks/fidelity.json), each "
+            "judged as there.")
 
 
 def _ratio(emulated: float | None, simulated: float | None) -> float | None:
@@ -276,11 +313,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="skip an emulated run predicted to take longer (s)")
     parser.add_argument("--json", type=Path, help="default: benchmarks/fidelity[-PART].json")
     parser.add_argument("--parts", default="table",
-                        help="table, long-link, dilation, trace, share-noise")
+                        help="table, long-link, dilation, trace, resimulate, share-noise")
     parser.add_argument("--seeds", type=int, default=5, help="share-noise: seeds per row")
     parser.add_argument("--from", dest="source", type=Path,
                         default=ROOT / "benchmarks" / "fidelity.json",
-                        help="share-noise: the table's JSON whose emulated runs it compares")
+                        help="resimulate, share-noise: the table's JSON whose emulated runs "
+                             "they compare")
     parser.add_argument("--dilations", default="1,2", help="trace: the emulator's K values")
     parser.add_argument("--keep", action="store_true",
                         help="table: keep the JSON's rows of other topologies and policies "
@@ -290,6 +328,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = _parser().parse_args()
+    if args.parts == "resimulate":
+        path = args.json or args.source
+        report = json.loads(args.source.read_text())
+        report["rows"] = resimulate(report["rows"])
+        path.write_text(json.dumps(report, indent=1))
+        print(table(report["rows"]))
+        print(summary(report["rows"]))
+        return
     if args.parts == "share-noise":
         share_noise_part(args.source, args.seeds, args.json)
         return
@@ -327,13 +373,13 @@ def main() -> None:
                                  **measured, "load": os.getloadavg()[0]})
                     print(json.dumps(rows[-1]), flush=True)
                     continue
-                summary, spans = simulate_plan(inputs.topology, inputs.job, plan, chosen)
+                simulated, spans = simulate_plan(inputs.topology, inputs.job, plan, chosen)
                 k_auto = choose_dilation(peak_rate_bps(spans), capacity)
                 row: dict[str, Any] = {"topology": name, "policy": policy,
                                        "plan": f"dp {plan.dp} x pp {plan.pp}",
-                                       "simulated_s": summary.median_s,
+                                       "simulated_s": simulated.median_s,
                                        **measured, "load": os.getloadavg()[0]}
-                wall = (summary.median_s or 0.0) * (inputs.job.iterations + 1)
+                wall = (simulated.median_s or 0.0) * (inputs.job.iterations + 1)
                 if wall > args.max_wall:
                     row["skipped"] = f"predicted {wall:.0f} s of wall time per run"
                     rows.append(row)
@@ -447,6 +493,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
         if dilated and abs(dilated / row["simulated_s"] - 1) > TARGET:
             dilation.append(f"{name} ({dilated / row['simulated_s'] - 1:+.1%} at K={k})")
     commits = sorted({row.get("commit") or "unknown" for row in rows})
+    simulated = sorted({row["simulated_commit"] for row in rows if "simulated_commit" in row})
     repeated = [f"{row['topology']} {row['policy']} at K={block['dilation']}: "
                 f"{len(block['runs'])} runs" for row in rows
                 for block in _blocks(row) if len(block["runs"]) > 1]
@@ -465,8 +512,9 @@ def summary(rows: list[dict[str, Any]]) -> str:
                if alone else "")
             + ". One run per cell"
             + (f", the median of several where said ({', '.join(repeated)})" if repeated else "")
-            + f"; measured at commit{'s' if len(commits) > 1 else ''} "
-            + ", ".join(commits) + ".")
+            + f"; emulated at commit{'s' if len(commits) > 1 else ''} "
+            + ", ".join(commits)
+            + (f", simulated again at {', '.join(simulated)}" if simulated else "") + ".")
 
 
 def _blocks(row: dict[str, Any]) -> list[dict[str, Any]]:
