@@ -217,12 +217,55 @@ def share_noise(rows: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
     return out
 
 
+COST_SIZES = ((4096, 8), (16384, 8))
+"""GPT-3 175B with 1F1B (scripts/bench_sim.py's scale table) at these GPUs x
+microbatches: what drawn shares cost the simulator where many replicas contend."""
+
+
+def share_noise_cost(sizes: tuple[tuple[int, int], ...] = COST_SIZES) -> list[dict[str, Any]]:
+    """The simulator's CPU seconds for one iteration with equal shares and with
+    `share=sawtooth`: equal flows started together end together and are solved once;
+    drawn shares end them apart, each end solving its link's flows anew."""
+    from bench_sim import gpt3
+
+    from testbed.sim.simulator import Simulator
+
+    rows = []
+    for gpus, microbatches in sizes:
+        topology, job = gpt3(gpus, microbatches)
+        policy = training_policy("1f1b")
+        plan = plan_with_simulator(policy, topology, job)
+        row: dict[str, Any] = {"gpus": gpus, "microbatches": microbatches,
+                               "load": os.getloadavg()[0]}
+        for name, jitter in (("equal", None), ("sawtooth", Jitter(share=None, seed=job.seed))):
+            cpu = time.process_time()
+            result = Simulator(topology, job, plan, policy, jitter=jitter).run()
+            row[f"{name}_cpu_s"] = time.process_time() - cpu
+            row[f"{name}_end_s"] = max(s["end"] for s in result.spans)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def share_noise_part(source: Path, seeds: int, path: Path | None) -> None:
     result = share_noise(json.loads(source.read_text())["rows"], seeds)
+    result["cost"] = share_noise_cost()
     path = path or ROOT / "benchmarks" / "fidelity-share-noise.json"
     path.write_text(json.dumps(result, indent=1))
     print(share_noise_table(result))
     print(share_noise_summary(result))
+    print(share_noise_cost_table(result["cost"]))
+
+
+def share_noise_cost_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| GPUs | microbatches | equal shares: CPU | iteration | share=sawtooth: CPU | "
+             "iteration | CPU, x equal shares |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['gpus']:,} | {row['microbatches']} | {row['equal_cpu_s']:.2f} s | "
+                     f"{row['equal_end_s']:.3f} s | {row['sawtooth_cpu_s']:.2f} s | "
+                     f"{row['sawtooth_end_s']:.3f} s | "
+                     f"{row['sawtooth_cpu_s'] / row['equal_cpu_s']:.1f}x |")
+    return "\n".join(lines)
 
 
 def _judged(row: dict[str, Any]) -> dict[str, Any] | None:

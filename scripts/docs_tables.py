@@ -76,7 +76,8 @@ def _fidelity(report: dict[str, Any]) -> str:
 
 def _fidelity_share_noise(report: dict[str, Any]) -> str:
     script = _script("bench_fidelity")
-    return f"{script.share_noise_table(report)}\n\n{script.share_noise_summary(report)}"
+    return (f"{script.share_noise_table(report)}\n\n{script.share_noise_summary(report)}\n\n"
+            f"{script.share_noise_cost_table(report['cost'])}")
 
 
 def _fidelity_trace(report: dict[str, Any]) -> str:
