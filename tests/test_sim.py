@@ -224,14 +224,21 @@ def _end(topology: Any, job: Job, policy: str) -> float:
 @settings(max_examples=25)
 @given(data=st.data())
 def test_more_bandwidth_or_less_latency_is_never_slower(data: st.DataObject) -> None:
+    from dataclasses import replace
+
     topology = data.draw(topologies(min_dcs=2, max_dcs=3, max_gpus=3, full_mesh=True))
+    # lossless links: on a lossy one the model places each loss exactly every 1/loss
+    # packets, so the window a loss finds depends on the rate and the round trip, either
+    # way (found: 1% loss, a quarter of the latency, 2.6% slower; the strict xfail
+    # tests/test_tcp_model.py::test_a_slower_lossy_link_never_speeds_a_flow)
+    topology = replace(topology, links=tuple(replace(link, loss=0.0)
+                                             for link in topology.links))
     job = data.draw(job_fitting(topology))
     policy = data.draw(st.sampled_from(["gpipe", "1f1b", "dp-across-dc"]))
     try:
         base = _end(topology, job, policy)
     except InputError:
         assume(False)
-    from dataclasses import replace
 
     # every link 4x: with max-min sharing, a faster WAN link alone can slow a flow that
     # shares a host's NIC with one crossing it (the WAN flow takes more of the NIC: found
