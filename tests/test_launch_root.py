@@ -73,6 +73,12 @@ def _launch(tmp_path: Path, program: str, *args: str, env: dict[str, str] | None
     return result, json.loads((out / "results.json").read_text())
 
 
+def _rank_logs(out: Path, lines: int = 40) -> str:
+    """The end of each rank's log: what an assertion on a launch shows beside its stderr."""
+    return "".join(f"\n== {log.name}\n" + "\n".join(log.read_text().splitlines()[-lines:])
+                   for log in sorted((out / "ranks").glob("*.log")))
+
+
 def _counters(out: Path) -> dict[str, list[Counter]]:
     found: dict[str, list[Counter]] = {}
     with open(out / "counters.csv") as handle:
@@ -284,9 +290,10 @@ time.sleep(2)  # seen by the launch's sampler (every 0.5 s) at least once
 """
     result, results = _launch(tmp_path, program, "-p", ONE_PER_DC, "--torchrun",
                               "--max-restarts", "1")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, result.stderr + _rank_logs(tmp_path / "out")
     outcomes = results["outcomes"]
-    assert [(r["exit_code"], r["restarts"]) for r in outcomes] == [(0, 1), (0, 1)]
+    assert [(r["exit_code"], r["restarts"]) for r in outcomes] == [(0, 1), (0, 1)], \
+        _rank_logs(tmp_path / "out")
     assert sorted(r for o in outcomes for r in o["torch_ranks"]) == [0, 1]
 
 
