@@ -234,11 +234,9 @@ def _runs(settings: SweepSettings, values: tuple[tuple[str, str], ...]) -> list[
     return out
 
 
-def _jitter(value: str) -> Jitter | None:
-    if value == "none":
-        return Jitter(share=0.0)
+def _jitter(value: str) -> Jitter:
     try:
-        return parse_jitter(value)
+        return parse_jitter("0" if value == "none" else value)
     except ValueError as exc:
         raise InputError(str(exc), FLAG, "jitter") from None
 

@@ -104,11 +104,15 @@ class Noise:
             return 1.0
         return self.streams[kind].lognormvariate(-sigma * sigma / 2, sigma)
 
+    def share_cv(self, sawtooth: float) -> float:
+        """The CV of a pair's shares: the run's, or with `share=sawtooth` the pair's
+        congestion control's (`sawtooth`)."""
+        return self.jitter.share if self.jitter.share is not None else sawtooth
+
     def share(self, sawtooth: float, identity: str) -> float:
-        """A transfer's share factor: at the run's share CV, or with `share=sawtooth` at
-        `sawtooth` (its pair's congestion control's); `identity` names the transfer
+        """A transfer's share factor at share_cv(sawtooth); `identity` names the transfer
         within the run (its pair, kind and number there)."""
-        cv = self.jitter.share if self.jitter.share is not None else sawtooth
+        cv = self.share_cv(sawtooth)
         if cv == 0.0:
             return 1.0
         sigma = _sigma(cv)

@@ -64,7 +64,8 @@ class Pair:
     """The packet loss of its path (a network event changes it for its next message)."""
     sawtooth: float = 0.0
     """How unequal its congestion control leaves equal connections' windows at any moment
-    (testbed.plan.tcp_model.sawtooth_cv): the default CV of its messages' shares."""
+    (testbed.plan.tcp_model.sawtooth_cv): its messages' share CV with `--jitter
+    share=sawtooth`."""
     cwnd: float = INITIAL_WINDOW
     """Per connection, bytes: on a lossy path, the mean of its connections' (`cycles`)."""
     last_active: float = float("-inf")

@@ -93,9 +93,12 @@ class Transfers:
         pair = self.pair(src, dst, latency, nbytes if op is not Op.ALLREDUCE else GRADIENTS,
                          now)
         latency *= self.noise.factor("network")  # this message's delay, not the path's RTT
-        numbered = (src.lead, dst.lead, op)
-        number = self._sent[numbered] = self._sent.get(numbered, -1) + 1
-        share = self.noise.share(pair.sawtooth, f"{src.lead}>{dst.lead}:{op.name}:{number}")
+        share = 1.0
+        if self.noise.share_cv(pair.sawtooth):  # numbered only where shares are drawn
+            numbered = (src.lead, dst.lead, op)
+            number = self._sent[numbered] = self._sent.get(numbered, -1) + 1
+            share = self.noise.share(pair.sawtooth,
+                                     f"{src.lead}>{dst.lead}:{op.name}:{number}")
         link = None if src.dc == dst.dc else f"{src.dc}>{dst.dc}"
 
         def arrived(t: float, started: float) -> None:
