@@ -33,12 +33,13 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from measured_at import commit
 
-from testbed.emulator.runtime.coordinator.capacity import machine_capacity_bps
+from testbed.emulator.runtime.coordinator.capacity import machine_capacity_bps, worker_costs
 from testbed.errors import InputError
 from testbed.experiments.inputs import Inputs, load_inputs
 from testbed.experiments.planning import plan_with_simulator
@@ -46,7 +47,12 @@ from testbed.experiments.run import run
 from testbed.plan.jitter import Jitter
 from testbed.plan.tcp_model import sawtooth_cv
 from testbed.policy.registry import discover, training_policy
-from testbed.run.dilation import choose_dilation, dilate_topology, peak_rate_bps
+from testbed.run.dilation import (
+    busiest_spans_per_second,
+    choose_dilation,
+    dilate_topology,
+    peak_rate_bps,
+)
 from testbed.run.spec import RunSpec
 from testbed.scenario.scenario import Scenario
 from testbed.sim.simulate import simulate_plan
@@ -283,6 +289,32 @@ def _measured(row: dict[str, Any]) -> list[dict[str, Any]]:
             if b is not None and b["median_s"] is not None]
 
 
+def emulate_auto(k1: dict[str, Any], k_auto: int, wall: float, max_wall: float,
+                 emulated: Callable[..., dict[str, Any]],
+                 simulated: Callable[[int], float | None]) -> dict[str, Any] | None:
+    """The runs at the dilation `auto` picked (K=1's own where it picked 1) and, where
+    those were machine-bound, once more at the dilation they suggested (`followed`);
+    None where the wall time would pass `max_wall`."""
+    block, followed = (k1 if k_auto == 1 else None), False
+    while True:
+        if k_auto > 1 and wall * k_auto <= max_wall:
+            block = emulated(dilation=k_auto)
+            block["simulated_dilated_s"] = simulated(k_auto)
+            block["followed"] = followed
+        suggested = _suggested(block)
+        if followed or suggested is None or suggested <= k_auto:
+            return block
+        k_auto, followed = suggested, True
+
+
+def _suggested(block: dict[str, Any] | None) -> int | None:
+    """The dilation a machine-bound block's runs suggest (the most of them), as a user
+    told `try --dilation N` would go on; None where the machine did not limit them."""
+    wanted = [r["emulation"]["suggested_dilation"] for r in (block or {}).get("runs", ())
+              if (r.get("emulation") or {}).get("cpu_bound")]
+    return max(wanted) if wanted else None
+
+
 def _reference(row: dict[str, Any], block: dict[str, Any]) -> float:
     """What a run is judged against: the simulator of the network it emulates (a dilated
     run's, dilated_s), else the row's simulated iteration."""
@@ -398,6 +430,7 @@ def main() -> None:
     policies = (args.policies.split(",") if args.policies
                 else [name for name, info in discover("testbed.policies").items() if info.ok])
     capacity = machine_capacity_bps(print)
+    span_cpu_s = worker_costs(print).span_cpu_s
     rows: list[dict[str, Any]] = []
     kept = json.loads(args.json.read_text())["rows"] if args.keep and args.json.exists() else []
     measured = {"commit": commit()}  # rows of several runs share one table
@@ -417,7 +450,8 @@ def main() -> None:
                     print(json.dumps(rows[-1]), flush=True)
                     continue
                 simulated, spans = simulate_plan(inputs.topology, inputs.job, plan, chosen)
-                k_auto = choose_dilation(peak_rate_bps(spans), capacity)
+                k_auto = choose_dilation(peak_rate_bps(spans), capacity, path=span_cpu_s
+                                         * busiest_spans_per_second(spans))
                 row: dict[str, Any] = {"topology": name, "policy": policy,
                                        "plan": f"dp {plan.dp} x pp {plan.pp}",
                                        "simulated_s": simulated.median_s,
@@ -430,15 +464,12 @@ def main() -> None:
                     continue
                 row["k1"] = emulate(inputs.topology, inputs.job, policy, 1, args.repeat,
                                     Path(tmp))
-                if k_auto == 1:
-                    row["auto"] = row["k1"]
-                elif wall * k_auto <= args.max_wall:
-                    row["auto"] = emulate(inputs.topology, inputs.job, policy, k_auto,
-                                          args.repeat, Path(tmp))
-                    row["auto"]["simulated_dilated_s"] = dilated_s(
-                        inputs.topology, inputs.job, plan, chosen, k_auto)
-                else:
-                    row["auto"] = None
+                row["auto"] = emulate_auto(row["k1"], k_auto, wall, args.max_wall,
+                                           functools.partial(
+                                               emulate, inputs.topology, inputs.job, policy,
+                                               repeat=args.repeat, scratch=Path(tmp)),
+                                           functools.partial(dilated_s, inputs.topology,
+                                                             inputs.job, plan, chosen))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     ran = {(row["topology"], row["policy"]) for row in rows}
@@ -553,6 +584,9 @@ def summary(rows: list[dict[str, Any]]) -> str:
             + (f". One GPU, no network, so not judged (microseconds of modeled compute "
                f"against the emulator's Python per iteration): {', '.join(alone)}"
                if alone else "")
+            + (". K auto: what `--dilation auto` picked or, where its run was machine-bound, "
+               "what that run suggested (marked so), as a user told `try --dilation N` goes "
+               "on" if any((row.get("auto") or {}).get("followed") for row in rows) else "")
             + ". One run per cell"
             + (f", the median of several where said ({', '.join(repeated)})" if repeated else "")
             + f"; emulated at commit{'s' if len(commits) > 1 else ''} "
@@ -564,6 +598,12 @@ def _blocks(row: dict[str, Any]) -> list[dict[str, Any]]:
     """A row's emulated runs: at K=1, and at K auto where that is another."""
     k1, auto = row.get("k1"), row.get("auto")
     return [b for b in (k1, None if auto == k1 else auto) if b is not None]
+
+
+def _k(auto: dict[str, Any] | None) -> str:
+    if auto is None:
+        return "-"
+    return f"{auto['dilation']}" + (" (suggested)" if auto.get("followed") else "")
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -578,7 +618,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             continue
         auto, alone = row.get("auto"), _one_gpu(row)
         lines.append(f"{head} {_cell(row['k1'], sim, alone)} "
-                     f"{auto['dilation'] if auto else '-'} | {_cell(auto, sim, alone)}")
+                     f"{_k(auto)} | {_cell(auto, sim, alone)}")
     return "\n".join(lines)
 
 

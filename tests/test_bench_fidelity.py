@@ -121,3 +121,32 @@ def test_share_noise_reruns_exactly_the_judged_rows_and_counts_both_ways(
     assert "| cubic (9.2%) | 1 | 8.200 s, 3 runs | 10.000 s | -18.0% | 8.300 s | -1.2% | " \
         "8.400 s (8.000-9.000) | -2.4% |" in table
     assert "| bbr (0.0%) | 1 | 10.100 s | 10.000 s | +1.0% | 10.000 s | +1.0% |" in table
+
+
+def test_a_machine_bound_run_is_followed_once_at_the_dilation_it_suggests(
+        bench: ModuleType) -> None:
+    """As a user told `try --dilation 4` goes on: auto picked 1, whose run was bound and
+    suggested 4; the run at 4 is the row's K auto, marked, and not followed again."""
+    def bound(k: int, suggested: int) -> dict[str, Any]:
+        run = {"dilation": k, "emulation": {"cpu_bound": True,
+                                            "suggested_dilation": suggested}}
+        return {"median_s": 1.0, "dilation": k, "runs": [run]}
+
+    asked: list[int] = []
+
+    def emulated(dilation: int) -> dict[str, Any]:
+        asked.append(dilation)
+        return bound(dilation, dilation * 2)
+
+    k1 = bound(1, 4)
+    auto = bench.emulate_auto(k1, 1, 1.0, 100.0, emulated, lambda k: 0.5)
+    assert asked == [4] and auto["followed"] and auto["simulated_dilated_s"] == 0.5
+    assert bench.table([_row("p", 1.0, k1, auto)]).count("| 4 (suggested) |") == 1
+    assert "what that run suggested (marked so)" in bench.summary([_row("p", 1.0, k1, auto)])
+    asked.clear()  # auto picked 2, its run was free: nothing more
+    free = _block(1.0, 2, False)
+    assert bench.emulate_auto(k1, 2, 1.0, 100.0, lambda dilation: free, lambda k: 1.0) \
+        is free
+    # too long at the suggestion: K=1's own runs stand
+    assert bench.emulate_auto(k1, 1, 50.0, 100.0, emulated, lambda k: 0.5) is k1
+    assert asked == []

@@ -32,8 +32,10 @@ from testbed.run.dilation import (
     LINUX_RTO_MIN_S,
     MAX_DILATION,
     MIN_USABLE,
+    PATH_LIMIT,
     MachineLoad,
     WorkerCosts,
+    busiest_spans_per_second,
     choose_dilation,
     choose_for,
     dilate_event,
@@ -224,9 +226,43 @@ def test_spans_per_second_of_a_simulated_run() -> None:
     assert spans_per_second([]) == 0.0
 
 
-def _span(kind: str, start: float, end: float) -> Span:
-    return {"gpu": "a-0", "kind": kind, "start": start, "end": end, "iteration": 0,
+def _span(kind: str, start: float, end: float, gpu: str = "a-0") -> Span:
+    return {"gpu": gpu, "kind": kind, "start": start, "end": end, "iteration": 0,
             "stage": 0}  # type: ignore[typeddict-item]
+
+
+def test_the_busiest_worker_sets_the_share_its_actions_take_of_its_path() -> None:
+    """two-dc's pipelines: 26 spans per worker per iteration of 41.5 ms at 119 us of CPU
+    each take 7.5% of the worker's time, which dilation 4 brings under 2%; the machine's
+    idle cores do not help (no forwarding or bookkeeping to speak of)."""
+    spans = [_span("forward", 0.0, 1.0, "a-0"), _span("send", 1.0, 2.0, "a-0"),
+             _span("recv", 3.0, 4.0, "b-0"), _span("net_event", 0.0, 100.0, "network")]
+    assert busiest_spans_per_second(spans) == pytest.approx(2 / 4)
+    assert busiest_spans_per_second([]) == 0.0
+    load = MachineLoad(peak_bps=1e6, capacity_bps=2e9, spans_per_s=4 * 26 / 0.0415,
+                       workers=4, cores=2, costs=WorkerCosts(119e-6, 0.0),
+                       busiest_spans_per_s=26 / 0.0415)
+    assert load.path == pytest.approx(0.0746, rel=1e-3)
+    assert choose_for(load) == math.ceil(load.path / PATH_LIMIT) == 4
+    assert choose_dilation(1e6, 2e9) == 1  # without the path, bytes alone
+    assert choose_dilation(0.0, 2e9, path=0.01) == 1
+    assert choose_dilation(0.0, 2e9, path=PATH_LIMIT * 100) == MAX_DILATION
+    assert choose_dilation(3e9, 1e9, path=0.05) == 6  # the busier of the two needs wins
+
+
+def test_a_worker_whose_own_actions_take_its_path_bounds_the_run() -> None:
+    """However idle the cores: the run says so, and suggests the dilation that brings
+    the busiest worker's share under PATH_LIMIT (it is already the run's own, at K)."""
+    health = assess(0.1, [0.0002], None, dilation=1, span_cpu_s=119e-6, path_share=0.075)
+    assert health.cpu_bound and health.suggested_dilation == 4
+    assert "busiest worker's own actions took 7.5%" in (health.warning() or "")
+    dilated = assess(0.1, [0.0002], None, dilation=4, span_cpu_s=119e-6, path_share=0.019)
+    assert not dilated.cpu_bound and dilated.suggested_dilation == 4
+    assert assess(0.1, [0.0002], None, dilation=2, path_share=0.03).suggested_dilation == 3
+    unmeasured = assess(0.1, [0.0002], None, path_share=None)
+    assert not unmeasured.cpu_bound and unmeasured.path_share is None
+    # behind the simulator too: the larger of the two needs
+    assert health.behind(1.1, 1.0).suggested_dilation == 4
 
 
 def test_after_a_machine_bound_run_the_suggestion_covers_what_it_needed() -> None:
@@ -282,6 +318,11 @@ def test_a_runs_health_reads_its_cpu_samples_and_the_workers_ticks() -> None:
     assert health.span_cpu_s == pytest.approx(2 * tick_s)
     unmeasured = assess_run(CpuSample(0, 0), CpuSample(0, 0), None, 0, [], None, 1)
     assert unmeasured.workers_cpu is None and unmeasured.span_cpu_s is None
+    assert unmeasured.path_share is None
+    # its busiest worker recorded 10 spans a second of the machine's time
+    pathed = assess_run(CpuSample(100, 1000), CpuSample(800, 2000), 300, 150, [0.001],
+                        None, dilation=2, busiest_spans_per_s=10.0)
+    assert pathed.path_share == pytest.approx(10 * 2 * tick_s)
 
 
 def test_the_workers_cpu_is_measured_once_and_cached(tmp_path: Path,

@@ -44,7 +44,9 @@ from testbed.report.run_results import (
 from testbed.run.backend import BackendRun, Say, typed_inference
 from testbed.run.checkpoint import Progress
 from testbed.run.dilation import (
+    PATH_LIMIT,
     MachineLoad,
+    busiest_spans_per_second,
     choose_for,
     peak_rate_bps,
     represented_inference,
@@ -239,7 +241,7 @@ def emulation_record(health: Health) -> EmulationHealth:
             "reasons": list(health.reasons), "dilation": health.dilation,
             "suggested_dilation": health.suggested_dilation,
             "needed_dilation": health.needed_dilation or health.suggested_dilation,
-            "span_cpu_s": health.span_cpu_s}
+            "span_cpu_s": health.span_cpu_s, "path_share": health.path_share}
 
 
 def memory_record(measured: MemoryUse | None, predicted: MemoryPlan) -> MeasuredMemory:
@@ -288,7 +290,8 @@ def _choose_dilation(spec: RunSpec, predicted_spans: Sequence[Span], compute: st
         peak_rate_bps(predicted_spans,
                       wan_only=spec.emulate.activations == "auto" and compute == "emulated"),
         machine_capacity_bps(say), spans_per_second(predicted_spans),
-        len(plan.used_gpus()), cores(), worker_costs(say))
+        len(plan.used_gpus()), cores(), worker_costs(say),
+        busiest_spans_per_second(predicted_spans))
     background = busy_now()
     usable = usable_share(background)
     k = choose_for(load, usable)
@@ -299,5 +302,8 @@ def _choose_dilation(spec: RunSpec, predicted_spans: Sequence[Span], compute: st
         f"({load.costs.span_cpu_s * 1e6:.0f} us of CPU each), both shrinking K-fold, and "
         f"{load.upkeep:.0%} for {load.workers} workers' upkeep, which does not; it may "
         f"use {usable:.0%}, half of what other work leaves ({background:.0%} busy now). "
+        f"Its busiest worker's actions take {load.path:.1%} of that worker's time at "
+        f"dilation 1, {load.path / k:.1%} at {k} (under {PATH_LIMIT:.0%} keeps its path "
+        "the network's). "
         f"Memory ({human_bytes(memory.total)} predicted) is the same at any dilation")
     return k

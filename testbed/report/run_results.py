@@ -47,8 +47,8 @@ from testbed.topology.seats import ClusterRecord
 SCHEMA_VERSION = 3
 """1: results.json before it had a schema (a `schema` key); 2: the first with one; 3:
 `loss_model` (the loss model's prediction) and `time_to_loss.basis`; within 3, `jitter`'s
-`share` may be null (each pair's congestion control's own spread), a widening that every
-file written before still meets."""
+`share` may be null (each pair's congestion control's own spread), and `emulation` may
+hold `path_share`: widenings that every file written before still meets."""
 
 
 class EmulationHealth(TypedDict):
@@ -66,6 +66,9 @@ class EmulationHealth(TypedDict):
     suggested_dilation: int
     needed_dilation: int
     span_cpu_s: float | None
+    path_share: NotRequired[float | None]
+    """The share of its busiest worker's time its own actions' CPU took (emulated
+    compute); absent from runs recorded before it was measured."""
 
 
 class PredictedMemory(TypedDict):

@@ -164,12 +164,24 @@ class WorkerCosts:
     """CPU seconds per second a worker uses doing nothing (its event loop's upkeep)."""
 
 
+PATH_LIMIT = 0.02
+"""The share of a worker's time its own actions' CPU may take (at dilation K, a K-th of
+what it takes undilated). Each action's CPU lies on the worker's path from one message to
+the next, so the iteration stretches by about that share, more where its path crosses
+several workers: two-dc's pipelines at K=1, whose busiest worker spent 5-11% of the
+iteration on its actions, ran 1.2-1.7 times that much slower than the simulator
+(`benchmarks/fidelity.json`). Kept under 2%, the stretch stays within the 5% the emulator
+and the simulator are held to."""
+
+
 @dataclass(frozen=True)
 class MachineLoad:
     """What a plan asks of this machine at dilation 1, as shares of all its cores: bytes
     to forward (the plan's peak rate over what the machine forwards), the workers'
     bookkeeping (the plan's spans per represented second times their CPU), both of which
-    shrink K-fold at dilation K, and the workers' upkeep, which does not."""
+    shrink K-fold at dilation K, and the workers' upkeep, which does not; and, per worker,
+    the share of its own time its actions take (`path`), which lengthens its path
+    however idle the other cores are, and shrinks K-fold too."""
 
     peak_bps: float
     capacity_bps: float
@@ -177,6 +189,9 @@ class MachineLoad:
     workers: int
     cores: int
     costs: WorkerCosts
+    busiest_spans_per_s: float = 0.0
+    """The spans per represented second of the worker with the most
+    (`busiest_spans_per_second`)."""
 
     @property
     def forwarding(self) -> float:
@@ -189,6 +204,10 @@ class MachineLoad:
     @property
     def upkeep(self) -> float:
         return self.workers * self.costs.idle_cpu / self.cores
+
+    @property
+    def path(self) -> float:
+        return self.busiest_spans_per_s * self.costs.span_cpu_s
 
 
 def spans_per_second(spans: Iterable[Span]) -> float:
@@ -203,25 +222,40 @@ def spans_per_second(spans: Iterable[Span]) -> float:
     return count / (ends - starts) if count and ends > starts else 0.0
 
 
+def busiest_spans_per_second(spans: Iterable[Span]) -> float:
+    """The spans per second of the worker that records the most, over the run's length
+    (a simulated run's: the emulator's workers record the same spans)."""
+    starts, ends = math.inf, -math.inf
+    counts: dict[str, int] = {}
+    for span in spans:
+        if span.get("kind") == "net_event":
+            continue
+        counts[span["gpu"]] = counts.get(span["gpu"], 0) + 1
+        starts, ends = min(starts, span["start"]), max(ends, span["end"])
+    return max(counts.values()) / (ends - starts) if counts and ends > starts else 0.0
+
+
 def choose_dilation(peak_bps: float, capacity_bps: float, usable: float = 0.5,
-                    bookkeeping: float = 0.0, upkeep: float = 0.0) -> int:
+                    bookkeeping: float = 0.0, upkeep: float = 0.0, path: float = 0.0) -> int:
     """The smallest K at which what the plan asks of this machine fits a share of it:
     (forwarding + bookkeeping) / K + upkeep <= usable, the forwarding share being the
     plan's peak rate over what the machine forwards (MachineLoad); `usable` leaves the
-    rest of the cores to everything else."""
+    rest of the cores to everything else. And at which its busiest worker's actions take
+    at most PATH_LIMIT of that worker's time: path / K <= PATH_LIMIT."""
     forwarding = peak_bps / capacity_bps if peak_bps > 0 and capacity_bps > 0 else 0.0
     need = forwarding + bookkeeping
+    own = math.ceil(path / PATH_LIMIT - 1e-9) if path > 0 else 1
     if need <= 0:
-        return 1
+        return max(1, min(MAX_DILATION, own))
     spare = usable - upkeep
     if spare <= 0:
         return MAX_DILATION
-    return max(1, min(MAX_DILATION, math.ceil(need / spare - 1e-9)))
+    return max(1, min(MAX_DILATION, max(own, math.ceil(need / spare - 1e-9))))
 
 
 def choose_for(load: MachineLoad, usable: float = 0.5) -> int:
     return choose_dilation(load.peak_bps, load.capacity_bps, usable, load.bookkeeping,
-                           load.upkeep)
+                           load.upkeep, load.path)
 
 
 MIN_USABLE = 0.2

@@ -64,6 +64,7 @@ from testbed.job.model import Job
 from testbed.metrics.summary import Summary, summarize
 from testbed.plan.model import Plan
 from testbed.plan.throughput import tokens_per_iteration, wan_capacity_bps
+from testbed.run.dilation import busiest_spans_per_second
 from testbed.topology.model import Topology
 from testbed.topology.net_events import event_spans
 
@@ -368,8 +369,11 @@ class Coordinator:
     def _health(self) -> Health | None:
         if self._cpu is None:
             return None
-        return assess_run(*self._cpu, self._worker_ticks, len(self.telemetry.spans),
-                          self.telemetry.lags, self._lateness, self.config.dilation)
+        spans = self.telemetry.spans
+        return assess_run(*self._cpu, self._worker_ticks, len(spans), self.telemetry.lags,
+                          self._lateness, self.config.dilation,
+                          busiest_spans_per_second(spans)
+                          if self.config.compute == "emulated" else None)
 
     async def _teardown(self) -> None:
         await self.pool.stop()

@@ -1,9 +1,11 @@
 """Whether this machine, not the represented network, set an emulated run's pace.
 
-Three signals, each of which the simulator has no counterpart for: how busy the machine's
+Four signals, each of which the simulator has no counterpart for: how busy the machine's
 cores were during training, how late the workers' event loops woke (a late loop delays
-sends, receives and grants), and how late the delay lines released packets. A run whose
-signals pass the thresholds below is reported as `cpu_bound`, with a dilation to try.
+sends, receives and grants), how late the delay lines released packets, and how much of
+its busiest worker's time its own actions' CPU took (each lies on that worker's path from
+one message to the next, however idle the other cores). A run whose signals pass the
+thresholds below is reported as `cpu_bound`, with a dilation to try.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.common.stats import percentile
-from testbed.run.dilation import MAX_DILATION
+from testbed.run.dilation import MAX_DILATION, PATH_LIMIT
 
 BUSY_LIMIT = 0.9
 """Share of all cores busy above which the machine, not the network, sets the pace."""
@@ -98,6 +100,10 @@ class Health:
     this machine during training (the calibration's figure, measured in the run)."""
     needed_dilation: int = 0
     """What the run needed to keep pace, past MAX_DILATION too (0: the suggestion)."""
+    path_share: float | None = None
+    """The share of its busiest worker's time its actions' CPU took (`span_cpu_s` times
+    that worker's spans per wall second); None where not measured (real compute, whose
+    CPU per span is the model's own)."""
 
     def behind(self, measured_s: float | None, predicted_s: float | None) -> Health:
         """The same, its suggestion covering how much longer the run's iterations took
@@ -105,7 +111,8 @@ class Health:
         pace and both are known."""
         if not (self.cpu_bound and measured_s and predicted_s):
             return self
-        needed = needed_dilation(self.dilation, self.cpu_busy, measured_s / predicted_s)
+        needed = max(self.needed_dilation,
+                     needed_dilation(self.dilation, self.cpu_busy, measured_s / predicted_s))
         return replace(self, suggested_dilation=min(MAX_DILATION, needed),
                        needed_dilation=needed)
 
@@ -140,8 +147,9 @@ def delay_line_lateness(stats: Mapping[str, Mapping[str, Any]]) -> tuple[float, 
 
 def assess(cpu_busy: float, lags_s: Iterable[float], lateness: tuple[float, float] | None,
            dilation: int = 1, workers_cpu: float | None = None,
-           span_cpu_s: float | None = None) -> Health:
-    """Judge a run from its signals; real-time figures are divided by the dilation."""
+           span_cpu_s: float | None = None, path_share: float | None = None) -> Health:
+    """Judge a run from its signals; real-time figures are divided by the dilation
+    (`path_share` is already the run's own, at its dilation)."""
     lag = (percentile(lags_s, 0.99) or 0.0) / dilation
     late = None if lateness is None else (lateness[0] / dilation, lateness[1] / dilation)
     reasons = []
@@ -151,22 +159,32 @@ def assess(cpu_busy: float, lags_s: Iterable[float], lateness: tuple[float, floa
         reasons.append(f"event loops {lag * 1e3:.1f} ms late (p99)")
     if late is not None and late[0] >= LATE_LIMIT_S:
         reasons.append(f"delay lines {late[0] * 1e3:.1f} ms late on average")
+    own = 0
+    if path_share is not None and path_share >= PATH_LIMIT:
+        reasons.append(f"the busiest worker's own actions took {path_share:.1%} of its time"
+                       + (f" ({span_cpu_s * 1e6:.0f} us of CPU each)" if span_cpu_s else ""))
+        own = math.ceil(dilation * path_share / PATH_LIMIT - 1e-9)
     bound = bool(reasons)
-    needed = needed_dilation(dilation, cpu_busy) if bound else dilation
+    needed = max(own, needed_dilation(dilation, cpu_busy)) if bound else dilation
     return Health(cpu_busy, workers_cpu, lag, None if late is None else late[0],
                   None if late is None else late[1], bound, tuple(reasons), dilation,
-                  min(MAX_DILATION, needed), span_cpu_s, needed)
+                  min(MAX_DILATION, needed), span_cpu_s, needed, path_share)
 
 
 def assess_run(before: CpuSample, after: CpuSample, worker_ticks: int | None, spans: int,
                lags_s: Iterable[float], lateness: tuple[float, float] | None,
-               dilation: int) -> Health:
+               dilation: int, busiest_spans_per_s: float | None = None) -> Health:
     """Judge a run from the machine's CPU samples around its training, its workers' CPU
-    ticks over it and the spans they reported (`assess`)."""
+    ticks over it and the spans they reported (`assess`); `busiest_spans_per_s`: the
+    spans per second (of the machine's time) of the worker with the most, where their
+    CPU is the workers' own (emulated compute)."""
     elapsed = after.total - before.total  # over all cores, in the same clock ticks
     workers = worker_ticks / elapsed if worker_ticks is not None and elapsed else None
-    return assess(busy_share(before, after), lags_s, lateness, dilation, workers,
-                  cpu_per_span(worker_ticks, spans))
+    span_cpu = cpu_per_span(worker_ticks, spans)
+    path = None if span_cpu is None or busiest_spans_per_s is None \
+        else busiest_spans_per_s * span_cpu
+    return assess(busy_share(before, after), lags_s, lateness, dilation, workers, span_cpu,
+                  path)
 
 
 def needed_dilation(dilation: int, cpu_busy: float, stretch: float = 1.0) -> int:
