@@ -253,10 +253,10 @@ def test_the_busiest_worker_sets_the_share_its_actions_take_of_its_path() -> Non
 def test_a_worker_whose_own_actions_take_its_path_bounds_the_run() -> None:
     """However idle the cores: the run says so, and suggests the dilation that brings
     the busiest worker's share under PATH_LIMIT (it is already the run's own, at K)."""
-    health = assess(0.1, [0.0002], None, dilation=1, span_cpu_s=119e-6, path_share=0.075)
+    health = assess(0.1, [0.0002], None, dilation=1, path_share=0.075)
     assert health.cpu_bound and health.suggested_dilation == 4
-    assert "busiest worker's own actions took 7.5%" in (health.warning() or "")
-    dilated = assess(0.1, [0.0002], None, dilation=4, span_cpu_s=119e-6, path_share=0.019)
+    assert "busiest worker's own actions took 7.5% of its time" in (health.warning() or "")
+    dilated = assess(0.1, [0.0002], None, dilation=4, path_share=0.019)
     assert not dilated.cpu_bound and dilated.suggested_dilation == 4
     assert assess(0.1, [0.0002], None, dilation=2, path_share=0.03).suggested_dilation == 3
     unmeasured = assess(0.1, [0.0002], None, path_share=None)
@@ -319,10 +319,12 @@ def test_a_runs_health_reads_its_cpu_samples_and_the_workers_ticks() -> None:
     unmeasured = assess_run(CpuSample(0, 0), CpuSample(0, 0), None, 0, [], None, 1)
     assert unmeasured.workers_cpu is None and unmeasured.span_cpu_s is None
     assert unmeasured.path_share is None
-    # its busiest worker recorded 10 spans a second of the machine's time
+    # its busiest worker recorded 100 spans a second of the machine's time, each costing
+    # 200 us as calibrated (not the run's own 2 ticks: its bytes' writes are in those)
     pathed = assess_run(CpuSample(100, 1000), CpuSample(800, 2000), 300, 150, [0.001],
-                        None, dilation=2, busiest_spans_per_s=10.0)
-    assert pathed.path_share == pytest.approx(10 * 2 * tick_s)
+                        None, dilation=2, busiest_spans_per_s=100.0, action_cpu_s=2e-4)
+    assert pathed.path_share == pytest.approx(0.02) and pathed.cpu_bound
+    assert pathed.suggested_dilation == 3  # 2 x 2% / 2%, and at least one more
 
 
 def test_the_workers_cpu_is_measured_once_and_cached(tmp_path: Path,

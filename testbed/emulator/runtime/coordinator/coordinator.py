@@ -372,8 +372,7 @@ class Coordinator:
         spans = self.telemetry.spans
         return assess_run(*self._cpu, self._worker_ticks, len(spans), self.telemetry.lags,
                           self._lateness, self.config.dilation,
-                          busiest_spans_per_second(spans)
-                          if self.config.compute == "emulated" else None)
+                          busiest_spans_per_second(spans), self.config.action_cpu_s)
 
     async def _teardown(self) -> None:
         await self.pool.stop()

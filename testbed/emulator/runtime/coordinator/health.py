@@ -101,9 +101,9 @@ class Health:
     needed_dilation: int = 0
     """What the run needed to keep pace, past MAX_DILATION too (0: the suggestion)."""
     path_share: float | None = None
-    """The share of its busiest worker's time its actions' CPU took (`span_cpu_s` times
-    that worker's spans per wall second); None where not measured (real compute, whose
-    CPU per span is the model's own)."""
+    """The share of its busiest worker's time its actions' CPU took (the calibrated CPU
+    per action times that worker's spans per second of the machine's time); None where
+    not weighed (real compute)."""
 
     def behind(self, measured_s: float | None, predicted_s: float | None) -> Health:
         """The same, its suggestion covering how much longer the run's iterations took
@@ -161,8 +161,7 @@ def assess(cpu_busy: float, lags_s: Iterable[float], lateness: tuple[float, floa
         reasons.append(f"delay lines {late[0] * 1e3:.1f} ms late on average")
     own = 0
     if path_share is not None and path_share >= PATH_LIMIT:
-        reasons.append(f"the busiest worker's own actions took {path_share:.1%} of its time"
-                       + (f" ({span_cpu_s * 1e6:.0f} us of CPU each)" if span_cpu_s else ""))
+        reasons.append(f"the busiest worker's own actions took {path_share:.1%} of its time")
         own = math.ceil(dilation * path_share / PATH_LIMIT - 1e-9)
     bound = bool(reasons)
     needed = max(own, needed_dilation(dilation, cpu_busy)) if bound else dilation
@@ -173,18 +172,17 @@ def assess(cpu_busy: float, lags_s: Iterable[float], lateness: tuple[float, floa
 
 def assess_run(before: CpuSample, after: CpuSample, worker_ticks: int | None, spans: int,
                lags_s: Iterable[float], lateness: tuple[float, float] | None,
-               dilation: int, busiest_spans_per_s: float | None = None) -> Health:
+               dilation: int, busiest_spans_per_s: float = 0.0,
+               action_cpu_s: float | None = None) -> Health:
     """Judge a run from the machine's CPU samples around its training, its workers' CPU
     ticks over it and the spans they reported (`assess`); `busiest_spans_per_s`: the
-    spans per second (of the machine's time) of the worker with the most, where their
-    CPU is the workers' own (emulated compute)."""
+    spans per second (of the machine's time) of the worker with the most, each costing
+    it `action_cpu_s` (None: its path not weighed)."""
     elapsed = after.total - before.total  # over all cores, in the same clock ticks
     workers = worker_ticks / elapsed if worker_ticks is not None and elapsed else None
-    span_cpu = cpu_per_span(worker_ticks, spans)
-    path = None if span_cpu is None or busiest_spans_per_s is None \
-        else busiest_spans_per_s * span_cpu
-    return assess(busy_share(before, after), lags_s, lateness, dilation, workers, span_cpu,
-                  path)
+    path = None if action_cpu_s is None else busiest_spans_per_s * action_cpu_s
+    return assess(busy_share(before, after), lags_s, lateness, dilation, workers,
+                  cpu_per_span(worker_ticks, spans), path)
 
 
 def needed_dilation(dilation: int, cpu_busy: float, stretch: float = 1.0) -> int:
