@@ -36,6 +36,7 @@ from testbed.plan.host_tcp import hosts_as_planned
 from testbed.plan.throughput import tokens_per_iteration
 from testbed.policy import training_policy
 from testbed.report.results_schema import check_results
+from testbed.run.dilation import PATH_LIMIT
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("clean_host")]
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,6 +189,12 @@ def test_up_writes_results_and_trace(tmp_path: Path) -> None:
     assert isinstance(results["emulation"]["cpu_bound"], bool)
     assert 0 <= results["emulation"]["cpu_busy"] <= 1
     assert 0 <= results["emulation"]["workers_cpu"] <= 1
+    # its busiest worker's actions, weighed by the CPU one costs as calibrated: a run
+    # whose share passes the limit says so
+    path = results["emulation"]["path_share"]
+    assert 0 < path < 1
+    assert (path >= PATH_LIMIT) == any("busiest worker" in reason
+                                       for reason in results["emulation"]["reasons"])
     assert "simulated" in result.stdout and "dilation 2" in result.stdout
 
 
