@@ -142,13 +142,13 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
     if common.checkpoint_every or resume:
         checkpoints = checkpoints_for(directory, common.checkpoint_every,
                                       len(plan.used_gpus()), resume)
-    from testbed.emulator.runtime.coordinator.capacity import action_cpu_s
+    from testbed.emulator.runtime.coordinator.capacity import worker_costs
 
     config = RunConfig.for_spec(
         spec, spec.topology, plan, chosen, mode, directory / "logs", k, spec.link_events,
         spec.scenario, checkpoints=checkpoints,
         bubble_seed=prediction.waits(spec, plan, chosen, k)
-        if common.bubble_policy and simulable else {}, action_cpu_s=action_cpu_s(mode, say))
+        if common.bubble_policy and simulable else {}, action_cpu_s=worker_costs(say).span_cpu_s)
     coordinator = Coordinator(config, say=say)
     outcome, error = run_to_the_end(coordinator)
     if outcome is None:

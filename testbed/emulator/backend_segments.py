@@ -13,7 +13,7 @@ from pathlib import Path
 from testbed.common.choices import EmulatedCompute
 from testbed.common.owners import process_start_ticks
 from testbed.emulator.resume import checkpoints_for
-from testbed.emulator.runtime.coordinator.capacity import action_cpu_s
+from testbed.emulator.runtime.coordinator.capacity import worker_costs
 from testbed.emulator.runtime.coordinator.coordinator import Coordinator, Interrupted
 from testbed.emulator.runtime.coordinator.health import Health
 from testbed.emulator.runtime.coordinator.memory import MemoryUse
@@ -60,7 +60,7 @@ def segment_runner(spec: RunSpec, policy: TrainingPolicy, directory: Path,
             spec, segment.topology, segment.plan, policy, compute,
             directory / ("logs" if not segment.index else f"logs-{segment.index + 1}"), k,
             segment.events, scenario, checkpoints=checkpoints,
-            action_cpu_s=action_cpu_s(compute, say))
+            action_cpu_s=worker_costs(say).span_cpu_s)
         coordinator = Coordinator(config, say=say)
         try:
             outcome, error = run_to_the_end(coordinator)

@@ -67,8 +67,8 @@ class EmulationHealth(TypedDict):
     needed_dilation: int
     span_cpu_s: float | None
     path_share: NotRequired[float | None]
-    """The share of its busiest worker's time its own actions' CPU took (emulated
-    compute); absent from runs recorded before it was measured."""
+    """The share of its busiest worker's time its own actions' CPU took; absent from
+    runs recorded before it was measured."""
 
 
 class PredictedMemory(TypedDict):

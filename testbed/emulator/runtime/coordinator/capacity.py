@@ -20,7 +20,6 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from testbed.common.choices import EmulatedCompute
 from testbed.common.codec import JsonObject
 from testbed.common.fsutil import write_atomic
 from testbed.common.jsonio import loads
@@ -141,14 +140,6 @@ def worker_costs(say: Callable[[str], None] = lambda _m: None) -> WorkerCosts:
     costs = measure_worker_costs()
     _remember(span_cpu_s=costs.span_cpu_s, idle_worker_cpu=costs.idle_cpu)
     return costs
-
-
-def action_cpu_s(compute: EmulatedCompute, say: Callable[[str], None] = lambda _m: None
-                 ) -> float | None:
-    """What a worker action costs this machine (`worker_costs`), where a run's check
-    weighs its workers' paths by it: with emulated compute (a real compute's CPU per
-    action is mostly the model's own, which the represented GPU would spend)."""
-    return worker_costs(say).span_cpu_s if compute == "emulated" else None
 
 
 def cores() -> int:

@@ -103,7 +103,7 @@ class Health:
     path_share: float | None = None
     """The share of its busiest worker's time its actions' CPU took (the calibrated CPU
     per action times that worker's spans per second of the machine's time); None where
-    not weighed (real compute)."""
+    not weighed."""
 
     def behind(self, measured_s: float | None, predicted_s: float | None) -> Health:
         """The same, its suggestion covering how much longer the run's iterations took

@@ -64,11 +64,11 @@ class RunConfig:
     """The scenario's failures to come, dilated: the first that takes a worker of the
     plan ends the run (testbed.run.segments goes on from there)."""
     action_cpu_s: float | None = None
-    """The CPU a worker action costs this machine, as calibrated
-    (testbed.emulator.runtime.coordinator.capacity.worker_costs): with emulated compute,
-    what the run's check weighs its busiest worker's path by (None: not weighed). Not the
-    run's own CPU per span, which grows with K as slower links split the same bytes into
-    more, smaller writes, CPU that overlaps the wait for the network."""
+    """The CPU a worker action costs this machine besides any compute, as calibrated
+    (testbed.emulator.runtime.coordinator.capacity.worker_costs): what the run's check
+    weighs its busiest worker's path by (None: not weighed). Not the run's own CPU per
+    span, which holds a real compute's work, and grows with K as slower links split the
+    same bytes into more, smaller writes, CPU that overlaps the wait for the network."""
 
     @classmethod
     def for_spec(cls, spec: RunSpec, topology: Topology, plan: Plan, policy: TrainingPolicy,
