@@ -35,6 +35,7 @@ from testbed.common.codec import (
     Seconds,
     to_json,
 )
+from testbed.metrics.lockstep import LockstepCounts
 from testbed.metrics.loss import LossPoint, TimeToLoss
 from testbed.metrics.loss_prediction import LossPrediction
 from testbed.metrics.overruns import OverrunCounts
@@ -47,8 +48,9 @@ from testbed.topology.seats import ClusterRecord
 SCHEMA_VERSION = 3
 """1: results.json before it had a schema (a `schema` key); 2: the first with one; 3:
 `loss_model` (the loss model's prediction) and `time_to_loss.basis`; within 3, `jitter`'s
-`share` may be null (each pair's congestion control's own spread), and `emulation` may
-hold `path_share`: widenings that every file written before still meets."""
+`share` may be null (each pair's congestion control's own spread), `emulation` may hold
+`path_share`, and a simulated run may have `lockstep`: widenings that every file written
+before still meets."""
 
 
 class EmulationHealth(TypedDict):
@@ -224,6 +226,9 @@ class SimulatorBlock:
     jitter: dict[str, float | None] | None
     """The seeded noise on compute, prefill, transfer delays and shares
     (testbed.plan.jitter; share None: each pair's congestion control's own spread)."""
+    lockstep: LockstepCounts | None = None
+    """How many WAN transfers that shared a link ran in step with another
+    (testbed.metrics.lockstep): equal shares hold them so, real TCP does not."""
     pacing: Literal["assumed"] = "assumed"
     """The simulator assumes paced connections."""
 
@@ -325,6 +330,7 @@ class Results:
     # the simulator's
     profile: bool | None = field(default=None, metadata=OMITTED)
     jitter: dict[str, float | None] | None = field(default=None, metadata=OMITTED)
+    lockstep: LockstepCounts | None = field(default=None, metadata=OMITTED)
     # the emulator's
     allreduce: AllReduceChoice | None = field(default=None, metadata=OMITTED)
     activations: ActivationsChoice | None = field(default=None, metadata=OMITTED)

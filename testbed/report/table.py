@@ -143,10 +143,22 @@ def run_summary(results: Results) -> list[str]:
             f"{_secs(overruns['max_s'])}")
     if results.training_slowdown is not None:
         lines.append(f"  slowdown      {results.training_slowdown:+.2%} vs no filling")
+    lines += _lockstep(results)
     lines += _applied_counts(results)
     lines += _scenario(results)
     lines += _failures(results)
     return lines
+
+
+def _lockstep(results: Results) -> list[str]:
+    """Where equal shares held WAN transfers in step: real TCP drifts them apart, which
+    can change the schedule; drawn shares show by how much."""
+    counts = results.lockstep
+    if not counts or not counts["in_step"]:
+        return []
+    return [f"  lockstep      {counts['in_step']} of {counts['contended']} WAN transfers "
+            "that shared a link ran in step with another (equal shares hold them so, real "
+            "TCP drifts them apart; --jitter share=sawtooth draws each one's share)"]
 
 
 Section = Sequence[Mapping[str, object]]

@@ -20,6 +20,7 @@ from testbed.inference.bubbles import (
 )
 from testbed.inference.workload import WaitKey
 from testbed.job.model import Job
+from testbed.metrics.lockstep import lockstep
 from testbed.metrics.overruns import prefill_overruns
 from testbed.metrics.summary import Summary, iteration_ends, summarize
 from testbed.plan.model import Plan
@@ -119,7 +120,8 @@ def _record(spec: RunSpec, plan: Plan, summary: Summary, spans: Sequence[Span],
         summary=summary, spans=spans, start=0.0, policy_options=spec.common.policy_options,
         status=status, error=error,
         backend_block=SimulatorBlock(profile=bool(spec.simulate.profile),
-                                     jitter=jitter.as_dict() if jitter is not None else None),
+                                     jitter=jitter.as_dict() if jitter is not None else None,
+                                     lockstep=lockstep(spans)),
         inference=inference, recovery=recovery, requests=requests)
 
 
