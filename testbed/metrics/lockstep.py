@@ -3,7 +3,8 @@ link with another transfer, and of those, each that started and ended with one o
 the float. The simulator's equal shares keep such transfers together (the
 replicas of a fair-shared plan above all), where real TCP's unequal moment-to-moment
 shares drift them apart and can change the schedule (paper-3dc's 1F1B: 27.5 s simulated
-against 22.6 s emulated). Read from spans alone, so both backends count alike."""
+against 22.6 s emulated). Read from spans alone, so both backends count alike: a row of
+the simulator's span table (a tensor-parallel group's one transfer) counts once."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import TypedDict
 
+from testbed.common.span_table import rows
 from testbed.common.spans import Span
 
 
@@ -25,10 +27,12 @@ class LockstepCounts(TypedDict):
 
 def lockstep(spans: Iterable[Span]) -> LockstepCounts:
     by_link: defaultdict[str, list[tuple[float, float]]] = defaultdict(list)
-    for span in spans:
-        link = span.get("link")
-        if span["kind"] == "transfer" and link and span["end"] > span["start"]:
-            by_link[link].append((span["start"], span["end"]))
+    for _gpus, kind, start, end, _iteration, detail in rows(spans):
+        if kind != "transfer":  # most rows: a hot loop at paper scale
+            continue
+        link = detail.get("link")
+        if link and end > start:
+            by_link[link].append((start, end))
     contended = in_step = 0
     for transfers in by_link.values():
         transfers.sort()
