@@ -44,6 +44,7 @@ from testbed.errors import InputError
 from testbed.experiments.inputs import Inputs, load_inputs
 from testbed.experiments.planning import plan_with_simulator
 from testbed.experiments.run import run
+from testbed.metrics.lockstep import LockstepCounts, lockstep
 from testbed.plan.jitter import Jitter
 from testbed.plan.tcp_model import sawtooth_cv
 from testbed.policy.registry import discover, training_policy
@@ -215,6 +216,7 @@ def share_noise(rows: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
                  "dilation": k, "seed": inputs.job.seed,
                  "emulated_s": block["median_s"], "emulated_runs": len(block["runs"]),
                  "equal_s": simulated(None),
+                 "in_step": in_step(inputs.topology, inputs.job, plan, chosen, k),
                  "sawtooth_s": simulated(Jitter(share=None, seed=inputs.job.seed)),
                  "noisy_s": noisy, "noisy_median_s": statistics.median(noisy) if noisy else None,
                  "load": os.getloadavg()[0]}
@@ -321,11 +323,23 @@ def _reference(row: dict[str, Any], block: dict[str, Any]) -> float:
     return float(block.get("simulated_dilated_s") or row["simulated_s"])
 
 
+def in_step(topology: Any, job: Any, plan: Any, policy: Any, k: int) -> LockstepCounts:
+    """The WAN transfers that equal shares held in step on the network a run at K
+    emulates (testbed.metrics.lockstep)."""
+    _summary, spans = simulate_plan(dilate_topology(topology, k), job, plan, policy)
+    return lockstep(spans)
+
+
+def _in_step(row: dict[str, Any]) -> str:
+    counts = row.get("in_step")
+    return f"{counts['in_step']} of {counts['contended']}" if counts else "-"
+
+
 def share_noise_table(result: dict[str, Any]) -> str:
     lines = ["| topology | policy | plan | congestion (share CV) | K | emulated | equal shares "
-             "(default) | error | share=sawtooth (the job's seed) | error | seeds' median "
-             "(range) | error |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "(default) | error | in step | share=sawtooth (the job's seed) | error | seeds' "
+             "median (range) | error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         noisy = row["noisy_s"]
         runs = f", {row['emulated_runs']} runs" if row["emulated_runs"] > 1 else ""
@@ -333,7 +347,8 @@ def share_noise_table(result: dict[str, Any]) -> str:
         lines.append(f"| {row['topology']} | {row['policy']} | {row['plan']} | "
                      f"{row['congestion']} ({row['share_cv']:.1%}) | {row['dilation']} | "
                      f"{emulated:.3f} s{runs} | {row['equal_s']:.3f} s | "
-                     f"{_error(emulated, row['equal_s'])} | {row['sawtooth_s']:.3f} s | "
+                     f"{_error(emulated, row['equal_s'])} | {_in_step(row)} | "
+                     f"{row['sawtooth_s']:.3f} s | "
                      f"{_error(emulated, row['sawtooth_s'])} | "
                      f"{row['noisy_median_s']:.3f} s ({min(noisy):.3f}-{max(noisy):.3f}) | "
                      f"{_error(emulated, row['noisy_median_s'])} |")
@@ -353,8 +368,10 @@ def share_noise_summary(result: dict[str, Any]) -> str:
             f"equal shares, {within('sawtooth_s')} with `share=sawtooth` at the job's seed, "
             f"{within('noisy_median_s')} at the median of {result['seeds']} seeds. Rows the "
             "share noise moved by more than 1%: " + (", ".join(moved) if moved else "none")
-            + ". The emulated runs are the table above's (benchmarks/fidelity.json), each "
-            "judged as there.")
+            + ". In step: of the WAN transfers that shared a link with equal shares, those "
+            "that started and ended exactly with another (results.json's `lockstep`). The "
+            "emulated runs are the table above's (benchmarks/fidelity.json), each judged as "
+            "there.")
 
 
 def _ratio(emulated: float | None, simulated: float | None) -> float | None:
