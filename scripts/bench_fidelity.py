@@ -39,6 +39,7 @@ from typing import Any
 
 from measured_at import commit
 
+from testbed.common.units import plural
 from testbed.emulator.runtime.coordinator.capacity import machine_capacity_bps, worker_costs
 from testbed.errors import InputError
 from testbed.experiments.inputs import Inputs, load_inputs
@@ -364,14 +365,18 @@ def share_noise_summary(result: dict[str, Any]) -> str:
     moved = [f"{r['topology']} {r['policy']} ({r['emulated_s'] / r['equal_s'] - 1:+.1%} "
              f"-> {r['emulated_s'] / r['sawtooth_s'] - 1:+.1%})" for r in rows
              if abs(r["sawtooth_s"] / r["equal_s"] - 1) > 0.01]
+    stepped = [abs(r["sawtooth_s"] / r["equal_s"] - 1) > 0.01 for r in rows
+               if (r.get("in_step") or {}).get("in_step")]
     return (f"Within {TARGET:.0%} of the emulator: {within('equal_s')} of {len(rows)} with "
             f"equal shares, {within('sawtooth_s')} with `share=sawtooth` at the job's seed, "
             f"{within('noisy_median_s')} at the median of {result['seeds']} seeds. Rows the "
             "share noise moved by more than 1%: " + (", ".join(moved) if moved else "none")
             + ". In step: of the WAN transfers that shared a link with equal shares, those "
-            "that started and ended exactly with another (results.json's `lockstep`). The "
-            "emulated runs are the table above's (benchmarks/fidelity.json), each judged as "
-            "there.")
+            "that started and ended exactly with another (results.json's `lockstep`)"
+            + (f"; {plural(len(stepped), 'row')} held some in step, and the share noise moved "
+               f"{sum(stepped)} of them by more than 1%" if stepped else "")
+            + ". The emulated runs are the table above's (benchmarks/fidelity.json), each "
+            "judged as there.")
 
 
 def _ratio(emulated: float | None, simulated: float | None) -> float | None:

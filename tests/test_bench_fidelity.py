@@ -118,6 +118,7 @@ def test_share_noise_reruns_exactly_the_judged_rows_and_counts_both_ways(
                               "`share=sawtooth` at the job's seed, 2 at the median of 3 seeds")
     assert "Rows the share noise moved by more than 1%: t lockstep (-18.0% -> -1.2%)." \
         in summary
+    assert "; 1 row held some in step, and the share noise moved 1 of them" in summary
     table = bench.share_noise_table(result)
     assert "| cubic (9.2%) | 1 | 8.200 s, 3 runs | 10.000 s | -18.0% | 12 of 12 | 8.300 s | " \
         "-1.2% | 8.400 s (8.000-9.000) | -2.4% |" in table
