@@ -195,6 +195,7 @@ def test_up_writes_results_and_trace(tmp_path: Path) -> None:
     assert 0 < path < 1
     assert (path >= PATH_LIMIT) == any("busiest worker" in reason
                                        for reason in results["emulation"]["reasons"])
+    assert f"busiest worker's actions {path:.1%} of its time" in result.stdout
     assert "simulated" in result.stdout and "dilation 2" in result.stdout
 
 

@@ -78,6 +78,8 @@ def _prediction(results: Results) -> list[str]:
             f"{_pct(emulation.get('cpu_busy') if emulation else None)} busy (workers "
             f"{_pct(emulation.get('workers_cpu') if emulation else None)}), event-loop lag "
             f"p99 {_secs(emulation.get('lag_p99_s') if emulation else None)}"
+            + (f", busiest worker's actions {_pct(emulation.get('path_share'))} of its time"
+               if emulation and emulation.get("path_share") is not None else "")
             + ("; machine-bound" if emulation and emulation.get("cpu_bound") else ""))
     memory = results.measured_memory
     if memory and memory.get("workers_peak_bytes"):
