@@ -33,19 +33,20 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from measured_at import commit
 
+from testbed.common.spans import Span
 from testbed.common.units import plural
 from testbed.emulator.runtime.coordinator.capacity import machine_capacity_bps, worker_costs
 from testbed.errors import InputError
 from testbed.experiments.inputs import Inputs, load_inputs
 from testbed.experiments.planning import plan_with_simulator
 from testbed.experiments.run import run
-from testbed.metrics.lockstep import LockstepCounts, lockstep
+from testbed.metrics.lockstep import lockstep
 from testbed.plan.jitter import Jitter
 from testbed.plan.tcp_model import sawtooth_cv
 from testbed.policy.registry import discover, training_policy
@@ -210,14 +211,14 @@ def share_noise(rows: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
         plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
 
         simulated = functools.partial(dilated_s, inputs.topology, inputs.job, plan, chosen, k)
+        equal_s, equal_spans = dilated_run(inputs.topology, inputs.job, plan, chosen, k)
         noisy = [s for seed in range(seeds)
                  if (s := simulated(Jitter(share=None, seed=seed))) is not None]
         entry = {"topology": row["topology"], "policy": row["policy"], "plan": row["plan"],
                  "congestion": congestion, "share_cv": sawtooth_cv(congestion),
                  "dilation": k, "seed": inputs.job.seed,
                  "emulated_s": block["median_s"], "emulated_runs": len(block["runs"]),
-                 "equal_s": simulated(None),
-                 "in_step": in_step(inputs.topology, inputs.job, plan, chosen, k),
+                 "equal_s": equal_s, "in_step": lockstep(equal_spans),
                  "sawtooth_s": simulated(Jitter(share=None, seed=inputs.job.seed)),
                  "noisy_s": noisy, "noisy_median_s": statistics.median(noisy) if noisy else None,
                  "load": os.getloadavg()[0]}
@@ -322,13 +323,6 @@ def _reference(row: dict[str, Any], block: dict[str, Any]) -> float:
     """What a run is judged against: the simulator of the network it emulates (a dilated
     run's, dilated_s), else the row's simulated iteration."""
     return float(block.get("simulated_dilated_s") or row["simulated_s"])
-
-
-def in_step(topology: Any, job: Any, plan: Any, policy: Any, k: int) -> LockstepCounts:
-    """The WAN transfers that equal shares held in step on the network a run at K
-    emulates (testbed.metrics.lockstep)."""
-    _summary, spans = simulate_plan(dilate_topology(topology, k), job, plan, policy)
-    return lockstep(spans)
 
 
 def _in_step(row: dict[str, Any]) -> str:
@@ -508,9 +502,15 @@ def dilated_s(topology: Any, job: Any, plan: Any, policy: Any, k: int,
     against. Where it differs from the undilated network's, dilation itself changed what
     is measured (a window-limited connection keeps less of its buffers in flight on a
     slower link: testbed.plan.tcp_model.window_efficiency). K=1: the network itself."""
-    summary, _spans = simulate_plan(dilate_topology(topology, k), job, plan, policy,
-                                    jitter=jitter)
-    return None if summary.median_s is None else summary.median_s / k
+    return dilated_run(topology, job, plan, policy, k, jitter)[0]
+
+
+def dilated_run(topology: Any, job: Any, plan: Any, policy: Any, k: int,
+                jitter: Jitter | None = None) -> tuple[float | None, Sequence[Span]]:
+    """`dilated_s`, and the run's spans (on the dilated network's clock)."""
+    summary, spans = simulate_plan(dilate_topology(topology, k), job, plan, policy,
+                                   jitter=jitter)
+    return None if summary.median_s is None else summary.median_s / k, spans
 
 
 GENERATED = ROOT / "scripts" / "fidelity_topologies"

@@ -210,21 +210,9 @@ class MachineLoad:
         return self.busiest_spans_per_s * self.costs.span_cpu_s
 
 
-def spans_per_second(spans: Iterable[Span]) -> float:
-    """The workers' spans per second of a simulated run of the plan (the emulator's
-    workers record the same spans)."""
-    starts, ends, count = math.inf, -math.inf, 0
-    for span in spans:
-        if span.get("kind") == "net_event":
-            continue
-        count += 1
-        starts, ends = min(starts, span["start"]), max(ends, span["end"])
-    return count / (ends - starts) if count and ends > starts else 0.0
-
-
-def busiest_spans_per_second(spans: Iterable[Span]) -> float:
-    """The spans per second of the worker that records the most, over the run's length
-    (a simulated run's: the emulator's workers record the same spans)."""
+def _spans_by_worker(spans: Iterable[Span]) -> tuple[dict[str, int], float]:
+    """Each worker's spans of a simulated run of the plan (the emulator's workers record
+    the same spans), network events left out, and the run's length."""
     starts, ends = math.inf, -math.inf
     counts: dict[str, int] = {}
     for span in spans:
@@ -232,7 +220,19 @@ def busiest_spans_per_second(spans: Iterable[Span]) -> float:
             continue
         counts[span["gpu"]] = counts.get(span["gpu"], 0) + 1
         starts, ends = min(starts, span["start"]), max(ends, span["end"])
-    return max(counts.values()) / (ends - starts) if counts and ends > starts else 0.0
+    return counts, (ends - starts if counts else 0.0)
+
+
+def spans_per_second(spans: Iterable[Span]) -> float:
+    """The workers' spans per second, all of them together."""
+    counts, length = _spans_by_worker(spans)
+    return sum(counts.values()) / length if length > 0 else 0.0
+
+
+def busiest_spans_per_second(spans: Iterable[Span]) -> float:
+    """The spans per second of the worker that records the most, over the run's length."""
+    counts, length = _spans_by_worker(spans)
+    return max(counts.values()) / length if length > 0 else 0.0
 
 
 def choose_dilation(peak_bps: float, capacity_bps: float, usable: float = 0.5,
