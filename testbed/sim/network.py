@@ -67,11 +67,13 @@ class FluidNetwork:
     coast: bool = True
     """Run plain rounds of slow start without events of their own (`_coast`); off, every
     round has its event (the same results to the bit, more events)."""
-    incremental_from: int = 256
-    """A component solved with at least this many flows, all steady, keeps its shares
-    from event to event where they have testbed.sim.levels' simple form (the same rule,
-    to float precision, at log n a flow instead of a solve of the component per event);
-    smaller components, and any that leaves the form, are solved whole."""
+    incremental_from: int = 16
+    """A component solved with at least this many flows keeps its shares from event to
+    event where they have testbed.sim.levels' simple form (the same rule, to float
+    precision, at log n a flow instead of a solve of the component per event) and its
+    flows' next events mostly differ (`_keep`); smaller components, components in
+    lockstep, and any that leaves the form, are solved whole. Below about this many
+    flows a whole solve costs what keeping them does."""
     _kept: dict[str, Levels] = field(default_factory=dict)
     """The kept shares by each resource they cover (none covers another's)."""
 
@@ -184,6 +186,18 @@ class FluidNetwork:
         binds): it reschedules only its own event. Otherwise its component shares anew."""
         if flow.id not in self.flows or flow.round_id != round_id:
             return
+        levels = self._kept.get(flow.resources[0])
+        if levels is not None:
+            if flow.id in levels.members:
+                self._kept_round_over(now, flow, levels)
+                return
+            if not levels.stale:  # paused: its next round joins the kept shares
+                flow.progress(now)
+                flow.pair.acked(flow.round_budget - flow.budget, now)
+                self._open_round(now, flow)
+                if not self._join(now, flow):
+                    self._share(now, flow)
+                return
         if self.coast and not flow.paused and flow.rate > 0 and flow.pair.active == 1 \
                 and self._coast(now, flow):
             return
@@ -199,6 +213,19 @@ class FluidNetwork:
             self._schedule_event(now, flow)
         else:
             self._share(now, flow)
+
+    def _kept_round_over(self, now: float, flow: Flow, levels: Levels) -> None:
+        """A round of a flow whose shares are kept ended: the next opens, as
+        `_round_over` opens it, and the kept shares take its new window and cap."""
+        flow.remaining, flow.budget = levels.remaining(flow.id, now), \
+            levels.window_left(flow.id, now)
+        flow.updated = now
+        flow.pair.acked(flow.round_budget - flow.budget, now)
+        self._open_round(now, flow)
+        if levels.renew(flow.id, cap(flow), flow.budget, now) and not levels.stale:
+            self._next_end(levels, levels.members[flow.id].link)
+        else:
+            self._release(now, levels)
 
     def _coast(self, now: float, flow: Flow) -> bool:
         """Where this round and the next ones are plain (testbed.sim.coast.plain_round),
@@ -336,7 +363,7 @@ class FluidNetwork:
     def _last_round_bytes(flow: Flow, levels: Levels | None) -> float:
         """What the flow sent in its last round trip: its round's window while its window
         grows, its rate times the round trip once steady; no more than its message."""
-        if flow.steady or levels is not None:
+        if flow.steady:
             rate = levels.rate(flow.id) if levels is not None else flow.rate
             sent = rate / 8 * flow.pair.rtt
         else:  # the windows', also where a striped message's last pieces fill fewer
@@ -363,7 +390,12 @@ class FluidNetwork:
     def _reallocate(self, now: float, resources: tuple[str, ...]) -> None:
         """Flows on these resources changed: they share anew once every event of this
         instant has run (no time passes within an instant, so no flow's progress depends
-        on when in it the shares are solved), each coupled component once."""
+        on when in it the shares are solved), each coupled component once; kept shares
+        they meet are released to be solved with them."""
+        for resource in resources:
+            levels = self._kept.get(resource)
+            if levels is not None:
+                self._release(now, levels)
         self._dirty.update(resources)
         if not self._flush_pending:
             self._flush_pending = True
@@ -388,31 +420,41 @@ class FluidNetwork:
         capacity = {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in seen}
         rates = max_min(shares, capacity)
         if len(flows) >= self.incremental_from \
-                and self._keep(now, flows, shares, capacity, rates):
+                and self._keep(now, flows, seen, shares, capacity, rates):
             return seen
         for flow in flows:
             self._set_rate(now, flow, rates.get(flow.id, 0.0))
         return seen
 
-    def _keep(self, now: float, flows: list[Flow],
+    def _keep(self, now: float, flows: list[Flow], seen: set[str],
               shares: dict[int, tuple[float, float, tuple[str, ...]]],
               capacity: dict[str, float], rates: dict[int, float]) -> bool:
         """Keep the component's shares from now on where they have the simple form
-        (testbed.sim.levels): every flow steady and sending, the only flow of its pair
-        (whose weight another flow's start or end would change)."""
+        (testbed.sim.levels): every flow the only flow of its pair (whose weight another
+        flow's start or end would change), on a path without random loss; the paused
+        ones join as their next round opens. Not where most of its flows' next events
+        fall at one instant (replicas in lockstep, as equal shares hold them): a whole
+        solve serves all of them at once, where kept shares take an event each."""
         for flow in flows:
             pair = flow.pair
-            if not flow.steady or flow.paused or pair.active != 1 or pair.settled:
+            if pair.active != 1 or pair.settled or pair.lossy:
                 return False
+        nexts = {now + min(f.remaining, f.budget) * 8 / rates[f.id]
+                 for f in flows if rates.get(f.id)}
+        if len(nexts) * 2 <= len(shares):
+            return False
         levels = Levels.build(
-            [(f.id, *shares[f.id][:2], f.resources, f.remaining) for f in flows],
-            capacity, rates, now)
+            [(f.id, *shares[f.id][:2], f.resources, f.remaining, f.budget)
+             for f in flows if not f.paused], capacity, rates, now)
         if levels is None:
             return False
+        levels.covered.update(seen)
         self._kept.update(dict.fromkeys(levels.resources(), levels))
         for flow in flows:  # their own events are void: their links' are theirs now
             flow.version += 1
             flow.scheduled = False
+            if flow.paused:
+                flow.rate = 0.0
         for link in levels.links:
             self._next_end(levels, link)
         return True
@@ -426,12 +468,12 @@ class FluidNetwork:
         pair = flow.pair
         levels = next(iter(met.values()))
         alone = all(r in self._kept or len(self.users[r]) == 1 for r in flow.resources)
-        if len(met) == 1 and not levels.stale and alone and flow.steady \
-                and pair.active == 1 and not pair.settled:
+        if len(met) == 1 and not levels.stale and alone and not flow.paused \
+                and pair.active == 1 and not pair.settled and not pair.lossy:
             capacity = {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in flow.resources}
             link = [r for r in flow.resources if r in levels.links]
             if levels.join(flow.id, flow.weight(), cap(flow), flow.resources,
-                           flow.remaining, now, capacity):
+                           flow.remaining, flow.budget, now, capacity):
                 self._kept.update(dict.fromkeys(flow.resources, levels))
                 self._next_end(levels, link[0])
                 return True
@@ -443,12 +485,13 @@ class FluidNetwork:
         """The kept shares lose their form: their flows take their bytes and rates back
         and their component is solved whole at the end of this instant."""
         for resource in levels.resources():
-            del self._kept[resource]
-        for fid, (left, rate) in levels.release(now).items():
+            if self._kept.get(resource) is levels:  # (a flow that failed to join
+                del self._kept[resource]  # added its resources to the shares alone)
+        for fid, (left, rate, window) in levels.release(now).items():
             flow = self.flows[fid]
-            flow.remaining, flow.rate, flow.updated = left, rate, now
+            flow.remaining, flow.rate, flow.budget, flow.updated = left, rate, window, now
             flow.scheduled = False
-        self._reallocate(now, tuple(levels.resources()))
+        self._reallocate(now, tuple(r for r in levels.resources() if self.users[r]))
 
     def _next_end(self, levels: Levels, link: str) -> None:
         end = levels.next_end(link)
@@ -457,12 +500,24 @@ class FluidNetwork:
                                                     version=levels.version(link)))
 
     def _link_end(self, now: float, levels: Levels, link: str, version: int) -> None:
-        """The first of a kept link's flows to end does, unless the link changed since."""
+        """The first of a kept link's flows to run out of bytes ends, or out of its
+        round's window pauses (as `_event` tells them), unless the link changed since."""
         if self._kept.get(link) is not levels or levels.version(link) != version:
             return
         end = levels.next_end(link)
         assert end is not None
-        self._finish(now, self.flows[end[1]])
+        flow = self.flows[end[1]]
+        flow.remaining, flow.budget = levels.remaining(flow.id, now), \
+            levels.window_left(flow.id, now)
+        flow.updated = now
+        if flow.remaining <= 1e-3 or flow.budget > 1e-3:
+            self._finish(now, flow)
+            return
+        flow.paused, flow.rate = True, 0.0
+        if levels.leave(flow.id, now) and not levels.stale:
+            self._next_end(levels, link)
+        else:
+            self._release(now, levels)
 
     def _set_rate(self, now: float, flow: Flow, rate: float) -> None:
         if rate == flow.rate and rate > 0 and flow.scheduled:
