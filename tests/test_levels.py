@@ -55,13 +55,15 @@ class Case:
 @st.composite
 def _cases(draw: st.DrawFn) -> Case:
     # each case has the kept form, or some flows or NICs that break it
-    two_links, slow, small_nics, busy_pairs = (draw(st.booleans()) for _ in range(4))
+    two_links, slow, small_nics, busy_pairs, local = (draw(st.booleans()) for _ in range(5))
     capacity = {r: draw(st.sampled_from([1e9, 2e9]) | st.floats(1e8, 1e10)) for r in LINKS}
     capacity |= {r: draw(st.sampled_from([1e10, 5e8]) | st.floats(1e8, 1e11)) if small_nics
                  else 1e10 for r in NICS}
     starts = []
     for i in range(draw(st.integers(2, 40))):
         links = draw(st.sampled_from([1] * 9 + [2])) if two_links else 1
+        if local and draw(st.booleans()):
+            links = 0  # between two hosts' NICs alone (within a DC)
         route = (draw(st.sampled_from(NICS)),
                  *draw(st.lists(st.sampled_from(LINKS), min_size=links, max_size=links,
                                 unique=True)),
@@ -182,3 +184,24 @@ def test_many_flows_end_through_kept_shares_at_the_whole_solves_times(
     assert arrived == pytest.approx(reference, rel=1e-9)
     for probe, expected in zip(probes, reference_probes, strict=True):
         assert probe == pytest.approx(expected, rel=1e-9, abs=1e-3)
+
+
+def test_a_flow_alone_on_a_resource_the_kept_shares_no_longer_use_meets_none() -> None:
+    """A flow whose round trip changed shares with its new weight from the next solve of
+    its component; a flow that starts later on a NIC only an ended flow of that
+    component crossed is alone there and solves nothing, with the shares kept or not (the
+    kept ones let go of that NIC, as the whole solve never saw it coupled)."""
+    capacity = {**dict.fromkeys(LINKS, 1e9), **dict.fromkeys(NICS, 1e10)}
+
+    def start(at: float, nbytes: float, resources: tuple[str, ...], pair: int) -> Start:
+        return Start(at, nbytes, resources, 0.02, 1.0, 4e6, True, False, pair, 1.0)
+
+    case = Case(capacity, (start(0.0, 4e7, ("nic0", "wan0"), 0),
+                           start(0.0, 3e7, ("nic0", "wan0"), 1),
+                           start(0.0, 1e4, ("nic1", "wan0"), 2),
+                           start(0.2, 1e4, ("nic1", "wan1"), 3)),
+                ((0.1, "retime", "0", 0.05),), ())
+    reference, _, _ = _run(case, 10**9)
+    arrived, _, kept = _run(case, 1)
+    assert kept > 0
+    assert arrived == pytest.approx(reference, rel=1e-9)

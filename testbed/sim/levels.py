@@ -168,6 +168,18 @@ class Levels:
             levels._settle(name, kept, now)
         return levels if levels._rooms_hold() else None
 
+    def uncover(self, resource: str) -> bool:
+        """Let go of a resource none of the flows here crosses any more (whether it was
+        let go): a flow starting on it alone does not meet these shares."""
+        link = self.links.get(resource)
+        if self._count.get(resource, 0) or (link is not None and (link.flows or link.capped)):
+            return False
+        self.covered.discard(resource)
+        self.links.pop(resource, None)
+        if self._room.pop(resource, None) is not None:
+            self._ratio_version[resource] += 1
+        return True
+
     def resources(self) -> list[str]:
         return list(dict.fromkeys([*self.links, *self._room, *sorted(self.covered)]))
 
@@ -356,7 +368,8 @@ class Levels:
 
     def _top_level(self) -> float:
         heap = self._levels
-        while heap and heap[0][2] != self.links[heap[0][1]].version:
+        while heap and (heap[0][1] not in self.links
+                        or heap[0][2] != self.links[heap[0][1]].version):
             heapq.heappop(heap)
         return -heap[0][0] if heap else 0.0
 

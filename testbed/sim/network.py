@@ -462,6 +462,10 @@ class FluidNetwork:
     def _join(self, now: float, flow: Flow) -> bool:
         """A flow starts: where it meets the kept shares, it joins them if they keep their
         form with it; if they do not, they are solved whole. False where it was not kept."""
+        for resource in flow.resources:  # kept but no longer shared: it meets none
+            kept = self._kept.get(resource)
+            if kept is not None and len(self.users[resource]) == 1 and kept.uncover(resource):
+                del self._kept[resource]
         met = {id(k): k for r in flow.resources if (k := self._kept.get(r)) is not None}
         if not met:
             return False  # another component
