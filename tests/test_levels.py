@@ -205,3 +205,28 @@ def test_a_flow_alone_on_a_resource_the_kept_shares_no_longer_use_meets_none() -
     arrived, _, kept = _run(case, 1)
     assert kept > 0
     assert arrived == pytest.approx(reference, rel=1e-9)
+
+
+@pytest.mark.parametrize("open_window", [True, False])
+def test_flows_in_lockstep_are_solved_whole_to_the_bit(open_window: bool) -> None:
+    """Replicas' messages of one size started together under equal shares end together:
+    their component is solved whole, to the bit as with no kept shares at all (one
+    solve serves every end), where drawn shares part them and kept shares take the
+    ends."""
+    capacity = {**dict.fromkeys(LINKS, 1e9), **dict.fromkeys(NICS, 1e10)}
+
+    def starts(shares: list[float]) -> tuple[Start, ...]:
+        return tuple(Start(0.0, 2e7, (f"nic{i % 3}", "wan0", f"nic{3 + i % 3}"), 0.04, 0.0,
+                           4e6, open_window, False, i, share)
+                     for i, share in enumerate(shares))
+
+    equal = Case(capacity, starts([1.0] * 24), (), (0.3,))
+    arrived, probes, kept = _run(equal, FluidNetwork.incremental_from)
+    reference, reference_probes, _ = _run(equal, 10**9)
+    assert kept == 0
+    assert (arrived, probes) == (reference, reference_probes)
+    drawn = Case(capacity, starts([1.0 + 0.01 * i for i in range(24)]), (), (0.3,))
+    arrived, _, kept = _run(drawn, FluidNetwork.incremental_from)
+    reference, _, _ = _run(drawn, 10**9)
+    assert kept > 12
+    assert arrived == pytest.approx(reference, rel=1e-9)
