@@ -66,7 +66,9 @@ def test_off_a_terminal_a_line_at_each_start_every_period_and_at_the_end() -> No
     lines = _plain(text)
     assert lines[0] == "simulate: 2 runs"
     assert all(STATUS.match(line) for line in text.splitlines()[1:]), text
-    assert lines[1] == "compare: 0/2 runs done, now a-r1"
+    first = lines.index("compare: 0/2 runs done, now a-r1")
+    # a busy machine may let a period pass before the first run starts: its line, only
+    assert all(line == "compare: 0/2 runs done" for line in lines[1:first]), text
     assert lines.count("compare: 0/2 runs done, now a-r1") >= 2  # the period's lines
     assert "compare: 1/2 runs done, now b-r1" in lines
     assert lines[-1] == "compare: 2/2 runs done"
