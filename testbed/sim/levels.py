@@ -270,13 +270,7 @@ class Levels:
             dependent.limit = min([cap, *(self._capacity[r] for r in dependent.others)])
             dependent.rate = -1.0  # (taken anew by _holds)
             return self._holds(now)
-        member = self.members[fid]
-        link = self.links[member.link]
-        link.advance(now)
-        left, _ = self._unplace(fid, member, link, now)
-        member.own_cap = cap
-        self._place(fid, member, link, left, window, now, member.capped)
-        self._settle(member.link, link, now)
+        self._reseat(fid, self.members[fid], now, window=window, own_cap=cap)
         return self._holds(now)
 
     def leave(self, fid: int, now: float) -> bool:
@@ -428,13 +422,23 @@ class Levels:
         if bound == member.bound or (
                 bound < INF and abs(bound - member.bound) <= MARGIN * 1e-3 * bound):
             return False
+        self._reseat(fid, member, now, bound=bound)
+        return True
+
+    def _reseat(self, fid: int, member: _Member, now: float, window: float | None = None,
+                own_cap: float | None = None, bound: float | None = None) -> None:
+        """Take the member off its link and put it back with a new round's window, cap or
+        bound, where its link's sharing then puts it."""
         link = self.links[member.link]
         link.advance(now)
-        left, window = self._unplace(fid, member, link, now)
-        member.bound = bound
-        self._place(fid, member, link, left, window, now, member.capped)
+        left, window_left = self._unplace(fid, member, link, now)
+        if own_cap is not None:
+            member.own_cap = own_cap
+        if bound is not None:
+            member.bound = bound
+        self._place(fid, member, link, left, window_left if window is None else window, now,
+                    member.capped)
         self._settle(member.link, link, now)
-        return True
 
     def _free_level(self, member: _Member) -> float:
         """The level a member would be held at without its bound: its own cap's, or its
