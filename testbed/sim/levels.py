@@ -27,10 +27,7 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
-MARGIN = 1e-9
-"""Relative slack every condition of the form keeps: ties and float residue fall back to
-the whole solve, or leave a flow capped or not where either gives its rate to this
-precision."""
+from testbed.sim.kept_form import MARGIN, Flow, dependents, full_resources, placements
 
 INF = float("inf")
 BOUND_ROUNDS = 8
@@ -128,10 +125,6 @@ class _Dependent:
     version: int = 0
 
 
-Flow = tuple[int, float, float, tuple[str, ...], float, float]
-"""(id, weight, cap in bit/s, resources, bytes left, bytes its round's window has left)."""
-
-
 class Levels:
     """The shares of a set of flows in the simple form, and the resources they cross."""
 
@@ -178,15 +171,10 @@ class Levels:
         one other flows' link it crosses."""
         if not flows:
             return None
-        load: dict[str, float] = {}
-        for fid, _, _, resources, _, _ in flows:
-            for resource in resources:
-                load[resource] = load.get(resource, 0.0) + rates[fid]
-        full = {r for r, used in load.items()
-                if capacity[r] > 0 and used >= capacity[r] * (1 - MARGIN)}
-        depending = _dependents(flows, full)
-        placed = _placements([f for f in flows if f[0] not in depending],
-                             full - set(depending.values()), rates)
+        full = full_resources(flows, capacity, rates)
+        depending = dependents(flows, full)
+        placed = placements([f for f in flows if f[0] not in depending],
+                            full - set(depending.values()), rates)
         if placed is None:
             return None
         levels = cls()
@@ -579,41 +567,3 @@ class Levels:
             heapq.heappop(heap)
         return not heap or -heap[0][0] * self._top_level() <= 1 - MARGIN
 
-
-def _placements(flows: list[Flow], full: set[str], rates: dict[int, float]
-                ) -> dict[int, str] | None:
-    """Each flow's link: the one full resource it crosses, or for a flow held to its cap
-    that crosses none, the one other flows' link it crosses; None where a flow has
-    none or two."""
-    placed: dict[int, str] = {}
-    for fid, _, _, resources, _, _ in flows:
-        links = [r for r in resources if r in full]
-        if len(links) > 1:
-            return None
-        if links:
-            placed[fid] = links[0]
-    named = set(placed.values())
-    for fid, _, cap, resources, _, _ in flows:
-        if fid not in placed:
-            links = [r for r in resources if r in named]
-            if len(links) != 1 or rates[fid] < cap * (1 - MARGIN):
-                return None
-            placed[fid] = links[0]
-    return placed
-
-
-def _dependents(flows: list[Flow], full: set[str]) -> dict[int, str]:
-    """The flows a build takes as dependents, by id -> their shared resource: where one
-    flow crossing a full resource crosses no other full one and every other flow there
-    crosses another full one (its link), the resource fills only with that flow."""
-    crossing: dict[str, list[Flow]] = {}
-    for flow in flows:
-        for resource in flow[3]:
-            if resource in full:
-                crossing.setdefault(resource, []).append(flow)
-    found: dict[int, str] = {}
-    for resource, there in crossing.items():
-        alone = [f for f in there if not any(r in full and r != resource for r in f[3])]
-        if len(alone) == 1 and len(there) > 1:
-            found[alone[0][0]] = resource
-    return found
