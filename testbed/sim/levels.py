@@ -178,7 +178,7 @@ class Levels:
         if placed is None:
             return None
         levels = cls()
-        levels._capacity = capacity
+        levels._capacity = dict(capacity)  # its own: joins add to it
         for fid, weight, cap, resources, left, window in flows:
             if fid in depending:
                 continue
@@ -226,8 +226,7 @@ class Levels:
              nbytes: float, window: float, now: float, capacity: dict[str, float]) -> bool:
         """Add a flow that crosses one of the links; whether the form holds with it (if
         not, the caller releases the shares, the flow with them where it was added)."""
-        if any(r not in self._capacity for r in resources):
-            self._capacity = {**self._capacity, **capacity}
+        self._capacity.update(capacity)
         links = [r for r in resources if r in self.links]
         if not links:
             shared = [r for r in resources if self._crossing.get(r)]
