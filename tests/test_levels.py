@@ -5,8 +5,8 @@ flows over shared links and NICs (messages of one pair weighing differently wher
 share noise draws them so), with the events that must leave the kept form (a link's
 capacity changes, a round trip changes, windows restart, a flow of a busy pair joins, a
 flow crosses two links, a NIC binds), and flows the form keeps: in slow start (paced or
-not, pausing as their round's window runs out and joining again as the next opens) and
-held to their caps."""
+not, pausing as their round's window runs out and joining again as the next opens), held
+to their caps, and between two NICs alone on a NIC the others cross (within a DC)."""
 
 from __future__ import annotations
 
@@ -230,3 +230,25 @@ def test_flows_in_lockstep_are_solved_whole_to_the_bit(open_window: bool) -> Non
     reference, _, _ = _run(drawn, 10**9)
     assert kept > 12
     assert arrived == pytest.approx(reference, rel=1e-9)
+
+
+@pytest.mark.parametrize("rtt_bias", [0.0, 1.0])
+def test_a_transfer_within_a_dc_on_a_wan_flows_nic_is_kept_beside_it(rtt_bias: float) -> None:
+    """GPT-3's 1F1B in small: replicas' WAN flows with drawn shares, each into a NIC of
+    its own, and transfers within the DC into some of those NICs, in slow start with a
+    round trip of 10 us. Weighed by their round trip (rtt_bias 1) the transfers outweigh
+    the WAN flows thousands of times and the NIC holds each WAN flow it meets; unweighed
+    the WAN link does. Either way kept shares give the whole solve's times."""
+    capacity = {"wan0": 1e9, **{f"up{i}": 1e11 for i in range(24)},
+                **{f"down{i}": 1e11 for i in range(24)}}
+    wan = tuple(Start(0.0, 2e7, (f"up{i}", "wan0", f"down{i}"), 0.04, rtt_bias, 4e6, False,
+                      False, i, 1.0 + 0.02 * i) for i in range(20))
+    local = tuple(Start(0.05 * k, 5e7, (f"up{20 + k}", f"down{3 * k}"), 1e-5, rtt_bias, 4e6,
+                        False, False, 20 + k, 1.0) for k in range(4))
+    case = Case(capacity, wan + local, (), (0.1, 0.2))
+    arrived, probes, kept = _run(case, FluidNetwork.incremental_from)
+    reference, reference_probes, _ = _run(case, 10**9)
+    assert kept > 20
+    assert arrived == pytest.approx(reference, rel=1e-9)
+    for probe, expected in zip(probes, reference_probes, strict=True):
+        assert probe == pytest.approx(expected, rel=1e-9, abs=1e-3)

@@ -13,8 +13,13 @@ flow: a flow ends when the clock reaches the value it was given on joining, and 
 bytes are read from the clock only when asked; a capped flow's bytes go at its cap, by
 the real clock. A flow in slow start has a round's window too: where that runs out is
 when it pauses (it leaves, to join again as its next round opens, `renew` where it did
-not run out). Where a change would leave the form, the caller solves the component whole
-(`Levels.release`)."""
+not run out). One more kind of flow is kept: a dependent, on no link, whose one resource
+that members cross it shares with them (a NIC where a transfer within a DC meets a WAN
+flow). Max-min fills that resource after each member there is held where it would be
+without it (its link's level, its cap); the dependent takes what is left, and a member
+the resource holds first takes that as a bound on its link, like a cap
+(`_share_dependent`, after every change). Where a change would leave the form, the
+caller solves the component whole (`Levels.release`)."""
 
 from __future__ import annotations
 
@@ -22,12 +27,12 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
-MARGIN = 1e-9
-"""Relative slack every condition of the form keeps: ties and float residue fall back to
-the whole solve, or leave a flow capped or not where either gives its rate to this
-precision."""
+from testbed.sim.kept_form import MARGIN, Flow, dependents, full_resources, placements
 
 INF = float("inf")
+BOUND_ROUNDS = 8
+"""Rounds of sharing dependents' resources a change may take before its shares settle
+(one or two where a resource has one member): past it, the component is solved whole."""
 
 
 @dataclass
@@ -79,7 +84,7 @@ class _Link:
 class _Member:
     link: str
     weight: float
-    cap: float
+    own_cap: float
     others: tuple[str, ...]
     token: int = 0
     """Tells its entries in its link's heaps from those of its earlier states."""
@@ -94,10 +99,30 @@ class _Member:
     """... what it had left of them then..."""
     window: float = 0.0
     """... and of its round's window (inf once steady)."""
+    bound: float = INF
+    """What a dependent's resource it crosses leaves it, where that fills first."""
+
+    @property
+    def cap(self) -> float:
+        return self.own_cap if self.own_cap < self.bound else self.bound
 
 
-Flow = tuple[int, float, float, tuple[str, ...], float, float]
-"""(id, weight, cap in bit/s, resources, bytes left, bytes its round's window has left)."""
+@dataclass
+class _Dependent:
+    """A flow on no link of the form whose one shared resource members also cross: it
+    takes what they leave of it (up to its cap and its other resources, which it has
+    alone), so its rate follows their links' levels."""
+
+    resource: str
+    weight: float
+    limit: float
+    """Its cap, or its other resources' capacity where less."""
+    others: tuple[str, ...]
+    since: float
+    left: float
+    window: float
+    rate: float = 0.0
+    version: int = 0
 
 
 class Levels:
@@ -125,6 +150,17 @@ class Levels:
         """Resources of the component's paused flows no member crosses: a flow that
         starts on one meets the kept shares."""
         self._tokens = itertools.count()
+        self.dependents: dict[int, _Dependent] = {}
+        self._dependent_on: dict[str, int] = {}
+        """Every resource a dependent crosses -> that dependent."""
+        self._crossing: dict[str, dict[int, None]] = {}
+        """Members crossing each other resource (a dependent there takes what they leave)."""
+        self._capacity: dict[str, float] = {}
+        self._broken = False
+        """A member crosses a resource a dependent was to have alone."""
+        self.changed: set[str] = set()
+        """Links (and dependents' shared resources) whose next end may have moved since
+        the caller last took them (`take_changed`)."""
 
     @classmethod
     def build(cls, flows: list[Flow], capacity: dict[str, float], rates: dict[int, float],
@@ -135,28 +171,17 @@ class Levels:
         one other flows' link it crosses."""
         if not flows:
             return None
-        load: dict[str, float] = {}
-        for fid, _, _, resources, _, _ in flows:
-            for resource in resources:
-                load[resource] = load.get(resource, 0.0) + rates[fid]
-        full = {r for r, used in load.items()
-                if capacity[r] > 0 and used >= capacity[r] * (1 - MARGIN)}
-        placed: dict[int, str] = {}
-        for fid, _, _, resources, _, _ in flows:
-            links = [r for r in resources if r in full]
-            if len(links) > 1:
-                return None
-            if links:
-                placed[fid] = links[0]
-        named = set(placed.values())
-        for fid, _, cap, resources, _, _ in flows:
-            if fid not in placed:
-                links = [r for r in resources if r in named]
-                if len(links) != 1 or rates[fid] < cap * (1 - MARGIN):
-                    return None
-                placed[fid] = links[0]
+        full = full_resources(flows, capacity, rates)
+        depending = dependents(flows, full)
+        placed = placements([f for f in flows if f[0] not in depending],
+                            full - set(depending.values()), rates)
+        if placed is None:
+            return None
         levels = cls()
+        levels._capacity = dict(capacity)  # its own: joins add to it
         for fid, weight, cap, resources, left, window in flows:
+            if fid in depending:
+                continue
             link = placed[fid]
             kept = levels.links.setdefault(link, _Link(capacity[link], since=now))
             member = _Member(link, weight, cap, tuple(r for r in resources if r != link))
@@ -166,13 +191,22 @@ class Levels:
             levels._place(fid, member, kept, left, window, now, capped=False)
         for name, kept in levels.links.items():
             levels._settle(name, kept, now)
-        return levels if levels._rooms_hold() else None
+        for fid, weight, cap, resources, left, window in flows:
+            if fid in depending and not levels._depend(fid, weight, cap, resources,
+                                                       depending[fid], left, window, now):
+                return None
+        return levels if levels._holds(now) else None
+
+    def resources(self) -> list[str]:
+        return list(dict.fromkeys([*self.links, *self._room, *self._dependent_on,
+                                   *sorted(self.covered)]))
 
     def uncover(self, resource: str) -> bool:
         """Let go of a resource none of the flows here crosses any more (whether it was
         let go): a flow starting on it alone does not meet these shares."""
         link = self.links.get(resource)
-        if self._count.get(resource, 0) or (link is not None and (link.flows or link.capped)):
+        if resource in self._dependent_on or self._count.get(resource, 0) \
+                or (link is not None and (link.flows or link.capped)):
             return False
         self.covered.discard(resource)
         self.links.pop(resource, None)
@@ -180,14 +214,26 @@ class Levels:
             self._ratio_version[resource] += 1
         return True
 
-    def resources(self) -> list[str]:
-        return list(dict.fromkeys([*self.links, *self._room, *sorted(self.covered)]))
+    def holds(self, fid: int) -> bool:
+        """Whether the flow's shares are kept here."""
+        return fid in self.members or fid in self.dependents
+
+    def take_changed(self) -> list[str]:
+        changed, self.changed = sorted(self.changed), set()
+        return changed
 
     def join(self, fid: int, weight: float, cap: float, resources: tuple[str, ...],
              nbytes: float, window: float, now: float, capacity: dict[str, float]) -> bool:
         """Add a flow that crosses one of the links; whether the form holds with it (if
         not, the caller releases the shares, the flow with them where it was added)."""
+        self._capacity.update(capacity)
         links = [r for r in resources if r in self.links]
+        if not links:
+            shared = [r for r in resources if self._crossing.get(r)]
+            if len(shared) > 1:
+                return False
+            return self._depend(fid, weight, cap, resources, (shared or resources)[0],
+                                nbytes, window, now) and self._holds(now)
         if len(links) != 1:
             return False
         name = links[0]
@@ -199,37 +245,59 @@ class Levels:
         link.advance(now)
         self._place(fid, member, link, nbytes, window, now, capped=False)
         self._settle(name, link, now)
-        return self._rooms_hold()
+        return self._holds(now)
 
     def renew(self, fid: int, cap: float, window: float, now: float) -> bool:
         """The flow's next round opens with `window` bytes to send (inf once steady) and
         `cap`; whether the form still holds."""
-        member = self.members[fid]
-        link = self.links[member.link]
-        link.advance(now)
-        left, _ = self._unplace(fid, member, link, now)
-        member.cap = cap
-        self._place(fid, member, link, left, window, now, member.capped)
-        self._settle(member.link, link, now)
-        return self._rooms_hold()
+        dependent = self.dependents.get(fid)
+        if dependent is not None:
+            left, _ = self._read_dependent(dependent, now)
+            dependent.since, dependent.left, dependent.window = now, left, window
+            dependent.limit = min([cap, *(self._capacity[r] for r in dependent.others)])
+            dependent.rate = -1.0  # (taken anew by _holds)
+            return self._holds(now)
+        self._reseat(fid, self.members[fid], now, window=window, own_cap=cap)
+        return self._holds(now)
 
     def leave(self, fid: int, now: float) -> bool:
         """Remove a flow; whether the form still holds for the rest."""
+        dependent = self.dependents.pop(fid, None)
+        if dependent is not None:
+            for resource in (dependent.resource, *dependent.others):
+                del self._dependent_on[resource]
+            for other in list(self._crossing.get(dependent.resource, ())):
+                self._bind(other, INF, now)  # its resource no longer fills first
+            return self._holds(now)
         member = self.members[fid]
         link = self.links[member.link]
         link.advance(now)
         self._unplace(fid, member, link, now)
         del self.members[fid]
         self._settle(member.link, link, now)
-        return self._rooms_hold()
+        return self._holds(now)
 
-    def version(self, link: str) -> int:
-        return self.links[link].version
+    def version(self, name: str) -> int:
+        """Of a link, or of the dependent on a resource (-1 for none)."""
+        link = self.links.get(name)
+        if link is not None:
+            return link.version
+        fid = self._dependent_on.get(name)
+        return -1 if fid is None else self.dependents[fid].version
 
     def next_end(self, name: str) -> tuple[float, int] | None:
         """When the link's next flow runs out of bytes or of its round's window, and
-        which."""
-        link = self.links[name]
+        which (or the dependent's on a resource)."""
+        link = self.links.get(name)
+        if link is None:
+            fid = self._dependent_on.get(name)
+            if fid is None:
+                return None
+            dependent = self.dependents[fid]
+            if dependent.rate <= 0.0:
+                return None
+            due = min(dependent.left, dependent.window)
+            return dependent.since + due * 8 / dependent.rate, fid
         ends, timed = link.ends, link.timed
         while ends and not self._current(ends[0][1], ends[0][2]):
             heapq.heappop(ends)
@@ -245,13 +313,16 @@ class Levels:
 
     def remaining(self, fid: int, now: float) -> float:
         """Bytes the flow has left at `now`."""
-        return self._read(self.members[fid], now)[0]
+        return self._read_any(fid, now)[0]
 
     def window_left(self, fid: int, now: float) -> float:
         """Bytes the flow's round's window has left at `now` (inf once steady)."""
-        return self._read(self.members[fid], now)[1]
+        return self._read_any(fid, now)[1]
 
     def rate(self, fid: int) -> float:
+        dependent = self.dependents.get(fid)
+        if dependent is not None:
+            return dependent.rate
         member = self.members[fid]
         return member.cap if member.capped else member.weight * self.links[member.link].level
 
@@ -259,10 +330,120 @@ class Levels:
         """Every flow's bytes left, rate and window left at `now`: the caller takes them
         over."""
         shares = {}
-        for fid, member in self.members.items():
-            left, window = self._read(member, now)
+        for fid in [*self.members, *self.dependents]:
+            left, window = self._read_any(fid, now)
             shares[fid] = left, self.rate(fid), window
         return shares
+
+    def _read_any(self, fid: int, now: float) -> tuple[float, float]:
+        dependent = self.dependents.get(fid)
+        if dependent is not None:
+            return self._read_dependent(dependent, now)
+        return self._read(self.members[fid], now)
+
+    @staticmethod
+    def _read_dependent(dependent: _Dependent, now: float) -> tuple[float, float]:
+        sent = dependent.rate * (now - dependent.since) / 8 if dependent.rate > 0 else 0.0
+        left, window = dependent.left - sent, dependent.window - sent
+        return (left if left > 0.0 else 0.0), (window if window > 0.0 else 0.0)
+
+    def _depend(self, fid: int, weight: float, cap: float, resources: tuple[str, ...],
+                resource: str, left: float, window: float, now: float) -> bool:
+        """Add a dependent on `resource`, if it has its other resources to itself."""
+        others = tuple(r for r in resources if r != resource)
+        if any(r in self._dependent_on for r in resources) \
+                or any(self._crossing.get(r) or r in self.links for r in others):
+            return False
+        limit = min([cap, *(self._capacity[r] for r in others)])
+        self.dependents[fid] = _Dependent(resource, weight, limit, others, now, left, window,
+                                          rate=-1.0)
+        for r in resources:
+            self._dependent_on[r] = fid
+        self.covered.update(resources)
+        return True
+
+    def _holds(self, now: float) -> bool:
+        """Whether the form holds (rooms left, nothing broken), after each dependent's
+        resource is shared as max-min shares it (`_share_dependent`) until none moves."""
+        if self._broken or not self._rooms_hold():
+            return False
+        for _ in range(BOUND_ROUNDS):
+            if not any([self._share_dependent(d, now) for d in self.dependents.values()]):
+                return self._rooms_hold()
+        return False
+
+    def _share_dependent(self, dependent: _Dependent, now: float) -> bool:
+        """Fill the dependent's resource: each flow there (its members and the dependent)
+        is held where it would be held without it (its link's level, its cap) if that is
+        below the level the resource fills at; the others take that level, the members
+        as a bound on their links. Whether a member's bound moved."""
+        resource = dependent.resource
+        held: list[tuple[float, int]] = [(dependent.limit / dependent.weight, -1)]
+        for fid in self._crossing.get(resource, ()):
+            held.append((self._free_level(self.members[fid]), fid))
+        held.sort()
+        room, weight = self._capacity[resource], dependent.weight + sum(
+            self.members[fid].weight for _, fid in held if fid >= 0)
+        level = INF
+        for free, fid in held:
+            level = room / weight
+            if free >= level * (1 - MARGIN):
+                break
+            share = self.members[fid].weight if fid >= 0 else dependent.weight
+            room, weight, level = room - free * share, weight - share, INF
+        moved = False
+        for free, fid in held:
+            bound = INF if free < level * (1 - MARGIN) else level
+            if fid < 0:
+                self._set_dependent_rate(dependent, dependent.weight * bound
+                                         if bound < INF else dependent.limit, now)
+                continue
+            member = self.members[fid]
+            moved |= self._bind(fid, bound * member.weight if bound < INF else INF, now)
+        return moved
+
+    def _bind(self, fid: int, bound: float, now: float) -> bool:
+        """Bound a member to what a dependent's resource leaves it (INF: none); whether
+        that moved its bound."""
+        member = self.members[fid]
+        if bound == member.bound or (
+                bound < INF and abs(bound - member.bound) <= MARGIN * 1e-3 * bound):
+            return False
+        self._reseat(fid, member, now, bound=bound)
+        return True
+
+    def _reseat(self, fid: int, member: _Member, now: float, window: float | None = None,
+                own_cap: float | None = None, bound: float | None = None) -> None:
+        """Take the member off its link and put it back with a new round's window, cap or
+        bound, where its link's sharing then puts it."""
+        link = self.links[member.link]
+        link.advance(now)
+        left, window_left = self._unplace(fid, member, link, now)
+        if own_cap is not None:
+            member.own_cap = own_cap
+        if bound is not None:
+            member.bound = bound
+        self._place(fid, member, link, left, window_left if window is None else window, now,
+                    member.capped)
+        self._settle(member.link, link, now)
+
+    def _free_level(self, member: _Member) -> float:
+        """The level a member would be held at without its bound: its own cap's, or its
+        link's with it uncapped."""
+        own = member.own_cap / member.weight
+        if not member.capped:
+            return min(own, self.links[member.link].level)
+        link = self.links[member.link]
+        level = (link.capacity - link.fixed + member.cap) / (link.weight + member.weight)
+        return min(own, level)
+
+    def _set_dependent_rate(self, dependent: _Dependent, rate: float, now: float) -> None:
+        if rate != dependent.rate:
+            if dependent.rate > 0.0:
+                dependent.left, dependent.window = self._read_dependent(dependent, now)
+            dependent.since, dependent.rate = now, rate
+            dependent.version += 1
+            self.changed.add(dependent.resource)
 
     def _current(self, fid: int, token: int) -> bool:
         member = self.members.get(fid)
@@ -284,7 +465,7 @@ class Levels:
         """Put the member on its link (advanced to `now`), capped or not, with these bytes
         and window left."""
         token = member.token = next(self._tokens)
-        member.capped = capped
+        capped = member.capped = capped and member.cap < INF
         if capped:
             link.capped[fid] = member.cap
             link.fixed += member.cap
@@ -301,6 +482,10 @@ class Levels:
             heapq.heappush(link.caps, (member.cap / member.weight, fid, token))
         for resource in member.others:
             self._count[resource] = self._count.get(resource, 0) + 1
+            self._crossing.setdefault(resource, {})[fid] = None
+            if resource in self._dependent_on \
+                    and self.dependents[self._dependent_on[resource]].resource != resource:
+                self._broken = True
             if capped:
                 self._fixed[resource] = self._fixed.get(resource, 0.0) + member.cap
             else:
@@ -320,6 +505,7 @@ class Levels:
             link.weight -= member.weight
         for resource in member.others:
             count = self._count[resource] = self._count[resource] - 1
+            del self._crossing[resource][fid]
             if member.capped:
                 self._fixed[resource] = self._fixed[resource] - member.cap if count else 0.0
             else:
@@ -353,6 +539,7 @@ class Levels:
                 continue
             break
         heapq.heappush(self._levels, (-link.level, name, link.version))
+        self.changed.add(name)
 
     def _move(self, fid: int, member: _Member, link: _Link, now: float, capped: bool) -> None:
         left, window = self._unplace(fid, member, link, now)
@@ -378,3 +565,4 @@ class Levels:
         while heap and heap[0][2] != self._ratio_version[heap[0][1]]:
             heapq.heappop(heap)
         return not heap or -heap[0][0] * self._top_level() <= 1 - MARGIN
+

@@ -127,7 +127,7 @@ class FluidNetwork:
         left = {}
         for fid, flow in self.flows.items():
             levels = self._kept.get(flow.resources[0])
-            if levels is not None and fid in levels.members:
+            if levels is not None and levels.holds(fid):
                 left[fid] = levels.remaining(fid, now)
             else:
                 self._settle(now, flow)
@@ -188,7 +188,7 @@ class FluidNetwork:
             return
         levels = self._kept.get(flow.resources[0])
         if levels is not None:
-            if flow.id in levels.members:
+            if levels.holds(flow.id):
                 self._kept_round_over(now, flow, levels)
                 return
             if not levels.stale:  # paused: its next round joins the kept shares
@@ -223,7 +223,7 @@ class FluidNetwork:
         flow.pair.acked(flow.round_budget - flow.budget, now)
         self._open_round(now, flow)
         if levels.renew(flow.id, cap(flow), flow.budget, now) and not levels.stale:
-            self._next_end(levels, levels.members[flow.id].link)
+            self._reschedule(levels)
         else:
             self._release(now, levels)
 
@@ -324,15 +324,14 @@ class FluidNetwork:
         if not siblings:
             del self._of_pair[id(flow.pair)]
         levels = self._kept.get(flow.resources[0])
-        if levels is not None and flow.id not in levels.members:
+        if levels is not None and not levels.holds(flow.id):
             levels = None
         tail = flow.pair.tail_wait(self._last_round_bytes(flow, levels)) \
             if flow.pair.loss else 0.0  # before `end`, which lets the message's pieces go
         flow.pair.end(now)
         if levels is not None:
-            link = levels.members[flow.id].link
             if levels.leave(flow.id, now) and not levels.stale:
-                self._next_end(levels, link)
+                self._reschedule(levels)
             else:
                 self._release(now, levels)
         else:
@@ -354,7 +353,7 @@ class FluidNetwork:
             if other is flow or other.resources == flow.resources:
                 continue
             levels = self._kept.get(other.resources[0])
-            if levels is not None and fid in levels.members:
+            if levels is not None and levels.holds(fid):
                 self._release(now, levels)
             else:
                 self._reallocate(now, other.resources)
@@ -455,8 +454,7 @@ class FluidNetwork:
             flow.scheduled = False
             if flow.paused:
                 flow.rate = 0.0
-        for link in levels.links:
-            self._next_end(levels, link)
+        self._reschedule(levels)
         return True
 
     def _join(self, now: float, flow: Flow) -> bool:
@@ -475,11 +473,10 @@ class FluidNetwork:
         if len(met) == 1 and not levels.stale and alone and not flow.paused \
                 and pair.active == 1 and not pair.settled and not pair.lossy:
             capacity = {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in flow.resources}
-            link = [r for r in flow.resources if r in levels.links]
             if levels.join(flow.id, flow.weight(), cap(flow), flow.resources,
                            flow.remaining, flow.budget, now, capacity):
                 self._kept.update(dict.fromkeys(flow.resources, levels))
-                self._next_end(levels, link[0])
+                self._reschedule(levels)
                 return True
         for kept in met.values():
             self._release(now, kept)
@@ -496,6 +493,11 @@ class FluidNetwork:
             flow.remaining, flow.rate, flow.budget, flow.updated = left, rate, window, now
             flow.scheduled = False
         self._reallocate(now, tuple(r for r in levels.resources() if self.users[r]))
+
+    def _reschedule(self, levels: Levels) -> None:
+        """An event for each kept link (or dependent) whose next end may have moved."""
+        for name in levels.take_changed():
+            self._next_end(levels, name)
 
     def _next_end(self, levels: Levels, link: str) -> None:
         end = levels.next_end(link)
@@ -519,7 +521,7 @@ class FluidNetwork:
             return
         flow.paused, flow.rate = True, 0.0
         if levels.leave(flow.id, now) and not levels.stale:
-            self._next_end(levels, link)
+            self._reschedule(levels)
         else:
             self._release(now, levels)
 
