@@ -252,3 +252,27 @@ def test_a_transfer_within_a_dc_on_a_wan_flows_nic_is_kept_beside_it(rtt_bias: f
     assert arrived == pytest.approx(reference, rel=1e-9)
     for probe, expected in zip(probes, reference_probes, strict=True):
         assert probe == pytest.approx(expected, rel=1e-9, abs=1e-3)
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_round_trip_changed_in_the_instant_a_flow_starts_applies_to_it(alone: bool) -> None:
+    """The shares a flow starts with are those solved at the end of its first instant, so
+    its pair's round trip changed later in that instant sets its cap (here 4 MB over
+    250 ms, 128 Mbit/s), whether it is alone on its links (and takes its rate at once)
+    or joins kept shares (which are solved whole again). Both once ended with the old
+    cap: alone on a NIC, as a flow on it ended a float's width before (a case Hypothesis
+    found)."""
+    capacity = {**dict.fromkeys(LINKS, 1e9), **dict.fromkeys(NICS, 1e10)}
+
+    def start(at: float, nbytes: float, resources: tuple[str, ...], pair: int) -> Start:
+        return Start(at, nbytes, resources, 0.02, 0.0, 4e6, True, False, pair, 1.0 + pair / 10)
+
+    others = () if alone else tuple(start(0.0, 4e8 * (1 + i), (f"nic{i}", "wan0"), i)
+                                    for i in range(3))
+    late = start(1.0, 4e6, ("nic5", "wan1") if alone else ("nic4", "wan0"), 3)
+    case = Case(capacity, (*others, late), ((1.0, "retime", str(len(others)), 0.25),), ())
+    reference, _, _ = _run(case, 10**9)
+    arrived, _, kept = _run(case, 1)
+    assert arrived == pytest.approx(reference, rel=1e-9)
+    assert kept > 0 or alone
+    assert reference[len(others)] == pytest.approx(1.0 + 4e6 * 8 / 128e6)

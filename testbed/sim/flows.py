@@ -418,6 +418,9 @@ class Flow:
     share: float = 1.0
     """Times its pair's weight: this message's draw of the share noise
     (testbed.plan.jitter), 1 without it."""
+    alone_at: float = float("-inf")
+    """When it last took its rate alone on its links (FluidNetwork._share), in place of
+    a solve at the end of that instant: a round trip changed later in it applies."""
 
     def weight(self) -> float:
         return self.pair.weight() * self.share

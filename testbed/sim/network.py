@@ -221,7 +221,10 @@ class FluidNetwork:
             levels.window_left(flow.id, now)
         flow.updated = now
         flow.pair.acked(flow.round_budget - flow.budget, now)
+        rate, old_cap = levels.rate(flow.id), cap(flow)
         self._open_round(now, flow)
+        if not rate < min(old_cap, cap(flow)):  # its cap binds: `_round_over` would share
+            levels.touched = now
         if levels.renew(flow.id, cap(flow), flow.budget, now) and not levels.stale:
             self._reschedule(levels)
         else:
@@ -275,10 +278,19 @@ class FluidNetwork:
         """The pair's round trip from now on (a latency event seen by its next message)."""
         if pair.rtt != rtt and pair.coaster is not None:
             self._settle(now, pair.coaster)
-        if pair.rtt != rtt and pair.active:
-            for levels in self._kept.values():  # its flow's weight and cap change when
-                levels.stale = True  # its component is next solved, as if it were whole
+        if pair.rtt != rtt and pair.active:  # its flow's weight and cap change when its
+            siblings = self._of_pair.get(id(pair), ())  # component is next solved
+            for levels in {id(k): k for k in self._kept.values()}.values():
+                if levels.touched == now and any(levels.holds(f) for f in siblings):
+                    self._release(now, levels)  # at the end of this instant
+                else:
+                    levels.stale = True  # at their next event, as if solved whole
         pair.rtt = rtt
+        for fid in self._of_pair.get(id(pair), ()):
+            flow = self.flows[fid]
+            if flow.alone_at == now:
+                flow.progress(now)
+                self._share(now, flow)
 
     def _share(self, now: float, flow: Flow) -> None:
         """The flow's rate changed: a flow alone on its links takes at once what max_min
@@ -289,6 +301,7 @@ class FluidNetwork:
                 self._reallocate(now, flow.resources)
                 return
         rate = 0.0
+        flow.alone_at = now
         if not flow.paused:
             rate = cap(flow)
             for resource in flow.resources:
@@ -330,6 +343,7 @@ class FluidNetwork:
             if flow.pair.loss else 0.0  # before `end`, which lets the message's pieces go
         flow.pair.end(now)
         if levels is not None:
+            levels.touched = now
             if levels.leave(flow.id, now) and not levels.stale:
                 self._reschedule(levels)
             else:
@@ -476,6 +490,7 @@ class FluidNetwork:
             if levels.join(flow.id, flow.weight(), cap(flow), flow.resources,
                            flow.remaining, flow.budget, now, capacity):
                 self._kept.update(dict.fromkeys(flow.resources, levels))
+                levels.touched = now
                 self._reschedule(levels)
                 return True
         for kept in met.values():
@@ -520,6 +535,7 @@ class FluidNetwork:
             self._finish(now, flow)
             return
         flow.paused, flow.rate = True, 0.0
+        levels.touched = now
         if levels.leave(flow.id, now) and not levels.stale:
             self._reschedule(levels)
         else:
