@@ -19,9 +19,9 @@ machine forwards undilated), emulated at the dilation `auto` picks against the s
 the current model, against the same emulated runs (their commits kept, the simulator's
 recorded beside them);
 `--parts share-noise` (no root, no emulator): every judged row of the table's JSON
-simulated with equal shares (the default) and with shares drawn at its congestion
-control's sawtooth (`--jitter share=sawtooth`, testbed.plan.tcp_model.sawtooth_cv) at the
-job's seed and over `--seeds` seeds, against the same emulated runs.
+simulated with equal shares (`--jitter share=0`) and with shares drawn at its congestion
+control's sawtooth (the default, testbed.plan.tcp_model.sawtooth_cv) at the job's seed
+and over `--seeds` seeds, against the same emulated runs.
 """
 
 from __future__ import annotations
@@ -211,15 +211,16 @@ def share_noise(rows: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
         plan = plan_with_simulator(chosen, inputs.topology, inputs.job)
 
         simulated = functools.partial(dilated_s, inputs.topology, inputs.job, plan, chosen, k)
-        equal_s, equal_spans = dilated_run(inputs.topology, inputs.job, plan, chosen, k)
+        equal_s, equal_spans = dilated_run(inputs.topology, inputs.job, plan, chosen, k,
+                                           Jitter(share=0.0))
         noisy = [s for seed in range(seeds)
-                 if (s := simulated(Jitter(share=None, seed=seed))) is not None]
+                 if (s := simulated(Jitter(seed=seed))) is not None]
         entry = {"topology": row["topology"], "policy": row["policy"], "plan": row["plan"],
                  "congestion": congestion, "share_cv": sawtooth_cv(congestion),
                  "dilation": k, "seed": inputs.job.seed,
                  "emulated_s": block["median_s"], "emulated_runs": len(block["runs"]),
                  "equal_s": equal_s, "in_step": lockstep(equal_spans),
-                 "sawtooth_s": simulated(Jitter(share=None, seed=inputs.job.seed)),
+                 "sawtooth_s": simulated(Jitter(seed=inputs.job.seed)),
                  "noisy_s": noisy, "noisy_median_s": statistics.median(noisy) if noisy else None,
                  "load": os.getloadavg()[0]}
         out["rows"].append(entry)
@@ -247,7 +248,7 @@ def share_noise_cost(sizes: tuple[tuple[int, int], ...] = COST_SIZES) -> list[di
         plan = plan_with_simulator(policy, topology, job)
         row: dict[str, Any] = {"gpus": gpus, "microbatches": microbatches,
                                "load": os.getloadavg()[0]}
-        for name, jitter in (("equal", None), ("sawtooth", Jitter(share=None, seed=job.seed))):
+        for name, jitter in (("equal", Jitter(share=0.0)), ("sawtooth", Jitter(seed=job.seed))):
             cpu = time.process_time()
             result = Simulator(topology, job, plan, policy, jitter=jitter).run()
             row[f"{name}_cpu_s"] = time.process_time() - cpu
@@ -268,7 +269,7 @@ def share_noise_part(source: Path, seeds: int, path: Path | None) -> None:
 
 
 def share_noise_cost_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| GPUs | microbatches | equal shares: CPU | iteration | share=sawtooth: CPU | "
+    lines = ["| GPUs | microbatches | equal shares: CPU | iteration | drawn (default): CPU | "
              "iteration | CPU, x equal shares |", "|---|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row['gpus']:,} | {row['microbatches']} | {row['equal_cpu_s']:.2f} s | "
@@ -332,7 +333,7 @@ def _in_step(row: dict[str, Any]) -> str:
 
 def share_noise_table(result: dict[str, Any]) -> str:
     lines = ["| topology | policy | plan | congestion (share CV) | K | emulated | equal shares "
-             "(default) | error | in step | share=sawtooth (the job's seed) | error | seeds' "
+             "(share=0) | error | in step | drawn (the default, the job's seed) | error | seeds' "
              "median (range) | error |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
@@ -362,7 +363,8 @@ def share_noise_summary(result: dict[str, Any]) -> str:
     stepped = [abs(r["sawtooth_s"] / r["equal_s"] - 1) > 0.01 for r in rows
                if (r.get("in_step") or {}).get("in_step")]
     return (f"Within {TARGET:.0%} of the emulator: {within('equal_s')} of {len(rows)} with "
-            f"equal shares, {within('sawtooth_s')} with `share=sawtooth` at the job's seed, "
+            f"equal shares, {within('sawtooth_s')} with drawn shares (the default) at the job's "
+            "seed, "
             f"{within('noisy_median_s')} at the median of {result['seeds']} seeds. Rows the "
             "share noise moved by more than 1%: " + (", ".join(moved) if moved else "none")
             + ". In step: of the WAN transfers that shared a link with equal shares, those "

@@ -115,7 +115,8 @@ def test_share_noise_reruns_exactly_the_judged_rows_and_counts_both_ways(
          "noisy_median_s": 10.0}]}
     summary = bench.share_noise_summary(result)
     assert summary.startswith("Within 5% of the emulator: 1 of 2 with equal shares, 2 with "
-                              "`share=sawtooth` at the job's seed, 2 at the median of 3 seeds")
+                              "drawn shares (the default) at the job's seed, 2 at the median "
+                              "of 3 seeds")
     assert "Rows the share noise moved by more than 1%: t lockstep (-18.0% -> -1.2%)." \
         in summary
     assert "; 1 row held some in step, and the share noise moved 1 of them" in summary

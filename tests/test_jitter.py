@@ -29,7 +29,8 @@ def test_jitter_is_parsed_per_kind_or_for_all() -> None:
     assert parse_jitter("share=10%") == Jitter(share=0.1)
     assert parse_jitter("share=sawtooth") == Jitter(share=None)
     assert parse_jitter("compute=5%, share=sawtooth") == Jitter(compute=0.05, share=None)
-    assert Jitter(share=None) and not Jitter()
+    assert parse_jitter("share=0") == Jitter(share=0.0)
+    assert Jitter(share=0.1) and not Jitter() and not Jitter(share=0.0)  # beyond the default
     assert parse_jitter("compute=0.1, network=5%") == Jitter(compute=0.1, network=0.05)
     for bad, why in (("speed=0.1", "unknown kind"), ("compute=2", "at most 100%"),
                      ("compute=0.1,compute=0.2", "twice"),
@@ -89,8 +90,8 @@ def test_compute_jitter_spreads_each_forward_as_asked() -> None:
 
 def test_share_noise_lets_equal_transfers_started_together_end_apart() -> None:
     """paper-3dc's 1F1B replicas send their first activations of an iteration together
-    over one link: with equal shares (the default) they end together; with shares drawn
-    at CUBIC's sawtooth (`share=sawtooth`) or at a CV given, apart."""
+    over one link: with equal shares (`share=0`) they end together; with shares drawn at
+    CUBIC's sawtooth (the default, `share=sawtooth`) or at a CV given, apart."""
     inputs = load_inputs(PAPER, sets=("iterations=2",))
     policy = training_policy("1f1b")
     plan = plan_with_simulator(policy, inputs.topology, inputs.job)
@@ -101,10 +102,11 @@ def test_share_noise_lets_equal_transfers_started_together_end_apart() -> None:
                       and s["iteration"] == 1 and s["microbatch"] == 0
                       and s["link"] == "east>central")
 
-    equal = first_ends(None)
+    equal = first_ends(Jitter(share=0.0))
     assert len(equal) == 4 and equal[0] == equal[-1]
     assert first_ends(Jitter(network=0.0, share=0.0, seed=3)) == equal
-    assert len(set(first_ends(Jitter(share=None)))) == 4
+    assert first_ends(None) == first_ends(Jitter(share=None))
+    assert len(set(first_ends(None))) == 4
     assert len(set(first_ends(Jitter(share=0.1, seed=3)))) == 4
 
 
@@ -135,13 +137,16 @@ def test_simulate_records_its_jitter_and_refuses_a_bad_one(tmp_path: Path) -> No
     assert code == 0, err
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["jitter"] == {"compute": 0.05, "prefill": 0.0, "network": 0.0,
-                                 "share": 0.0, "seed": 0}
-    code, _, err = call(["simulate", str(PAPER), "-p", "gpipe", "--iterations", "2",
-                         "--jitter", "share=sawtooth", "--out", str(tmp_path / "tcp")])
-    assert code == 0, err
-    results = json.loads((tmp_path / "tcp" / "results.json").read_text())
-    assert results["jitter"] == {"compute": 0.0, "prefill": 0.0, "network": 0.0,
                                  "share": None, "seed": 0}
+    for given, share in ((["--jitter", "share=sawtooth"], None), ([], None),
+                         (["--jitter", "share=0"], 0.0)):
+        out = tmp_path / f"share-{len(given)}-{share}"
+        code, _, err = call(["simulate", str(PAPER), "-p", "gpipe", "--iterations", "2",
+                             *given, "--out", str(out)])
+        assert code == 0, err
+        results = json.loads((out / "results.json").read_text())
+        assert results["jitter"] == {"compute": 0.0, "prefill": 0.0, "network": 0.0,
+                                     "share": share, "seed": 0}
     code, _, err = call(["simulate", str(PAPER), "--jitter", "compute=lots",
                          "--out", str(tmp_path / "bad")])
     assert code == 2 and "--jitter" in err and len(err.strip().splitlines()) == 1

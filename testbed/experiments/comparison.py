@@ -17,6 +17,7 @@ from testbed.errors import InputError, TestbedError
 from testbed.experiments.planning import shared_cache
 from testbed.experiments.run import RunResult
 from testbed.experiments.run import run as run_one
+from testbed.plan.jitter import Jitter
 from testbed.plan.model import Plan
 from testbed.policy.registry import check_policies, given_plan_policy
 from testbed.policy.routing import check_owners, options_for, variants
@@ -92,8 +93,8 @@ def comparison_runs(base: RunSpec, policies: Sequence[str], bubbles: Sequence[st
                     plan=plan, plan_file=plan_file,
                     bubble_policy=bubble,
                     bubble_options=options_for(bubble, options, False) if bubble else None,
-                    jitter=noise.with_seed(base.job.seed + k)
-                    if noise is not None else None)))
+                    jitter=(noise if noise is not None else Jitter()).with_seed(
+                        base.job.seed + k) if base.backend == "simulate" else noise)))
     return out
 
 

@@ -2,8 +2,9 @@
 simulated plan repeats exactly, which no real run does. Each compute, each prefill and
 each transfer's propagation takes its modeled time times a lognormal factor of mean 1 and
 the given coefficient of variation (CV), drawn per operation, and each transfer's weight
-where it shares a link is drawn the same way, at a CV given or at each pair's congestion
-control's own spread (`share=sawtooth`): real TCP never gives equal flows equal shares,
+where it shares a link is drawn the same way, at a CV given or, by default, at each
+pair's congestion control's own spread (`share=sawtooth`): real TCP never gives equal
+flows equal shares,
 and a model that does keeps replicas that start together in a lockstep no real run keeps
 (docs/simulator.md, "Share noise"). Pure.
 
@@ -34,18 +35,18 @@ class Jitter:
     """CV of each prefill."""
     network: float = 0.0
     """CV of each transfer's one-way propagation delay."""
-    share: float | None = 0.0
+    share: float | None = None
     """CV of each transfer's weight where it shares a link (max-min sharing): flows of a
     loss-based congestion control that meet at a bottleneck sit at different points of
     their window's sawtooth, so equal flows get unequal shares, message by message.
-    None (`share=sawtooth`): each pair's congestion control's own spread
-    (testbed.plan.tcp_model.sawtooth_cv: CUBIC 9.2%, Reno 19.2%, BBR 0); 0, the default:
-    equal shares."""
+    None (`share=sawtooth`, the default): each pair's congestion control's own spread
+    (testbed.plan.tcp_model.sawtooth_cv: CUBIC 9.2%, Reno 19.2%, BBR 0); 0: equal
+    shares."""
     seed: int = 0
 
     def __bool__(self) -> bool:
-        """Whether any noise was asked for."""
-        return self.share is None or any((getattr(self, kind) or 0.0) > 0 for kind in KINDS)
+        """Whether any noise was asked for beyond the shares' default."""
+        return any((getattr(self, kind) or 0.0) > 0 for kind in KINDS)
 
     def with_seed(self, seed: int) -> Jitter:
         return replace(self, seed=seed)
@@ -75,7 +76,7 @@ def parse_jitter(text: str) -> Jitter:
             raise ValueError(f"{key} given twice")
         values[key] = None if key == "share" and raw == SAWTOOTH else parse_fraction(raw)
     return Jitter(values.get("compute") or 0.0, values.get("prefill") or 0.0,
-                  values.get("network") or 0.0, values.get("share", 0.0))
+                  values.get("network") or 0.0, values.get("share"))
 
 
 def _sigma(cv: float) -> float:

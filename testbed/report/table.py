@@ -160,7 +160,8 @@ def _lockstep(results: Results) -> list[str]:
         return []
     return [f"  lockstep      {counts['in_step']} of {counts['contended']} WAN transfers "
             "that shared a link ran in step with another (equal shares hold them so, real "
-            "TCP drifts them apart; --jitter share=sawtooth draws each one's share)"]
+            "TCP drifts them apart; --jitter share=CV draws each one's share where its "
+            "congestion control has no sawtooth to draw it)"]
 
 
 Section = Sequence[Mapping[str, object]]

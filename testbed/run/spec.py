@@ -172,9 +172,9 @@ class SimulatorSettings:
     """Simulator noise: each compute, prefill and transfer delay, and each transfer's
     weight where it shares a link, times a lognormal factor of mean 1 and this coefficient
     of variation (one value for all, or compute=10%,prefill=10%,network=5%,share=10%),
-    seeded by the job's seed (plus the repeat's number in compare); share=sawtooth draws
-    shares at each connection's congestion control's spread (CUBIC 9.2%, Reno 19.2%,
-    BBR 0). Default: none."""
+    seeded by the job's seed (plus the repeat's number in compare). Default: none but
+    the shares', at each connection's congestion control's spread (share=sawtooth:
+    CUBIC 9.2%, Reno 19.2%, BBR 0); share=0 for equal shares."""
 
 
 @dataclass(frozen=True)

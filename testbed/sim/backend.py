@@ -23,6 +23,7 @@ from testbed.job.model import Job
 from testbed.metrics.lockstep import lockstep
 from testbed.metrics.overruns import prefill_overruns
 from testbed.metrics.summary import Summary, iteration_ends, summarize
+from testbed.plan.jitter import Jitter
 from testbed.plan.model import Plan
 from testbed.plan.throughput import tokens_per_iteration, wan_capacity_bps
 from testbed.policy.base import TrainingPolicy
@@ -113,14 +114,15 @@ class SimulatorPrediction:
 def _record(spec: RunSpec, plan: Plan, summary: Summary, spans: Sequence[Span],
             inference: Inference, recovery: RecoveryBlock | None, status: Status = "ok",
             error: str | None = None, requests: list[RequestRow] | None = None) -> RunRecord:
-    jitter = spec.simulate.jitter
+    jitter = spec.simulate.jitter if spec.simulate.jitter is not None \
+        else Jitter(seed=spec.job.seed)  # the simulator's default (testbed.sim.simulator)
     return RunRecord(
         backend="simulate", policy=spec.policy, bubble_policy=spec.common.bubble_policy,
         topology=spec.topology, job=spec.job, plan=plan, shaper=None, compute="modeled",
         summary=summary, spans=spans, start=0.0, policy_options=spec.common.policy_options,
         status=status, error=error,
         backend_block=SimulatorBlock(profile=bool(spec.simulate.profile),
-                                     jitter=jitter.as_dict() if jitter is not None else None,
+                                     jitter=jitter.as_dict(),
                                      lockstep=lockstep(spans)),
         inference=inference, recovery=recovery, requests=requests)
 

@@ -102,7 +102,7 @@ class Simulator:
         self.bubbles = bubbles
         self.costs = stage_costs(topology, job, plan, profile)
         self.step_s = step_s
-        self.jitter = jitter or Jitter()
+        self.jitter = jitter if jitter is not None else Jitter(seed=job.seed)
         self.noise = Noise(self.jitter)
         self.agenda = Agenda(lambda: not all(w.done for w in self.gpu_workers))
         self.spans = SpanTable() if spans is None else spans  # a planner's keeps some only
