@@ -10,12 +10,14 @@ from typing import Any
 
 import pytest
 
+from testbed.experiments.comparison import comparison_runs
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.planning import plan_with_simulator
 from testbed.metrics.interval import mean_interval, t975
 from testbed.plan.jitter import Jitter, Noise, parse_jitter
 from testbed.policy import training_policy
 from testbed.report.compare import RunEntry, slowdown_text, table_rows
+from testbed.run.spec import RunSpec
 from testbed.sim.simulator import Simulator
 
 from .test_cli import call
@@ -169,6 +171,24 @@ def _entry(bubble: str, repeat: int, seconds: float) -> RunEntry:
         "gpu_utilization": {"training": 0.5, "total": 0.5}, "wan": {"utilization": 0.1},
         "inference": {"ttft_s": {"p50": None, "p99": None}}}
     return RunEntry("atlas", bubble, repeat, f"r{repeat}", "ok", None, results)
+
+
+def test_compares_repeats_draw_shares_anew_in_the_simulator_only() -> None:
+    """Without --jitter, repeat k of a simulated comparison draws its shares with the
+    job's seed plus k (the default's noise is the shares'), where an emulated one has no
+    noise of the simulator's to seed; a jitter given keeps its kinds."""
+    inputs = load_inputs(PAPER, sets=("seed=7",))
+
+    def jitters(backend: str, jitter: Jitter | None) -> list[Jitter | None]:
+        base = RunSpec.build(backend, inputs.topology, inputs.job, policy="1f1b",
+                             jitter=jitter)
+        return [run.spec.simulate.jitter
+                for run in comparison_runs(base, ["1f1b"], [], [], 3)]
+
+    assert jitters("simulate", None) == [Jitter(seed=7 + k) for k in range(3)]
+    assert jitters("simulate", Jitter(share=0.0)) == [Jitter(share=0.0, seed=7 + k)
+                                                      for k in range(3)]
+    assert jitters("emulate", None) == [None] * 3
 
 
 def test_compare_pairs_the_slowdown_by_repeat() -> None:
