@@ -84,6 +84,41 @@ class Pair:
     tracked."""
     stripes: Stripes | None = None
     """While one message rides its lossy connections: how (`open_round`)."""
+    flights: list[tuple[float, float]] = field(default_factory=list)
+    """(when acknowledged, bytes) of rounds whose acknowledgements are still on their way
+    (a message's last round, a round cut short by another's acknowledgements): they
+    count against the window until then, as TCP's bytes in flight do."""
+
+    def send_off(self, nbytes: float, ack_at: float, now: float) -> None:
+        """A round's bytes, acknowledged at `ack_at`: now if that has come, else later."""
+        if ack_at <= now or self.lossy or self.active > 1:
+            self.acked(nbytes, now)
+        else:
+            self.flights.append((ack_at, nbytes))
+
+    def in_flight(self, now: float) -> float:
+        """The bytes still in flight as a round opens at `now`, those due acknowledged: on
+        a clean path with one flow. Elsewhere every flight counts as acknowledged (flows
+        of one pair take turns at its window; lossy connections keep windows of their
+        own)."""
+        if self.active == 1 and not self.lossy:
+            return self.land(now)
+        for _, nbytes in self.flights:
+            self.acked(nbytes, now)
+        self.flights = []
+        return 0.0
+
+    def land(self, now: float) -> float:
+        """Acknowledge the flights due by `now`; the bytes still in flight."""
+        out, left = 0.0, []
+        for at, nbytes in self.flights:
+            if at <= now:
+                self.acked(nbytes, at)
+            else:
+                left.append((at, nbytes))
+                out += nbytes
+        self.flights = left
+        return out
 
     def __post_init__(self) -> None:
         self.buffers = self.window
@@ -92,6 +127,8 @@ class Pair:
     def begin(self, now: float) -> None:
         """Linux's restart after idle: the window halves for every RTO the pair sat idle,
         down to the initial window (tcp_cwnd_restart)."""
+        if self.flights:
+            self.land(now)
         if self.active == 0 and self.restart_after_idle:
             idle = now - self.last_active
             rto = self.rto_min + self.rtt
@@ -107,6 +144,7 @@ class Pair:
         the message is dealt again from what is left)."""
         self.cwnd = INITIAL_WINDOW
         self.stripes = None
+        self.flights = []
         for cycle in self.cycles:
             cycle.cwnd = INITIAL_WINDOW
 
@@ -418,6 +456,8 @@ class Flow:
     share: float = 1.0
     """Times its pair's weight: this message's draw of the share noise
     (testbed.plan.jitter), 1 without it."""
+    round_ack: float = float("inf")
+    """When its round's bytes are acknowledged: a round trip after it opened."""
     alone_at: float = float("-inf")
     """When it last took its rate alone on its links (FluidNetwork._share), in place of
     a solve at the end of that instant: a round trip changed later in it applies."""

@@ -152,7 +152,7 @@ class FluidNetwork:
             self._settle(now, flow, inclusive=False)  # its round ending now would come after
             flow.progress(now)
             if not flow.steady:  # what the round the outage cut short sent, its windows saw
-                flow.pair.acked(flow.round_budget - flow.budget, now)
+                flow.pair.send_off(flow.round_budget - flow.budget, flow.round_ack, now)
             flow.pair.restart_window()
             flow.steady = False
             self._new_round(now, flow)
@@ -167,6 +167,7 @@ class FluidNetwork:
         pair = flow.pair
         flow.paused = False
         flow.scheduled = False  # the window changed: its next event must be recomputed
+        pending = pair.in_flight(now) if pair.flights else 0.0
         if pair.cwnd >= pair.window and not pair.lossy:
             flow.steady = True
             flow.steady_bytes = flow.remaining
@@ -174,7 +175,10 @@ class FluidNetwork:
         else:
             flow.round_id += 1
             flow.budget = flow.round_budget = pair.open_round(flow.remaining, flow.size)
-            flow.round_end = now + pair.rtt
+            flow.round_end = flow.round_ack = now + pair.rtt
+            if pending:  # the window less the bytes in flight, until the first of them
+                flow.budget = flow.round_budget = max(0.0, flow.round_budget - pending)
+                flow.round_end = min(at for at, _ in pair.flights)
             self.schedule(
                 flow.round_end,
                 functools.partial(self._round_over, flow=flow, round_id=flow.round_id),
@@ -193,20 +197,20 @@ class FluidNetwork:
                 return
             if not levels.stale:  # paused: its next round joins the kept shares
                 flow.progress(now)
-                flow.pair.acked(flow.round_budget - flow.budget, now)
+                flow.pair.send_off(flow.round_budget - flow.budget, flow.round_ack, now)
                 self._open_round(now, flow)
                 if not self._join(now, flow):
                     self._share(now, flow)
                 return
         if self.coast and not flow.paused and flow.rate > 0 and flow.pair.active == 1 \
-                and self._coast(now, flow):
+                and not flow.pair.flights and self._coast(now, flow):
             return
         flow.progress(now)
         if not flow.rate and any(not self.capacity[r] for r in flow.resources):
             return  # its link is down: no round passes until `restart_windows` opens one
             # (an outage of days would otherwise be billions of empty rounds)
         old_cap = cap(flow)
-        flow.pair.acked(flow.round_budget - flow.budget, now)
+        flow.pair.send_off(flow.round_budget - flow.budget, flow.round_ack, now)
         sending = not flow.paused and flow.rate > 0 and flow.pair.active == 1
         self._open_round(now, flow)
         if sending and flow.rate < min(old_cap, cap(flow)):
@@ -220,7 +224,7 @@ class FluidNetwork:
         flow.remaining, flow.budget = levels.remaining(flow.id, now), \
             levels.window_left(flow.id, now)
         flow.updated = now
-        flow.pair.acked(flow.round_budget - flow.budget, now)
+        flow.pair.send_off(flow.round_budget - flow.budget, flow.round_ack, now)
         rate, old_cap = levels.rate(flow.id), cap(flow)
         self._open_round(now, flow)
         if not rate < min(old_cap, cap(flow)):  # its cap binds: `_round_over` would share
@@ -327,8 +331,10 @@ class FluidNetwork:
 
     def _finish(self, now: float, flow: Flow) -> None:
         """The flow's last byte left."""
-        flow.pair.acked(flow.steady_bytes if flow.steady
-                        else flow.round_budget - flow.budget, now)
+        if flow.steady:
+            flow.pair.acked(flow.steady_bytes, now)
+        else:
+            flow.pair.send_off(flow.round_budget - flow.budget, flow.round_ack, now)
         del self.flows[flow.id]
         for resource in flow.resources:
             self.users[resource].discard(flow.id)
@@ -450,7 +456,7 @@ class FluidNetwork:
         solve serves all of them at once, where kept shares take an event each."""
         for flow in flows:
             pair = flow.pair
-            if pair.active != 1 or pair.settled or pair.lossy:
+            if pair.active != 1 or pair.settled or pair.lossy or pair.flights:
                 return False
         nexts = {now + min(f.remaining, f.budget) * 8 / rates[f.id]
                  for f in flows if rates.get(f.id)}
@@ -485,7 +491,8 @@ class FluidNetwork:
         levels = next(iter(met.values()))
         alone = all(r in self._kept or len(self.users[r]) == 1 for r in flow.resources)
         if len(met) == 1 and not levels.stale and alone and not flow.paused \
-                and pair.active == 1 and not pair.settled and not pair.lossy:
+                and pair.active == 1 and not pair.settled and not pair.lossy \
+                and not pair.flights:
             capacity = {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in flow.resources}
             if levels.join(flow.id, flow.weight(), cap(flow), flow.resources,
                            flow.remaining, flow.budget, now, capacity):
