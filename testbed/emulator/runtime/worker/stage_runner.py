@@ -284,12 +284,13 @@ class StageRunner:
             await self.send_modeled(peer, tag, len(payload), modeled_bps)
         else:
             await self.transport.send(peer.index, tag, payload)
+        left = clock.now()  # before the link is released: the next send starts after it
         if granted:  # the last byte has left: the link is free for the next transfer
             await send_message(self.control, Sent(tag))
         self.span(
             "send",
             start,
-            clock.now(),
+            left,
             iteration,
             microbatch=microbatch,
             peer=peer.gpu,
