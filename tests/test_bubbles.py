@@ -190,12 +190,35 @@ def test_a_bubble_is_predicted_from_the_waits_seen_there_and_how_long_it_has_las
                           modeled_waits={("g", 3): 0.35})
     assert broker.predicted("g", 3) == 0.35  # the plan's modeled wait before any is measured
     broker.record_wait("g", 3, 0, 0.8)  # the first iteration: connections warm up
-    assert broker.predicted("g", 3) == 0.35  # the shortest while fewer than three are known
+    assert broker.predicted("g", 3) == 0.35  # the warm-up's wait never counts
+    assert broker.predicted("g", 3, elapsed=0.4) is None
     broker.record_wait("g", 3, 1, 0.3)
-    assert broker.predicted("g", 3) == 0.3  # two measured: the modeled one no longer counts
+    assert broker.predicted("g", 3) == 0.3  # the shortest while fewer than three are known
     broker.record_wait("g", 3, 2, 0.5)
-    assert broker.predicted("g", 3) == 0.5  # the median of 0.8, 0.3 and 0.5
-    # a wait that has already lasted 0.6 s is one of the longer ones seen there
-    assert broker.predicted("g", 3, elapsed=0.6) == 0.8
-    assert broker.predicted("g", 3, elapsed=0.4) == 0.5
-    assert broker.predicted("g", 3, elapsed=0.9) is None
+    assert broker.predicted("g", 3) == 0.3  # two measured: the modeled one no longer counts
+    broker.record_wait("g", 3, 3, 0.4)
+    assert broker.predicted("g", 3) == 0.4  # the median of 0.3, 0.5 and 0.4
+    # a wait that has already lasted 0.45 s is one of the longer ones seen there
+    assert broker.predicted("g", 3, elapsed=0.45) == 0.5
+    assert broker.predicted("g", 3, elapsed=0.35) == 0.4
+    assert broker.predicted("g", 3, elapsed=0.6) is None
+
+
+def test_without_a_modeled_wait_the_first_iterations_waits_predict() -> None:
+    broker = BubbleBroker(bubble_policy("bubbletea"), iter([]),
+                          PrefillModel({"a": 0.1, "b": 0.0, "c": 0.0}), deadline_s=2.0)
+    assert broker.predicted("g", 3) is None
+    broker.record_wait("g", 3, 0, 0.8)
+    assert broker.predicted("g", 3) == 0.8
+
+
+def test_a_wait_the_model_puts_near_zero_is_not_filled_as_long_as_the_warm_ups() -> None:
+    """The first iteration waited 0.13 s for a message that later arrives in time: a wait
+    there that has lasted a moment is not the warm-up's again, and no prefill is admitted
+    on its strength (one was, and held training up 5 DCs at 100 Gbit/s)."""
+    broker = BubbleBroker(bubble_policy("bubbletea"), iter([Request(0, 0.0, 100)]),
+                          PrefillModel({"a": 0.0001, "b": 0.0, "c": 0.0}), deadline_s=20.0,
+                          modeled_waits={("g", 3): 0.0})
+    broker.record_wait("g", 3, 0, 0.13)
+    assert broker.predicted("g", 3, elapsed=0.001) is None
+    assert not broker.on_idle("g", 3, 5.001, 5.0, iteration=1)

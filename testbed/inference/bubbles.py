@@ -70,9 +70,13 @@ class BubbleBroker:
     _queued: dict[int, Request] = field(default_factory=dict)
     """The same, by id."""
     _arrival: dict[int, float] = field(default_factory=dict)
+    _warm_up: int | None = None
+    """The run's first iteration, whose waits are long as connections warm up."""
 
     def record_wait(self, gpu: str, action: int, iteration: int, seconds: float) -> None:
         """A measured bubble: how long `gpu` waited at `action` in `iteration`."""
+        if self._warm_up is None:
+            self._warm_up = iteration
         program = self.program_of(iteration)
         predicted = self.predicted(gpu, action, program)
         if predicted is not None:
@@ -85,17 +89,22 @@ class BubbleBroker:
                   ) -> float | None:
         """How long the wait at this action of this program lasts: the median of the last
         three waits there, the shortest while fewer are known (with the modeled one
-        counted until two were measured: the first iteration's waits are long, as
-        connections warm up); None when there is none. Of a wait that has lasted
-        `elapsed` so far, only the waits seen there that were longer count.
+        counted until two were measured); None when there is none. Of a wait that has
+        lasted `elapsed` so far, only the waits seen there that were longer count.
+
+        The run's first iteration's waits are long, as connections warm up: where the
+        modeled one is known they never count, or a wait the model puts near zero, once
+        it has lasted a moment, would be predicted as long as the warm-up's and filled
+        past its end.
 
         The median, not the shortest: under noise the shortest of three is about a
         quarter of the way up the waits' spread, and every bubble longer than that was
         left unfilled past it, a quarter of bubble time at 10% jitter; the policy's guard
         is for the misses."""
         key = wait_key(gpu, action, program)
-        waits = [s for _, s in self.waits.get(key, [])]
         modeled = self.modeled_waits.get(key)
+        waits = [s for i, s in self.waits.get(key, [])
+                 if modeled is None or i != self._warm_up]
         if modeled is not None and len(waits) < 2:
             waits.append(modeled)
         longer = sorted(w for w in waits if w > elapsed)
