@@ -67,3 +67,32 @@ def test_the_tail_never_holds_back_more_than_the_window() -> None:
     assert first == pytest.approx(WINDOW * 8 / RATE)
     assert second == pytest.approx(RTT + WINDOW * 8 / RATE)
     assert not pair.flights or all(at > second for at, _ in pair.flights)
+
+
+def test_a_message_its_share_paces_beside_a_tail_runs_in_plain_rounds() -> None:
+    """A 200 MB message started beside a tail in flight, its window already past the
+    link's bandwidth-delay product (5 MB): the link, not the window, sets its pace, so the
+    tail holds nothing back and its rounds run without an event each (coasting), as a
+    message with nothing in flight does. Kept in flight to the end, one round cut short
+    by the next's acknowledgements at every round's end, it took an event per round."""
+    def events(second_at: float) -> tuple[int, float]:
+        agenda = Agenda()
+        network = FluidNetwork({"wan": 1e9}, agenda.at)
+        pair = Pair(1, 1e9, RTT, False)
+        pair.cwnd = 8e6
+        ends: list[float] = []
+
+        def start(now: float, nbytes: float) -> None:
+            network.start(now, nbytes, ("wan",), pair, 0.0, lambda end: None,
+                          on_sent=ends.append)
+
+        agenda.at(0.0, lambda now: start(now, 1e6))
+        agenda.at(second_at, lambda now: start(now, 200e6))
+        return agenda.run(), ends[1] - second_at
+
+    beside, took = events(0.01)  # the first message's tail still in flight
+    after, took_after = events(0.05)  # acknowledged before the second starts
+    assert took == pytest.approx(took_after, rel=0.01)
+    assert took == pytest.approx(200e6 * 8 / RATE, rel=0.01)
+    assert beside <= after + 10
+    assert after < 20  # against 40 rounds of 40 ms in the 1.6 s the message takes

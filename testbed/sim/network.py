@@ -210,7 +210,8 @@ class FluidNetwork:
             return  # its link is down: no round passes until `restart_windows` opens one
             # (an outage of days would otherwise be billions of empty rounds)
         old_cap = cap(flow)
-        flow.pair.send_off(flow.round_budget - flow.budget, flow.round_ack, now)
+        flow.pair.round_over(flow.round_budget - flow.budget, flow.round_ack, now,
+                             window_bound=flow.paused)
         sending = not flow.paused and flow.rate > 0 and flow.pair.active == 1
         self._open_round(now, flow)
         if sending and flow.rate < min(old_cap, cap(flow)):
