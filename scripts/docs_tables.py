@@ -196,6 +196,8 @@ TABLES: dict[str, Table] = {
     "atlas-search": Table(("benchmarks/atlas-search.json",), _measured("atlas_search"),
                           "scripts/bench_atlas_search.py"),
     "bubbles": Table(("benchmarks/bubbles.json",), _bubbles, "scripts/bench_bubbles.py"),
+    "bubbles-noise": Table(("benchmarks/bubbles-noise.json",), _measured("bubbles_noise"),
+                           "scripts/bench_bubbles_noise.py"),
     "bubbles-paper-scale": Table(("benchmarks/bubbles-paper-scale.json",),
                                  _measured("bubbles_paper_scale"),
                                  "scripts/bench_bubbles.py --paper-scale"),

@@ -652,3 +652,37 @@ def peers_inflight(report: dict[str, Any]) -> str:
     return _rows("| RTT | transfer | steady goodput | segments in flight (range) | of 4 MiB | "
                  "queued, not sent | receiver's window | cwnd (segments) | limited by the "
                  "receiver's window | limited by the send buffer |", rows)
+
+
+NOISE_VARIANTS = (
+    ("bubbletea", "bubbletea (the defaults: guard 0.1, chunks, one prompt per pass; bubbles "
+                  "predicted as the median of three waits)"),
+    ("bubbletea chunk=off", "bubbletea, `chunk=off` (whole prompts only)"),
+    ("bubbletea learn=on", "bubbletea, `learn=on` (learned guard)"),
+    ("bubbletea batch=4", "bubbletea, `batch=4`"),
+    ("greedy", "greedy"),
+)
+"""scripts/bench_bubbles_noise.py's variants under noise, in the table's order."""
+
+
+def bubbles_noise(report: dict[str, Any]) -> str:
+    """Each bubble policy under noise over its seeds: mean total utilization, the
+    slowdown `testbed compare` gives (mean and 95% interval), the range of the seeds'
+    overrun fractions and the mean of all their overruns."""
+    none = report["bubbletea"]["runs"]["none"]
+    rows = [f"| none | {statistics.mean(r['util_total'] for r in none):.1%} | - | - | - |"]
+    for key, label in NOISE_VARIANTS:
+        entry = report[key]
+        filled = next(runs for name, runs in entry["runs"].items() if name != "none")
+        row = next(line for line in entry["table"].splitlines()
+                   if line.startswith("| atlas+") and not line.startswith("| atlas+none"))
+        slowdown = row.strip("|").split("|")[-1].strip()
+        overruns = [r["overruns"] for r in filled]
+        fractions = [o["fraction"] for o in overruns]
+        late = sum(o["overran"] * o["mean_s"] for o in overruns if o["overran"])
+        count = sum(o["overran"] for o in overruns)
+        rows.append(f"| {label} | {statistics.mean(r['util_total'] for r in filled):.1%} | "
+                    f"{slowdown} | {min(fractions):.1%}-{max(fractions):.1%} | "
+                    f"{late / count * 1e3:.1f} ms |")
+    return _rows("| bubbles | GPU util (total) | training slowdown, mean [95% interval] "
+                 "| prefills that overran | mean overrun |", rows)
