@@ -67,7 +67,7 @@ from window_fit import rows as window_rows
 from testbed.plan.pacing import PACING_SHARE, paced
 from testbed.plan.tcp_model import MSS, RTT_BIAS, WINDOW_EFFICIENCY
 from testbed.sim.agenda import Agenda
-from testbed.sim.flows import first_losses
+from testbed.sim.loss_cycles import first_losses
 from testbed.sim.network import FluidNetwork, Pair
 from testbed.sim.one_transfer import burst_rounds_s, one_transfer, one_transfer_s, shared_rates
 from testbed.topology import Topology

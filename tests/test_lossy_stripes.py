@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from testbed.emulator.runtime.wire.protocol import chunks
 from testbed.plan.striping import CHUNKS_AT_START, chunk_bytes
 from testbed.sim.agenda import Agenda
-from testbed.sim.flows import Pair, Stripes, first_losses, pair_between
+from testbed.sim.flows import Pair, pair_between
+from testbed.sim.loss_cycles import Stripes, first_losses
 from testbed.sim.network import FluidNetwork
 from testbed.sim.one_transfer import one_transfer, one_transfer_s
 from testbed.topology import parse_topology

@@ -35,7 +35,8 @@ from testbed.plan.tcp_model import (
     window_efficiency,
 )
 from testbed.sim.agenda import Agenda
-from testbed.sim.flows import INITIAL_WINDOW, LossCycle, pair_between
+from testbed.sim.flows import INITIAL_WINDOW, pair_between
+from testbed.sim.loss_cycles import LossCycle
 from testbed.sim.network import FluidNetwork
 from testbed.sim.one_transfer import burst_rounds_s, one_transfer, one_transfer_s, shared_rates
 from testbed.topology import parse_topology
