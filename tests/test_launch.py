@@ -274,3 +274,6 @@ def test_the_launch_environment_keeps_what_the_user_set() -> None:
     assert env["OMP_NUM_THREADS"] == "4" and env["PATH"] == "/bin"
     assert env["PYTHONUNBUFFERED"] == "1" and env["GLOO_SOCKET_IFNAME"] == "eth0"
     assert launch_env({"GLOO_SOCKET_IFNAME": "lo"})["GLOO_SOCKET_IFNAME"] == "lo"
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert launch_env({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"})[
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "0"

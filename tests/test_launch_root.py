@@ -276,11 +276,15 @@ def test_ddp_all_reduce_bytes_per_step_are_the_compression_hooks_payload(
 
 
 def test_torchrun_per_host_restarts_a_failed_worker_group(tmp_path: Path) -> None:
+    # east's restarted worker comes late, so that west's reads the store first: it must
+    # not find east's previous attempt there
     program = """
 import os, sys, time
+restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+if restart == 1 and os.environ["TESTBED_DC"] == "east":
+    time.sleep(3)
 import torch.distributed as dist
 dist.init_process_group("gloo")
-restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 print("rank", dist.get_rank(), "of", dist.get_world_size(), "restart", restart, flush=True)
 time.sleep(1)
 if restart == 0 and os.environ["TESTBED_DC"] == "west":

@@ -21,6 +21,9 @@ MASTER_PORT = 29500
 RENDEZVOUS_PORT = 29400
 """torchrun's own default c10d rendezvous port."""
 TRANSPORT_INTERFACES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+SHARED_RENDEZVOUS_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+"""torchrun's switch off its one store for every attempt: shared, a restarted group can read
+the previous attempt's addresses (pytorch/pytorch#135712, #167288)."""
 
 
 @dataclass(frozen=True)
@@ -111,10 +114,14 @@ def launch_env(environ: Mapping[str, str]) -> dict[str, str]:
     (each line reaches the log and the console as the program prints it); and the
     interface a cluster's administrator names for torch's transports (gloo, NCCL,
     TensorPipe), the host's link to its router: they otherwise take the address this
-    machine's host name resolves to, which no host namespace has."""
+    machine's host name resolves to, which no host namespace has. torchrun's workers meet
+    in a store of their own attempt: in the store torchrun keeps for all attempts, a
+    restarted worker that reads the store before its peer has written to it connects to
+    the peer's previous, dead process and fails."""
     env = dict(environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault(SHARED_RENDEZVOUS_STORE, "1")
     for name in TRANSPORT_INTERFACES:
         env.setdefault(name, HOST_IF)
     return env
