@@ -4,7 +4,8 @@ paper-3dc with Atlas at 400 requests/s, 10% jitter on compute and prefill, 5 see
 BubbleTea's variants and greedy; and the long-prompt job (benchmarks/long-prompts/job.yaml)
 with chunked prefill on and off. Writes benchmarks/bubbles-noise.json (every run's
 iteration time, utilization, overruns, requests served and TTFT, `compare`'s table
-with each variant's slowdown interval, and the longest bubble the training-only runs leave).
+with each variant's slowdown interval, also as numbers, and the longest bubble the
+training-only runs leave).
 
 `.venv/bin/python scripts/bench_bubbles_noise.py [--out runs/bubbles-noise] [--reuse]`:
 about 15 minutes on 2 cores; `--reuse` keeps compare directories already in --out.
@@ -66,6 +67,15 @@ def runs_of(out: Path) -> dict[str, list[dict[str, Any]]]:
     return by_bubbles
 
 
+def slowdown(out: Path) -> dict[str, Any] | None:
+    """The filled runs' slowdown against the training-only ones, with its 95% interval, as
+    compare.json's row has it (None without training-only runs beside them)."""
+    rows = json.loads((out / "compare.json").read_text())["rows"]
+    interval = next((row["slowdown_interval"] for row in rows
+                     if not row["combo"].endswith("+none")), None)
+    return interval if isinstance(interval, dict) else None
+
+
 def longest_bubble_s(out: Path) -> float | None:
     """The longest bubble BubbleTea would predict in the `none` runs (a GPU's shortest wait
     at one receive or all-reduce over the last iterations): what a whole prompt must fit."""
@@ -86,7 +96,7 @@ def main() -> None:
         compare(out, extra, args.reuse)
         report[name] = {
             "command": "testbed compare topologies/paper-3dc.yaml -p atlas " + " ".join(extra),
-            "table": (out / "table.md").read_text(),
+            "table": (out / "table.md").read_text(), "slowdown": slowdown(out),
             "runs": runs_of(out), "longest_bubble_s": longest_bubble_s(out)}
     target = ROOT / "benchmarks" / "bubbles-noise.json"
     target.write_text(json.dumps(report, indent=1) + "\n")

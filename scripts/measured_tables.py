@@ -9,6 +9,8 @@ import re
 import statistics
 from typing import Any
 
+from testbed.metrics.interval import Interval
+
 
 def _rate(text: str) -> str:
     """`100Mbit` as `100 Mbit/s`."""
@@ -674,9 +676,7 @@ def bubbles_noise(report: dict[str, Any]) -> str:
     for key, label in NOISE_VARIANTS:
         entry = report[key]
         filled = next(runs for name, runs in entry["runs"].items() if name != "none")
-        row = next(line for line in entry["table"].splitlines()
-                   if line.startswith("| atlas+") and not line.startswith("| atlas+none"))
-        slowdown = row.strip("|").split("|")[-1].strip()
+        slowdown = Interval(**entry["slowdown"]).percent()
         overruns = [r["overruns"] for r in filled]
         fractions = [o["fraction"] for o in overruns]
         late = sum(o["overran"] * o["mean_s"] for o in overruns if o["overran"])

@@ -34,6 +34,14 @@ class Interval:
     def includes_zero(self) -> bool:
         return self.low is not None and self.high is not None and self.low <= 0 <= self.high
 
+    def percent(self) -> str:
+        """`+0.09%`, with `[low, high]` from two values on, and `0 inside` when the interval
+        cannot tell the mean from none."""
+        if self.low is None or self.high is None:
+            return f"{self.mean:+.2%}"
+        inside = ", 0 inside" if self.includes_zero else ""
+        return f"{self.mean:+.2%} [{self.low:+.2%}, {self.high:+.2%}{inside}]"
+
 
 def mean_interval(values: Sequence[float]) -> Interval:
     if not values:

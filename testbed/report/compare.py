@@ -247,15 +247,12 @@ def _paired_slowdowns(entries: Sequence[RunEntry], combo: str, reference: str) -
 
 
 def slowdown_text(row: Row) -> str:
-    """`+0.09%`, with `[low, high]` from two repeats on, and `(0 inside)` when the interval
-    cannot tell the slowdown from none."""
+    """The slowdown and its interval (Interval.percent), `-` where there is none."""
     if row.slowdown is None:
         return "-"
-    interval = row.slowdown_interval
-    if interval is None or interval.low is None or interval.high is None:
+    if row.slowdown_interval is None:
         return f"{row.slowdown:+.2%}"
-    inside = ", 0 inside" if interval.includes_zero else ""
-    return f"{row.slowdown:+.2%} [{interval.low:+.2%}, {interval.high:+.2%}{inside}]"
+    return row.slowdown_interval.percent()
 
 
 def _fmt(value: float | None, pattern: str) -> str:
