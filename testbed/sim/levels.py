@@ -261,8 +261,38 @@ class Levels:
             dependent.limit = min([cap, *(self._capacity[r] for r in dependent.others)])
             dependent.rate = -1.0  # (taken anew by _holds)
             return self._holds(now)
-        self._reseat(fid, self.members[fid], now, window=window, own_cap=cap)
+        member = self.members[fid]
+        if self._window_only(member, cap):
+            self._new_window(fid, member, cap, window, now)
+            return True
+        self._reseat(fid, member, now, window=window, own_cap=cap)
         return self._holds(now)
+
+    def _window_only(self, member: _Member, cap: float) -> bool:
+        """Whether a new round leaves the member where it is: uncapped before and after
+        (its cap stays above its link's level, as `_settle` caps), with no dependent's
+        resource in its path (whose fill reads its cap). Then no other flow's share moves
+        and the form holds as it did: only its window's end does."""
+        if member.capped or member.bound < INF or self._broken:
+            return False
+        if any(r in self._dependent_on for r in member.others):
+            return False
+        return min(cap, member.bound) / member.weight >= \
+            self.links[member.link].level * (1 - MARGIN)
+
+    def _new_window(self, fid: int, member: _Member, cap: float, window: float,
+                    now: float) -> None:
+        """`renew` where only the member's window's end and cap move (`_window_only`): its
+        heap entries anew, and its link's next end read again."""
+        link = self.links[member.link]
+        member.own_cap = cap
+        member.window_end = link.clock_at(now) + window * 8 / member.weight
+        token = member.token = next(self._tokens)
+        heapq.heappush(link.ends, (min(member.end, member.window_end), fid, token))
+        heapq.heappush(link.caps, (member.cap / member.weight, fid, token))
+        link.version += 1
+        heapq.heappush(self._levels, (-link.level, member.link, link.version))
+        self.changed.add(member.link)
 
     def leave(self, fid: int, now: float) -> bool:
         """Remove a flow; whether the form still holds for the rest."""

@@ -225,7 +225,10 @@ class FluidNetwork:
         flow.remaining, flow.budget = levels.remaining(flow.id, now), \
             levels.window_left(flow.id, now)
         flow.updated = now
-        flow.pair.send_off(flow.round_budget - flow.budget, flow.round_ack, now)
+        # still held at its round's end, so its window did not bind (a member whose window
+        # runs out leaves the kept shares paused): its share set its pace
+        flow.pair.round_over(flow.round_budget - flow.budget, flow.round_ack, now,
+                             window_bound=False)
         rate, old_cap = levels.rate(flow.id), cap(flow)
         self._open_round(now, flow)
         if not rate < min(old_cap, cap(flow)):  # its cap binds: `_round_over` would share
@@ -457,7 +460,7 @@ class FluidNetwork:
         solve serves all of them at once, where kept shares take an event each."""
         for flow in flows:
             pair = flow.pair
-            if pair.active != 1 or pair.settled or pair.lossy or pair.flights:
+            if pair.active != 1 or pair.settled or pair.lossy:
                 return False
         nexts = {now + min(f.remaining, f.budget) * 8 / rates[f.id]
                  for f in flows if rates.get(f.id)}
@@ -492,8 +495,7 @@ class FluidNetwork:
         levels = next(iter(met.values()))
         alone = all(r in self._kept or len(self.users[r]) == 1 for r in flow.resources)
         if len(met) == 1 and not levels.stale and alone and not flow.paused \
-                and pair.active == 1 and not pair.settled and not pair.lossy \
-                and not pair.flights:
+                and pair.active == 1 and not pair.settled and not pair.lossy:
             capacity = {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in flow.resources}
             if levels.join(flow.id, flow.weight(), cap(flow), flow.resources,
                            flow.remaining, flow.budget, now, capacity):
