@@ -38,6 +38,8 @@ MIN_RTT_S = 1e-5
 """The shortest round trip a pair has, whatever its links' latency: the hosts' own stacks.
 Time dilation slows the represented network, not the hosts, so this floor is not scaled
 by K in a dilated topology."""
+Share = float | Callable[[], float]
+"""A message's share factor, or what draws it the first time its flow's weight is read."""
 
 
 @dataclass
@@ -365,7 +367,9 @@ class Flow:
     """Tells a coast's last event from an earlier coast's."""
     share: float = 1.0
     """Times its pair's weight: this message's draw of the share noise
-    (testbed.plan.jitter), 1 without it."""
+    (testbed.plan.jitter), 1 without it..."""
+    draw: Callable[[], float] | None = None
+    """... made by this the first time its weight is read (Share)."""
     round_ack: float = float("inf")
     """When its round's bytes are acknowledged: a round trip after it opened."""
     alone_at: float = float("-inf")
@@ -373,6 +377,8 @@ class Flow:
     a solve at the end of that instant: a round trip changed later in it applies."""
 
     def weight(self) -> float:
+        if self.draw is not None:
+            self.share, self.draw = self.draw(), None
         return self.pair.weight() * self.share
 
     def progress(self, now: float) -> None:

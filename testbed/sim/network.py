@@ -30,7 +30,7 @@ from testbed.plan.tcp_model import WINDOW_EFFICIENCY as WINDOW_EFFICIENCY
 from testbed.sim.coast import LOOKAHEAD, catch_up, plain_round, run_round, state_of
 from testbed.sim.flows import INITIAL_WINDOW as INITIAL_WINDOW
 from testbed.sim.flows import RTO_MIN as RTO_MIN
-from testbed.sim.flows import Flow, cap
+from testbed.sim.flows import Flow, Share, cap
 from testbed.sim.flows import Pair as Pair
 from testbed.sim.levels import Levels
 from testbed.sim.max_min import max_min as max_min
@@ -86,10 +86,11 @@ class FluidNetwork:
         latency: float,
         on_arrival: Callable[[float], None],
         on_sent: Callable[[float], None] | None = None,
-        share: float = 1.0,
+        share: Share = 1.0,
     ) -> None:
         """Send `nbytes`; `on_sent(t)` runs when the last byte has left, `on_arrival(t)` when
-        it reaches the receiver; `share` times its pair's weight (Flow.share)."""
+        it reaches the receiver; `share` times its pair's weight (Flow.share, or what draws
+        it: Flow.draw)."""
         if pair.coaster is not None:  # its share of the pair's window changes
             self._settle(now, pair.coaster)
         pair.begin(now)
@@ -109,7 +110,8 @@ class FluidNetwork:
             size=float(nbytes),
             updated=now,
             on_sent=on_sent,
-            share=share,
+            share=share if isinstance(share, float) else 1.0,
+            draw=None if isinstance(share, float) else share,
         )
         self.flows[flow.id] = flow
         for resource in resources:

@@ -7,6 +7,7 @@ a helper call each costs the simulator a noticeable share of its time."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 
@@ -17,7 +18,7 @@ from testbed.plan.model import Op, Plan, Sharing
 from testbed.plan.pacing import GRADIENTS
 from testbed.policy.arbiter import Arbiter
 from testbed.policy.base import Transfer
-from testbed.sim.flows import MIN_RTT_S, pair_between
+from testbed.sim.flows import MIN_RTT_S, Share, pair_between
 from testbed.sim.links import Links
 from testbed.sim.network import FluidNetwork, Pair
 from testbed.sim.workers import SimWorker
@@ -93,12 +94,11 @@ class Transfers:
         pair = self.pair(src, dst, latency, nbytes if op is not Op.ALLREDUCE else GRADIENTS,
                          now)
         latency *= self.noise.factor("network")  # this message's delay, not the path's RTT
-        share = 1.0
+        share: Share = 1.0
         if self.noise.share_cv(pair.sawtooth):  # numbered only where shares are drawn
             numbered = (src.lead, dst.lead, op)
             number = self._sent[numbered] = self._sent.get(numbered, -1) + 1
-            share = self.noise.share(pair.sawtooth,
-                                     f"{src.lead}>{dst.lead}:{op.name}:{number}")
+            share = functools.partial(_draw, self.noise, pair.sawtooth, numbered, number)
         link = None if src.dc == dst.dc else f"{src.dc}>{dst.dc}"
 
         def arrived(t: float, started: float) -> None:
@@ -187,3 +187,10 @@ class Transfers:
 
     def _grant(self, now: float, transfer: Transfer) -> None:
         self._starters.pop(transfer.id)(now)
+
+
+def _draw(noise: Noise, sawtooth: float, numbered: tuple[str, str, Op], number: int) -> float:
+    """A message's share draw, made where the flow first shares a link (Flow.weight): most
+    messages never do, and the draw is the message's own whenever it is made."""
+    src, dst, op = numbered
+    return noise.share(sawtooth, f"{src}>{dst}:{op.name}:{number}")
