@@ -204,8 +204,8 @@ def test_many_flows_end_through_kept_shares_at_the_whole_solves_times(
 
 
 def test_a_flow_alone_on_a_resource_the_kept_shares_no_longer_use_meets_none() -> None:
-    """A flow whose round trip changed shares with its new weight from the next solve of
-    its component; a flow that starts later on a NIC only an ended flow of that
+    """A flow whose round trip changed shares with its new weight from the end of that
+    instant; a flow that starts later on a NIC only an ended flow of that
     component crossed is alone there and solves nothing, with the shares kept or not (the
     kept ones let go of that NIC, as the whole solve never saw it coupled)."""
     capacity = {**dict.fromkeys(LINKS, 1e9), **dict.fromkeys(NICS, 1e10)}
@@ -322,3 +322,24 @@ def test_a_message_started_beside_the_last_ones_tail_is_kept(
     assert arrived == pytest.approx(reference, rel=1e-9)
     for probe, expected in zip(probes, reference_probes, strict=True):
         assert probe == pytest.approx(expected, rel=1e-9, abs=1e-3)
+
+
+def test_a_round_trip_changed_while_no_flow_starts_or_ends_applies_at_once() -> None:
+    """A flow with a 0.1 ms round trip weighed by it (rtt_bias 1) takes nearly all of a
+    100 Mbit/s link from two others; its round trip then becomes 62.5 ms, which caps it
+    at 25.6 Mbit/s (its 200 KB window per round trip) and weighs it 625 times less. The
+    others get the link back at once: they end near 0.8 s, it near 5.4 s. (Solved whole,
+    the change waited for the component's next start or end and they ended near 2.0 s,
+    it at 1.9 s; kept shares took it at their next event: a case Hypothesis found.)"""
+    capacity = {**dict.fromkeys(LINKS, 1e9), **dict.fromkeys(NICS, 1e10), "wan0": 1e8}
+    starts = (Start(0.5, 16893313.0, ("nic0", "wan0"), 1e-4, 1.0, 2e5, False, False, 0, 1.3),
+              Start(0.0, 3865855.0, ("nic5", "wan0"), 0.02, 0.0, 4e6, True, False, 1, 1.0),
+              Start(0.0, 3536806.0, ("nic0", "wan0"), 1e-4, 0.0, 4e6, False, False, 2, 1.0),
+              *(Start(0.0, 1e4, ("nic0", "wan0"), 0.02, 0.0, 4e6, True, False, 3 + i, 1.0)
+                for i in range(16)))
+    case = Case(capacity, starts, ((0.625, "retime", "0", 0.0625),), ())
+    reference, _, _ = _run(case, 10**9)
+    arrived, _, _ = _run(case, 1)
+    assert arrived == pytest.approx(reference, rel=1e-9)
+    assert reference[0] == pytest.approx(5.4, abs=0.1)
+    assert reference[1] < 1.0 and reference[2] < 1.0

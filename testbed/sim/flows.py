@@ -372,9 +372,6 @@ class Flow:
     """... made by this the first time its weight is read (Share)."""
     round_ack: float = float("inf")
     """When its round's bytes are acknowledged: a round trip after it opened."""
-    alone_at: float = float("-inf")
-    """When it last took its rate alone on its links (FluidNetwork._share), in place of
-    a solve at the end of that instant: a round trip changed later in it applies."""
 
     def weight(self) -> float:
         if self.draw is not None:

@@ -143,13 +143,6 @@ class Levels:
         self._ratio_version: dict[str, int] = {}
         self._levels: list[tuple[float, str, int]] = []
         """(-level, link, version): the highest level at its top."""
-        self.stale = False
-        """A flow's weight or cap changed with nothing solved yet: whatever happens next
-        is solved whole (as it takes effect there)."""
-        self.touched = -INF
-        """The last instant at whose end a whole solve would have solved them again
-        (a flow joined or left; the caller sets it): a change of a round trip later in
-        that instant applies."""
         self.covered: set[str] = set()
         """Resources of the component's paused flows no member crosses: a flow that
         starts on one meets the kept shares."""

@@ -197,13 +197,13 @@ class FluidNetwork:
             if levels.holds(flow.id):
                 self._kept_round_over(now, flow, levels)
                 return
-            if not levels.stale:  # paused: its next round joins the kept shares
-                flow.progress(now)
-                flow.pair.send_off(flow.round_budget - flow.budget, flow.round_ack, now)
-                self._open_round(now, flow)
-                if not self._join(now, flow):
-                    self._share(now, flow)
-                return
+            # paused: its next round joins the kept shares
+            flow.progress(now)
+            flow.pair.send_off(flow.round_budget - flow.budget, flow.round_ack, now)
+            self._open_round(now, flow)
+            if not self._join(now, flow):
+                self._share(now, flow)
+            return
         if self.coast and not flow.paused and flow.rate > 0 and flow.pair.active == 1 \
                 and not flow.pair.flights and self._coast(now, flow):
             return
@@ -231,11 +231,8 @@ class FluidNetwork:
         # runs out leaves the kept shares paused): its share set its pace
         flow.pair.round_over(flow.round_budget - flow.budget, flow.round_ack, now,
                              window_bound=False)
-        rate, old_cap = levels.rate(flow.id), cap(flow)
         self._open_round(now, flow)
-        if not rate < min(old_cap, cap(flow)):  # its cap binds: `_round_over` would share
-            levels.touched = now
-        if levels.renew(flow.id, cap(flow), flow.budget, now) and not levels.stale:
+        if levels.renew(flow.id, cap(flow), flow.budget, now):
             self._reschedule(levels)
         else:
             self._release(now, levels)
@@ -285,22 +282,20 @@ class FluidNetwork:
                       functools.partial(self._round_over, flow=flow, round_id=flow.round_id))
 
     def retime(self, now: float, pair: Pair, rtt: float) -> None:
-        """The pair's round trip from now on (a latency event seen by its next message)."""
-        if pair.rtt != rtt and pair.coaster is not None:
+        """The pair's round trip from now on (a latency event seen by its next message). Its
+        flows' weights and caps change with it, so their components share anew at the end
+        of this instant (kept shares that hold them let go of them), whether or not a flow
+        of theirs starts or ends: a round trip changed while one long flow sends alone
+        sets its rate from then on, not from the next change beside it."""
+        if pair.rtt == rtt:
+            return
+        if pair.coaster is not None:
             self._settle(now, pair.coaster)
-        if pair.rtt != rtt and pair.active:  # its flow's weight and cap change when its
-            siblings = self._of_pair.get(id(pair), ())  # component is next solved
-            for levels in {id(k): k for k in self._kept.values()}.values():
-                if levels.touched == now and any(levels.holds(f) for f in siblings):
-                    self._release(now, levels)  # at the end of this instant
-                else:
-                    levels.stale = True  # at their next event, as if solved whole
         pair.rtt = rtt
-        for fid in self._of_pair.get(id(pair), ()):
-            flow = self.flows[fid]
-            if flow.alone_at == now:
-                flow.progress(now)
-                self._share(now, flow)
+        resources = [r for fid in self._of_pair.get(id(pair), ())
+                     for r in self.flows[fid].resources]
+        if resources:
+            self._reallocate(now, tuple(dict.fromkeys(resources)))
 
     def _share(self, now: float, flow: Flow) -> None:
         """The flow's rate changed: a flow alone on its links takes at once what max_min
@@ -311,7 +306,6 @@ class FluidNetwork:
                 self._reallocate(now, flow.resources)
                 return
         rate = 0.0
-        flow.alone_at = now
         if not flow.paused:
             rate = cap(flow)
             for resource in flow.resources:
@@ -355,8 +349,7 @@ class FluidNetwork:
             if flow.pair.loss else 0.0  # before `end`, which lets the message's pieces go
         flow.pair.end(now)
         if levels is not None:
-            levels.touched = now
-            if levels.leave(flow.id, now) and not levels.stale:
+            if levels.leave(flow.id, now):
                 self._reschedule(levels)
             else:
                 self._release(now, levels)
@@ -496,13 +489,12 @@ class FluidNetwork:
         pair = flow.pair
         levels = next(iter(met.values()))
         alone = all(r in self._kept or len(self.users[r]) == 1 for r in flow.resources)
-        if len(met) == 1 and not levels.stale and alone and not flow.paused \
+        if len(met) == 1 and alone and not flow.paused \
                 and pair.active == 1 and not pair.settled and not pair.lossy:
             capacity = {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in flow.resources}
             if levels.join(flow.id, flow.weight(), cap(flow), flow.resources,
                            flow.remaining, flow.budget, now, capacity):
                 self._kept.update(dict.fromkeys(flow.resources, levels))
-                levels.touched = now
                 self._reschedule(levels)
                 return True
         for kept in met.values():
@@ -547,8 +539,7 @@ class FluidNetwork:
             self._finish(now, flow)
             return
         flow.paused, flow.rate = True, 0.0
-        levels.touched = now
-        if levels.leave(flow.id, now) and not levels.stale:
+        if levels.leave(flow.id, now):
             self._reschedule(levels)
         else:
             self._release(now, levels)
