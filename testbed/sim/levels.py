@@ -270,8 +270,7 @@ class Levels:
             return False
         if any(r in self._dependent_on for r in member.others):
             return False
-        return min(cap, member.bound) / member.weight >= \
-            self.links[member.link].level * (1 - MARGIN)
+        return cap / member.weight >= self.links[member.link].level * (1 - MARGIN)
 
     def _new_window(self, fid: int, member: _Member, cap: float, window: float,
                     now: float) -> None:
@@ -284,8 +283,7 @@ class Levels:
         heapq.heappush(link.ends, (min(member.end, member.window_end), fid, token))
         heapq.heappush(link.caps, (member.cap / member.weight, fid, token))
         link.version += 1
-        heapq.heappush(self._levels, (-link.level, member.link, link.version))
-        self.changed.add(member.link)
+        self._publish(member.link, link)
 
     def leave(self, fid: int, now: float) -> bool:
         """Remove a flow; whether the form still holds for the rest."""
@@ -565,6 +563,11 @@ class Levels:
                 self._move(fid, self.members[fid], link, now, capped=True)
                 continue
             break
+        self._publish(name, link)
+
+    def _publish(self, name: str, link: _Link) -> None:
+        """The link's level and next end as its new version has them: for the form's check
+        (_top_level) and for the caller (take_changed)."""
         heapq.heappush(self._levels, (-link.level, name, link.version))
         self.changed.add(name)
 
