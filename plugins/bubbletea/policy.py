@@ -21,6 +21,7 @@ from testbed.policy.api import (
     PrefillTimes,
     Request,
     at_least_one,
+    first_at_most,
     fraction,
     non_negative,
     on_off,
@@ -94,27 +95,25 @@ class BubbleTeaPolicy(BubblePolicy):
         """Whole prompts that fit, in the queue's order (one chunked on this GPU first,
         then the oldest), up to `batch`; then, if room is left, a chunk of the first
         prompt left. Prefill time is taken to grow with a prompt's length, so one
-        bisection per pick gives the longest new prompt that fits and the scan compares
-        lengths only."""
+        bisection per pick gives the longest new prompt that fits, and the oldest prompt
+        no longer than that is the pick (`first_at_most`: no scan of the queue)."""
         room = self.room(bubble, now)
         if room <= 0:
             return ()
         chosen: list[Chunk] = []
-        fresh = iter(queue)
         for request in queue:  # the one chunked on this GPU, if any, comes first
             if not request.prefilled:
                 break
-            next(fresh)
             whole = Chunk(request, request.prefilled, request.prompt_len)
             if _tokens(chosen) + whole.tokens <= max_tokens and \
                     prefill.batch([*chosen, whole]) <= room:
                 chosen.append(whole)
+        pick: Request | None = None
         while len(chosen) < self.settings.batch:
             probe = Request(-1, now, max_tokens)  # the longest new prompt that fits
             found = _largest_chunk(probe, chosen, room, max_tokens - _tokens(chosen), prefill)
             longest = found.end if found else 0
-            pick = next((r for r in fresh if r.prompt_len <= longest), None) if longest \
-                else None
+            pick = first_at_most(queue, longest, pick) if longest else None
             if pick is None:
                 break
             chosen.append(Chunk(pick, 0, pick.prompt_len))

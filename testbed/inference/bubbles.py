@@ -10,13 +10,13 @@ the backend supplies the clock."""
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NotRequired, TypedDict
 
 from testbed.common.stats import percentile
 from testbed.errors import InputError, PluginError
+from testbed.inference.waiting import OfferedQueue, WaitingRequests
 from testbed.inference.workload import (
     PrefillModel,
     WaitKey,
@@ -65,10 +65,8 @@ class BubbleBroker:
     _partial: dict[int, Request] = field(default_factory=dict)
     """Requests chunked so far, with `prefilled` up to their last admitted chunk."""
     _pending: Request | None = None
-    _queue: deque[Request] = field(default_factory=deque)
+    _queue: WaitingRequests = field(default_factory=WaitingRequests)
     """Arrived, not started, not expired, oldest first."""
-    _queued: dict[int, Request] = field(default_factory=dict)
-    """The same, by id."""
     _arrival: dict[int, float] = field(default_factory=dict)
     _warm_up: int | None = None
     """The run's first iteration, whose waits are long as connections warm up."""
@@ -124,12 +122,11 @@ class BubbleBroker:
             request, self._pending = self._pending, None
             self.requests.append(request)
             self._queue.append(request)
-            self._queued[request.id] = request
             self._arrival[request.id] = request.arrival
-        while self._queue and now - self._queue[0].arrival > self.deadline_s:
-            expired = self._queue.popleft()
-            del self._queued[expired.id]
-            self.rejected.add(expired.id)
+        while (oldest := self._queue.oldest()) is not None \
+                and now - oldest.arrival > self.deadline_s:
+            self._queue.remove(oldest.id)
+            self.rejected.add(oldest.id)
 
     def on_idle(self, gpu: str, action: int, now: float, since: float, iteration: int = 0
                 ) -> tuple[Chunk, ...]:
@@ -139,7 +136,7 @@ class BubbleBroker:
         queue oldest first."""
         mine = [r for r in self._partial.values() if self.started[r.id][0] == gpu]
         self.catch_up(now)
-        queue = (*mine, *self._queue)  # one copy: the queue runs to thousands
+        queue = OfferedQueue(mine, self._queue)  # no copy: the queue runs to thousands
         if not queue:
             return ()
         predicted = self.predicted(gpu, action, self.program_of(iteration), now - since)
@@ -151,9 +148,8 @@ class BubbleBroker:
         self._check(chunks, gpu)
         for chunk in chunks:
             request = chunk.request
-            if request.id in self._queued:
-                del self._queued[request.id]
-                self._queue.remove(request)
+            if self._queue.get(request.id) is not None:
+                self._queue.remove(request.id)
             self.started.setdefault(request.id, (gpu, now))
             if chunk.last:
                 if request.id in self._partial:
@@ -169,7 +165,7 @@ class BubbleBroker:
         if request.prefilled:
             return self._partial.get(request.id) == request \
                 and self.started[request.id][0] == gpu
-        return self._queued.get(request.id) == request
+        return self._queue.get(request.id) == request
 
     def _check(self, chunks: Sequence[Chunk], gpu: str) -> None:
         """A policy's answer within the contract of `BubblePolicy.admit_batch`."""

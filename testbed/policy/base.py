@@ -7,6 +7,7 @@ whenever a GPU enters a predicted bubble. Plugins import all of this from `testb
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
@@ -164,6 +165,29 @@ class Chunk:
     def last(self) -> bool:
         """Whether this chunk completes the request's prompt."""
         return self.end == self.request.prompt_len
+
+
+class RequestQueue(Sequence[Request], ABC):
+    """The queue a bubble policy is offered (the broker's, valid for one call): a sequence,
+    which also answers `first_at_most` without a scan. Use `first_at_most(queue, ...)`,
+    which takes any sequence."""
+
+    @abstractmethod
+    def first_at_most(self, tokens: int, after: Request | None = None) -> Request | None:
+        """See the function `first_at_most`."""
+
+
+def first_at_most(queue: Sequence[Request], tokens: int, after: Request | None = None
+                  ) -> Request | None:
+    """The first request of `queue` not started (`prefilled` 0), of those after `after`
+    when given, whose prompt is at most `tokens` long; None if none is. On the queue the
+    broker offers, a logarithm of its length (it runs to thousands); on any other
+    sequence, a scan."""
+    if isinstance(queue, RequestQueue):
+        return queue.first_at_most(tokens, after)
+    start = 0 if after is None else queue.index(after) + 1
+    return next((r for r in itertools.islice(queue, start, None)
+                 if not r.prefilled and r.prompt_len <= tokens), None)
 
 
 class PrefillTimes(Protocol):
