@@ -110,8 +110,8 @@ class FluidNetwork:
             size=float(nbytes),
             updated=now,
             on_sent=on_sent,
-            share=share if isinstance(share, float) else 1.0,
-            draw=None if isinstance(share, float) else share,
+            share=1.0 if callable(share) else share,  # a number (an int too) is the share
+            draw=share if callable(share) else None,
         )
         self.flows[flow.id] = flow
         for resource in resources:
