@@ -224,6 +224,34 @@ def test_a_flow_alone_on_a_resource_the_kept_shares_no_longer_use_meets_none() -
     assert arrived == pytest.approx(reference, rel=1e-9)
 
 
+def test_a_flow_kept_on_resources_a_link_of_its_shares_used_ends_at_its_own_time() -> None:
+    """A slow-start flow paused off a kept link (wan0) whose other flows have all ended
+    joins again, as the next round opens, as a dependent on that link's resources. An end
+    event still pending from the link's time must not end it: the dependent's version and
+    the link's came from separate counts and matched, so it ended 0.09 of its last byte
+    in (a case Hypothesis found)."""
+    capacity = {"wan0": 1e8, "wan1": 1e9, "wan2": 1e9, "nic0": 5e8,
+                **{nic: 1e10 for nic in NICS[1:]}}
+
+    def start(at: float, nbytes: float, resources: tuple[str, ...], rtt: float,
+              open_window: bool, pair: int) -> Start:
+        return Start(at, nbytes, resources, rtt, 0.0, 4e6, open_window, False, pair, 1.0)
+
+    case = Case(capacity, (start(0.012857877102381291, 8389881.0, ("nic0", "wan1"), 0.02,
+                                 True, 0),
+                           start(0.0, 1e4, ("nic0", "wan0"), 0.02, True, 1),
+                           start(0.0, 1e4, ("nic0", "wan0"), 0.02, True, 2),
+                           start(0.1161566720890446, 43441.0, ("nic0", "wan0", "nic1"), 0.02,
+                                 False, 3),
+                           start(0.0, 101361.0, ("nic1", "wan1"), 0.06, False, 4)), (), ())
+    reference, _, _ = _run(case, 10**9)
+    arrived, _, _ = _run(case, 1)
+    # two rounds of slow start leave one byte, which wan0 carries in 80 ns
+    assert reference[3] == pytest.approx(0.1161566720890446 + 2 * 0.02 + 8 / (1e8 * 1448 / 1500),
+                                         abs=1e-9)
+    assert arrived == pytest.approx(reference, rel=1e-12)
+
+
 @pytest.mark.parametrize("open_window", [True, False])
 def test_flows_in_lockstep_are_solved_whole_to_the_bit(open_window: bool) -> None:
     """Replicas' messages of one size started together under equal shares end together:

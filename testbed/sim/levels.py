@@ -69,7 +69,7 @@ class _Link:
     def advance(self, now: float) -> None:
         self.clock, self.since = self.clock_at(now), now
 
-    def relevel(self) -> None:
+    def relevel(self, version: int) -> None:
         count = len(self.flows) + len(self.capped)
         if count * 2 < self.summed or count > 2 * self.summed:
             self.weight = sum(self.flows.values())
@@ -77,7 +77,7 @@ class _Link:
             self.summed = count
         level = (self.capacity - self.fixed) / self.weight if self.flows else 0.0
         self.level = level if level > 0.0 else 0.0
-        self.version += 1
+        self.version = version
 
 
 @dataclass
@@ -147,6 +147,8 @@ class Levels:
         """Resources of the component's paused flows no member crosses: a flow that
         starts on one meets the kept shares."""
         self._tokens = itertools.count()
+        self._versions = itertools.count(1)
+        """Of links and dependents alike: no end pending for one matches another."""
         self.dependents: dict[int, _Dependent] = {}
         self._dependent_on: dict[str, int] = {}
         """Every resource a dependent crosses -> that dependent."""
@@ -282,7 +284,7 @@ class Levels:
         token = member.token = next(self._tokens)
         heapq.heappush(link.ends, (min(member.end, member.window_end), fid, token))
         heapq.heappush(link.caps, (member.cap / member.weight, fid, token))
-        link.version += 1
+        link.version = next(self._versions)
         self._publish(member.link, link)
 
     def leave(self, fid: int, now: float) -> bool:
@@ -381,7 +383,7 @@ class Levels:
             return False
         limit = min([cap, *(self._capacity[r] for r in others)])
         self.dependents[fid] = _Dependent(resource, weight, limit, others, now, left, window,
-                                          rate=-1.0)
+                                          rate=-1.0, version=next(self._versions))
         for r in resources:
             self._dependent_on[r] = fid
         self.covered.update(resources)
@@ -467,7 +469,7 @@ class Levels:
             if dependent.rate > 0.0:
                 dependent.left, dependent.window = self._read_dependent(dependent, now)
             dependent.since, dependent.rate = now, rate
-            dependent.version += 1
+            dependent.version = next(self._versions)
             self.changed.add(dependent.resource)
 
     def _current(self, fid: int, token: int) -> bool:
@@ -544,7 +546,7 @@ class Levels:
         """Cap and uncap the link's flows until each is where max-min puts it: capped
         where its cap is below its weight x the level it would have uncapped."""
         while True:
-            link.relevel()
+            link.relevel(next(self._versions))
             uncaps = link.uncaps
             while uncaps and not self._current(uncaps[0][1], uncaps[0][2]):
                 heapq.heappop(uncaps)
