@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -31,6 +33,22 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGIES = ROOT / "topologies"
+
+
+_SEARCHES: dict[Any, Any] = {}
+
+
+@pytest.fixture
+def shared_planning() -> Iterator[None]:
+    """Plans made in the test's process keep their searches' simulations in one cache for
+    the session, as one command's plans share one (testbed.experiments.planning): for
+    tests of what a run does, which would otherwise search the same inputs again (Atlas
+    on paper-3dc, seconds each time). A search answers the same from it as afresh; not
+    for tests of the search itself, nor any that patches what it simulates."""
+    from testbed.experiments.planning import shared_cache
+
+    with shared_cache(cache=_SEARCHES):
+        yield
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ from testbed.errors import InputError
 
 from .conftest import TOPOLOGIES
 
+pytestmark = pytest.mark.usefixtures("shared_planning")
+
 TWO_DC = TOPOLOGIES / "two-dc.yaml"
 
 ROOT = Path(__file__).resolve().parent.parent

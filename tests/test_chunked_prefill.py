@@ -30,6 +30,8 @@ from testbed.sim.simulate import simulate_plan
 
 from .test_cli import call
 
+pytestmark = pytest.mark.usefixtures("shared_planning")
+
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = ROOT / "topologies" / "paper-3dc.yaml"
 

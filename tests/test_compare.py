@@ -25,6 +25,8 @@ from .test_cli import call
 from .test_metrics import uneven_spans
 from .test_plugins import run_testbed
 
+pytestmark = pytest.mark.usefixtures("shared_planning")
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -20,6 +20,8 @@ from testbed.topology import load_topology
 
 from .test_cli import call
 
+pytestmark = pytest.mark.usefixtures("shared_planning")
+
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = """\
 name: small3

@@ -19,6 +19,8 @@ from testbed.sim.network import resume_after_outage
 from testbed.topology import load_topology
 from testbed.topology.net_events import NetEvent, changes, parse_event, parse_event_flag
 
+pytestmark = pytest.mark.usefixtures("shared_planning")
+
 ROOT = Path(__file__).resolve().parent.parent
 THREE = ROOT / "topologies" / "paper-3dc.yaml"
 TOPO = load_topology(THREE)

@@ -22,6 +22,8 @@ from testbed.run.spec import RunSpec
 from testbed.scenario.scenario import Recovery, WorkerLoss
 from testbed.topology import load_topology
 
+pytestmark = pytest.mark.usefixtures("shared_planning")
+
 ROOT = Path(__file__).resolve().parent.parent
 TWO = ROOT / "topologies" / "two-dc.yaml"
 THREE = ROOT / "topologies" / "paper-3dc.yaml"

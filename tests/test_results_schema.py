@@ -31,6 +31,8 @@ from testbed.scenario.reach import Applied
 from tests.conftest import ROOT, TOPOLOGIES
 from tests.test_cli import call
 
+pytestmark = pytest.mark.usefixtures("shared_planning")
+
 PAPER = str(TOPOLOGIES / "paper-3dc.yaml")
 TWO_DC = str(TOPOLOGIES / "two-dc.yaml")
 

@@ -53,15 +53,17 @@ def keeps_answers() -> bool:
 
 
 @contextmanager
-def shared_cache(fresh: bool = False) -> Iterator[dict[Any, Any]]:
+def shared_cache(fresh: bool = False, cache: dict[Any, Any] | None = None
+                 ) -> Iterator[dict[Any, Any]]:
     """One cache for every plan made inside; an enclosing one is reused, not replaced,
     unless `fresh` (a sweep's point plans with a cache of its own, so that it plans the
-    same whichever process runs it, after whichever points)."""
+    same whichever process runs it, after whichever points). `cache`: this one, where
+    none encloses (a caller that plans the same inputs again, later, in this process)."""
     outer = _SHARED.get()
     if outer is not None and not fresh:
         yield outer
         return
-    cache: dict[Any, Any] = {}
+    cache = {} if cache is None else cache
     token = _SHARED.set(cache)
     try:
         yield cache
