@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -38,6 +39,33 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE: dict[Any, Any] = {}
 """Shared by every plan here, as one command's plans share it: Atlas's ablations reuse
 its simulations."""
+
+
+@functools.cache
+def _serial_search(name: str) -> tuple[Any, dict[Any, Any], tuple[tuple[Any, float | None], ...]]:
+    """Atlas's search on a shipped topology as one process makes it, with a cache of its
+    own: its choice, what it measured (by key), and each simulation it ran (the plan, notes
+    left out, and the stop). The reference of the tests of stopping early, of measuring
+    in parallel and of never simulating twice (made once: a search takes seconds)."""
+    from dataclasses import replace
+
+    from testbed.experiments.planning import planning_context
+
+    inputs = load_inputs(ROOT / "topologies" / f"{name}.yaml")
+    policy = training_policy("atlas")
+    context = planning_context(inputs.topology, inputs.job, policy, {})
+    runs: list[tuple[Any, float | None]] = []
+    simulate = context._simulator
+    assert simulate is not None
+
+    def counted(plan: Any, job: Any, stop_above: float | None) -> float | None:
+        runs.append((replace(plan, notes={}), stop_above))
+        return simulate(plan, job, stop_above)
+
+    context._simulator = counted
+    context.processes = 1  # the runs counted here, not in forked workers
+    chosen, ranked, _ = policy.choose(inputs.topology, inputs.job, context)  # type: ignore[attr-defined]
+    return chosen, {c.key: c for c in ranked}, tuple(runs)
 
 
 @given(topologies(), st.integers(1, 4), st.integers(1, 12), st.sampled_from([1, 2]))
@@ -192,20 +220,26 @@ class _DelayedCompute(Simulator):
 @given(st.integers(0, 2**16), st.sampled_from([0.01, 0.05, 0.2, 0.5]))
 def test_random_compute_delays_never_speed_atlas_up(seed: int, scale: float) -> None:
     """Atlas's transfer order leaves nothing that delaying some compute would win back."""
+    inputs, plan, steady = _atlas_on_paper_3dc()
+    delayed = _iteration_s(_DelayedCompute(inputs.topology, inputs.job, plan,
+                                           training_policy("atlas"), seed=seed, scale=scale),
+                           plan)
+    assert delayed >= steady * 0.99, (steady, delayed)
+
+
+@functools.cache
+def _atlas_on_paper_3dc() -> tuple[Any, Any, float]:
+    """paper-3dc over three iterations, Atlas's plan for it and its iteration time."""
     inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml", sets=("iterations=3",))
     policy = training_policy("atlas")
     plan = plan_with_simulator(policy, inputs.topology, inputs.job, CACHE)
+    return inputs, plan, _iteration_s(Simulator(inputs.topology, inputs.job, plan, policy), plan)
 
-    def iteration_s(simulator: Simulator) -> float:
-        spans = simulator.run().spans
-        seconds = summarize(spans, plan.used_gpus(), 0.0, 1, 1.0).median_s
-        assert seconds is not None
-        return seconds
 
-    steady = iteration_s(Simulator(inputs.topology, inputs.job, plan, policy))
-    delayed = iteration_s(_DelayedCompute(inputs.topology, inputs.job, plan, policy,
-                                          seed=seed, scale=scale))
-    assert delayed >= steady * 0.99, (steady, delayed)
+def _iteration_s(simulator: Simulator, plan: Any) -> float:
+    seconds = summarize(simulator.run().spans, plan.used_gpus(), 0.0, 1, 1.0).median_s
+    assert seconds is not None
+    return seconds
 
 
 @settings(max_examples=40, deadline=None)
@@ -349,7 +383,7 @@ def test_stopping_slower_candidates_early_changes_no_choice(
             inputs.topology, inputs.job, planning_context(inputs.topology, inputs.job, policy, {}))
         return chosen, {c.key: c for c in ranked}
 
-    bounded_choice, bounded = choose()
+    bounded_choice, bounded, _ = _serial_search(name)
     real_run = search_module.Search.run
 
     def unbounded_run(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -594,7 +628,7 @@ def test_candidates_measured_in_parallel_make_the_same_choice(name: str, process
         chosen, ranked, _ = policy.choose(inputs.topology, inputs.job, context)  # type: ignore[attr-defined]
         return chosen, {c.key: c for c in ranked}
 
-    serial_choice, serial = choose(1)
+    serial_choice, serial, _ = _serial_search(name)
     choice, parallel = choose(processes)
     assert choice == serial_choice
     assert set(parallel) == set(serial)
@@ -756,24 +790,7 @@ def test_candidates_atlas_takes_for_twins_make_the_same_plan() -> None:
 def test_atlas_never_simulates_the_same_plan_to_the_same_stop_twice() -> None:
     """A candidate whose plan was simulated already (a twin under another schedule's
     name) takes that answer where the same run would give it."""
-    from dataclasses import replace
-
-    from testbed.experiments.planning import planning_context
-
-    inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml")
-    policy = training_policy("atlas")
-    context = planning_context(inputs.topology, inputs.job, policy, {})
-    runs: list[tuple[Any, float | None]] = []
-    simulate = context._simulator
-    assert simulate is not None
-
-    def counted(plan: Any, job: Any, stop_above: float | None) -> float | None:
-        runs.append((replace(plan, notes={}), stop_above))
-        return simulate(plan, job, stop_above)
-
-    context._simulator = counted
-    context.processes = 1  # the runs counted here, not in forked workers
-    chosen, _, _ = policy.choose(inputs.topology, inputs.job, context)  # type: ignore[attr-defined]
+    chosen, _, runs = _serial_search("paper-3dc")
     assert chosen.describe() == PINNED["paper-3dc"]
     assert len(runs) > 20
     for i, (plan, stop) in enumerate(runs):
