@@ -137,6 +137,7 @@ def test_a_dilated_fast_path_keeps_the_slower_rates_window() -> None:
     assert (slow / 4 - latency) / (plain - latency) == pytest.approx(shares, rel=0.01)
 
 
+@pytest.mark.usefixtures("shared_planning")
 def test_paper_topology_with_idle_restarts_is_invariant() -> None:
     """Slow start after idle depends on the minimum RTO, which dilation stretches too."""
     topology = load_topology(TOPOLOGIES / "paper-3dc.yaml")

@@ -399,6 +399,7 @@ def test_waiting_on_sends_slows_1f1b_where_transfers_outlast_compute() -> None:
     assert times["torch"] > times["eager"]
 
 
+@pytest.mark.usefixtures("shared_planning")
 @pytest.mark.parametrize("name", ["paper-3dc", "wan-3dc"])
 def test_planning_keeps_only_the_steps_and_times_iterations_as_a_full_run(name: str) -> None:
     """A planner's simulation keeps the optimizer steps' spans alone (a run keeps hundreds
