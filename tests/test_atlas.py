@@ -435,6 +435,35 @@ def test_atlas_takes_a_zero_bubble_order_where_compute_bounds_the_pipeline() -> 
     assert times["on"] < times["off"] * 0.9
 
 
+def test_a_cache_shared_by_plans_for_other_hosts_answers_each_with_its_own_times() -> None:
+    """The hosts' open-file limit sets Atlas's connections per DC pair, so a simulated time
+    depends on it: a cache shared with a plan for hosts that allow more connections must
+    not answer a plan for hosts that allow fewer (the key left the limits out)."""
+    from testbed.experiments.planning import planning_context
+    from testbed.job.load import parse_job
+    from testbed.policy.registry import make_plan
+
+    data = {**SMALL_FAST, "wan": [{"between": ["east", "west"], "latency": "50ms",
+                                   "bandwidth": "10Gbit"}]}
+    data["job"] = {**SMALL_FAST["job"], "model": {"layers": 8, "hidden": 4096, "heads": 32,
+                                                  "seq_len": 2048, "vocab": 32000}}
+    topology = parse_topology(data, "far.yaml")
+    job = parse_job(data["job"])
+
+    def chosen_s(open_files: int, cache: dict[Any, Any]) -> float:
+        policy = training_policy("atlas")
+        context = planning_context(topology, job, policy, cache)
+        context.host_limits = HostLimits(open_files=open_files)
+        chosen = make_plan(policy, topology, job, context).notes["dc_selection"]["chosen"]
+        return float(chosen["simulated_s"])
+
+    shared: dict[Any, Any] = {}
+    many = chosen_s(4096, shared)
+    few = chosen_s(100, {})  # 18 connections a pair, where 4,096 files allow 50
+    assert few > many * 1.01
+    assert chosen_s(100, shared) == few
+
+
 def test_atlas_tries_two_stages_per_gpu_only_where_they_fit() -> None:
     from testbed_plugins.atlas.placement import Chain
     from testbed_plugins.atlas.schedules import placed

@@ -301,8 +301,11 @@ class AtlasPolicy(TrainingPolicy):
         return Known(lambda: _result(candidate, *known))
 
     def _key(self, topology: Topology, probe: Job, candidate: Candidate) -> tuple[str, ...]:
+        """What the candidate's simulated time depends on (the hosts' limits set its
+        connections per pair)."""
         return ("atlas", repr(topology), repr(probe), repr(candidate.key),
-                repr(replace(self.settings, search="staged")))  # any search: one result
+                repr(replace(self.settings, search="staged")),  # any search: one result
+                repr(self.limits))
 
     # --- temporal sharing ---------------------------------------------------------------
 
