@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -168,6 +169,24 @@ def test_arbiter_reports_a_misbehaving_policy() -> None:
     arbiter = Arbiter(Bad(), plan)
     with pytest.raises(PluginError, match="not waiting"):
         arbiter.request(_transfer(1, 0, 0.0))
+
+
+def test_arbiter_takes_the_waiting_transfer_a_policy_names_by_an_equal_copy() -> None:
+    job = parse_job({"model": "tiny"})
+    policy = training_policy("gpipe")
+    plan = plan_with_simulator(policy, TOPO, job)
+
+    class Copying(type(policy)):  # type: ignore[misc]
+        def next_transfer(self, plan: Any, link: Any, waiting: Any) -> Transfer:
+            return dataclasses.replace(max(waiting, key=lambda t: t.id))
+
+    arbiter = Arbiter(Copying(), plan)
+    first = arbiter.request(_transfer(1, 0, 0.0))
+    second, third = _transfer(2, 0, 0.1), _transfer(3, 0, 0.2)
+    assert arbiter.request(second) is None and arbiter.request(third) is None
+    assert arbiter.release(first) is third  # the one waiting, not the policy's copy
+    assert arbiter.release(third) is second  # released: the lane is free again
+    assert arbiter.release(second) is None
 
 
 def test_chrome_trace_has_tracks_and_flows() -> None:

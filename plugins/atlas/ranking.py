@@ -43,14 +43,20 @@ class Ranked:
         of the same plan (stopped early) and its namesake."""
 
     def least(self, waiting: Sequence[Transfer], rank: Callable[[Transfer], Rank]) -> Transfer:
-        here = dict(zip(map(id, waiting), waiting, strict=True))
-        for new in here.keys() - self.held.keys():
-            transfer = self.held[new] = here[new]
-            heapq.heappush(self.heap, (rank(transfer), next(self.count), transfer))
+        held, heap = self.held, self.heap
+        here = set(map(id, waiting))
+        new = here - held.keys()
+        for transfer in reversed(waiting):  # those that came since: mostly the last
+            if not new:
+                break
+            if id(transfer) in new:
+                new.discard(id(transfer))
+                held[id(transfer)] = transfer
+                heapq.heappush(heap, (rank(transfer), next(self.count), transfer))
         while True:
-            _, _, transfer = heapq.heappop(self.heap)
-            del self.held[id(transfer)]
-            if here.get(id(transfer)) is transfer:
+            _, _, transfer = heapq.heappop(heap)
+            del held[id(transfer)]
+            if id(transfer) in here:
                 return transfer
             # no longer waiting (a run that stopped early left it): dropped
 
