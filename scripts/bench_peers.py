@@ -74,9 +74,6 @@ from testbed.topology import Topology
 
 ROOT = Path(__file__).resolve().parent.parent
 SIMGRID_PYTHON = "/usr/bin/python3"
-FROM_S, TO_S = 5.0, 20.0
-"""The seconds of each share measurement (iperf3 leaves out the first five)."""
-
 
 def emulator(parts: list[str], congestions: tuple[str, ...], repeat: int, seed: int = 0
              ) -> dict[str, Any]:
@@ -210,8 +207,9 @@ def compare_shares(recorded: list[dict[str, Any]], peers: dict[str, Any], ns3_wi
         case = ShareCase(entry["case"], tuple(entry["rtts_ms"]), entry["rate"],
                          entry["congestion"], entry["paced"])
         topology = share_topology(case)
+        start = entry["omit_s"]  # the emulator's window: iperf3 leaves out its first seconds
         sim = shared_rates(topology, [f"s{i}" for i in range(len(case.rtts_ms))], "dst",
-                           FROM_S, TO_S, case.paced)
+                           start, start + entry["seconds"], case.paced)
         runs = [run["mbps"] for run in entry["runs"]]
         flows = []
         for i, rtt in enumerate(case.rtts_ms):
@@ -220,7 +218,8 @@ def compare_shares(recorded: list[dict[str, Any]], peers: dict[str, Any], ns3_wi
                           "error": sim[i] / 1e6 / emulated["median"] - 1,
                           "inside_spread": emulated["min"] <= sim[i] / 1e6 <= emulated["max"]})
         row: dict[str, Any] = {"case": case.name, "congestion": case.congestion,
-                               "paced": case.paced, "flows": flows,
+                               "paced": case.paced, "seconds": entry["seconds"],
+                               "omit_s": entry["omit_s"], "flows": flows,
                                "machine_bound_runs": sum(r["machine_bound"] for r in
                                                          entry["runs"]),
                                "runs": len(runs)}

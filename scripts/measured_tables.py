@@ -334,8 +334,9 @@ def _peer(value: float | None, fmt: str) -> str:
 
 def peers_shares(report: dict[str, Any]) -> str:
     """Each flow's share of a 200 Mbit/s bottleneck: the emulator's median (and range over
-    its runs), the simulator's, ns-3's and SimGrid's, in Mbit/s; a summary of the
-    agreement, and the RTT bias's exponents as used and as fitted."""
+    its runs, each measured over the window shown), the simulator's, ns-3's and
+    SimGrid's, in Mbit/s; a summary of the agreement, and the RTT bias's exponents as used
+    and as fitted."""
     return f"{_share_rows(report)}\n\n{_share_agreement(report)}\n\n{_rtt_bias(report)}"
 
 
@@ -373,7 +374,18 @@ def _share_agreement(report: dict[str, Any]) -> str:
             f"{TWO_FLOWS_BOUND:.0%} of the emulator's median"
             f"{' (not: ' + ', '.join(apart) + ')' if apart else ''}; {more_name}: "
             f"{len(more) - len(outside)} of {len(more)} inside the emulator's range over its "
-            f"runs{' (not: ' + '; '.join(outside) + ')' if outside else ''}. {sample}")
+            f"runs{' (not: ' + '; '.join(outside) + ')' if outside else ''}. {sample}"
+            f"{_machine_bound_shares(report)}")
+
+
+def _machine_bound_shares(report: dict[str, Any]) -> str:
+    """The cases with runs the machine's signals marked machine-bound, how many of how
+    many; nothing where none was."""
+    bound = [f"{c['congestion']} {'paced' if c['paced'] else 'unpaced'} "
+             f"{len(c['flows'])} flows, {c['machine_bound_runs']} of {c['runs']}"
+             for c in report["shares"] if c.get("machine_bound_runs")]
+    return (" Runs the machine's signals marked machine-bound (cores busy, delay lines "
+            f"late): {'; '.join(bound)}." if bound else "")
 
 
 def _rtt_bias(report: dict[str, Any]) -> str:
@@ -399,12 +411,13 @@ def _share_rows(report: dict[str, Any]) -> str:
             inside = "yes" if flow["inside_spread"] else "no"
             rows.append(
                 f"| {case['congestion']}, {'paced' if case['paced'] else 'unpaced'}, "
-                f"{len(case['flows'])} flows | {flow['rtt_ms']:g} ms | {emu['median']:.1f} "
+                f"{len(case['flows'])} flows | {case['seconds']:g} s after {case['omit_s']:g} "
+                f"| {flow['rtt_ms']:g} ms | {emu['median']:.1f} "
                 f"({emu['min']:.1f}-{emu['max']:.1f}) | {flow['sim_mbps']:.1f} | "
                 f"{flow['error']:+.0%} | {inside} | {_peer(flow.get('ns3_mbps'), '.1f')} | "
                 f"{_peer(flow.get('simgrid_mbps'), '.1f')} |")
-    return _rows("| case | RTT | emulator (range) | simulator | error | inside range | ns-3 | "
-                 "SimGrid |", rows)
+    return _rows("| case | emulator's window | RTT | emulator (range) | simulator | error | "
+                 "inside range | ns-3 | SimGrid |", rows)
 
 
 def _shows_ceiling(row: dict[str, Any]) -> bool:

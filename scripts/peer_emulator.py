@@ -1,6 +1,6 @@
 """The emulator's side of scripts/bench_peers.py (root): real Linux TCP in the emulated
-WAN. Shares from iperf3 (one flow per source DC, all started together, the first
-`OMIT_S` seconds left out), bursts with the worker transport (rounds of one message from
+WAN. Shares from iperf3 (one flow per source DC, all started together, over the
+congestion control's SHARE_WINDOWS), bursts with the worker transport (rounds of one message from
 each source, all started together on one clock), transfers with the worker transport on
 fresh connections, paced where the plan paces; every run with the machine's signals
 (cores busy, the delay lines' lateness) and whether they say it set the pace."""
@@ -38,8 +38,16 @@ from testbed.emulator.runtime.coordinator.probe import timed_messages
 from testbed.plan.pacing import PACING_SHARE, paced
 from testbed.topology import Topology
 
-SHARE_SECONDS = 15.0
-OMIT_S = 5.0
+SHARE_WINDOWS: dict[str, tuple[float, float]] = {
+    "cubic": (60.0, 10.0), "bbr": (60.0, 10.0), "reno": (15.0, 5.0)}
+"""(seconds measured, seconds left out before them) of a share run, per congestion
+control: a share is steady only over several of the slowest flow's congestion epochs.
+CUBIC's epoch is K = cbrt(W_max (1 - beta) / C) (RFC 8312, beta 0.7, C 0.4): 8.7 s for a
+100 ms flow at 100 Mbit/s, 6.9 s for a 200 ms one at 25; BBR probes its minimum RTT
+every 10 s. 60 s after 10 covers five or more of either. Reno regrows a halved window by
+one segment per round trip, about 40 s at 100 ms and 100 Mbit/s, so steady shares
+would take minutes a run; its runs stay at the shorter window they were recorded over
+(a share over it is short of one epoch of its longest flows)."""
 
 
 def _pace(topology: Topology, size: int) -> float:
@@ -61,6 +69,7 @@ def _shares_once(network: Network, case: ShareCase) -> list[float]:
     """Each flow's receiver-side goodput in bit/s over the same seconds."""
     dst = network.layout.node("dst-0")
     pace = network.topology.bottleneck_bps("s0", "dst") * PACING_SHARE
+    seconds, omit = SHARE_WINDOWS[case.congestion]
     servers = [subprocess.Popen(["ip", "netns", "exec", dst.netns, "iperf3", "-s", "-1", "-p",
                                  str(5301 + i)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL) for i in range(len(case.rtts_ms))]
@@ -69,15 +78,15 @@ def _shares_once(network: Network, case: ShareCase) -> list[float]:
         clients = []
         for i in range(len(case.rtts_ms)):
             src = network.layout.node(f"s{i}-0")
-            args = ["iperf3", "-c", dst.address, "-p", str(5301 + i), "-t", f"{SHARE_SECONDS:g}",
-                    "-O", f"{OMIT_S:g}", "-J", "-C", case.congestion]
+            args = ["iperf3", "-c", dst.address, "-p", str(5301 + i), "-t", f"{seconds:g}",
+                    "-O", f"{omit:g}", "-J", "-C", case.congestion]
             if case.paced:
                 args += ["--fq-rate", str(int(pace))]
             clients.append(subprocess.Popen(["ip", "netns", "exec", src.netns, *args],
                                             stdout=subprocess.PIPE, text=True))
         rates = []
         for client in clients:
-            out, _ = client.communicate(timeout=SHARE_SECONDS + OMIT_S + 60)
+            out, _ = client.communicate(timeout=seconds + omit + 60)
             report = json.loads(out)
             if "error" in report:
                 raise RuntimeError(f"iperf3: {report['error']}")
@@ -101,8 +110,10 @@ def shares(case: ShareCase, repeat: int) -> dict[str, Any]:
             print(json.dumps({"case": case.name, **runs[-1]}), flush=True)
     finally:
         tear_down(network)
+    seconds, omit = SHARE_WINDOWS[case.congestion]
     return {"case": case.name, "rtts_ms": list(case.rtts_ms), "congestion": case.congestion,
-            "paced": case.paced, "rate": case.rate, "runs": runs}
+            "paced": case.paced, "rate": case.rate, "seconds": seconds, "omit_s": omit,
+            "runs": runs}
 
 
 BURST_START_S = 5.0

@@ -433,30 +433,50 @@ def _compared_shares() -> dict[tuple[str, float], dict[str, Any]]:
     return {(row["case"], flow["rtt_ms"]): flow for row in rows for flow in row["flows"]}
 
 
-BIASED_MORE = (
-    "the emulator biases two flows more than eight, and one exponent per congestion "
-    "control and pacing, fitted on both, lies between: fitted alone, two flows give paced "
-    "CUBIC 1.32, BBR 0.13 unpaced and 0.16 paced, paced Reno 1.29; eight flows 0.80, "
-    "0.02, 0.02 and 0.95")
+CUBIC_TWO_LESS = (
+    "over 60 s the emulator biases two unpaced CUBIC flows less than eight, and one "
+    "exponent fitted on both lies between: fitted alone, two flows give 0.56, eight 0.77")
+BBR_TWO_MORE = (
+    "BBR's two flows share by round trip over 60 s, its eight hardly at all, and one "
+    "exponent fitted on both lies between: fitted alone, two flows give 0.21 unpaced and "
+    "0.18 paced, eight -0.03 and -0.04")
 TWO_FLOWS_APART = {
-    ("two-cubic-paced", 20.0): BIASED_MORE,
-    ("two-cubic-paced", 100.0): BIASED_MORE + "; the 100 ms flow's five runs ranged "
-    "18.6-37.8 Mbit/s",
-    ("two-bbr-unpaced", 100.0): BIASED_MORE,
-    ("two-bbr-paced", 100.0): BIASED_MORE,
+    ("two-cubic-unpaced", 100.0): CUBIC_TWO_LESS,
+    ("two-bbr-unpaced", 20.0): BBR_TWO_MORE,
+    ("two-bbr-unpaced", 100.0): BBR_TWO_MORE,
+    ("two-bbr-paced", 20.0): BBR_TWO_MORE,
+    ("two-bbr-paced", 100.0): BBR_TWO_MORE,
     ("two-reno-unpaced", 20.0): "the emulator's unpaced Reno leaves part of the link idle "
     "(179 Mbit/s of 193 in the median run: its halved windows drain the small drop-tail "
     "queue), the model fills it: 161.7 Mbit/s against 145.9 for the 20 ms flow",
-    ("two-reno-paced", 100.0): BIASED_MORE,
+    ("two-reno-paced", 100.0): "paced Reno's runs (15 s, short of one congestion epoch of "
+    "the 100 ms flow) bias two flows more than eight, and one exponent fitted on both lies "
+    "between: fitted alone, two flows give 1.29, eight 0.95",
 }
 """The recorded two-flow flows whose simulated share is not within 10% of the median."""
+CUBIC_EIGHT = (
+    "over 60 s the eight CUBIC flows' runs spread little, closer than one power law in RTT "
+    "follows their medians (unpaced 73.6, 38.3, 22.7, 16.8 Mbit/s at 10-60 ms; paced "
+    "62.2, 41.7, 21.4, 15.6, then 16.6 at 90 ms)")
+BBR_EIGHT = (
+    "over 60 s the eight BBR flows' medians rise and fall again with the round trip (the "
+    "middle ones 24.7-26.2 Mbit/s, the 10 and 200 ms ones 21.3-22.9), which no power law "
+    "follows, and their runs spread little: the model's near even share falls just below "
+    "or above them")
 EIGHT_FLOWS_OUTSIDE = {
-    ("eight-cubic-paced", 200.0): "CUBIC's longest round trips keep a floor no power law in "
-    "RTT follows (the medians at 120, 160 and 200 ms: 9.3, 7.4, 8.0 Mbit/s); the model "
-    "gives the 200 ms flow 5.7, its runs 6.6-12.4",
-    ("eight-bbr-unpaced", 120.0): "some runs starve a long BBR flow (160 and 200 ms: as "
-    "little as 4.4 and 3.5 Mbit/s), leaving the others more than an even share; the model "
-    "starves none and gives the 120 ms flow 23.6, its runs 25.6-28.9",
+    ("eight-cubic-unpaced", 10.0): CUBIC_EIGHT + "; the model gives 68.6, its runs 71.1-76.2",
+    ("eight-cubic-unpaced", 20.0): CUBIC_EIGHT + "; the model gives 41.1, its runs 35.6-40.9",
+    ("eight-cubic-paced", 20.0): CUBIC_EIGHT + "; the model gives 39.7, at the least of its "
+    "runs (39.7-42.3)",
+    ("eight-cubic-paced", 40.0): CUBIC_EIGHT + "; the model gives 25.3, its runs 18.2-24.4",
+    ("eight-cubic-paced", 60.0): CUBIC_EIGHT + "; the model gives 19.4, its runs 13.9-18.8",
+    ("eight-bbr-unpaced", 40.0): BBR_EIGHT + "; 24.2 against 24.3-27.6",
+    ("eight-bbr-unpaced", 60.0): BBR_EIGHT + "; 24.1 against 24.5-27.4",
+    ("eight-bbr-unpaced", 90.0): BBR_EIGHT + "; 24.0 against 25.0-27.2",
+    ("eight-bbr-unpaced", 120.0): BBR_EIGHT + "; 24.0, at the least of its runs (24.0-26.4)",
+    ("eight-bbr-paced", 10.0): BBR_EIGHT + "; 23.7 against 18.5-21.7",
+    ("eight-bbr-paced", 40.0): BBR_EIGHT + "; 24.0 against 24.4-26.4",
+    ("eight-bbr-paced", 60.0): BBR_EIGHT + "; 24.1 against 24.9-27.1",
     ("eight-reno-paced", 120.0): "paced Reno's medians do not fall with RTT past 120 ms "
     "(5.8, 5.5, 7.7 Mbit/s at 120, 160, 200 ms), which no power law follows; the model "
     "gives the 120 ms flow 7.4, its runs 4.2-7.3",
@@ -708,9 +728,11 @@ def test_the_shares_table_sums_up_agreement_and_says_whether_in_sample() -> None
     inside the runs' range, each flow that is not named; in sample where the exponents
     used are the fit of these runs, out of sample where not; then the exponents."""
     tables = script("measured_tables")
-    two = {"case": "two", "congestion": "cubic", "paced": True, "flows": [
+    two = {"case": "two", "congestion": "cubic", "paced": True, "seconds": 60.0,
+           "omit_s": 10.0, "flows": [
         _share_flow(20.0, 105.0, 100.0, 90.0, 110.0), _share_flow(100.0, 80.0, 100.0, 70.0, 90.0)]}
-    three = {"case": "three", "congestion": "reno", "paced": False, "flows": [
+    three = {"case": "three", "congestion": "reno", "paced": False, "seconds": 15.0,
+             "omit_s": 5.0, "flows": [
         _share_flow(10.0, 50.0, 40.0, 30.0, 45.0), _share_flow(20.0, 30.0, 33.0, 30.0, 35.0),
         _share_flow(40.0, 20.0, 20.0, 20.0, 20.0)]}
     fits = [{"congestion": "cubic", "paced": True, "used": 0.87, "fitted": 0.87,
@@ -720,6 +742,8 @@ def test_the_shares_table_sums_up_agreement_and_says_whether_in_sample() -> None
     text = tables.peers_shares({"shares": [two, three], "rtt_bias": fits})
     blocks = text.split("\n\n")
     assert len(blocks) == 3 and blocks[0].count("\n") == 6
+    assert blocks[0].splitlines()[2].startswith("| cubic, paced, 2 flows | 60 s after 10 | 20 ms |")
+    assert blocks[0].splitlines()[4].startswith("| reno, unpaced, 3 flows | 15 s after 5 | 10 ms |")
     assert blocks[1] == (
         "Two flows: 1 of 2 within 10% of the emulator's median (not: cubic paced 100 ms "
         "(-20%)); 3 flows: 2 of 3 inside the emulator's range over its runs (not: reno "
@@ -729,6 +753,12 @@ def test_the_shares_table_sums_up_agreement_and_says_whether_in_sample() -> None
         "not how well it predicts runs it has not seen.")
     assert blocks[2].splitlines()[2:] == ["| cubic | paced | 0.87 | 0.87 | 1.32 | - |",
                                           "| reno | unpaced | 1.02 | 1.02 | - | 1.03 |"]
+    three |= {"machine_bound_runs": 4, "runs": 5}
+    bound = tables.peers_shares({"shares": [two, three], "rtt_bias": fits})
+    assert bound.split("\n\n")[1].endswith(
+        "runs it has not seen. Runs the machine's signals marked machine-bound (cores busy, "
+        "delay lines late): reno unpaced 3 flows, 4 of 5.")
+    three["machine_bound_runs"] = 0
     fits[1]["used"] = 1.31
     out_of_sample = tables.peers_shares({"shares": [two, three], "rtt_bias": fits})
     assert out_of_sample.split("\n\n")[1].endswith(
