@@ -344,9 +344,13 @@ TWO_FLOWS_BOUND = 0.10
 """Two flows' agreement the summary under the shares table counts."""
 
 
+def _control(case: dict[str, Any]) -> str:
+    """A share case's congestion control and pacing, as the summaries name them."""
+    return f"{case['congestion']} {'paced' if case['paced'] else 'unpaced'}"
+
+
 def _flow_name(case: dict[str, Any], flow: dict[str, Any]) -> str:
-    return (f"{case['congestion']} {'paced' if case['paced'] else 'unpaced'} "
-            f"{flow['rtt_ms']:g} ms")
+    return f"{_control(case)} {flow['rtt_ms']:g} ms"
 
 
 def _share_agreement(report: dict[str, Any]) -> str:
@@ -381,8 +385,7 @@ def _share_agreement(report: dict[str, Any]) -> str:
 def _machine_bound_shares(report: dict[str, Any]) -> str:
     """The cases with runs the machine's signals marked machine-bound, how many of how
     many; nothing where none was."""
-    bound = [f"{c['congestion']} {'paced' if c['paced'] else 'unpaced'} "
-             f"{len(c['flows'])} flows, {c['machine_bound_runs']} of {c['runs']}"
+    bound = [f"{_control(c)} {len(c['flows'])} flows, {c['machine_bound_runs']} of {c['runs']}"
              for c in report["shares"] if c.get("machine_bound_runs")]
     return (" Runs the machine's signals marked machine-bound (cores busy, delay lines "
             f"late): {'; '.join(bound)}." if bound else "")
