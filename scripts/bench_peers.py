@@ -5,7 +5,8 @@ from PyPI) and SimGrid (flow level, Debian's python3-simgrid, run by /usr/bin/py
 
 Cases (scripts/peer_cases.py): shares of one 200 Mbit/s bottleneck among flows of different
 RTTs (2 flows of 20 and 100 ms, 8 of 10-200 ms; unpaced and paced as the plan paces; CUBIC,
-BBR and Reno); bursts, rounds of 2, 4 and 8 messages of 21 MB started together from as many
+BBR and Reno), and the two flows again at 50 and 400 Mbit/s (`held-out`: the RTT bias is
+fitted on the 200 Mbit/s runs alone, so these check it out of sample); bursts, rounds of 2, 4 and 8 messages of 21 MB started together from as many
 hosts over one 1 Gbit/s, 40 ms link (a pipeline's replicas sending their activations at
 once); transfers on a 1 Gbit/s, 50 ms link with 0.01%, 0.1% and 1% loss over 1, 4 and 16
 fresh connections (and those over several connections at 0.1% and 1% again, each
@@ -52,6 +53,7 @@ from peer_cases import (
     between_cases,
     burst_cases,
     burst_topology,
+    held_out_share_cases,
     long_cases,
     loss_cases,
     scale_job,
@@ -84,6 +86,9 @@ def emulator(parts: list[str], congestions: tuple[str, ...], repeat: int, seed: 
     out: dict[str, Any] = {}
     if "shares" in parts:
         out["shares"] = [peer_emulator.shares(c, repeat) for c in share_cases(congestions)]
+    if "held-out" in parts:
+        out["held_out_shares"] = [peer_emulator.shares(c, repeat)
+                                  for c in held_out_share_cases(congestions)]
     if "bursts" in parts:
         out["bursts"] = [peer_emulator.bursts(c, 2 * repeat) for c in burst_cases(congestions)]
     if "long" in parts:
@@ -218,7 +223,8 @@ def compare_shares(recorded: list[dict[str, Any]], peers: dict[str, Any], ns3_wi
                           "error": sim[i] / 1e6 / emulated["median"] - 1,
                           "inside_spread": emulated["min"] <= sim[i] / 1e6 <= emulated["max"]})
         row: dict[str, Any] = {"case": case.name, "congestion": case.congestion,
-                               "paced": case.paced, "seconds": entry["seconds"],
+                               "paced": case.paced, "rate": case.rate,
+                               "seconds": entry["seconds"],
                                "omit_s": entry["omit_s"], "flows": flows,
                                "machine_bound_runs": sum(r["machine_bound"] for r in
                                                          entry["runs"]),
@@ -463,8 +469,8 @@ def measured_with(earlier: dict[str, Any]) -> dict[str, Any] | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--emulator", default="",
-                        help="parts to record: shares,bursts,long,loss,between,stripes,"
-                             "ceiling,inflight,windows")
+                        help="parts to record: shares,held-out,bursts,long,loss,between,"
+                             "stripes,ceiling,inflight,windows")
     parser.add_argument("--emulator-json", type=Path, help="where to record them")
     parser.add_argument("--from-emulator", type=Path, action="append", default=[],
                         help="recorded emulator runs to compare with (repeatable)")
@@ -516,6 +522,8 @@ def main() -> None:
                     "python": platform.python_version()},
         "shares": compare_shares(recorded.get("shares", []), peers, args.ns3_window),
         "rtt_bias": rtt_bias_fits(recorded.get("shares", [])),
+        "held_out_shares": compare_shares(recorded.get("held_out_shares", []), peers,
+                                          args.ns3_window),
         "bursts": compare_bursts(recorded.get("bursts", [])),
         "long": compare_transfers(recorded.get("long", []), peers, ceiling),
         "loss": compare_transfers(recorded.get("loss", []), peers, ceiling),

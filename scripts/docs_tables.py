@@ -210,6 +210,8 @@ TABLES: dict[str, Table] = {
     "launch": Table(("benchmarks/launch.json",), _launch, "scripts/bench_launch.py"),
     "peers-shares": Table(("benchmarks/peers.json",), _measured("peers_shares"),
                           "scripts/bench_peers.py"),
+    "peers-held-out": Table(("benchmarks/peers.json",), _measured("peers_held_out"),
+                            "scripts/bench_peers.py"),
     "peers-loss": Table(("benchmarks/peers.json",), _measured("peers_loss"),
                         "scripts/bench_peers.py"),
     "peers-between": Table(("benchmarks/peers.json",), _measured("peers_between"),

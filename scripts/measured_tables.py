@@ -9,6 +9,7 @@ import re
 import statistics
 from typing import Any
 
+from testbed.common.units import human_rate, parse_rate
 from testbed.metrics.interval import Interval
 
 
@@ -337,7 +338,8 @@ def peers_shares(report: dict[str, Any]) -> str:
     its runs, each measured over the window shown), the simulator's, ns-3's and
     SimGrid's, in Mbit/s; a summary of the agreement, and the RTT bias's exponents as used
     and as fitted."""
-    return f"{_share_rows(report)}\n\n{_share_agreement(report)}\n\n{_rtt_bias(report)}"
+    return (f"{_share_rows(report['shares'])}\n\n{_share_agreement(report)}\n\n"
+            f"{_rtt_bias(report)}")
 
 
 TWO_FLOWS_BOUND = 0.10
@@ -379,14 +381,15 @@ def _share_agreement(report: dict[str, Any]) -> str:
             f"{' (not: ' + ', '.join(apart) + ')' if apart else ''}; {more_name}: "
             f"{len(more) - len(outside)} of {len(more)} inside the emulator's range over its "
             f"runs{' (not: ' + '; '.join(outside) + ')' if outside else ''}. {sample}"
-            f"{_machine_bound_shares(report)}")
+            f"{_machine_bound_shares(report['shares'])}")
 
 
-def _machine_bound_shares(report: dict[str, Any]) -> str:
+def _machine_bound_shares(cases: list[dict[str, Any]]) -> str:
     """The cases with runs the machine's signals marked machine-bound, how many of how
     many; nothing where none was."""
-    bound = [f"{_control(c)} {len(c['flows'])} flows, {c['machine_bound_runs']} of {c['runs']}"
-             for c in report["shares"] if c.get("machine_bound_runs")]
+    bound = [f"{_control(c)} {len(c['flows'])} flows{_at_rate(c)}, "
+             f"{c['machine_bound_runs']} of {c['runs']}"
+             for c in cases if c.get("machine_bound_runs")]
     return (" Runs the machine's signals marked machine-bound (cores busy, delay lines "
             f"late): {'; '.join(bound)}." if bound else "")
 
@@ -405,22 +408,68 @@ def _rtt_bias(report: dict[str, Any]) -> str:
                      for r in report["rtt_bias"]])
 
 
-def _share_rows(report: dict[str, Any]) -> str:
-    """The table: a row for each flow of each case."""
+def peers_held_out(report: dict[str, Any]) -> str:
+    """Two flows' shares at bottleneck rates the RTT bias was not fitted at: the table, and
+    how many are within TWO_FLOWS_BOUND of the emulator's median."""
+    cases = report.get("held_out_shares", [])
+    if not cases:
+        return "Not recorded (`scripts/bench_peers.py --emulator held-out`)."
+    flows = [(c, f) for c in cases for f in c["flows"]]
+    apart = [f"{_flow_name(c, f)}{_at_rate(c)} ({f['error']:+.0%})" for c, f in flows
+             if abs(f["error"]) > TWO_FLOWS_BOUND]
+    by_rate = [c for c in sorted([*report["shares"], *cases], key=_rate_bps)
+               if len(c["flows"]) == 2]
+    implied = "; ".join(
+        f"{control} " + ", ".join(f"{_implied_exponent(c):.2f} at {human_rate(_rate_bps(c))}"
+                                  for c in by_rate if _control(c) == control)
+        for control in dict.fromkeys(_control(c) for c in cases))
+    return (f"{_share_rows(cases)}\n\nOut of sample: {len(flows) - len(apart)} of "
+            f"{len(flows)} flows within {TWO_FLOWS_BOUND:.0%} of the emulator's median"
+            f"{' (not: ' + '; '.join(apart) + ')' if apart else ''}."
+            f"{_machine_bound_shares(cases)} The exponent the emulator's two medians imply "
+            f"(ln(short's / long's) / ln(long RTT / short RTT)), by bottleneck rate: "
+            f"{implied}.")
+
+
+def _implied_exponent(case: dict[str, Any]) -> float:
+    """The a for which two flows' shares go as RTT^-a, from the emulator's medians."""
+    short, long = case["flows"]
+    return math.log(short["emulator_mbps"]["median"] / long["emulator_mbps"]["median"]) / \
+        math.log(long["rtt_ms"] / short["rtt_ms"])
+
+
+def _rate_bps(case: dict[str, Any]) -> float:
+    return parse_rate(case.get("rate", FITTED_RATE))
+
+
+def _at_rate(case: dict[str, Any]) -> str:
+    """A share case's bottleneck rate, where it is not the fitted cases' 200 Mbit/s."""
+    rate = case.get("rate", FITTED_RATE)
+    return "" if rate == FITTED_RATE else f" at {human_rate(parse_rate(rate))}"
+
+
+FITTED_RATE = "200Mbit"
+"""The bottleneck rate of the share cases the RTT bias is fitted on."""
+
+
+def _share_rows(cases: list[dict[str, Any]]) -> str:
+    """The table: a row for each flow of each case; a peer's column where it has figures."""
+    peers = [(key, name) for key, name in (("ns3_mbps", "ns-3"), ("simgrid_mbps", "SimGrid"))
+             if any(f.get(key) is not None for c in cases for f in c["flows"])]
     rows = []
-    for case in report["shares"]:
+    for case in cases:
         for flow in case["flows"]:
             emu = flow["emulator_mbps"]
             inside = "yes" if flow["inside_spread"] else "no"
             rows.append(
                 f"| {case['congestion']}, {'paced' if case['paced'] else 'unpaced'}, "
-                f"{len(case['flows'])} flows | {case['seconds']:g} s after {case['omit_s']:g} "
-                f"| {flow['rtt_ms']:g} ms | {emu['median']:.1f} "
+                f"{len(case['flows'])} flows{_at_rate(case)} | {case['seconds']:g} s after "
+                f"{case['omit_s']:g} | {flow['rtt_ms']:g} ms | {emu['median']:.1f} "
                 f"({emu['min']:.1f}-{emu['max']:.1f}) | {flow['sim_mbps']:.1f} | "
-                f"{flow['error']:+.0%} | {inside} | {_peer(flow.get('ns3_mbps'), '.1f')} | "
-                f"{_peer(flow.get('simgrid_mbps'), '.1f')} |")
+                f"{flow['error']:+.0%} | {inside} |"
+                + "".join(f" {_peer(flow.get(key), '.1f')} |" for key, _ in peers))
     return _rows("| case | emulator's window | RTT | emulator (range) | simulator | error | "
-                 "inside range | ns-3 | SimGrid |", rows)
+                 "inside range |" + "".join(f" {name} |" for _, name in peers), rows)
 
 
 def _shows_ceiling(row: dict[str, Any]) -> bool:

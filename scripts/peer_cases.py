@@ -115,6 +115,20 @@ def share_cases(congestions: tuple[str, ...]) -> list[ShareCase]:
     return out
 
 
+OTHER_RATES = ("50Mbit", "400Mbit")
+"""Bottleneck rates of the share check out of sample: the RTT bias was fitted on runs at
+200 Mbit/s only. A flow's window at its share, and so the part of it CUBIC grows by its
+cubic function rather than Reno's rule (RFC 8312), moves with the rate, so a bias fitted
+at one rate need not hold at another."""
+
+
+def held_out_share_cases(congestions: tuple[str, ...]) -> list[ShareCase]:
+    """The two flows of 20 and 100 ms, unpaced and paced, on each of OTHER_RATES."""
+    return [ShareCase(f"two-{cc}-{'paced' if paced else 'unpaced'}-{rate}", (20.0, 100.0),
+                      rate, cc, paced)
+            for cc in congestions for rate in OTHER_RATES for paced in (False, True)]
+
+
 BURST_MEGABYTES = 20.97152
 """A pipeline boundary's activations on paper-3dc: 21 MB per microbatch (20 MiB)."""
 
