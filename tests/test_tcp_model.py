@@ -550,8 +550,9 @@ def test_bench_peers_compares_the_recorded_runs(tmp_path: Path) -> None:
                    check=True, capture_output=True, text=True, timeout=1800)
     report = json.loads(out.read_text())
     measured_tables = script("measured_tables")
-    for table in ("peers_shares", "peers_held_out", "peers_bursts", "peers_loss", "peers_between", "peers_long",
-                  "peers_scale", "peers_inflight", "peers_stripes"):
+    for table in ("peers_shares", "peers_held_out", "peers_bursts", "peers_loss",
+                  "peers_between", "peers_long", "peers_scale", "peers_inflight",
+                  "peers_stripes"):
         assert getattr(measured_tables, table)(report).count("\n") >= 2
 
 
