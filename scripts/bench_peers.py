@@ -496,7 +496,10 @@ def main() -> None:
     args = parser.parse_args()
     congestions = tuple(args.congestion.split(","))
     if args.emulator:
-        data = emulator(args.emulator.split(","), congestions, args.repeat, args.seed)
+        from testbed.emulator.net.interrupts import stop_signals
+
+        with stop_signals():  # SIGTERM too tears down the network and its iperf3s
+            data = emulator(args.emulator.split(","), congestions, args.repeat, args.seed)
         if args.emulator_json:
             args.emulator_json.write_text(json.dumps(data, indent=1))
         return

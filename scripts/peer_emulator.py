@@ -73,9 +73,9 @@ def _shares_once(network: Network, case: ShareCase) -> list[float]:
     servers = [subprocess.Popen(["ip", "netns", "exec", dst.netns, "iperf3", "-s", "-1", "-p",
                                  str(5301 + i)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL) for i in range(len(case.rtts_ms))]
+    clients: list[subprocess.Popen[str]] = []
     try:
         time.sleep(0.3)
-        clients = []
         for i in range(len(case.rtts_ms)):
             src = network.layout.node(f"s{i}-0")
             args = ["iperf3", "-c", dst.address, "-p", str(5301 + i), "-t", f"{seconds:g}",
@@ -92,11 +92,11 @@ def _shares_once(network: Network, case: ShareCase) -> list[float]:
                 raise RuntimeError(f"iperf3: {report['error']}")
             rates.append(float(report["end"]["sum_received"]["bits_per_second"]))
         return rates
-    finally:
-        for server in servers:
+    finally:  # clients too: one left running when the network goes spins on its socket
+        for process in [*clients, *servers]:
             with contextlib.suppress(ProcessLookupError):
-                server.kill()
-            server.wait(timeout=5)
+                process.kill()
+            process.wait(timeout=5)
 
 
 def shares(case: ShareCase, repeat: int) -> dict[str, Any]:

@@ -565,6 +565,44 @@ ESTAB 0 0 10.0.0.1:41002 10.0.1.1:29400
 """
 
 
+class _Process:
+    """An iperf3 as `_shares_once` starts it: a client's wait is interrupted (Ctrl-C)."""
+
+    started: list[_Process] = []
+
+    def __init__(self, args: list[str], **_: Any) -> None:
+        self.client, self.killed = "-c" in args, False
+        _Process.started.append(self)
+
+    def communicate(self, timeout: float) -> tuple[str, str]:
+        raise KeyboardInterrupt
+
+    def kill(self) -> None:
+        self.killed = True
+
+    def wait(self, timeout: float) -> int:
+        return -9
+
+
+def test_a_share_run_stopped_kills_its_iperf3_clients_as_well_as_its_servers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client left running once the network is gone spins on its socket (a core each):
+    Ctrl-C during a share run kills every iperf3 it started."""
+    emulator = script("peer_emulator")
+    monkeypatch.setattr(emulator.subprocess, "Popen", _Process)
+    monkeypatch.setattr(emulator.time, "sleep", lambda _s: None)
+    _Process.started = []
+    node = type("Node", (), {"netns": "ns", "address": "10.0.0.1"})()
+    layout = type("Layout", (), {"node": staticmethod(lambda _name: node)})()
+    topology = type("Topology", (), {"bottleneck_bps": staticmethod(lambda _a, _b: 1e8)})()
+    network = type("Network", (), {"layout": layout, "topology": topology})()
+    case = script("peer_cases").ShareCase("two", (20.0, 100.0), "100Mbit", "cubic", False)
+    with pytest.raises(KeyboardInterrupt):
+        emulator._shares_once(network, case)
+    assert sorted(p.client for p in _Process.started) == [False, False, True, True]
+    assert all(p.killed for p in _Process.started)
+
+
 def test_each_connections_numbers_are_read_from_its_own_ss_line() -> None:
     fields = script("peer_emulator")._per_connection(SS_LINES)
     assert fields == {"41000": {"cwnd": 12.0, "ssthresh": 7.0, "unacked": 4.0,
