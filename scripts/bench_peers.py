@@ -210,7 +210,7 @@ def compare_shares(recorded: list[dict[str, Any]], peers: dict[str, Any], ns3_wi
     rows = []
     for entry in recorded:
         case = ShareCase(entry["case"], tuple(entry["rtts_ms"]), entry["rate"],
-                         entry["congestion"], entry["paced"])
+                         entry["congestion"], entry["paced"], entry.get("queue"))
         topology = share_topology(case)
         start = entry["omit_s"]  # the emulator's window: iperf3 leaves out its first seconds
         sim = shared_rates(topology, [f"s{i}" for i in range(len(case.rtts_ms))], "dst",
@@ -223,7 +223,7 @@ def compare_shares(recorded: list[dict[str, Any]], peers: dict[str, Any], ns3_wi
                           "error": sim[i] / 1e6 / emulated["median"] - 1,
                           "inside_spread": emulated["min"] <= sim[i] / 1e6 <= emulated["max"]})
         row: dict[str, Any] = {"case": case.name, "congestion": case.congestion,
-                               "paced": case.paced, "rate": case.rate,
+                               "paced": case.paced, "rate": case.rate, "queue": case.queue,
                                "seconds": entry["seconds"],
                                "omit_s": entry["omit_s"], "flows": flows,
                                "machine_bound_runs": sum(r["machine_bound"] for r in

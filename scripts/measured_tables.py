@@ -9,7 +9,7 @@ import re
 import statistics
 from typing import Any
 
-from testbed.common.units import human_rate, parse_rate
+from testbed.common.units import human_bytes, human_rate, parse_rate, parse_size
 from testbed.metrics.interval import Interval
 
 
@@ -387,7 +387,7 @@ def _share_agreement(report: dict[str, Any]) -> str:
 def _machine_bound_shares(cases: list[dict[str, Any]]) -> str:
     """The cases with runs the machine's signals marked machine-bound, how many of how
     many; nothing where none was."""
-    bound = [f"{_control(c)} {len(c['flows'])} flows{_at_rate(c)}, "
+    bound = [f"{_control(c)} {len(c['flows'])} flows{_where(c)}, "
              f"{c['machine_bound_runs']} of {c['runs']}"
              for c in cases if c.get("machine_bound_runs")]
     return (" Runs the machine's signals marked machine-bound (cores busy, delay lines "
@@ -409,18 +409,21 @@ def _rtt_bias(report: dict[str, Any]) -> str:
 
 
 def peers_held_out(report: dict[str, Any]) -> str:
-    """Two flows' shares at bottleneck rates the RTT bias was not fitted at: the table, and
-    how many are within TWO_FLOWS_BOUND of the emulator's median."""
+    """Two flows' shares at bottleneck rates and behind a queue the RTT bias was not fitted
+    at: the table, how many are within TWO_FLOWS_BOUND of the emulator's median, and the
+    exponent each case's medians imply."""
     cases = report.get("held_out_shares", [])
     if not cases:
         return "Not recorded (`scripts/bench_peers.py --emulator held-out`)."
     flows = [(c, f) for c in cases for f in c["flows"]]
-    apart = [f"{_flow_name(c, f)}{_at_rate(c)} ({f['error']:+.0%})" for c, f in flows
+    apart = [f"{_flow_name(c, f)}{_where(c)} ({f['error']:+.0%})" for c, f in flows
              if abs(f["error"]) > TWO_FLOWS_BOUND]
-    by_rate = [c for c in sorted([*report["shares"], *cases], key=_rate_bps)
+    by_rate = [c for c in sorted([*report["shares"], *cases],
+                                 key=lambda c: (c.get("queue") is not None, _rate_bps(c)))
                if len(c["flows"]) == 2]
     implied = "; ".join(
-        f"{control} " + ", ".join(f"{_implied_exponent(c):.2f} at {human_rate(_rate_bps(c))}"
+        f"{control} " + ", ".join(f"{_implied_exponent(c):.2f} "
+                                  f"{_where(c).strip() or 'at ' + human_rate(_rate_bps(c))}"
                                   for c in by_rate if _control(c) == control)
         for control in dict.fromkeys(_control(c) for c in cases))
     return (f"{_share_rows(cases)}\n\nOut of sample: {len(flows) - len(apart)} of "
@@ -442,10 +445,12 @@ def _rate_bps(case: dict[str, Any]) -> float:
     return parse_rate(case.get("rate", FITTED_RATE))
 
 
-def _at_rate(case: dict[str, Any]) -> str:
-    """A share case's bottleneck rate, where it is not the fitted cases' 200 Mbit/s."""
-    rate = case.get("rate", FITTED_RATE)
-    return "" if rate == FITTED_RATE else f" at {human_rate(parse_rate(rate))}"
+def _where(case: dict[str, Any]) -> str:
+    """A share case's bottleneck rate and queue, where they are not the fitted cases'
+    (200 Mbit/s, the queue the shaper sizes)."""
+    rate, queue = case.get("rate", FITTED_RATE), case.get("queue")
+    return ("" if rate == FITTED_RATE else f" at {human_rate(parse_rate(rate))}") + \
+        ("" if queue is None else f" behind a {human_bytes(parse_size(queue))} queue")
 
 
 FITTED_RATE = "200Mbit"
@@ -463,7 +468,7 @@ def _share_rows(cases: list[dict[str, Any]]) -> str:
             inside = "yes" if flow["inside_spread"] else "no"
             rows.append(
                 f"| {case['congestion']}, {'paced' if case['paced'] else 'unpaced'}, "
-                f"{len(case['flows'])} flows{_at_rate(case)} | {case['seconds']:g} s after "
+                f"{len(case['flows'])} flows{_where(case)} | {case['seconds']:g} s after "
                 f"{case['omit_s']:g} | {flow['rtt_ms']:g} ms | {emu['median']:.1f} "
                 f"({emu['min']:.1f}-{emu['max']:.1f}) | {flow['sim_mbps']:.1f} | "
                 f"{flow['error']:+.0%} | {inside} |"

@@ -25,6 +25,8 @@ class ShareCase:
     rate: str
     congestion: str
     paced: bool
+    queue: str | None = None
+    """The bottleneck's drop-tail queue (a size); None: as the shaper sizes it."""
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,9 @@ def share_topology(case: ShareCase) -> Topology:
     wan: list[dict[str, Any]] = [
         {"between": [f"s{i}", "hub"], "latency": f"{rtt / 2 - BOTTLENECK_ONE_WAY_MS:g}ms",
          "bandwidth": "10Gbit"} for i, rtt in enumerate(case.rtts_ms)]
-    wan.append({"between": ["hub", "dst"], "latency": f"{BOTTLENECK_ONE_WAY_MS:g}ms",
-                "bandwidth": case.rate})
+    bottleneck = {"between": ["hub", "dst"], "latency": f"{BOTTLENECK_ONE_WAY_MS:g}ms",
+                  "bandwidth": case.rate}
+    wan.append(bottleneck if case.queue is None else {**bottleneck, "queue": case.queue})
     return parse_topology({"name": case.name, "tcp": {"congestion": case.congestion},
                            "datacenters": dcs, "wan": wan}, "bench_peers")
 
@@ -122,11 +125,21 @@ cubic function rather than Reno's rule (RFC 8312), moves with the rate, so a bia
 at one rate need not hold at another."""
 
 
+DEEP_QUEUE = "2500KB"
+"""A bottleneck queue of one bandwidth-delay product of the longer flow's round trip at
+200 Mbit/s (100 ms), as deep against the flows' round trips as the queue the shaper
+gives a WAN link by default (one bandwidth-delay product of the link's own round trip)."""
+
+
 def held_out_share_cases(congestions: tuple[str, ...]) -> list[ShareCase]:
-    """The two flows of 20 and 100 ms, unpaced and paced, on each of OTHER_RATES."""
-    return [ShareCase(f"two-{cc}-{'paced' if paced else 'unpaced'}-{rate}", (20.0, 100.0),
-                      rate, cc, paced)
-            for cc in congestions for rate in OTHER_RATES for paced in (False, True)]
+    """The two flows of 20 and 100 ms, unpaced and paced, on each of OTHER_RATES, and at
+    200 Mbit/s behind DEEP_QUEUE."""
+    return [ShareCase(f"two-{cc}-{'paced' if paced else 'unpaced'}-{where}", (20.0, 100.0),
+                      rate, cc, paced, queue)
+            for cc in congestions
+            for where, rate, queue in [*((rate, rate, None) for rate in OTHER_RATES),
+                                       ("deep", "200Mbit", DEEP_QUEUE)]
+            for paced in (False, True)]
 
 
 BURST_MEGABYTES = 20.97152

@@ -516,16 +516,26 @@ HELD_OUT_APART: dict[tuple[str, float], str] = {
     "against 88.3",
     **{(f"two-bbr-{pacing}-{rate}", rtt): BBR_BY_RATE for pacing in ("unpaced", "paced")
        for rate in ("50Mbit", "400Mbit") for rtt in (20.0, 100.0)},
+    **{(f"two-cubic-{pacing}-deep", rtt): "behind a 2.5 MB queue two CUBIC flows are biased "
+       "less than behind the shallow one the exponent was fitted behind (their medians imply "
+       "a = 0.35 unpaced, 0.29 paced; runs spread widely, the 100 ms flow 37-92 Mbit/s): the "
+       "model's weights take no queue into account"
+       for pacing in ("unpaced", "paced") for rtt in (20.0, 100.0)},
+    **{(f"two-bbr-{pacing}-deep", rtt): "behind a 2.5 MB queue BBR's 100 ms flow takes "
+       "about 2.7 times the 20 ms one's share (a longer flow's inflight cap of two "
+       "bandwidth-delay products keeps more of a deep queue); the model shares about evenly"
+       for pacing in ("unpaced", "paced") for rtt in (20.0, 100.0)},
 }
-"""The flows recorded at other bottleneck rates whose simulated share is not within 10%
-of the median."""
+"""The flows recorded at other bottleneck rates or behind a deep queue whose simulated
+share is not within 10% of the median."""
 
 
 @pytest.mark.parametrize("flow", _recorded_flows(2, HELD_OUT_APART, "held_out_shares"))
-def test_two_flows_at_rates_the_bias_was_not_fitted_at_share_within_ten_percent(
+def test_two_flows_where_the_bias_was_not_fitted_share_within_ten_percent(
         flow: tuple[str, float]) -> None:
-    """Out of sample: the same two flows recorded at 50 and 400 Mbit/s, where RTT_BIAS
-    (fitted at 200 Mbit/s) was not fitted, each within 10% of its runs' median."""
+    """Out of sample: the same two flows recorded at 50 and 400 Mbit/s and behind a deep
+    queue, where RTT_BIAS (fitted at 200 Mbit/s behind a shallow one) was not fitted, each
+    within 10% of its runs' median."""
     assert abs(_compared_shares("held_out_shares")[flow]["error"]) <= 0.10
 
 
