@@ -430,7 +430,7 @@ def peers_held_out(report: dict[str, Any]) -> str:
             f"{len(flows)} flows within {TWO_FLOWS_BOUND:.0%} of the emulator's median"
             f"{' (not: ' + '; '.join(apart) + ')' if apart else ''}."
             f"{_machine_bound_shares(cases)} The exponent the emulator's two medians imply "
-            f"(ln(short's / long's) / ln(long RTT / short RTT)), by bottleneck rate: "
+            f"(ln(short's / long's) / ln(long RTT / short RTT)), by bottleneck: "
             f"{implied}.")
 
 
