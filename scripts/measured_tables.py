@@ -418,13 +418,13 @@ def peers_held_out(report: dict[str, Any]) -> str:
     flows = [(c, f) for c in cases for f in c["flows"]]
     apart = [f"{_flow_name(c, f)}{_where(c)} ({f['error']:+.0%})" for c, f in flows
              if abs(f["error"]) > TWO_FLOWS_BOUND]
-    by_rate = [c for c in sorted([*report["shares"], *cases],
+    two_flow_cases = [c for c in sorted([*report["shares"], *cases],
                                  key=lambda c: (c.get("queue") is not None, _rate_bps(c)))
                if len(c["flows"]) == 2]
     implied = "; ".join(
         f"{control} " + ", ".join(f"{_implied_exponent(c):.2f} "
                                   f"{_where(c).strip() or 'at ' + human_rate(_rate_bps(c))}"
-                                  for c in by_rate if _control(c) == control)
+                                  for c in two_flow_cases if _control(c) == control)
         for control in dict.fromkeys(_control(c) for c in cases))
     return (f"{_share_rows(cases)}\n\nOut of sample: {len(flows) - len(apart)} of "
             f"{len(flows)} flows within {TWO_FLOWS_BOUND:.0%} of the emulator's median"
