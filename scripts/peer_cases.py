@@ -28,6 +28,18 @@ class ShareCase:
     queue: str | None = None
     """The bottleneck's drop-tail queue (a size); None: as the shaper sizes it."""
 
+    def recorded(self) -> dict[str, Any]:
+        """The case as a recording keeps it beside its runs (scripts/peer_emulator.py)."""
+        queue = {} if self.queue is None else {"queue": self.queue}
+        return {"case": self.name, "rtts_ms": list(self.rtts_ms), "congestion": self.congestion,
+                "paced": self.paced, "rate": self.rate, **queue}
+
+    @classmethod
+    def from_recorded(cls, entry: dict[str, Any]) -> ShareCase:
+        """The case a recorded entry was measured on."""
+        return cls(entry["case"], tuple(entry["rtts_ms"]), entry["rate"], entry["congestion"],
+                   entry["paced"], entry.get("queue"))
+
 
 @dataclass(frozen=True)
 class TransferCase:

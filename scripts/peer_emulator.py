@@ -111,10 +111,7 @@ def shares(case: ShareCase, repeat: int) -> dict[str, Any]:
     finally:
         tear_down(network)
     seconds, omit = SHARE_WINDOWS[case.congestion]
-    queue = {} if case.queue is None else {"queue": case.queue}
-    return {"case": case.name, "rtts_ms": list(case.rtts_ms), "congestion": case.congestion,
-            "paced": case.paced, "rate": case.rate, **queue, "seconds": seconds,
-            "omit_s": omit, "runs": runs}
+    return {**case.recorded(), "seconds": seconds, "omit_s": omit, "runs": runs}
 
 
 BURST_START_S = 5.0

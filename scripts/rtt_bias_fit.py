@@ -50,8 +50,7 @@ def measured(entries: list[dict[str, Any]]) -> list[MeasuredShares]:
     """The `shares` part of a recorded emulator file (scripts/bench_peers.py --emulator)."""
     out = []
     for entry in entries:
-        case = ShareCase(entry["case"], tuple(entry["rtts_ms"]), entry["rate"],
-                         entry["congestion"], entry["paced"])
+        case = ShareCase.from_recorded(entry)
         runs = [run["mbps"] for run in entry["runs"]]
         out.append(MeasuredShares(case, tuple(statistics.median(run[i] for run in runs)
                                               for i in range(len(case.rtts_ms)))))

@@ -522,7 +522,7 @@ HELD_OUT_APART: dict[tuple[str, float], str] = {
        "model's weights take no queue into account"
        for pacing in ("unpaced", "paced") for rtt in (20.0, 100.0)},
     **{(f"two-bbr-{pacing}-deep", rtt): "behind a 2.5 MB queue BBR's 100 ms flow takes "
-       "about 2.7 times the 20 ms one's share (a longer flow's inflight cap of two "
+       "2.7-2.9 times the 20 ms one's share (a longer flow's inflight cap of two "
        "bandwidth-delay products keeps more of a deep queue); the model shares about evenly"
        for pacing in ("unpaced", "paced") for rtt in (20.0, 100.0)},
 }
