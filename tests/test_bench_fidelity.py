@@ -45,6 +45,18 @@ def test_each_row_is_judged_at_the_least_dilation_the_machine_did_not_limit(
     assert "t free" not in said and "t bound" not in said and "t long" not in said
 
 
+def test_a_row_outside_across_mismatched_queues_says_so(bench: ModuleType) -> None:
+    shallow = [{"link": "x>h", "pair": "x>y", "kind": "shallow", "queue_s": 0.01,
+                "round_trip_s": 0.09}]
+    rows = [{**_row("detour", 10.0, _block(12.5, 1, False), None), "queue_mismatches": shallow},
+            {**_row("near", 10.0, _block(10.2, 1, False), None), "queue_mismatches": shallow},
+            {**_row("far", 10.0, _block(11.0, 1, False), None), "queue_mismatches": []}]
+    said = bench.summary(rows)
+    assert ("outside: t detour (+25.0% at K=1, across queues not sized for its round "
+            "trips), t far (+10.0% at K=1)") in said
+    assert "t near" not in said
+
+
 def test_the_table_marks_machine_bound_runs(bench: ModuleType) -> None:
     table = bench.table([_row("bound", 10.0, _block(12.0, 1, True), _block(10.2, 3, False))])
     assert "12.000 s (machine-bound) | +20.0% | 3 | 10.200 s | +2.0% |" in table

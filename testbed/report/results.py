@@ -40,6 +40,7 @@ from testbed.metrics.loss_prediction import LossPrediction, loss_prediction
 from testbed.metrics.summary import Summary
 from testbed.plan.compute import memory_summary
 from testbed.plan.model import Plan
+from testbed.plan.queue_mismatch import queue_mismatches
 from testbed.plan.text import plan_to_csv
 from testbed.report.chrome import TRACE_FILE, trace_events, trace_scope, write_trace
 from testbed.report.run_dirs import fresh_directory
@@ -181,6 +182,9 @@ class RunRecord:
             "wall_s": self.wall_s,
             "trace": {"detail": self.trace, "left_out": self.trace_left_out()},
         }
+        mismatched = queue_mismatches(self.topology, self.plan)
+        if mismatched:
+            out["queue_mismatches"] = to_json(mismatched)
         if self.inference is not None:
             out["inference"] = to_json(self.inference)
         for block in (self.backend_block, self.recovery, self.applied):

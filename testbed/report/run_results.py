@@ -41,6 +41,7 @@ from testbed.metrics.loss_prediction import LossPrediction
 from testbed.metrics.overruns import OverrunCounts
 from testbed.plan.compute import GpuMemory
 from testbed.plan.model import PlanRecord, PlanSummary
+from testbed.plan.queue_mismatch import QueueMismatch
 from testbed.scenario.scenario import ScenarioRecord
 from testbed.topology.net_events import EventEntry
 from testbed.topology.seats import ClusterRecord
@@ -49,8 +50,8 @@ SCHEMA_VERSION = 3
 """1: results.json before it had a schema (a `schema` key); 2: the first with one; 3:
 `loss_model` (the loss model's prediction) and `time_to_loss.basis`; within 3, `jitter`'s
 `share` may be null (each pair's congestion control's own spread), `emulation` may hold
-`path_share`, and a simulated run may have `lockstep`: widenings that every file written
-before still meets."""
+`path_share`, a simulated run may have `lockstep`, and a run `queue_mismatches`: widenings
+that every file written before still meets."""
 
 
 class EmulationHealth(TypedDict):
@@ -327,6 +328,10 @@ class Results:
     also with `steps_applied`), and its recovery."""
     pacing: bool | Literal["assumed"] = True
     """The emulator's --pacing; the simulator assumes paced connections."""
+    queue_mismatches: list[QueueMismatch] | None = field(default=None, metadata=OMITTED)
+    """Where the plan's loss-based flows cross a WAN queue not sized for their round trip
+    (testbed.plan.queue_mismatch): the simulator's figure misses what such a queue does to
+    real TCP; absent where none does."""
     # the simulator's
     profile: bool | None = field(default=None, metadata=OMITTED)
     jitter: dict[str, float | None] | None = field(default=None, metadata=OMITTED)

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from testbed.common.units import human_bytes, human_rate, plural
 from testbed.errors import one_line
 from testbed.metrics.loss import time_to_loss_text
+from testbed.plan.queue_mismatch import QueueMismatch
 from testbed.report.run_results import Results
 from testbed.scenario.link_traces import GENERATORS, TraceRecord
 from testbed.scenario.scenario import FailureEntry
@@ -146,6 +147,7 @@ def run_summary(results: Results) -> list[str]:
     if results.training_slowdown is not None:
         lines.append(f"  slowdown      {results.training_slowdown:+.2%} vs no filling")
     lines += _lockstep(results)
+    lines += _queue_mismatches(results)
     lines += _applied_counts(results)
     lines += _scenario(results)
     lines += _failures(results)
@@ -162,6 +164,27 @@ def _lockstep(results: Results) -> list[str]:
             "that shared a link ran in step with another (equal shares hold them so, real "
             "TCP drifts them apart; --jitter share=CV draws each one's share where its "
             "congestion control has no sawtooth to draw it)"]
+
+
+def _queue_mismatches(results: Results) -> list[str]:
+    """Each DC pair whose flows cross a queue not sized for their round trip, at its
+    shallowest or deepest: real loss-based TCP overflows a shallow one and keeps a deep
+    one standing, and the simulator has no queues."""
+    named: dict[tuple[str, str], QueueMismatch] = {}
+    for entry in results.queue_mismatches or ():
+        key, sign = (entry["pair"], entry["kind"]), 1 if entry["kind"] == "shallow" else -1
+        kept = named.get(key)
+        if kept is None or sign * entry["queue_s"] < sign * kept["queue_s"]:
+            named[key] = entry
+    if not named:
+        return []
+    crossings = ", ".join(
+        f"{pair} through {e['link']} ({kind}: {e['queue_s'] * 1e3:.3g} ms of queue, "
+        f"{e['round_trip_s'] * 1e3:.3g} ms round trip)" for (pair, kind), e in named.items())
+    return [f"  queues        {crossings}: loss-based TCP overflows a queue shallower than "
+            "its round trip at the end of slow start, and flows of a shorter one keep a "
+            "deeper queue standing in front of it; the simulator has no queues, so its time "
+            "for this plan may be short (see the simulator's docs, detour-3dc)"]
 
 
 Section = Sequence[Mapping[str, object]]

@@ -1,0 +1,85 @@
+"""Where a plan's loss-based flows cross a WAN queue not sized for their round trip: cases
+the flow model, which has no queues, misses.
+
+A link's drop-tail queue is one bandwidth-delay product of its own round trip by default:
+what one loss-based flow over that link needs to keep it busy through a halving of its
+window (Villamizar and Song 1994, "High performance TCP in ANSNET"), and no more than it
+can fill. Flows routed over several links break that in two ways, both measured on
+detour-3dc and its variants (scripts/fidelity_topologies; the fidelity table,
+docs/simulator.md):
+
+- shallow: a flow crosses a link at its whole path's round trip, longer than the link's
+  own, so the link's queue is shallow for it. Real CUBIC or Reno overflows it at the end
+  of slow start, loses a burst, and at a long round trip takes seconds to grow its window
+  back, while another flow of the same pair may not, so a plan's replicas part;
+- deep: a queue deep enough for the longest round trip crossing it lets flows of a
+  shorter one keep it standing full, and every packet behind them, another flow's
+  acknowledgements among them, waits that long: a window-limited flow of the longer
+  round trip slows down.
+
+The simulator has neither loss from a full queue nor a queue's delay, so a run names each
+such crossing (results.json's `queue_mismatches`) rather than let its figure pass for the
+network's. Where every pair that crosses a link has the link's own round trip (one WAN
+hop each, default queues), none is named. BBR, which keeps its window at a loss and its
+bytes in flight near twice its estimate of the path's, is left out."""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from typing import Literal, TypedDict
+
+from testbed.plan.model import Plan
+from testbed.plan.tcp_model import MSS, loss_response
+from testbed.topology.model import Topology
+
+
+class QueueMismatch(TypedDict):
+    """results.json's `queue_mismatches` entries: one link direction and one DC pair whose
+    flows cross it."""
+
+    link: str
+    """The link direction, `h>x`."""
+    pair: str
+    """The DC pair whose path crosses it, `x>y`."""
+    kind: Literal["shallow", "deep"]
+    """shallow: the queue drains in less than the pair's round trip; deep: in more, on a
+    link that pairs of longer round trips cross too."""
+    queue_s: float
+    """The link's drop-tail queue's drain time at its rate."""
+    round_trip_s: float
+    """The pair's round trip over the WAN links of its path."""
+
+
+def queue_mismatches(topology: Topology, plan: Plan) -> list[QueueMismatch]:
+    """Each link direction and loss-based DC pair of the plan crossing it whose queue is
+    shallow or deep for the pair (QueueMismatch.kind; one segment either way is a queue
+    sized for it), pair by pair in path order."""
+    crossings: defaultdict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+    routes: list[tuple[str, float, list[tuple[str, str]]]] = []
+    pairs = dict.fromkeys((topology.dc_of(a), topology.dc_of(b))
+                          for gpus in plan.connections for a, b in (gpus, gpus[::-1]))
+    for src, dst in pairs:
+        response = loss_response(topology.tcp_for(src).congestion)
+        if src == dst or response is None or response.beta >= 1:
+            continue  # BBR keeps its window at a loss
+        round_trip = 2 * topology.one_way_latency(src, dst)
+        hops = list(itertools.pairwise(topology.path(src, dst)))
+        routes.append((f"{src}>{dst}", round_trip, hops))
+        for hop in hops:
+            crossings[hop][f"{src}>{dst}"] = round_trip
+    found: list[QueueMismatch] = []
+    for pair, round_trip, hops in routes:
+        for a, b in hops:
+            link = topology.link(a, b)
+            queue, needs = link.effective_queue_bytes, link.bandwidth_bps * round_trip / 8
+            if queue + MSS < needs:
+                kind: Literal["shallow", "deep"] = "shallow"
+            elif queue - MSS > needs and max(crossings[a, b].values()) > round_trip:
+                kind = "deep"
+            else:
+                continue
+            found.append({"link": f"{a}>{b}", "pair": pair, "kind": kind,
+                          "queue_s": queue * 8 / link.bandwidth_bps,
+                          "round_trip_s": round_trip})
+    return found
