@@ -146,7 +146,10 @@ TABLES: dict[str, Table] = {
                       "--topologies wan-3dc --policies gpipe,1f1b --max-wall 400 --keep; "
                       "--topologies paper-3dc --policies gpipe,1f1b --repeat 3 --max-wall 400 "
                       "--keep; --topologies mid-rate-3dc --policies gpipe,1f1b,atlas "
-                      "--max-wall 400 --keep"),
+                      "--max-wall 400 --keep; --topologies detour-3dc --policies "
+                      "gpipe,1f1b,atlas --repeat 3 --max-wall 400 --keep; --topologies "
+                      "detour-3dc-direct,detour-3dc-deep --policies gpipe,1f1b --repeat 3 "
+                      "--max-wall 400 --keep; --parts resimulate"),
     "fidelity-share-noise": Table(("benchmarks/fidelity-share-noise.json",),
                                   _fidelity_share_noise,
                                   "scripts/bench_fidelity.py --parts share-noise"),
