@@ -89,7 +89,8 @@ def test_a_run_over_a_detour_records_and_says_its_mismatched_queues(tmp_path: Pa
     recorded = json.loads((out / "results.json").read_text())["queue_mismatches"]
     assert {(e["link"], e["pair"]) for e in recorded} >= {("x>h", "x>y"), ("h>x", "y>x")}
     assert ("  queues        x>y through x>h (shallow: 10 ms of queue, 90 ms round trip), "
-            "y>x through h>x (shallow: 10 ms of queue, 90 ms round trip)") in stdout
+            "y>x through h>x (shallow: 10 ms of queue, 90 ms round trip): real TCP loses in "
+            "a queue shallower than its round trip") in stdout
     code, _, _ = call(["results", "validate", str(out)])
     assert code == 0
 
@@ -101,3 +102,12 @@ def test_a_run_whose_queues_suit_its_flows_says_nothing_of_them(tmp_path: Path) 
     assert code == 0
     assert "queue_mismatches" not in json.loads((out / "results.json").read_text())
     assert "queues " not in stdout
+
+
+def test_the_plan_names_its_mismatched_queues() -> None:
+    code, stdout, _ = call(["plan", str(DETOUR), "-p", "gpipe"])
+    assert code == 0
+    assert "  WAN queues: x>y through x>h (shallow: 10 ms of queue, 90 ms round trip)" in stdout
+    code, stdout, _ = call(["plan", str(ROOT / "topologies" / "two-dc.yaml"), "-p", "gpipe"])
+    assert code == 0
+    assert "WAN queues" not in stdout

@@ -10,6 +10,7 @@ from testbed.plan.collective import Reduces, Scope
 from testbed.plan.compute import collective_bytes, stage_cost
 from testbed.plan.ideal import ideal_bubble_fraction
 from testbed.plan.model import Op, Plan
+from testbed.plan.queue_mismatch import mismatches_text, queue_mismatches
 from testbed.plan.text import format_cycle
 from testbed.topology.model import Topology
 
@@ -111,6 +112,9 @@ def describe_plan(plan: Plan, topology: Topology, job: Job) -> list[str]:
         f"  WAN: {wan_crossings(plan, topology)} stage boundaries cross it{reduce_note}; "
         f"links used: {', '.join(wan) or 'none'}"
     )
+    mismatched = mismatches_text(queue_mismatches(topology, plan))
+    if mismatched is not None:
+        lines.append(f"  WAN queues: {mismatched}")
     counts = sorted({n for n in plan.connections.values()})
     lines.append(
         f"  TCP connections per peer pair: {', '.join(map(str, counts)) or 'none'}; "

@@ -83,3 +83,22 @@ def queue_mismatches(topology: Topology, plan: Plan) -> list[QueueMismatch]:
                           "queue_s": queue * 8 / link.bandwidth_bps,
                           "round_trip_s": round_trip})
     return found
+
+
+def mismatches_text(found: list[QueueMismatch]) -> str | None:
+    """Each DC pair's worst crossing of each kind (its shallowest or deepest queue) and what
+    it means, in one line; None where there is none."""
+    worst: dict[tuple[str, str], QueueMismatch] = {}
+    for entry in found:
+        key, sign = (entry["pair"], entry["kind"]), 1 if entry["kind"] == "shallow" else -1
+        kept = worst.get(key)
+        if kept is None or sign * entry["queue_s"] < sign * kept["queue_s"]:
+            worst[key] = entry
+    if not worst:
+        return None
+    crossings = ", ".join(
+        f"{pair} through {e['link']} ({kind}: {e['queue_s'] * 1e3:.3g} ms of queue, "
+        f"{e['round_trip_s'] * 1e3:.3g} ms round trip)" for (pair, kind), e in worst.items())
+    return (f"{crossings}: real TCP loses in a queue shallower than its round trip and waits "
+            "in one kept standing by shorter flows; the simulator has no queues, so its time "
+            "for this plan may be short (the simulator's docs, detour-3dc)")

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from testbed.common.units import human_bytes, human_rate, plural
 from testbed.errors import one_line
 from testbed.metrics.loss import time_to_loss_text
-from testbed.plan.queue_mismatch import QueueMismatch
+from testbed.plan.queue_mismatch import mismatches_text
 from testbed.report.run_results import Results
 from testbed.scenario.link_traces import GENERATORS, TraceRecord
 from testbed.scenario.scenario import FailureEntry
@@ -167,24 +167,9 @@ def _lockstep(results: Results) -> list[str]:
 
 
 def _queue_mismatches(results: Results) -> list[str]:
-    """Each DC pair whose flows cross a queue not sized for their round trip, at its
-    shallowest or deepest: real loss-based TCP overflows a shallow one and keeps a deep
-    one standing, and the simulator has no queues."""
-    named: dict[tuple[str, str], QueueMismatch] = {}
-    for entry in results.queue_mismatches or ():
-        key, sign = (entry["pair"], entry["kind"]), 1 if entry["kind"] == "shallow" else -1
-        kept = named.get(key)
-        if kept is None or sign * entry["queue_s"] < sign * kept["queue_s"]:
-            named[key] = entry
-    if not named:
-        return []
-    crossings = ", ".join(
-        f"{pair} through {e['link']} ({kind}: {e['queue_s'] * 1e3:.3g} ms of queue, "
-        f"{e['round_trip_s'] * 1e3:.3g} ms round trip)" for (pair, kind), e in named.items())
-    return [f"  queues        {crossings}: loss-based TCP overflows a queue shallower than "
-            "its round trip at the end of slow start, and flows of a shorter one keep a "
-            "deeper queue standing in front of it; the simulator has no queues, so its time "
-            "for this plan may be short (see the simulator's docs, detour-3dc)"]
+    """Where the plan's flows cross WAN queues not sized for their round trips."""
+    text = mismatches_text(results.queue_mismatches or [])
+    return [] if text is None else [f"  queues        {text}"]
 
 
 Section = Sequence[Mapping[str, object]]
