@@ -57,7 +57,8 @@ def queue_mismatches(topology: Topology, plan: Plan) -> list[QueueMismatch]:
     sized for it), pair by pair in path order."""
     crossings: defaultdict[tuple[str, str], dict[str, float]] = defaultdict(dict)
     routes: list[tuple[str, float, list[tuple[str, str]]]] = []
-    pairs = dict.fromkeys((topology.dc_of(a), topology.dc_of(b))
+    dc_of = {gpu: topology.dc_of(gpu) for gpu in {g for gpus in plan.connections for g in gpus}}
+    pairs = dict.fromkeys((dc_of[a], dc_of[b])
                           for gpus in plan.connections for a, b in (gpus, gpus[::-1]))
     for src, dst in pairs:
         response = loss_response(topology.tcp_for(src).congestion)
