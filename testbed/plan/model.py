@@ -190,7 +190,8 @@ class Plan:
     connections: Mapping[tuple[str, str], int]
     """TCP connections per communicating GPU pair (names sorted)."""
     sharing: Mapping[tuple[str, str], Sharing]
-    """Per directed (source DC, destination DC) pair that carries pipeline traffic."""
+    """Per directed (source DC, destination DC) pair the plan sends over: pipeline
+    traffic as the policy shares it, a gradient all-reduce's fairly (testbed.plan.build)."""
     tp: int = 1
     """GPUs per tensor-parallel group (each stage of each replica)."""
     dp_cells: tuple[tuple[int, ...], ...] = ()

@@ -26,12 +26,15 @@ bytes in flight near twice its estimate of the path's, is left out."""
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
 from typing import Literal, TypedDict
 
 from testbed.plan.model import Plan
 from testbed.plan.tcp_model import MSS, loss_response
 from testbed.topology.model import Topology
+
+QueueKind = Literal["shallow", "deep"]
+"""shallow: the queue drains in less than the pair's round trip; deep: in more, on a link
+that pairs of longer round trips cross too."""
 
 
 class QueueMismatch(TypedDict):
@@ -42,9 +45,7 @@ class QueueMismatch(TypedDict):
     """The link direction, `h>x`."""
     pair: str
     """The DC pair whose path crosses it, `x>y`."""
-    kind: Literal["shallow", "deep"]
-    """shallow: the queue drains in less than the pair's round trip; deep: in more, on a
-    link that pairs of longer round trips cross too."""
+    kind: QueueKind
     queue_s: float
     """The link's drop-tail queue's drain time at its rate."""
     round_trip_s: float
@@ -55,28 +56,25 @@ def queue_mismatches(topology: Topology, plan: Plan) -> list[QueueMismatch]:
     """Each link direction and loss-based DC pair of the plan crossing it whose queue is
     shallow or deep for the pair (QueueMismatch.kind; one segment either way is a queue
     sized for it), pair by pair in path order."""
-    crossings: defaultdict[tuple[str, str], dict[str, float]] = defaultdict(dict)
     routes: list[tuple[str, float, list[tuple[str, str]]]] = []
-    dc_of = {gpu: topology.dc_of(gpu) for gpu in {g for gpus in plan.connections for g in gpus}}
-    pairs = dict.fromkeys((dc_of[a], dc_of[b])
-                          for gpus in plan.connections for a, b in (gpus, gpus[::-1]))
-    for src, dst in pairs:
+    longest: dict[tuple[str, str], float] = {}  # by link direction: its pairs' longest trip
+    for src, dst in plan.sharing:  # every DC pair the plan sends over, each way
         response = loss_response(topology.tcp_for(src).congestion)
-        if src == dst or response is None or response.beta >= 1:
+        if response is None or response.beta >= 1:
             continue  # BBR keeps its window at a loss
         round_trip = 2 * topology.one_way_latency(src, dst)
         hops = list(itertools.pairwise(topology.path(src, dst)))
         routes.append((f"{src}>{dst}", round_trip, hops))
         for hop in hops:
-            crossings[hop][f"{src}>{dst}"] = round_trip
+            longest[hop] = max(longest.get(hop, 0.0), round_trip)
     found: list[QueueMismatch] = []
     for pair, round_trip, hops in routes:
         for a, b in hops:
             link = topology.link(a, b)
             queue, needs = link.effective_queue_bytes, link.bandwidth_bps * round_trip / 8
             if queue + MSS < needs:
-                kind: Literal["shallow", "deep"] = "shallow"
-            elif queue - MSS > needs and max(crossings[a, b].values()) > round_trip:
+                kind: QueueKind = "shallow"
+            elif queue - MSS > needs and longest[a, b] > round_trip:
                 kind = "deep"
             else:
                 continue
