@@ -418,9 +418,8 @@ def peers_held_out(report: dict[str, Any]) -> str:
     flows = [(c, f) for c in cases for f in c["flows"]]
     apart = [f"{_flow_name(c, f)}{_where(c)} ({f['error']:+.0%})" for c, f in flows
              if abs(f["error"]) > TWO_FLOWS_BOUND]
-    two_flow_cases = [c for c in sorted([*report["shares"], *cases],
-                                 key=lambda c: (c.get("queue") is not None, _rate_bps(c)))
-               if len(c["flows"]) == 2]
+    two_flow_cases = sorted((c for c in [*report["shares"], *cases] if len(c["flows"]) == 2),
+                            key=lambda c: (c.get("queue") is not None, _rate_bps(c)))
     implied = "; ".join(
         f"{control} " + ", ".join(f"{_implied_exponent(c):.2f} "
                                   f"{_where(c).strip() or 'at ' + human_rate(_rate_bps(c))}"
