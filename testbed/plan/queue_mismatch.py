@@ -1,5 +1,5 @@
 """Where a plan's loss-based flows cross a WAN queue not sized for their round trip: cases
-the flow model, which has no queues, misses.
+the flow model, whose queues delay no byte and drop none, misses.
 
 A link's drop-tail queue is one bandwidth-delay product of its own round trip by default:
 what one loss-based flow over that link needs to keep it busy through a halving of its
@@ -99,5 +99,6 @@ def mismatches_text(found: list[QueueMismatch]) -> str | None:
         f"{pair} through {e['link']} ({kind}: {e['queue_s'] * 1e3:.3g} ms of queue, "
         f"{e['round_trip_s'] * 1e3:.3g} ms round trip)" for (pair, kind), e in worst.items())
     return (f"{crossings}: real TCP loses in a queue shallower than its round trip and waits "
-            "in one kept standing by shorter flows; the simulator has no queues, so its time "
+            "in one kept standing by shorter flows; the simulator's queues drop and delay "
+            "nothing, so its time "
             "for this plan may be short (the simulator's docs, detour-3dc)")

@@ -13,6 +13,7 @@ from testbed.plan.pacing import PACING_RATIO, paced
 from testbed.plan.striping import CHUNKS_AT_START, chunk_bytes
 from testbed.plan.tcp_model import (
     MSS,
+    STANDING_QUEUE,
     LossResponse,
     in_flight_bytes,
     in_flight_under_loss,
@@ -66,6 +67,10 @@ class Pair:
     """How unequal its congestion control leaves equal connections' windows at any moment
     (testbed.plan.tcp_model.sawtooth_cv): its messages' share CV with `--jitter
     share=sawtooth`."""
+    standing_queue_s: float = 0.0
+    """What its bottleneck's queue adds to its round trip on average where its flows share
+    that link (testbed.plan.tcp_model.STANDING_QUEUE of its drain time; of links of equal
+    rate, the deepest queue's, wherever on the path it is); counted in its weight alone."""
     cwnd: float = INITIAL_WINDOW
     """Per connection, bytes: on a lossy path, the mean of its connections' (`cycles`)."""
     last_active: float = float("-inf")
@@ -226,10 +231,14 @@ class Pair:
         counted in units of the stack's minimum RTO, a time dilation stretches as it does
         the round trips: a dilated network shares as the one it represents, also where
         congestion controls of different biases meet (seconds would weigh them otherwise
-        at every K), and a flow's weight never depends on which others are under way."""
+        at every K), and a flow's weight never depends on which others are under way.
+        The round trip includes the bottleneck's standing queue (`standing_queue_s`), as
+        the flows sharing it all see it."""
         weight = self.connections / max(1, self.active)
-        return weight * (self.rtt / self.rto_min) ** -self.rtt_bias if self.rtt_bias \
-            else weight
+        if not self.rtt_bias:
+            return weight
+        bias: float = ((self.rtt + self.standing_queue_s) / self.rto_min) ** -self.rtt_bias
+        return weight * bias
 
     @property
     def lossy(self) -> bool:
@@ -328,12 +337,14 @@ def pair_between(topology: Topology, src_dc: str, dst_dc: str, connections: int,
     src, dst = topology.tcp_for(src_dc), topology.tcp_for(dst_dc)
     if pacing is None:
         pacing = paced(topology, src_dc, dst_dc, largest)
-    window = in_flight_bytes(src, dst, topology.bottleneck_bps(src_dc, dst_dc))
+    slowest = topology.bottlenecks(src_dc, dst_dc)
+    window = in_flight_bytes(src, dst, slowest[0].bandwidth_bps if slowest else math.inf)
     return Pair(connections, window, max(rtt, MIN_RTT_S),
                 restarts_after_idle(src.congestion, src.slow_start_after_idle),
                 src.rto_min_s or RTO_MIN, pacing,
                 rtt_bias(src.congestion, pacing), loss_response(src.congestion), loss,
-                sawtooth_cv(src.congestion))
+                sawtooth_cv(src.congestion),
+                STANDING_QUEUE * max((link.queue_s for link in slowest), default=0.0))
 
 
 @dataclass

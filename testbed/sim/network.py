@@ -8,8 +8,10 @@ Each round a flow may send one window of bytes at its fair share of the path; if
 out before the round (RTT) is over it pauses, and its share goes to others. So a transfer
 smaller than a window leaves at line rate, one flow on a long link averages window/RTT,
 and many flows fill the link. A flow's weight falls with its round trip as its congestion
-control's does (testbed.plan.tcp_model.RTT_BIAS). Queues never overflow: senders whose
-messages could are paced (testbed.plan.pacing), as the emulator's are, and within a round
+control's does (testbed.plan.tcp_model.RTT_BIAS), the standing part of its bottleneck's
+queue counted in that round trip (STANDING_QUEUE), in its weight alone: no queue delays a
+byte, and none overflows: senders whose messages could overflow one are paced
+(testbed.plan.pacing), as the emulator's are, and within a round
 a paced flow sends at most PACING_RATIO windows per RTT; a link's configured random loss
 sets a loss-based flow's window as Reno or CUBIC would (testbed.sim.flows.Pair.acked).
 Rounds that change nothing but the window run without events of their own

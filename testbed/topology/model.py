@@ -141,6 +141,11 @@ class WanLink:
         """The queue a shaper installs: configured, or one BDP, never under 64 KiB."""
         return self.queue_bytes if self.queue_bytes is not None else max(self.bdp_bytes, 65536)
 
+    @property
+    def queue_s(self) -> float:
+        """How long its full queue takes to drain at its rate."""
+        return self.effective_queue_bytes * 8 / self.bandwidth_bps
+
     def joins(self, x: str, y: str) -> bool:
         """Whether this link joins datacenters x and y (either way round)."""
         return {self.a, self.b} == {x, y}
@@ -258,11 +263,15 @@ class Topology:
 
     def bottleneck_bps(self, src_dc: str, dst_dc: str) -> float:
         """The slowest link's bandwidth on the routed path (infinite within one DC)."""
-        hops = self.path(src_dc, dst_dc)
-        return min(
-            (self.link(a, b).bandwidth_bps for a, b in itertools.pairwise(hops)),
-            default=float("inf"),
-        )
+        slowest = self.bottlenecks(src_dc, dst_dc)
+        return slowest[0].bandwidth_bps if slowest else float("inf")
+
+    def bottlenecks(self, src_dc: str, dst_dc: str) -> list[WanLink]:
+        """The routed path's slowest links, in path order: one, or each of those that
+        share the slowest rate (none within one DC)."""
+        hops = [self.link(a, b) for a, b in itertools.pairwise(self.path(src_dc, dst_dc))]
+        rate = min((link.bandwidth_bps for link in hops), default=float("inf"))
+        return [link for link in hops if link.bandwidth_bps == rate]
 
 
 def shortest_path(topology: Topology, src: str, dst: str) -> list[str]:
