@@ -78,38 +78,61 @@ from testbed.topology import Topology
 ROOT = Path(__file__).resolve().parent.parent
 SIMGRID_PYTHON = "/usr/bin/python3"
 
-def emulator(parts: list[str], congestions: tuple[str, ...], repeat: int, seed: int = 0
-             ) -> dict[str, Any]:
+def chosen_cases(parts: list[str], congestions: tuple[str, ...], names: set[str] | None
+                 ) -> dict[str, list[Any]]:
+    """Each part's cases to record: every one, or those `names` names (an error names any
+    that is none of the parts' cases)."""
+    cases: dict[str, list[Any]] = {
+        "shares": share_cases(congestions), "held-out": held_out_share_cases(congestions),
+        "bursts": burst_cases(congestions), "long": long_cases(congestions),
+        "loss": loss_cases(congestions), "between": between_cases(congestions),
+        "stripes": stripe_cases(congestions), "ceiling": [CEILING],
+        "inflight": long_cases(("cubic",)), "windows": window_cases()}
+    unknown = sorted(set(parts) - cases.keys())
+    if unknown:
+        raise SystemExit(f"bench_peers.py: --emulator: no part {', '.join(unknown)} "
+                         f"(parts: {', '.join(cases)})")
+    out = {part: [c for c in cases[part] if names is None or c.name in names]
+           for part in parts}
+    missing = sorted((names or set()) - {c.name for found in out.values() for c in found})
+    if missing:
+        raise SystemExit(f"bench_peers.py: --cases: {', '.join(missing)} is not a case of "
+                         f"{', '.join(parts)} for {', '.join(congestions)}")
+    return out
+
+
+def emulator(parts: list[str], congestions: tuple[str, ...], repeat: int, seed: int = 0,
+             names: set[str] | None = None) -> dict[str, Any]:
     """`seed`: the delay lines' for random loss (the lossy parts: loss, between, stripes,
-    ceiling)."""
+    ceiling); `names`: the cases to record (all of the parts' where None)."""
     import peer_emulator
 
+    cases = chosen_cases(parts, congestions, names)
     out: dict[str, Any] = {}
     if "shares" in parts:
-        out["shares"] = [peer_emulator.shares(c, repeat) for c in share_cases(congestions)]
+        out["shares"] = [peer_emulator.shares(c, repeat) for c in cases["shares"]]
     if "held-out" in parts:
-        out["held_out_shares"] = [peer_emulator.shares(c, repeat)
-                                  for c in held_out_share_cases(congestions)]
+        out["held_out_shares"] = [peer_emulator.shares(c, repeat) for c in cases["held-out"]]
     if "bursts" in parts:
-        out["bursts"] = [peer_emulator.bursts(c, 2 * repeat) for c in burst_cases(congestions)]
+        out["bursts"] = [peer_emulator.bursts(c, 2 * repeat) for c in cases["bursts"]]
     if "long" in parts:
-        out["long"] = [peer_emulator.transfer(c, repeat) for c in long_cases(congestions)]
+        out["long"] = [peer_emulator.transfer(c, repeat) for c in cases["long"]]
     if "loss" in parts:
         out["loss"] = [peer_emulator.transfer(c, max(1, repeat - 1), seed=seed)
-                       for c in loss_cases(congestions)]
+                       for c in cases["loss"]]
     if "between" in parts:
         out["between"] = [peer_emulator.transfer(c, repeat, seed=seed)
-                          for c in between_cases(congestions)]
+                          for c in cases["between"]]
     if "stripes" in parts:
         out["stripes"] = [peer_emulator.transfer(c, repeat, per_connection=True, seed=seed)
-                          for c in stripe_cases(congestions)]
+                          for c in cases["stripes"]]
     if "ceiling" in parts:
-        out["ceiling"] = [peer_emulator.transfer(CEILING, repeat, seed=seed)]
+        out["ceiling"] = [peer_emulator.transfer(c, repeat, seed=seed) for c in cases["ceiling"]]
     if "inflight" in parts:
-        out["inflight"] = [peer_emulator.in_flight(c) for c in long_cases(("cubic",))
+        out["inflight"] = [peer_emulator.in_flight(c) for c in cases["inflight"]
                            for _ in range(repeat)]
     if "windows" in parts:
-        out["windows"] = [peer_emulator.in_flight(c) for c in window_cases()
+        out["windows"] = [peer_emulator.in_flight(c) for c in cases["windows"]
                           for _ in range(repeat)]
     return out
 
@@ -472,6 +495,8 @@ def main() -> None:
                         help="parts to record: shares,held-out,bursts,long,loss,between,"
                              "stripes,ceiling,inflight,windows")
     parser.add_argument("--emulator-json", type=Path, help="where to record them")
+    parser.add_argument("--cases", help="record only these cases of the parts "
+                                        "(comma-separated names, as the JSON names them)")
     parser.add_argument("--from-emulator", type=Path, action="append", default=[],
                         help="recorded emulator runs to compare with (repeatable)")
     parser.add_argument("--congestion", default="cubic,bbr")
@@ -499,7 +524,8 @@ def main() -> None:
         from testbed.emulator.net.interrupts import stop_signals
 
         with stop_signals():  # SIGTERM too tears down the network and its iperf3s
-            data = emulator(args.emulator.split(","), congestions, args.repeat, args.seed)
+            data = emulator(args.emulator.split(","), congestions, args.repeat, args.seed,
+                            set(args.cases.split(",")) if args.cases else None)
         if args.emulator_json:
             args.emulator_json.write_text(json.dumps(data, indent=1))
         return

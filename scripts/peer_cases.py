@@ -143,14 +143,21 @@ DEEP_QUEUE = "2500KB"
 gives a WAN link by default (one bandwidth-delay product of the link's own round trip)."""
 
 
+HALF_DEEP_QUEUE = "1250KB"
+"""Half DEEP_QUEUE (50 ms at 200 Mbit/s): recorded after the model counted its
+bottleneck's standing queue in the RTT bias (testbed.plan.tcp_model.STANDING_QUEUE), to
+check that queue at a depth neither the exponents' fit nor the choice of its half saw."""
+
+
 def held_out_share_cases(congestions: tuple[str, ...]) -> list[ShareCase]:
     """The two flows of 20 and 100 ms, unpaced and paced, on each of OTHER_RATES, and at
-    200 Mbit/s behind DEEP_QUEUE."""
+    200 Mbit/s behind DEEP_QUEUE and HALF_DEEP_QUEUE."""
     return [ShareCase(f"two-{cc}-{'paced' if paced else 'unpaced'}-{where}", (20.0, 100.0),
                       rate, cc, paced, queue)
             for cc in congestions
             for where, rate, queue in [*((rate, rate, None) for rate in OTHER_RATES),
-                                       ("deep", "200Mbit", DEEP_QUEUE)]
+                                       ("deep", "200Mbit", DEEP_QUEUE),
+                                       ("half-deep", "200Mbit", HALF_DEEP_QUEUE)]
             for paced in (False, True)]
 
 
