@@ -161,7 +161,8 @@ their round trips (Dordal, "An Introduction to Computer Networks", 20.3, TCP fai
 with different RTTs). Loss-based flows fill it to a loss, halve or cut back, and fill it
 again: about half full on average, taken as is, not fitted. Held out of RTT_BIAS's fit,
 two CUBIC flows of 20 and 100 ms behind a queue of 100 ms (benchmarks/peers.json,
-held_out_shares) check it."""
+held_out_shares) agree within 4%; behind one of 50 ms, recorded afterwards to check it,
+they are biased about as little, and the model's figures are 11-22% off."""
 
 
 def rtt_bias(congestion: str, paced: bool) -> float:
