@@ -5,9 +5,9 @@ from PyPI) and SimGrid (flow level, Debian's python3-simgrid, run by /usr/bin/py
 
 Cases (scripts/peer_cases.py): shares of one 200 Mbit/s bottleneck among flows of different
 RTTs (2 flows of 20 and 100 ms, 8 of 10-200 ms; unpaced and paced as the plan paces; CUBIC,
-BBR and Reno), and the two flows again at 50 and 400 Mbit/s and behind a deep queue (`held-
-out`: the RTT bias is fitted on the 200 Mbit/s runs alone, behind a shallow queue, so these
-check it out of sample); bursts, rounds of 2, 4 and 8 messages of 21 MB started together
+BBR and Reno), and the two flows again at 50 and 400 Mbit/s and behind a deep queue and one
+half as deep (`held-out`: the RTT bias is fitted on the 200 Mbit/s runs alone, behind a
+shallow queue, so these check it out of sample); bursts, rounds of 2, 4 and 8 messages of 21 MB started together
 from as many hosts over one 1 Gbit/s, 40 ms link (a pipeline's replicas sending their
 activations at once); transfers on a 1 Gbit/s, 50 ms link with 0.01%, 0.1% and 1% loss over
 1, 4 and 16 fresh connections (and those over several connections at 0.1% and 1% again, each
