@@ -7,20 +7,20 @@ Cases (scripts/peer_cases.py): shares of one 200 Mbit/s bottleneck among flows o
 RTTs (2 flows of 20 and 100 ms, 8 of 10-200 ms; unpaced and paced as the plan paces; CUBIC,
 BBR and Reno), and the two flows again at 50 and 400 Mbit/s and behind a deep queue and one
 half as deep (`held-out`: the RTT bias is fitted on the 200 Mbit/s runs alone, behind a
-shallow queue, so these check it out of sample); bursts, rounds of 2, 4 and 8 messages of 21 MB started together
-from as many hosts over one 1 Gbit/s, 40 ms link (a pipeline's replicas sending their
-activations at once); transfers on a 1 Gbit/s, 50 ms link with 0.01%, 0.1% and 1% loss over
-1, 4 and 16 fresh connections (and those over several connections at 0.1% and 1% again, each
-connection's share and first loss sampled: `stripes`; at 0.03% and 0.3% over 1 and 4, rates
-the loss model was not built on: `between`); one long flow (200 MB, one connection, Linux's
-default buffers, 50 and 100 ms); and the CPU time of N concurrent flows over shared links
-(windows open), against SimGrid's in the same run. The emulator's forwarding ceiling (200 MB
-over 16 connections, negligible loss: its delay lines forward a lossy link's every packet)
-caps a second simulated link for each lossy case, which says how much of that case's error
-is the machine's. The RTT bias's exponents are fitted to the share runs
-(scripts/rtt_bias_fit.py) and recorded beside those the simulator uses; one connection's
-window at 1, 2, 4 and 10 Gbit/s (`windows`: 200 MB at 40 ms, what it delivers per round
-trip) is fitted the same way (scripts/window_fit.py).
+shallow queue, so these check it out of sample); bursts, rounds of 2, 4 and 8 messages of 21
+MB started together from as many hosts over one 1 Gbit/s, 40 ms link (a pipeline's replicas
+sending their activations at once); transfers on a 1 Gbit/s, 50 ms link with 0.01%, 0.1% and
+1% loss over 1, 4 and 16 fresh connections (and those over several connections at 0.1% and
+1% again, each connection's share and first loss sampled: `stripes`; at 0.03% and 0.3% over
+1 and 4, rates the loss model was not built on: `between`); one long flow (200 MB, one
+connection, Linux's default buffers, 50 and 100 ms); and the CPU time of N concurrent flows
+over shared links (windows open), against SimGrid's in the same run. The emulator's
+forwarding ceiling (200 MB over 16 connections, negligible loss: its delay lines forward a
+lossy link's every packet) caps a second simulated link for each lossy case, which says how
+much of that case's error is the machine's. The RTT bias's exponents are fitted to the share
+runs (scripts/rtt_bias_fit.py) and recorded beside those the simulator uses; one
+connection's window at 1, 2, 4 and 10 Gbit/s (`windows`: 200 MB at 40 ms, what it delivers
+per round trip) is fitted the same way (scripts/window_fit.py).
 
 Emulator measurements need root and a quiet machine (run under the project's lock):
 `.venv/bin/python scripts/bench_peers.py --emulator shares,long,loss,ceiling --emulator-json F`
