@@ -100,5 +100,5 @@ def mismatches_text(found: list[QueueMismatch]) -> str | None:
         f"{e['round_trip_s'] * 1e3:.3g} ms round trip)" for (pair, kind), e in worst.items())
     return (f"{crossings}: real TCP loses in a queue shallower than its round trip and waits "
             "in one kept standing by shorter flows; the simulator's queues drop and delay "
-            "nothing, so its time "
-            "for this plan may be short (the simulator's docs, detour-3dc)")
+            "nothing, so its time for this plan may be short (the simulator's docs, "
+            "detour-3dc)")
