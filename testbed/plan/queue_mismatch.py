@@ -79,7 +79,7 @@ def queue_mismatches(topology: Topology, plan: Plan) -> list[QueueMismatch]:
             else:
                 continue
             found.append({"link": f"{a}>{b}", "pair": pair, "kind": kind,
-                          "queue_s": queue * 8 / link.bandwidth_bps,
+                          "queue_s": link.queue_s,
                           "round_trip_s": round_trip})
     return found
 
