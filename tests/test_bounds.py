@@ -263,6 +263,18 @@ def test_a_given_plans_connections_name_gpus_of_the_topology(tmp_path: Path) -> 
                            "is not in the topology\n")
 
 
+def test_a_given_plans_sharing_names_dcs_of_the_topology(tmp_path: Path) -> None:
+    """A share row naming a DC the topology lacks (found by fuzzing: the WAN queues' check
+    routed to it and raised a KeyError) is refused in one line."""
+    path = _plan_csv(tmp_path, "east-0,west-0", "1")
+    text = path.read_text()
+    assert "share,east,west,fair\n" in text
+    path.write_text(text.replace("share,east,west,fair\n", "share,moon,west,fair\n"))
+    code, _, err = call(["plan", str(TWO_DC), "--load", str(path)])
+    assert (code, err) == (2, f"testbed: error: {path}: invalid plan: sharing names DC "
+                           "'moon' of moon>west, not one of the topology's (east, west)\n")
+
+
 def test_a_policys_connections_past_the_bound_are_refused() -> None:
     code, _, err = call(["plan", str(ROOT / "topologies" / "paper-3dc.yaml"), "-p", "atlas",
                          "-o", "connections=100000", "-o", "selection=off"])

@@ -37,6 +37,7 @@ def _check_structure(plan: Plan, topology: Topology | None) -> None:
     _check_shape(plan)
     _check_cycle(plan)
     _check_placement(plan, topology)
+    _check_sharing(plan, topology)
     _check_virtual(plan)
 
 
@@ -92,6 +93,19 @@ def _check_placement(plan: Plan, topology: Topology | None) -> None:
                 _check_shared_gpu(gpu, owner[gpu], (worker, gpus))
             else:
                 owner[gpu] = (worker, gpus)
+
+
+def _check_sharing(plan: Plan, topology: Topology | None) -> None:
+    """Every DC pair the plan says how it shares is two of the topology's DCs: what reads
+    the pairs (the WAN queues' check, the runtimes) routes between them."""
+    if topology is None:
+        return
+    names = [dc.name for dc in topology.datacenters]
+    for pair in plan.sharing:
+        for dc in pair:
+            if dc not in names:
+                raise fail(f"sharing names DC {dc!r} of {pair[0]}>{pair[1]}, not one of the "
+                           f"topology's ({', '.join(names)})")
 
 
 def _check_shared_gpu(gpu: str, first: tuple[Worker, tuple[str, ...]],
