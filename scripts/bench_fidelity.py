@@ -167,7 +167,7 @@ def trace_case(repeat: int, scratch: Path, dilations: list[int]) -> dict[str, An
 
 def resimulate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each row's simulated iteration (and a dilated run's, dilated_s) by the current
-    model, and where its plan crosses queues not sized for its round trips
+    model, and where its plan crosses queues too shallow for its round trips
     (testbed.plan.queue_mismatch), its emulated runs as they were: the plan each policy
     makes now must be the one that was emulated, or the row says it is not."""
     done = {"simulated_commit": commit()}
@@ -567,7 +567,7 @@ def _bound(block: dict[str, Any] | None) -> bool:
 
 def summary(rows: list[dict[str, Any]]) -> str:
     """How many rows agree within TARGET and which do not (marked where the plan crosses
-    queues not sized for its round trips, which the simulator does not model), each
+    queues too shallow for its round trips, which the simulator does not model), each
     judged at the least dilation whose run the machine did not limit (K=1 where it did
     not: a dilation only stands in for what the machine cannot do at K=1); a row limited
     at both is not judged."""
@@ -592,7 +592,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
         error = block["median_s"] / _reference(row, block) - 1
         k = block["runs"][0]["dilation"]
         if abs(error) > TARGET:
-            queues = ", across queues not sized for its round trips" \
+            queues = ", across queues too shallow for its round trips" \
                 if row.get("queue_mismatches") else ""
             outside.append(f"{name} ({error:+.1%} at K={k}{queues})")
         if dilated and abs(dilated / row["simulated_s"] - 1) > TARGET:

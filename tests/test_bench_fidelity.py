@@ -52,7 +52,7 @@ def test_a_row_outside_across_mismatched_queues_says_so(bench: ModuleType) -> No
             {**_row("near", 10.0, _block(10.2, 1, False), None), "queue_mismatches": shallow},
             {**_row("far", 10.0, _block(11.0, 1, False), None), "queue_mismatches": []}]
     said = bench.summary(rows)
-    assert ("outside: t detour (+25.0% at K=1, across queues not sized for its round "
+    assert ("outside: t detour (+25.0% at K=1, across queues too shallow for its round "
             "trips), t far (+10.0% at K=1)") in said
     assert "t near" not in said
 

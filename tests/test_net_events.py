@@ -15,7 +15,7 @@ from testbed.errors import InputError
 from testbed.experiments.inputs import load_inputs
 from testbed.experiments.run import run
 from testbed.run.spec import RunSpec
-from testbed.sim.network import resume_after_outage
+from testbed.sim.links import resume_after_outage
 from testbed.topology import load_topology
 from testbed.topology.net_events import NetEvent, changes, parse_event, parse_event_flag
 

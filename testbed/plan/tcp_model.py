@@ -159,7 +159,8 @@ average, counted in each one's round trip for its RTT bias (testbed.sim.flows.Pa
 every flow through a bottleneck waits in its queue, so a deep queue narrows the ratio of
 their round trips (Dordal, "An Introduction to Computer Networks", 20.3, TCP fairness
 with different RTTs). Loss-based flows fill it to a loss, halve or cut back, and fill it
-again: about half full on average, taken as is, not fitted. Held out of RTT_BIAS's fit,
+again: about half full on average, taken as is, not fitted (so does testbed.sim.queues
+where the windows a link holds back overflow its queue). Held out of RTT_BIAS's fit,
 two CUBIC flows of 20 and 100 ms behind a queue of 100 ms (benchmarks/peers.json,
 held_out_shares) agree within 4%; behind one of 50 ms, recorded afterwards to check it,
 they are biased about as little, and the model's figures are 11-22% off."""

@@ -329,7 +329,7 @@ class Results:
     pacing: bool | Literal["assumed"] = True
     """The emulator's --pacing; the simulator assumes paced connections."""
     queue_mismatches: list[QueueMismatch] | None = field(default=None, metadata=OMITTED)
-    """Where the plan's loss-based flows cross a WAN queue not sized for their round trip
+    """Where the plan's loss-based flows cross a WAN queue too shallow for their round trip
     (testbed.plan.queue_mismatch): the simulator's figure misses what such a queue does to
     real TCP; absent where none does."""
     # the simulator's

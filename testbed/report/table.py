@@ -167,7 +167,7 @@ def _lockstep(results: Results) -> list[str]:
 
 
 def _queue_mismatches(results: Results) -> list[str]:
-    """Where the plan's flows cross WAN queues not sized for their round trips."""
+    """Where the plan's flows cross WAN queues too shallow for their round trips."""
     text = mismatches_text(results.queue_mismatches or [])
     return [] if text is None else [f"  queues        {text}"]
 

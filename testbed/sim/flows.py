@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from testbed.plan.pacing import PACING_RATIO, paced
+from testbed.plan.pacing import PACING_RATIO, PACING_SHARE, paced
 from testbed.plan.striping import CHUNKS_AT_START, chunk_bytes
 from testbed.plan.tcp_model import (
     MSS,
@@ -53,6 +53,7 @@ class Pair:
     """Per connection, bytes: the most it keeps in flight, as its buffers allow (`buffers`),
     or, once its loss cycles settle, their mean."""
     rtt: float
+    """Its round trip as its flows see it: `base_rtt` and `queued_s`."""
     restart_after_idle: bool
     rto_min: float = RTO_MIN
     paced: bool = False
@@ -71,6 +72,13 @@ class Pair:
     """What its bottleneck's queue adds to its round trip on average where its flows share
     that link (testbed.plan.tcp_model.STANDING_QUEUE of its drain time; of links of equal
     rate, the deepest queue's, wherever on the path it is); counted in its weight alone."""
+    pacing_bps: float = math.inf
+    """What its connections may send together where they are paced: PACING_SHARE of its
+    path's slowest link (testbed.plan.pacing); inf unpaced."""
+    queued_s: float = 0.0
+    """What the standing queues of links its flows or their acknowledgements cross without
+    being held there add to its round trip (testbed.sim.queues): in `rtt`, not in
+    `base_rtt`."""
     cwnd: float = INITIAL_WINDOW
     """Per connection, bytes: on a lossy path, the mean of its connections' (`cycles`)."""
     last_active: float = float("-inf")
@@ -79,6 +87,11 @@ class Pair:
     """Its flow while that flow's rounds run implicitly (FluidNetwork's coasting)."""
     cycles: list[LossCycle] = field(default_factory=list)
     """Each connection's window under random loss, from its first lossy round on."""
+    queued_links: list[str] | None = None
+    """The WAN links with a queue its bytes and acknowledgements cross, once a flow of its
+    has started (testbed.sim.queues.StandingQueues.links)."""
+    base_rtt: float = field(init=False)
+    """Its round trip over the links alone: `rtt` less `queued_s`."""
     buffers: float = field(init=False)
     """The `window` it was made with: what its buffers allow on a clean path."""
     held: float = field(init=False)
@@ -146,6 +159,7 @@ class Pair:
         return out
 
     def __post_init__(self) -> None:
+        self.base_rtt = self.rtt
         self.buffers = self.window
         self.held = in_flight_under_loss(self.buffers, self.loss)
 
@@ -237,7 +251,8 @@ class Pair:
         weight = self.connections / max(1, self.active)
         if not self.rtt_bias:
             return weight
-        bias: float = ((self.rtt + self.standing_queue_s) / self.rto_min) ** -self.rtt_bias
+        bias: float = ((self.base_rtt + self.standing_queue_s) / self.rto_min) \
+            ** -self.rtt_bias
         return weight * bias
 
     @property
@@ -344,7 +359,8 @@ def pair_between(topology: Topology, src_dc: str, dst_dc: str, connections: int,
                 src.rto_min_s or RTO_MIN, pacing,
                 rtt_bias(src.congestion, pacing), loss_response(src.congestion), loss,
                 sawtooth_cv(src.congestion),
-                STANDING_QUEUE * max((link.queue_s for link in slowest), default=0.0))
+                STANDING_QUEUE * max((link.queue_s for link in slowest), default=0.0),
+                PACING_SHARE * slowest[0].bandwidth_bps if pacing and slowest else math.inf)
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""The WAN links as network events leave them: the capacities the flow model shares, the
-latency each new transfer sees, and outages that stop a link until TCP's backoff notices
-it is back."""
+"""The WAN links as network events leave them: the capacities the flow model shares and
+the queues its flows may keep standing, the latency each new transfer sees, and outages
+that stop a link until TCP's backoff notices it is back."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import functools
 import itertools
 from collections.abc import Iterable
 
-from testbed.sim.network import RTO_MIN, FluidNetwork, Schedule, resume_after_outage
+from testbed.sim.network import RTO_MIN, FluidNetwork, Schedule
+from testbed.sim.queues import StandingQueues
 from testbed.sim.workers import SimWorker
 from testbed.topology.model import Topology
 from testbed.topology.net_events import Change
@@ -16,6 +17,17 @@ from testbed.topology.net_events import Change
 
 def link_key(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a <= b else (b, a)
+
+
+def resume_after_outage(outage_s: float, rto_s: float) -> float:
+    """When TCP sends again after a link was down `outage_s`: retransmissions back off,
+    doubling from one RTO, so the first one after the link is back comes at the next
+    point of rto x (2^k - 1)."""
+    waited, step = 0.0, rto_s
+    while waited < outage_s:
+        waited += step
+        step *= 2
+    return waited
 
 
 def capacities(topology: Topology, workers: Iterable[SimWorker]) -> dict[str, float]:
@@ -32,6 +44,13 @@ def capacities(topology: Topology, workers: Iterable[SimWorker]) -> dict[str, fl
     for dc in topology.datacenters:
         capacity[f"down:decode-{dc.name}"] = dc.bandwidth_bps
     return capacity
+
+
+def queues(topology: Topology) -> StandingQueues:
+    """The standing queues of each WAN direction's drop-tail queue."""
+    return StandingQueues({f"wan:{a}>{b}": float(link.effective_queue_bytes)
+                           for link in topology.links
+                           for a, b in ((link.a, link.b), (link.b, link.a))})
 
 
 class Links:

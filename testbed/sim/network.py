@@ -9,9 +9,10 @@ out before the round (RTT) is over it pauses, and its share goes to others. So a
 smaller than a window leaves at line rate, one flow on a long link averages window/RTT,
 and many flows fill the link. A flow's weight falls with its round trip as its congestion
 control's does (testbed.plan.tcp_model.RTT_BIAS), the standing part of its bottleneck's
-queue counted in that round trip (STANDING_QUEUE), in its weight alone: no queue delays a
-byte, and none overflows: senders whose messages could overflow one are paced
-(testbed.plan.pacing), as the emulator's are, and within a round
+queue counted in that round trip (STANDING_QUEUE). A queue that flows a link holds back
+keep standing delays the other flows through it, either way (testbed.sim.queues: their
+round trips, not their weights); none drops a byte: senders whose messages could
+overflow one are paced (testbed.plan.pacing), as the emulator's are, and within a round
 a paced flow sends at most PACING_RATIO windows per RTT; a link's configured random loss
 sets a loss-based flow's window as Reno or CUBIC would (testbed.sim.flows.Pair.acked).
 Rounds that change nothing but the window run without events of their own
@@ -23,7 +24,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from testbed.plan.tcp_model import MSS as MSS
@@ -36,18 +38,7 @@ from testbed.sim.flows import Flow, Share, cap
 from testbed.sim.flows import Pair as Pair
 from testbed.sim.levels import Levels
 from testbed.sim.max_min import max_min as max_min
-
-
-def resume_after_outage(outage_s: float, rto_s: float) -> float:
-    """When TCP sends again after a link was down `outage_s`: retransmissions back off,
-    doubling from one RTO, so the first one after the link is back comes at the next
-    point of rto x (2^k - 1)."""
-    waited, step = 0.0, rto_s
-    while waited < outage_s:
-        waited += step
-        step *= 2
-    return waited
-
+from testbed.sim.queues import SATURATED, StandingQueues
 
 Schedule = Callable[[float, Callable[[float], None]], None]
 
@@ -78,6 +69,9 @@ class FluidNetwork:
     flows a whole solve costs what keeping them does."""
     _kept: dict[str, Levels] = field(default_factory=dict)
     """The kept shares by each resource they cover (none covers another's)."""
+    queues: StandingQueues = field(default_factory=StandingQueues)
+    """Where flows a link holds back keep its queue standing, the others through it wait
+    there (testbed.sim.queues); with no queue given, none is modeled."""
 
     def start(
         self,
@@ -120,6 +114,8 @@ class FluidNetwork:
             self.users.setdefault(resource, set()).add(flow.id)
         siblings = self._of_pair.setdefault(id(pair), set())
         siblings.add(flow.id)
+        for retimed, rtt in self.queues.enter(flow) if self.queues.queue_bytes else ():
+            self._set_rtt(now, retimed, rtt, queued=True)
         self._open_round(now, flow)
         if not self._kept or not self._join(now, flow):
             self._share(now, flow)
@@ -284,18 +280,30 @@ class FluidNetwork:
                       functools.partial(self._round_over, flow=flow, round_id=flow.round_id))
 
     def retime(self, now: float, pair: Pair, rtt: float) -> None:
-        """The pair's round trip from now on (a latency event seen by its next message). Its
-        flows' weights and caps change with it, so their components share anew at the end
-        of this instant (kept shares that hold them let go of them), whether or not a flow
-        of theirs starts or ends: a round trip changed while one long flow sends alone
-        sets its rate from then on, not from the next change beside it."""
+        """The pair's round trip over its links from now on (a latency event seen by its
+        next message), the wait in standing queues added (`Pair.queued_s`)."""
+        pair.base_rtt = rtt
+        self._set_rtt(now, pair, rtt + pair.queued_s)
+
+    def _set_rtt(self, now: float, pair: Pair, rtt: float, queued: bool = False) -> None:
+        """The pair's round trip from now on. Its flows' caps (and from `retime` their
+        weights) change with it, so their components share anew at the end of this
+        instant (kept shares that hold them let go of them), whether or not a flow of
+        theirs starts or ends: a round trip changed while one long flow sends alone sets
+        its rate from then on, not from the next change beside it. `queued` (a standing
+        queue's wait): only flows whose cap binds, before or after, share anew, and kept
+        shares keep theirs until their next whole solve."""
         if pair.rtt == rtt:
             return
         if pair.coaster is not None:
             self._settle(now, pair.coaster)
+        flows = [self.flows[fid] for fid in self._of_pair.get(id(pair), ())]
+        before = [cap(f) for f in flows]
         pair.rtt = rtt
-        resources = [r for fid in self._of_pair.get(id(pair), ())
-                     for r in self.flows[fid].resources]
+        if queued:
+            flows = [f for f, old in zip(flows, before, strict=True)
+                     if f.rate >= min(old, cap(f)) * SATURATED and not self._holds(f)]
+        resources = [r for f in flows for r in f.resources]
         if resources:
             self._reallocate(now, tuple(dict.fromkeys(resources)))
 
@@ -307,14 +315,17 @@ class FluidNetwork:
             if len(users[resource]) > 1:
                 self._reallocate(now, flow.resources)
                 return
-        rate = 0.0
+        rate = limit = 0.0
         if not flow.paused:
-            rate = cap(flow)
+            rate = limit = cap(flow)
             for resource in flow.resources:
                 link = capacity[resource] * PAYLOAD_EFFICIENCY
                 if link < rate:
                     rate = link
         self._set_rate(now, flow, rate)
+        if self.queues.standing or (rate < limit and flow.pair.pacing_bps == math.inf
+                                    and self.queues.queue_bytes):  # paced alone: none
+            self._requeue(now, [flow], {flow.id: rate}, flow.resources)
 
     def _event(self, now: float, flow_id: int, version: int) -> None:
         """A flow ran out of bytes or out of this round's window."""
@@ -340,6 +351,10 @@ class FluidNetwork:
         del self.flows[flow.id]
         for resource in flow.resources:
             self.users[resource].discard(flow.id)
+        if self.queues.queue_bytes:
+            self.queues.leave(flow)
+            if self.queues.standing:
+                self._requeue(now, [], {}, [r for r in flow.resources if not self.users[r]])
         siblings = self._of_pair[id(flow.pair)]
         siblings.discard(flow.id)
         if not siblings:
@@ -439,6 +454,8 @@ class FluidNetwork:
         shares = {f.id: (f.weight(), cap(f), f.resources) for f in sending}
         capacity = {r: self.capacity[r] * PAYLOAD_EFFICIENCY for r in seen}
         rates = max_min(shares, capacity)
+        if self.queues.queue_bytes:
+            self._requeue(now, flows, rates, seen)
         if len(flows) >= self.incremental_from \
                 and self._keep(now, flows, seen, shares, capacity, rates):
             return seen
@@ -567,3 +584,15 @@ class FluidNetwork:
         if done > flow.round_end:
             return
         self.schedule(done, functools.partial(self._event, flow_id=flow.id, version=flow.version))
+
+    def _requeue(self, now: float, flows: list[Flow], rates: dict[int, float],
+                 resources: Iterable[str]) -> None:
+        """Standing queues where `flows` send at `rates` (StandingQueues.update)."""
+        for pair, rtt in self.queues.update(now, flows, rates, self.capacity, resources,
+                                            self.flows):
+            self._set_rtt(now, pair, rtt, queued=True)
+
+    def _holds(self, flow: Flow) -> bool:
+        """Whether kept shares hold the flow."""
+        levels = self._kept.get(flow.resources[0])
+        return levels is not None and levels.holds(flow.id)

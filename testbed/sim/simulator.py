@@ -45,7 +45,7 @@ from testbed.policy.base import TrainingPolicy
 from testbed.scenario.scenario import WorkerLoss
 from testbed.scenario.slowdowns import Straggler, factor_at, slowdowns_for
 from testbed.sim.agenda import Agenda
-from testbed.sim.links import Links, capacities
+from testbed.sim.links import Links, capacities, queues
 from testbed.sim.lost import first_loss, spans_before
 from testbed.sim.network import FluidNetwork
 from testbed.sim.prefills import Prefills
@@ -127,7 +127,8 @@ class Simulator:
         self.steps_per_iteration = sum(
             isinstance(step, OptimizerStep) for w in self.gpu_workers for step in w.programs[0])
         """Optimizer steps all workers take in an iteration (one per stage)."""
-        self.network = FluidNetwork(capacities(topology, self.gpu_workers), self.agenda.at)
+        self.network = FluidNetwork(capacities(topology, self.gpu_workers), self.agenda.at,
+                                    queues=queues(topology))
         self.links = Links(topology, self.network, self.agenda.at)
         self.transfers = Transfers(topology, plan, self.network, self.links,
                                    Arbiter(policy, plan), self.spans, self.noise)
