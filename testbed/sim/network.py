@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -323,8 +322,7 @@ class FluidNetwork:
                 if link < rate:
                     rate = link
         self._set_rate(now, flow, rate)
-        if self.queues.standing or (rate < limit and flow.pair.pacing_bps == math.inf
-                                    and self.queues.queue_bytes):  # paced alone: none
+        if self.queues.touched(flow, rate, limit):
             self._requeue(now, [flow], {flow.id: rate}, flow.resources)
 
     def _event(self, now: float, flow_id: int, version: int) -> None:
@@ -353,8 +351,10 @@ class FluidNetwork:
             self.users[resource].discard(flow.id)
         if self.queues.queue_bytes:
             self.queues.leave(flow)
-            if self.queues.standing:
-                self._requeue(now, [], {}, [r for r in flow.resources if not self.users[r]])
+            drained = [r for r in flow.resources
+                       if r in self.queues.standing and not self.users[r]]
+            if drained:
+                self._requeue(now, [], {}, drained)
         siblings = self._of_pair[id(flow.pair)]
         siblings.discard(flow.id)
         if not siblings:

@@ -18,6 +18,7 @@ probes queue.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -133,7 +134,22 @@ class StandingQueues:
             flow.pair.queued_links = self.links(flow)
         for link in flow.pair.queued_links:
             self.crossing.setdefault(link, set()).add(flow.id)
-        return self._retimed(flow) if self.standing or flow.pair.queued_s else []
+        if flow.pair.queued_s or any(link in self.standing for link in flow.pair.queued_links):
+            return self._retimed(flow)
+        return []
+
+    def touched(self, flow: Flow, rate: float, cap_bps: float) -> bool:
+        """Whether a flow alone on its links, at `rate` under its cap, may change their
+        standing queues: one stands there, or it may keep one (held there, a loss-based
+        window beyond what its round trip holds, not paced below the link's rate)."""
+        pair = flow.pair
+        if not pair.queued_links:
+            return False
+        if self.standing and any(r in self.standing for r in flow.resources):
+            return True
+        response = pair.response
+        return rate < cap_bps and pair.pacing_bps == math.inf and response is not None \
+            and response.beta < 1.0 and in_flight(flow) > rate / 8 * pair.rtt
 
     def leave(self, flow: Flow) -> None:
         for link in flow.pair.queued_links or ():
