@@ -25,7 +25,7 @@ import itertools
 from typing import Literal, TypedDict
 
 from testbed.plan.model import Plan
-from testbed.plan.tcp_model import MSS, loss_response
+from testbed.plan.tcp_model import MSS, cuts_at_loss, loss_response
 from testbed.topology.model import Topology
 
 QueueKind = Literal["shallow"]
@@ -52,8 +52,7 @@ def queue_mismatches(topology: Topology, plan: Plan) -> list[QueueMismatch]:
     shallow for the pair (by more than one segment), pair by pair in path order."""
     found: list[QueueMismatch] = []
     for src, dst in plan.sharing:  # every DC pair the plan sends over, each way
-        response = loss_response(topology.tcp_for(src).congestion)
-        if response is None or response.beta >= 1:
+        if not cuts_at_loss(loss_response(topology.tcp_for(src).congestion)):
             continue  # BBR keeps its window at a loss
         round_trip = 2 * topology.one_way_latency(src, dst)
         for a, b in itertools.pairwise(topology.path(src, dst)):

@@ -224,6 +224,12 @@ def loss_response(congestion: str) -> LossResponse | None:
     return LOSS_RESPONSES.get(congestion)
 
 
+def cuts_at_loss(response: LossResponse | None) -> bool:
+    """Whether the congestion control shrinks its window at a loss (Reno, CUBIC), so that
+    its connections saw between losses; BBR keeps its window."""
+    return response is not None and response.beta < 1.0
+
+
 def sawtooth_cv(congestion: str) -> float:
     """How unequal the windows of equal loss-based connections are at any moment: the
     coefficient of variation of one connection's window over its loss cycle, each cycle
@@ -235,7 +241,7 @@ def sawtooth_cv(congestion: str) -> float:
     (`--jitter share=CV`) this suggests: equal flows of a congestion control that meet at
     a bottleneck do not get equal shares."""
     response = loss_response(congestion)
-    if response is None or response.beta >= 1.0:
+    if response is None or not cuts_at_loss(response):
         return 0.0
     drop = 1.0 - response.beta
     if response.kind == "cubic":

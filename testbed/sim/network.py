@@ -297,7 +297,7 @@ class FluidNetwork:
         if pair.coaster is not None:
             self._settle(now, pair.coaster)
         flows = [self.flows[fid] for fid in self._of_pair.get(id(pair), ())]
-        before = [cap(f) for f in flows]
+        before = [cap(f) for f in flows] if queued else []
         pair.rtt = rtt
         if queued:
             flows = [f for f, old in zip(flows, before, strict=True)

@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from testbed.plan.tcp_model import PAYLOAD_EFFICIENCY, STANDING_QUEUE
+from testbed.plan.tcp_model import PAYLOAD_EFFICIENCY, STANDING_QUEUE, cuts_at_loss
 from testbed.sim.flows import Flow, Pair, cap
 
 SATURATED = 1.0 - 1e-9
@@ -54,13 +54,13 @@ def reverse(resource: str) -> str:
     return f"wan:{b}>{a}"
 
 
-def in_flight(flow: Flow) -> float:
-    """The bytes the flow keeps in flight: its round's window, or once steady its share of
-    its pair's window."""
+def excess_bytes(flow: Flow, rate: float) -> float:
+    """What the flow keeps in flight (its round's window, or once steady its share of its
+    pair's window) beyond what its round trip holds at `rate` (bit/s)."""
     pair = flow.pair
-    if flow.steady:
-        return pair.connections * pair.window / max(1, pair.active)
-    return flow.round_budget
+    window = pair.connections * pair.window / max(1, pair.active) if flow.steady \
+        else flow.round_budget
+    return window - rate / 8 * pair.rtt
 
 
 def standing_queues(flows: Iterable[Flow], rates: Mapping[int, float],
@@ -84,15 +84,15 @@ def standing_queues(flows: Iterable[Flow], rates: Mapping[int, float],
     offered: dict[str, float] = {}
     """What the pairs held at each link may send together, as their pacing lets them."""
     for flow in flows:
-        rate, response = rates.get(flow.id, 0.0), flow.pair.response
-        if rate <= 0.0 or response is None or response.beta >= 1.0 \
+        rate = rates.get(flow.id, 0.0)
+        if rate <= 0.0 or not cuts_at_loss(flow.pair.response) \
                 or rate >= cap(flow) * SATURATED:
             continue  # not held by a link, or BBR
         held = next((r for r in flow.resources if r in sums
                      and sums[r] >= usable[r] * SATURATED), None)
         if held is None:
             continue
-        queued = in_flight(flow) - rate / 8 * flow.pair.rtt
+        queued = excess_bytes(flow, rate)
         if queued > 0.0:
             excess[held] = excess.get(held, 0.0) + queued
             if id(flow.pair) not in holders.setdefault(held, set()):
@@ -106,7 +106,6 @@ def standing_queues(flows: Iterable[Flow], rates: Mapping[int, float],
         waiting = excess[link] if excess[link] <= full else STANDING_QUEUE * full
         out[link] = Standing(waiting * 8 / usable[link], frozenset(holders[link]))
     return out
-
 
 
 @dataclass
@@ -147,9 +146,8 @@ class StandingQueues:
             return False
         if self.standing and any(r in self.standing for r in flow.resources):
             return True
-        response = pair.response
-        return rate < cap_bps and pair.pacing_bps == math.inf and response is not None \
-            and response.beta < 1.0 and in_flight(flow) > rate / 8 * pair.rtt
+        return rate < cap_bps and pair.pacing_bps == math.inf \
+            and cuts_at_loss(pair.response) and excess_bytes(flow, rate) > 0.0
 
     def leave(self, flow: Flow) -> None:
         for link in flow.pair.queued_links or ():
