@@ -80,10 +80,6 @@ def _fidelity_share_noise(report: dict[str, Any]) -> str:
             f"{script.share_noise_cost_table(report['cost'])}")
 
 
-def _connection_spread(report: dict[str, Any]) -> str:
-    return str(_script("threshold_fit").table(report))
-
-
 def _fidelity_trace(report: dict[str, Any]) -> str:
     return str(_script("bench_fidelity").trace_table(report))
 
@@ -157,11 +153,6 @@ TABLES: dict[str, Table] = {
     "fidelity-share-noise": Table(("benchmarks/fidelity-share-noise.json",),
                                   _fidelity_share_noise,
                                   "scripts/bench_fidelity.py --parts share-noise"),
-    "connection-spread": Table(("benchmarks/connection-spread.json",),
-                               _connection_spread,
-                               "testbed up ... --iterations 8 --out RUN_DIR (each run); "
-                               "scripts/threshold_fit.py record RUN_DIR...; "
-                               "scripts/threshold_fit.py fit"),
     "fidelity-trace": Table(("benchmarks/fidelity-trace.json",), _fidelity_trace,
                             "scripts/bench_fidelity.py --parts trace"),
     "scenarios": Table(("benchmarks/scenarios.json",), _scenarios,

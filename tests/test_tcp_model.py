@@ -27,7 +27,6 @@ from testbed.plan.tcp_model import (
     PAYLOAD_EFFICIENCY,
     RTT_BIAS,
     STANDING_QUEUE,
-    THRESHOLD_CV,
     WINDOW_EFFICIENCY,
     WINDOW_EFFICIENCY_BY_RATE,
     in_flight_bytes,
@@ -416,19 +415,6 @@ def test_rtt_bias_is_the_fit_of_the_recorded_share_runs() -> None:
     benchmarks/peers-emulator.json, to its rounding: runs recorded anew, or a change to how
     the simulator shares, fails here until the constants are fitted again."""
     assert script("rtt_bias_fit").fit_file(RECORDED) == RTT_BIAS
-
-
-def test_threshold_cv_is_the_fit_of_the_recorded_connection_spreads() -> None:
-    """THRESHOLD_CV is what scripts/threshold_fit.py fitted to the emulated runs recorded
-    in benchmarks/connection-spread.json, and that fit is the least-squares CV of the
-    simulated spreads it recorded beside them, over the runs the machine did not bound
-    (re-simulating them takes minutes: `threshold_fit.py fit`)."""
-    fit = script("threshold_fit")
-    report = json.loads(fit.RECORDED.read_text())
-    assert fit.fitted_cv() == THRESHOLD_CV
-    curves = [({float(cv): value for cv, value in entry["simulated"].items()}, entry["spread"])
-              for entry in report["runs"] if not entry["machine_bound"]]
-    assert len(curves) >= 3 and fit.best(curves) == pytest.approx(THRESHOLD_CV)
 
 
 def test_the_fit_predicts_what_the_simulator_settles_at() -> None:

@@ -40,10 +40,8 @@ class Jitter:
     loss-based congestion control that meet at a bottleneck sit at different points of
     their window's sawtooth, so equal flows get unequal shares, message by message.
     None (`share=sawtooth`, the default): each pair's congestion control's own spread
-    (testbed.plan.tcp_model.sawtooth_cv: CUBIC 9.2%, Reno 19.2%, BBR 0), times a factor
-    each connection keeps for the whole run (testbed.plan.tcp_model.threshold_cv: its
-    slow-start threshold from earlier losses; BBR none); a CV: that spread alone, drawn
-    per message; 0: equal shares."""
+    (testbed.plan.tcp_model.sawtooth_cv: CUBIC 9.2%, Reno 19.2%, BBR 0); 0: equal
+    shares."""
     seed: int = 0
 
     def __bool__(self) -> bool:
@@ -100,7 +98,6 @@ class Noise:
         self.jitter = jitter
         self.sigma = {kind: _sigma(getattr(jitter, kind) or 0.0) for kind in KINDS}
         self.streams = {kind: random.Random(f"{jitter.seed}:{kind}") for kind in KINDS}
-        self._lasting: dict[tuple[str, float], float] = {}
 
     def factor(self, kind: NoiseKind) -> float:
         sigma = self.sigma[kind]
@@ -116,27 +113,10 @@ class Noise:
     def share(self, sawtooth: float, identity: str) -> float:
         """A transfer's share factor at share_cv(sawtooth); `identity` names the transfer
         within the run (its pair, kind and number there)."""
-        return _hashed_lognormal(self.jitter.seed, self.share_cv(sawtooth), identity)
-
-    def lasting_share(self, threshold: float, connection: str) -> float:
-        """A connection's share factor for the whole run at CV `threshold` (its pair's
-        threshold_cv), where shares are drawn at each pair's own spread
-        (`share=sawtooth`); 1 where the run gives every share one CV (`share=CV`).
-        `connection` names it within the run (its sender and receiver)."""
-        if self.jitter.share is not None:
+        cv = self.share_cv(sawtooth)
+        if cv == 0.0:
             return 1.0
-        factor = self._lasting.get((connection, threshold))
-        if factor is None:
-            factor = self._lasting[connection, threshold] = _hashed_lognormal(
-                self.jitter.seed, threshold, f"{connection}:lasting")
-        return factor
-
-
-def _hashed_lognormal(seed: int, cv: float, identity: str) -> float:
-    """A mean-1 lognormal draw at `cv` that `identity` and the seed alone decide."""
-    if cv == 0.0:
-        return 1.0
-    sigma = _sigma(cv)
-    digest = hashlib.blake2b(f"{seed}:{identity}".encode(), digest_size=8)
-    uniform = (int.from_bytes(digest.digest(), "big") + 0.5) / 2.0 ** 64
-    return math.exp(sigma * _STANDARD.inv_cdf(uniform) - sigma * sigma / 2)
+        sigma = _sigma(cv)
+        digest = hashlib.blake2b(f"{self.jitter.seed}:{identity}".encode(), digest_size=8)
+        uniform = (int.from_bytes(digest.digest(), "big") + 0.5) / 2.0 ** 64
+        return math.exp(sigma * _STANDARD.inv_cdf(uniform) - sigma * sigma / 2)

@@ -247,25 +247,3 @@ def sawtooth_cv(congestion: str) -> float:
     if response.kind == "cubic":
         return drop * math.sqrt(9 / 112) / (1 - drop / 4)
     return drop / (math.sqrt(3) * (1 + response.beta))
-
-
-THRESHOLD_CV = 0.26
-"""How unequal a loss-based connection's own history leaves its share of a bottleneck,
-message after message: Linux keeps a connection's slow-start threshold through a restart
-after an idle (tcp_cwnd_restart resets the window alone), and the losses of earlier
-contended rounds set it differently on each connection (paper-3dc's four connections to
-central kept about 775, 1,225, 1,225 and 2,100 segments: docs/simulator.md, "Replicas in
-lockstep"), so the same connections stay slower, where `sawtooth_cv`'s spread is drawn
-anew for each message. The coefficient of variation of a lognormal factor per connection
-whose simulated runs spread their connections' transfers as the emulator's real TCP
-does (testbed.metrics.connection_spread), fitted by scripts/threshold_fit.py on the runs
-in benchmarks/connection-spread.json; tests/test_tcp_model.py holds it to that fit."""
-
-
-def threshold_cv(congestion: str, connections: int) -> float:
-    """The CV of a pair's lasting share factor (THRESHOLD_CV): its `connections`' own
-    factors averaged, for a congestion control that cuts its window at a loss; BBR's
-    window does not follow a threshold its losses set: 0."""
-    if not cuts_at_loss(loss_response(congestion)):
-        return 0.0
-    return THRESHOLD_CV / math.sqrt(max(1, connections))

@@ -174,9 +174,7 @@ class SimulatorSettings:
     of variation (one value for all, or compute=10%,prefill=10%,network=5%,share=10%),
     seeded by the job's seed (plus the repeat's number in compare). Default: none but
     the shares', at each connection's congestion control's spread (share=sawtooth:
-    CUBIC 9.2%, Reno 19.2%, BBR 0, per message, times a factor each loss-based
-    connection keeps for the run); share=CV: per message alone; share=0 for equal
-    shares."""
+    CUBIC 9.2%, Reno 19.2%, BBR 0); share=0 for equal shares."""
 
 
 @dataclass(frozen=True)

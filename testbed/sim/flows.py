@@ -21,7 +21,6 @@ from testbed.plan.tcp_model import (
     restarts_after_idle,
     rtt_bias,
     sawtooth_cv,
-    threshold_cv,
 )
 from testbed.sim.loss_cycles import LossCycle, Stripes, first_losses
 from testbed.topology.model import Topology
@@ -69,10 +68,6 @@ class Pair:
     """How unequal its congestion control leaves equal connections' windows at any moment
     (testbed.plan.tcp_model.sawtooth_cv): its messages' share CV with `--jitter
     share=sawtooth`."""
-    threshold: float = 0.0
-    """How unequal its connections' own histories leave pairs like it, run-long
-    (testbed.plan.tcp_model.threshold_cv): the CV of its lasting share factor with
-    `--jitter share=sawtooth`."""
     standing_queue_s: float = 0.0
     """What its bottleneck's queue adds to its round trip on average where its flows share
     that link (testbed.plan.tcp_model.STANDING_QUEUE of its drain time; of links of equal
@@ -363,7 +358,7 @@ def pair_between(topology: Topology, src_dc: str, dst_dc: str, connections: int,
                 restarts_after_idle(src.congestion, src.slow_start_after_idle),
                 src.rto_min_s or RTO_MIN, pacing,
                 rtt_bias(src.congestion, pacing), loss_response(src.congestion), loss,
-                sawtooth_cv(src.congestion), threshold_cv(src.congestion, connections),
+                sawtooth_cv(src.congestion),
                 STANDING_QUEUE * max((link.queue_s for link in slowest), default=0.0),
                 PACING_SHARE * slowest[0].bandwidth_bps if pacing and slowest else math.inf)
 

@@ -98,7 +98,7 @@ class Transfers:
         if self.noise.share_cv(pair.sawtooth):  # numbered only where shares are drawn
             numbered = (src.lead, dst.lead, op)
             number = self._sent[numbered] = self._sent.get(numbered, -1) + 1
-            share = functools.partial(_draw, self.noise, pair, numbered, number)
+            share = functools.partial(_draw, self.noise, pair.sawtooth, numbered, number)
         link = None if src.dc == dst.dc else f"{src.dc}>{dst.dc}"
 
         def arrived(t: float, started: float) -> None:
@@ -189,10 +189,8 @@ class Transfers:
         self._starters.pop(transfer.id)(now)
 
 
-def _draw(noise: Noise, pair: Pair, numbered: tuple[str, str, Op], number: int) -> float:
+def _draw(noise: Noise, sawtooth: float, numbered: tuple[str, str, Op], number: int) -> float:
     """A message's share draw, made where the flow first shares a link (Flow.weight): most
-    messages never do, and the draw is the message's own whenever it is made, times its
-    connection's lasting factor."""
+    messages never do, and the draw is the message's own whenever it is made."""
     src, dst, op = numbered
-    return (noise.share(pair.sawtooth, f"{src}>{dst}:{op.name}:{number}")
-            * noise.lasting_share(pair.threshold, f"{src}>{dst}"))
+    return noise.share(sawtooth, f"{src}>{dst}:{op.name}:{number}")
