@@ -81,8 +81,7 @@ def standing_queues(flows: Iterable[Flow], rates: Mapping[int, float],
                 sums[resource] = sums.get(resource, 0.0) + rate
     excess: dict[str, float] = {}
     holders: dict[str, set[int]] = {}
-    offered: dict[str, float] = {}
-    """What the pairs held at each link may send together, as their pacing lets them."""
+    offered: dict[str, float] = {}  # what the pairs held at each link may send together
     for flow in flows:
         rate = rates.get(flow.id, 0.0)
         if rate <= 0.0 or not cuts_at_loss(flow.pair.response) \
