@@ -16,6 +16,7 @@ from typing import Any, TextIO
 import pytest
 
 from testbed.emulator.runtime.coordinator.coordinator import Coordinator, RunFailed, RunOutcome
+from testbed.emulator.runtime.coordinator.hosts import WanSocket
 from testbed.emulator.runtime.coordinator.run_config import RunConfig
 from testbed.emulator.runtime.coordinator.signals import run_with_signals
 from testbed.experiments.inputs import load_inputs
@@ -81,6 +82,9 @@ class LocalHosts:
 
     def lateness(self) -> tuple[float, float] | None:
         return None
+
+    def wan_sockets(self) -> list[WanSocket]:
+        return []
 
     def shaper(self) -> str | None:
         return "none"

@@ -197,6 +197,18 @@ def test_up_writes_results_and_trace(tmp_path: Path) -> None:
                                        for reason in results["emulation"]["reasons"])
     assert f"busiest worker's actions {path:.1%} of its time" in result.stdout
     assert "simulated" in result.stdout and "dilation 2" in result.stdout
+    # each pipeline's activations east to west and gradients back, as the kernels left
+    # their sockets: a sender each way per pair, with what it sent and its window
+    connections = results["wan_connections"]
+    pairs = {(c["host"], c["peer"]) for c in connections}
+    assert {("east-0", "west-0"), ("west-0", "east-0")} <= pairs, pairs
+    for c in connections:
+        assert c["host"].split("-")[0] != c["peer"].split("-")[0]
+        assert c["bytes_sent"] > 0 and c["cwnd_segments"] >= 1
+        assert c["retransmitted_segments"] >= 0
+        # two-dc's 20 ms one way, in represented time (its emulated link took 2x)
+        assert c["min_rtt_s"] is not None and 0.039 < c["min_rtt_s"] < 0.06, c
+    assert f"WAN TCP       {len(connections)} connections" in result.stdout
 
 
 def _first_loss(job: Job, dp: int, microbatches: int) -> float:

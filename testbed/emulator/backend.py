@@ -16,6 +16,7 @@ from testbed.emulator.backend_segments import Segments, segment_runner
 from testbed.emulator.resume import check_checkpointable, checkpoints_for, save_settings
 from testbed.emulator.runtime.coordinator.coordinator import Coordinator, Interrupted
 from testbed.emulator.runtime.coordinator.health import Health, busy_now
+from testbed.emulator.runtime.coordinator.hosts import WanSocket
 from testbed.emulator.runtime.coordinator.memory import (
     MemoryPlan,
     MemoryUse,
@@ -40,6 +41,7 @@ from testbed.report.run_results import (
     EmulatorBlock,
     MeasuredMemory,
     PredictedMemory,
+    WanConnection,
 )
 from testbed.run.backend import BackendRun, Say, typed_inference
 from testbed.run.checkpoint import Progress
@@ -173,7 +175,8 @@ def _emulate(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: Path,
         synced_losses=outcome.synced_losses or None, policy_options=common.policy_options,
         backend_block=_block(spec, k, predicted, summary.typical_s, health,
                              memory_record(outcome.memory, memory),
-                             resume.resumed_at if resume else []),
+                             resume.resumed_at if resume else [],
+                             wan_connections(outcome.wan_sockets, k)),
         inference=typed_inference(
             represented_inference(inference, k),
             None if coordinator.broker is None else prefill_overruns(spans).as_dict()),
@@ -211,17 +214,18 @@ def _in_segments(spec: RunSpec, plan: Plan, chosen: TrainingPolicy, directory: P
         losses=joined.losses, synced_losses=joined.synced_losses or None,
         policy_options=spec.common.policy_options,
         backend_block=_block(spec, k, predicted, summary.typical_s, health,
-                             memory_record(seen.memory, memory), []),
+                             memory_record(seen.memory, memory), [],
+                             wan_connections(seen.wan_sockets, k)),
         recovery=recovery_results(spec, joined))
     return BackendRun(record, error)
 
 
 def _block(spec: RunSpec, k: int, predicted: float | None, measured: float | None,
-           health: Health | None, memory: MeasuredMemory, resumed_at: list[int]
-           ) -> EmulatorBlock:
+           health: Health | None, memory: MeasuredMemory, resumed_at: list[int],
+           connections: list[WanConnection]) -> EmulatorBlock:
     """What the emulator alone writes into results.json: its settings, the dilation it
     went at, the simulator's prediction beside the measured iteration, the machine's
-    health and memory."""
+    health and memory, its WAN connections' TCP state."""
     emulate = spec.emulate
     return EmulatorBlock(
         allreduce=emulate.allreduce, pacing=emulate.pacing, activations=emulate.activations,
@@ -230,7 +234,17 @@ def _block(spec: RunSpec, k: int, predicted: float | None, measured: float | Non
         cluster=None if emulate.cluster is None else describe_run(emulate.cluster),
         resumed_at=resumed_at, predicted_iteration_s=predicted,
         prediction_error=prediction_error(predicted, measured),
-        emulation=None if health is None else emulation_record(health), memory=memory)
+        emulation=None if health is None else emulation_record(health), memory=memory,
+        wan_connections=connections)
+
+
+def wan_connections(sockets: Sequence[WanSocket], k: int) -> list[WanConnection]:
+    """The results' record of the hosts' WAN sockets, round trips in represented time."""
+    return [{"host": s.host, "peer": s.peer, "congestion": s.state.congestion,
+             "min_rtt_s": None if s.state.min_rtt_s is None else s.state.min_rtt_s / k,
+             "cwnd_segments": s.state.cwnd, "ssthresh_segments": s.state.ssthresh,
+             "retransmitted_segments": s.state.retransmitted,
+             "bytes_sent": s.state.bytes_sent} for s in sockets]
 
 
 def emulation_record(health: Health) -> EmulationHealth:

@@ -16,6 +16,7 @@ from testbed.emulator.resume import checkpoints_for
 from testbed.emulator.runtime.coordinator.capacity import worker_costs
 from testbed.emulator.runtime.coordinator.coordinator import Coordinator, Interrupted
 from testbed.emulator.runtime.coordinator.health import Health
+from testbed.emulator.runtime.coordinator.hosts import WanSocket
 from testbed.emulator.runtime.coordinator.memory import MemoryUse
 from testbed.emulator.runtime.coordinator.preflight import check_emulable
 from testbed.emulator.runtime.coordinator.run_config import RunConfig
@@ -39,6 +40,8 @@ class Segments:
     """The last segment's (the machine's load in it)."""
     memory: MemoryUse | None = None
     """The segment whose workers' peaks summed highest."""
+    wan_sockets: list[WanSocket] = dataclasses.field(default_factory=list)
+    """The last segment's, as its training ended."""
 
 
 def segment_runner(spec: RunSpec, policy: TrainingPolicy, directory: Path,
@@ -71,6 +74,7 @@ def segment_runner(spec: RunSpec, policy: TrainingPolicy, directory: Path,
             return SegmentResult([], error=error or TestbedError("the run ended before it "
                                                                  "started"))
         seen.shaper, seen.health = outcome.shaper, outcome.health
+        seen.wan_sockets = outcome.wan_sockets
         if outcome.memory is not None and (
                 seen.memory is None or outcome.memory.workers_peak > seen.memory.workers_peak):
             seen.memory = outcome.memory

@@ -74,6 +74,26 @@ class EmulationHealth(TypedDict):
     runs recorded before it was measured."""
 
 
+class WanConnection(TypedDict):
+    """A host's TCP connection to a host of another DC as its kernel held it when training
+    ended (`ss -tin`: testbed.emulator.net.tcp_state), one per sending side: real TCP
+    keeps the slow-start threshold its losses (or CUBIC's HyStart) set for the rest of a
+    connection's life, and every slow start after an idle stops there, which the
+    simulator does not model."""
+
+    host: str
+    peer: str
+    congestion: str
+    min_rtt_s: float | None
+    """Its smallest round trip, in represented time (a dilated run's, divided by K)."""
+    cwnd_segments: int
+    ssthresh_segments: int | None
+    """None: it never left slow start."""
+    retransmitted_segments: int
+    """Segments it sent again over its life."""
+    bytes_sent: int
+
+
 class PredictedMemory(TypedDict):
     """What the emulator predicted its run would hold, before it started."""
 
@@ -259,6 +279,8 @@ class EmulatorBlock:
     memory: Annotated[MeasuredMemory, OPEN]
     """The run's peak memory as measured, beside what was predicted (in place of the
     plan's memory summary)."""
+    wan_connections: list[Annotated[WanConnection, OPEN]]
+    """Its hosts' TCP connections to other DCs as training ended, by host and peer."""
 
 
 @dataclass(frozen=True)
@@ -349,6 +371,8 @@ class Results:
     prediction_error: float | None = field(default=None, metadata=OMITTED)
     emulation: Annotated[EmulationHealth, OPEN] | None = field(default=None,
                                                               metadata=OMITTED)
+    wan_connections: list[Annotated[WanConnection, OPEN]] | None = field(default=None,
+                                                                         metadata=OMITTED)
     # a run with a scenario's failures
     on_failure: OnFailure | None = field(default=None, metadata=OMITTED)
     failures: list[Annotated[FailureResult, OPEN]] | None = field(default=None,

@@ -95,6 +95,27 @@ def _prediction(results: Results) -> list[str]:
     return lines
 
 
+def _wan_tcp(results: Results) -> list[str]:
+    """An emulated run's WAN connections as their kernels left them: how many lost
+    packets, and where their slow starts now stop."""
+    connections = results.wan_connections or []
+    if not connections:
+        return []
+    lost = [c["retransmitted_segments"] for c in connections if c["retransmitted_segments"]]
+    thresholds = [c["ssthresh_segments"] for c in connections
+                  if c["ssthresh_segments"] is not None]
+    return [f"  WAN TCP       {plural(len(connections), 'connection')}: "
+            + (f"{len(lost)} sent segments again ({_span(lost)} each)" if lost
+               else "none sent a segment again")
+            + ("; slow start ends at " + _span(thresholds) + " segments on "
+               + f"{len(thresholds)}" if thresholds else "; all still in slow start")]
+
+
+def _span(values: list[int]) -> str:
+    low, high = min(values), max(values)
+    return f"{low:,}" if low == high else f"{low:,}-{high:,}"
+
+
 def run_summary(results: Results) -> list[str]:
     it = results.iteration_time_s
     plan = results.plan
@@ -116,6 +137,7 @@ def run_summary(results: Results) -> list[str]:
         f"  GPU util      training {_pct(util.training)}, total {_pct(util.total)}",
         f"  WAN           {human_bytes(wan.bytes)} moved, utilization "
         f"{_pct(wan.utilization)}",
+        *_wan_tcp(results),
     ]
     curve = results.loss_curve or []
     if curve:

@@ -37,7 +37,7 @@ from testbed.emulator.runtime.coordinator.health import (
     process_cpu_ticks,
     read_cpu,
 )
-from testbed.emulator.runtime.coordinator.hosts import Hosts, NamespaceHosts
+from testbed.emulator.runtime.coordinator.hosts import Hosts, NamespaceHosts, WanSocket
 from testbed.emulator.runtime.coordinator.memory import MemoryUse, coordinator_peak, measured_memory
 from testbed.emulator.runtime.coordinator.pool import WorkerHandle, WorkerPool
 from testbed.emulator.runtime.coordinator.run_config import RunConfig
@@ -88,6 +88,8 @@ class RunOutcome:
     memory: MemoryUse | None = None
     synced_losses: dict[int, float] = field(default_factory=dict)
     """The synchronized model's loss by iteration (a DiLoCo-family run, real compute)."""
+    wan_sockets: list[WanSocket] = field(default_factory=list)
+    """The hosts' TCP sockets to other DCs as training ended (Hosts.wan_sockets)."""
 
 
 class Coordinator:
@@ -119,6 +121,7 @@ class Coordinator:
         self._worker_ticks: int | None = None
         """Clock ticks the workers used during training."""
         self._lateness: tuple[float, float] | None = None
+        self._sockets: list[WanSocket] = []
 
     @property
     def topology(self) -> Topology:
@@ -241,6 +244,7 @@ class Coordinator:
             self._worker_ticks = process_cpu_ticks(pids) - ticks_before
             self._cpu = (cpu_before, read_cpu())
             self._lateness = await asyncio.to_thread(self.hosts.lateness)
+            self._sockets = await asyncio.to_thread(self.hosts.wan_sockets)
         finally:
             stall.cancel()
             events.cancel()
@@ -364,7 +368,7 @@ class Coordinator:
         return RunOutcome(config.compute, carried + spans, losses, start, summary, status,
                           error, wall, self.hosts.shaper(), self._health(),
                           measured_memory(self.pool.peak_memory(), coordinator_peak()),
-                          dict(telemetry.synced_losses))
+                          dict(telemetry.synced_losses), self._sockets)
 
     def _health(self) -> Health | None:
         if self._cpu is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TextIO
 
@@ -19,10 +20,34 @@ from testbed.emulator.net.link_changes import change_link
 from testbed.emulator.net.network import Network, bring_up, tear_down
 from testbed.emulator.net.network import Progress as Say
 from testbed.emulator.net.state import ProcessRecord
+from testbed.emulator.net.tcp_state import SocketState, socket_states
 from testbed.emulator.runtime.coordinator.exits import exit_reason
 from testbed.emulator.runtime.coordinator.health import delay_line_lateness
 from testbed.topology.cluster import Cluster
 from testbed.topology.model import Topology
+
+
+@dataclass(frozen=True)
+class WanSocket:
+    """A socket of one host's connection to a host of another DC, by the hosts' names."""
+
+    host: str
+    peer: str
+    state: SocketState
+
+
+def wan_sockets(states: dict[str, list[SocketState]], hosts: dict[str, tuple[str, str]]
+                ) -> list[WanSocket]:
+    """Of each host's sockets (`states`, by host name), those to a host of another DC that
+    sent data, by host and peer; `hosts`: each address's host and DC."""
+    out = []
+    for host, sockets in states.items():
+        dc = next((d for name, d in hosts.values() if name == host), None)
+        for state in sockets:
+            peer = hosts.get(state.peer)
+            if peer is not None and peer[1] != dc and state.bytes_sent > 0:
+                out.append(WanSocket(host, peer[0], state))
+    return sorted(out, key=lambda s: (s.host, s.peer, s.state.local))
 
 
 class Hosts(Protocol):
@@ -58,6 +83,10 @@ class Hosts(Protocol):
 
     def lateness(self) -> tuple[float, float] | None:
         """How late the delay lines released packets (mean, max seconds), if measured."""
+
+    def wan_sockets(self) -> list[WanSocket]:
+        """The hosts' TCP sockets to hosts of other DCs as their kernels hold them now
+        (testbed.emulator.net.tcp_state); none where there is no emulated network."""
 
     def shaper(self) -> str | None:
         """The shaper in use, once up."""
@@ -145,6 +174,11 @@ class NamespaceHosts:
 
     def lateness(self) -> tuple[float, float] | None:
         return delay_line_lateness(self._up().delay_line_stats())
+
+    def wan_sockets(self) -> list[WanSocket]:
+        here = self._up().layout.nodes
+        hosts = {n.address: (n.name, n.dc) for n in (self.whole or self._up().layout).nodes}
+        return wan_sockets({n.name: socket_states(n.netns) for n in here}, hosts)
 
     def shaper(self) -> str | None:
         return self.network.shaper.value if self.network else None
