@@ -129,6 +129,11 @@ def _bucket_overlap(report: dict[str, Any]) -> str:
     return str(_script("bench_streaming_table").overlap_table(report))
 
 
+def _wan_tcp(report: dict[str, Any]) -> str:
+    script = _script("bench_wan_tcp")
+    return f"{script.table(report)}\n\n{script.summary(report)}"
+
+
 def _claims(records: list[Any]) -> str:
     from testbed.figures.render import claims_block
 
@@ -155,6 +160,7 @@ TABLES: dict[str, Table] = {
                                   "scripts/bench_fidelity.py --parts share-noise"),
     "fidelity-trace": Table(("benchmarks/fidelity-trace.json",), _fidelity_trace,
                             "scripts/bench_fidelity.py --parts trace"),
+    "wan-tcp": Table(("benchmarks/wan-tcp.json",), _wan_tcp, "scripts/bench_wan_tcp.py"),
     "scenarios": Table(("benchmarks/scenarios.json",), _scenarios,
                        "scripts/bench_scenarios.py"),
     "sweep-speed": Table(("benchmarks/sweep.json",), _sweep, "scripts/bench_sweep.py"),
