@@ -71,10 +71,36 @@ def test_a_window_limited_flow_waits_in_the_queue_a_shorter_flow_keeps_standing(
     assert long_rate < 0.75 * WINDOW * 8 / LONG
 
 
-def test_a_queue_the_windows_overflow_stands_at_its_share() -> None:
+def test_a_queue_the_windows_overflow_cuts_them_and_stands_less() -> None:
+    """The short flow's window outgrows the shallow queue: it loses a packet there with its
+    share of what the link holds in flight (its rate times its round trip and the full
+    queue's wait), keeps CUBIC's 0.7 of that as its threshold, and the queue it keeps
+    standing after is less than the half of itself an uncut window would keep."""
+    agenda = Agenda()
+    queues = StandingQueues({"wan:h>x": SHALLOW, "wan:x>h": SHALLOW})
+    network = FluidNetwork({"wan:h>x": RATE, "wan:x>h": RATE}, agenda.at, queues=queues)
+    short = _steady(SHORT)
+    agenda.at(0.0, lambda t: network.start(t, BIG, ("wan:h>x",), short, SHORT / 2,
+                                           lambda _t: None))
+    agenda.stop_after = 0.5
+    agenda.run()
+    link = RATE * PAYLOAD_EFFICIENCY
+    held = link / 8 * (SHORT + SHALLOW * 8 / link)
+    assert short.w_max == pytest.approx(held)
+    assert short.ssthresh == pytest.approx(0.7 * held)
     _, long_rate, _ = _rates(SHALLOW)
-    waiting = STANDING_QUEUE * SHALLOW * 8 / (RATE * PAYLOAD_EFFICIENCY)
-    assert long_rate == pytest.approx(WINDOW * 8 / (LONG + waiting))
+    half = STANDING_QUEUE * SHALLOW * 8 / link
+    assert WINDOW * 8 / (LONG + half) < long_rate < WINDOW * 8 / LONG
+
+
+def test_a_loss_cuts_a_pair_once_a_round_trip_and_never_bbr() -> None:
+    cubic, bbr = _steady(SHORT), _steady(SHORT, "bbr")
+    assert cubic.cut(1.0, 1e6) and cubic.cwnd == pytest.approx(0.7e6)
+    assert not cubic.cut(1.0 + SHORT / 2, 0.5e6)  # within its recovery's round trip
+    assert cubic.cut(1.0 + SHORT, 0.5e6)  # a lower W_max: fast convergence lowers it more
+    assert cubic.w_max == pytest.approx(0.5e6 * 1.7 / 2)
+    assert cubic.ssthresh == pytest.approx(0.35e6)
+    assert not bbr.cut(1.0, 1e6) and bbr.ssthresh == math.inf
 
 
 def test_no_queue_given_or_bbr_holding_the_link_leaves_the_round_trip_as_it_is() -> None:

@@ -187,6 +187,12 @@ def restarts_after_idle(congestion: str, slow_start_after_idle: bool) -> bool:
     return slow_start_after_idle and congestion not in KEEPS_WINDOW_AFTER_IDLE
 
 
+RESTART_THRESHOLD = 0.75
+"""A restart after idle keeps the slow-start threshold at least this share of the window
+the connection had (tcp_cwnd_restart takes tcp_current_ssthresh: the larger of the
+threshold and three quarters of the window)."""
+
+
 @dataclass(frozen=True)
 class LossResponse:
     """How a loss-based congestion control's window answers a loss and grows back

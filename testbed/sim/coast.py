@@ -45,7 +45,7 @@ def plain_round(flow: Flow, now: float, state: State) -> State | None:
     old_cap = PACING_RATIO * (pair.connections * (cwnd if cwnd <= window else window)
                               / active) * 8 / rtt if pair.paced else float("inf")
     cwnd += (round_budget - budget) / pair.connections
-    if cwnd >= window:
+    if cwnd >= window or cwnd > pair.ssthresh:  # past a threshold: congestion avoidance
         return None
     budget = pair.connections * cwnd / active
     new_cap = PACING_RATIO * budget * 8 / rtt if pair.paced else float("inf")

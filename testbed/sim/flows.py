@@ -13,8 +13,10 @@ from testbed.plan.pacing import PACING_RATIO, PACING_SHARE, paced
 from testbed.plan.striping import CHUNKS_AT_START, chunk_bytes
 from testbed.plan.tcp_model import (
     MSS,
+    RESTART_THRESHOLD,
     STANDING_QUEUE,
     LossResponse,
+    cuts_at_loss,
     in_flight_bytes,
     in_flight_under_loss,
     loss_response,
@@ -81,6 +83,15 @@ class Pair:
     `base_rtt`."""
     cwnd: float = INITIAL_WINDOW
     """Per connection, bytes: on a lossy path, the mean of its connections' (`cycles`)."""
+    ssthresh: float = math.inf
+    """Per connection, bytes, on a clean path: where its slow start ends, once a full
+    queue's losses cut its window (`cut`); none before."""
+    w_max: float = 0.0
+    """The window at its last cut (the congestion control's W_max)."""
+    epoch: float = 0.0
+    """When its last cut was, shifted on by the time it sat idle since (CUBIC's clock runs
+    only while it sends: tcp_cubic.c moves its epoch at CA_EVENT_TX_START)."""
+    cut_at: float = -math.inf
     last_active: float = float("-inf")
     active: int = 0
     coaster: Flow | None = None
@@ -168,9 +179,13 @@ class Pair:
         down to the initial window (tcp_cwnd_restart)."""
         if self.flights:
             self.land(now)
+        if self.active == 0 and self.ssthresh != math.inf:
+            self.epoch += now - self.last_active
         if self.active == 0 and self.restart_after_idle:
             idle = now - self.last_active
             rto = self.rto_min + self.rtt
+            if idle > rto and self.ssthresh != math.inf:  # tcp_cwnd_restart
+                self.ssthresh = max(self.ssthresh, RESTART_THRESHOLD * self.cwnd)
             self.cwnd = _restarted(self.cwnd, idle, rto)
             if self.cycles:
                 for cycle in self.cycles:
@@ -303,7 +318,11 @@ class Pair:
         if not self.lossy:
             # past its buffers' window only on a path that never had loss cycles
             limit = self.window if self.cycles else CWND_OF_FLIGHT * self.window
-            self.cwnd = min(limit, self.cwnd + nbytes / self.connections)
+            each = nbytes / self.connections
+            if self.cwnd + each <= self.ssthresh:
+                self.cwnd = min(limit, self.cwnd + each)
+                return
+            self._avoid_congestion(each, now)
             return
         assert self.response is not None
         cycles = self._loss_cycles()
@@ -320,6 +339,40 @@ class Pair:
         self.cwnd = self._mean_window()
         if all(cycle.settled for cycle in cycles):
             self.settled, self.window = True, self.cwnd
+
+    def _avoid_congestion(self, each: float, now: float) -> None:
+        """`each` bytes per connection acknowledged past its threshold: the window grows as
+        its congestion control grows it after a loss (LossResponse.window_after, from
+        `w_max` at `epoch`), no faster than slow start would, and only up to what its
+        buffers keep in flight (past that it is not the window that limits it)."""
+        assert self.response is not None
+        start = max(self.cwnd, self.ssthresh) if self.cwnd < self.ssthresh else self.cwnd
+        left = each - (start - self.cwnd)
+        target = self.response.window_after(now - self.epoch, self.rtt, self.w_max)
+        self.cwnd = min(self.window, max(start, min(target, start + left)))
+
+    def cut(self, now: float, in_flight: float) -> bool:
+        """A full drop-tail queue's loss, `in_flight` bytes per connection out when it came
+        (its share of what the link holds): the window drops to the congestion control's
+        beta of it and becomes the threshold every later slow start ends at (RFC 5681,
+        RFC 8312; with CUBIC's fast convergence, a W_max below the last one is lowered
+        further). Once a round trip at most (a loss recovery's), on a clean path, for a
+        control that cuts at a loss; False where it did not cut."""
+        if not self.cuts(now):
+            return False
+        assert self.response is not None
+        window = min(in_flight, self.window, self.cwnd)
+        if window <= 0.0:
+            return False
+        beta = self.response.beta
+        self.w_max = window * (1 + beta) / 2 if window < self.w_max else window
+        self.ssthresh = self.cwnd = max(2 * MSS, beta * window)
+        self.epoch = self.cut_at = now
+        return True
+
+    def cuts(self, now: float) -> bool:
+        """Whether a loss now would cut its window (`cut`)."""
+        return cuts_at_loss(self.response) and not self.lossy and now >= self.cut_at + self.rtt
 
     def _loss_cycles(self) -> list[LossCycle]:
         """Its connections' windows on a lossy path, each from the pair's window as its
@@ -412,6 +465,17 @@ class Flow:
         self.remaining = remaining if remaining > 0.0 else 0.0
         self.budget = budget if budget > 0.0 else 0.0
         self.updated = now
+
+
+def last_round_bytes(flow: Flow, rate: float) -> float:
+    """What the flow sent in its last round trip: its round's window while its window
+    grows, its rate (bit/s) times the round trip once steady; no more than its message."""
+    if flow.steady:
+        sent = rate / 8 * flow.pair.rtt
+    else:  # the windows', also where a striped message's last pieces fill fewer
+        stripes = flow.pair.stripes
+        sent = flow.round_budget if stripes is None else stripes.window
+    return min(sent, flow.size)
 
 
 def cap(flow: Flow) -> float:

@@ -33,7 +33,7 @@ from testbed.plan.tcp_model import WINDOW_EFFICIENCY as WINDOW_EFFICIENCY
 from testbed.sim.coast import LOOKAHEAD, catch_up, plain_round, run_round, state_of
 from testbed.sim.flows import INITIAL_WINDOW as INITIAL_WINDOW
 from testbed.sim.flows import RTO_MIN as RTO_MIN
-from testbed.sim.flows import Flow, Share, cap
+from testbed.sim.flows import Flow, Share, cap, last_round_bytes
 from testbed.sim.flows import Pair as Pair
 from testbed.sim.levels import Levels
 from testbed.sim.max_min import max_min as max_min
@@ -362,7 +362,8 @@ class FluidNetwork:
         levels = self._kept.get(flow.resources[0])
         if levels is not None and not levels.holds(flow.id):
             levels = None
-        tail = flow.pair.tail_wait(self._last_round_bytes(flow, levels)) \
+        tail = flow.pair.tail_wait(last_round_bytes(
+            flow, levels.rate(flow.id) if levels is not None else flow.rate)) \
             if flow.pair.loss else 0.0  # before `end`, which lets the message's pieces go
         flow.pair.end(now)
         if levels is not None:
@@ -393,18 +394,6 @@ class FluidNetwork:
                 self._release(now, levels)
             else:
                 self._reallocate(now, other.resources)
-
-    @staticmethod
-    def _last_round_bytes(flow: Flow, levels: Levels | None) -> float:
-        """What the flow sent in its last round trip: its round's window while its window
-        grows, its rate times the round trip once steady; no more than its message."""
-        if flow.steady:
-            rate = levels.rate(flow.id) if levels is not None else flow.rate
-            sent = rate / 8 * flow.pair.rtt
-        else:  # the windows', also where a striped message's last pieces fill fewer
-            stripes = flow.pair.stripes
-            sent = flow.round_budget if stripes is None else stripes.window
-        return min(sent, flow.size)
 
     def _component(self, resources: tuple[str, ...]) -> tuple[list[Flow], set[str]]:
         """Flows and resources coupled to these resources through shared flows."""
@@ -587,10 +576,23 @@ class FluidNetwork:
 
     def _requeue(self, now: float, flows: list[Flow], rates: dict[int, float],
                  resources: Iterable[str]) -> None:
-        """Standing queues where `flows` send at `rates` (StandingQueues.update)."""
+        """Standing queues where `flows` send at `rates` (StandingQueues.update); the losses
+        of those that overflow (StandingQueues.losses), each pair keeping the threshold
+        its loss sets (Pair.cut): a steady flow's window then binds again (rounds)."""
         for pair, rtt in self.queues.update(now, flows, rates, self.capacity, resources,
                                             self.flows):
             self._set_rtt(now, pair, rtt, queued=True)
+        for flow, in_flight in self.queues.losses(flows, rates, self.capacity):
+            if not flow.pair.cuts(now):
+                continue
+            if flow.steady:  # what it sent so far, acknowledged first
+                flow.progress(now)
+                flow.pair.acked(flow.steady_bytes - flow.remaining, now)
+                flow.steady_bytes = flow.remaining
+            if flow.pair.cut(now, in_flight) and flow.steady:
+                flow.steady = False
+                self._open_round(now, flow)
+                self._reallocate(now, flow.resources)
 
     def _holds(self, flow: Flow) -> bool:
         """Whether kept shares hold the flow."""

@@ -45,6 +45,8 @@ class Standing:
     """The pairs (by id) whose flows the link holds back, whose windows keep it standing:
     it adds nothing to their round trips (their share, not their window, sets their
     pace)."""
+    overflowing: bool = False
+    """Their windows outgrow the queue: they lose packets there (Pair.cut)."""
 
 
 def reverse(resource: str) -> str:
@@ -103,7 +105,8 @@ def standing_queues(flows: Iterable[Flow], rates: Mapping[int, float],
             continue
         full = queue_bytes[link]
         waiting = excess[link] if excess[link] <= full else STANDING_QUEUE * full
-        out[link] = Standing(waiting * 8 / usable[link], frozenset(holders[link]))
+        out[link] = Standing(waiting * 8 / usable[link], frozenset(holders[link]),
+                             excess[link] > full)
     return out
 
 
@@ -177,6 +180,25 @@ class StandingQueues:
                 del self.standing[link]
         crossing = sorted({fid for r in changed for fid in self.crossing.get(r, ())})
         return [retimed for fid in crossing for retimed in self._retimed(under_way[fid])]
+
+    def losses(self, flows: Iterable[Flow], rates: Mapping[int, float],
+               capacity: Mapping[str, float]) -> list[tuple[Flow, float]]:
+        """The flows a link whose queue overflows holds back (`Standing.overflowing`), each
+        with the bytes per connection it has in flight as it loses a packet there: at a
+        drop-tail queue's overflow, its share of what the link holds, its rate times its
+        round trip and the full queue's wait (`capacity`: bit/s as configured)."""
+        out = []
+        for flow in flows:
+            rate = rates.get(flow.id, 0.0)
+            held = next((r for r in flow.resources if (queue := self.standing.get(r))
+                         and queue.overflowing and id(flow.pair) in queue.holders), None)
+            if held is None or rate <= 0.0:
+                continue
+            pair = flow.pair
+            full_s = self.queue_bytes[held] * 8 / (capacity[held] * PAYLOAD_EFFICIENCY)
+            out.append((flow, rate / 8 * (pair.base_rtt + full_s) * max(1, pair.active)
+                        / pair.connections))
+        return out
 
     def _retimed(self, flow: Flow) -> list[tuple[Pair, float]]:
         """The pair's wait in the standing queues its flow (one of its own: they share a
