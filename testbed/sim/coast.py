@@ -1,4 +1,4 @@
-"""Plain rounds of slow start, run without events of their own.
+"""Plain rounds of slow start and of congestion avoidance, run without events of their own.
 
 A round whose end changes no share (its flow sends at a rate no cap sets, before and after)
 and leaves no event of the flow's own due needs no event: the network runs such rounds
@@ -10,7 +10,7 @@ round end step for step, so the results are the same to the bit as with an event
 from __future__ import annotations
 
 from testbed.plan.pacing import PACING_RATIO
-from testbed.sim.flows import Flow
+from testbed.sim.flows import Flow, past_threshold
 
 State = tuple[float, float, float, float, float]
 """(updated, remaining, budget, round_budget, cwnd): what a round of a flow changes."""
@@ -44,8 +44,12 @@ def plain_round(flow: Flow, now: float, state: State) -> State | None:
     active = pair.active if pair.active > 1 else 1
     old_cap = PACING_RATIO * (pair.connections * (cwnd if cwnd <= window else window)
                               / active) * 8 / rtt if pair.paced else float("inf")
-    cwnd += (round_budget - budget) / pair.connections
-    if cwnd >= window or cwnd > pair.ssthresh:  # past a threshold: congestion avoidance
+    each = (round_budget - budget) / pair.connections
+    if cwnd + each <= pair.ssthresh:
+        cwnd += each
+    else:  # past its threshold: congestion avoidance, as Pair.acked grows it
+        cwnd = past_threshold(pair, cwnd, each, now)
+    if cwnd >= window:
         return None
     budget = pair.connections * cwnd / active
     new_cap = PACING_RATIO * budget * 8 / rtt if pair.paced else float("inf")
@@ -68,7 +72,7 @@ def run_round(flow: Flow, now: float, state: State) -> None:
     flow.paused, flow.scheduled = False, True
     flow.round_id += 1
     flow.version += 1
-    flow.round_end = now + flow.pair.rtt
+    flow.round_end = flow.round_ack = now + flow.pair.rtt
 
 
 def catch_up(flow: Flow, until: float, inclusive: bool) -> None:

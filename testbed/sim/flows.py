@@ -322,7 +322,7 @@ class Pair:
             if self.cwnd + each <= self.ssthresh:
                 self.cwnd = min(limit, self.cwnd + each)
                 return
-            self._avoid_congestion(each, now)
+            self.cwnd = past_threshold(self, self.cwnd, each, now)
             return
         assert self.response is not None
         cycles = self._loss_cycles()
@@ -339,17 +339,6 @@ class Pair:
         self.cwnd = self._mean_window()
         if all(cycle.settled for cycle in cycles):
             self.settled, self.window = True, self.cwnd
-
-    def _avoid_congestion(self, each: float, now: float) -> None:
-        """`each` bytes per connection acknowledged past its threshold: the window grows as
-        its congestion control grows it after a loss (LossResponse.window_after, from
-        `w_max` at `epoch`), no faster than slow start would, and only up to what its
-        buffers keep in flight (past that it is not the window that limits it)."""
-        assert self.response is not None
-        start = max(self.cwnd, self.ssthresh) if self.cwnd < self.ssthresh else self.cwnd
-        left = each - (start - self.cwnd)
-        target = self.response.window_after(now - self.epoch, self.rtt, self.w_max)
-        self.cwnd = min(self.window, max(start, min(target, start + left)))
 
     def cut(self, now: float, in_flight: float) -> bool:
         """A full drop-tail queue's loss, `in_flight` bytes per connection out when it came
@@ -384,6 +373,19 @@ class Pair:
 
     def _mean_window(self) -> float:
         return sum(cycle.cwnd for cycle in self.cycles) / len(self.cycles)
+
+
+def past_threshold(pair: Pair, cwnd: float, each: float, now: float) -> float:
+    """A clean-path window `cwnd` once `each` bytes per connection are acknowledged at `now`
+    where that takes it past the pair's threshold: slow start up to it, then the window
+    grows as its congestion control grows one after a loss (LossResponse.window_after, from
+    `w_max` at `epoch`), no faster than slow start would, and only up to what its buffers
+    keep in flight (past that it is not the window that limits it)."""
+    assert pair.response is not None
+    start = pair.ssthresh if cwnd < pair.ssthresh else cwnd
+    left = each - (start - cwnd)
+    target = pair.response.window_after(now - pair.epoch, pair.rtt, pair.w_max)
+    return min(pair.window, max(start, min(target, start + left)))
 
 
 def _restarted(cwnd: float, idle: float, rto: float) -> float:

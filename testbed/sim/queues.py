@@ -187,7 +187,9 @@ class StandingQueues:
         with the bytes per connection it has in flight as it loses a packet there: at a
         drop-tail queue's overflow, its share of what the link holds, its rate times its
         round trip and the full queue's wait (`capacity`: bit/s as configured)."""
-        out = []
+        out: list[tuple[Flow, float]] = []
+        if not any(queue.overflowing for queue in self.standing.values()):
+            return out
         for flow in flows:
             rate = rates.get(flow.id, 0.0)
             held = next((r for r in flow.resources if (queue := self.standing.get(r))
