@@ -40,9 +40,10 @@ def wan_sockets(states: dict[str, list[SocketState]], hosts: dict[str, tuple[str
                 ) -> list[WanSocket]:
     """Of each host's sockets (`states`, by host name), those to a host of another DC that
     sent data, by host and peer; `hosts`: each address's host and DC."""
+    dc_of = dict(hosts.values())
     out = []
     for host, sockets in states.items():
-        dc = next((d for name, d in hosts.values() if name == host), None)
+        dc = dc_of.get(host)
         for state in sockets:
             peer = hosts.get(state.peer)
             if peer is not None and peer[1] != dc and state.bytes_sent > 0:
