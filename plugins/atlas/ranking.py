@@ -43,20 +43,21 @@ class Ranked:
         of the same plan (stopped early) and its namesake."""
 
     def least(self, waiting: Sequence[Transfer], rank: Callable[[Transfer], Rank]) -> Transfer:
+        """`waiting` is in the order the transfers came (the arbiter's): those that came
+        since the last call are the ones after the last it held, so a grant looks at
+        them alone, where a set of every waiting transfer would cost hundreds a grant."""
         held, heap = self.held, self.heap
-        here = set(map(id, waiting))
-        new = here - held.keys()
-        for transfer in reversed(waiting):  # those that came since: mostly the last
-            if not new:
+        for transfer in reversed(waiting):
+            if id(transfer) in held:
                 break
-            if id(transfer) in new:
-                new.discard(id(transfer))
-                held[id(transfer)] = transfer
-                heapq.heappush(heap, (rank(transfer), next(self.count), transfer))
+            held[id(transfer)] = transfer
+            heapq.heappush(heap, (rank(transfer), next(self.count), transfer))
+        # every waiting transfer is held now: where no more are, each held one waits
+        here = None if len(held) == len(waiting) else set(map(id, waiting))
         while True:
             _, _, transfer = heapq.heappop(heap)
             del held[id(transfer)]
-            if id(transfer) in here:
+            if here is None or id(transfer) in here:
                 return transfer
             # no longer waiting (a run that stopped early left it): dropped
 
