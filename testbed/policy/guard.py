@@ -16,9 +16,11 @@ one raised is the plugin's.
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType, TracebackType
 
 from testbed.common import sigint
@@ -91,12 +93,18 @@ def _raise_signal_interrupt(_signum: int, _frame: FrameType | None) -> None:
     raise SignalInterrupt()
 
 
+_sigint_handler: Callable[[int], object] = importlib.import_module("_signal").getsignal
+"""`signal.getsignal` without its conversion to an enum, which raises and catches a
+ValueError for every handler that is a function (Python's default too): a simulation
+enters plugin code for every arbitrated transfer."""
+
+
 def _watch_sigint() -> None:
     """Have SIGINT raise SignalInterrupt where it would raise a plain KeyboardInterrupt
     (the main thread, under Python's default handler). Left in place afterwards: it acts
     as the default does, and an event loop that took SIGINT puts the default back when
     done, to be replaced again at the next plugin call."""
-    if sigint.is_default(signal.getsignal(signal.SIGINT)) and \
+    if sigint.is_default(_sigint_handler(signal.SIGINT)) and \
             threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _raise_signal_interrupt)
 
