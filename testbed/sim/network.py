@@ -1,8 +1,8 @@
 """Flow-level network model: weighted max-min fair sharing of link capacity, TCP windows in
 rounds of one RTT (slow start from ten segments; after idle, when the topology says so, the
 window halves per RTO idle as Linux does; capped by the socket buffers), and propagation
-delay. A transfer striped over N
-connections is one flow of weight N whose window is N connections' worth.
+delay. A transfer striped over N connections is one flow of weight N whose window is N
+connections' worth.
 
 Each round a flow may send one window of bytes at its fair share of the path; if it runs
 out before the round (RTT) is over it pauses, and its share goes to others. So a transfer
@@ -11,13 +11,13 @@ and many flows fill the link. A flow's weight falls with its round trip as its c
 control's does (testbed.plan.tcp_model.RTT_BIAS), the standing part of its bottleneck's
 queue counted in that round trip (STANDING_QUEUE). A queue that flows a link holds back
 keep standing delays the other flows through it, either way (testbed.sim.queues: their
-round trips, not their weights); none drops a byte: senders whose messages could
-overflow one are paced (testbed.plan.pacing), as the emulator's are, and within a round
-a paced flow sends at most PACING_RATIO windows per RTT; a link's configured random loss
+round trips, not their weights); windows that outgrow it lose packets there, and each
+loss-based pair keeps the threshold its loss sets (testbed.sim.flows.Pair.cut). Senders
+whose messages could overflow one are paced (testbed.plan.pacing), as the emulator's are,
+and within a round a paced flow sends at most PACING_RATIO windows per RTT; random loss
 sets a loss-based flow's window as Reno or CUBIC would (testbed.sim.flows.Pair.acked).
-Rounds that change nothing but the window run without events of their own
-(`FluidNetwork._coast`), to the same results.
-Pure: time is passed in, nothing sleeps.
+Rounds that change nothing but the window run without events of their own (`_coast`),
+to the same results. Pure: time is passed in, nothing sleeps.
 """
 
 from __future__ import annotations
@@ -113,8 +113,9 @@ class FluidNetwork:
             self.users.setdefault(resource, set()).add(flow.id)
         siblings = self._of_pair.setdefault(id(pair), set())
         siblings.add(flow.id)
-        for retimed, rtt in self.queues.enter(flow) if self.queues.queue_bytes else ():
-            self._set_rtt(now, retimed, rtt, queued=True)
+        if self.queues.queue_bytes and pair.queued_links != []:
+            for retimed, rtt in self.queues.enter(flow):
+                self._set_rtt(now, retimed, rtt, queued=True)
         self._open_round(now, flow)
         if not self._kept or not self._join(now, flow):
             self._share(now, flow)
@@ -349,10 +350,8 @@ class FluidNetwork:
         del self.flows[flow.id]
         for resource in flow.resources:
             self.users[resource].discard(flow.id)
-        if self.queues.queue_bytes:
-            self.queues.leave(flow)
-            drained = [r for r in flow.resources
-                       if r in self.queues.standing and not self.users[r]]
+        if flow.pair.queued_links:
+            drained = self.queues.leave(flow, self.users)
             if drained:
                 self._requeue(now, [], {}, drained)
         siblings = self._of_pair[id(flow.pair)]

@@ -131,11 +131,15 @@ class StandingQueues:
 
     def enter(self, flow: Flow) -> list[tuple[Pair, float]]:
         """A flow starts: its pair's round trip where its wait moved."""
-        if flow.pair.queued_links is None:  # a pair's flows share its path
-            flow.pair.queued_links = self.links(flow)
-        for link in flow.pair.queued_links:
+        pair = flow.pair
+        links = pair.queued_links
+        if links is None:  # a pair's flows share its path
+            links = pair.queued_links = self.links(flow)
+        if not links:
+            return []
+        for link in links:
             self.crossing.setdefault(link, set()).add(flow.id)
-        if flow.pair.queued_s or any(link in self.standing for link in flow.pair.queued_links):
+        if pair.queued_s or not self.standing.keys().isdisjoint(links):
             return self._retimed(flow)
         return []
 
@@ -151,9 +155,12 @@ class StandingQueues:
         return rate < cap_bps and pair.pacing_bps == math.inf \
             and cuts_at_loss(pair.response) and excess_bytes(flow, rate) > 0.0
 
-    def leave(self, flow: Flow) -> None:
+    def leave(self, flow: Flow, users: Mapping[str, set[int]]) -> list[str]:
+        """A flow ended: the links of its path whose standing queue no flow sends through
+        any more (`users`: the flows on each resource, without it)."""
         for link in flow.pair.queued_links or ():
             self.crossing[link].discard(flow.id)
+        return [r for r in flow.resources if r in self.standing and not users[r]]
 
     def update(self, now: float, flows: list[Flow], rates: Mapping[int, float],
                capacity: Mapping[str, float], resources: Iterable[str],
