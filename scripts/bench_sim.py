@@ -3,7 +3,7 @@
 core alone, and how close it is to the emulator.
 
 `.venv/bin/python scripts/bench_sim.py [--repeat 3] [--skip-emulator] [--sizes 8192x8,...]
-[--e2e 8192x8,...] [--atlas GPUS] [--bubbles] [--json F]`
+[--e2e 8192x8,...] [--atlas GPUS] [--bubbles] [--against REV] [--json F]`
 (the emulator part needs root). Prints markdown tables:
 1. wall time to simulate one iteration of GPT-3 175B (tp 8, pp 16, 1F1B) from 128 to
    32,768 GPUs with 8, 32 and 128 microbatches (up to a million GPU-microbatches), and how
@@ -16,7 +16,9 @@ core alone, and how close it is to the emulator.
    atlas` there too; with `--bubbles`, BubbleTea at 400 requests/s on paper-3dc against
    real time; each of these two twice, the first run searching Atlas's plan and the same
    run again reading it back (testbed.common.memo); every run with Python's bytecode kept,
-   as a user's install has it;
+   as a user's install has it; with `--against REV`, each round of these two also runs them
+   as commit REV has them (a git worktree of it, removed at the end), in turn with this
+   checkout's, so that their ratio comes from the same minutes of this machine;
 3. simulated vs emulated iteration time (emulated compute) for each shipped emulator
    topology and baseline policy, with the FLOP model and with a profile measured by the
    emulated run itself.
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -35,7 +38,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,18 +108,51 @@ def user_env(kept: Path | None = None) -> dict[str, str]:
     return env
 
 
-def compile_once() -> None:
+def compile_once(root: Path = ROOT) -> None:
     """testbed's bytecode written before any timed run (a user's first run after
     installing pays this once)."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "testbed"),
-                    str(ROOT / "plugins")], check=True, env=user_env())
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(root / "testbed"),
+                    str(root / "plugins")], check=True, env=user_env())
+
+
+@dataclass(frozen=True)
+class Code:
+    """Which testbed a timed command runs: this checkout's (no `rev`), or commit `rev`'s,
+    found first on the Python path (`env`)."""
+
+    rev: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def code_at(rev: str) -> Iterator[Code]:
+    """Commit `rev`'s testbed and plugins, in a git worktree that is removed at the end:
+    its folders go first on PYTHONPATH (the plugins under the name the installed entry
+    points import, `testbed_plugins`), ahead of this checkout's installed ones."""
+    full = subprocess.run(["git", "rev-parse", "--short=10", f"{rev}^{{commit}}"], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+    if full.returncode:
+        raise SystemExit(f"bench_sim: --against {rev}: not a commit of this repository")
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree),
+                        full.stdout.strip()], cwd=ROOT, check=True)
+        try:
+            (Path(tmp) / "path").mkdir()
+            (Path(tmp) / "path" / "testbed_plugins").symlink_to(tree / "plugins")
+            compile_once(tree)
+            yield Code(full.stdout.strip(),
+                       {"PYTHONPATH": os.pathsep.join((str(tree), f"{tmp}/path"))})
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
+                           check=False)
 
 
 def testbed_simulate(topology: Topology, job: Job, work: Path, *args: str,
-                     kept: Path | None = None) -> dict[str, Any]:
+                     kept: Path | None = None, code: Code = Code()) -> dict[str, Any]:
     """`testbed simulate` on this topology and job written to `work`, in a new process,
     timed from start to exit; its results.json and the load average before and after.
-    `kept`: the folder of kept plan searches (see `user_env`)."""
+    `kept`: the folder of kept plan searches (see `user_env`); `code`: whose testbed."""
     path = work / f"{topology.name}.yaml"
     path.write_text(to_yaml({**dump_topology(topology), "job": dump_job(job)}))
     testbed = str(Path(sys.executable).parent / "testbed")
@@ -124,7 +161,7 @@ def testbed_simulate(topology: Topology, job: Job, work: Path, *args: str,
     started = time.perf_counter()
     done = subprocess.run([testbed, "simulate", str(path), "--out", str(work / "run"),
                            "--force", *args], capture_output=True, text=True, check=False,
-                          env=user_env(kept))
+                          env={**user_env(kept), **code.env})
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
@@ -179,51 +216,64 @@ def e2e_text(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def first_and_again(topology: Topology, job: Job, *args: str) -> list[dict[str, Any]]:
+def first_and_again(topology: Topology, job: Job, *args: str, code: Code = Code()
+                    ) -> list[dict[str, Any]]:
     """The same `testbed simulate` twice with a fresh folder of kept plan searches: the
     first run searches (`planning: "searched"`), the second reads its answer back
     (`"kept"`); both write every file."""
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(2):
-            run = testbed_simulate(topology, job, Path(tmp), *args, kept=Path(tmp) / "kept")
+            run = testbed_simulate(topology, job, Path(tmp), *args, kept=Path(tmp) / "kept",
+                                   code=code)
             notes = run["results"]["plan"]["notes"]
             run["planning"] = "kept" if notes["planning_kept"] else "searched"
             run["planning_s"] = notes["planning_s"]
+            run["code"] = code.rev or "this"
             runs.append(run)
     return runs
 
 
-def atlas_e2e(gpus: int, repeat: int, microbatches: int = 8) -> list[dict[str, Any]]:
+def in_turn(repeat: int, codes: list[Code]) -> Iterator[Code]:
+    """Each round, every code once, the order turning round by round (so none always runs
+    first after the last one's load)."""
+    for i in range(repeat):
+        shift = i % len(codes)
+        yield from codes[shift:] + codes[:shift]
+
+
+def atlas_e2e(gpus: int, repeat: int, codes: list[Code], microbatches: int = 8
+              ) -> list[dict[str, Any]]:
     """`testbed simulate -p atlas` at `gpus` (planning, two iterations, every file): its
-    first run, and the same run again."""
+    first run, and the same run again, with each of `codes` every round."""
     topology, job = gpt3(gpus, microbatches, iterations=2)
     rows = []
-    for _ in range(repeat):
-        for run in first_and_again(topology, job, "-p", "atlas"):
+    for code in in_turn(repeat, codes):
+        for run in first_and_again(topology, job, "-p", "atlas", code=code):
             rows.append({"gpus": gpus, "e2e_s": run["e2e_s"], "e2e_cpu_s": run["e2e_cpu_s"],
                          "planning": run["planning"], "planning_s": run["planning_s"],
-                         "cores": os.cpu_count(), "load": run["load"],
+                         "cores": os.cpu_count(), "load": run["load"], "code": run["code"],
                          "iteration_s": run["results"]["iteration_time_s"]["median"]})
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
-def bubbles_e2e(repeat: int) -> list[dict[str, Any]]:
+def bubbles_e2e(repeat: int, codes: list[Code]) -> list[dict[str, Any]]:
     """BubbleTea at 400 requests/s on paper-3dc with Atlas (4 iterations), end to end,
-    against the training time it represents: its first run, and the same run again."""
+    against the training time it represents: its first run, and the same run again, with
+    each of `codes` every round."""
     inputs = load_inputs(ROOT / "topologies" / "paper-3dc.yaml",
                          sets=("inference.arrival_rate=400/s", "iterations=4"))
     rows = []
-    for _ in range(repeat):
+    for code in in_turn(repeat, codes):
         for run in first_and_again(inputs.topology, inputs.job, "-p", "atlas",
-                                   "-b", "bubbletea"):
+                                   "-b", "bubbletea", code=code):
             represented = sum(run["results"]["iteration_time_s"]["all"])
             rows.append({"e2e_s": run["e2e_s"], "e2e_cpu_s": run["e2e_cpu_s"],
                          "planning": run["planning"], "planning_s": run["planning_s"],
                          "represented_s": represented,
                          "faster_than_real_time": represented / run["e2e_s"],
-                         "load": run["load"],
+                         "load": run["load"], "code": run["code"],
                          "util_total": run["results"]["gpu_utilization"]["total"]})
             print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -329,6 +379,9 @@ def main() -> None:
                         "each beside its core (repeated --repeat times)")
     parser.add_argument("--bubbles", action="store_true",
                         help="also time BubbleTea at 400 requests/s on paper-3dc end to end")
+    parser.add_argument("--against", metavar="REV",
+                        help="also run the end-to-end Atlas and BubbleTea cases as commit REV "
+                        "has them, in turn with this checkout's")
     parser.add_argument("--topologies", default="two-dc,paper-3dc",
                         help="emulator topologies to compare against (comma-separated)")
     parser.add_argument("--json", type=Path)
@@ -343,10 +396,15 @@ def main() -> None:
         print(e2e_text(results["e2e"]))
     if args.atlas:
         results["atlas"] = atlas_at(args.atlas)
-        if args.e2e:
-            results["atlas_e2e"] = atlas_e2e(args.atlas, args.repeat)
-    if args.bubbles:
-        results["bubbles_e2e"] = bubbles_e2e(args.repeat)
+    with contextlib.ExitStack() as stack:
+        codes = [Code()]
+        if args.against:
+            codes.append(stack.enter_context(code_at(args.against)))
+            results["reference"] = codes[-1].rev
+        if args.atlas and args.e2e:
+            results["atlas_e2e"] = atlas_e2e(args.atlas, args.repeat, codes)
+        if args.bubbles:
+            results["bubbles_e2e"] = bubbles_e2e(args.repeat, codes)
     if not args.skip_emulator:
         results["agreement"] = agreement_table(args.repeat, args.topologies.split(","))
         print("\n| topology | policy | emulated (median of runs) | runs | simulated | error | "

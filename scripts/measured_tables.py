@@ -157,25 +157,38 @@ def sim_e2e(report: dict[str, Any]) -> str:
 
 def sim_e2e_searched(report: dict[str, Any]) -> str:
     """Atlas at scale and BubbleTea on paper-3dc end to end: the first run (which searches
-    Atlas's plan) and the same run again (which reads the search back), every round."""
+    Atlas's plan) and the same run again (which reads the search back), every round; where
+    the bench ran a reference commit in turn (`--against`), its rows too, and each round's
+    wall time over the reference's in the same round."""
     cases = (("atlas_e2e", "Atlas, GPT-3 on {gpus:,} GPUs x 8, 2 iterations"),
              ("bubbles_e2e", "Atlas + BubbleTea, paper-3dc at 400 requests/s, 4 iterations"))
+    reference = report.get("reference")
     lines = []
     for key, title in cases:
         for planning in ("searched", "kept"):
-            rounds = [r for r in report.get(key, []) if r.get("planning") == planning]
-            if not rounds:
-                continue
-            best = min(rounds, key=lambda r: r["e2e_s"])
-            walls = ", ".join(_seconds(r["e2e_s"]) for r in rounds)
-            loads = sorted(r["load"][0] for r in rounds)
-            speed = ", ".join(f"{r['faster_than_real_time']:.1f}x" for r in rounds) \
-                if "faster_than_real_time" in best else "-"
-            lines.append(f"| {title.format(**best)} | {planning} | {walls} | "
-                         f"{_seconds(best['e2e_cpu_s'])} | {_seconds(best['planning_s'])} | "
-                         f"{speed} | {loads[0]:.1f}-{loads[-1]:.1f} |")
+            def rounds_of(code: str, planning: str = planning, key: str = key
+                          ) -> list[dict[str, Any]]:
+                return [r for r in report.get(key, [])
+                        if r.get("planning") == planning and r.get("code", "this") == code]
+            for code in ("this", reference) if reference else ("this",):
+                rounds = rounds_of(code)
+                if not rounds:
+                    continue
+                best = min(rounds, key=lambda r: r["e2e_s"])
+                walls = ", ".join(_seconds(r["e2e_s"]) for r in rounds)
+                loads = sorted(r["load"][0] for r in rounds)
+                speed = ", ".join(f"{r['faster_than_real_time']:.1f}x" for r in rounds) \
+                    if "faster_than_real_time" in best else "-"
+                ratios = ", ".join(f"{mine['e2e_s'] / theirs['e2e_s']:.2f}" for mine, theirs
+                                   in zip(rounds, rounds_of(reference), strict=False)) \
+                    if reference and code == "this" else ""
+                at = f" at {code[:7]}" if code != "this" else ""
+                lines.append(f"| {title.format(**best)}{at} | {planning} | {walls} | "
+                             f"{_seconds(best['e2e_cpu_s'])} | {_seconds(best['planning_s'])} | "
+                             f"{speed} | {ratios or '-'} | {loads[0]:.1f}-{loads[-1]:.1f} |")
     return _rows("| `testbed simulate` | plan search | wall (rounds) | CPU (best) | planning "
-                 "(best) | faster than real time | load |", lines)
+                 "(best) | faster than real time | wall over the reference's (rounds) | load |",
+                 lines)
 
 
 def bubbles_paper_scale(report: dict[str, Any]) -> str:
