@@ -1,5 +1,5 @@
-"""Where a plan's loss-based flows cross a WAN queue too shallow for their round trip: the
-case the flow model, whose queues drop nothing, misses.
+"""Where a plan's loss-based flows cross a WAN queue too shallow for their round trip: a
+case the flow model gets only in part.
 
 A link's drop-tail queue is one bandwidth-delay product of its own round trip by default:
 what one loss-based flow over that link needs to keep it busy through a halving of its
@@ -11,8 +11,11 @@ seconds to grow its window back, while another flow of the same pair may not, so
 plan's replicas part (measured on detour-3dc, scripts/fidelity_topologies; the fidelity
 table, docs/simulator.md).
 
-The simulator has no loss from a full queue, so a run names each such crossing
-(results.json's `queue_mismatches`) rather than let its figure pass for the network's.
+The simulator loses packets in a queue only where the windows it holds back outgrow it
+on average (testbed.sim.queues; each pair keeps the threshold that sets, Pair.cut), not
+in the bursts of a slow start, nor does a loss cost it a recovery, so a run names each
+such crossing (results.json's `queue_mismatches`) rather than let its figure pass for
+the network's.
 The other way round, a queue deep enough for the longest round trip crossing it, which
 shorter flows keep standing in front of the others' bytes and acknowledgements, the
 simulator models (testbed.sim.queues). Where every pair that crosses a link has the
@@ -77,5 +80,6 @@ def mismatches_text(found: list[QueueMismatch]) -> str | None:
         f"{pair} through {e['link']} ({e['kind']}: {e['queue_s'] * 1e3:.3g} ms of queue, "
         f"{e['round_trip_s'] * 1e3:.3g} ms round trip)" for pair, e in worst.items())
     return (f"{crossings}: real TCP loses in a queue shallower than its round trip; the "
-            "simulator's queues drop nothing, so its time for this plan may be short (the "
-            "simulator's docs, detour-3dc)")
+            "simulator's queues lose only what windows hold beyond them, not slow start's "
+            "bursts, so its time for this plan may be short (the simulator's docs, "
+            "detour-3dc)")
