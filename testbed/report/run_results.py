@@ -78,8 +78,8 @@ class WanConnection(TypedDict):
     """A host's TCP connection to a host of another DC as its kernel held it when training
     ended (`ss -tin`: testbed.emulator.net.tcp_state), one per sending side: real TCP
     keeps the slow-start threshold its losses (or CUBIC's HyStart) set for the rest of a
-    connection's life, and every slow start after an idle stops there, which the
-    simulator does not model."""
+    connection's life, and every slow start after an idle stops there; the simulator
+    models only the thresholds a full queue's losses set (HyStart's it does not)."""
 
     host: str
     peer: str

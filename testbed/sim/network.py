@@ -113,7 +113,7 @@ class FluidNetwork:
             self.users.setdefault(resource, set()).add(flow.id)
         siblings = self._of_pair.setdefault(id(pair), set())
         siblings.add(flow.id)
-        if self.queues.queue_bytes and pair.queued_links != []:
+        if self.queues.queue_bytes and (pair.queued_links is None or pair.queued_links):
             for retimed, rtt in self.queues.enter(flow):
                 self._set_rtt(now, retimed, rtt, queued=True)
         self._open_round(now, flow)

@@ -2,8 +2,9 @@
 each one's window, slow-start threshold and retransmissions. A real connection keeps the
 threshold its losses (or CUBIC's HyStart) set for the rest of its life, and every slow
 start after an idle stops there; a run records where its WAN connections ended up, so
-that a difference from the simulator, which keeps no threshold, can be told from the
-run's own results."""
+that a difference from the simulator, whose pairs keep a threshold only where a full
+queue's losses set one (testbed.sim.flows.Pair.cut), can be told from the run's own
+results."""
 
 from __future__ import annotations
 
