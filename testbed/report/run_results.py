@@ -75,23 +75,30 @@ class EmulationHealth(TypedDict):
 
 
 class WanConnection(TypedDict):
-    """A host's TCP connection to a host of another DC as its kernel held it when training
-    ended (`ss -tin`: testbed.emulator.net.tcp_state), one per sending side: real TCP
-    keeps the slow-start threshold its losses (or CUBIC's HyStart) set for the rest of a
-    connection's life, and every slow start after an idle stops there; the simulator
-    models only the thresholds a full queue's losses set (HyStart's it does not)."""
+    """A host's TCP connection to a host of another DC as training ended, one per sending
+    side: in an emulated run as its kernel held it (`ss -tin`:
+    testbed.emulator.net.tcp_state), in a simulated one as the model did
+    (testbed.sim.pair_states). Real TCP keeps the slow-start threshold its losses (or
+    CUBIC's HyStart) set for the rest of a connection's life, and every slow start after
+    an idle stops there; the simulator models only the thresholds a full queue's losses and
+    a path's random loss set (HyStart's it does not)."""
 
     host: str
     peer: str
     congestion: str
     min_rtt_s: float | None
-    """Its smallest round trip, in represented time (a dilated run's, divided by K)."""
+    """Its smallest round trip, in represented time (a dilated run's, divided by K); the
+    simulator's: the links' alone."""
     cwnd_segments: int
     ssthresh_segments: int | None
     """None: it never left slow start."""
-    retransmitted_segments: int
-    """Segments it sent again over its life."""
-    bytes_sent: int
+    retransmitted_segments: int | None
+    """Segments it sent again over its life; None: not counted (the simulator)."""
+    bytes_sent: int | None
+    """None: not counted (the simulator)."""
+    connections: NotRequired[int]
+    """Connections this row stands for, alike (the simulator's striped ones on a clean
+    path share one window); 1 where absent."""
 
 
 class PredictedMemory(TypedDict):
@@ -252,6 +259,8 @@ class SimulatorBlock:
     (testbed.metrics.lockstep): equal shares hold them so, real TCP does not."""
     pacing: Literal["assumed"] = "assumed"
     """The simulator assumes paced connections."""
+    wan_connections: list[Annotated[WanConnection, OPEN]] | None = None
+    """A run to its end: its WAN pairs' connections then, by host and peer."""
 
 
 @dataclass(frozen=True)

@@ -96,19 +96,26 @@ def _prediction(results: Results) -> list[str]:
 
 
 def _wan_tcp(results: Results) -> list[str]:
-    """An emulated run's WAN connections as their kernels left them: how many lost
-    packets, and where their slow starts now stop."""
+    """A run's WAN connections as their kernels (or the model) left them: how many lost
+    packets, where counted, and where their slow starts now stop."""
     connections = results.wan_connections or []
     if not connections:
         return []
+    count = sum(c.get("connections", 1) for c in connections)
     lost = [c["retransmitted_segments"] for c in connections if c["retransmitted_segments"]]
+    if any(c["retransmitted_segments"] is None for c in connections):
+        losses = ""  # the simulator counts no segments
+    elif lost:
+        losses = f"{len(lost)} sent segments again ({_span(lost)} each); "
+    else:
+        losses = "none sent a segment again; "
     thresholds = [c["ssthresh_segments"] for c in connections
                   if c["ssthresh_segments"] is not None]
-    return [f"  WAN TCP       {plural(len(connections), 'connection')}: "
-            + (f"{len(lost)} sent segments again ({_span(lost)} each)" if lost
-               else "none sent a segment again")
-            + ("; slow start ends at " + _span(thresholds) + " segments on "
-               + f"{len(thresholds)}" if thresholds else "; all still in slow start")]
+    stopping = sum(c.get("connections", 1) for c in connections
+                   if c["ssthresh_segments"] is not None)
+    return [f"  WAN TCP       {plural(count, 'connection')}: {losses}"
+            + (f"slow start ends at {_span(thresholds)} segments on {stopping}"
+               if thresholds else "all still in slow start")]
 
 
 def _span(values: list[int]) -> str:

@@ -3,6 +3,7 @@ prediction the emulator writes beside what it measures (SimulatorPrediction)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +26,12 @@ from testbed.metrics.overruns import prefill_overruns
 from testbed.metrics.summary import Summary, iteration_ends, summarize
 from testbed.plan.jitter import Jitter
 from testbed.plan.model import Plan
+from testbed.plan.tcp_model import MSS
 from testbed.plan.throughput import tokens_per_iteration, wan_capacity_bps
 from testbed.policy.base import TrainingPolicy
 from testbed.policy.registry import Planner
 from testbed.report.results import RunRecord
-from testbed.report.run_results import Inference, RecoveryBlock, SimulatorBlock
+from testbed.report.run_results import Inference, RecoveryBlock, SimulatorBlock, WanConnection
 from testbed.run.backend import BackendRun, Say, typed_inference
 from testbed.run.checkpoint import Progress
 from testbed.run.recovery import resume_from
@@ -44,7 +46,8 @@ from testbed.run.segments import (
 )
 from testbed.run.spec import RunSpec
 from testbed.sim.bubble_seed import modeled_waits
-from testbed.sim.simulate import simulate_plan
+from testbed.sim.pair_states import PairState
+from testbed.sim.simulate import simulate_plan, simulate_run
 from testbed.sim.simulator import Simulator
 
 
@@ -76,14 +79,16 @@ class SimulatorBackend:
             if spec.common.bubble_policy else {}
         broker = make_broker(spec.topology, spec.job, plan, spec.common.bubble_policy,
                              spec.common.bubble_options, seed)
-        summary, spans = simulate_plan(spec.topology, spec.job, plan, policy, spec.simulate.profile,
-                                       broker, spec.link_events, spec.simulate.jitter,
-                                       spec.scenario.stragglers)
-        end = last_end(spans)
+        run = simulate_run(spec.topology, spec.job, plan, policy, spec.simulate.profile,
+                           broker, spec.link_events, spec.simulate.jitter,
+                           spec.scenario.stragglers)
+        end = last_end(run.spans)
         inference = inference_results(spec.topology, spec.job, plan, broker, end)
-        overruns = None if broker is None else prefill_overruns(spans).as_dict()
-        return _record(spec, plan, summary, spans, typed_inference(inference, overruns), None,
-                       requests=None if broker is None else broker.request_rows(end))
+        overruns = None if broker is None else prefill_overruns(run.spans).as_dict()
+        return _record(spec, plan, run.summary, run.spans,
+                       typed_inference(inference, overruns), None,
+                       requests=None if broker is None else broker.request_rows(end),
+                       connections=run.connections)
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,8 @@ class SimulatorPrediction:
 
 def _record(spec: RunSpec, plan: Plan, summary: Summary, spans: Sequence[Span],
             inference: Inference, recovery: RecoveryBlock | None, status: Status = "ok",
-            error: str | None = None, requests: list[RequestRow] | None = None) -> RunRecord:
+            error: str | None = None, requests: list[RequestRow] | None = None,
+            connections: tuple[PairState, ...] = ()) -> RunRecord:
     jitter = spec.simulate.jitter if spec.simulate.jitter is not None \
         else Jitter(seed=spec.job.seed)  # the simulator's default (testbed.sim.simulator)
     return RunRecord(
@@ -123,7 +129,8 @@ def _record(spec: RunSpec, plan: Plan, summary: Summary, spans: Sequence[Span],
         status=status, error=error,
         backend_block=SimulatorBlock(profile=bool(spec.simulate.profile),
                                      jitter=jitter.as_dict(),
-                                     lockstep=lockstep(spans)),
+                                     lockstep=lockstep(spans),
+                                     wan_connections=wan_connections(connections)),
         inference=inference, recovery=recovery, requests=requests)
 
 
@@ -162,3 +169,17 @@ def _segment_runner(spec: RunSpec, plan: Plan, policy: TrainingPolicy) -> RunSeg
             done, segment.first_iteration, spec.common.checkpoint_every, segment.plan.period))
 
     return run
+
+
+def wan_connections(states: tuple[PairState, ...]) -> list[WanConnection] | None:
+    """The results' record of the model's WAN pairs at the end, as the emulator records its
+    hosts' sockets (testbed.emulator.backend.wan_connections); None without any (a run
+    inside one DC, or one that stopped before its end)."""
+    if not states:
+        return None
+    return [{"host": s.host, "peer": s.peer, "congestion": s.congestion,
+             "min_rtt_s": s.base_rtt_s, "cwnd_segments": round(s.cwnd_bytes / MSS),
+             "ssthresh_segments": round(s.ssthresh_bytes / MSS)
+             if math.isfinite(s.ssthresh_bytes) else None,
+             "retransmitted_segments": None, "bytes_sent": None,
+             "connections": s.connections} for s in states]

@@ -4,6 +4,7 @@ the emulator's prediction, sweeps, benchmarks and Atlas's plan search all call."
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from testbed.common.span_table import SpanTable
 from testbed.common.spans import Span, SpanDetail, SpanKind
@@ -17,9 +18,35 @@ from testbed.plan.profile import Profile
 from testbed.plan.throughput import tokens_per_iteration, wan_capacity_bps
 from testbed.policy.base import TrainingPolicy
 from testbed.scenario.slowdowns import Straggler
+from testbed.sim.pair_states import PairState
 from testbed.sim.simulator import SimResult, Simulator
 from testbed.topology.model import Topology
 from testbed.topology.net_events import NetEvent
+
+
+@dataclass(frozen=True)
+class SimulatedRun:
+    summary: Summary
+    spans: Sequence[Span]
+    connections: tuple[PairState, ...]
+    """Its WAN pairs' TCP state at the end (testbed.sim.pair_states)."""
+
+
+def simulate_run(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,
+                 profile: Profile | None = None,
+                 broker: BubbleBroker | None = None, events: tuple[NetEvent, ...] = (),
+                 jitter: Jitter | None = None, stragglers: tuple[Straggler, ...] = ()
+                 ) -> SimulatedRun:
+    """Simulate a plan; the summary and spans, computed exactly as for the emulator, and
+    where its connections' slow starts now stop. `events`: what changes the links (network
+    events, link traces' steps); `stragglers`: slower compute
+    (testbed.scenario.slowdowns)."""
+    result = _run(Simulator(topology, job, plan, policy, profile, bubbles=broker,
+                            events=events, jitter=jitter, stragglers=stragglers))
+    summary = summarize(result.spans, plan.used_gpus(), result.start,
+                        tokens_per_iteration(job, plan), wan_capacity_bps(topology, plan),
+                        plan.period)
+    return SimulatedRun(summary, result.spans, result.connections)
 
 
 def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,
@@ -27,13 +54,10 @@ def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPoli
                   broker: BubbleBroker | None = None, events: tuple[NetEvent, ...] = (),
                   jitter: Jitter | None = None, stragglers: tuple[Straggler, ...] = ()
                   ) -> tuple[Summary, Sequence[Span]]:
-    """Simulate a plan; the summary and spans, computed exactly as for the emulator.
-    `events`: what changes the links (network events, link traces' steps);
-    `stragglers`: slower compute (testbed.scenario.slowdowns)."""
-    result = _run(Simulator(topology, job, plan, policy, profile, bubbles=broker,
-                            events=events, jitter=jitter, stragglers=stragglers))
-    return summarize(result.spans, plan.used_gpus(), result.start, tokens_per_iteration(job, plan),
-                     wan_capacity_bps(topology, plan), plan.period), result.spans
+    """`simulate_run`'s summary and spans."""
+    run = simulate_run(topology, job, plan, policy, profile, broker, events, jitter,
+                       stragglers)
+    return run.summary, run.spans
 
 
 def simulated_iteration_s(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,
