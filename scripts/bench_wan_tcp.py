@@ -110,7 +110,8 @@ def _span(values: list[float]) -> str:
 
 
 def below(connection: dict[str, Any]) -> bool:
-    """Whether its slow starts now stop short of what the simulator's keep in flight."""
+    """Whether its slow starts now stop short of what the simulator's keep in flight before
+    any loss."""
     threshold = connection["ssthresh_segments"]
     return threshold is not None and threshold < connection["model_window_segments"]
 
@@ -155,7 +156,7 @@ def summary(report: dict[str, Any]) -> str:
     ratios = [c["ssthresh_segments"] / c["model_window_segments"] for c in short]
     text = (f"Of {len(conns)} WAN connections in {len(runs)} runs, {len(short)} ended with "
             "their slow start stopping short of the window the simulator's connections "
-            "reach")
+            "reach before any loss")
     if len(ratios) == 1:
         text += f" (at {ratios[0]:.0%} of it)"
     elif ratios:

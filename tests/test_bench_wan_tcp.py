@@ -56,7 +56,7 @@ def test_each_run_is_a_row(bench: ModuleType) -> None:
 def test_the_summary_counts_the_connections_that_stop_short(bench: ModuleType) -> None:
     assert bench.summary(REPORT) == (
         "Of 4 WAN connections in 2 runs, 1 ended with their slow start stopping short of "
-        "the window the simulator's connections reach (at 46% of it); 1 "
+        "the window the simulator's connections reach before any loss (at 46% of it); 1 "
         "had sent segments again. In the model, 2 of 3 connections ended with a slow-start "
         "threshold.")
 
