@@ -55,7 +55,7 @@ def model_window_segments(topology: Topology, host: str, peer: str) -> float:
                            slowest[0].bandwidth_bps if slowest else None) / MSS
 
 
-def testbed(command: str, name: str, policy: str, iterations: int) -> dict[str, Any]:
+def testbed_results(command: str, name: str, policy: str, iterations: int) -> dict[str, Any]:
     """`testbed COMMAND` on the row's topology; its results.json."""
     with tempfile.TemporaryDirectory() as tmp:
         done = subprocess.run(
@@ -73,7 +73,7 @@ def run_row(row: str, iterations: int) -> dict[str, Any]:
     """The row emulated (root), then simulated."""
     name, policy = row.split(":")
     topology = load_inputs(topology_file(name)).topology
-    results = testbed("up", name, policy, iterations)
+    results = testbed_results("up", name, policy, iterations)
     connections = [{**c, "model_window_segments": round(
         model_window_segments(topology, c["host"], c["peer"]), 1)}
         for c in results["wan_connections"]]
@@ -86,7 +86,7 @@ def run_row(row: str, iterations: int) -> dict[str, Any]:
 
 def simulate_row(name: str, policy: str, iterations: int) -> dict[str, Any]:
     """The row under `testbed simulate`: its iteration time, and its WAN pairs at the end."""
-    results = testbed("simulate", name, policy, iterations)
+    results = testbed_results("simulate", name, policy, iterations)
     return {"simulated_s": results["iteration_time_s"]["median"],
             "model_connections": results.get("wan_connections") or []}
 

@@ -18,7 +18,7 @@ from testbed.plan.profile import Profile
 from testbed.plan.throughput import tokens_per_iteration, wan_capacity_bps
 from testbed.policy.base import TrainingPolicy
 from testbed.scenario.slowdowns import Straggler
-from testbed.sim.pair_states import PairState
+from testbed.sim.pair_states import PairState, pair_states
 from testbed.sim.simulator import SimResult, Simulator
 from testbed.topology.model import Topology
 from testbed.topology.net_events import NetEvent
@@ -41,12 +41,14 @@ def simulate_run(topology: Topology, job: Job, plan: Plan, policy: TrainingPolic
     where its connections' slow starts now stop. `events`: what changes the links (network
     events, link traces' steps); `stragglers`: slower compute
     (testbed.scenario.slowdowns)."""
-    result = _run(Simulator(topology, job, plan, policy, profile, bubbles=broker,
-                            events=events, jitter=jitter, stragglers=stragglers))
+    simulator = Simulator(topology, job, plan, policy, profile, bubbles=broker, events=events,
+                          jitter=jitter, stragglers=stragglers)
+    result = _run(simulator)
     summary = summarize(result.spans, plan.used_gpus(), result.start,
                         tokens_per_iteration(job, plan), wan_capacity_bps(topology, plan),
                         plan.period)
-    return SimulatedRun(summary, result.spans, result.connections)
+    return SimulatedRun(summary, result.spans,
+                        pair_states(simulator.transfers.pairs, simulator.topology))
 
 
 def simulate_plan(topology: Topology, job: Job, plan: Plan, policy: TrainingPolicy,

@@ -48,7 +48,6 @@ from testbed.sim.agenda import Agenda
 from testbed.sim.links import Links, capacities, queues
 from testbed.sim.lost import first_loss, spans_before
 from testbed.sim.network import FluidNetwork
-from testbed.sim.pair_states import PairState, pair_states
 from testbed.sim.prefills import Prefills
 from testbed.sim.rings import AllReduces
 from testbed.sim.transfers import Transfers
@@ -70,8 +69,6 @@ class SimResult:
     """Callbacks the run went through (what its wall time follows)."""
     lost: WorkerLoss | None = None
     """The scenario's failure that ended the run at its time, if one did."""
-    connections: tuple[PairState, ...] = ()
-    """A run to its end: its WAN pairs' TCP state then."""
 
 
 class Simulator:
@@ -171,8 +168,7 @@ class Simulator:
         if stuck:
             raise RuntimeError(f"simulation stalled with {', '.join(stuck[:4])} unfinished")
         self.spans.extend(event_spans(self.net_events, 0.0, self.spans.last_end()))
-        return SimResult(self.spans, 0.0, events=events,
-                         connections=pair_states(self.transfers.pairs, self.topology))
+        return SimResult(self.spans, 0.0, events=events)
 
     def _stepped(self, iteration: int, end: float) -> None:
         if self.stop_above is None:
